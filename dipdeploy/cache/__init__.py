@@ -1,0 +1,10 @@
+"""DRAM weight-cache policies and the DIP-CA score: the one definition shared by the torch reference,
+the host runtime, the simulator, the ONNX fallback's tests and the Java engine's golden vectors.
+
+Floor 1: numpy only.
+"""
+
+from dipdeploy.cache.policies import POLICIES, RowCache, static_rows
+from dipdeploy.cache.score import dipca_scores, gamma_at, topk_indices
+
+__all__ = ["POLICIES", "RowCache", "static_rows", "dipca_scores", "gamma_at", "topk_indices"]

@@ -1,0 +1,156 @@
+"""Row caches: which weight rows of one matrix group are resident in DRAM, for B sequences at once.
+
+A *row* is the unit the sparse layout reads in one piece (method.md, Flash layout): input feature i of
+the bundled [W_uᵀ | W_g ᵀ] (R = d rows) or GLU unit j of W_dᵀ (R = F rows). Each layer has one cache per
+group; B > 1 lets the evaluation run many windows side by side, each with its own state.
+
+One rule serves every policy (so the runtime, the simulator and the torch reference cannot disagree):
+
+    1. hits = resident[selected]
+    2. statistics of the selected rows are updated (last use, use count)
+    3. the new resident set is the top-C of (resident ∪ selected) by the policy's key
+
+so a policy is only its key. Keys are packed into one unique int64 per row — (primary, secondary,
+lower index first) — so the order is total and every implementation breaks ties the same way.
+
+| policy | key (higher stays)                         | notes                                        |
+|--------|--------------------------------------------|----------------------------------------------|
+| none   | —                                          | capacity forced to 0: everything from Flash  |
+| lru    | last use                                   | the selected rows of this token always stay  |
+| lfu    | use count (kept across evictions), last use| "perfect" LFU; a new row may bypass the cache|
+| belady | −(next use), from the known future         | offline optimum with bypass (needs a trace)  |
+| static | —                                          | a fixed pinned set, never updated            |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+POLICIES = ("none", "lru", "lfu", "belady", "static")
+
+_IDX_BITS = 17  # rows per group < 131072
+_SEC_BITS = 24  # steps < 16.7 M
+_MAX_ROWS = 1 << _IDX_BITS
+
+
+def _pack(primary: np.ndarray, secondary: np.ndarray) -> np.ndarray:
+    rows = primary.shape[-1]
+    tie = (rows - 1 - np.arange(rows, dtype=np.int64))  # lower index → larger key
+    return ((primary.astype(np.int64) << _SEC_BITS) | secondary.astype(np.int64)) << _IDX_BITS | tie
+
+
+def _next_use_table(future: np.ndarray, rows: int) -> np.ndarray:
+    """next_use[t, b, r] = first step > t at which row r of sequence b is selected (T + 1 if never)."""
+    T, B, _ = future.shape
+    nu = np.empty((T, B, rows), dtype=np.int32)
+    cur = np.full((B, rows), T + 1, dtype=np.int32)
+    b_idx = np.arange(B)[:, None]
+    for t in range(T - 1, -1, -1):
+        nu[t] = cur
+        cur = cur.copy()
+        cur[b_idx, future[t]] = t
+    return nu
+
+
+@dataclass
+class RowCache:
+    """Batched cache state for ``batch`` sequences over ``rows`` rows with room for ``capacity`` rows.
+
+    ``future`` ([T, B, K] selections) is required by ``belady``; ``pinned`` ([rows] bool or [B, rows]) by
+    ``static``. ``access`` returns the hit mask of the selection and advances one step.
+    """
+
+    rows: int
+    capacity: int
+    policy: str = "lru"
+    batch: int = 1
+    future: np.ndarray | None = None
+    pinned: np.ndarray | None = None
+    resident: np.ndarray = field(init=False)
+    last_use: np.ndarray = field(init=False)
+    uses: np.ndarray = field(init=False)
+    step: int = field(init=False, default=0)
+    hits: int = field(init=False, default=0)
+    misses: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"cache policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
+        if not 0 < self.rows < _MAX_ROWS:
+            raise ValueError(f"rows must lie in [1, {_MAX_ROWS - 1}], got {self.rows}")
+        if self.policy == "none":
+            self.capacity = 0
+        self.capacity = int(min(max(self.capacity, 0), self.rows))
+        shape = (self.batch, self.rows)
+        self.resident = np.zeros(shape, dtype=bool)
+        self.last_use = np.zeros(shape, dtype=np.int64)
+        self.uses = np.zeros(shape, dtype=np.int64)
+        self._next_use = None
+        if self.policy == "belady":
+            if self.future is None:
+                raise ValueError("policy 'belady' needs the future selections (a recorded trace)")
+            fut = np.asarray(self.future)
+            if fut.ndim == 2:
+                fut = fut[:, None, :]
+            self._next_use = _next_use_table(fut, self.rows)
+        if self.policy == "static":
+            if self.pinned is None:
+                raise ValueError("policy 'static' needs the pinned rows (see static_rows)")
+            pinned = np.broadcast_to(np.asarray(self.pinned, dtype=bool), shape)
+            if int(pinned.sum(axis=-1).max()) > self.capacity:
+                raise ValueError(f"static: {int(pinned.sum(axis=-1).max())} pinned rows exceed capacity {self.capacity}")
+            self.resident = pinned.copy()
+
+    def _key(self) -> np.ndarray:
+        if self.policy == "lru":
+            return _pack(self.last_use, np.zeros_like(self.last_use))
+        if self.policy == "lfu":
+            return _pack(self.uses, self.last_use)
+        # belady: nearer next use → higher key; the future table is indexed by the step just taken
+        t = min(self.step - 1, self._next_use.shape[0] - 1)  # the step whose selection was just recorded
+        horizon = self._next_use.shape[0] + 1
+        return _pack(horizon - self._next_use[t].astype(np.int64), self.last_use)
+
+    def access(self, selected: np.ndarray) -> np.ndarray:
+        """Record one step's selection ([B, K] row indices); return hits [B, K] (bool)."""
+        selected = np.asarray(selected, dtype=np.int64).reshape(self.batch, -1)
+        if selected.size and (selected.min() < 0 or selected.max() >= self.rows):
+            raise IndexError(f"selected rows must lie in [0, {self.rows}), got [{selected.min()}, {selected.max()}]")
+        b = np.arange(self.batch)[:, None]
+        hit = self.resident[b, selected]
+        self.hits += int(hit.sum())
+        self.misses += int(hit.size - hit.sum())
+        self.step += 1
+        self.last_use[b, selected] = self.step
+        self.uses[b, selected] += 1
+        if self.policy not in ("static", "none") and self.capacity > 0:
+            cand = self.resident.copy()
+            cand[b, selected] = True
+            over = cand.sum(axis=-1) > self.capacity
+            if over.any():
+                key = np.where(cand, self._key(), -1)
+                keep = np.argpartition(-key[over], self.capacity - 1, axis=-1)[:, : self.capacity]
+                new = np.zeros((int(over.sum()), self.rows), dtype=bool)
+                np.put_along_axis(new, keep, True, axis=-1)
+                cand[over] = new
+            self.resident = cand
+        return hit
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+def static_rows(counts: np.ndarray, capacity: int) -> np.ndarray:
+    """The pinned set of the ``static`` policy: the ``capacity`` most used rows in calibration counts
+    ([rows] or [B, rows]), ties → lower index. Returns a bool mask of the same shape."""
+    counts = np.asarray(counts)
+    capacity = int(min(max(capacity, 0), counts.shape[-1]))
+    mask = np.zeros(counts.shape, dtype=bool)
+    if capacity:
+        order = np.argsort(-counts, axis=-1, kind="stable")[..., :capacity]
+        np.put_along_axis(mask, order, True, axis=-1)
+    return mask

@@ -1,0 +1,9 @@
+"""Command line (floor 5): parses, calls one stage function, presents. No logic of its own.
+
+Each stage's commands live in their own module and register on the shared ``app``.
+"""
+
+from dipdeploy.cli._app import app
+from dipdeploy.cli import core, ops, quant, sim  # noqa: F401  (registers the commands)
+
+__all__ = ["app"]

@@ -1,0 +1,16 @@
+"""The typer application object; command modules register on it (one module per stage)."""
+
+import typer
+
+app = typer.Typer(
+    name="dipdeploy",
+    help="Dynamic Input Pruning (DIP / DIP-CA) for SwiGLU LLMs: calibrate, evaluate, quantise, export, run, simulate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _main() -> None:
+    """dipdeploy: run large language models from phone-class memory with Dynamic Input Pruning."""
