@@ -1,0 +1,187 @@
+"""The quantisation stage's configs: one frozen dataclass per format, validated in ``__post_init__``.
+
+Each config round-trips through JSON with its type name and a version (style.md §5), so a packed file
+or an ONNX bundle can say exactly which format produced it. Defaults live here and only here; the CLI
+names (``bq4``, ``vq3``, ``rtn3``…) map onto these configs through :func:`quant_config_from_name`.
+
+Bits per weight (exact formulas; the packed tensors report the same numbers from their array sizes):
+
+| config | storage per row of C weights (C a multiple of B / of the group width) | bits/weight |
+|---|---|---|
+| ``Block4QuantConfig(B, symmetric=True)``  | C/2 bytes int4 + C/B fp16 scales | 4 + 16/B (4.5 / 4.25 / 4.125) |
+| ``Block4QuantConfig(B, symmetric=False)`` | + C/B uint4 zero points | 4 + 20/B (4.625 / 4.3125 / 4.15625) |
+| ``RTN3QuantConfig(B=128)``                | 3C/8 bytes int3 + C/B fp16 scales | 3 + 16/128 = 3.125 |
+| ``VQ3QuantConfig()``                      | 3C/8 bytes of 6-bit codes + per group 64×2 int8 + fp16 scale | 3 + 1040/8192 ≈ 3.127 |
+
+Partial blocks and groups (C not a multiple of B, R not a multiple of the group height) cost a little
+more; the exact figure is always the packed tensor's ``bits_per_weight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+CONFIG_VERSION = 1
+_CONFIG_TYPES: dict[str, type] = {}
+
+
+def _register_config(cls: type) -> type:
+    _CONFIG_TYPES[cls.__name__] = cls
+    return cls
+
+
+def _check_choice(owner: str, name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name}={value!r} is not allowed; choose one of {allowed}")
+
+
+@dataclass(frozen=True)
+class _BlockIntConfig:
+    """Scalar integer weights in blocks of ``block_size`` consecutive weights of one row.
+
+    ``symmetric``: w = (q − 2^(bits−1))·s, q ∈ [0, 2^bits), one fp16 scale s per block, chosen so the
+    block's largest-magnitude weight maps to −2^(bits−1) exactly (llama.cpp Q4_0 trick: one more level
+    than absmax/7). Otherwise asymmetric: w = (q − z)·s with an unsigned ``bits``-bit zero point z per
+    block (zero is exactly representable), s = (max − min)/(2^bits − 1).
+    ``scale_search``: the error-minimising variant, a grid over clipping ratios of the block range
+    keeping the scale with the least squared error per block. (A Hessian-diagonal weight would not change
+    this choice: in the sparse row layout every weight of a row multiplies the same activation, so the
+    weight is constant within a block.)
+    """
+
+    block_size: int = 64
+    symmetric: bool = True
+    scale_search: bool = False
+    search_grid: int = 20
+    bits: ClassVar[int] = 4
+    allowed_block_sizes: ClassVar[tuple[int, ...]] = (32, 64, 128)
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        _check_choice(owner, "block_size", self.block_size, self.allowed_block_sizes)
+        _check_choice(owner, "symmetric", self.symmetric, (True, False))
+        _check_choice(owner, "scale_search", self.scale_search, (True, False))
+        if not isinstance(self.search_grid, int) or not 2 <= self.search_grid <= 200:
+            raise ValueError(f"{owner}.search_grid={self.search_grid!r} must be an int in [2, 200]")
+
+    def bits_per_weight(self) -> float:
+        """Exact bits per weight for rows whose length is a multiple of ``block_size``."""
+        zero_bits = 0 if self.symmetric else self.bits
+        return self.bits + (16 + zero_bits) / self.block_size
+
+
+@_register_config
+@dataclass(frozen=True)
+class Block4QuantConfig(_BlockIntConfig):
+    """BQ4: 4-bit block-wise integer weights along the sparse row (method.md, Quantisation)."""
+
+    bits: ClassVar[int] = 4
+    allowed_block_sizes: ClassVar[tuple[int, ...]] = (32, 64, 128)
+
+
+@_register_config
+@dataclass(frozen=True)
+class RTN3QuantConfig(_BlockIntConfig):
+    """RTN3: the scalar 3-bit baseline at VQ3's bit budget (block 128 symmetric = 3.125 bits/weight)."""
+
+    block_size: int = 128
+    bits: ClassVar[int] = 3
+    allowed_block_sizes: ClassVar[tuple[int, ...]] = (32, 64, 128, 256)
+
+
+@_register_config
+@dataclass(frozen=True)
+class VQ3QuantConfig:
+    """VQ3: GPTVQ-style 2-D vector quantisation, a 64-entry codebook per group (method.md, Quantisation).
+
+    A *group* is a rectangle of ``group_rows`` consecutive rows × ``group_cols`` consecutive columns of
+    the row matrix; it is derived from the matrix (see ``vq.group_shape``): the row is cut into
+    ``ceil(C / max_group_cols)`` equal even-width strips and ``group_rows = round(group_size /
+    group_cols)``, so one group holds ≈ ``group_size`` weights and the codebook (64 × 2 int8 + one fp16
+    scale = 1040 bits, or 64 × 2 fp16 = 2048 bits) costs ≈ 1040/8192 ≈ 0.127 bits per weight.
+
+    Fitting: weighted k-means (``init``: ``"kmeans++"`` or ``"grid"``, an 8 × 8 product of per-dimension
+    quantiles), ``n_iter`` Lloyd iterations, vectorised over ``batch_groups`` groups at a time. Optional
+    per-row importance (the Hessian diagonal of the row's activation) weights the centroid updates.
+    """
+
+    group_size: int = 8192
+    max_group_cols: int = 256
+    n_iter: int = 12
+    init: str = "grid"
+    codebook_dtype: str = "int8"
+    batch_groups: int = 64
+    seed: int = 0
+    dim: ClassVar[int] = 2
+    n_centroids: ClassVar[int] = 64
+    index_bits: ClassVar[int] = 6  # per 2-D vector: 3 bits per weight
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        _check_choice(owner, "init", self.init, ("kmeans++", "grid"))
+        _check_choice(owner, "codebook_dtype", self.codebook_dtype, ("int8", "float16"))
+        for name, lo, hi in (("group_size", 256, 1 << 20), ("max_group_cols", 2, 1 << 16),
+                             ("n_iter", 0, 1000), ("batch_groups", 1, 1 << 16)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"{owner}.{name}={value!r} must be an int in [{lo}, {hi}]")
+        if self.max_group_cols % 2:
+            raise ValueError(f"{owner}.max_group_cols={self.max_group_cols} must be even (2-D vectors)")
+
+    def codebook_bits(self) -> int:
+        """Bits of one group's codebook: 64 × 2 int8 + an fp16 scale, or 64 × 2 fp16."""
+        per_entry = 8 if self.codebook_dtype == "int8" else 16
+        scale = 16 if self.codebook_dtype == "int8" else 0
+        return self.n_centroids * self.dim * per_entry + scale
+
+    def bits_per_weight(self) -> float:
+        """Nominal bits per weight for groups of exactly ``group_size`` weights."""
+        return self.index_bits / self.dim + self.codebook_bits() / self.group_size
+
+
+QuantConfig = Block4QuantConfig | RTN3QuantConfig | VQ3QuantConfig
+
+
+def config_to_dict(cfg: QuantConfig) -> dict:
+    """JSON-ready dict: ``{"type": <class name>, "version": 1, <fields>}``."""
+    return {"type": type(cfg).__name__, "version": CONFIG_VERSION, **dataclasses.asdict(cfg)}
+
+
+def config_from_dict(data: dict) -> QuantConfig:
+    """Inverse of :func:`config_to_dict`; rejects unknown types, versions and fields."""
+    data = dict(data)
+    type_name, version = data.pop("type", None), data.pop("version", None)
+    if type_name not in _CONFIG_TYPES:
+        raise ValueError(f"unknown quant config type {type_name!r}; known: {sorted(_CONFIG_TYPES)}")
+    if version != CONFIG_VERSION:
+        raise ValueError(
+            f"quant config version {version!r} not supported (this dipdeploy reads {CONFIG_VERSION}); "
+            "re-run `dipdeploy quantize` to regenerate the file"
+        )
+    cls = _CONFIG_TYPES[type_name]
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{type_name}: unknown fields {sorted(unknown)}; fields are {sorted(names)}")
+    return cls(**data)
+
+
+#: CLI names of the formats; each maps to a config (defaults come from the dataclasses above).
+QUANT_PRESETS: dict[str, tuple[type, dict]] = {
+    "bq4": (Block4QuantConfig, {}),
+    "bq4-b32": (Block4QuantConfig, {"block_size": 32}),
+    "bq4-b64": (Block4QuantConfig, {"block_size": 64}),
+    "bq4-b128": (Block4QuantConfig, {"block_size": 128}),
+    "vq3": (VQ3QuantConfig, {}),
+    "rtn3": (RTN3QuantConfig, {}),
+}
+
+
+def quant_config_from_name(name: str, **overrides: Any) -> QuantConfig:
+    """Map a CLI name (``bq4``, ``bq4-b32``, ``bq4-b64``, ``bq4-b128``, ``vq3``, ``rtn3``) to its config."""
+    if name not in QUANT_PRESETS:
+        raise ValueError(f"--quant {name!r} unknown; choose one of {', '.join(QUANT_PRESETS)}")
+    cls, preset = QUANT_PRESETS[name]
+    return cls(**{**preset, **overrides})
