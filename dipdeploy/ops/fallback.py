@@ -1,0 +1,218 @@
+"""Model-local ONNX functions for both ops, made only of standard ops (onnxruntime.md, "dual path").
+
+Stock ORT inlines a function node that no kernel claims, so a model carrying these functions runs on
+any ORT; with the native library registered ORT runs the kernel instead and ignores the body.
+
+One function per input *variant*, told apart by the IR-10 function ``overload`` field, because a body
+cannot branch on which optional inputs are present:
+
+- TopKColumnMask: ``<k source>_<score>_<cache>``, e.g. ``kin_abs_dip``, ``kattr_wina_ca``
+  (k from input K or attribute k; score |x| or WINA |x|·colnorm; cache-aware or plain DIP).
+- SparseGatherMatMul: ``<format>[_zp][_slab]``, e.g. ``fp32``, ``bq4_zp_slab``.
+
+Every variant declares the full positional input list of its op (absent optional inputs are "" on the
+node and unused in the body), so node inputs map onto function inputs by position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, FunctionProto, NodeProto, TensorProto, helper
+
+from dipdeploy.ops.formats import FORMATS, weight_format
+from dipdeploy.ops.schemas import DOMAIN, ONNX_OPSET, SCORES, SGMM_OP, TOPK_OP
+
+TOPK_INPUTS = ("X", "K", "C", "colnorm")
+TOPK_ATTRS = {"k": 0, "gamma": 1.0, "fixed_top_n": 0, "score": "abs"}
+SGMM_FIXED_INPUTS = ("X", "indices", "slots")
+SGMM_ATTRS = {"format": "fp32", "cols": 0}
+
+
+@dataclass(frozen=True)
+class TopKVariant:
+    """Which optional inputs a TopKColumnMask node uses."""
+
+    k_input: bool = True
+    score: str = "abs"
+    cache: bool = False
+
+    def __post_init__(self) -> None:
+        if self.score not in SCORES:
+            raise ValueError(f"TopKVariant.score={self.score!r} is not allowed; choose one of {SCORES}")
+
+    @property
+    def overload(self) -> str:
+        return f"{'kin' if self.k_input else 'kattr'}_{self.score}_{'ca' if self.cache else 'dip'}"
+
+
+@dataclass(frozen=True)
+class SgmmVariant:
+    """Which weight format, whether its optional weight array is present, and slab (slots) mode."""
+
+    format: str = "fp32"
+    with_optional: bool = False
+    slab: bool = False
+
+    def __post_init__(self) -> None:
+        fmt = weight_format(self.format)
+        if self.with_optional and fmt.n_optional == 0:
+            raise ValueError(f"SgmmVariant.with_optional=True but format {self.format!r} has no optional array")
+
+    @property
+    def n_weights(self) -> int:
+        fmt = weight_format(self.format)
+        return fmt.n_required + (fmt.n_optional if self.with_optional else 0)
+
+    @property
+    def overload(self) -> str:
+        return self.format + ("_zp" if self.with_optional else "") + ("_slab" if self.slab else "")
+
+
+class _Body:
+    """Collects the nodes of one function body with unique value names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[NodeProto] = []
+        self._n = 0
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs) -> str | list[str]:
+        self._n += 1
+        outs = [f"_{op_type.lower()}{self._n}_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def const(self, value, dtype=np.float32) -> str:
+        return self.op("Constant", [], value=onnx.numpy_helper.from_array(np.asarray(value, dtype=dtype)))
+
+    def const_from_attr(self, attr: str, kind: str) -> str:
+        """A Constant whose value is the calling node's attribute ``attr`` (value_float / value_int)."""
+        ref = AttributeProto()
+        ref.name, ref.ref_attr_name = kind, attr
+        ref.type = AttributeProto.FLOAT if kind == "value_float" else AttributeProto.INT
+        out = self.op("Constant", [])
+        self.nodes[-1].attribute.append(ref)
+        return out
+
+
+def _function(name: str, overload: str, inputs, outputs, body: _Body, attrs: dict) -> FunctionProto:
+    defaults = [helper.make_attribute(k, v) for k, v in attrs.items()]
+    return helper.make_function(
+        DOMAIN, name, list(inputs), list(outputs), body.nodes,
+        [helper.make_opsetid("", ONNX_OPSET)], attribute_protos=defaults, overload=overload,
+    )
+
+
+def topk_column_mask_function(variant: TopKVariant) -> FunctionProto:
+    """TopKColumnMask body; mirrors ``dipca_scores`` then ``topk_indices`` op for op (float32).
+
+        X ─Abs─(·colnorm)─► A ─ReduceMax─► P ─(P>0 ? P : 1)─► A/P = S
+        C ─Where(C, 1, γ)─Expand─► w ─ScatterElements(1 at TopK(A, min(n, D)))─► w    (cache only)
+        S·w ─TopK(k, largest, sorted)─► indices
+    """
+    b = _Body()
+    a = b.op("Abs", ["X"])
+    if variant.score == "wina":
+        a = b.op("Mul", [a, "colnorm"])
+    peak = b.op("ReduceMax", [a, b.const([-1], np.int64)], keepdims=1)
+    safe = b.op("Where", [b.op("Greater", [peak, b.const(0.0)]), peak, b.const(1.0)])
+    s = b.op("Div", [a, safe])
+    if variant.cache:
+        shape = b.op("Shape", ["X"])
+        gamma = b.const_from_attr("gamma", "value_float")
+        w = b.op("Expand", [b.op("Where", ["C", b.const(1.0), gamma]), shape])
+        n_top = b.op("Reshape", [b.const_from_attr("fixed_top_n", "value_int"), b.const([1], np.int64)])
+        d = b.op("Slice", [shape, b.const([-1], np.int64), b.const([2], np.int64)])
+        _, top = b.op("TopK", [a, b.op("Min", [n_top, d])], n_out=2, axis=-1, largest=1, sorted=1)
+        ones = b.op("Expand", [b.const(1.0), b.op("Shape", [top])])
+        w = b.op("ScatterElements", [w, top, ones], axis=-1)
+        s = b.op("Mul", [s, w])
+    k = "K" if variant.k_input else b.const_from_attr("k", "value_int")
+    k = b.op("Reshape", [k, b.const([1], np.int64)])
+    b.op("TopK", [s, k], n_out=2, axis=-1, largest=1, sorted=1)
+    b.nodes[-1].output[1] = "indices"
+    return _function(TOPK_OP, variant.overload, TOPK_INPUTS, ["indices"], b, TOPK_ATTRS)
+
+
+def _rows_fp(b: _Body, rows: str, w: list[str]) -> str:
+    return b.op("Cast", [b.op("Gather", [w[0], rows], axis=0)], to=TensorProto.FLOAT)
+
+
+def _nibbles(b: _Body, packed: str) -> str:
+    """uint8 [..., m] → uint8 [..., 2m], low nibble first (the bit order of dipdeploy.quant.bits)."""
+    lo = b.op("BitwiseAnd", [packed, b.const(15, np.uint8)])
+    hi = b.op("BitShift", [packed, b.const(4, np.uint8)], direction="RIGHT")
+    axis = b.const([-1], np.int64)
+    pair = b.op("Concat", [b.op("Unsqueeze", [lo, axis]), b.op("Unsqueeze", [hi, axis])], axis=-1)
+    return b.op("Reshape", [pair, b.const([0, 0, -1], np.int64)])
+
+
+def _rows_bq4(b: _Body, rows: str, w: list[str]) -> str:
+    """Decode the selected BQ4 rows to float32 [N, k, cols].
+
+        qweight ─Gather─nibbles─► q [N,k,nb·B] ─Reshape [N,k,nb,B]─Cast─► q
+        zeros ─Gather─nibbles─Slice nb─Cast─► z [N,k,nb,1]  (or the constant 8)
+        scales ─Gather─Cast─► s [N,k,nb,1];   (q − z)·s ─Reshape [N,k,nb·B]─Slice cols─► W
+    """
+    q = _nibbles(b, b.op("Gather", [w[0], rows], axis=0))
+    nb = b.op("Slice", [b.op("Shape", [w[1]]), b.const([1], np.int64), b.const([2], np.int64)])
+    shape4 = b.op("Concat", [b.const([0, 0], np.int64), nb, b.const([-1], np.int64)], axis=0)
+    q = b.op("Cast", [b.op("Reshape", [q, shape4])], to=TensorProto.FLOAT)
+    axis = b.const([-1], np.int64)
+    s = b.op("Unsqueeze", [b.op("Cast", [b.op("Gather", [w[1], rows], axis=0)], to=TensorProto.FLOAT), axis])
+    if len(w) > 2:
+        z = _nibbles(b, b.op("Gather", [w[2], rows], axis=0))
+        z = b.op("Slice", [z, b.const([0], np.int64), nb, axis])
+        z = b.op("Unsqueeze", [b.op("Cast", [z], to=TensorProto.FLOAT), axis])
+    else:
+        z = b.const(8.0)
+    deq = b.op("Reshape", [b.op("Mul", [b.op("Sub", [q, z]), s]), b.const([0, 0, -1], np.int64)])
+    cols = b.op("Reshape", [b.const_from_attr("cols", "value_int"), b.const([1], np.int64)])
+    return b.op("Slice", [deq, b.const([0], np.int64), cols, axis])
+
+
+ROW_DECODERS = {"fp32": _rows_fp, "fp16": _rows_fp, "bq4": _rows_bq4}
+
+
+def sparse_gather_matmul_function(variant: SgmmVariant) -> FunctionProto:
+    """SparseGatherMatMul body: gather X values and W rows, decode, one batched MatMul.
+
+        X ─GatherElements(indices)─Unsqueeze─► x [N,1,k]
+        W… ─Gather(slots or indices)─decode─► w [N,k,O]
+        x @ w ─Squeeze─► Y [N,O]
+    """
+    if variant.format not in ROW_DECODERS:
+        raise ValueError(f"no fallback decoder for format {variant.format!r} yet; have {tuple(ROW_DECODERS)}")
+    w_names = [f"w{i}" for i in range(variant.n_weights)]
+    b = _Body()
+    axis1 = b.const([1], np.int64)
+    xs = b.op("Unsqueeze", [b.op("GatherElements", ["X", "indices"], axis=1), axis1])
+    rows = b.op("Identity", ["slots" if variant.slab else "indices"])
+    w = ROW_DECODERS[variant.format](b, rows, w_names)
+    b.op("Squeeze", [b.op("MatMul", [xs, w]), axis1])
+    b.nodes[-1].output[0] = "Y"
+    return _function(SGMM_OP, variant.overload, [*SGMM_FIXED_INPUTS, *w_names], ["Y"], b, SGMM_ATTRS)
+
+
+def fallback_functions(
+    topk: list[TopKVariant] | tuple = (), sgmm: list[SgmmVariant] | tuple = ()
+) -> list[FunctionProto]:
+    """The functions a model needs for the variants it uses (duplicates dropped, order kept)."""
+    out, seen = [], set()
+    for v in topk:
+        if (TOPK_OP, v.overload) not in seen:
+            seen.add((TOPK_OP, v.overload))
+            out.append(topk_column_mask_function(v))
+    for v in sgmm:
+        if (SGMM_OP, v.overload) not in seen:
+            seen.add((SGMM_OP, v.overload))
+            out.append(sparse_gather_matmul_function(v))
+    return out
+
+
+__all__ = [
+    "FORMATS", "SgmmVariant", "TopKVariant", "fallback_functions",
+    "sparse_gather_matmul_function", "topk_column_mask_function",
+]

@@ -1,0 +1,139 @@
+"""The weight formats SparseGatherMatMul accepts, and ``OpWeights``: one weight matrix in one of them.
+
+A weight matrix is a *row matrix* W [R, O]: row r is what selecting input column r of X multiplies
+(the sparse layout of method.md: bundled up|gate rows, or rows of W_dᵀ). Per format, the op's
+variadic ``weights`` inputs are, in this order:
+
+| format | inputs | dtypes | shapes |
+|---|---|---|---|
+| fp32 | W | float32 | [R, O] |
+| fp16 | W | float16 | [R, O] |
+| bq4  | qweight, scales[, zeros] | uint8, float16[, uint8] | [R, Cp/2], [R, nb][, [R, ceil(nb/2)]] |
+| vq3  | codes, codebooks, cb_scales | uint8, int8, float16 | see ``dipdeploy.quant.vq`` |
+
+BQ4 is ``dipdeploy.quant.block.BlockQuantTensor`` with bits = 4 (block size B = Cp / nb, derived from the
+shapes; ``zeros`` present = asymmetric). Quantised formats carry the output width O in the node
+attribute ``cols`` because padding makes it underivable from the shapes.
+
+R may be larger than the X width D (never smaller without slots): in *slab* mode W holds only the
+rows the host runtime keeps in DRAM and the op's ``slots`` input says which slab row serves each
+selected column; the same op and kernels serve both modes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """One format: the dtypes of its weight inputs (required first, then optional ones)."""
+
+    name: str
+    dtypes: tuple[str, ...]
+    n_optional: int
+    quantised: bool
+    dequantize: Callable[["OpWeights", np.ndarray], np.ndarray]
+
+    @property
+    def n_required(self) -> int:
+        return len(self.dtypes) - self.n_optional
+
+
+def _dequant_plain(w: "OpWeights", row_ids: np.ndarray) -> np.ndarray:
+    return w.arrays[0][row_ids].astype(np.float32)
+
+
+def _dequant_packed(w: "OpWeights", row_ids: np.ndarray) -> np.ndarray:
+    from dipdeploy.quant.api import dequantize_rows
+
+    return dequantize_rows(w.packed, row_ids)
+
+
+FORMATS: dict[str, WeightFormat] = {
+    f.name: f
+    for f in (
+        WeightFormat("fp32", ("float32",), 0, False, _dequant_plain),
+        WeightFormat("fp16", ("float16",), 0, False, _dequant_plain),
+        WeightFormat("bq4", ("uint8", "float16", "uint8"), 1, True, _dequant_packed),
+        WeightFormat("vq3", ("uint8", "int8", "float16"), 0, True, _dequant_packed),
+    )
+}
+
+
+def weight_format(name: str) -> WeightFormat:
+    if name not in FORMATS:
+        raise ValueError(f"format={name!r} is not a SparseGatherMatMul weight format; allowed: {tuple(FORMATS)}")
+    return FORMATS[name]
+
+
+@dataclass(frozen=True)
+class OpWeights:
+    """A row matrix [rows, cols] as the op's weight inputs (``arrays``, in input order).
+
+    ``packed`` keeps the ``dipdeploy.quant`` tensor of a quantised format, for the numpy reference.
+    Build with :meth:`from_matrix` (fp32/fp16) or :meth:`from_packed` (BQ4/VQ3).
+    """
+
+    format: str
+    arrays: tuple[np.ndarray, ...]
+    rows: int
+    cols: int
+    packed: object | None = None
+
+    def __post_init__(self) -> None:
+        fmt = weight_format(self.format)
+        if not fmt.n_required <= len(self.arrays) <= len(fmt.dtypes):
+            raise ValueError(
+                f"format {self.format!r} takes {fmt.n_required}..{len(fmt.dtypes)} weight arrays, got {len(self.arrays)}"
+            )
+        for i, (a, dt) in enumerate(zip(self.arrays, fmt.dtypes)):
+            if a.dtype != np.dtype(dt) or a.ndim < 2:
+                raise ValueError(f"weights[{i}] of format {self.format!r} must be a {dt} matrix, got {a.dtype} {a.shape}")
+        if self.arrays[0].shape[0] != self.rows:
+            raise ValueError(f"weights[0] must have {self.rows} rows, got shape {self.arrays[0].shape}")
+        if fmt.quantised and self.packed is None:
+            raise ValueError(f"format {self.format!r} needs the packed tensor (use OpWeights.from_packed)")
+
+    @classmethod
+    def from_matrix(cls, w: np.ndarray) -> "OpWeights":
+        """fp32 or fp16 row matrix [R, O], by its dtype."""
+        w = np.ascontiguousarray(w)
+        names = {np.dtype("float32"): "fp32", np.dtype("float16"): "fp16"}
+        if w.ndim != 2 or w.dtype not in names:
+            raise ValueError(f"expected a float32 or float16 matrix [R, O], got {w.dtype} {w.shape}")
+        return cls(names[w.dtype], (w,), w.shape[0], w.shape[1])
+
+    @classmethod
+    def from_packed(cls, packed) -> "OpWeights":
+        """A ``dipdeploy.quant`` packed tensor: BQ4 (``BlockQuantTensor`` with 4 bits) or VQ3."""
+        name = _packed_format_name(packed)
+        arrays = tuple(np.ascontiguousarray(a) for a in packed.arrays().values())
+        return cls(name, arrays, packed.rows, packed.cols, packed)
+
+    @property
+    def overload(self) -> str:
+        """The fallback function variant these arrays need (e.g. ``bq4`` vs ``bq4_zp``)."""
+        fmt = weight_format(self.format)
+        return self.format + ("_zp" if len(self.arrays) > fmt.n_required else "")
+
+    def rows_float32(self, row_ids: np.ndarray) -> np.ndarray:
+        """float32 [len(row_ids), cols]: the reference decode of the selected rows."""
+        return weight_format(self.format).dequantize(self, np.asarray(row_ids, dtype=np.int64))
+
+    def row_nbytes(self) -> int:
+        """Bytes one row occupies across all weight arrays (what a kernel reads per selected row)."""
+        return sum(a[0].nbytes for a in self.arrays if a.shape[0] == self.rows)
+
+
+def _packed_format_name(packed) -> str:
+    kind = type(packed).__name__
+    bits = getattr(getattr(packed, "config", None), "bits", None)
+    names = {("BlockQuantTensor", 4): "bq4", ("VQTensor", None): "vq3", ("VQTensor", 3): "vq3"}
+    key = (kind, bits if kind == "BlockQuantTensor" else None)
+    if key not in names:
+        raise ValueError(f"no SparseGatherMatMul format for packed tensor {kind} (bits={bits}); supported: BQ4, VQ3")
+    return names[key]
