@@ -88,9 +88,9 @@ def test_scale_search_never_worse(weights):
 @pytest.mark.parametrize("name", list(QUANT_PRESETS))
 def test_bits_per_weight_exact(name, weights):
     cfg = quant_config_from_name(name)
-    rows = np.tile(weights, (1, 4)) if name == "vq3" else weights  # 96 x 1024: whole VQ groups
+    rows = np.tile(weights, (1, 3))  # 96 x 768: whole blocks of 32 ... 256
     if name == "vq3":
-        rows = np.concatenate([rows] * 32, axis=0)[:256]  # 256 x 1024 -> groups of 32 x 256
+        rows = np.concatenate([np.tile(weights, (1, 4))] * 3, axis=0)[:256]  # 256 x 1024: groups of 32 x 256
     packed = quantize(rows, cfg)
     assert packed.bits_per_weight == pytest.approx(cfg.bits_per_weight(), abs=1e-12)
     assert packed.nbytes * 8 == pytest.approx(cfg.bits_per_weight() * rows.size)

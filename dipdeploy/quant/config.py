@@ -84,11 +84,15 @@ class Block4QuantConfig(_BlockIntConfig):
 @_register_config
 @dataclass(frozen=True)
 class RTN3QuantConfig(_BlockIntConfig):
-    """RTN3: the scalar 3-bit baseline at VQ3's bit budget (block 128 symmetric = 3.125 bits/weight)."""
+    """RTN3: the scalar 3-bit baseline at VQ3's bit budget (block 128 symmetric = 3.125 bits/weight).
+
+    Blocks of 96 or 192 (3.167 / 3.083 bits/weight) suit rows of 576 (SmolLM2's d), which a block of 128
+    would pad (see ``block.py``). Every block size is a multiple of 8, so a block's codes fill whole bytes.
+    """
 
     block_size: int = 128
     bits: ClassVar[int] = 3
-    allowed_block_sizes: ClassVar[tuple[int, ...]] = (32, 64, 128, 256)
+    allowed_block_sizes: ClassVar[tuple[int, ...]] = (32, 64, 96, 128, 192, 256)
 
 
 @_register_config
@@ -176,11 +180,13 @@ QUANT_PRESETS: dict[str, tuple[type, dict]] = {
     "bq4-b128": (Block4QuantConfig, {"block_size": 128}),
     "vq3": (VQ3QuantConfig, {}),
     "rtn3": (RTN3QuantConfig, {}),
+    "rtn3-b96": (RTN3QuantConfig, {"block_size": 96}),
+    "rtn3-b192": (RTN3QuantConfig, {"block_size": 192}),
 }
 
 
 def quant_config_from_name(name: str, **overrides: Any) -> QuantConfig:
-    """Map a CLI name (``bq4``, ``bq4-b32``, ``bq4-b64``, ``bq4-b128``, ``vq3``, ``rtn3``) to its config."""
+    """Map a CLI name (a key of ``QUANT_PRESETS``: ``bq4``, ``bq4-b32``, ``vq3``, ``rtn3``…) to its config."""
     if name not in QUANT_PRESETS:
         raise ValueError(f"--quant {name!r} unknown; choose one of {', '.join(QUANT_PRESETS)}")
     cls, preset = QUANT_PRESETS[name]

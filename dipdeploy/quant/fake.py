@@ -1,0 +1,225 @@
+"""Fake quantisation of a Hugging Face causal LM (export-time; imports torch lazily).
+
+``quantize_model_(model, cfg, scope)`` replaces weights IN PLACE with their quantise → dequantise values,
+computed by the numpy formats in the sparse row layout (``layout.py``), so an evaluation sees exactly
+the numbers a deployed model decodes. ``iter_packed_mlp`` streams the packed MLP weights layer by layer
+(bounded memory: one layer's rows at a time) for ``dipdeploy quantize``.
+
+MLP layouts understood (matched by module attributes, not by names of architectures):
+- split: ``mlp.up_proj``, ``mlp.gate_proj`` [F, d] and ``mlp.down_proj`` [d, F] (Llama, Mistral, Qwen2, SmolLM2);
+- fused: ``mlp.gate_up_proj`` [2F, d] whose first F output rows are the gate and last F the up
+  (transformers' ``Phi3MLP``: ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``), plus ``mlp.down_proj``.
+
+``scope="all"`` also quantises every ``nn.Linear`` of the attention blocks and the lm_head with BQ4
+(blocks along the input dimension, like MatMulNBits; the MLP format's config if it is BQ4, else the
+default ``Block4QuantConfig()``); a tied lm_head is untied first so the embedding table stays as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize
+from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, quant_config_from_name
+from dipdeploy.quant.io import save_packed
+from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
+
+SCOPES = ("mlp", "all")
+__all__ = ["QuantReport", "iter_packed_mlp", "quant_config_from_name", "quantize_model_", "write_packed_mlp"]
+
+
+@dataclass
+class QuantReport:
+    """What ``quantize_model_`` did: exact bits per weight (MLP and over everything quantised)."""
+
+    format: str
+    config: dict
+    scope: str
+    bits_per_weight_mlp: float
+    bits_per_weight: float
+    n_params_mlp: int
+    n_params: int
+    seconds: float
+    layers: int
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _np(weight) -> np.ndarray:
+    import torch
+
+    return weight.detach().to(device="cpu", dtype=torch.float32, copy=True).numpy()
+
+
+def _assign(linear, value: np.ndarray) -> None:
+    import torch
+
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(value).to(linear.weight.dtype))
+
+
+def _layers(model):
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    if not hasattr(decoder, "layers"):
+        raise ValueError(f"{type(model).__name__}: no decoder layers found (expected model.model.layers)")
+    return decoder.layers
+
+
+def mlp_weights(mlp) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(W_u, W_g [F, d], W_d [d, F]) as float32 numpy, for the split and fused layouts."""
+    if hasattr(mlp, "gate_up_proj"):
+        w = _np(mlp.gate_up_proj.weight)
+        F = w.shape[0] // 2
+        return w[F:], w[:F], _np(mlp.down_proj.weight)
+    if all(hasattr(mlp, n) for n in ("up_proj", "gate_proj", "down_proj")):
+        return _np(mlp.up_proj.weight), _np(mlp.gate_proj.weight), _np(mlp.down_proj.weight)
+    raise ValueError(
+        f"{type(mlp).__name__} is not a SwiGLU MLP this stage knows: expected up_proj/gate_proj/down_proj "
+        "or gate_up_proj/down_proj"
+    )
+
+
+def set_mlp_weights(mlp, w_up: np.ndarray, w_gate: np.ndarray, w_down: np.ndarray) -> None:
+    if hasattr(mlp, "gate_up_proj"):
+        _assign(mlp.gate_up_proj, np.concatenate([w_gate, w_up], axis=0))
+    else:
+        _assign(mlp.up_proj, w_up)
+        _assign(mlp.gate_proj, w_gate)
+    _assign(mlp.down_proj, w_down)
+
+
+def mlp_row_weights(model, calib_ids) -> list[dict[str, np.ndarray]]:
+    """Per layer, the Hessian diagonal E[x_r²] of the activation multiplying each row (calibration).
+
+    up|gate row i multiplies hidden input x_i of the MLP; down row j multiplies GLU unit j (the input of
+    down_proj). One forward pass over ``calib_ids`` [B, T] with hooks; the model is not changed.
+    """
+    import torch
+
+    layers = _layers(model)
+    sums = [{"up_gate": None, "down": None} for _ in layers]
+    count = [0]
+
+    def hook(i: int, key: str):
+        def fn(_module, args):
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+            s = (x * x).sum(0).cpu().numpy().astype(np.float64)
+            sums[i][key] = s if sums[i][key] is None else sums[i][key] + s
+            if key == "up_gate" and i == 0:
+                count[0] += x.shape[0]
+        return fn
+
+    handles = []
+    for i, layer in enumerate(layers):
+        handles.append(layer.mlp.register_forward_pre_hook(hook(i, "up_gate")))
+        handles.append(layer.mlp.down_proj.register_forward_pre_hook(hook(i, "down")))
+    try:
+        with torch.no_grad():
+            model(input_ids=calib_ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return [{k: v / max(1, count[0]) for k, v in s.items()} for s in sums]
+
+
+def iter_packed_mlp(model, cfg: QuantConfig, *, row_weights=None, progress: bool = True
+                    ) -> Iterator[tuple[int, dict[str, PackedTensor]]]:
+    """Yield (layer index, {"up_gate": packed [d, 2F], "down": packed [F, d]}) one layer at a time."""
+    from tqdm.auto import tqdm
+
+    layers = _layers(model)
+    for i, layer in enumerate(tqdm(layers, desc=f"quantise MLP ({type(cfg).__name__})", disable=not progress)):
+        up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp))
+        rw = row_weights[i] if row_weights is not None else {"up_gate": None, "down": None}
+        yield i, {
+            "up_gate": quantize(up_gate, cfg, row_weight=rw["up_gate"]),
+            "down": quantize(down, cfg, row_weight=rw["down"]),
+        }
+
+
+def _dense_linears(model) -> list[tuple[str, Any]]:
+    import torch
+
+    out = []
+    for i, layer in enumerate(_layers(model)):
+        attn = getattr(layer, "self_attn", None)
+        if attn is None:
+            raise ValueError(f"layer {i} has no self_attn; scope='all' cannot find the attention projections")
+        out += [(f"layers.{i}.self_attn.{n}", m) for n, m in attn.named_modules() if isinstance(m, torch.nn.Linear)]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None:
+        out.append(("lm_head", head))
+    return out
+
+
+def _untie_head(model, notes: list[str]) -> None:
+    import torch
+
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and emb is not None and head.weight is emb.weight:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        if hasattr(model.config, "tie_word_embeddings"):
+            model.config.tie_word_embeddings = False
+        notes.append("lm_head untied from the embedding table (the embedding stays unquantised)")
+
+
+def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=None,
+                    progress: bool = True) -> QuantReport:
+    """Replace weights in place by their fake-quantised values; return what was done.
+
+    ``calib_ids`` ([B, T] token ids, optional): enables Hessian-diagonal row weighting (used by VQ3's
+    centroid updates; BQ4/RTN3 ignore it, see ``config._BlockIntConfig``).
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"scope={scope!r} is not allowed; choose one of {SCOPES}")
+    t0 = time.perf_counter()
+    notes: list[str] = []
+    row_weights = mlp_row_weights(model, calib_ids) if calib_ids is not None else None
+    if row_weights is not None:
+        notes.append(f"Hessian-diagonal row weights from {int(np.prod(calib_ids.shape))} calibration tokens")
+    mlp_bits = mlp_params = 0
+    layers = _layers(model)
+    for i, packed in iter_packed_mlp(model, cfg, row_weights=row_weights, progress=progress):
+        set_mlp_weights(layers[i].mlp, *rows_to_mlp(dequantize_rows(packed["up_gate"]), dequantize_rows(packed["down"])))
+        for p in packed.values():
+            mlp_bits += 8 * p.nbytes
+            mlp_params += p.rows * p.cols
+    bits, params = mlp_bits, mlp_params
+    if scope == "all":
+        dense_cfg = cfg if isinstance(cfg, Block4QuantConfig) else Block4QuantConfig()
+        if dense_cfg is not cfg:
+            notes.append(f"attention and lm_head use {dense_cfg} (blocks along the input dimension)")
+        _untie_head(model, notes)
+        for _name, linear in _dense_linears(model):
+            packed = quantize(_np(linear.weight), dense_cfg)
+            _assign(linear, dequantize_rows(packed))
+            bits += 8 * packed.nbytes
+            params += packed.rows * packed.cols
+    return QuantReport(
+        format=type(cfg).__name__, config=config_to_dict(cfg), scope=scope,
+        bits_per_weight_mlp=mlp_bits / mlp_params, bits_per_weight=bits / params,
+        n_params_mlp=mlp_params, n_params=params, seconds=time.perf_counter() - t0,
+        layers=len(layers), notes=notes,
+    )
+
+
+def write_packed_mlp(model, cfg: QuantConfig, out, *, model_name: str = "", force: bool = False,
+                     progress: bool = True):
+    """Quantise every MLP (both groups) and stream the packed tensors into ``out`` (see ``io.py``)."""
+    def tensors():
+        for i, packed in iter_packed_mlp(model, cfg, progress=progress):
+            for group, p in packed.items():
+                yield f"layers.{i}.{group}", p
+
+    from pathlib import Path
+
+    out = Path(out)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} exists; pass --force to overwrite it")
+    return save_packed(out, cfg, tensors(), model=model_name, force=force)
