@@ -1,3 +1,139 @@
-"""CLI commands of the sim stage."""
+"""CLI commands of the sim stage: ``dipdeploy simulate`` and ``dipdeploy devices``.
 
-from dipdeploy.cli._app import app  # noqa: F401
+Parses, calls the simulator (dipdeploy.sim), presents. Defaults live in ``SimConfig`` only: an option
+left unset here falls back to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dipdeploy.cli._app import app
+
+console = Console()
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
+
+
+@app.command("devices")
+def devices_cmd() -> None:
+    """List the device profiles (dipdeploy/sim/devices/*.toml) with their Flash read-size curve."""
+    from dipdeploy.sim.devices import list_devices
+
+    table = Table("name", "DRAM GB/s", "DRAM GB", "Flash seq GB/s", "µs/request", "4 KiB", "64 KiB", "1 MiB",
+                  "assumed")
+    for d in list_devices():
+        eff = [f"{d.flash.effective_bandwidth(s) / 1e9:.2f}" for s in (4096, 65536, 1 << 20)]
+        table.add_row(d.name, f"{d.dram_bandwidth / 1e9:g}", f"{d.dram_capacity / 1e9:g}",
+                      f"{d.flash.seq_bandwidth / 1e9:g}", f"{d.flash.request_s * 1e6:.2f}", *eff,
+                      ", ".join(d.assumptions) or "-")
+    console.print(table)
+    for d in list_devices():
+        console.print(f"{d.name}: {d.description}")
+    console.print("Flash columns 4 KiB / 64 KiB / 1 MiB: effective GB/s at that request size "
+                  "(t = request cost + bytes / sequential bandwidth). Sources: each profile's *_source fields.")
+
+
+@app.command("simulate")
+def simulate_cmd(
+    trace: Path = typer.Option(None, "--trace", help="Trace file (.npz) from `dipdeploy trace` or the runtime's --trace. "
+                               "Not needed for --method dense."),
+    device: str = typer.Option(None, "--device", help="Device profile name (see `dipdeploy devices`) or a .toml path."),
+    model: str = typer.Option(None, "--model", help="Registry model whose shape to simulate (default: the trace's). "
+                              "A larger model than the trace's is an extrapolation."),
+    dram: str = typer.Option(None, "--dram", help="DRAM budget, e.g. 4GB or 3.5GiB (default: half the device's DRAM)."),
+    sweep_dram: str = typer.Option(None, "--sweep-dram", help="Sweep the budget: A..B (e.g. 2GB..8GB) or 'auto' "
+                                   "(smallest that fits .. whole model)."),
+    steps: int = typer.Option(9, "--steps", help="Points of --sweep-dram."),
+    precision: str = typer.Option(None, "--precision", help="fp32, fp16, bq4 (4.25 b), bq4-b32 (4.5 b), vq3 (≈3.125 b)."),
+    method: str = typer.Option(None, "--method", help="Comma list of: traced (as recorded), dense, dip, dipca."),
+    policy: str = typer.Option(None, "--policy", help="Comma list of cache policies: none, lru, lfu, belady, static."),
+    gamma: str = typer.Option(None, "--gamma", help="Comma list of DIP-CA γ values in [0, 1]."),
+    context: int = typer.Option(None, "--context", help="KV-cache tokens placed in DRAM and read per token."),
+    warmup: int = typer.Option(None, "--warmup", help="First trace tokens replayed but not measured."),
+    tokens: int = typer.Option(None, "--tokens", help="Use only the first N trace tokens (quick runs)."),
+    overlap: bool = typer.Option(False, "--overlap", help="Plot and compare the overlapped variant max(DRAM, Flash)."),
+    plot: Path = typer.Option(None, "--plot", help="Write the tokens/s-vs-DRAM curves to this PNG."),
+    json_out: Path = typer.Option(None, "--json", help="Write the result rows to this JSON file."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing --json/--plot outputs."),
+) -> None:
+    """Project a trace onto a device profile: tokens/s, DRAM and Flash bytes per token, hit rate, memory."""
+    from dipdeploy.sim import SimConfig
+    from dipdeploy.sim.plot import label, plot_curves
+    from dipdeploy.sim.report import write_json
+    from dipdeploy.sim.sweep import auto_budgets, compare, expand_variants, sweep
+    from dipdeploy.sim.units import parse_range, parse_size
+    from dipdeploy.trace import Trace
+
+    if dram and sweep_dram:
+        raise typer.BadParameter("give --dram or --sweep-dram, not both")
+    for out in (plot, json_out):
+        if out is not None and out.exists() and not force:
+            raise typer.BadParameter(f"{out} exists; pass --force to overwrite it")
+    given = {"device": device, "model": model, "precision": precision, "context": context, "warmup": warmup}
+    base = SimConfig(**{k: v for k, v in given.items() if v is not None})
+    defaults = {f.name: f.default for f in fields(SimConfig)}
+    methods = _csv(method) or [base.method]
+    policies = _csv(policy) or [base.policy]
+    gammas = [float(g) for g in (_csv(gamma) or [defaults["gamma"]])]
+    tr = Trace.load(trace) if trace is not None else None
+    if tr is not None and tokens:
+        tr = tr.head(tokens)
+    cfgs = expand_variants(base, methods, policies, gammas)
+    if sweep_dram:
+        budgets = auto_budgets(tr, base, steps) if sweep_dram == "auto" else parse_range(sweep_dram, steps)
+    else:
+        budgets = [parse_size(dram)] if dram else [None]
+    if budgets == [None]:
+        from dipdeploy.sim.simulate import simulate
+
+        rows = [simulate(tr, c) for c in cfgs]
+    else:
+        with console.status(f"simulating {len(cfgs)} configuration(s) × {len(budgets)} budget(s)"):
+            rows = sweep(tr, cfgs, budgets)
+
+    table = Table("device", "model", "method / policy", "DRAM GB", "tok/s", "tok/s ovl", "DRAM GB/tok",
+                  "Flash MB/tok", "req/tok", "hit rate", "ρ")
+    for r in rows:
+        table.add_row(r.device, r.model, label(r), f"{r.dram_bytes / 1e9:.3f}", f"{r.tok_s:.3f}",
+                      f"{r.tok_s_overlap:.3f}", f"{r.dram_bytes_per_token / 1e9:.3f}",
+                      f"{r.flash_bytes_per_token / 1e6:.1f}", f"{r.flash_requests_per_token:.0f}",
+                      f"{r.hit_rate:.3f}", f"{r.density:.3f}")
+    console.print(table)
+    mem = rows[-1].memory
+    console.print(f"memory (last row): non-MLP {mem['non_mlp'] / 1e9:.3f} GB, KV {mem['kv_cache'] / 1e9:.3f} GB, "
+                  f"MLP caches {mem['mlp_cache'] / 1e9:.3f} GB of {mem['mlp_total'] / 1e9:.3f} GB "
+                  f"(f = {mem['cache_fraction']:.3f} of each layer's rows)")
+    notes = {r.extrapolation for r in rows if r.extrapolation}
+    for note in notes:
+        console.print(f"[yellow]{note}[/yellow]")
+
+    dense = [r for r in rows if r.method == "dense" and r.policy == "static"]
+    if sweep_dram and dense:
+        others: dict[str, list] = {}
+        for r in rows:
+            if r.method != "dense":
+                others.setdefault(label(r), []).append(r)
+        summary = Table("vs dense-static", "DRAM GB", "dense tok/s", "tok/s", "gain at equal DRAM",
+                        "DRAM for dense tok/s", "DRAM reduction")
+        for name, rs in others.items():
+            for c in compare(dense, rs, overlap=overlap):
+                red = "-" if c.dram_reduction is None else f"{'≥' if c.bound else ''}{100 * c.dram_reduction:.0f} %"
+                need = "-" if c.dram_for_base_tok_s is None else f"{c.dram_for_base_tok_s / 1e9:.2f}"
+                summary.add_row(name, f"{c.dram_bytes / 1e9:.2f}", f"{c.base_tok_s:.3f}", f"{c.tok_s:.3f}",
+                                f"{100 * c.gain:+.0f} %", need, red)
+        console.print(summary)
+    if json_out is not None:
+        write_json([r.row() for r in rows], json_out, force=force)
+        console.print(f"wrote {json_out}")
+    if plot is not None:
+        title = f"{rows[0].model} on {rows[0].device}, {rows[0].precision}"
+        plot_curves(rows, plot, title=title, overlap=overlap, force=force)
+        console.print(f"wrote {plot}")

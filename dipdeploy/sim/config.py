@@ -1,0 +1,64 @@
+"""``SimConfig``: every knob of one simulation, with its default defined only here (style.md §1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dipdeploy.cache import POLICIES
+from dipdeploy.sim.precision import PRECISIONS
+
+#: How the simulator obtains each token's selected rows.
+#:   traced  replay the trace's selections as recorded
+#:   dense   every row every token (the dense-static baseline with policy ``static``)
+#:   dip     re-mask from the recorded magnitudes with γ = 1 (needs x_abs, glu_abs)
+#:   dipca   re-mask with DIP-CA against the simulator's own cache state (needs x_abs, glu_abs)
+SIM_METHODS = ("traced", "dense", "dip", "dipca")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated configuration.
+
+    ``dram_budget``: bytes of DRAM the model may use (None: half the device's DRAM — assumption: the OS
+    and other apps keep the rest). ``context``: KV-cache tokens reserved in DRAM and read per token
+    (0 = ignored, as in the paper's simulator). ``warmup``: first tokens replayed but not measured; the
+    ``static`` policy pins the most used rows of those tokens (of the whole trace when 0: in-sample,
+    optimistic for static). ``model``: target shape from the registry (None: the trace's own model).
+    """
+
+    device: str = "a18"
+    model: str | None = None
+    dram_budget: float | None = None
+    precision: str = "bq4"
+    method: str = "traced"
+    policy: str = "lfu"
+    gamma: float = 0.2
+    gamma_warmup: int = 0
+    fixed_top_n: int = 0
+    context: int = 0
+    kv_bytes_per_value: float = 2.0
+    warmup: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r} unknown; choose one of {', '.join(PRECISIONS)}")
+        if self.method not in SIM_METHODS:
+            raise ValueError(f"method {self.method!r} unknown; choose one of {', '.join(SIM_METHODS)}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
+        if self.dram_budget is not None and self.dram_budget <= 0:
+            raise ValueError(f"dram_budget must be > 0 bytes, got {self.dram_budget}")
+        for name in ("gamma_warmup", "fixed_top_n", "context", "warmup"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.kv_bytes_per_value <= 0:
+            raise ValueError(f"kv_bytes_per_value must be > 0, got {self.kv_bytes_per_value}")
+        if self.method == "dense" and self.policy not in ("static", "none"):
+            raise ValueError(f"method 'dense' reads every row every token, so only policy 'static' (pinned "
+                             f"subset) or 'none' apply, got {self.policy!r}")
+        if self.method == "dipca" and self.policy == "belady":
+            raise ValueError("policy 'belady' needs the future selections, but DIP-CA's selections depend on "
+                             "the cache itself; use belady with method 'traced' or 'dip'")

@@ -1,0 +1,138 @@
+"""Replay an access pattern through the shared DRAM row caches (``dipdeploy.cache.RowCache``), token by
+token, and count per token what the cost model needs: rows selected, rows missed, Flash requests.
+
+Flash requests: missed rows of one layer and group that are adjacent in the Flash layout are read
+as one request (coalescing; method.md "Flash layout": one selected unit = one contiguous row).
+
+Layers with the same K are replayed together as one batched ``RowCache`` (each batch entry has its own
+state), in chunks that bound memory (Belady's next-use table is [T, B, R]).
+
+Methods (``SimConfig.method``): ``traced`` replays the recorded rows; ``dip`` re-masks with top-K of the
+magnitudes (γ = 1); ``dipca`` re-scores each token with ``dipca_scores(|x|, resident, γ)`` against the
+simulator's own cache state and takes ``topk_indices`` — the GLU magnitudes were recorded under the
+trace's own input mask, so the GLU group's re-masking is an approximation. ``dense`` is closed form:
+every row every token, the pinned rows hit (``static``: the lowest indices — for dense any fixed subset
+is equal, and a contiguous one streams the rest as one request per layer and group).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows, topk_indices
+from dipdeploy.sim.config import SimConfig
+from dipdeploy.sim.pattern import AccessPattern
+
+_CHUNK_BYTES = 1 << 27
+
+
+@dataclass
+class GroupCounts:
+    """Per measured token, summed over target layers (simulated layers × their weights)."""
+
+    selected: np.ndarray
+    missed: np.ndarray
+    requests: np.ndarray
+
+    @property
+    def hit_rows(self) -> float:
+        return float((self.selected - self.missed).sum())
+
+
+@dataclass
+class ReplayCounts:
+    tokens: int
+    inp: GroupCounts
+    glu: GroupCounts
+
+    @property
+    def hit_rate(self) -> float:
+        sel = float(self.inp.selected.sum() + self.glu.selected.sum())
+        return (self.inp.hit_rows + self.glu.hit_rows) / sel if sel else 0.0
+
+
+def _runs(missed_mask: np.ndarray) -> np.ndarray:
+    """Contiguous runs of True per batch row: the Flash requests after coalescing."""
+    starts = missed_mask[:, 1:] & ~missed_mask[:, :-1]
+    return missed_mask[:, 0].astype(np.int64) + starts.sum(axis=1)
+
+
+def _dense_group(rows: int, capacity: int, layers: float, tokens: int) -> GroupCounts:
+    ones = np.ones(tokens)
+    return GroupCounts(selected=ones * rows * layers, missed=ones * (rows - capacity) * layers,
+                       requests=ones * (1.0 if capacity < rows else 0.0) * layers)
+
+
+def _selections(pattern: AccessPattern, group: str, i: int, method: str) -> np.ndarray:
+    """[T, K] rows of simulated layer i: as traced, or top-K of the magnitudes (DIP, γ = 1)."""
+    sel = (pattern.sel_in if group == "in" else pattern.sel_glu)[i]
+    if method in ("dip", "dipca"):
+        mags = pattern.magnitudes(group, i).astype(np.float32)
+        sel = topk_indices(mags, sel.shape[1])
+    return sel
+
+
+def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimConfig) -> GroupCounts:
+    rows = pattern.rows_in if group == "in" else pattern.rows_glu
+    T = pattern.num_tokens
+    ks = [(pattern.sel_in if group == "in" else pattern.sel_glu)[i].shape[1] for i in range(len(pattern.weights))]
+    measured = slice(cfg.warmup, T)
+    selected, missed, requests = (np.zeros(T) for _ in range(3))
+    per_layer_bytes = T * rows * (4 if cfg.policy == "belady" else 2) + 1
+    chunk = max(1, _CHUNK_BYTES // per_layer_bytes)
+    for k in sorted(set(ks)):
+        members = [i for i, kk in enumerate(ks) if kk == k]
+        for c0 in range(0, len(members), chunk):
+            batch = members[c0:c0 + chunk]
+            w = pattern.weights[batch]
+            sels = None
+            if cfg.method != "dipca" or cfg.policy == "static":
+                # DIP-CA + static pins the most used rows of plain DIP's masks on the calibration tokens
+                sels = np.stack([_selections(pattern, group, i, cfg.method) for i in batch], axis=1)  # [T, B, K]
+            pinned = None
+            if cfg.policy == "static":
+                calib = sels[: cfg.warmup] if cfg.warmup else sels
+                counts = np.zeros((len(batch), rows))
+                for b in range(len(batch)):
+                    counts[b] = np.bincount(calib[:, b].ravel(), minlength=rows)
+                pinned = static_rows(counts, capacity)
+            cache = RowCache(rows=rows, capacity=capacity, policy=cfg.policy, batch=len(batch),
+                             future=sels if cfg.policy == "belady" else None, pinned=pinned)
+            mags = None
+            if cfg.method == "dipca":
+                mags = [pattern.magnitudes(group, i) for i in batch]
+            b_idx = np.arange(len(batch))[:, None]
+            for t in range(T):
+                if mags is not None:
+                    x = np.stack([m[t] for m in mags]).astype(np.float32)
+                    g = gamma_at(cfg.gamma, t, cfg.gamma_warmup)
+                    sel_t = topk_indices(dipca_scores(x, cache.resident, g, cfg.fixed_top_n), k)
+                else:
+                    sel_t = sels[t]
+                hit = cache.access(sel_t)
+                miss_mask = np.zeros((len(batch), rows), dtype=bool)
+                miss_mask[np.broadcast_to(b_idx, sel_t.shape)[~hit], sel_t[~hit]] = True
+                selected[t] += k * w.sum()
+                missed[t] += ((~hit).sum(axis=1) * w).sum()
+                requests[t] += (_runs(miss_mask) * w).sum()
+    return GroupCounts(selected=selected[measured], missed=missed[measured], requests=requests[measured])
+
+
+def replay(pattern: AccessPattern, capacity_in: int, capacity_glu: int, cfg: SimConfig) -> ReplayCounts:
+    """Count rows selected/missed and Flash requests per measured token (see the module docstring)."""
+    T = pattern.num_tokens
+    if cfg.warmup >= T and cfg.method != "dense":
+        raise ValueError(f"warmup ({cfg.warmup} tokens) must be below the trace length ({T} tokens)")
+    if cfg.method == "dense":
+        cap_in = 0 if cfg.policy == "none" else capacity_in
+        cap_glu = 0 if cfg.policy == "none" else capacity_glu
+        n = max(1, T - cfg.warmup)  # a shape-only pattern has one (representative) token
+        return ReplayCounts(tokens=n, inp=_dense_group(pattern.rows_in, cap_in, pattern.num_layers, n),
+                            glu=_dense_group(pattern.rows_glu, cap_glu, pattern.num_layers, n))
+    if cfg.method in ("dip", "dipca") and not pattern.has_magnitudes:
+        raise ValueError(f"method {cfg.method!r} re-masks from magnitudes, but the trace has no x_abs/glu_abs; "
+                         f"re-trace keeping magnitudes, or use --method traced")
+    return ReplayCounts(tokens=T - cfg.warmup, inp=_replay_group(pattern, "in", capacity_in, cfg),
+                        glu=_replay_group(pattern, "glu", capacity_glu, cfg))
