@@ -1,0 +1,60 @@
+// Kernels of the dipdeploy custom ops, free of ONNX Runtime types (dd_ops.cc is the ORT glue).
+// Every pointer and index handed to these functions has been validated by the caller: the kernels
+// never check bounds themselves, so they must only be reached through dd_ops.cc.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+enum dd_format {
+    DD_FORMAT_FP32 = 0,
+    DD_FORMAT_FP16 = 1,
+    DD_FORMAT_BQ4  = 2,
+    DD_FORMAT_VQ3  = 3,
+};
+
+// One SparseGatherMatMul call: Y[n] = sum_j X[n, idx[n, j]] * W[rows[n, j], :].
+struct dd_sgmm_params {
+    dd_format format;
+    int64_t n, d, k, o;          // X [n, d], idx/rows [n, k], Y [n, o]
+    const float * x;
+    const int64_t * idx;         // columns of X
+    const int64_t * rows;        // rows of W (== idx unless slab mode)
+    float * y;
+    // fp32 / fp16: W [R, w_stride] (elements)
+    const void * w;
+    int64_t w_stride;
+    // bq4: qweight [R, q_stride] bytes, scales fp16 [R, nb], zeros [R, z_stride] bytes (may be null)
+    const uint8_t * q;
+    int64_t q_stride;
+    const uint16_t * scales;
+    int64_t nb;
+    int64_t block;
+    const uint8_t * zeros;
+    int64_t z_stride;
+    // vq3: codes [R, codes_stride] bytes, codebooks int8 [ngr, ngc, 64, 2], scales fp16 [ngr, ngc]
+    const uint8_t * codes;
+    int64_t codes_stride;
+    const int8_t * cb;
+    const uint16_t * cb_scales;
+    int64_t group_rows, group_cols, ngc;
+};
+
+// Column granularity of a work chunk: chunk edges are multiples of this (BQ4 block and VQ3 strips align).
+constexpr int64_t DD_CHUNK_ALIGN = 128;
+
+// Computes Y[n_row, o0:o1) for one row of X. o0 is a multiple of DD_CHUNK_ALIGN.
+void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1);
+
+// Name of the kernel set picked for this CPU ("avx2", "neon" or "portable").
+const char * dd_kernels_isa();
+
+// One TopKColumnMask row: the DIP-CA score of dipdeploy/cache/score.py, then top-k (largest first,
+// ties to the lower index, NaN last). resident (bool[d]) and colnorm (float[d]) may be null.
+struct dd_topk_params {
+    int64_t d, k;
+    float gamma;
+    int64_t fixed_top_n;
+};
+void dd_topk_row(const dd_topk_params * p, const float * x, const bool * resident, const float * colnorm,
+                 int64_t * out);

@@ -1,0 +1,16 @@
+// x86-64-v3 kernel set (AVX2, FMA, F16C): this file alone is built with -march=x86-64-v3 and is
+// called only after a CPUID check (dd_kernels.cc), so the library still loads on older x86-64 CPUs.
+#include "dd_kernels.h"
+
+#include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace dd_avx2 {
+#include "dd_kernels_impl.inc"
+
+void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1) {
+    dd_sgmm_chunk_impl(p, n, o0, o1);
+}
+}  // namespace dd_avx2

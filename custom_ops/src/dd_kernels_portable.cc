@@ -1,0 +1,15 @@
+// Baseline kernel set: built with the target's default flags (x86-64 SSE2, aarch64 NEON).
+#include "dd_kernels.h"
+
+#include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace dd_portable {
+#include "dd_kernels_impl.inc"
+
+void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1) {
+    dd_sgmm_chunk_impl(p, n, o0, o1);
+}
+}  // namespace dd_portable

@@ -1,0 +1,612 @@
+// ONNX Runtime glue of the dipdeploy ops: op declarations, attribute parsing, input validation,
+// threading, registration. The contract is custom_ops/README.md.
+//
+// Written against the plain C API (OrtCustomOp) rather than the lite C++ wrapper: the lite wrapper
+// dereferences a null OrtValue for an absent optional input that precedes a present one (our K/C
+// inputs) and builds every variadic input with the first input's dtype, so it could neither keep the
+// contract's optional inputs nor reject a wrong dtype with an error. No exception crosses this file's
+// boundary: every failure is an OrtStatus naming the op, the input and the fix.
+#include "dd_kernels.h"
+
+#include "onnxruntime_c_api.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+namespace {
+
+constexpr const char * DD_DOMAIN = "ai.dipdeploy";
+constexpr int DD_MAX_RANK = 8;
+
+OrtStatus * dd_error(const OrtApi * api, OrtErrorCode code, const char * fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return api->CreateStatus(code, msg);
+}
+
+#define DD_TRY(expr)                     \
+    do {                                 \
+        OrtStatus * dd_st_ = (expr);     \
+        if (dd_st_ != nullptr) {         \
+            return dd_st_;               \
+        }                                \
+    } while (0)
+
+// A read-only view of one input tensor (no allocation beyond ORT's type-info object).
+struct dd_view {
+    bool present = false;
+    ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    size_t rank = 0;
+    int64_t dims[DD_MAX_RANK] = {};
+    const void * data = nullptr;
+    int64_t numel = 0;
+};
+
+const char * dd_type_name(ONNXTensorElementDataType t) {
+    switch (t) {
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "uint8";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return "bool";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
+        default: return "another dtype";
+    }
+}
+
+OrtStatus * dd_input(const OrtApi * api, OrtKernelContext * ctx, size_t i, dd_view * v) {
+    size_t count = 0;
+    DD_TRY(api->KernelContext_GetInputCount(ctx, &count));
+    *v = dd_view{};
+    if (i >= count) {
+        return nullptr;
+    }
+    const OrtValue * value = nullptr;
+    DD_TRY(api->KernelContext_GetInput(ctx, i, &value));
+    if (value == nullptr) {
+        return nullptr;
+    }
+    int is_tensor = 0;
+    DD_TRY(api->IsTensor(value, &is_tensor));
+    if (!is_tensor) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "input %zu is not a tensor", i);
+    }
+    OrtTensorTypeAndShapeInfo * info = nullptr;
+    DD_TRY(api->GetTensorTypeAndShape(value, &info));
+    OrtStatus * st = api->GetTensorElementType(info, &v->type);
+    if (st == nullptr) {
+        st = api->GetDimensionsCount(info, &v->rank);
+    }
+    if (st == nullptr && v->rank > (size_t) DD_MAX_RANK) {
+        st = dd_error(api, ORT_INVALID_ARGUMENT, "input %zu has rank %zu (at most %d)", i, v->rank, DD_MAX_RANK);
+    }
+    if (st == nullptr) {
+        st = api->GetDimensions(info, v->dims, v->rank);
+    }
+    api->ReleaseTensorTypeAndShapeInfo(info);
+    DD_TRY(st);
+    void * data = nullptr;
+    DD_TRY(api->GetTensorMutableData(const_cast<OrtValue *>(value), &data));
+    v->data = data;
+    v->numel = 1;
+    for (size_t d = 0; d < v->rank; ++d) {
+        v->numel *= v->dims[d];
+    }
+    v->present = true;
+    return nullptr;
+}
+
+// Checks dtype and rank; `what` names the input in the error ("SparseGatherMatMul input 'X'").
+OrtStatus * dd_expect(const OrtApi * api, const dd_view & v, const char * op, const char * what,
+                      ONNXTensorElementDataType type, size_t rank) {
+    if (!v.present) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input '%s' is missing", op, what);
+    }
+    if (v.type != type) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input '%s' must be %s, got %s", op, what,
+                        dd_type_name(type), dd_type_name(v.type));
+    }
+    if (v.rank != rank) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input '%s' must have rank %zu, got rank %zu", op, what,
+                        rank, v.rank);
+    }
+    return nullptr;
+}
+
+OrtStatus * dd_check_range(const OrtApi * api, const char * op, const char * what, const int64_t * a, int64_t n,
+                           int64_t hi) {
+    for (int64_t i = 0; i < n; ++i) {
+        if (a[i] < 0 || a[i] >= hi) {
+            return dd_error(api, ORT_INVALID_ARGUMENT,
+                            "%s: %s[%lld] = %lld is out of range [0, %lld); fix the indices fed to the op", op, what,
+                            (long long) i, (long long) a[i], (long long) hi);
+        }
+    }
+    return nullptr;
+}
+
+// Attribute readers: a missing attribute gives the default; any other failure is returned.
+OrtStatus * dd_attr_int(const OrtApi * api, const OrtKernelInfo * info, const char * name, int64_t dflt, int64_t * out) {
+    *out = dflt;
+    OrtStatus * st = api->KernelInfoGetAttribute_int64(info, name, out);
+    if (st != nullptr) {
+        api->ReleaseStatus(st);
+        *out = dflt;
+    }
+    return nullptr;
+}
+
+OrtStatus * dd_attr_float(const OrtApi * api, const OrtKernelInfo * info, const char * name, float dflt, float * out) {
+    *out = dflt;
+    OrtStatus * st = api->KernelInfoGetAttribute_float(info, name, out);
+    if (st != nullptr) {
+        api->ReleaseStatus(st);
+        *out = dflt;
+    }
+    return nullptr;
+}
+
+OrtStatus * dd_attr_string(const OrtApi * api, const OrtKernelInfo * info, const char * name, const char * dflt,
+                           char * out, size_t cap) {
+    size_t size = cap;
+    OrtStatus * st = api->KernelInfoGetAttribute_string(info, name, out, &size);
+    if (st != nullptr) {
+        api->ReleaseStatus(st);
+        std::snprintf(out, cap, "%s", dflt);
+    }
+    return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// TopKColumnMask(X[N,D] f32, K? i64, C? bool [D]|[N,D], colnorm? f32 [D]) -> indices [N,k] i64
+
+struct dd_topk_kernel {
+    const OrtApi * api;
+    int64_t k;
+    float gamma;
+    int64_t fixed_top_n;
+    bool wina;
+};
+
+struct dd_topk_job {
+    dd_topk_params params;
+    const float * x;
+    const bool * resident;
+    int64_t resident_stride;
+    const float * colnorm;
+    int64_t * out;
+};
+
+void dd_topk_task(void * user, size_t n) {
+    const dd_topk_job * job = static_cast<const dd_topk_job *>(user);
+    const int64_t d = job->params.d;
+    const bool * res = job->resident ? job->resident + (int64_t) n * job->resident_stride : nullptr;
+    dd_topk_row(&job->params, job->x + (int64_t) n * d, res, job->colnorm, job->out + (int64_t) n * job->params.k);
+}
+
+OrtStatus * ORT_API_CALL dd_topk_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo * info,
+                                        void ** kernel) {
+    const char * op = "TopKColumnMask";
+    int64_t k = 0, fixed = 0;
+    float gamma = 1.0f;
+    char score[32];
+    DD_TRY(dd_attr_int(api, info, "k", 0, &k));
+    DD_TRY(dd_attr_int(api, info, "fixed_top_n", 0, &fixed));
+    DD_TRY(dd_attr_float(api, info, "gamma", 1.0f, &gamma));
+    DD_TRY(dd_attr_string(api, info, "score", "abs", score, sizeof(score)));
+    if (!(gamma >= 0.0f && gamma <= 1.0f)) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute gamma=%g must lie in [0, 1]", op, (double) gamma);
+    }
+    if (fixed < 0 || k < 0) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attributes k=%lld and fixed_top_n=%lld must be >= 0", op,
+                        (long long) k, (long long) fixed);
+    }
+    const bool wina = std::strcmp(score, "wina") == 0;
+    if (!wina && std::strcmp(score, "abs") != 0) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute score='%s' is not allowed; use 'abs' or 'wina'", op,
+                        score);
+    }
+    *kernel = new (std::nothrow) dd_topk_kernel{api, k, gamma, fixed, wina};
+    return *kernel ? nullptr : dd_error(api, ORT_FAIL, "%s: out of memory", op);
+}
+
+OrtStatus * ORT_API_CALL dd_topk_compute(void * kernel_ptr, OrtKernelContext * ctx) {
+    const dd_topk_kernel * kn = static_cast<const dd_topk_kernel *>(kernel_ptr);
+    const OrtApi * api = kn->api;
+    const char * op = "TopKColumnMask";
+    dd_view x, kin, c, cn;
+    DD_TRY(dd_input(api, ctx, 0, &x));
+    DD_TRY(dd_input(api, ctx, 1, &kin));
+    DD_TRY(dd_input(api, ctx, 2, &c));
+    DD_TRY(dd_input(api, ctx, 3, &cn));
+    DD_TRY(dd_expect(api, x, op, "X", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 2));
+    const int64_t n = x.dims[0], d = x.dims[1];
+    int64_t k = kn->k;
+    if (kin.present) {
+        if (kin.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 || kin.numel != 1) {
+            return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'K' must be one int64 (scalar or [1]), got %s with %lld elements",
+                            op, dd_type_name(kin.type), (long long) kin.numel);
+        }
+        k = *static_cast<const int64_t *>(kin.data);
+    }
+    if (k < 1 || k > d) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: k=%lld must lie in [1, D=%lld] (input K or attribute k)", op,
+                        (long long) k, (long long) d);
+    }
+    int64_t res_stride = 0;
+    if (c.present) {
+        if (c.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL) {
+            return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'C' must be bool, got %s", op, dd_type_name(c.type));
+        }
+        const bool per_row = c.rank == 2 && c.dims[0] == n && c.dims[1] == d;
+        if (!(c.rank == 1 && c.dims[0] == d) && !per_row) {
+            return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'C' must have shape [D] or [N, D] = [%lld, %lld]", op,
+                            (long long) n, (long long) d);
+        }
+        res_stride = per_row ? d : 0;
+    }
+    if (kn->wina != cn.present) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: score='%s' %s input 'colnorm'", op, kn->wina ? "wina" : "abs",
+                        kn->wina ? "needs" : "takes no");
+    }
+    if (cn.present) {
+        DD_TRY(dd_expect(api, cn, op, "colnorm", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 1));
+        if (cn.dims[0] != d) {
+            return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'colnorm' must have shape [D=%lld]", op, (long long) d);
+        }
+    }
+    const int64_t out_dims[2] = {n, k};
+    OrtValue * out = nullptr;
+    DD_TRY(api->KernelContext_GetOutput(ctx, 0, out_dims, 2, &out));
+    void * out_data = nullptr;
+    DD_TRY(api->GetTensorMutableData(out, &out_data));
+    if (n == 0) {
+        return nullptr;
+    }
+    dd_topk_job job{{d, k, kn->gamma, kn->fixed_top_n}, static_cast<const float *>(x.data),
+                    c.present ? static_cast<const bool *>(c.data) : nullptr, res_stride,
+                    cn.present ? static_cast<const float *>(cn.data) : nullptr, static_cast<int64_t *>(out_data)};
+    if (n == 1) {
+        dd_topk_task(&job, 0);
+        return nullptr;
+    }
+    return api->KernelContext_ParallelFor(ctx, dd_topk_task, (size_t) n, 0, &job);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SparseGatherMatMul(X[N,D] f32, indices[N,k] i64, slots? i64 [N,k], weights...) -> Y [N,O] f32
+
+struct dd_sgmm_kernel {
+    const OrtApi * api;
+    dd_format format;
+    int64_t cols;
+    int64_t group_rows;
+    int64_t group_cols;
+};
+
+struct dd_sgmm_job {
+    dd_sgmm_params params;
+    int64_t chunk;
+    int64_t n_chunks;
+};
+
+void dd_sgmm_task(void * user, size_t t) {
+    const dd_sgmm_job * job = static_cast<const dd_sgmm_job *>(user);
+    const int64_t n = (int64_t) t / job->n_chunks;
+    const int64_t o0 = ((int64_t) t % job->n_chunks) * job->chunk;
+    const int64_t o1 = std::min(o0 + job->chunk, job->params.o);
+    dd_sgmm_chunk(&job->params, n, o0, o1);
+}
+
+OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo * info,
+                                        void ** kernel) {
+    const char * op = "SparseGatherMatMul";
+    char fmt[32];
+    int64_t cols = 0, gr = 0, gc = 0;
+    DD_TRY(dd_attr_string(api, info, "format", "", fmt, sizeof(fmt)));
+    DD_TRY(dd_attr_int(api, info, "cols", 0, &cols));
+    DD_TRY(dd_attr_int(api, info, "group_rows", 0, &gr));
+    DD_TRY(dd_attr_int(api, info, "group_cols", 0, &gc));
+    static const struct { const char * name; dd_format format; } formats[] = {
+        {"fp32", DD_FORMAT_FP32}, {"fp16", DD_FORMAT_FP16}, {"bq4", DD_FORMAT_BQ4}, {"vq3", DD_FORMAT_VQ3}};
+    for (const auto & f : formats) {
+        if (std::strcmp(fmt, f.name) == 0) {
+            if (f.format == DD_FORMAT_VQ3 && (gr < 1 || gc < 2 || gc % 2 != 0)) {
+                return dd_error(api, ORT_INVALID_ARGUMENT,
+                                "%s: format 'vq3' needs attributes group_rows >= 1 and an even group_cols >= 2, got %lld, %lld",
+                                op, (long long) gr, (long long) gc);
+            }
+            *kernel = new (std::nothrow) dd_sgmm_kernel{api, f.format, cols, gr, gc};
+            return *kernel ? nullptr : dd_error(api, ORT_FAIL, "%s: out of memory", op);
+        }
+    }
+    return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute format='%s' is not allowed; use fp32, fp16, bq4 or vq3", op, fmt);
+}
+
+int64_t dd_ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+// Fills the format part of `p` from the weight inputs, checking dtypes and shapes against each other.
+OrtStatus * dd_sgmm_weights(const dd_sgmm_kernel * kn, const dd_view * w, size_t n_w, dd_sgmm_params * p, int64_t * rows_out) {
+    const OrtApi * api = kn->api;
+    const char * op = "SparseGatherMatMul";
+    const auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+               U8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, I8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    switch (kn->format) {
+        case DD_FORMAT_FP32:
+        case DD_FORMAT_FP16: {
+            if (n_w != 1) {
+                return dd_error(api, ORT_INVALID_ARGUMENT, "%s: format fp32/fp16 takes 1 weight input W, got %zu", op, n_w);
+            }
+            DD_TRY(dd_expect(api, w[0], op, "W", kn->format == DD_FORMAT_FP32 ? F32 : F16, 2));
+            *rows_out = w[0].dims[0];
+            p->o = w[0].dims[1];
+            p->w = w[0].data;
+            p->w_stride = w[0].dims[1];
+            if (kn->cols != 0 && kn->cols != p->o) {
+                return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute cols=%lld but W has %lld columns", op,
+                                (long long) kn->cols, (long long) p->o);
+            }
+            return nullptr;
+        }
+        case DD_FORMAT_BQ4: {
+            if (n_w != 2 && n_w != 3) {
+                return dd_error(api, ORT_INVALID_ARGUMENT, "%s: format bq4 takes qweight, scales[, zeros], got %zu inputs", op, n_w);
+            }
+            DD_TRY(dd_expect(api, w[0], op, "qweight", U8, 2));
+            DD_TRY(dd_expect(api, w[1], op, "scales", F16, 2));
+            const int64_t R = w[0].dims[0], qs = w[0].dims[1], nb = w[1].dims[1];
+            if (w[1].dims[0] != R || nb < 1 || (2 * qs) % nb != 0) {
+                return dd_error(api, ORT_INVALID_ARGUMENT, "%s: bq4 scales [%lld, %lld] do not match qweight [%lld, %lld]",
+                                op, (long long) w[1].dims[0], (long long) nb, (long long) R, (long long) qs);
+            }
+            const int64_t B = 2 * qs / nb;
+            if (B < 2 || DD_CHUNK_ALIGN % B != 0) {
+                return dd_error(api, ORT_INVALID_ARGUMENT, "%s: bq4 block size %lld must divide %lld (use 32, 64 or 128)",
+                                op, (long long) B, (long long) DD_CHUNK_ALIGN);
+            }
+            if (kn->cols <= (nb - 1) * B || kn->cols > nb * B) {
+                return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute cols=%lld does not fit %lld blocks of %lld", op,
+                                (long long) kn->cols, (long long) nb, (long long) B);
+            }
+            p->zeros = nullptr;
+            if (n_w == 3) {
+                DD_TRY(dd_expect(api, w[2], op, "zeros", U8, 2));
+                if (w[2].dims[0] != R || w[2].dims[1] != dd_ceil_div(nb, 2)) {
+                    return dd_error(api, ORT_INVALID_ARGUMENT, "%s: bq4 zeros must have shape [%lld, %lld]", op,
+                                    (long long) R, (long long) dd_ceil_div(nb, 2));
+                }
+                p->zeros = static_cast<const uint8_t *>(w[2].data);
+                p->z_stride = w[2].dims[1];
+            }
+            *rows_out = R;
+            p->o = kn->cols;
+            p->q = static_cast<const uint8_t *>(w[0].data);
+            p->q_stride = qs;
+            p->scales = static_cast<const uint16_t *>(w[1].data);
+            p->nb = nb;
+            p->block = B;
+            return nullptr;
+        }
+        case DD_FORMAT_VQ3: {
+            if (n_w != 3) {
+                return dd_error(api, ORT_INVALID_ARGUMENT,
+                                "%s: format vq3 takes codes, codebooks (int8), codebook_scales, got %zu inputs", op, n_w);
+            }
+            DD_TRY(dd_expect(api, w[0], op, "codes", U8, 2));
+            DD_TRY(dd_expect(api, w[1], op, "codebooks", I8, 4));
+            DD_TRY(dd_expect(api, w[2], op, "codebook_scales", F16, 2));
+            const int64_t R = w[0].dims[0], C = kn->cols;
+            if (C < 2 || C % 2 != 0 || w[0].dims[1] != dd_ceil_div(6 * (C / 2), 8)) {
+                return dd_error(api, ORT_INVALID_ARGUMENT, "%s: vq3 codes [%lld, %lld] do not fit cols=%lld (even)", op,
+                                (long long) R, (long long) w[0].dims[1], (long long) C);
+            }
+            const int64_t ngr = dd_ceil_div(R, kn->group_rows), ngc = dd_ceil_div(C, kn->group_cols);
+            if (w[1].dims[0] != ngr || w[1].dims[1] != ngc || w[1].dims[2] != 64 || w[1].dims[3] != 2 ||
+                w[2].dims[0] != ngr || w[2].dims[1] != ngc) {
+                return dd_error(api, ORT_INVALID_ARGUMENT,
+                                "%s: vq3 codebooks must be [%lld, %lld, 64, 2] and scales [%lld, %lld] for group %lldx%lld",
+                                op, (long long) ngr, (long long) ngc, (long long) ngr, (long long) ngc,
+                                (long long) kn->group_rows, (long long) kn->group_cols);
+            }
+            *rows_out = R;
+            p->o = C;
+            p->codes = static_cast<const uint8_t *>(w[0].data);
+            p->codes_stride = w[0].dims[1];
+            p->cb = static_cast<const int8_t *>(w[1].data);
+            p->cb_scales = static_cast<const uint16_t *>(w[2].data);
+            p->group_rows = kn->group_rows;
+            p->group_cols = kn->group_cols;
+            p->ngc = ngc;
+            return nullptr;
+        }
+    }
+    return dd_error(api, ORT_FAIL, "%s: unknown format", op);
+}
+
+OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * ctx) {
+    const dd_sgmm_kernel * kn = static_cast<const dd_sgmm_kernel *>(kernel_ptr);
+    const OrtApi * api = kn->api;
+    const char * op = "SparseGatherMatMul";
+    size_t n_in = 0;
+    DD_TRY(api->KernelContext_GetInputCount(ctx, &n_in));
+    constexpr size_t max_w = 3;
+    if (n_in < 4 || n_in > 3 + max_w) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: expected X, indices, slots (or ''), then 1..3 weight inputs; got %zu inputs", op, n_in);
+    }
+    dd_view x, idx, slots, w[max_w];
+    DD_TRY(dd_input(api, ctx, 0, &x));
+    DD_TRY(dd_input(api, ctx, 1, &idx));
+    DD_TRY(dd_input(api, ctx, 2, &slots));
+    for (size_t i = 3; i < n_in; ++i) {
+        DD_TRY(dd_input(api, ctx, i, &w[i - 3]));
+    }
+    DD_TRY(dd_expect(api, x, op, "X", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 2));
+    DD_TRY(dd_expect(api, idx, op, "indices", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, 2));
+    const int64_t n = x.dims[0], d = x.dims[1], k = idx.dims[1];
+    if (idx.dims[0] != n) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: indices has %lld rows but X has %lld", op,
+                        (long long) idx.dims[0], (long long) n);
+    }
+    if (slots.present) {
+        DD_TRY(dd_expect(api, slots, op, "slots", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, 2));
+        if (slots.dims[0] != n || slots.dims[1] != k) {
+            return dd_error(api, ORT_INVALID_ARGUMENT, "%s: slots must have the shape of indices [%lld, %lld]", op,
+                            (long long) n, (long long) k);
+        }
+    }
+    dd_sgmm_params p{};
+    p.format = kn->format;
+    int64_t R = 0;
+    DD_TRY(dd_sgmm_weights(kn, w, n_in - 3, &p, &R));
+    DD_TRY(dd_check_range(api, op, "indices", static_cast<const int64_t *>(idx.data), n * k, d));
+    if (slots.present) {
+        DD_TRY(dd_check_range(api, op, "slots", static_cast<const int64_t *>(slots.data), n * k, R));
+    } else if (R < d) {
+        DD_TRY(dd_check_range(api, op, "indices (as rows of W)", static_cast<const int64_t *>(idx.data), n * k, R));
+    }
+    const int64_t out_dims[2] = {n, p.o};
+    OrtValue * out = nullptr;
+    DD_TRY(api->KernelContext_GetOutput(ctx, 0, out_dims, 2, &out));
+    void * out_data = nullptr;
+    DD_TRY(api->GetTensorMutableData(out, &out_data));
+    if (n == 0 || p.o == 0) {
+        return nullptr;
+    }
+    p.n = n;
+    p.d = d;
+    p.k = k;
+    p.x = static_cast<const float *>(x.data);
+    p.idx = static_cast<const int64_t *>(idx.data);
+    p.rows = slots.present ? static_cast<const int64_t *>(slots.data) : p.idx;
+    p.y = static_cast<float *>(out_data);
+    // Chunks of the output row: about 16 per row so 1..16 threads share the work, 128..2048 columns
+    // each so Y stays in L1 and every weight row is read in long contiguous runs.
+    int64_t chunk = dd_ceil_div(dd_ceil_div(p.o, 16), DD_CHUNK_ALIGN) * DD_CHUNK_ALIGN;
+    chunk = std::min<int64_t>(std::max<int64_t>(chunk, DD_CHUNK_ALIGN), 2048);
+    dd_sgmm_job job{p, chunk, dd_ceil_div(p.o, chunk)};
+    const size_t total = (size_t) (n * job.n_chunks);
+    if (total == 1) {
+        dd_sgmm_task(&job, 0);
+        return nullptr;
+    }
+    return api->KernelContext_ParallelFor(ctx, dd_sgmm_task, total, 0, &job);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Op declarations
+
+struct dd_op_decl {
+    const char * name;
+    size_t n_inputs;
+    ONNXTensorElementDataType in_types[4];
+    OrtCustomOpInputOutputCharacteristic in_chars[4];
+    ONNXTensorElementDataType out_type;
+    OrtStatusPtr (ORT_API_CALL * create)(const OrtCustomOp *, const OrtApi *, const OrtKernelInfo *, void **);
+    OrtStatusPtr (ORT_API_CALL * compute)(void *, OrtKernelContext *);
+    void (ORT_API_CALL * destroy)(void *);
+};
+
+struct dd_op : OrtCustomOp {
+    const dd_op_decl * decl;
+};
+
+const dd_op_decl * dd_decl_of(const OrtCustomOp * op) {
+    return static_cast<const dd_op *>(op)->decl;
+}
+
+void dd_op_init(dd_op * op, const dd_op_decl * decl) {
+    std::memset(static_cast<OrtCustomOp *>(op), 0, sizeof(OrtCustomOp));
+    op->decl = decl;
+    op->version = ORT_API_VERSION;
+    op->GetName = [](const OrtCustomOp * o) { return dd_decl_of(o)->name; };
+    op->GetExecutionProviderType = [](const OrtCustomOp *) -> const char * { return "CPUExecutionProvider"; };
+    op->GetInputType = [](const OrtCustomOp * o, size_t i) { return dd_decl_of(o)->in_types[i]; };
+    op->GetInputTypeCount = [](const OrtCustomOp * o) { return dd_decl_of(o)->n_inputs; };
+    op->GetOutputType = [](const OrtCustomOp * o, size_t) { return dd_decl_of(o)->out_type; };
+    op->GetOutputTypeCount = [](const OrtCustomOp *) -> size_t { return 1; };
+    op->KernelDestroy = decl->destroy;
+    op->GetInputCharacteristic = [](const OrtCustomOp * o, size_t i) { return dd_decl_of(o)->in_chars[i]; };
+    op->GetOutputCharacteristic = [](const OrtCustomOp *, size_t) { return INPUT_OUTPUT_REQUIRED; };
+    op->GetInputMemoryType = [](const OrtCustomOp *, size_t) { return OrtMemTypeDefault; };
+    op->GetVariadicInputMinArity = [](const OrtCustomOp *) { return 1; };
+    op->GetVariadicInputHomogeneity = [](const OrtCustomOp *) { return 0; };
+    op->GetVariadicOutputMinArity = [](const OrtCustomOp *) { return 1; };
+    op->GetVariadicOutputHomogeneity = [](const OrtCustomOp *) { return 1; };
+    op->CreateKernelV2 = decl->create;
+    op->KernelComputeV2 = decl->compute;
+    op->GetStartVersion = [](const OrtCustomOp *) { return 1; };
+    op->GetEndVersion = [](const OrtCustomOp *) { return 1; };
+}
+
+const dd_op_decl dd_topk_decl = {
+    "TopKColumnMask", 4,
+    {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL,
+     ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+    {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_OPTIONAL, INPUT_OUTPUT_OPTIONAL, INPUT_OUTPUT_OPTIONAL},
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, dd_topk_create, dd_topk_compute,
+    [](void * k) { delete static_cast<dd_topk_kernel *>(k); },
+};
+
+const dd_op_decl dd_sgmm_decl = {
+    "SparseGatherMatMul", 4,
+    {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
+     ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED},
+    {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_OPTIONAL, INPUT_OUTPUT_VARIADIC},
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, dd_sgmm_create, dd_sgmm_compute,
+    [](void * k) { delete static_cast<dd_sgmm_kernel *>(k); },
+};
+
+// The op objects must outlive every session that uses them, so they live for the whole process
+// (built once, immutable afterwards).
+struct dd_ops {
+    dd_op topk, sgmm;
+    dd_ops() {
+        dd_op_init(&topk, &dd_topk_decl);
+        dd_op_init(&sgmm, &dd_sgmm_decl);
+    }
+};
+
+const dd_ops & dd_ops_get() {
+    static const dd_ops ops;
+    return ops;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Entry point ORT calls from SessionOptions.register_custom_ops_library(path).
+__attribute__((visibility("default"))) OrtStatus * ORT_API_CALL RegisterCustomOps(OrtSessionOptions * options,
+                                                                                   const OrtApiBase * api_base) {
+    const OrtApi * api = api_base->GetApi(ORT_API_VERSION);
+    if (api == nullptr) {
+        const OrtApi * old = api_base->GetApi(1);
+        return old ? old->CreateStatus(ORT_FAIL, "dipdeploy ops need onnxruntime >= 1.29 (built against API 29)")
+                   : nullptr;
+    }
+    const dd_ops & ops = dd_ops_get();
+    OrtCustomOpDomain * domain = nullptr;
+    DD_TRY(api->CreateCustomOpDomain(DD_DOMAIN, &domain));
+    // The domain is handed to the session options and must outlive the sessions built from them;
+    // ORT does not take ownership, so it is intentionally never released (one small object per call).
+    DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.topk)));
+    DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.sgmm)));
+    return api->AddCustomOpDomain(options, domain);
+}
+
+// For diagnostics (dipdeploy build-ops prints it): which kernel set this CPU runs.
+__attribute__((visibility("default"))) const char * dd_ops_isa(void) {
+    return dd_kernels_isa();
+}
+}
