@@ -4,8 +4,8 @@ trace replay through the shared cache policies, and the throughput-vs-DRAM sweep
 
 from dipdeploy.sim.config import SIM_METHODS, SimConfig
 from dipdeploy.sim.devices import DeviceProfile, FlashModel, get_device, list_devices
-from dipdeploy.sim.precision import BITS_PER_WEIGHT, PRECISIONS, bytes_per_weight
+from dipdeploy.sim.precision import PRECISIONS, bits_per_weight, bytes_per_weight
 from dipdeploy.sim.simulate import SimResult, simulate
 
 __all__ = ["SIM_METHODS", "SimConfig", "DeviceProfile", "FlashModel", "get_device", "list_devices",
-           "BITS_PER_WEIGHT", "PRECISIONS", "bytes_per_weight", "SimResult", "simulate"]
+           "PRECISIONS", "bits_per_weight", "bytes_per_weight", "SimResult", "simulate"]

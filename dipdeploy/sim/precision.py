@@ -1,29 +1,27 @@
-"""Bytes per weight of each storage precision: the one table the simulator (and anyone sizing rows)
-reads. Block formats include their per-block fp16 scale (method.md, Quantisation):
+"""Bytes per weight of each storage precision the simulator accepts.
 
-| name      | bits/weight | what                                                     |
-|-----------|-------------|----------------------------------------------------------|
-| fp32      | 32          | unquantised                                              |
-| fp16      | 16          | half precision                                           |
-| bq4       | 4.25        | 4-bit block-wise, block 64 along the row, fp16 scale (the paper's ≈4.25 bits) |
-| bq4-b32   | 4.5         | 4-bit block-wise, block 32, fp16 scale                   |
-| vq3       | 3.125       | GPTVQ-style 2-D VQ, 64 centroids per group, incl. codebooks (≈)            |
+The quantised formats are not re-described here: their bits per weight come from the quant stage's
+configs (``dipdeploy.quant.config.QUANT_PRESETS``; e.g. ``bq4`` = block 64 with an fp16 scale = 4.25 bits,
+the paper's ≈4.25; ``bq4-b32`` = 4.5; ``vq3`` ≈ 3.127 incl. codebooks). Only the unquantised ones are
+listed below.
 """
 
 from __future__ import annotations
 
-BITS_PER_WEIGHT: dict[str, float] = {
-    "fp32": 32.0,
-    "fp16": 16.0,
-    "bq4": 4.25,
-    "bq4-b32": 4.5,
-    "vq3": 3.125,
-}
-PRECISIONS = tuple(BITS_PER_WEIGHT)
+from dipdeploy.quant.config import QUANT_PRESETS, quant_config_from_name
+
+_FLOAT_BITS = {"fp32": 32.0, "fp16": 16.0}
+PRECISIONS = tuple(_FLOAT_BITS) + tuple(QUANT_PRESETS)
+
+
+def bits_per_weight(precision: str) -> float:
+    if precision in _FLOAT_BITS:
+        return _FLOAT_BITS[precision]
+    if precision not in QUANT_PRESETS:
+        raise ValueError(f"precision {precision!r} unknown; choose one of {', '.join(PRECISIONS)}")
+    return float(quant_config_from_name(precision).bits_per_weight())
 
 
 def bytes_per_weight(precision: str) -> float:
-    """Bytes per stored weight of ``precision`` (see the module table)."""
-    if precision not in BITS_PER_WEIGHT:
-        raise ValueError(f"precision {precision!r} unknown; choose one of {', '.join(PRECISIONS)}")
-    return BITS_PER_WEIGHT[precision] / 8.0
+    """Bytes per stored weight of ``precision`` (nominal: rows a multiple of the block/group size)."""
+    return bits_per_weight(precision) / 8.0
