@@ -1,3 +1,26 @@
-"""CLI commands of the ops stage."""
+"""CLI commands of the ops stage: build the native custom-op library."""
 
-from dipdeploy.cli._app import app  # noqa: F401
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from dipdeploy.cli._app import app
+
+console = Console()
+
+
+@app.command("build-ops")
+def build_ops_cmd(
+    arch: str = typer.Option(None, help="x86_64 or aarch64 (default: this machine; aarch64 needs aarch64-linux-gnu-g++)"),
+    force: bool = typer.Option(False, "--force", help="rebuild from scratch"),
+) -> None:
+    """Build the native TopKColumnMask / SparseGatherMatMul library (fetches the ORT headers once, via npm)."""
+    from dipdeploy.ops.native import build_ops
+
+    try:
+        path = build_ops(arch, force=force)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(1) from err
+    console.print(f"built {path}")

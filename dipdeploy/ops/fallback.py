@@ -28,7 +28,7 @@ from dipdeploy.ops.schemas import DOMAIN, ONNX_OPSET, SCORES, SGMM_OP, TOPK_OP
 TOPK_INPUTS = ("X", "K", "C", "colnorm")
 TOPK_ATTRS = {"k": 0, "gamma": 1.0, "fixed_top_n": 0, "score": "abs"}
 SGMM_FIXED_INPUTS = ("X", "indices", "slots")
-SGMM_ATTRS = {"format": "fp32", "cols": 0}
+SGMM_ATTRS = {"format": "fp32", "cols": 0, "group_rows": 0, "group_cols": 0}
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,37 @@ def _rows_bq4(b: _Body, rows: str, w: list[str]) -> str:
     return b.op("Slice", [deq, b.const([0], np.int64), cols, axis])
 
 
-ROW_DECODERS = {"fp32": _rows_fp, "fp16": _rows_fp, "bq4": _rows_bq4}
+def _rows_vq3(b: _Body, rows: str, w: list[str]) -> str:
+    """Decode the selected VQ3 rows (int8 codebooks × fp16 scales) to float32 [N, k, cols].
+
+        codes ─Gather─Pad 1 byte─► c [N,k,bytes];  p = 0..cols/2−1, bit = 6p
+        code = ((c[bit/8] | c[bit/8+1] << 8) >> bit%8) & 63                [N,k,P]
+        entry = ((rows / group_rows)·ngc + 2p / group_cols)·64 + code      [N,k,P]
+        codebooks·scales ─Reshape [−1, 2]─Gather(entry)─► [N,k,P,2] ─Reshape─► W [N,k,cols]
+    """
+    i64 = lambda v: b.const(v, np.int64)  # noqa: E731
+    u32 = TensorProto.UINT32
+    codes = b.op("Pad", [b.op("Gather", [w[0], rows], axis=0), i64([0, 0, 0, 0, 0, 1])])
+    n_vec = b.op("Div", [b.const_from_attr("cols", "value_int"), i64(2)])
+    vec = b.op("Range", [i64(0), n_vec, i64(1)])
+    bit = b.op("Mul", [vec, i64(6)])
+    byte = b.op("Div", [bit, i64(8)])
+    lo = b.op("Cast", [b.op("Gather", [codes, byte], axis=2)], to=u32)
+    hi = b.op("Cast", [b.op("Gather", [codes, b.op("Add", [byte, i64(1)])], axis=2)], to=u32)
+    word = b.op("BitwiseOr", [lo, b.op("BitShift", [hi, b.const(8, np.uint32)], direction="LEFT")])
+    shift = b.op("Cast", [b.op("Mod", [bit, i64(8)])], to=u32)
+    code = b.op("BitwiseAnd", [b.op("BitShift", [word, shift], direction="RIGHT"), b.const(63, np.uint32)])
+    ngc = b.op("Slice", [b.op("Shape", [w[1]]), i64([1]), i64([2])])
+    gi = b.op("Div", [rows, b.const_from_attr("group_rows", "value_int")])
+    gj = b.op("Div", [b.op("Mul", [vec, i64(2)]), b.const_from_attr("group_cols", "value_int")])
+    group = b.op("Add", [b.op("Unsqueeze", [b.op("Mul", [gi, ngc]), i64([-1])]), gj])
+    entry = b.op("Add", [b.op("Mul", [group, i64(64)]), b.op("Cast", [code], to=TensorProto.INT64)])
+    scales = b.op("Unsqueeze", [b.op("Cast", [w[2]], to=TensorProto.FLOAT), i64([2, 3])])
+    table = b.op("Reshape", [b.op("Mul", [b.op("Cast", [w[1]], to=TensorProto.FLOAT), scales]), i64([-1, 2])])
+    return b.op("Reshape", [b.op("Gather", [table, entry], axis=0), i64([0, 0, -1])])
+
+
+ROW_DECODERS = {"fp32": _rows_fp, "fp16": _rows_fp, "bq4": _rows_bq4, "vq3": _rows_vq3}
 
 
 def sparse_gather_matmul_function(variant: SgmmVariant) -> FunctionProto:

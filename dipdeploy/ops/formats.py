@@ -9,11 +9,13 @@ variadic ``weights`` inputs are, in this order:
 | fp32 | W | float32 | [R, O] |
 | fp16 | W | float16 | [R, O] |
 | bq4  | qweight, scales[, zeros] | uint8, float16[, uint8] | [R, Cp/2], [R, nb][, [R, ceil(nb/2)]] |
-| vq3  | codes, codebooks, cb_scales | uint8, int8, float16 | see ``dipdeploy.quant.vq`` |
+| vq3  | codes, codebooks, codebook_scales | uint8, int8, float16 | [R, ceil(3·O/8)], [ngr, ngc, 64, 2], [ngr, ngc] |
 
 BQ4 is ``dipdeploy.quant.block.BlockQuantTensor`` with bits = 4 (block size B = Cp / nb, derived from the
-shapes; ``zeros`` present = asymmetric). Quantised formats carry the output width O in the node
-attribute ``cols`` because padding makes it underivable from the shapes.
+shapes; ``zeros`` present = asymmetric). VQ3 is ``dipdeploy.quant.vq.VQTensor`` with int8 codebooks (the
+default ``codebook_dtype``; fp16 codebooks are not an op format); its group shape travels in the node
+attributes ``group_rows``/``group_cols``. Quantised formats carry the output width O in the attribute
+``cols`` because padding makes it underivable from the shapes.
 
 R may be larger than the X width D (never smaller without slots): in *slab* mode W holds only the
 rows the host runtime keeps in DRAM and the op's ``slots`` input says which slab row serves each
@@ -83,6 +85,7 @@ class OpWeights:
     rows: int
     cols: int
     packed: object | None = None
+    attrs: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         fmt = weight_format(self.format)
@@ -112,7 +115,8 @@ class OpWeights:
         """A ``dipdeploy.quant`` packed tensor: BQ4 (``BlockQuantTensor`` with 4 bits) or VQ3."""
         name = _packed_format_name(packed)
         arrays = tuple(np.ascontiguousarray(a) for a in packed.arrays().values())
-        return cls(name, arrays, packed.rows, packed.cols, packed)
+        meta = packed.meta() if hasattr(packed, "meta") else {}
+        return cls(name, arrays, packed.rows, packed.cols, packed, tuple(sorted(meta.items())))
 
     @property
     def overload(self) -> str:
@@ -124,15 +128,19 @@ class OpWeights:
         """float32 [len(row_ids), cols]: the reference decode of the selected rows."""
         return weight_format(self.format).dequantize(self, np.asarray(row_ids, dtype=np.int64))
 
-    def row_nbytes(self) -> int:
-        """Bytes one row occupies across all weight arrays (what a kernel reads per selected row)."""
-        return sum(a[0].nbytes for a in self.arrays if a.shape[0] == self.rows)
+    def row_nbytes(self) -> float:
+        """Bytes a kernel reads per selected row: the row's own data plus its share of per-group tables."""
+        own = sum(a[0].nbytes for a in self.arrays if a.shape[0] == self.rows)
+        shared = sum(a.nbytes for a in self.arrays if a.shape[0] != self.rows)
+        return own + shared / self.rows
 
 
 def _packed_format_name(packed) -> str:
     kind = type(packed).__name__
     bits = getattr(getattr(packed, "config", None), "bits", None)
-    names = {("BlockQuantTensor", 4): "bq4", ("VQTensor", None): "vq3", ("VQTensor", 3): "vq3"}
+    if kind == "VQTensor" and getattr(packed, "codebook_scales", None) is None:
+        raise ValueError("VQ3 with float16 codebooks is not an op format; quantise with codebook_dtype='int8'")
+    names = {("BlockQuantTensor", 4): "bq4", ("VQTensor", None): "vq3"}
     key = (kind, bits if kind == "BlockQuantTensor" else None)
     if key not in names:
         raise ValueError(f"no SparseGatherMatMul format for packed tensor {kind} (bits={bits}); supported: BQ4, VQ3")

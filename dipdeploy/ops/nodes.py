@@ -60,16 +60,24 @@ def sparse_gather_matmul_node(
     fmt: str,
     cols: int,
     slots: str | None = None,
+    group_rows: int = 0,
+    group_cols: int = 0,
 ) -> tuple[NodeProto, SgmmVariant]:
-    """A SparseGatherMatMul node over the weight arrays named ``weights`` (format ``fmt``)."""
+    """A SparseGatherMatMul node over the weight arrays named ``weights`` (format ``fmt``).
+
+    ``group_rows``/``group_cols``: the VQ3 group shape (``OpWeights.attrs``); 0 for other formats.
+    """
     spec = weight_format(fmt)
     if not spec.n_required <= len(weights) <= len(spec.dtypes):
         raise ValueError(f"format {fmt!r} takes {spec.n_required}..{len(spec.dtypes)} weight inputs, got {len(weights)}")
     if cols < 1:
         raise ValueError(f"cols={cols} must be >= 1 (the output width O)")
     variant = SgmmVariant(fmt, with_optional=len(weights) > spec.n_required, slab=slots is not None)
+    if fmt == "vq3" and (group_rows < 1 or group_cols < 2 or group_cols % 2):
+        raise ValueError(f"vq3 needs group_rows >= 1 and an even group_cols >= 2, got {group_rows}, {group_cols}")
     node = helper.make_node(
-        SGMM_OP, [x, indices, slots or "", *weights], [output], name=name, domain=DOMAIN, format=fmt, cols=int(cols)
+        SGMM_OP, [x, indices, slots or "", *weights], [output], name=name, domain=DOMAIN, format=fmt,
+        cols=int(cols), group_rows=int(group_rows), group_cols=int(group_cols),
     )
     node.overload = variant.overload
     return node, variant
@@ -125,7 +133,7 @@ def make_sgmm_model(weights: OpWeights, d: int, *, slab: bool = False, weights_a
             inits.append(onnx.numpy_helper.from_array(arr, name))
     node, variant = sparse_gather_matmul_node(
         f"/model/{SGMM_OP}", "X", "indices", names, "Y", fmt=weights.format, cols=weights.cols,
-        slots="slots" if slab else None,
+        slots="slots" if slab else None, **dict(weights.attrs),
     )
     out = vi("Y", TensorProto.FLOAT, ["N", weights.cols])
     return _model([node], inputs, [out], inits, variants_sgmm=[variant])

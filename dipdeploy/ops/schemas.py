@@ -73,6 +73,8 @@ def _sgmm_schema():
         attributes=[
             OpSchema.Attribute("format", OpSchema.AttrType.STRING, "fp32 | fp16 | bq4 | vq3", required=True),
             OpSchema.Attribute("cols", OpSchema.AttrType.INT, "output width O (quantised formats)", required=False),
+            OpSchema.Attribute("group_rows", OpSchema.AttrType.INT, "VQ3 group height", required=False),
+            OpSchema.Attribute("group_cols", OpSchema.AttrType.INT, "VQ3 group width (even)", required=False),
         ],
     )
 

@@ -1,0 +1,87 @@
+"""Where the native op library is, and how to build it. The one place Python finds the library.
+
+Nothing here loads the library at import; ``session_options(native=True)`` registers it with ORT.
+The build (``custom_ops/build.sh``, also ``make ops`` and ``dipdeploy build-ops``) writes
+``build/custom_ops/<arch>/libdipdeploy_ops.so`` in the source tree; ``$DIPDEPLOY_OPS_LIB`` overrides
+the path (for an installed package, or a library built elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+ARCHES = ("x86_64", "aarch64")
+LIB_NAME = "libdipdeploy_ops.so"
+ENV_LIB = "DIPDEPLOY_OPS_LIB"
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = _SOURCE_ROOT / "custom_ops" / "build.sh"
+
+
+def host_arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def _check_arch(arch: str) -> str:
+    if arch not in ARCHES:
+        raise ValueError(f"arch={arch!r} is not supported; allowed: {ARCHES}")
+    return arch
+
+
+def built_library(arch: str | None = None) -> Path:
+    """Where the build writes the library for ``arch`` (default: this machine's); it may not exist."""
+    return _SOURCE_ROOT / "build" / "custom_ops" / _check_arch(arch or host_arch()) / LIB_NAME
+
+
+def library_path(arch: str | None = None) -> Path | None:
+    """The native library for ``arch`` (``$DIPDEPLOY_OPS_LIB`` first, for the host), or None if not built."""
+    if arch in (None, host_arch()) and os.environ.get(ENV_LIB):
+        path = Path(os.environ[ENV_LIB])
+        if not path.is_file():
+            raise FileNotFoundError(f"${ENV_LIB}={path} does not exist; unset it or run `make ops`")
+        return path
+    path = built_library(arch)
+    return path if path.is_file() else None
+
+
+def require_library(arch: str | None = None) -> Path:
+    """Like :func:`library_path` but raises a clear error naming the fix when the library is absent."""
+    path = library_path(arch)
+    if path is None:
+        raise FileNotFoundError(
+            f"the dipdeploy custom-op library is not built ({built_library(arch)} is missing); "
+            "run `make ops` or `dipdeploy build-ops`"
+        )
+    return path
+
+
+def build_ops(arch: str | None = None, force: bool = False) -> Path:
+    """Build the library with ``custom_ops/build.sh`` (fetches the ORT headers once); returns its path."""
+    arch = _check_arch(arch or host_arch())
+    if not BUILD_SCRIPT.is_file():
+        raise FileNotFoundError(f"{BUILD_SCRIPT} not found: building needs a source checkout of dipdeploy")
+    cmd = ["bash", str(BUILD_SCRIPT), "--arch", arch] + (["--force"] if force else [])
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the ops failed ({' '.join(cmd)}):\n{done.stderr.strip()}")
+    return built_library(arch)
+
+
+def session_options(threads: int = 1, native: bool = True):
+    """ORT SessionOptions with ``threads`` intra-op threads and, if ``native``, the op library registered.
+
+    Without the library, ORT inlines the fallback functions each model carries (stock ORT path).
+    """
+    import onnxruntime as ort
+
+    if threads < 1:
+        raise ValueError(f"threads={threads} must be >= 1")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    if native:
+        so.register_custom_ops_library(str(require_library()))
+    return so
