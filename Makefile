@@ -31,3 +31,10 @@ bench-quick: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Native custom ops (custom_ops/): fetches the ORT 1.29 headers once (npm) into ~/.cache/dipdeploy,
+# builds build/custom_ops/<arch>/libdipdeploy_ops.so for this machine, and for aarch64 when
+# aarch64-linux-gnu-g++ is installed.
+.PHONY: ops
+ops:
+	bash custom_ops/build.sh --arch all

@@ -41,7 +41,7 @@ void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t 
 
 const char * dd_kernels_isa() {
 #if defined(__aarch64__)
-    return "neon";
+    return dd_cpu_has_avx2() ? "avx2" : "neon";
 #else
     return dd_cpu_has_avx2() ? "avx2" : "portable";
 #endif
