@@ -79,3 +79,16 @@ def test_simconfig_rejects_meaningless_pairs():
 def test_warmup_longer_than_trace_is_an_error():
     with pytest.raises(ValueError, match="warmup"):
         simulate(trace(tokens=4), SimConfig(device="a18", warmup=4, dram_budget=budget(0.3)))
+
+
+@pytest.mark.parametrize("k", [1, 5, 17, 64])
+def test_topk_rows_is_the_set_topk_indices_picks(k):
+    import numpy as np
+
+    from dipdeploy.cache import topk_indices
+    from dipdeploy.sim.replay import topk_rows
+
+    rng = np.random.default_rng(k)
+    s = rng.integers(0, 6, size=(7, 64)).astype(np.float32)  # many ties
+    for a, b in zip(topk_indices(s, k), topk_rows(s, k)):
+        assert sorted(a.tolist()) == b.tolist()

@@ -9,7 +9,8 @@ state), in chunks that bound memory (Belady's next-use table is [T, B, R]).
 
 Methods (``SimConfig.method``): ``traced`` replays the recorded rows; ``dip`` re-masks with top-K of the
 magnitudes (γ = 1); ``dipca`` re-scores each token with ``dipca_scores(|x|, resident, γ)`` against the
-simulator's own cache state and takes ``topk_indices`` — the GLU magnitudes were recorded under the
+simulator's own cache state and takes the top-K row set (``topk_rows``: the set ``topk_indices`` picks,
+found faster) — the GLU magnitudes were recorded under the
 trace's own input mask, so the GLU group's re-masking is an approximation. ``dense`` is closed form:
 every row every token, the pinned rows hit (``static``: the lowest indices — for dense any fixed subset
 is equal, and a contiguous one streams the rest as one request per layer and group).
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows, topk_indices
+from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows
 from dipdeploy.sim.config import SimConfig
 from dipdeploy.sim.pattern import AccessPattern
 
@@ -53,6 +54,19 @@ class ReplayCounts:
         return (self.inp.hit_rows + self.glu.hit_rows) / sel if sel else 0.0
 
 
+def topk_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """The row *set* of ``topk_indices(scores, k)`` (same ties rule: equal scores → lower index), in
+    ascending index order, via a partition instead of a full stable sort (≈4× faster at Phi-3 widths).
+    The replay needs only the set; a test checks it against ``topk_indices``."""
+    if not 0 < k <= scores.shape[-1]:
+        raise ValueError(f"k must lie in [1, {scores.shape[-1]}], got {k}")
+    kth = -np.partition(-scores, k - 1, axis=-1)[:, k - 1:k]
+    above = scores > kth
+    tied = scores == kth
+    keep = above | (tied & (np.cumsum(tied, axis=-1) <= k - above.sum(axis=-1, keepdims=True)))
+    return np.nonzero(keep)[1].reshape(scores.shape[0], k)
+
+
 def _runs(missed_mask: np.ndarray) -> np.ndarray:
     """Contiguous runs of True per batch row: the Flash requests after coalescing."""
     starts = missed_mask[:, 1:] & ~missed_mask[:, :-1]
@@ -70,7 +84,7 @@ def _selections(pattern: AccessPattern, group: str, i: int, method: str) -> np.n
     sel = (pattern.sel_in if group == "in" else pattern.sel_glu)[i]
     if method in ("dip", "dipca"):
         mags = pattern.magnitudes(group, i).astype(np.float32)
-        sel = topk_indices(mags, sel.shape[1])
+        sel = topk_rows(mags, sel.shape[1])
     return sel
 
 
@@ -108,7 +122,7 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
                 if mags is not None:
                     x = np.stack([m[t] for m in mags]).astype(np.float32)
                     g = gamma_at(cfg.gamma, t, cfg.gamma_warmup)
-                    sel_t = topk_indices(dipca_scores(x, cache.resident, g, cfg.fixed_top_n), k)
+                    sel_t = topk_rows(dipca_scores(x, cache.resident, g, cfg.fixed_top_n), k)
                 else:
                     sel_t = sels[t]
                 hit = cache.access(sel_t)
