@@ -92,3 +92,11 @@ def test_topk_rows_is_the_set_topk_indices_picks(k):
     s = rng.integers(0, 6, size=(7, 64)).astype(np.float32)  # many ties
     for a, b in zip(topk_indices(s, k), topk_rows(s, k)):
         assert sorted(a.tolist()) == b.tolist()
+
+
+def test_cold_caches_miss_more_than_preloaded_ones():
+    tr = trace(seed=4, tokens=24)
+    kw = dict(device="a18", method="traced", policy="lru", warmup=4, dram_budget=budget(0.5))
+    warm = simulate(tr, SimConfig(**kw))
+    cold = simulate(tr, SimConfig(**kw, preload=False))
+    assert cold.hit_rate < warm.hit_rate

@@ -58,6 +58,8 @@ def simulate_cmd(
     gamma: str = typer.Option(None, "--gamma", help="Comma list of DIP-CA γ values in [0, 1]."),
     context: int = typer.Option(None, "--context", help="KV-cache tokens placed in DRAM and read per token."),
     warmup: int = typer.Option(None, "--warmup", help="First trace tokens replayed but not measured."),
+    cold: bool = typer.Option(False, "--cold", help="Start dynamic caches empty instead of preloaded with the "
+                              "most used rows of the warm-up tokens."),
     tokens: int = typer.Option(None, "--tokens", help="Use only the first N trace tokens (quick runs)."),
     overlap: bool = typer.Option(False, "--overlap", help="Plot and compare the overlapped variant max(DRAM, Flash)."),
     plot: Path = typer.Option(None, "--plot", help="Write the tokens/s-vs-DRAM curves to this PNG."),
@@ -77,7 +79,8 @@ def simulate_cmd(
     for out in (plot, json_out):
         if out is not None and out.exists() and not force:
             raise typer.BadParameter(f"{out} exists; pass --force to overwrite it")
-    given = {"device": device, "model": model, "precision": precision, "context": context, "warmup": warmup}
+    given = {"device": device, "model": model, "precision": precision, "context": context, "warmup": warmup,
+             "preload": False if cold else None}
     base = SimConfig(**{k: v for k, v in given.items() if v is not None})
     defaults = {f.name: f.default for f in fields(SimConfig)}
     methods = _csv(method) or [base.method]

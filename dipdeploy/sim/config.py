@@ -23,7 +23,10 @@ class SimConfig:
     and other apps keep the rest). ``context``: KV-cache tokens reserved in DRAM and read per token
     (0 = ignored, as in the paper's simulator). ``warmup``: first tokens replayed but not measured; the
     ``static`` policy pins the most used rows of those tokens (of the whole trace when 0: in-sample,
-    optimistic for static). ``model``: target shape from the registry (None: the trace's own model).
+    optimistic for static). ``preload``: dynamic caches (lru, lfu, belady) start filled with those same
+    most used rows, as a runtime would load them at start-up (False: cold, empty caches — a short trace
+    then mostly measures the cold start). ``model``: target shape from the registry (None: the trace's
+    own model).
     """
 
     device: str = "a18"
@@ -38,6 +41,7 @@ class SimConfig:
     context: int = 0
     kv_bytes_per_value: float = 2.0
     warmup: int = 0
+    preload: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -73,6 +73,13 @@ def _runs(missed_mask: np.ndarray) -> np.ndarray:
     return missed_mask[:, 0].astype(np.int64) + starts.sum(axis=1)
 
 
+def _counts(sels: np.ndarray, rows: int) -> np.ndarray:
+    """[B, rows] how often each row was selected in ``sels`` [T, B, K]."""
+    B = sels.shape[1]
+    flat = (np.arange(B)[None, :, None] * rows + sels).ravel()
+    return np.bincount(flat, minlength=B * rows).reshape(B, rows)
+
+
 def _dense_group(rows: int, capacity: int, layers: float, tokens: int) -> GroupCounts:
     ones = np.ones(tokens)
     return GroupCounts(selected=ones * rows * layers, missed=ones * (rows - capacity) * layers,
@@ -101,19 +108,16 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
         for c0 in range(0, len(members), chunk):
             batch = members[c0:c0 + chunk]
             w = pattern.weights[batch]
-            sels = None
-            if cfg.method != "dipca" or cfg.policy == "static":
-                # DIP-CA + static pins the most used rows of plain DIP's masks on the calibration tokens
-                sels = np.stack([_selections(pattern, group, i, cfg.method) for i in batch], axis=1)  # [T, B, K]
-            pinned = None
-            if cfg.policy == "static":
-                calib = sels[: cfg.warmup] if cfg.warmup else sels
-                counts = np.zeros((len(batch), rows))
-                for b in range(len(batch)):
-                    counts[b] = np.bincount(calib[:, b].ravel(), minlength=rows)
-                pinned = static_rows(counts, capacity)
+            # [T, B, K]; for DIP-CA the calibration uses plain DIP's masks (the cache-aware ones need a cache)
+            sels = np.stack([_selections(pattern, group, i, cfg.method) for i in batch], axis=1)
+            warm = None
+            if cfg.policy == "static" or (cfg.preload and cfg.policy != "none"):
+                warm = static_rows(_counts(sels[: cfg.warmup] if cfg.warmup else sels, rows), capacity)
             cache = RowCache(rows=rows, capacity=capacity, policy=cfg.policy, batch=len(batch),
-                             future=sels if cfg.policy == "belady" else None, pinned=pinned)
+                             future=sels if cfg.policy == "belady" else None,
+                             pinned=warm if cfg.policy == "static" else None)
+            if warm is not None:
+                cache.resident = warm.copy()  # preload: what a runtime loads at start-up
             mags = None
             if cfg.method == "dipca":
                 mags = [pattern.magnitudes(group, i) for i in batch]
