@@ -96,7 +96,7 @@ def test_topk_rows_is_the_set_topk_indices_picks(k):
 
 def test_cold_caches_miss_more_than_preloaded_ones():
     tr = trace(seed=4, tokens=24)
-    kw = dict(device="a18", method="traced", policy="lru", warmup=4, dram_budget=budget(0.5))
+    kw = dict(device="a18", method="traced", policy="lfu", warmup=0, dram_budget=budget(0.5))
     warm = simulate(tr, SimConfig(**kw))
     cold = simulate(tr, SimConfig(**kw, preload=False))
     assert cold.hit_rate < warm.hit_rate
