@@ -53,7 +53,13 @@ def test_dense_static_closed_form():
     non_mlp = PHI3.non_mlp_params() * bpw
     f = (budget - non_mlp) / (L * 3 * d * F * bpw)
     c_in, c_glu = math.floor(f * d), math.floor(f * F)
-    flash = L * ((d - c_in) * 2 * F + (F - c_glu) * d) * bpw
+    U = dev.flash.read_unit  # 4 KiB: the streamed rows [C, R) cover whole blocks
+
+    def streamed(c, rows, row_bytes):
+        return (math.ceil(rows * row_bytes / U) - math.floor(c * row_bytes / U)) * U
+
+    flash = L * (streamed(c_in, d, 2 * F * bpw) + streamed(c_glu, F, d * bpw))
+    assert flash == pytest.approx(L * ((d - c_in) * 2 * F + (F - c_glu) * d) * bpw, rel=1e-3)
     read = (PHI3.non_mlp_params() - (PHI3.vocab_size - 1) * d + L * 3 * d * F) * bpw  # one embedding row read
     t = read / dev.dram_bandwidth + 2 * L * dev.flash.request_s + flash / dev.flash.seq_bandwidth
     r = simulate(None, SimConfig(device="midrange", model="phi-3-medium", method="dense", policy="static",
@@ -77,7 +83,7 @@ def test_paper_dense_sanity_phi3_medium():
 def test_zero_mlp_budget_reads_rho_times_mlp_from_flash(policy):
     tr = smol_trace(tokens=6)
     budget = minimum_budget(SMOL, bytes_per_weight("bq4"))
-    r = simulate(tr, SimConfig(device="a18", method="traced", policy=policy, dram_budget=budget))
+    r = simulate(tr, SimConfig(device="a18-paper", method="traced", policy=policy, dram_budget=budget))
     mlp = SMOL.num_hidden_layers * SMOL.mlp_params_per_layer() * bytes_per_weight("bq4")
     assert r.memory["mlp_cache"] == 0 and r.hit_rate == 0.0
     assert r.flash_bytes_per_token == pytest.approx(tr.measured_density() * mlp, rel=1e-9)
@@ -126,5 +132,22 @@ def test_adjacent_missed_rows_are_one_request():
     for sel, requests in ((contiguous, 2 * L), (scattered, (K + K) * L)):
         tr = Trace(source="synthetic", model="smollm2-135m", hidden_size=d, intermediate_size=F, num_layers=L,
                    method="dip", density=0.1, sel_in=sel, sel_glu=sel)
-        r = simulate(tr, SimConfig(device="a18", policy="none", dram_budget=1e9))
+        r = simulate(tr, SimConfig(device="a18-paper", policy="none", dram_budget=1e9))
         assert r.flash_requests_per_token == requests
+
+
+def test_small_rows_cost_whole_read_units():
+    """SmolLM2's GLU rows (576 weights ≈ 306 B at bq4) cost a 4 KiB block each when isolated."""
+    d, F, L = SMOL.hidden_size, SMOL.intermediate_size, SMOL.num_hidden_layers
+    row_glu = d * bytes_per_weight("bq4")
+    rows = [math.ceil(j * 8192 / row_glu) for j in range(32)]  # each just after every other block boundary
+    sel_glu = [np.tile(rows, (3, 1)) for _ in range(L)]
+    sel_in = [np.zeros((3, 1), dtype=np.int64) for _ in range(L)]
+    tr = Trace(source="synthetic", model="smollm2-135m", hidden_size=d, intermediate_size=F, num_layers=L,
+               method="dip", density=0.1, sel_in=sel_in, sel_glu=sel_glu)
+    flat = simulate(tr, SimConfig(device="a18-paper", policy="none", dram_budget=1e9))
+    block = simulate(tr, SimConfig(device="a18", policy="none", dram_budget=1e9))
+    row_in = 2 * F * bytes_per_weight("bq4")
+    assert flat.flash_bytes_per_token == pytest.approx(L * (row_in + 32 * row_glu))
+    assert block.flash_bytes_per_token == pytest.approx(L * (1 + 32) * 4096)  # 1632 B input row: one block
+    assert block.flash_requests_per_token == L * (1 + 32)

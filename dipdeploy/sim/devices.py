@@ -11,6 +11,9 @@ request takes 1/IOPS, so request_s = 1/IOPS − 4096/seq_bandwidth). Vendor IOPS
 queue depth; the model assumes the runtime issues one layer's misses concurrently (DIP knows every row a
 layer needs before it reads), which is what makes that figure the right one.
 
+``flash_read_unit_bytes`` (optional, default 1 = none): reads transfer whole blocks of this size, so a
+row smaller than a block costs the whole block (flashio.py).
+
 Every number in a profile file carries a ``<field>_source`` string; those starting with "assumption"
 are ours. The loader refuses a profile with an unsourced number.
 """
@@ -31,12 +34,15 @@ class FlashModel:
 
     seq_bandwidth: float  # bytes / s
     request_s: float  # seconds per request (after coalescing adjacent rows)
+    read_unit: int = 1  # bytes: reads transfer whole blocks of this size (1: no granularity)
 
     def __post_init__(self) -> None:
         if self.seq_bandwidth <= 0:
             raise ValueError(f"flash seq_bandwidth must be > 0 bytes/s, got {self.seq_bandwidth}")
         if self.request_s < 0:
             raise ValueError(f"flash request_s must be >= 0 s, got {self.request_s}")
+        if self.read_unit < 1:
+            raise ValueError(f"flash read_unit must be >= 1 byte, got {self.read_unit}")
 
     def read_time(self, requests, nbytes):
         """Seconds for ``requests`` requests carrying ``nbytes`` bytes in total (scalars or arrays)."""
@@ -73,7 +79,8 @@ def devices_dir() -> Path:
 
 def _parse(path: Path) -> DeviceProfile:
     raw = tomllib.loads(path.read_text())
-    numbers = list(_NUMBERS) + [k for k in ("flash_request_us", "flash_random_4k_iops") if k in raw]
+    numbers = list(_NUMBERS) + [k for k in ("flash_request_us", "flash_random_4k_iops", "flash_read_unit_bytes")
+                                if k in raw]
     if not any(k in raw for k in ("flash_request_us", "flash_random_4k_iops")):
         raise ValueError(f"device profile {path}: give flash_request_us or flash_random_4k_iops")
     missing = [k for k in numbers if k not in raw]
@@ -91,7 +98,7 @@ def _parse(path: Path) -> DeviceProfile:
     return DeviceProfile(
         name=raw["name"], description=raw.get("description", ""),
         dram_bandwidth=float(raw["dram_bandwidth_gbs"]) * GB, dram_capacity=float(raw["dram_capacity_gb"]) * GB,
-        flash=FlashModel(seq_bandwidth=seq, request_s=request_s),
+        flash=FlashModel(seq_bandwidth=seq, request_s=request_s, read_unit=int(raw.get("flash_read_unit_bytes", 1))),
         sources={k: raw[f"{k}_source"] for k in numbers},
     )
 

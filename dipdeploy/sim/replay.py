@@ -1,8 +1,9 @@
 """Replay an access pattern through the shared DRAM row caches (``dipdeploy.cache.RowCache``), token by
 token, and count per token what the cost model needs: rows selected, rows missed, Flash requests.
 
-Flash requests: missed rows of one layer and group that are adjacent in the Flash layout are read
-as one request (coalescing; method.md "Flash layout": one selected unit = one contiguous row).
+What the missed rows cost in Flash bytes and requests (block granularity, coalescing of adjacent rows)
+is worked out afterwards from the recorded miss masks (``flashio.flash_reads``), so one replay serves
+every device and row size.
 
 Layers with the same K are replayed together as one batched ``RowCache`` (each batch entry has its own
 state), in chunks that bound memory (Belady's next-use table is [T, B, R]).
@@ -11,19 +12,20 @@ Methods (``SimConfig.method``): ``traced`` replays the recorded rows; ``dip`` re
 magnitudes (γ = 1); ``dipca`` re-scores each token with ``dipca_scores(|x|, resident, γ)`` against the
 simulator's own cache state and takes the top-K row set (``topk_rows``: the set ``topk_indices`` picks,
 found faster) — the GLU magnitudes were recorded under the
-trace's own input mask, so the GLU group's re-masking is an approximation. ``dense`` is closed form:
+trace's own input mask, so the GLU group's re-masking is an approximation. ``dense`` needs no replay:
 every row every token, the pinned rows hit (``static``: the lowest indices — for dense any fixed subset
 is equal, and a contiguous one streams the rest as one request per layer and group).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows
 from dipdeploy.sim.config import SimConfig
+from dipdeploy.sim.flashio import flash_reads
 from dipdeploy.sim.pattern import AccessPattern
 
 _CHUNK_BYTES = 1 << 27
@@ -31,15 +33,36 @@ _CHUNK_BYTES = 1 << 27
 
 @dataclass
 class GroupCounts:
-    """Per measured token, summed over target layers (simulated layers × their weights)."""
+    """One row group, per measured token, summed over target layers (simulated layers × ``weights``).
 
+    ``masks[i]``: simulated layer i's missed rows per measured token, bit-packed [T, ⌈R/8⌉]; how many
+    bytes and requests they cost depends on the row size and the device (``reads``).
+    """
+
+    rows: int
     selected: np.ndarray
     missed: np.ndarray
-    requests: np.ndarray
+    masks: list[np.ndarray]
+    weights: np.ndarray
+    _reads: dict = field(default_factory=dict, repr=False)
 
     @property
     def hit_rows(self) -> float:
         return float((self.selected - self.missed).sum())
+
+    def reads(self, row_bytes: float, unit: int) -> tuple[np.ndarray, np.ndarray]:
+        """(Flash bytes [T], requests [T]) for rows of ``row_bytes`` read in blocks of ``unit`` bytes."""
+        key = (float(row_bytes), int(unit))
+        if key not in self._reads:
+            nbytes = np.zeros(len(self.selected))
+            requests = np.zeros(len(self.selected))
+            for packed, w in zip(self.masks, self.weights):
+                missed = np.unpackbits(packed, axis=-1, count=self.rows).astype(bool)
+                b, r = flash_reads(missed, row_bytes, unit)
+                nbytes += w * b
+                requests += w * r
+            self._reads[key] = (nbytes, requests)
+        return self._reads[key]
 
 
 @dataclass
@@ -67,12 +90,6 @@ def topk_rows(scores: np.ndarray, k: int) -> np.ndarray:
     return np.nonzero(keep)[1].reshape(scores.shape[0], k)
 
 
-def _runs(missed_mask: np.ndarray) -> np.ndarray:
-    """Contiguous runs of True per batch row: the Flash requests after coalescing."""
-    starts = missed_mask[:, 1:] & ~missed_mask[:, :-1]
-    return missed_mask[:, 0].astype(np.int64) + starts.sum(axis=1)
-
-
 def _counts(sels: np.ndarray, rows: int) -> np.ndarray:
     """[B, rows] how often each row was selected in ``sels`` [T, B, K]."""
     B = sels.shape[1]
@@ -80,10 +97,13 @@ def _counts(sels: np.ndarray, rows: int) -> np.ndarray:
     return np.bincount(flat, minlength=B * rows).reshape(B, rows)
 
 
-def _dense_group(rows: int, capacity: int, layers: float, tokens: int) -> GroupCounts:
+def _dense_group(rows: int, capacity: int, layers: int, tokens: int) -> GroupCounts:
+    """Every row every token; the pinned rows are the lowest indices, the rest streams (contiguous)."""
+    missed = np.zeros((tokens, rows), dtype=bool)
+    missed[:, capacity:] = True
     ones = np.ones(tokens)
-    return GroupCounts(selected=ones * rows * layers, missed=ones * (rows - capacity) * layers,
-                       requests=ones * (1.0 if capacity < rows else 0.0) * layers)
+    return GroupCounts(rows=rows, selected=ones * rows * layers, missed=ones * (rows - capacity) * layers,
+                       masks=[np.packbits(missed, axis=-1)], weights=np.array([float(layers)]))
 
 
 def _selections(pattern: AccessPattern, group: str, i: int, method: str) -> np.ndarray:
@@ -100,7 +120,8 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
     T = pattern.num_tokens
     ks = [(pattern.sel_in if group == "in" else pattern.sel_glu)[i].shape[1] for i in range(len(pattern.weights))]
     measured = slice(cfg.warmup, T)
-    selected, missed, requests = (np.zeros(T) for _ in range(3))
+    selected, missed = np.zeros(T), np.zeros(T)
+    masks: list = [None] * len(ks)
     per_layer_bytes = T * rows * (4 if cfg.policy == "belady" else 2) + 1
     chunk = max(1, _CHUNK_BYTES // per_layer_bytes)
     for k in sorted(set(ks)):
@@ -122,6 +143,7 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
             if cfg.method == "dipca":
                 mags = [pattern.magnitudes(group, i) for i in batch]
             b_idx = np.arange(len(batch))[:, None]
+            miss_log = np.zeros((T - cfg.warmup, len(batch), rows), dtype=bool)
             for t in range(T):
                 if mags is not None:
                     x = np.stack([m[t] for m in mags]).astype(np.float32)
@@ -130,25 +152,27 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
                 else:
                     sel_t = sels[t]
                 hit = cache.access(sel_t)
-                miss_mask = np.zeros((len(batch), rows), dtype=bool)
-                miss_mask[np.broadcast_to(b_idx, sel_t.shape)[~hit], sel_t[~hit]] = True
                 selected[t] += k * w.sum()
                 missed[t] += ((~hit).sum(axis=1) * w).sum()
-                requests[t] += (_runs(miss_mask) * w).sum()
-    return GroupCounts(selected=selected[measured], missed=missed[measured], requests=requests[measured])
+                if t >= cfg.warmup:
+                    miss_log[t - cfg.warmup][np.broadcast_to(b_idx, sel_t.shape)[~hit], sel_t[~hit]] = True
+            for j, i in enumerate(batch):
+                masks[i] = np.packbits(miss_log[:, j], axis=-1)
+    return GroupCounts(rows=rows, selected=selected[measured], missed=missed[measured], masks=masks,
+                       weights=pattern.weights.astype(float))
 
 
 def replay(pattern: AccessPattern, capacity_in: int, capacity_glu: int, cfg: SimConfig) -> ReplayCounts:
-    """Count rows selected/missed and Flash requests per measured token (see the module docstring)."""
+    """Rows selected and missed per measured token, and which (see the module docstring)."""
     T = pattern.num_tokens
     if cfg.warmup >= T and cfg.method != "dense":
         raise ValueError(f"warmup ({cfg.warmup} tokens) must be below the trace length ({T} tokens)")
     if cfg.method == "dense":
         cap_in = 0 if cfg.policy == "none" else capacity_in
         cap_glu = 0 if cfg.policy == "none" else capacity_glu
-        n = max(1, T - cfg.warmup)  # a shape-only pattern has one (representative) token
-        return ReplayCounts(tokens=n, inp=_dense_group(pattern.rows_in, cap_in, pattern.num_layers, n),
-                            glu=_dense_group(pattern.rows_glu, cap_glu, pattern.num_layers, n))
+        # every token reads the same rows: one representative token
+        return ReplayCounts(tokens=1, inp=_dense_group(pattern.rows_in, cap_in, pattern.num_layers, 1),
+                            glu=_dense_group(pattern.rows_glu, cap_glu, pattern.num_layers, 1))
     if cfg.method in ("dip", "dipca") and not pattern.has_magnitudes:
         raise ValueError(f"method {cfg.method!r} re-masks from magnitudes, but the trace has no x_abs/glu_abs; "
                          f"re-trace keeping magnitudes, or use --method traced")

@@ -4,7 +4,8 @@ tokens/s, DRAM and Flash bytes per token, hit rate and the memory breakdown.
 Cost per token (method.md, "The HW simulator"; compute is ignored — decoding is memory-bound):
 
     dram_bytes  = non-MLP weights read + KV cache read + Σ_layers (K_in·row_in + K_glu·row_glu)
-    flash_bytes = Σ_layers (missed_in·row_in + missed_glu·row_glu)
+    flash_bytes = Σ_layers blocks touched by the missed rows × read unit   (= missed·row bytes when the
+                  device has no read granularity, as in the paper; see flashio.py)
     t_serial    = dram_bytes / DRAM_BW + requests · request_s + flash_bytes / Flash_BW
     t_overlap   = max(dram_bytes / DRAM_BW, Flash time)           (ours: Flash reads hidden behind compute)
     tokens/s    = 1 / mean_t(t)
@@ -80,8 +81,10 @@ def cost(counts: ReplayCounts, plan: MemoryPlan, device: DeviceProfile) -> dict:
     kv_read = plan.kv_bytes
     dram = (plan.non_mlp_read_bytes + kv_read + counts.inp.selected * plan.row_bytes_in
             + counts.glu.selected * plan.row_bytes_glu)
-    flash = counts.inp.missed * plan.row_bytes_in + counts.glu.missed * plan.row_bytes_glu
-    requests = counts.inp.requests + counts.glu.requests
+    unit = device.flash.read_unit
+    bytes_in, req_in = counts.inp.reads(plan.row_bytes_in, unit)
+    bytes_glu, req_glu = counts.glu.reads(plan.row_bytes_glu, unit)
+    flash, requests = bytes_in + bytes_glu, req_in + req_glu
     t_dram = dram / device.dram_bandwidth
     t_flash = device.flash.read_time(requests, flash)
     return {

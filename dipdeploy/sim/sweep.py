@@ -34,17 +34,20 @@ def auto_budgets(trace: Trace | None, cfg: SimConfig, steps: int) -> list[float]
 
 
 def sweep(trace: Trace | None, cfgs: list[SimConfig], budgets: list[float], progress=None) -> list[SimResult]:
-    """Every config at every budget; patterns and replays are shared where they can be."""
+    """Every config at every budget, budget by budget. Patterns are built once; a replay is shared by
+    the configs (devices, precisions) that give the same capacities, and dropped after its budget."""
     patterns: dict = {}
-    memo: dict = {}
+    devices: dict = {}
     rows = []
-    for cfg in cfgs:
-        device = get_device(cfg.device)
-        _, shape = resolve_shape(trace, cfg.model)
-        key = ("dense", shape) if cfg.method == "dense" else (shape, cfg.seed)
-        if key not in patterns:
-            patterns[key] = shape_only_pattern(shape) if cfg.method == "dense" else build_pattern(trace, shape, cfg.seed)
-        for b in budgets:
+    for b in budgets:
+        memo: dict = {}
+        for cfg in cfgs:
+            device = devices.setdefault(cfg.device, get_device(cfg.device))
+            _, shape = resolve_shape(trace, cfg.model)
+            key = ("dense", shape) if cfg.method == "dense" else (shape, cfg.seed)
+            if key not in patterns:
+                patterns[key] = (shape_only_pattern(shape) if cfg.method == "dense"
+                                 else build_pattern(trace, shape, cfg.seed))
             rows.append(simulate(trace, replace(cfg, dram_budget=b), pattern=patterns[key], device=device, memo=memo))
             if progress is not None:
                 progress()
