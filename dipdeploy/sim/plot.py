@@ -1,4 +1,4 @@
-"""Throughput-vs-DRAM curves as a PNG (matplotlib, Agg backend: no display needed)."""
+"""Throughput-vs-DRAM curves as a PNG (matplotlib, Agg backend: no display needed; log tokens/s axis)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def plot_curves(rows: list[SimResult], out: str | os.PathLike, title: str = "", 
         rs = sorted(rs, key=lambda r: r.dram_bytes)
         ax.plot([r.dram_bytes / 1e9 for r in rs], [r.tok_s_overlap if overlap else r.tok_s for r in rs],
                 marker="o", ms=3, label=name, linestyle="--" if rs[0].method == "dense" else "-")
+    ax.set_yscale("log")  # the Flash-bound region spans decades below the all-in-DRAM end
     ax.set_xlabel("DRAM budget (GB)")
     ax.set_ylabel("tokens/s" + (" (Flash overlapped)" if overlap else ""))
     extrapolated = any(r.extrapolated for r in rows)
