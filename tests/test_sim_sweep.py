@@ -103,3 +103,14 @@ def test_cli_devices_and_dense_without_trace():
     r = CliRunner().invoke(app, ["simulate", "--model", "phi-3-medium", "--method", "dense", "--policy", "static",
                                  "--device", "a18-paper", "--dram", "4GB"])
     assert r.exit_code == 0 and "0.283" in r.output
+
+
+def test_cli_accepts_a_runtime_trace_and_shows_its_hit_rate(tmp_path):
+    tr = tiny_trace(8)
+    tr.source, tr.policy = "runtime", "lfu"
+    tr.hits_in = [(s % 2 == 0) for s in tr.sel_in]
+    tr.hits_glu = [(s % 2 == 0) for s in tr.sel_glu]
+    path = tr.save(tmp_path / "rt.npz")
+    res = CliRunner().invoke(app, ["simulate", "--trace", str(path), "--device", "midrange", "--policy", "lfu"])
+    assert res.exit_code == 0, res.output
+    assert "hit rate recorded in the trace (runtime, policy lfu)" in res.output

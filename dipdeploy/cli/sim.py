@@ -56,6 +56,8 @@ def simulate_cmd(
     method: str = typer.Option(None, "--method", help="Comma list of: traced (as recorded), dense, dip, dipca."),
     policy: str = typer.Option(None, "--policy", help="Comma list of cache policies: none, lru, lfu, belady, static."),
     gamma: str = typer.Option(None, "--gamma", help="Comma list of DIP-CA γ values in [0, 1]."),
+    gamma_warmup: int = typer.Option(None, "--gamma-warmup", help="DIP-CA: tokens over which γ falls from 1."),
+    fixed_top_n: int = typer.Option(None, "--fixed-top-n", help="DIP-CA: the n largest |x| are never re-weighted."),
     context: int = typer.Option(None, "--context", help="KV-cache tokens placed in DRAM and read per token."),
     warmup: int = typer.Option(None, "--warmup", help="First trace tokens replayed but not measured."),
     cold: bool = typer.Option(False, "--cold", help="Start dynamic caches empty instead of preloaded with the "
@@ -80,7 +82,7 @@ def simulate_cmd(
         if out is not None and out.exists() and not force:
             raise typer.BadParameter(f"{out} exists; pass --force to overwrite it")
     given = {"device": device, "model": model, "precision": precision, "context": context, "warmup": warmup,
-             "preload": False if cold else None}
+             "preload": False if cold else None, "gamma_warmup": gamma_warmup, "fixed_top_n": fixed_top_n}
     base = SimConfig(**{k: v for k, v in given.items() if v is not None})
     defaults = {f.name: f.default for f in fields(SimConfig)}
     methods = _csv(method) or [base.method]
@@ -114,6 +116,10 @@ def simulate_cmd(
     console.print(f"memory (last row): non-MLP {mem['non_mlp'] / 1e9:.3f} GB, KV {mem['kv_cache'] / 1e9:.3f} GB, "
                   f"MLP caches {mem['mlp_cache'] / 1e9:.3f} GB of {mem['mlp_total'] / 1e9:.3f} GB "
                   f"(f = {mem['cache_fraction']:.3f} of each layer's rows)")
+    if tr is not None and tr.hits_in is not None:
+        hits = sum(int(h.sum()) for h in tr.hits_in + tr.hits_glu)
+        total = sum(h.size for h in tr.hits_in + tr.hits_glu)
+        console.print(f"hit rate recorded in the trace ({tr.source}, policy {tr.policy}): {hits / total:.3f}")
     notes = {r.extrapolation for r in rows if r.extrapolation}
     for note in notes:
         console.print(f"[yellow]{note}[/yellow]")
