@@ -72,7 +72,7 @@ def variants(base: SimConfig, quick: bool, has_magnitudes: bool) -> list[SimConf
     policies = ["lfu"] if quick else ["lru", "lfu", "belady"]
     cfgs = expand_variants(base, ["dense", "traced"], policies, [base.gamma])
     if has_magnitudes:
-        cfgs += expand_variants(base, ["dipca"], ["lfu"] if quick else ["lru", "lfu"], [base.gamma])
+        cfgs += expand_variants(base, ["dip-ca"], ["lfu"] if quick else ["lru", "lfu"], [base.gamma])
     return cfgs
 
 

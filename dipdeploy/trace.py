@@ -14,7 +14,7 @@ A single ``.npz`` archive (``np.savez_compressed``, written atomically: temp fil
          "source": "torch" | "runtime" | "synthetic",
          "model": "<registry name or path>",
          "hidden_size": d, "intermediate_size": F, "num_layers": L, "num_tokens": T,
-         "method": "dense" | "dip" | "dipca" | ...,   # what produced the selections
+         "method": "dense" | "dip" | "dip-ca" | ...,   # what produced the selections
          "density": ρ,                                 # MLP density, method.md: ρ = (2·K_in/d + K_glu/F)/3
          "k_in": [K_in per layer], "k_glu": [K_glu per layer],
          "gamma": γ or null,                           # DIP-CA re-weighting used while tracing (null: none)
@@ -55,7 +55,7 @@ import numpy as np
 TRACE_FORMAT = "dipdeploy-trace"
 TRACE_VERSION = 1
 TRACE_SOURCES = ("torch", "runtime", "synthetic")
-TRACE_METHODS = ("dense", "dip", "dipca", "glu", "gate", "up", "cats", "teal")
+TRACE_METHODS = ("dense", "dip", "dip-ca", "glu", "gate", "up", "cats", "teal")  # as in dipdeploy.sparsity
 REGENERATE_HINT = (
     "regenerate it with `dipdeploy trace --model M --method X --density RHO --out T` "
     "(torch reference) or the runtime's `--trace T` option"

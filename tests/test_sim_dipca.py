@@ -25,7 +25,7 @@ def test_gamma_one_is_plain_dip_is_the_traced_dip():
     tr = trace()  # a synthetic DIP trace: its rows are top-K of its own magnitudes
     kw = dict(device="a18-paper", policy="lfu", warmup=8, dram_budget=budget(0.3))
     flash = [simulate(tr, SimConfig(**kw, method=m, gamma=1.0)).flash_bytes_per_token
-             for m in ("traced", "dip", "dipca")]
+             for m in ("traced", "dip", "dip-ca")]
     assert flash[0] == flash[1] == flash[2] > 0
 
 
@@ -34,7 +34,7 @@ def test_cache_aware_masks_hit_more_than_plain_dip(policy):
     tr = trace(seed=2)
     kw = dict(device="a18", policy=policy, warmup=8, dram_budget=budget(0.3))
     dip = simulate(tr, SimConfig(**kw, method="dip"))
-    ca = simulate(tr, SimConfig(**kw, method="dipca", gamma=0.2))
+    ca = simulate(tr, SimConfig(**kw, method="dip-ca", gamma=0.2))
     assert ca.hit_rate > dip.hit_rate and ca.flash_bytes_per_token < dip.flash_bytes_per_token
     assert ca.density == pytest.approx(dip.density)  # same K: only which rows changes
     assert ca.gamma == 0.2 and dip.gamma is None
@@ -42,9 +42,9 @@ def test_cache_aware_masks_hit_more_than_plain_dip(policy):
 
 def test_gamma_zero_never_prefers_a_miss_over_a_hit():
     tr = trace(seed=3)
-    r0 = simulate(tr, SimConfig(device="a18", method="dipca", gamma=0.0, policy="lfu", warmup=8,
+    r0 = simulate(tr, SimConfig(device="a18", method="dip-ca", gamma=0.0, policy="lfu", warmup=8,
                                 dram_budget=budget(0.6)))
-    r2 = simulate(tr, SimConfig(device="a18", method="dipca", gamma=0.2, policy="lfu", warmup=8,
+    r2 = simulate(tr, SimConfig(device="a18", method="dip-ca", gamma=0.2, policy="lfu", warmup=8,
                                 dram_budget=budget(0.6)))
     assert r0.hit_rate >= r2.hit_rate
 
@@ -52,7 +52,7 @@ def test_gamma_zero_never_prefers_a_miss_over_a_hit():
 def test_remasking_needs_magnitudes():
     tr = trace(magnitudes=False)
     with pytest.raises(ValueError, match="magnitudes"):
-        simulate(tr, SimConfig(device="a18", method="dipca", dram_budget=budget(0.3)))
+        simulate(tr, SimConfig(device="a18", method="dip-ca", dram_budget=budget(0.3)))
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -73,7 +73,7 @@ def test_simconfig_rejects_meaningless_pairs():
     with pytest.raises(ValueError, match="only policy 'static'"):
         SimConfig(method="dense", policy="lru")
     with pytest.raises(ValueError, match="belady"):
-        SimConfig(method="dipca", policy="belady")
+        SimConfig(method="dip-ca", policy="belady")
 
 
 def test_warmup_longer_than_trace_is_an_error():

@@ -49,9 +49,9 @@ def test_compare_not_reached():
 def test_sweep_dense_rises_with_dram_and_reuses_replays():
     tr = tiny_trace()
     base = SimConfig(device="a18", warmup=4)
-    cfgs = expand_variants(base, ["dense", "traced", "dipca"], ["lfu", "belady"], [0.2])
+    cfgs = expand_variants(base, ["dense", "traced", "dip-ca"], ["lfu", "belady"], [0.2])
     assert [(c.method, c.policy) for c in cfgs] == [("dense", "static"), ("traced", "lfu"), ("traced", "belady"),
-                                                     ("dipca", "lfu")]
+                                                     ("dip-ca", "lfu")]
     budgets = auto_budgets(tr, base, 4)
     rows = sweep(tr, cfgs, budgets)
     dense = [r.tok_s for r in rows if r.method == "dense"]
@@ -77,7 +77,7 @@ def test_cli_simulate_json_and_plot(tmp_path):
     path = tiny_trace().save(tmp_path / "t.npz")
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     args = ["simulate", "--trace", str(path), "--device", "sd8gen3", "--sweep-dram", "auto", "--steps", "3",
-            "--method", "dense,traced,dipca", "--policy", "lfu", "--gamma", "0.2", "--warmup", "4",
+            "--method", "dense,traced,dip-ca", "--policy", "lfu", "--gamma", "0.2", "--warmup", "4",
             "--json", str(out), "--plot", str(png)]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output

@@ -53,7 +53,7 @@ def simulate_cmd(
                                    "(smallest that fits .. whole model)."),
     steps: int = typer.Option(9, "--steps", help="Points of --sweep-dram."),
     precision: str = typer.Option(None, "--precision", help="fp32, fp16, bq4 (4.25 b), bq4-b32 (4.5 b), vq3 (≈3.13 b), rtn3… (quant presets)."),
-    method: str = typer.Option(None, "--method", help="Comma list of: traced (as recorded), dense, dip, dipca."),
+    method: str = typer.Option(None, "--method", help="Comma list of: traced (as recorded), dense, dip, dip-ca."),
     policy: str = typer.Option(None, "--policy", help="Comma list of cache policies: none, lru, lfu, belady, static."),
     gamma: str = typer.Option(None, "--gamma", help="Comma list of DIP-CA γ values in [0, 1]."),
     gamma_warmup: int = typer.Option(None, "--gamma-warmup", help="DIP-CA: tokens over which γ falls from 1."),

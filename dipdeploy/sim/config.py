@@ -11,8 +11,8 @@ from dipdeploy.sim.precision import PRECISIONS
 #:   traced  replay the trace's selections as recorded
 #:   dense   every row every token (the dense-static baseline with policy ``static``)
 #:   dip     re-mask from the recorded magnitudes with γ = 1 (needs x_abs, glu_abs)
-#:   dipca   re-mask with DIP-CA against the simulator's own cache state (needs x_abs, glu_abs)
-SIM_METHODS = ("traced", "dense", "dip", "dipca")
+#:   dip-ca  re-mask with DIP-CA against the simulator's own cache state (needs x_abs, glu_abs)
+SIM_METHODS = ("traced", "dense", "dip", "dip-ca")
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,6 @@ class SimConfig:
         if self.method == "dense" and self.policy not in ("static", "none"):
             raise ValueError(f"method 'dense' reads every row every token, so only policy 'static' (pinned "
                              f"subset) or 'none' apply, got {self.policy!r}")
-        if self.method == "dipca" and self.policy == "belady":
+        if self.method == "dip-ca" and self.policy == "belady":
             raise ValueError("policy 'belady' needs the future selections, but DIP-CA's selections depend on "
                              "the cache itself; use belady with method 'traced' or 'dip'")

@@ -109,7 +109,7 @@ def _dense_group(rows: int, capacity: int, layers: int, tokens: int) -> GroupCou
 def _selections(pattern: AccessPattern, group: str, i: int, method: str) -> np.ndarray:
     """[T, K] rows of simulated layer i: as traced, or top-K of the magnitudes (DIP, γ = 1)."""
     sel = (pattern.sel_in if group == "in" else pattern.sel_glu)[i]
-    if method in ("dip", "dipca"):
+    if method in ("dip", "dip-ca"):
         mags = pattern.magnitudes(group, i).astype(np.float32)
         sel = topk_rows(mags, sel.shape[1])
     return sel
@@ -140,7 +140,7 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
             if warm is not None:
                 cache.resident = warm.copy()  # preload: what a runtime loads at start-up
             mags = None
-            if cfg.method == "dipca":
+            if cfg.method == "dip-ca":
                 mags = [pattern.magnitudes(group, i) for i in batch]
             b_idx = np.arange(len(batch))[:, None]
             miss_log = np.zeros((T - cfg.warmup, len(batch), rows), dtype=bool)
@@ -173,7 +173,7 @@ def replay(pattern: AccessPattern, capacity_in: int, capacity_glu: int, cfg: Sim
         # every token reads the same rows: one representative token
         return ReplayCounts(tokens=1, inp=_dense_group(pattern.rows_in, cap_in, pattern.num_layers, 1),
                             glu=_dense_group(pattern.rows_glu, cap_glu, pattern.num_layers, 1))
-    if cfg.method in ("dip", "dipca") and not pattern.has_magnitudes:
+    if cfg.method in ("dip", "dip-ca") and not pattern.has_magnitudes:
         raise ValueError(f"method {cfg.method!r} re-masks from magnitudes, but the trace has no x_abs/glu_abs; "
                          f"re-trace keeping magnitudes, or use --method traced")
     return ReplayCounts(tokens=T - cfg.warmup, inp=_replay_group(pattern, "in", capacity_in, cfg),

@@ -106,12 +106,12 @@ def expand_variants(base: SimConfig, methods: list[str], policies: list[str], ga
                 out.append(replace(base, method="dense", policy=p))
             continue
         for p in policies:
-            if m == "dipca":
+            if m == "dip-ca":
                 if p == "belady":
                     continue
                 out.extend(replace(base, method=m, policy=p, gamma=g) for g in gammas)
             else:
                 out.append(replace(base, method=m, policy=p))
     if not out:
-        raise ValueError("no configuration left to simulate (dipca + belady only?); add a policy such as lfu")
+        raise ValueError("no configuration left to simulate (dip-ca + belady only?); add a policy such as lfu")
     return out
