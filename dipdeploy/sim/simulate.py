@@ -117,7 +117,7 @@ def simulate(trace: Trace | None, cfg: SimConfig, pattern: AccessPattern | None 
     budget = cfg.dram_budget if cfg.dram_budget is not None else default_budget(device)
     plan = plan_memory(shape, budget, bpw, cfg.context, cfg.kv_bytes_per_value)
     key = (id(pattern), plan.capacity_in, plan.capacity_glu, cfg.method, cfg.policy, cfg.gamma,
-           cfg.gamma_warmup, cfg.fixed_top_n, cfg.warmup)
+           cfg.gamma_warmup, cfg.fixed_top_n, cfg.warmup, cfg.preload)
     counts = memo.get(key) if memo is not None else None
     if counts is None:
         counts = replay(pattern, plan.capacity_in, plan.capacity_glu, cfg)
