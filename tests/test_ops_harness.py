@@ -76,7 +76,7 @@ class SgmmCase:
 SGMM_CASES = [
     SgmmCase(fmt, n, d, o, rho, slab)
     for fmt in FORMAT_MAKERS
-    for (n, d, o) in ((1, 64, 96), (3, 96, 640))
+    for (n, d, o) in ((1, 64, 96), (3, 96, 640), (2, 520, 200))
     for rho in (0.25, 0.5, 1.0)
     for slab in (False, True)
     if not (slab and rho == 1.0)

@@ -6,15 +6,15 @@
 #include <vector>
 
 namespace dd_portable {
-void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1);
+void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1, int64_t j0, int64_t j1, float * y);
 }
 #if defined(DD_WITH_AVX2)
 namespace dd_avx2 {
-void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1);
+void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1, int64_t j0, int64_t j1, float * y);
 }
 #endif
 
-using dd_chunk_fn = void (*)(const dd_sgmm_params *, int64_t, int64_t, int64_t);
+using dd_chunk_fn = void (*)(const dd_sgmm_params *, int64_t, int64_t, int64_t, int64_t, int64_t, float *);
 
 static bool dd_cpu_has_avx2() {
 #if defined(DD_WITH_AVX2)
@@ -34,9 +34,10 @@ static dd_chunk_fn dd_pick_chunk_fn() {
     return dd_portable::sgmm_chunk;
 }
 
-void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1) {
+void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1, int64_t j0, int64_t j1,
+                   float * y) {
     static const dd_chunk_fn fn = dd_pick_chunk_fn();
-    fn(p, n_row, o0, o1);
+    fn(p, n_row, o0, o1, j0, j1, y);
 }
 
 const char * dd_kernels_isa() {

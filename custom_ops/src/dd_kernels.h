@@ -40,11 +40,14 @@ struct dd_sgmm_params {
     int64_t group_rows, group_cols, ngc;
 };
 
-// Column granularity of a work chunk: chunk edges are multiples of this (BQ4 block and VQ3 strips align).
+// Column granularity of a work chunk: chunk edges are multiples of this (BQ4 blocks align).
 constexpr int64_t DD_CHUNK_ALIGN = 128;
 
-// Computes Y[n_row, o0:o1) for one row of X. o0 is a multiple of DD_CHUNK_ALIGN.
-void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1);
+// One work item: y[o0:o1) = sum over selected rows j in [j0, j1) of X[n_row] row n_row's terms.
+// `y` is the start of a destination row of length p->o (Y itself, or a partial-sum row when the
+// selected rows are split across tasks). o0 is a multiple of DD_CHUNK_ALIGN.
+void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1, int64_t j0, int64_t j1,
+                   float * y);
 
 // Name of the kernel set picked for this CPU ("avx2", "neon" or "portable").
 const char * dd_kernels_isa();

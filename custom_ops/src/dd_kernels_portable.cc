@@ -9,7 +9,7 @@
 namespace dd_portable {
 #include "dd_kernels_impl.inc"
 
-void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1) {
-    dd_sgmm_chunk_impl(p, n, o0, o1);
+void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1, int64_t j0, int64_t j1, float * y) {
+    dd_sgmm_chunk_impl(p, n, o0, o1, j0, j1, y);
 }
 }  // namespace dd_portable

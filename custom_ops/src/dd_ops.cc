@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <vector>
 
 namespace {
 
@@ -293,20 +294,6 @@ struct dd_sgmm_kernel {
     int64_t group_cols;
 };
 
-struct dd_sgmm_job {
-    dd_sgmm_params params;
-    int64_t chunk;
-    int64_t n_chunks;
-};
-
-void dd_sgmm_task(void * user, size_t t) {
-    const dd_sgmm_job * job = static_cast<const dd_sgmm_job *>(user);
-    const int64_t n = (int64_t) t / job->n_chunks;
-    const int64_t o0 = ((int64_t) t % job->n_chunks) * job->chunk;
-    const int64_t o1 = std::min(o0 + job->chunk, job->params.o);
-    dd_sgmm_chunk(&job->params, n, o0, o1);
-}
-
 OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo * info,
                                         void ** kernel) {
     const char * op = "SparseGatherMatMul";
@@ -335,6 +322,55 @@ OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api,
 int64_t dd_ceil_div(int64_t a, int64_t b) {
     return (a + b - 1) / b;
 }
+
+// Work split: the output row is cut into column chunks, and when there are few chunks the selected
+// rows are cut into groups too (each group sums into its own partial row, reduced afterwards), so
+// 1..8 threads get work at every shape while each weight row is read in long contiguous runs.
+struct dd_sgmm_job {
+    dd_sgmm_params params;
+    int64_t chunk, n_chunks;     // columns per chunk, chunks per output row
+    int64_t group, n_groups;     // selected rows per group, groups
+    float * partial;             // [n, n_groups, o] when n_groups > 1
+};
+
+void dd_sgmm_task(void * user, size_t t) {
+    const dd_sgmm_job * job = static_cast<const dd_sgmm_job *>(user);
+    const dd_sgmm_params & p = job->params;
+    const int64_t per_row = job->n_chunks * job->n_groups;
+    const int64_t n = (int64_t) t / per_row, rem = (int64_t) t % per_row;
+    const int64_t c = rem / job->n_groups, g = rem % job->n_groups;
+    const int64_t o0 = c * job->chunk, o1 = std::min(o0 + job->chunk, p.o);
+    const int64_t j0 = g * job->group, j1 = std::min(j0 + job->group, p.k);
+    float * y = job->n_groups == 1 ? p.y + n * p.o : job->partial + (n * job->n_groups + g) * p.o;
+    dd_sgmm_chunk(&p, n, o0, o1, j0, j1, y);
+}
+
+// Bytes of weight data per output column of one row, per format (sets the chunk width).
+double dd_bytes_per_col(dd_format f) {
+    switch (f) {
+        case DD_FORMAT_FP32: return 4.0;
+        case DD_FORMAT_FP16: return 2.0;
+        case DD_FORMAT_BQ4: return 0.5;
+        case DD_FORMAT_VQ3: return 0.375;
+    }
+    return 4.0;
+}
+
+void dd_sgmm_plan(dd_sgmm_job * job) {
+    const dd_sgmm_params & p = job->params;
+    constexpr double piece_bytes = 8192.0;  // contiguous bytes read from one weight row per visit
+    constexpr int64_t max_chunk = 16384;     // keeps the y chunk within L2
+    constexpr int64_t target_tasks = 8, min_group = 64;
+    int64_t chunk = (int64_t) (piece_bytes / dd_bytes_per_col(p.format));
+    chunk = std::min(std::max(dd_ceil_div(chunk, DD_CHUNK_ALIGN) * DD_CHUNK_ALIGN, DD_CHUNK_ALIGN), max_chunk);
+    job->chunk = std::min(chunk, dd_ceil_div(p.o, DD_CHUNK_ALIGN) * DD_CHUNK_ALIGN);
+    job->n_chunks = dd_ceil_div(p.o, job->chunk);
+    const int64_t want = dd_ceil_div(target_tasks, job->n_chunks * p.n);
+    job->n_groups = std::max<int64_t>(1, std::min(want, p.k / min_group));
+    job->group = dd_ceil_div(std::max<int64_t>(p.k, 1), job->n_groups);
+    job->n_groups = dd_ceil_div(std::max<int64_t>(p.k, 1), job->group);
+}
+
 
 // Fills the format part of `p` from the weight inputs, checking dtypes and shapes against each other.
 OrtStatus * dd_sgmm_weights(const dd_sgmm_kernel * kn, const dd_view * w, size_t n_w, dd_sgmm_params * p, int64_t * rows_out) {
@@ -490,17 +526,40 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
     p.idx = static_cast<const int64_t *>(idx.data);
     p.rows = slots.present ? static_cast<const int64_t *>(slots.data) : p.idx;
     p.y = static_cast<float *>(out_data);
-    // Chunks of the output row: about 16 per row so 1..16 threads share the work, 128..2048 columns
-    // each so Y stays in L1 and every weight row is read in long contiguous runs.
-    int64_t chunk = dd_ceil_div(dd_ceil_div(p.o, 16), DD_CHUNK_ALIGN) * DD_CHUNK_ALIGN;
-    chunk = std::min<int64_t>(std::max<int64_t>(chunk, DD_CHUNK_ALIGN), 2048);
-    dd_sgmm_job job{p, chunk, dd_ceil_div(p.o, chunk)};
-    const size_t total = (size_t) (n * job.n_chunks);
+    dd_sgmm_job job{};
+    job.params = p;
+    dd_sgmm_plan(&job);
+    if (job.n_groups > 1) {
+        // Partial sums live in per-thread scratch that only grows: no allocation once warmed up.
+        thread_local std::vector<float> scratch;
+        const size_t need = (size_t) (n * job.n_groups * p.o);
+        if (scratch.size() < need) {
+            scratch.resize(need);
+        }
+        job.partial = scratch.data();
+    }
+    const size_t total = (size_t) (n * job.n_chunks * job.n_groups);
     if (total == 1) {
         dd_sgmm_task(&job, 0);
-        return nullptr;
+    } else {
+        DD_TRY(api->KernelContext_ParallelFor(ctx, dd_sgmm_task, total, 0, &job));
     }
-    return api->KernelContext_ParallelFor(ctx, dd_sgmm_task, total, 0, &job);
+    if (job.n_groups > 1) {
+        for (int64_t r = 0; r < n; ++r) {
+            float * __restrict y = p.y + r * p.o;
+            const float * part = job.partial + r * job.n_groups * p.o;
+            for (int64_t t = 0; t < p.o; ++t) {
+                y[t] = part[t];
+            }
+            for (int64_t g = 1; g < job.n_groups; ++g) {
+                const float * __restrict src = part + g * p.o;
+                for (int64_t t = 0; t < p.o; ++t) {
+                    y[t] += src[t];
+                }
+            }
+        }
+    }
+    return nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------

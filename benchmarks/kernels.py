@@ -1,0 +1,262 @@
+"""Benchmark: SparseGatherMatMul kernels vs stock-ORT fallback, dense fp32 MatMul and MatMulNBits (issue 4).
+
+At Mistral-7B MLP shapes (bundled up|gate rows [4096, 28672], down rows [14336, 4096]) and SmolLM2
+shapes ([576, 3072], [1536, 576]), N = 1 token, 1 and 2 intra-op threads, ρ_row ∈ {0.25, 0.5, 0.75}
+of the rows selected (in DIP score order, i.e. unsorted), for fp32, fp16, BQ4 (block 32, symmetric)
+and VQ3 (int8 codebooks, default groups):
+
+- native:        SparseGatherMatMul with the native library registered
+- fallback:      the same model on stock ORT (the model-local function: Gather + decode + MatMul)
+- dense:         ONNX MatMul over the whole fp32 matrix (constant initializer)
+- matmulnbits0/4: com.microsoft MatMulNBits, int4 block 32, prepacked constant, accuracy_level 0 / 4
+
+Weights are random (kernel time does not depend on values; correctness is tests/test_ops_harness.py).
+Sparse paths get the weights as bound graph inputs (zero copy, as the host runtime feeds them).
+Each time is the median of repeated `run_with_iobinding` calls; "bytes" counts the weight bytes the
+implementation must read (selected rows only for sparse, all for dense) and GB/s = bytes / time.
+
+    python benchmarks/kernels.py --quick            # < 2 min: ρ_row = 0.5, no fallback at Mistral shapes
+    python benchmarks/kernels.py --json out.json    # full
+
+Writes benchmarks/results/kernels.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from dipdeploy.ops.formats import OpWeights
+from dipdeploy.ops.native import require_library, session_options
+from dipdeploy.ops.nodes import make_sgmm_model
+from dipdeploy.quant.block import BlockQuantTensor
+from dipdeploy.quant.config import Block4QuantConfig, VQ3QuantConfig
+from dipdeploy.quant.vq import VQTensor, group_shape
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAPES = {  # name: (rows R = input features, cols O = outputs) of the row matrix
+    "mistral-7b up|gate": (4096, 28672),
+    "mistral-7b down": (14336, 4096),
+    "smollm2 up|gate": (576, 3072),
+    "smollm2 down": (1536, 576),
+}
+FORMATS = ("fp32", "fp16", "bq4", "vq3")
+IMPLS = ("native", "fallback", "dense", "matmulnbits")
+BQ4_BLOCK = 32
+
+
+@dataclass
+class Row:
+    shape: str
+    format: str
+    rho: float
+    threads: int
+    impl: str
+    median_us: float
+    bytes: int
+    gbps: float
+    runs: int
+
+
+def random_weights(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> OpWeights:
+    """Random weights in ``fmt`` (valid codes, positive scales), built without quantising."""
+    if fmt in ("fp32", "fp16"):
+        return OpWeights.from_matrix(rng.standard_normal((rows, cols), dtype=np.float32).astype(fmt.replace("fp", "float")))
+    if fmt == "bq4":
+        cfg = Block4QuantConfig(block_size=BQ4_BLOCK)
+        q = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+        s = (rng.random((rows, cols // BQ4_BLOCK), dtype=np.float32) * 0.01 + 1e-3).astype(np.float16)
+        return OpWeights.from_packed(BlockQuantTensor(cfg, rows, cols, q, s))
+    cfg = VQ3QuantConfig()
+    gr, gc = group_shape(rows, cols, cfg)
+    ngr, ngc = -(-rows // gr), -(-cols // gc)
+    codes = rng.integers(0, 256, (rows, -(-6 * (cols // 2) // 8)), dtype=np.uint8)
+    cb = rng.integers(-128, 128, (ngr, ngc, 64, 2), dtype=np.int8)
+    cbs = np.full((ngr, ngc), 1e-3, dtype=np.float16)
+    return OpWeights.from_packed(VQTensor(cfg, rows, cols, gr, gc, codes, cb, cbs))
+
+
+def timed(sess: ort.InferenceSession, feeds: dict, budget_s: float, max_runs: int) -> tuple[float, int]:
+    """Median µs of run_with_iobinding over as many runs as fit ``budget_s`` (3..max_runs), after a warm-up."""
+    io = sess.io_binding()
+    for name, arr in feeds.items():
+        io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+    io.bind_output(sess.get_outputs()[0].name)
+    sess.run_with_iobinding(io)
+    times, start = [], time.perf_counter()
+    while len(times) < max_runs and (len(times) < 3 or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter_ns()
+        sess.run_with_iobinding(io)
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    return float(np.median(times)), len(times)
+
+
+def session(model_bytes: bytes, threads: int, native: bool) -> ort.InferenceSession:
+    return ort.InferenceSession(model_bytes, session_options(threads, native), providers=["CPUExecutionProvider"])
+
+
+def dense_model(w: np.ndarray) -> bytes:
+    rows, cols = w.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "dense",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, rows])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, cols])],
+        initializer=[numpy_helper.from_array(w, "W")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10).SerializeToString()
+
+
+def matmulnbits_model(rows: int, cols: int, level: int, rng: np.random.Generator) -> tuple[bytes, int]:
+    """MatMulNBits (K = rows, N = cols), int4 block 32, random codes; returns (model, weight bytes)."""
+    nblk = rows // BQ4_BLOCK
+    b = rng.integers(0, 256, (cols, nblk, BQ4_BLOCK // 2), dtype=np.uint8)
+    scales = (rng.random(cols * nblk, dtype=np.float32) * 0.01 + 1e-3).astype(np.float32)
+    node = helper.make_node("MatMulNBits", ["X", "B", "scales"], ["Y"], domain="com.microsoft", K=rows, N=cols,
+                            bits=4, block_size=BQ4_BLOCK, accuracy_level=level)
+    graph = helper.make_graph(
+        [node], "nbits", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, rows])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, cols])],
+        initializer=[numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")],
+    )
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                                   helper.make_opsetid("com.microsoft", 1)])
+    return model.SerializeToString(), b.nbytes + scales.nbytes
+
+
+def bench_shape(name: str, rhos, threads_list, formats, impls, budget_s: float) -> list[Row]:
+    rows, cols = SHAPES[name]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, rows)).astype(np.float32)
+    out: list[Row] = []
+    max_runs = 200
+
+    def add(fmt, rho, th, impl, us_runs, nbytes):
+        us, runs = us_runs
+        out.append(Row(name, fmt, rho, th, impl, round(us, 1), int(nbytes), round(nbytes / us / 1e3, 2), runs))
+        print(f"{name:20s} {fmt:5s} rho={rho:<5} t={th} {impl:13s} {us:10.1f} us {nbytes / us / 1e3:6.2f} GB/s", flush=True)
+
+    if "dense" in impls:
+        dense = dense_model(rng.standard_normal((rows, cols), dtype=np.float32))
+        for th in threads_list:
+            add("fp32", 1.0, th, "dense", timed(session(dense, th, False), {"X": x}, budget_s, max_runs), rows * cols * 4)
+        del dense
+    for level in (0, 4) if "matmulnbits" in impls else ():
+        model, nbytes = matmulnbits_model(rows, cols, level, rng)
+        for th in threads_list:
+            add("int4", 1.0, th, f"matmulnbits{level}", timed(session(model, th, False), {"X": x}, budget_s, max_runs), nbytes)
+    for fmt in formats:
+        w = random_weights(fmt, rows, cols, rng)
+        model = make_sgmm_model(w, rows, weights_as_inputs=True).SerializeToString()
+        weights = {f"W{i}": a for i, a in enumerate(w.arrays)}
+        for rho in rhos:
+            k = int(round(rho * rows))
+            idx = rng.permutation(rows)[:k][None].astype(np.int64)
+            nbytes = k * w.row_nbytes()
+            feeds = {"X": x, "indices": idx, **weights}
+            for th in threads_list:
+                if "native" in impls:
+                    add(fmt, rho, th, "native", timed(session(model, th, True), feeds, budget_s, max_runs), nbytes)
+                if "fallback" in impls:
+                    add(fmt, rho, th, "fallback", timed(session(model, th, False), feeds, budget_s / 2, 20), nbytes)
+    return out
+
+
+def machine() -> dict:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    lib = ctypes.CDLL(str(require_library()))
+    lib.dd_ops_isa.restype = ctypes.c_char_p
+    return {"cpu": cpu, "cores": os.cpu_count(), "onnxruntime": ort.__version__, "native_isa": lib.dd_ops_isa().decode(),
+            "load_before": os.getloadavg()}
+
+
+def goals(rows: list[Row]) -> list[str]:
+    """The issue's goals, evaluated on the measured rows (best of the two thread counts per impl)."""
+    best = {}
+    for r in rows:
+        key = (r.shape, r.format, r.rho, r.impl)
+        best[key] = min(best.get(key, float("inf")), r.median_us)
+    lines = []
+    for shape in dict.fromkeys(r.shape for r in rows):
+        dense = best.get((shape, "fp32", 1.0, "dense"))
+        nbits = min(best.get((shape, "int4", 1.0, "matmulnbits0"), float("inf")),
+                    best.get((shape, "int4", 1.0, "matmulnbits4"), float("inf")))
+        checks = [("fp32", dense, "dense fp32", 0.6), ("bq4", nbits, "MatMulNBits (best level)", 1.0),
+                  ("vq3", dense, "dense fp32", 1.0)]
+        for fmt, base, base_name, target in checks:
+            t = best.get((shape, fmt, 0.5, "native"))
+            if t is None or base is None:
+                continue
+            ratio = t / base
+            verdict = "met" if ratio <= target else "NOT met"
+            lines.append(f"| {shape} | native {fmt} ρ=0.5 / {base_name} | {t:.0f} / {base:.0f} µs | {ratio:.2f}× "
+                         f"| ≤ {target}× | {verdict} |")
+    return lines
+
+
+def write_markdown(rows: list[Row], info: dict, path: Path, quick: bool) -> None:
+    dense = {(r.shape, r.threads): r.median_us for r in rows if r.impl == "dense"}
+    rel = lambda r: f"{r.median_us / dense[(r.shape, r.threads)]:.2f}" if (r.shape, r.threads) in dense else "–"  # noqa: E731
+    lines = [
+        "# SparseGatherMatMul kernels (benchmarks/kernels.py)",
+        "",
+        f"Machine: {info['cpu']}, {info['cores']} cores (shared with other jobs: timings may be disturbed); "
+        f"onnxruntime {info['onnxruntime']}; native kernel set: {info['native_isa']}. "
+        f"Load average before/after: {info['load_before'][0]:.2f} / {info['load_after'][0]:.2f}. "
+        f"N = 1 token, intra-op threads as listed. Mode: {'--quick' if quick else 'full'}.",
+        "Times are medians of repeated run_with_iobinding calls; bytes = weight bytes the implementation must read; "
+        "GB/s = bytes / time. ρ_row = fraction of rows selected (dense and MatMulNBits read all rows: ρ shown as 1).",
+        "",
+        "## Goals (best thread count per implementation)",
+        "",
+        "| shape | comparison | times | ratio | goal | verdict |",
+        "|---|---|---|---|---|---|",
+        *goals(rows),
+        "",
+        "## All measurements",
+        "",
+        "| shape | format | ρ_row | threads | impl | median µs | MB read | GB/s | × dense fp32 | runs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r.shape} | {r.format} | {r.rho} | {r.threads} | {r.impl} | {r.median_us:.1f} | "
+                     f"{r.bytes / 1e6:.1f} | {r.gbps:.2f} | {rel(r)} | {r.runs} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="ρ_row = 0.5 only, fallback only at SmolLM2 shapes (< 2 min)")
+    ap.add_argument("--json", type=Path, help="also write the rows as a JSON list")
+    ap.add_argument("--shapes", nargs="*", choices=list(SHAPES), default=list(SHAPES))
+    ap.add_argument("--threads", nargs="*", type=int, default=[1, 2])
+    ap.add_argument("--formats", nargs="*", choices=FORMATS, default=list(FORMATS))
+    ap.add_argument("--impls", nargs="*", choices=IMPLS, default=list(IMPLS))
+    ap.add_argument("--out", type=Path, default=RESULTS / "kernels.md")
+    args = ap.parse_args()
+    info = machine()
+    rhos = (0.5,) if args.quick else (0.25, 0.5, 0.75)
+    rows: list[Row] = []
+    for shape in args.shapes:
+        impls = [i for i in args.impls if not (i == "fallback" and args.quick and shape.startswith("mistral"))]
+        rows += bench_shape(shape, rhos, args.threads, args.formats, impls, budget_s=0.3 if args.quick else 1.0)
+    info["load_after"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_markdown(rows, info, args.out, args.quick)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
