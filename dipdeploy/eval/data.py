@@ -1,0 +1,82 @@
+"""Evaluation and calibration text (floor 3).
+
+WikiText-2 raw is found, in order, under ``--data-dir``, ``$DIPDEPLOY_DATA`` (CI: ``../shared/data``),
+or the Hugging Face ``datasets`` cache (when ``datasets`` is installed and has it cached). The *test*
+split is for evaluation only; calibration and LoRA training use *validation* or a user file.
+
+GPTQ/SparseGPT protocol (method.md): HF rows (blank lines → ""), joined by "\\n\\n", tokenised once,
+cut into non-overlapping windows of ``seqlen`` tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+SPLITS = {"test": "wiki.test.raw", "validation": "wiki.valid.raw"}
+
+
+def find_wikitext(split: str, data_dir: str | Path | None = None) -> Path:
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} unknown; choose one of {', '.join(SPLITS)}")
+    roots = [Path(p) for p in (data_dir, os.environ.get("DIPDEPLOY_DATA")) if p]
+    for root in roots:
+        for cand in (root / "wikitext-2-raw" / SPLITS[split], root / SPLITS[split]):
+            if cand.is_file():
+                return cand
+    raise FileNotFoundError(
+        f"WikiText-2 raw ({SPLITS[split]}) not found under {[str(r) for r in roots] or 'no data dir'}; "
+        f"pass --data-dir DIR (holding wikitext-2-raw/{SPLITS[split]}) or set DIPDEPLOY_DATA, "
+        f"or use --text-file FILE"
+    )
+
+
+def wikitext_text(split: str, data_dir: str | Path | None = None) -> str:
+    try:
+        path = find_wikitext(split, data_dir)
+    except FileNotFoundError:
+        rows = _hf_datasets_rows(split)
+        if rows is None:
+            raise
+        return "\n\n".join(rows)
+    with open(path, encoding="utf-8") as f:
+        rows = [line if line.strip() else "" for line in f.readlines()]
+    return "\n\n".join(rows)
+
+
+def _hf_datasets_rows(split: str) -> list[str] | None:
+    """The HF ``datasets`` cache, offline only; None when unavailable."""
+    try:
+        import datasets  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        ds = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split=split, download_mode="reuse_cache_if_exists")
+    except Exception:  # noqa: BLE001 — any failure means "not cached"; the caller raises the clear error
+        return None
+    return list(ds["text"])
+
+
+def load_text(dataset: str = "wikitext2", split: str = "test", text_file: str | Path | None = None,
+              data_dir: str | Path | None = None) -> str:
+    if text_file is not None:
+        p = Path(text_file)
+        if not p.is_file():
+            raise FileNotFoundError(f"text file {p} not found")
+        return p.read_text(encoding="utf-8")
+    if dataset != "wikitext2":
+        raise ValueError(f"dataset {dataset!r} unknown; use wikitext2 or --text-file FILE")
+    return wikitext_text(split, data_dir)
+
+
+def windows(tokenizer, text: str, seqlen: int, max_windows: int | None = None) -> torch.Tensor:
+    """Token windows [N, seqlen] (non-overlapping; the tail that does not fill a window is dropped)."""
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+    n = ids.numel() // seqlen
+    if n == 0:
+        raise ValueError(f"text has {ids.numel()} tokens, fewer than one window of seqlen={seqlen}")
+    if max_windows is not None:
+        n = min(n, max_windows)
+    return ids[: n * seqlen].view(n, seqlen)

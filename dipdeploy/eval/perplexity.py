@@ -1,0 +1,45 @@
+"""Perplexity under a sparsity plan (method.md, evaluation protocol).
+
+Mean NLL over every predicted token of every window, PPL = exp(mean). Prefill and decode are both
+sparsified: every position's MLP runs with its own mask (unlike TEAL's protocol, which sparsifies only
+half the tokens). Windows run side by side as a batch; for DIP-CA each window has its own cache state
+and starts cold.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from dipdeploy.sparsity.methods import reset_caches
+
+
+_LOGIT_CHUNK = 512  # positions per lm_head chunk: B×T×vocab fp32 logits would not fit for long windows
+
+
+@torch.no_grad()
+def window_nll(model, batch: torch.Tensor) -> tuple[float, int]:
+    """Summed NLL and number of predicted tokens for a batch of windows [B, T]."""
+    reset_caches(model)
+    hidden = model.model(batch, use_cache=False).last_hidden_state[:, :-1]  # [B, T-1, d]
+    target = batch[:, 1:]
+    nll = 0.0
+    for start in range(0, hidden.shape[1], _LOGIT_CHUNK):
+        logits = model.lm_head(hidden[:, start : start + _LOGIT_CHUNK]).float()
+        tgt = target[:, start : start + _LOGIT_CHUNK]
+        nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum"))
+    return nll, target.numel()
+
+
+def perplexity(model, windows: torch.Tensor, batch_size: int = 1, progress: bool = True,
+               desc: str = "eval") -> tuple[float, int]:
+    """(PPL, predicted tokens) of ``model`` on ``windows`` [N, T]."""
+    total, count = 0.0, 0
+    batches = windows.split(batch_size)
+    for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+        nll, n = window_nll(model, batch)
+        total, count = total + nll, count + n
+    return math.exp(total / count), count

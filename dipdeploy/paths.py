@@ -1,0 +1,54 @@
+"""Where dipdeploy keeps what it builds once and reuses (converted checkpoints, tiny models, headers).
+
+``$DIPDEPLOY_CACHE`` if set, else ``~/.cache/dipdeploy``. Floor 1: no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def cache_dir(*parts: str) -> Path:
+    root = Path(os.environ.get("DIPDEPLOY_CACHE", Path.home() / ".cache" / "dipdeploy"))
+    path = root.joinpath(*parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def atomic_dir(final: Path):
+    """Yield a temporary sibling directory that is renamed to ``final`` only if the block succeeds,
+    so an interrupted build never leaves a half-written directory behind."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_output(path: Path, force: bool) -> Path:
+    """Refuse to clobber an existing output unless ``force``: nothing is lost by accident."""
+    path = Path(path)
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists; pass --force to overwrite it or choose another path")
+    return path
+
+
+def write_atomic(path: Path, data: bytes | str, force: bool = False) -> Path:
+    """Write ``data`` to ``path`` via a temporary file and a rename."""
+    path = check_output(Path(path), force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+    return path

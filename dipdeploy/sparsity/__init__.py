@@ -1,0 +1,1 @@
+"""Sparse MLP methods (torch), the sparsity plan and its calibration."""

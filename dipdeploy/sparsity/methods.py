@@ -1,0 +1,260 @@
+"""The sparse SwiGLU MLP methods in torch: one definition each, used by evaluation, calibration, LoRA
+training, tracing and as the export reference.
+
+    MLP(x)  = W_d · (SiLU(W_g x) ⊙ (W_u x))                          x ∈ R^d, W_u, W_g ∈ R^{F×d}
+    DIP(x)  = W_d · (m_glu ⊙ GLU~),  GLU~ = SiLU(W_g (m_in ⊙ x)) ⊙ (W_u (m_in ⊙ x))
+              m_in = top-K_in(|x|),  m_glu = top-K_glu(|GLU~|)
+
+Masking an input feature is the same as not reading that column of W_u and W_g, so the dense matmul on a
+masked input *is* the sparse computation, numerically. LoRA adapters on the projections act on the full
+weight before this selection, as method.md requires (``W + AB``, then columns chosen).
+
+DIP-CA's mask at token t depends on the layer's cache after token t−1. That cache depends only on the
+same layer's selections at earlier positions, which a causal forward pass computes before token t, so
+one forward over a whole window with a sequential loop *inside* each MLP is exactly token-by-token
+decoding with a KV cache (a test holds the two equal), and much faster. The scores and the cache rule
+come from :mod:`dipdeploy.cache` (numpy), the one definition shared with the runtime and simulator.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from dipdeploy.cache import RowCache, dipca_scores, gamma_at, topk_indices
+from dipdeploy.sparsity.plan import LayerPlan, SparsityPlan
+
+MethodFn = Callable[["SparseMLP", torch.Tensor], torch.Tensor]
+_METHODS: dict[str, MethodFn] = {}
+
+
+def method(name: str):
+    """Register a sparse MLP forward under a method name (no if/elif on strings)."""
+
+    def deco(fn: MethodFn) -> MethodFn:
+        _METHODS[name] = fn
+        return fn
+
+    return deco
+
+
+def topk_mask(score: torch.Tensor, k: int) -> torch.Tensor:
+    """Bool mask of the k largest entries along the last dim."""
+    idx = score.topk(k, dim=-1, sorted=False).indices
+    return torch.zeros_like(score, dtype=torch.bool).scatter_(-1, idx, True)
+
+
+def mask_from_indices(idx: np.ndarray, shape: tuple[int, ...], device) -> torch.Tensor:
+    mask = torch.zeros(shape, dtype=torch.bool, device=device)
+    return mask.scatter_(-1, torch.as_tensor(idx, device=device), True)
+
+
+class SparseMLP(nn.Module):
+    """Wraps one HF SwiGLU MLP (``base``) and runs it with one layer of a sparsity plan.
+
+    The projections stay the base module's own ``nn.Linear`` objects (so peft's LoRA targets
+    ``gate_proj``/``up_proj``/``down_proj``/``gate_up_proj`` still find them).
+    """
+
+    def __init__(self, base: nn.Module, layout: str, plan: SparsityPlan, index: int):
+        super().__init__()
+        self.base = base
+        self.layout = layout
+        self.method = plan.method
+        self.layer: LayerPlan = plan.layers[index]
+        self.index = index
+        self.plan = plan
+        self.caches: tuple[RowCache, RowCache] | None = None
+        self.recorder = None  # callable(index, record dict) while tracing
+        self.observer = None  # callable(index, name, tensor) while calibrating
+        if plan.score == "wina":
+            w_u, w_g = self.weights_in()
+            self.register_buffer("norm_in", (w_u.square().sum(0) + w_g.square().sum(0)).sqrt().detach())
+            self.register_buffer("norm_glu", self.down_weight().square().sum(0).sqrt().detach())
+        else:
+            self.norm_in = self.norm_glu = None
+
+    # -- the dense pieces ---------------------------------------------------------------------------
+    def act(self, t: torch.Tensor) -> torch.Tensor:
+        fn = getattr(self.base, "act_fn", None) or getattr(self.base, "activation_fn")
+        return fn(t)
+
+    def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.layout == "fused_gate_up":
+            gate, up = self.base.gate_up_proj(x).chunk(2, dim=-1)  # [.., F] each
+            return gate, up
+        return self.base.gate_proj(x), self.base.up_proj(x)
+
+    def down(self, h: torch.Tensor) -> torch.Tensor:
+        return self.base.down_proj(h)
+
+    def weights_in(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_u, W_g), each [F, d]."""
+        if self.layout == "fused_gate_up":
+            gate, up = self.base.gate_up_proj.weight.chunk(2, dim=0)
+            return up, gate
+        return self.base.up_proj.weight, self.base.gate_proj.weight
+
+    def down_weight(self) -> torch.Tensor:
+        return self.base.down_proj.weight  # [d, F]
+
+    def score_in(self, x: torch.Tensor) -> torch.Tensor:
+        return x.abs() if self.norm_in is None else x.abs() * self.norm_in
+
+    def score_glu(self, g: torch.Tensor) -> torch.Tensor:
+        return g.abs() if self.norm_glu is None else g.abs() * self.norm_glu
+
+    def observe(self, name: str, t: torch.Tensor) -> None:
+        if self.observer is not None:
+            self.observer(self.index, name, t)
+
+    def record(self, **arrays) -> None:
+        if self.recorder is not None:
+            self.recorder(self.index, arrays)
+
+    def reset(self) -> None:
+        """Forget the DIP-CA cache state (a new sequence, or a new batch of windows)."""
+        self.caches = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, d]
+        return _METHODS[self.method](self, x)
+
+
+@method("dense")
+def _dense(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
+    gate, up = m.gate_up(x)
+    return m.down(m.act(gate) * up)
+
+
+@method("glu")
+def _glu(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
+    """Oracle GLU pruning: the dense GLU, then only the top-K_glu columns of W_d."""
+    gate, up = m.gate_up(x)
+    g = m.act(gate) * up  # [B, T, F]
+    return m.down(g * topk_mask(m.score_glu(g), m.layer.k_glu))
+
+
+@method("gate")
+def _gate(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
+    """Gate pruning: top-K_glu of |SiLU(W_g x)| selects rows of W_u and columns of W_d."""
+    gate, up = m.gate_up(x)
+    a = m.act(gate)
+    return m.down(a * up * topk_mask(a.abs(), m.layer.k_glu))
+
+
+@method("up")
+def _up(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
+    """Up pruning: top-K_glu of |W_u x| selects rows of W_g and columns of W_d."""
+    gate, up = m.gate_up(x)
+    return m.down(m.act(gate) * up * topk_mask(up.abs(), m.layer.k_glu))
+
+
+def _threshold(m: SparseMLP, name: str) -> float:
+    thr = getattr(m.layer, name)
+    if thr is None:
+        raise ValueError(f"method {m.method!r} needs calibrated thresholds ({name} of layer {m.index}); "
+                         f"run `dipdeploy calibrate --method {m.method}`")
+    return thr
+
+
+@method("cats")
+def _cats(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
+    """CATS: a per-layer calibrated threshold on |SiLU(W_g x)|."""
+    gate, up = m.gate_up(x)
+    a = m.act(gate)
+    m.observe("gate", a.abs())
+    if m.observer is not None and m.layer.thr_glu is None:
+        return m.down(a * up)
+    return m.down(a * up * (a.abs() > _threshold(m, "thr_glu")))
+
+
+@method("teal")
+def _teal(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
+    """TEAL-style: calibrated thresholds on |x| (input columns) and on |GLU~| (columns of W_d)."""
+    m.observe("in", x.abs())
+    if m.observer is not None and m.layer.thr_in is None:
+        return _dense(m, x)
+    gate, up = m.gate_up(x * (x.abs() > _threshold(m, "thr_in")))
+    g = m.act(gate) * up
+    m.observe("glu", g.abs())
+    if m.observer is not None and m.layer.thr_glu is None:
+        return m.down(g)
+    return m.down(g * (g.abs() > _threshold(m, "thr_glu")))
+
+
+@method("dip")
+def _dip(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
+    """DIP: top-K_in of |x| (or WINA's |x_i|·‖W_{:,i}‖₂), then top-K_glu of |GLU~|."""
+    s_in = m.score_in(x)
+    m_in = topk_mask(s_in, m.layer.k_in)
+    gate, up = m.gate_up(x * m_in)
+    g = m.act(gate) * up
+    s_glu = m.score_glu(g)
+    m_glu = topk_mask(s_glu, m.layer.k_glu)
+    if m.recorder is not None:
+        m.record(sel_in=s_in.topk(m.layer.k_in, dim=-1).indices, sel_glu=s_glu.topk(m.layer.k_glu, dim=-1).indices,
+                 x_abs=s_in, glu_abs=s_glu)
+    return m.down(g * m_glu)
+
+
+def _ca_select(cache: RowCache, scores: np.ndarray, k: int, plan: SparsityPlan) -> np.ndarray:
+    """Token-sequential DIP-CA selection for scores [B, T, R] against one group's cache."""
+    B, T, _ = scores.shape
+    out = np.empty((B, T, k), dtype=np.int64)
+    for t in range(T):
+        g = gamma_at(plan.gamma, cache.step, plan.gamma_warmup)
+        s = dipca_scores(scores[:, t], cache.resident, g, plan.fixed_top_n)
+        out[:, t] = topk_indices(s, k)
+        cache.access(out[:, t])
+    return out
+
+
+@method("dip-ca")
+def _dip_ca(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
+    """DIP-CA: DIP with scores re-weighted by what the layer's cache holds (method.md)."""
+    B, T, d = x.shape
+    F = m.plan.intermediate_size
+    if m.caches is None or m.caches[0].batch != B:
+        frac, pol = m.plan.cache_frac, m.plan.policy
+        m.caches = (RowCache(d, round(frac * d), pol, batch=B), RowCache(F, round(frac * F), pol, batch=B))
+    s_in = m.score_in(x)
+    sel_in = _ca_select(m.caches[0], s_in.detach().float().cpu().numpy(), m.layer.k_in, m.plan)
+    gate, up = m.gate_up(x * mask_from_indices(sel_in, x.shape, x.device))
+    g = m.act(gate) * up
+    s_glu = m.score_glu(g)
+    sel_glu = _ca_select(m.caches[1], s_glu.detach().float().cpu().numpy(), m.layer.k_glu, m.plan)
+    m.record(sel_in=sel_in, sel_glu=sel_glu, x_abs=s_in, glu_abs=s_glu)
+    return m.down(g * mask_from_indices(sel_glu, g.shape, g.device))
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    return model.model.layers
+
+
+def sparsify_(model: nn.Module, plan: SparsityPlan, layout: str) -> nn.Module:
+    """Wrap every layer's MLP with the plan's method, in place. Undo with :func:`unsparsify_`."""
+    unsparsify_(model)
+    cfg = model.config
+    plan.check_model(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size)
+    for i, layer in enumerate(decoder_layers(model)):
+        layer.mlp = SparseMLP(layer.mlp, layout, plan, i)
+    return model
+
+
+def unsparsify_(model: nn.Module) -> nn.Module:
+    for layer in decoder_layers(model):
+        if isinstance(layer.mlp, SparseMLP):
+            layer.mlp = layer.mlp.base
+    return model
+
+
+def sparse_mlps(model: nn.Module) -> list[SparseMLP]:
+    return [layer.mlp for layer in decoder_layers(model) if isinstance(layer.mlp, SparseMLP)]
+
+
+def reset_caches(model: nn.Module) -> None:
+    for mlp in sparse_mlps(model):
+        mlp.reset()
