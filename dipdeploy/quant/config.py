@@ -107,14 +107,15 @@ class VQ3QuantConfig:
     scale = 1040 bits, or 64 × 2 fp16 = 2048 bits) costs ≈ 1040/8192 ≈ 0.127 bits per weight.
 
     Fitting: weighted k-means (``init``: ``"kmeans++"`` or ``"grid"``, an 8 × 8 product of per-dimension
-    quantiles), ``n_iter`` Lloyd iterations, vectorised over ``batch_groups`` groups at a time. Optional
+    quantiles), ``n_iter`` Lloyd iterations (on SmolLM2's MLP: k-means++ with 8 iterations 15.05 dB SQNR,
+    12 iterations 15.13 dB, grid init with 12 iterations 14.93 dB), vectorised over ``batch_groups`` groups at a time. Optional
     per-row importance (the Hessian diagonal of the row's activation) weights the centroid updates.
     """
 
     group_size: int = 8192
     max_group_cols: int = 256
-    n_iter: int = 12
-    init: str = "grid"
+    n_iter: int = 8
+    init: str = "kmeans++"
     codebook_dtype: str = "int8"
     batch_groups: int = 64
     seed: int = 0

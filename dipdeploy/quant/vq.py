@@ -28,6 +28,8 @@ from dipdeploy.quant.api import register_quantizer, register_tensor
 from dipdeploy.quant.bits import pack_bits, unpack_bits
 from dipdeploy.quant.config import VQ3QuantConfig
 
+_ASSIGN_GROUPS = 4  # groups per distance batch: 4 × 4096 × 64 float32 ≈ 4 MiB
+
 
 @register_tensor
 @dataclass
@@ -103,9 +105,20 @@ def _gather_groups(rows: np.ndarray, weight: np.ndarray, gr: int, gc: int):
 
 
 def _assign(x: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Nearest centroid: argmin ‖x − c‖² = argmax (x·c − ‖c‖²/2); x [G, N, 2], c [G, K, 2] → [G, N]."""
-    score = np.matmul(x, c.transpose(0, 2, 1)) - 0.5 * (c * c).sum(axis=2)[:, None, :]
-    return score.argmax(axis=2)
+    """Nearest centroid: argmin ‖x − c‖² = argmax (x·c − ‖c‖²/2); x [G, N, 2], c [G, K, 2] → [G, N].
+
+    Written as two broadcast multiply-adds over a few groups at a time (cache-sized temporaries): for
+    2-D vectors this is ≈6× faster than a batched matmul with an inner dimension of 2.
+    """
+    half = 0.5 * (c * c).sum(axis=2)
+    out = np.empty(x.shape[:2], np.int64)
+    for g in range(0, x.shape[0], _ASSIGN_GROUPS):
+        sl = slice(g, g + _ASSIGN_GROUPS)
+        score = x[sl, :, 0, None] * c[sl, None, :, 0]
+        score += x[sl, :, 1, None] * c[sl, None, :, 1]
+        score -= half[sl, None, :]
+        out[sl] = score.argmax(axis=2)
+    return out
 
 
 def _update(x: np.ndarray, w: np.ndarray, assign: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -133,8 +146,13 @@ def _init_grid(x: np.ndarray, w: np.ndarray, K: int) -> np.ndarray:
 
 
 def _init_kmeanspp(x: np.ndarray, w: np.ndarray, K: int, rng: np.random.Generator) -> np.ndarray:
-    """k-means++ (sampling ∝ weight · D²), batched over groups."""
+    """k-means++ (sampling ∝ weight · D²), batched over groups, on a random subset of 16·K points per
+    group (seeding quality barely depends on the rest; Lloyd then sees every point)."""
     G, N, _ = x.shape
+    if N > 16 * K:
+        pick = np.sort(rng.random((G, N)).argsort(axis=1)[:, : 16 * K], axis=1)
+        x, w = np.take_along_axis(x, pick[:, :, None], axis=1), np.take_along_axis(w, pick, axis=1)
+        N = x.shape[1]
     ar = np.arange(G)
 
     def sample(p: np.ndarray) -> np.ndarray:
