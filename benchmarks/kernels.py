@@ -1,6 +1,6 @@
 """Benchmark: SparseGatherMatMul kernels vs stock-ORT fallback, dense fp32 MatMul and MatMulNBits (issue 4).
 
-At Mistral-7B MLP shapes (bundled up|gate rows [4096, 28672], down rows [14336, 4096]) and SmolLM2
+At Mistral-7B MLP shapes (bundled up+gate rows [4096, 28672], down rows [14336, 4096]) and SmolLM2
 shapes ([576, 3072], [1536, 576]), N = 1 token, 1 and 2 intra-op threads, ρ_row ∈ {0.25, 0.5, 0.75}
 of the rows selected (in DIP score order, i.e. unsorted), for fp32, fp16, BQ4 (block 32, symmetric)
 and VQ3 (int8 codebooks, default groups):
@@ -45,9 +45,9 @@ from dipdeploy.quant.vq import VQTensor, group_shape
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = {  # name: (rows R = input features, cols O = outputs) of the row matrix
-    "mistral-7b up|gate": (4096, 28672),
+    "mistral-7b up+gate": (4096, 28672),
     "mistral-7b down": (14336, 4096),
-    "smollm2 up|gate": (576, 3072),
+    "smollm2 up+gate": (576, 3072),
     "smollm2 down": (1536, 576),
 }
 FORMATS = ("fp32", "fp16", "bq4", "vq3")

@@ -358,7 +358,7 @@ double dd_bytes_per_col(dd_format f) {
 
 void dd_sgmm_plan(dd_sgmm_job * job) {
     const dd_sgmm_params & p = job->params;
-    constexpr double piece_bytes = 8192.0;  // contiguous bytes read from one weight row per visit
+    constexpr double piece_bytes = 16384.0;  // contiguous bytes read from one weight row per visit
     constexpr int64_t max_chunk = 16384;     // keeps the y chunk within L2
     constexpr int64_t target_tasks = 8, min_group = 64;
     int64_t chunk = (int64_t) (piece_bytes / dd_bytes_per_col(p.format));
