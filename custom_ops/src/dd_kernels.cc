@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace dd_portable {
@@ -25,9 +27,15 @@ static bool dd_cpu_has_avx2() {
 #endif
 }
 
+// $DIPDEPLOY_OPS_ISA=portable forces the baseline kernels (tests use it to cover them on AVX2 machines).
+static bool dd_force_portable() {
+    const char * isa = std::getenv("DIPDEPLOY_OPS_ISA");
+    return isa != nullptr && std::strcmp(isa, "portable") == 0;
+}
+
 static dd_chunk_fn dd_pick_chunk_fn() {
 #if defined(DD_WITH_AVX2)
-    if (dd_cpu_has_avx2()) {
+    if (dd_cpu_has_avx2() && !dd_force_portable()) {
         return dd_avx2::sgmm_chunk;
     }
 #endif
@@ -41,10 +49,13 @@ void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t 
 }
 
 const char * dd_kernels_isa() {
+    if (dd_cpu_has_avx2() && !dd_force_portable()) {
+        return "avx2";
+    }
 #if defined(__aarch64__)
-    return dd_cpu_has_avx2() ? "avx2" : "neon";
+    return "neon";
 #else
-    return dd_cpu_has_avx2() ? "avx2" : "portable";
+    return "portable";
 #endif
 }
 
