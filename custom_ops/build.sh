@@ -60,8 +60,8 @@ build_one() {
     extra=(-DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR="$a" -DCMAKE_CXX_COMPILER="$cxx")
   fi
   if [ "$force" = 1 ]; then rm -rf "$out"; fi
-  cmake -S "$root/custom_ops" -B "$out" -DORT_INCLUDE_DIR="$headers" "${extra[@]}" >/dev/null
-  cmake --build "$out" -j 2 >/dev/null
+  cmake -S "$root/custom_ops" -B "$out" -DORT_INCLUDE_DIR="$headers" "${extra[@]}" >/dev/null || return 1
+  cmake --build "$out" -j 2 >/dev/null || return 1
   echo "$out/libdipdeploy_ops.so"
 }
 

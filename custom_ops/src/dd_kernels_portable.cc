@@ -4,6 +4,8 @@
 #include <cstring>
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 namespace dd_portable {

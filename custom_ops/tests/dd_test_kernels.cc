@@ -1,0 +1,189 @@
+// Kernel-level test of libdipdeploy_ops's kernels, without ONNX Runtime, so it also runs under
+// qemu-aarch64 for the NEON paths. Each case compares dd_sgmm_chunk (split into column chunks and
+// row groups as dd_ops.cc does) against an independent double-precision decode of the same packed
+// data, and dd_topk_row against a stable sort. Exit status 0 = all cases pass.
+#include "dd_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace {
+
+float half_to_float(uint16_t h) {
+    const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    const double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+    return (float) ((h & 0x8000) ? -v : v);
+}
+
+uint16_t float_to_half(float f) {  // truncating; magnitudes below the normal half range become zero
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    const uint32_t sign = (b >> 16) & 0x8000;
+    const int e = (int) ((b >> 23) & 0xFF) - 112;
+    if (e <= 0) {
+        return (uint16_t) sign;
+    }
+    return (uint16_t) (sign | ((uint32_t) e << 10) | ((b >> 13) & 0x3FF));
+}
+
+struct test_case {
+    dd_format format;
+    int64_t rows, cols, k, block_or_gc, group_rows;
+    bool zeros;
+};
+
+// Independent decode of row r, column c, in double.
+double weight_at(const dd_sgmm_params & p, int64_t r, int64_t c) {
+    switch (p.format) {
+        case DD_FORMAT_FP32: return static_cast<const float *>(p.w)[r * p.w_stride + c];
+        case DD_FORMAT_FP16: return half_to_float(static_cast<const uint16_t *>(p.w)[r * p.w_stride + c]);
+        case DD_FORMAT_BQ4: {
+            const uint8_t byte = p.q[r * p.q_stride + c / 2];
+            const int q = (c % 2) ? byte >> 4 : byte & 15;
+            const int64_t b = c / p.block;
+            const int z = p.zeros ? (p.zeros[r * p.z_stride + b / 2] >> (4 * (b % 2))) & 15 : 8;
+            return (double) (q - z) * half_to_float(p.scales[r * p.nb + b]);
+        }
+        case DD_FORMAT_VQ3: {
+            const int64_t v = c / 2, bit = 6 * v;
+            int code = 0;
+            for (int i = 0; i < 6; ++i) {
+                const int64_t bb = bit + i;
+                code |= ((p.codes[r * p.codes_stride + bb / 8] >> (bb % 8)) & 1) << i;
+            }
+            const int64_t g = (r / p.group_rows) * p.ngc + (2 * v) / p.group_cols;
+            return (double) p.cb[g * 128 + 2 * code + c % 2] * half_to_float(p.cb_scales[g]);
+        }
+    }
+    return 0.0;
+}
+
+bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> byte(0, 255);
+    const int64_t R = tc.rows, O = tc.cols, k = tc.k, D = R;
+    std::vector<float> x(D), wf, y(O, 0.0f);
+    std::vector<uint16_t> wh, scales;
+    std::vector<uint8_t> q, zeros, codes;
+    std::vector<int8_t> cb;
+    std::vector<int64_t> idx(D);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::shuffle(idx.begin(), idx.end(), rng);
+    idx.resize(k);
+    for (auto & v : x) v = uni(rng);
+    dd_sgmm_params p{};
+    p.format = tc.format;
+    p.n = 1; p.d = D; p.k = k; p.o = O;
+    p.x = x.data(); p.idx = idx.data(); p.rows = idx.data(); p.y = y.data();
+    if (tc.format == DD_FORMAT_FP32) {
+        wf.resize(R * O);
+        for (auto & v : wf) v = uni(rng);
+        p.w = wf.data(); p.w_stride = O;
+    } else if (tc.format == DD_FORMAT_FP16) {
+        wh.resize(R * O);
+        for (auto & v : wh) v = float_to_half(0.5f + 0.5f * uni(rng));
+        p.w = wh.data(); p.w_stride = O;
+    } else if (tc.format == DD_FORMAT_BQ4) {
+        const int64_t B = tc.block_or_gc, nb = (O + B - 1) / B;
+        q.resize(R * nb * B / 2);
+        for (auto & v : q) v = (uint8_t) byte(rng);
+        scales.resize(R * nb);
+        for (auto & v : scales) v = float_to_half(0.01f + 0.01f * uni(rng));
+        p.q = q.data(); p.q_stride = nb * B / 2; p.scales = scales.data(); p.nb = nb; p.block = B;
+        if (tc.zeros) {
+            zeros.resize(R * ((nb + 1) / 2));
+            for (auto & v : zeros) v = (uint8_t) byte(rng);
+            p.zeros = zeros.data(); p.z_stride = (nb + 1) / 2;
+        }
+    } else {
+        const int64_t gc = tc.block_or_gc, gr = tc.group_rows;
+        const int64_t ngr = (R + gr - 1) / gr, ngc = (O + gc - 1) / gc, stride = (6 * (O / 2) + 7) / 8;
+        codes.resize(R * stride);
+        for (auto & v : codes) v = (uint8_t) byte(rng);
+        cb.resize(ngr * ngc * 128);
+        for (auto & v : cb) v = (int8_t) (byte(rng) - 128);
+        scales.resize(ngr * ngc);
+        for (auto & v : scales) v = float_to_half(0.01f + 0.005f * uni(rng));
+        p.codes = codes.data(); p.codes_stride = stride; p.cb = cb.data(); p.cb_scales = scales.data();
+        p.group_rows = gr; p.group_cols = gc; p.ngc = ngc;
+    }
+    // Split like dd_ops.cc: 2 row groups summed, columns in chunks of 256.
+    const int64_t chunk = 256, half = k / 2;
+    std::vector<float> part(O, 0.0f);
+    for (int64_t o0 = 0; o0 < O; o0 += chunk) {
+        const int64_t o1 = std::min(O, o0 + chunk);
+        dd_sgmm_chunk(&p, 0, o0, o1, 0, half, y.data());
+        dd_sgmm_chunk(&p, 0, o0, o1, half, k, part.data());
+    }
+    double err = 0.0, ref2 = 0.0;
+    for (int64_t c = 0; c < O; ++c) {
+        double ref = 0.0;
+        for (int64_t j = 0; j < k; ++j) ref += (double) x[idx[j]] * weight_at(p, idx[j], c);
+        const double got = (double) y[c] + (double) part[c];
+        err += (got - ref) * (got - ref);
+        ref2 += ref * ref;
+    }
+    const double nmse = err / std::max(ref2, 1e-30);
+    const bool ok = nmse <= 1e-10;
+    std::printf("%s sgmm format=%d R=%lld O=%lld k=%lld nmse=%.3g\n", ok ? "ok  " : "FAIL", (int) tc.format,
+                (long long) R, (long long) O, (long long) k, nmse);
+    return ok;
+}
+
+bool run_topk(int64_t d, int64_t k, float gamma, int64_t fixed, bool cache, std::mt19937 & rng) {
+    std::vector<float> x(d);
+    std::unique_ptr<bool[]> res(new bool[d]);
+    std::uniform_int_distribution<int> small(-4, 4);
+    for (int64_t i = 0; i < d; ++i) {
+        x[i] = 0.5f * (float) small(rng);  // many ties
+        res[i] = (rng() & 1) != 0;
+    }
+    std::vector<float> m(d), s(d);
+    float peak = 0.0f;
+    for (int64_t i = 0; i < d; ++i) peak = std::max(peak, m[i] = std::fabs(x[i]));
+    const float safe = peak > 0.0f ? peak : 1.0f;
+    std::vector<int64_t> order(d);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return m[a] > m[b]; });
+    for (int64_t i = 0; i < d; ++i) s[i] = m[i] / safe;
+    if (cache && gamma != 1.0f) {
+        std::vector<bool> exempt(d, false);
+        for (int64_t i = 0; i < std::min(fixed, d); ++i) exempt[order[i]] = true;
+        for (int64_t i = 0; i < d; ++i) s[i] = s[i] * ((res[i] || exempt[i]) ? 1.0f : gamma);
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return s[a] > s[b]; });
+    std::vector<int64_t> out(k);
+    const dd_topk_params tp{d, k, gamma, fixed};
+    dd_topk_row(&tp, x.data(), cache ? res.get() : nullptr, nullptr, out.data());
+    const bool ok = std::equal(out.begin(), out.end(), order.begin());
+    std::printf("%s topk d=%lld k=%lld gamma=%g fixed=%lld cache=%d\n", ok ? "ok  " : "FAIL", (long long) d,
+                (long long) k, (double) gamma, (long long) fixed, (int) cache);
+    return ok;
+}
+
+}  // namespace
+
+int main() {
+    std::mt19937 rng(1234);
+    std::printf("kernel set: %s\n", dd_kernels_isa());
+    const test_case cases[] = {
+        {DD_FORMAT_FP32, 300, 1000, 150, 0, 0, false},  {DD_FORMAT_FP16, 300, 1000, 151, 0, 0, false},
+        {DD_FORMAT_BQ4, 300, 1024, 150, 32, 0, false},  {DD_FORMAT_BQ4, 200, 1000, 77, 64, 0, true},
+        {DD_FORMAT_BQ4, 130, 640, 64, 128, 0, false},   {DD_FORMAT_VQ3, 300, 1024, 150, 256, 32, false},
+        {DD_FORMAT_VQ3, 257, 576, 100, 192, 40, false}, {DD_FORMAT_VQ3, 64, 1000, 33, 250, 7, false},
+    };
+    bool ok = true;
+    for (const auto & tc : cases) ok = run_sgmm(tc, rng) && ok;
+    ok = run_topk(300, 50, 1.0f, 0, false, rng) && ok;
+    ok = run_topk(300, 100, 0.2f, 3, true, rng) && ok;
+    ok = run_topk(4096, 1024, 0.3f, 0, true, rng) && ok;
+    std::printf(ok ? "all ok\n" : "FAILED\n");
+    return ok ? 0 : 1;
+}
