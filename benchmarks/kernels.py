@@ -12,6 +12,7 @@ and VQ3 (int8 codebooks, default groups):
 
 Weights are random (kernel time does not depend on values; correctness is tests/test_ops_harness.py).
 Sparse paths get the weights as bound graph inputs (zero copy, as the host runtime feeds them).
+A last table times TopKColumnMask (native vs fallback) at the hidden and intermediate widths.
 Each time is the median of repeated `run_with_iobinding` calls; "bytes" counts the weight bytes the
 implementation must read (selected rows only for sparse, all for dense) and GB/s = bytes / time.
 
@@ -171,6 +172,29 @@ def bench_shape(name: str, rhos, threads_list, formats, impls, budget_s: float) 
     return out
 
 
+TOPK_DIMS = (576, 1536, 4096, 14336)
+
+
+def bench_topk(threads_list, budget_s: float) -> list[Row]:
+    """TopKColumnMask (DIP-CA, γ = 0.2, K as an input, per-row residency), k = D/2: native vs fallback."""
+    from dipdeploy.ops.nodes import make_topk_model
+
+    rng = np.random.default_rng(0)
+    out = []
+    for d in TOPK_DIMS:
+        model = make_topk_model(d, cache=True, gamma=0.2, fixed_top_n=4).SerializeToString()
+        feeds = {"X": rng.standard_normal((1, d)).astype(np.float32), "K": np.array([d // 2], dtype=np.int64),
+                 "C": rng.random((1, d)) < 0.5}
+        nbytes = d * 5  # X (float32) + C (bool): what the op reads
+        for th in threads_list:
+            for impl in ("native", "fallback"):
+                us, runs = timed(session(model, th, impl == "native"), feeds, budget_s, 500)
+                out.append(Row(f"topk d={d}", "dipca", 0.5, th, impl, round(us, 1), nbytes,
+                               round(nbytes / us / 1e3, 3), runs))
+                print(f"topk d={d:<6} t={th} {impl:9s} {us:9.1f} us", flush=True)
+    return out
+
+
 def machine() -> dict:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
@@ -205,6 +229,8 @@ def goals(rows: list[Row]) -> list[str]:
 
 
 def write_markdown(rows: list[Row], info: dict, path: Path, quick: bool) -> None:
+    topk = [r for r in rows if r.shape.startswith("topk")]
+    rows = [r for r in rows if not r.shape.startswith("topk")]
     dense = {(r.shape, r.threads): r.median_us for r in rows if r.impl == "dense"}
     rel = lambda r: f"{r.median_us / dense[(r.shape, r.threads)]:.2f}" if (r.shape, r.threads) in dense else "–"  # noqa: E731
     lines = [
@@ -231,6 +257,14 @@ def write_markdown(rows: list[Row], info: dict, path: Path, quick: bool) -> None
     for r in rows:
         lines.append(f"| {r.shape} | {r.format} | {r.rho} | {r.threads} | {r.impl} | {r.median_us:.1f} | "
                      f"{r.bytes / 1e6:.1f} | {r.gbps:.2f} | {rel(r)} | {r.runs} |")
+    lines += [
+        "",
+        "## TopKColumnMask (DIP-CA, γ = 0.2, fixed_top_n = 4, k = D/2, N = 1)",
+        "",
+        "| D | threads | impl | median µs | runs |",
+        "|---|---|---|---|---|",
+        *(f"| {r.shape.split('=')[1]} | {r.threads} | {r.impl} | {r.median_us:.1f} | {r.runs} |" for r in topk),
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -250,6 +284,7 @@ def main() -> None:
     for shape in args.shapes:
         impls = [i for i in args.impls if not (i == "fallback" and args.quick and shape.startswith("mistral"))]
         rows += bench_shape(shape, rhos, args.threads, args.formats, impls, budget_s=0.3 if args.quick else 1.0)
+    rows += bench_topk(args.threads, budget_s=0.2 if args.quick else 0.5)
     info["load_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_markdown(rows, info, args.out, args.quick)
