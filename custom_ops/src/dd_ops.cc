@@ -135,36 +135,36 @@ OrtStatus * dd_check_range(const OrtApi * api, const char * op, const char * wha
     return nullptr;
 }
 
-// Attribute readers: a missing attribute gives the default; any other failure is returned.
-OrtStatus * dd_attr_int(const OrtApi * api, const OrtKernelInfo * info, const char * name, int64_t dflt, int64_t * out) {
-    *out = dflt;
-    OrtStatus * st = api->KernelInfoGetAttribute_int64(info, name, out);
+// Attribute readers: an absent attribute (or, for strings, one longer than `cap`) gives the default;
+// the values are then validated by the caller.
+int64_t dd_attr_int(const OrtApi * api, const OrtKernelInfo * info, const char * name, int64_t dflt) {
+    int64_t out = dflt;
+    OrtStatus * st = api->KernelInfoGetAttribute_int64(info, name, &out);
     if (st != nullptr) {
         api->ReleaseStatus(st);
-        *out = dflt;
+        out = dflt;
     }
-    return nullptr;
+    return out;
 }
 
-OrtStatus * dd_attr_float(const OrtApi * api, const OrtKernelInfo * info, const char * name, float dflt, float * out) {
-    *out = dflt;
-    OrtStatus * st = api->KernelInfoGetAttribute_float(info, name, out);
+float dd_attr_float(const OrtApi * api, const OrtKernelInfo * info, const char * name, float dflt) {
+    float out = dflt;
+    OrtStatus * st = api->KernelInfoGetAttribute_float(info, name, &out);
     if (st != nullptr) {
         api->ReleaseStatus(st);
-        *out = dflt;
+        out = dflt;
     }
-    return nullptr;
+    return out;
 }
 
-OrtStatus * dd_attr_string(const OrtApi * api, const OrtKernelInfo * info, const char * name, const char * dflt,
-                           char * out, size_t cap) {
+void dd_attr_string(const OrtApi * api, const OrtKernelInfo * info, const char * name, const char * dflt, char * out,
+                    size_t cap) {
     size_t size = cap;
     OrtStatus * st = api->KernelInfoGetAttribute_string(info, name, out, &size);
     if (st != nullptr) {
         api->ReleaseStatus(st);
         std::snprintf(out, cap, "%s", dflt);
     }
-    return nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -197,13 +197,11 @@ void dd_topk_task(void * user, size_t n) {
 OrtStatus * ORT_API_CALL dd_topk_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo * info,
                                         void ** kernel) {
     const char * op = "TopKColumnMask";
-    int64_t k = 0, fixed = 0;
-    float gamma = 1.0f;
+    const int64_t k = dd_attr_int(api, info, "k", 0);
+    const int64_t fixed = dd_attr_int(api, info, "fixed_top_n", 0);
+    const float gamma = dd_attr_float(api, info, "gamma", 1.0f);
     char score[32];
-    DD_TRY(dd_attr_int(api, info, "k", 0, &k));
-    DD_TRY(dd_attr_int(api, info, "fixed_top_n", 0, &fixed));
-    DD_TRY(dd_attr_float(api, info, "gamma", 1.0f, &gamma));
-    DD_TRY(dd_attr_string(api, info, "score", "abs", score, sizeof(score)));
+    dd_attr_string(api, info, "score", "abs", score, sizeof(score));
     if (!(gamma >= 0.0f && gamma <= 1.0f)) {
         return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute gamma=%g must lie in [0, 1]", op, (double) gamma);
     }
@@ -298,11 +296,10 @@ OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api,
                                         void ** kernel) {
     const char * op = "SparseGatherMatMul";
     char fmt[32];
-    int64_t cols = 0, gr = 0, gc = 0;
-    DD_TRY(dd_attr_string(api, info, "format", "", fmt, sizeof(fmt)));
-    DD_TRY(dd_attr_int(api, info, "cols", 0, &cols));
-    DD_TRY(dd_attr_int(api, info, "group_rows", 0, &gr));
-    DD_TRY(dd_attr_int(api, info, "group_cols", 0, &gc));
+    dd_attr_string(api, info, "format", "", fmt, sizeof(fmt));
+    const int64_t cols = dd_attr_int(api, info, "cols", 0);
+    const int64_t gr = dd_attr_int(api, info, "group_rows", 0);
+    const int64_t gc = dd_attr_int(api, info, "group_cols", 0);
     static const struct { const char * name; dd_format format; } formats[] = {
         {"fp32", DD_FORMAT_FP32}, {"fp16", DD_FORMAT_FP16}, {"bq4", DD_FORMAT_BQ4}, {"vq3", DD_FORMAT_VQ3}};
     for (const auto & f : formats) {
