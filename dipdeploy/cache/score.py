@@ -46,6 +46,21 @@ def topk_indices(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=-1, kind="stable")[..., :k].astype(np.int64)
 
 
+def topk_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """The row *set* of :func:`topk_indices` (same ties rule), in ascending index order, [B, k].
+
+    A partition instead of a full stable sort: the mask only needs the set, and this is several times
+    faster, which matters in the token-sequential DIP-CA loops of the torch reference and the simulator.
+    """
+    if not 0 < k <= scores.shape[-1]:
+        raise ValueError(f"k must lie in [1, {scores.shape[-1]}], got {k}")
+    kth = -np.partition(-scores, k - 1, axis=-1)[..., k - 1 : k]
+    above = scores > kth
+    tied = scores == kth
+    keep = above | (tied & (np.cumsum(tied, axis=-1) <= k - above.sum(axis=-1, keepdims=True)))
+    return np.nonzero(keep)[-1].reshape(*scores.shape[:-1], k)
+
+
 def gamma_at(gamma: float, step: int, warmup: int) -> float:
     """γ warm-up: plain DIP (γ = 1) at step 0, linearly down to ``gamma`` at step ``warmup``."""
     if warmup <= 0 or step >= warmup:

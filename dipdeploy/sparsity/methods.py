@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dipdeploy.cache import RowCache, dipca_scores, gamma_at, topk_indices
+from dipdeploy.cache import RowCache, dipca_scores, gamma_at, topk_rows
 from dipdeploy.sparsity.plan import LayerPlan, SparsityPlan
 
 MethodFn = Callable[["SparseMLP", torch.Tensor], torch.Tensor]
@@ -207,7 +207,7 @@ def _ca_select(cache: RowCache, scores: np.ndarray, k: int, plan: SparsityPlan) 
     for t in range(T):
         g = gamma_at(plan.gamma, cache.step, plan.gamma_warmup)
         s = dipca_scores(scores[:, t], cache.resident, g, plan.fixed_top_n)
-        out[:, t] = topk_indices(s, k)
+        out[:, t] = topk_rows(s, k)
         cache.access(out[:, t])
     return out
 

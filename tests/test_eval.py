@@ -1,0 +1,46 @@
+import math
+
+import pytest
+
+from dipdeploy.eval import EvalConfig, evaluate
+from dipdeploy.eval.data import find_wikitext, load_text, windows
+
+
+def test_missing_dataset_is_clear(monkeypatch, tmp_path):
+    monkeypatch.delenv("DIPDEPLOY_DATA", raising=False)
+    with pytest.raises(FileNotFoundError, match="DIPDEPLOY_DATA"):
+        find_wikitext("test", tmp_path)
+
+
+def test_wikitext_protocol(data_dir, tiny_llama):
+    text = load_text("wikitext2", "test", data_dir=data_dir)
+    assert text.startswith("\n\n = Robert Boulter = ")  # row 1 is blank → "" joined by "\n\n"
+    w = windows(tiny_llama.tokenizer, text, 256, 3)
+    assert tuple(w.shape) == (3, 256)
+
+
+@pytest.mark.parametrize("bad,match", [({"density": "0"}, "density"), ({"density": "1.5"}, "density"),
+                                       ({"method": "relu"}, "method"), ({"quant_scope": "attn"}, "quant_scope")])
+def test_eval_config_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        EvalConfig(**bad)
+
+
+def test_evaluate_rows(data_dir):
+    rows = evaluate(EvalConfig(model="tiny-llama", method="dense,dip,glu", density="1.0,0.5", seqlen=64,
+                               max_windows=2, data_dir=str(data_dir), calib_windows=2, calib_seqlen=64,
+                               progress=False))
+    assert [(r["method"], r["target_density"]) for r in rows] == [("dense", 1.0), ("dip", 1.0), ("dip", 0.5), ("glu", 1.0)]
+    for r in rows:
+        assert {"model", "method", "density", "ppl", "tokens", "seqlen"} <= set(r)
+        assert math.isfinite(r["ppl"]) and r["tokens"] == 2 * 63
+    assert rows[0]["ppl"] == pytest.approx(rows[1]["ppl"], rel=1e-6)
+
+
+def test_smollm2_dense_vs_dip(data_dir):
+    """SmolLM2 on one short window: a trained model (PPL far below vocab size) that DIP degrades."""
+    rows = evaluate(EvalConfig(model="smollm2-135m", method="dense,dip", density="1.0,0.5", seqlen=128,
+                               max_windows=1, data_dir=str(data_dir), calib_windows=1, calib_seqlen=128,
+                               progress=False, sparsity=__import__("dipdeploy.sparsity.plan", fromlist=["x"]).SparsityConfig(rho_in=0.55)))
+    dense, dip = rows[0]["ppl"], rows[-1]["ppl"]
+    assert dense < 100 and dip > dense

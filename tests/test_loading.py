@@ -1,0 +1,71 @@
+import json
+
+import pytest
+import torch
+
+from dipdeploy.loading import load_model, resolve
+
+TINY = ["tiny-llama", "tiny-mistral", "tiny-phi3", "tiny-qwen2"]
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_models_load_from_real_hf_dirs(name):
+    lm = load_model(name)
+    path, _ = resolve(name)
+    assert (path / "config.json").is_file() and list(path.glob("*.safetensors"))
+    assert lm.model.config.architectures[0] in ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM")
+    assert lm.mlp_layout == ("fused_gate_up" if name == "tiny-phi3" else "split")
+    ids = lm.tokenizer("hello", return_tensors="pt").input_ids
+    assert lm.tokenizer.decode(ids[0]) == "hello"
+
+
+def test_tiny_models_are_deterministic(tmp_path):
+    from dipdeploy.loading import build_tiny
+    from dipdeploy.registry import get_model
+
+    a = build_tiny(get_model("tiny-llama"), tmp_path / "a")
+    b = build_tiny(get_model("tiny-llama"), tmp_path / "b")
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+def test_load_local_dir(tmp_path):
+    path, _ = resolve("tiny-qwen2")
+    lm = load_model(str(path))
+    assert lm.model.config.model_type == "qwen2"
+
+
+def test_embedded_gguf_loads(smollm2):
+    """The real SmolLM2 GGUF (the default model): dims and a sane next-token prediction."""
+    c = smollm2.model.config
+    assert (c.hidden_size, c.intermediate_size, c.num_hidden_layers) == (576, 1536, 30)
+    ids = smollm2.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        nxt = smollm2.model(ids).logits[0, -1].argmax().item()
+    assert smollm2.tokenizer.decode([nxt]).strip() == "Paris"
+
+
+def test_gguf_path_shares_the_cache():
+    from dipdeploy.loading import _embedded_gguf
+    from dipdeploy.registry import get_model
+
+    gguf = _embedded_gguf(get_model("smollm2-135m"))
+    assert resolve(str(gguf))[0] == resolve("smollm2-135m")[0]
+
+
+def test_bad_path_is_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="registry name"):
+        load_model(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match="GGUF"):
+        load_model(str(tmp_path / "x.gguf"))
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        load_model(str(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gpt2"
