@@ -5,7 +5,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows, topk_indices
+from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows, topk_indices, topk_rows
 
 
 def zipf_trace(T=300, R=64, K=12, seed=0):
@@ -95,3 +95,10 @@ def test_gamma_warmup_and_validation():
         RowCache(8, 4, "belady")
     with pytest.raises(IndexError):
         RowCache(8, 4, "lru").access(np.array([[9]]))
+
+
+def test_topk_rows_is_the_set_of_topk_indices():
+    rng = np.random.default_rng(0)
+    s = np.round(rng.random((8, 300)), 2)  # many ties
+    for k in (1, 7, 150, 300):
+        assert (np.sort(topk_indices(s, k), axis=-1) == topk_rows(s, k)).all()
