@@ -156,16 +156,17 @@ def demo_cmd(
     model: str = MODEL,
     windows: int = typer.Option(4, help="WikiText-2 test windows"),
     seqlen: int = typer.Option(512, help="window length"),
+    density: float = typer.Option(0.5, help="MLP density of the sparse methods"),
 ) -> None:
-    """The main job on the embedded default model: dense vs DIP vs peers, a few windows."""
-    from dipdeploy.eval import EvalConfig, evaluate
+    """The main job on the embedded default model: dense vs DIP, DIP-CA and two peers, a few windows."""
+    from dipdeploy.eval import EvalConfig, Evaluator
 
     try:
-        rows = evaluate(EvalConfig(model=model, method="dense,cats,teal,dip,dip-ca", density="1.0,0.5",
-                                   seqlen=seqlen, max_windows=windows))
+        ev = Evaluator(EvalConfig(model=model, seqlen=seqlen, max_windows=windows))
+        rows = [ev.row("dense", 1.0)] + [ev.row(m, density) for m in ("cats", "teal", "dip", "dip-ca")]
     except (ValueError, FileNotFoundError, KeyError) as err:
         fail(err)
-    print_rows(rows, f"{rows[0]['model']} · WikiText-2 test · {windows}×{seqlen} tokens")
+    print_rows(rows, f"{rows[0]['model']} · WikiText-2 test · {windows}×{seqlen} tokens · calibrated on validation")
 
 
 @app.command("trace")
