@@ -1,0 +1,3 @@
+"""CLI commands of the finetune stage."""
+
+from dipdeploy.cli._app import app  # noqa: F401
