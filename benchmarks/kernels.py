@@ -10,6 +10,10 @@ and VQ3 (int8 codebooks, default groups):
 - dense:         ONNX MatMul over the whole fp32 matrix (constant initializer)
 - matmulnbits0/4: com.microsoft MatMulNBits, int4 block 32, prepacked constant, accuracy_level 0 / 4
 
+SmolLM2 matrices fit in this machine's L3, so their plain rows time cache-resident compute; the
+"cold" rows run L layers of distinct weights side by side (≥ 96 MB per implementation) and report the
+time per layer, which is what a decode step over the whole model sees (weights from DRAM).
+
 Weights are random (kernel time does not depend on values; correctness is tests/test_ops_harness.py).
 Sparse paths get the weights as bound graph inputs (zero copy, as the host runtime feeds them).
 A last table times TopKColumnMask (native vs fallback) at the hidden and intermediate widths.
@@ -102,11 +106,62 @@ def timed(sess: ort.InferenceSession, feeds: dict, budget_s: float, max_runs: in
     return float(np.median(times)), len(times)
 
 
+def stack_layers(models: list, shared: set[str]):
+    """One model running ``models`` side by side (a model per "layer"): every name not in ``shared`` gets
+    the suffix ``.l``. Used for cold-cache timing: L layers of distinct weights exceed the LLC."""
+    import copy
+
+    first = models[0]
+    graph = helper.make_graph([], "layers", [], [])
+    seen_inputs = set()
+    for l, m in enumerate(models):
+        rn = lambda n: n if (not n or n in shared) else f"{n}.{l}"  # noqa: E731
+        for node in m.graph.node:
+            c = copy.deepcopy(node)
+            c.name = f"{node.name}.{l}"
+            c.input[:] = [rn(i) for i in node.input]
+            c.output[:] = [rn(o) for o in node.output]
+            graph.node.append(c)
+        for t in m.graph.initializer:
+            c = copy.deepcopy(t)
+            c.name = rn(t.name)
+            graph.initializer.append(c)
+        for vi in m.graph.input:
+            if rn(vi.name) not in seen_inputs:
+                seen_inputs.add(rn(vi.name))
+                c = copy.deepcopy(vi)
+                c.name = rn(vi.name)
+                graph.input.append(c)
+        for vi in m.graph.output:
+            c = copy.deepcopy(vi)
+            c.name = rn(vi.name)
+            graph.output.append(c)
+    out = helper.make_model(graph, opset_imports=list(first.opset_import), ir_version=first.ir_version)
+    out.functions.extend(first.functions)
+    return out
+
+
+def timed_all(sess: ort.InferenceSession, feeds: dict, budget_s: float, max_runs: int) -> tuple[float, int]:
+    """Like :func:`timed` but binds every output (a stacked model has one per layer)."""
+    io = sess.io_binding()
+    for name, arr in feeds.items():
+        io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+    for o in sess.get_outputs():
+        io.bind_output(o.name)
+    sess.run_with_iobinding(io)
+    times, start = [], time.perf_counter()
+    while len(times) < max_runs and (len(times) < 3 or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter_ns()
+        sess.run_with_iobinding(io)
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    return float(np.median(times)), len(times)
+
+
 def session(model_bytes: bytes, threads: int, native: bool) -> ort.InferenceSession:
     return ort.InferenceSession(model_bytes, session_options(threads, native), providers=["CPUExecutionProvider"])
 
 
-def dense_model(w: np.ndarray) -> bytes:
+def dense_model(w: np.ndarray, as_proto: bool = False):
     rows, cols = w.shape
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["X", "W"], ["Y"])], "dense",
@@ -114,10 +169,11 @@ def dense_model(w: np.ndarray) -> bytes:
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, cols])],
         initializer=[numpy_helper.from_array(w, "W")],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10).SerializeToString()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    return model if as_proto else model.SerializeToString()
 
 
-def matmulnbits_model(rows: int, cols: int, level: int, rng: np.random.Generator) -> tuple[bytes, int]:
+def matmulnbits_model(rows: int, cols: int, level: int, rng: np.random.Generator, as_proto: bool = False):
     """MatMulNBits (K = rows, N = cols), int4 block 32, random codes; returns (model, weight bytes)."""
     nblk = rows // BQ4_BLOCK
     b = rng.integers(0, 256, (cols, nblk, BQ4_BLOCK // 2), dtype=np.uint8)
@@ -131,7 +187,60 @@ def matmulnbits_model(rows: int, cols: int, level: int, rng: np.random.Generator
     )
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
                                                                    helper.make_opsetid("com.microsoft", 1)])
-    return model.SerializeToString(), b.nbytes + scales.nbytes
+    return (model if as_proto else model.SerializeToString()), b.nbytes + scales.nbytes
+
+
+COLD_BYTES = 96e6  # per implementation: about 3x this machine's L3, so every run reads from DRAM
+
+
+def bench_cold(name: str, threads_list, formats, budget_s: float) -> list[Row]:
+    """ρ_row = 0.5, with L layers of distinct weights (L·bytes ≥ COLD_BYTES) run side by side; time per layer.
+
+    SmolLM2 matrices fit in the LLC, so the warm rows time cache-resident compute; these time what a
+    whole-model decode step sees, where each layer's weights come from DRAM.
+    """
+    rows, cols = SHAPES[name]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, rows)).astype(np.float32)
+    label = f"{name} cold"
+    out: list[Row] = []
+
+    def layers_for(nbytes: float) -> int:
+        return int(min(256, max(1, np.ceil(COLD_BYTES / nbytes))))
+
+    def add(fmt, th, impl, L, us_runs, nbytes):
+        us, runs = us_runs
+        us /= L
+        out.append(Row(label, fmt, 0.5 if impl == "native" else 1.0, th, impl, round(us, 1), int(nbytes),
+                       round(nbytes / us / 1e3, 2), runs))
+        print(f"{label:24s} {fmt:5s} L={L:<4d} t={th} {impl:13s} {us:10.1f} us {nbytes / us / 1e3:6.2f} GB/s", flush=True)
+
+    L = layers_for(rows * cols * 4)
+    dense = stack_layers([dense_model(rng.standard_normal((rows, cols), dtype=np.float32), True) for _ in range(L)],
+                         {"X"}).SerializeToString()
+    for th in threads_list:
+        add("fp32", th, "dense", L, timed_all(session(dense, th, False), {"X": x}, budget_s, 100), rows * cols * 4)
+    del dense
+    for level in (0, 4):
+        nbytes = matmulnbits_model(rows, cols, level, rng)[1]
+        L = layers_for(nbytes)
+        model = stack_layers([matmulnbits_model(rows, cols, level, rng, True)[0] for _ in range(L)], {"X"})
+        model = model.SerializeToString()
+        for th in threads_list:
+            add("int4", th, f"matmulnbits{level}", L, timed_all(session(model, th, False), {"X": x}, budget_s, 100), nbytes)
+    for fmt in formats:
+        probe = random_weights(fmt, rows, cols, rng)
+        L = layers_for(rows * probe.row_nbytes())
+        ws = [probe] + [random_weights(fmt, rows, cols, rng) for _ in range(L - 1)]
+        model = stack_layers([make_sgmm_model(w, rows, weights_as_inputs=True) for w in ws], {"X", "indices"})
+        model = model.SerializeToString()
+        k = rows // 2
+        feeds = {"X": x, "indices": rng.permutation(rows)[:k][None].astype(np.int64)}
+        for l, w in enumerate(ws):
+            feeds.update({f"W{i}.{l}": a for i, a in enumerate(w.arrays)})
+        for th in threads_list:
+            add(fmt, th, "native", L, timed_all(session(model, th, True), feeds, budget_s, 100), k * probe.row_nbytes())
+    return out
 
 
 def bench_shape(name: str, rhos, threads_list, formats, impls, budget_s: float) -> list[Row]:
@@ -277,6 +386,7 @@ def main() -> None:
     ap.add_argument("--formats", nargs="*", choices=FORMATS, default=list(FORMATS))
     ap.add_argument("--impls", nargs="*", choices=IMPLS, default=list(IMPLS))
     ap.add_argument("--out", type=Path, default=RESULTS / "kernels.md")
+    ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache (many layers) SmolLM2 rows")
     args = ap.parse_args()
     info = machine()
     rhos = (0.5,) if args.quick else (0.25, 0.5, 0.75)
@@ -284,6 +394,8 @@ def main() -> None:
     for shape in args.shapes:
         impls = [i for i in args.impls if not (i == "fallback" and args.quick and shape.startswith("mistral"))]
         rows += bench_shape(shape, rhos, args.threads, args.formats, impls, budget_s=0.3 if args.quick else 1.0)
+    for shape in (s for s in args.shapes if s.startswith("smollm2") and not args.no_cold):
+        rows += bench_cold(shape, args.threads, args.formats, budget_s=0.3 if args.quick else 1.0)
     rows += bench_topk(args.threads, budget_s=0.2 if args.quick else 0.5)
     info["load_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
