@@ -1,0 +1,189 @@
+"""The dense pieces of a decoder as ONNX nodes: RMSNorm, linear layers, RoPE, the mask, GQA attention.
+
+Weights arrive as numpy (:class:`Linear`), are written once to the bundle's dense file and referenced
+as external initializers. Standard ops only (opset 21), except ``com.microsoft::MatMulNBits`` for
+quantised linear layers (ORT prepacks it; onnxruntime.md). Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import TensorProto
+
+from dipdeploy.export.graph import MS_DOMAIN, Graph
+from dipdeploy.export.spec import ArchSpec
+from dipdeploy.export.weights import WeightStore
+
+DENSE_FILE = "dense.bin"
+NEG = float(np.finfo(np.float32).min)
+
+
+@dataclass
+class Linear:
+    """y = x·Wᵀ + b for an ``nn.Linear`` weight W [out, in], in one of three stored forms.
+
+    - ``fp32``: ``arrays["weight"]`` is Wᵀ [in, out] (a MatMul B);
+    - ``nbits``: MatMulNBits int4 blocks along ``in``: ``qweight`` uint8 [out, in/B, B/2] (low nibble =
+      even element), ``scales`` float32 [out·in/B], optional ``zeros`` uint8 [out, ⌈(in/B)/2⌉];
+    - ``tied``: the lm_head shares the embedding table [vocab, in] named ``tied_to`` (Gemm transB=1).
+    """
+
+    kind: str
+    in_features: int
+    out_features: int
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    bias: np.ndarray | None = None
+    block_size: int = 0
+    tied_to: str = ""
+
+
+def rms_norm(g: Graph, store: WeightStore, prefix: str, x: str, weight: np.ndarray, eps: float, tensor: str) -> str:
+    """HF RMSNorm in fp32.
+
+        x ─Mul(x)─ReduceMean(-1)─Add(eps)─Sqrt─► r;   x / r · w ─► y
+    """
+    w = g.weight(store.add(tensor, weight.astype(np.float32), DENSE_FILE, "vector"))
+    sq = g.op(f"{prefix}/Pow", "Mul", [x, x])
+    mean = g.op(f"{prefix}/ReduceMean", "ReduceMean", [sq, g.const([-1])], keepdims=1)
+    root = g.op(f"{prefix}/Sqrt", "Sqrt", [g.op(f"{prefix}/Add", "Add", [mean, g.const(eps, np.float32)])])
+    return g.op(f"{prefix}/Mul", "Mul", [g.op(f"{prefix}/Div", "Div", [x, root]), w])
+
+
+def linear(g: Graph, store: WeightStore, prefix: str, x: str, lin: Linear, tensor: str) -> str:
+    """x [.., in] → [.., out]: MatMul (fp32), MatMulNBits (int4) or Gemm on a tied table; then + bias."""
+    if lin.kind == "fp32":
+        w = g.weight(store.add(f"{tensor}.weight", lin.arrays["weight"], DENSE_FILE, "matmul_b[in,out]"))
+        y = g.op(f"{prefix}/MatMul", "MatMul", [x, w])
+    elif lin.kind == "nbits":
+        names = [g.weight(store.add(f"{tensor}.{k}", lin.arrays[k], DENSE_FILE, f"matmulnbits.{k}"))
+                 for k in ("qweight", "scales", "zeros") if k in lin.arrays]
+        y = g.op(f"{prefix}/MatMulNBits", "MatMulNBits", [x, *names], domain=MS_DOMAIN, K=lin.in_features,
+                 N=lin.out_features, bits=4, block_size=lin.block_size, accuracy_level=g.accuracy_level)
+    elif lin.kind == "tied":
+        flat = g.op(f"{prefix}/Reshape", "Reshape", [x, g.const([-1, lin.in_features])])
+        y2 = g.op(f"{prefix}/Gemm", "Gemm", [flat, g.weight(store.proto(lin.tied_to))], transB=1)
+        shape = g.op(f"{prefix}/Concat", "Concat", [
+            g.op(f"{prefix}/Slice", "Slice", [g.op(f"{prefix}/Shape", "Shape", [x]), g.const([0]), g.const([-1])]),
+            g.const([lin.out_features])], axis=0)
+        y = g.op(f"{prefix}/Reshape_1", "Reshape", [y2, shape])
+    else:
+        raise ValueError(f"Linear.kind={lin.kind!r} is not one of ('fp32', 'nbits', 'tied')")
+    if lin.bias is not None:
+        b = g.weight(store.add(f"{tensor}.bias", lin.bias.astype(np.float32), DENSE_FILE, "vector"))
+        y = g.op(f"{prefix}/Add", "Add", [y, b])
+    return y
+
+
+@dataclass
+class Shared:
+    """Per-graph values every layer reuses: RoPE cos/sin (for q [B,Hkv,rep,S,r] and k [B,Hkv,S,r]), mask bias."""
+
+    cos_q: str
+    sin_q: str
+    cos_k: str
+    sin_k: str
+    bias: str
+
+
+def rope_tables(g: Graph, store: WeightStore, cos: np.ndarray, sin: np.ndarray, position_ids: str) -> list[str]:
+    """Gather the precomputed cos/sin [max_len, r] rows at ``position_ids`` [B, S] → [B, S, r].
+
+    The tables come from the HF model's own rotary module, so every RoPE variant it implements
+    (default, llama3, linear, yarn's static scaling) is exported exactly.
+    """
+    out = []
+    for name, table in (("cos", cos), ("sin", sin)):
+        t = g.weight(store.add(f"model.rope.{name}", table.astype(np.float32), DENSE_FILE, "rope_table[pos,r]"))
+        out.append(g.op(f"/model/rope/{name}/Gather", "Gather", [t, position_ids], axis=0))
+    return out
+
+
+def shared_values(g: Graph, store: WeightStore, spec: ArchSpec, cos: np.ndarray, sin: np.ndarray,
+                  input_ids: str, attention_mask: str, position_ids: str) -> Shared:
+    """RoPE rows and the additive attention bias [B,1,1,S,T], built once per graph.
+
+        T = len(attention_mask), S = len(input_ids), P = T − S
+        k ∈ [0,T) ≤ q ∈ [P,T)  (and k > q − window)  ∧ attention_mask[b,k] ─Where(0, −max)─► bias
+    """
+    c, s = rope_tables(g, store, cos, sin, position_ids)
+    cos_k = g.op("/model/rope/cos/Unsqueeze", "Unsqueeze", [c, g.const([1])])
+    sin_k = g.op("/model/rope/sin/Unsqueeze", "Unsqueeze", [s, g.const([1])])
+    cos_q = g.op("/model/rope/cos/Unsqueeze_1", "Unsqueeze", [cos_k, g.const([1])])
+    sin_q = g.op("/model/rope/sin/Unsqueeze_1", "Unsqueeze", [sin_k, g.const([1])])
+    p = "/model/attn_mask"
+    total = g.op(f"{p}/Gather", "Gather", [g.op(f"{p}/Shape", "Shape", [attention_mask]), g.const(1)], axis=0)
+    seq = g.op(f"{p}/Gather_1", "Gather", [g.op(f"{p}/Shape_1", "Shape", [input_ids]), g.const(1)], axis=0)
+    past = g.op(f"{p}/Sub", "Sub", [total, seq])
+    kpos = g.op(f"{p}/Unsqueeze", "Unsqueeze", [g.op(f"{p}/Range", "Range", [g.const(0), total, g.const(1)]), g.const([0])])
+    qpos = g.op(f"{p}/Unsqueeze_1", "Unsqueeze", [g.op(f"{p}/Range_1", "Range", [past, total, g.const(1)]), g.const([1])])
+    allowed = g.op(f"{p}/LessOrEqual", "LessOrEqual", [kpos, qpos])  # [S, T]
+    if spec.sliding_window:
+        lo = g.op(f"{p}/Sub_1", "Sub", [qpos, g.const(spec.sliding_window)])
+        allowed = g.op(f"{p}/And", "And", [allowed, g.op(f"{p}/Greater", "Greater", [kpos, lo])])
+    pad = g.op(f"{p}/Cast", "Cast", [attention_mask], to=TensorProto.BOOL)
+    pad = g.op(f"{p}/Unsqueeze_2", "Unsqueeze", [pad, g.const([1, 2, 3])])  # [B,1,1,1,T]
+    both = g.op(f"{p}/And_1", "And", [allowed, pad])  # [B,1,1,S,T]
+    bias = g.op(f"{p}/Where", "Where", [both, g.const(0.0, np.float32), g.const(NEG, np.float32)])
+    return Shared(cos_q, sin_q, cos_k, sin_k, bias)
+
+
+def apply_rope(g: Graph, prefix: str, x: str, cos: str, sin: str, rot: int, head_dim: int) -> str:
+    """HF ``apply_rotary_pos_emb`` on the last axis: x·cos + rotate_half(x)·sin over the first ``rot``.
+
+        x ─Split[rot/2, rot/2, pass]─► x1, x2, xp;  Concat(−x2, x1)·sin + x_rot·cos ─Concat(xp)─► y
+    """
+    half = rot // 2
+    sizes = [half, half] + ([head_dim - rot] if rot < head_dim else [])
+    parts = g.op(f"{prefix}/Split", "Split", [x, g.const(sizes)], n_out=len(sizes), axis=-1)
+    x_rot = x if rot == head_dim else g.op(f"{prefix}/Concat_rot", "Concat", parts[:2], axis=-1)
+    rotated = g.op(f"{prefix}/Concat", "Concat", [g.op(f"{prefix}/Neg", "Neg", [parts[1]]), parts[0]], axis=-1)
+    y = g.op(f"{prefix}/Add", "Add", [g.op(f"{prefix}/Mul", "Mul", [x_rot, cos]),
+                                      g.op(f"{prefix}/Mul_1", "Mul", [rotated, sin])])
+    if rot < head_dim:
+        y = g.op(f"{prefix}/Concat_pass", "Concat", [y, parts[2]], axis=-1)
+    return y
+
+
+@dataclass
+class AttentionWeights:
+    qkv: Linear  # fused [q | k | v] outputs
+    o: Linear
+
+
+def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: AttentionWeights, shared: Shared,
+              past_k: str, past_v: str, rot: int) -> tuple[str, str, str]:
+    """GQA self-attention with a KV cache; returns (output [B,S,d], present key, present value).
+
+        x ─qkv─Split─► q ─Reshape[B,S,Hkv,rep,Dh]─Transpose─► [B,Hkv,rep,S,Dh] ─RoPE─► q
+                       k ─Reshape[B,S,Hkv,Dh]─Transpose─RoPE─Concat(past_k)─► K [B,Hkv,T,Dh] = present.key
+                       v ─Reshape─Transpose─Concat(past_v)─► V = present.value
+        softmax(q·Kᵀ/√Dh + bias) · V ─Transpose─Reshape[B,S,H·Dh]─o_proj─► y
+    K and V are broadcast over the ``rep`` axis by MatMul: no copies for GQA.
+    """
+    p = f"/model/layers.{i}/attn"
+    hkv, rep, dh = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads, spec.head_dim
+    qkv = linear(g, store, f"{p}/qkv_proj", x, w.qkv, f"model.layers.{i}.attn.qkv_proj")
+    q, k, v = g.op(f"{p}/Split", "Split", [qkv, g.const([spec.q_size, spec.kv_size, spec.kv_size])], n_out=3, axis=-1)
+    q = g.op(f"{p}/q/Reshape", "Reshape", [q, g.const([0, 0, hkv, rep, dh])])
+    q = g.op(f"{p}/q/Transpose", "Transpose", [q], perm=[0, 2, 3, 1, 4])
+    q = apply_rope(g, f"{p}/q/rope", q, shared.cos_q, shared.sin_q, rot, dh)
+    k = g.op(f"{p}/k/Reshape", "Reshape", [k, g.const([0, 0, hkv, dh])])
+    k = g.op(f"{p}/k/Transpose", "Transpose", [k], perm=[0, 2, 1, 3])
+    k = apply_rope(g, f"{p}/k/rope", k, shared.cos_k, shared.sin_k, rot, dh)
+    v = g.op(f"{p}/v/Reshape", "Reshape", [v, g.const([0, 0, hkv, dh])])
+    v = g.op(f"{p}/v/Transpose", "Transpose", [v], perm=[0, 2, 1, 3])
+    present_k = g.op(f"{p}/k/Concat", "Concat", [past_k, k], axis=2)
+    present_v = g.op(f"{p}/v/Concat", "Concat", [past_v, v], axis=2)
+    kt = g.op(f"{p}/k/Transpose_1", "Transpose", [g.op(f"{p}/k/Unsqueeze", "Unsqueeze", [present_k, g.const([2])])],
+              perm=[0, 1, 2, 4, 3])  # [B,Hkv,1,Dh,T]
+    scores = g.op(f"{p}/MatMul", "MatMul", [q, kt])
+    scores = g.op(f"{p}/Mul", "Mul", [scores, g.const(dh ** -0.5, np.float32)])
+    probs = g.op(f"{p}/Softmax", "Softmax", [g.op(f"{p}/Add", "Add", [scores, shared.bias])], axis=-1)
+    vv = g.op(f"{p}/v/Unsqueeze", "Unsqueeze", [present_v, g.const([2])])
+    ctx = g.op(f"{p}/MatMul_1", "MatMul", [probs, vv])  # [B,Hkv,rep,S,Dh]
+    ctx = g.op(f"{p}/Transpose", "Transpose", [ctx], perm=[0, 3, 1, 2, 4])
+    ctx = g.op(f"{p}/Reshape", "Reshape", [ctx, g.const([0, 0, spec.q_size])])
+    y = linear(g, store, f"{p}/o_proj", ctx, w.o, f"model.layers.{i}.attn.o_proj")
+    return y, present_k, present_v

@@ -1,0 +1,75 @@
+"""The export stage's one config: :class:`ExportConfig` (defaults defined here and only here).
+
+The CLI builds it from flags it was given (absent flags fall back to these defaults), so no default is
+written twice (style.md §1). Validation names the field, the bad value and the allowed values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+#: Methods the exported graph can run. Other plan methods (glu, gate, up, cats, teal) have no
+#: TopKColumnMask form in this bundle format and are refused by name.
+EXPORT_METHODS = ("dense", "dip", "dip-ca")
+#: MLP weight formats of the bundle (``none`` = fp32 rows).
+EXPORT_QUANTS = ("none", "bq4", "bq4-b32", "bq4-b64", "bq4-b128", "vq3")
+#: MatMulNBits accuracy levels (0 = fp32 compute, 4 = int8 activations; onnxruntime.md).
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+ALIGNMENTS = (4096, 65536)
+
+
+@dataclass
+class ExportConfig:
+    """What ``dipdeploy export`` builds.
+
+    ``density``/``rho_in``/``gamma`` only matter when no ``plan`` is given (they make one).
+    ``accuracy_level`` applies to the MatMulNBits of attention and lm_head when quantising; 0 keeps
+    fp32 arithmetic so the bundle matches the fake-quant torch reference to float rounding.
+    ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
+    calibrated (kept small: export is not the place for a long calibration; use ``dipdeploy
+    calibrate`` and ``--plan`` for a careful one).
+    """
+
+    model: str = "smollm2-135m"
+    method: str = "dip"
+    density: float = 0.5
+    rho_in: float | None = None
+    gamma: float = 0.2
+    plan: str | None = None
+    quant: str = "none"
+    lora: str | None = None
+    accuracy_level: int = 0
+    alignment: int = 4096
+    max_length: int = 2048
+    validate_tokens: int = 32
+    prompt: str = "The capital of France is"
+    calib_windows: int = 4
+    calib_seqlen: int = 256
+    per_layer: bool = True
+    threads: int = 1
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
+                   "alignment": ALIGNMENTS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ExportConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {allowed}")
+        if not 0.0 < self.density <= 1.0:
+            raise ValueError(f"ExportConfig.density={self.density!r} must lie in (0, 1]")
+        if self.rho_in is not None and not 0.0 < self.rho_in <= 1.0:
+            raise ValueError(f"ExportConfig.rho_in={self.rho_in!r} must lie in (0, 1] or be None (calibrate)")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"ExportConfig.gamma={self.gamma!r} must lie in [0, 1]")
+        for name, lo in (("max_length", 16), ("validate_tokens", 0), ("calib_windows", 1), ("calib_seqlen", 16),
+                         ("threads", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < lo:
+                raise ValueError(f"ExportConfig.{name}={value!r} must be an int >= {lo}")
+
+    @property
+    def quantised(self) -> bool:
+        return self.quant != "none"
+
+    def as_dict(self) -> dict:
+        return asdict(self)

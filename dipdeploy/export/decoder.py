@@ -1,0 +1,92 @@
+"""The whole decoder as one ONNX graph with a KV cache, I/O named as onnxruntime-genai expects.
+
+Inputs ``input_ids`` [B,S], ``attention_mask`` [B,T], ``position_ids`` [B,S],
+``past_key_values.{i}.key|value`` [B,Hkv,P,Dh]; outputs ``logits`` [B,S,V] and
+``present.{i}.key|value`` [B,Hkv,T,Dh] (T = P + S). The MLPs are dense MatMuls or DIP's
+TopKColumnMask/SparseGatherMatMul pairs with K per layer from the plan, fallback functions attached.
+Layers are read from the source one at a time, so peak memory is about one layer plus the graph.
+Torch-free (the source object does the torch work).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from onnx import ModelProto, TensorProto
+
+from dipdeploy.export.blocks import DENSE_FILE, attention, linear, rms_norm, shared_values
+from dipdeploy.export.graph import Graph
+from dipdeploy.export.mlp import MlpTensors, dense_mlp, sparse_mlp, write_mlp
+from dipdeploy.export.weights import WeightStore
+
+FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+@dataclass(frozen=True)
+class LayerK:
+    """K_in, K_glu of one layer (None = dense MLP)."""
+
+    k_in: int | None
+    k_glu: int | None
+
+    @property
+    def dense(self) -> bool:
+        return self.k_in is None
+
+
+def kv_names(i: int) -> tuple[str, str, str, str]:
+    return (f"past_key_values.{i}.key", f"past_key_values.{i}.value", f"present.{i}.key", f"present.{i}.value")
+
+
+def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: int = 0,
+                  on_layer: Callable[[int, object, MlpTensors], None] | None = None) -> ModelProto:
+    """The decoder graph. ``on_layer(i, layer_weights, mlp_tensors)`` runs after each layer is written
+    (the per-layer graphs hook in there, reusing the bytes already in the store).
+
+        input_ids ─Gather(embed)─► h ─┬─ for each layer i: h += attn(norm(h)); h += mlp(norm(h))
+        position_ids, attention_mask ─┘  (RoPE rows and the mask bias built once)
+        h ─norm─lm_head─► logits
+    """
+    spec = source.spec
+    g = Graph("dipdeploy_decoder", accuracy_level)
+    ids = g.input("input_ids", INT64, ["batch_size", "sequence_length"])
+    mask = g.input("attention_mask", INT64, ["batch_size", "total_sequence_length"])
+    pos = g.input("position_ids", INT64, ["batch_size", "sequence_length"])
+    kv_shape = ["batch_size", spec.num_kv_heads, "past_sequence_length", spec.head_dim]
+    for i in range(spec.num_layers):
+        g.input(kv_names(i)[0], FLOAT, kv_shape)
+        g.input(kv_names(i)[1], FLOAT, kv_shape)
+    emb = store.add("model.embed_tokens.weight", source.embedding(), DENSE_FILE, "embedding[vocab,d]")
+    h = g.op("/model/embed_tokens/Gather", "Gather", [g.weight(emb), ids], axis=0)
+    cos, sin = source.rope()
+    shared = shared_values(g, store, spec, cos, sin, ids, mask, pos)
+    rot = cos.shape[-1]
+    present_shape = ["batch_size", spec.num_kv_heads, "total_sequence_length", spec.head_dim]
+    for i in range(spec.num_layers):
+        lw = source.layer(i)
+        p = f"/model/layers.{i}"
+        x = rms_norm(g, store, f"{p}/input_layernorm", h, lw.ln_attn, spec.rms_norm_eps,
+                     f"model.layers.{i}.input_layernorm.weight")
+        past_k, past_v, pres_k, pres_v = kv_names(i)
+        a, k, v = attention(g, store, spec, i, x, lw.attn, shared, past_k, past_v, rot)
+        g.output(k, pres_k, FLOAT, present_shape)
+        g.output(v, pres_v, FLOAT, present_shape)
+        h = g.op(f"{p}/residual_attn/Add", "Add", [h, a])
+        x = rms_norm(g, store, f"{p}/post_attention_layernorm", h, lw.ln_mlp, spec.rms_norm_eps,
+                     f"model.layers.{i}.post_attention_layernorm.weight")
+        t = write_mlp(store, i, lw.mlp)
+        if ks[i].dense and lw.mlp.format == "fp32":
+            m = dense_mlp(g, store, i, x, t, spec.intermediate_size)
+        else:
+            k_in = ks[i].k_in or spec.hidden_size
+            k_glu = ks[i].k_glu or spec.intermediate_size
+            m = sparse_mlp(g, store, i, x, t, k_in, k_glu, spec.hidden_size, spec.intermediate_size)
+        h = g.op(f"{p}/residual_mlp/Add", "Add", [h, m])
+        if on_layer is not None:
+            on_layer(i, lw, t)
+        del lw
+    h = rms_norm(g, store, "/model/norm", h, source.final_norm(), spec.rms_norm_eps, "model.norm.weight")
+    logits = linear(g, store, "/lm_head", h, source.lm_head(), "lm_head")
+    g.output(logits, "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
+    return g.model(doc="dipdeploy decoder: DIP sparse MLPs (ai.dipdeploy ops with fallback functions)")

@@ -1,0 +1,162 @@
+"""The torch side of export: read a loaded HF model layer by layer into numpy, quantising as we go.
+
+Everything the graph builder sees is numpy (``blocks.Linear``, ``mlp.MlpWeights``); this is the only
+export module that touches torch besides validation. Quantisation happens here, once, and the
+dequantised values are written back into the torch model, so the torch reference of validation runs
+exactly the numbers the bundle decodes (the fake-quant of ``dipdeploy.quant.fake``, scope ``all``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dipdeploy.export.blocks import AttentionWeights, Linear
+from dipdeploy.export.mlp import MlpWeights
+from dipdeploy.export.spec import ArchSpec
+from dipdeploy.ops.formats import OpWeights
+from dipdeploy.quant.api import dequantize_rows, quantize
+from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, quant_config_from_name
+from dipdeploy.quant.fake import mlp_weights, set_mlp_weights
+from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(dtype=torch.float32, device="cpu").numpy().copy()
+
+
+@dataclass
+class LayerWeights:
+    ln_attn: np.ndarray
+    attn: AttentionWeights
+    ln_mlp: np.ndarray
+    mlp: MlpWeights
+
+
+@dataclass
+class QuantState:
+    """Bits actually stored, summed while layers are read (for the manifest)."""
+
+    mlp_bits: int = 0
+    mlp_params: int = 0
+    dense_bits: int = 0
+    dense_params: int = 0
+
+
+class ModelSource:
+    """Numpy views of one HF decoder, layer by layer, optionally quantised (MLP in ``quant``,
+    attention and lm_head in BQ4 → MatMulNBits)."""
+
+    def __init__(self, lm, quant: str = "none", wina: bool = False, max_length: int = 2048):
+        self.lm = lm
+        self.model = lm.model
+        self.spec = ArchSpec.from_config(self.model.config.to_dict())
+        self.mlp_cfg: QuantConfig | None = None if quant == "none" else quant_config_from_name(quant)
+        self.dense_cfg: Block4QuantConfig | None = None
+        if self.mlp_cfg is not None:
+            self.dense_cfg = self.mlp_cfg if isinstance(self.mlp_cfg, Block4QuantConfig) else Block4QuantConfig()
+        self.wina = wina
+        self.max_length = min(max_length, self.spec.max_position_embeddings)
+        self.stats = QuantState()
+        self._untie_if_quantised()
+
+    def quant_dict(self) -> dict | None:
+        if self.mlp_cfg is None:
+            return None
+        return {"mlp": config_to_dict(self.mlp_cfg), "dense": config_to_dict(self.dense_cfg)}
+
+    def _untie_if_quantised(self) -> None:
+        """A quantised lm_head must not change the embedding table: untie them (as quant.fake does)."""
+        head, emb = self.model.get_output_embeddings(), self.model.get_input_embeddings()
+        if self.dense_cfg is not None and head.weight is emb.weight:
+            head.weight = torch.nn.Parameter(head.weight.detach().clone())
+            self.model.config.tie_word_embeddings = False
+
+    @property
+    def tied(self) -> bool:
+        return self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
+
+    # -- pieces ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def rope(self) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin [max_length, r] from the model's own rotary module (r = rotary dims)."""
+        rotary = self.model.model.rotary_emb
+        pos = torch.arange(self.max_length)[None]
+        x = torch.zeros(1, 1, self.spec.head_dim, dtype=torch.float32)
+        cos, sin = rotary(x, pos)
+        return _np(cos[0]), _np(sin[0])
+
+    def embedding(self) -> np.ndarray:
+        return _np(self.model.get_input_embeddings().weight)
+
+    def _linear(self, weights: list[torch.nn.Linear]) -> Linear:
+        """Rows of several nn.Linear stacked ([q; k; v]) as one Linear, quantised if asked."""
+        w = np.concatenate([_np(m.weight) for m in weights], axis=0)  # [out, in]
+        biases = [m.bias for m in weights]
+        bias = np.concatenate([_np(b) for b in biases]) if all(b is not None for b in biases) else None
+        out_f, in_f = w.shape
+        if self.dense_cfg is None:
+            return Linear("fp32", in_f, out_f, {"weight": np.ascontiguousarray(w.T)}, bias)
+        packed = quantize(w, self.dense_cfg)
+        self._assign(weights, dequantize_rows(packed))
+        self.stats.dense_bits += 8 * packed.nbytes
+        self.stats.dense_params += w.size
+        B, nb = self.dense_cfg.block_size, packed.n_blocks
+        arrays = {"qweight": packed.qweight.reshape(out_f, nb, B // 2),
+                  "scales": packed.scales.astype(np.float32).reshape(-1)}
+        if packed.zeros is not None:
+            arrays["zeros"] = packed.zeros.reshape(-1)
+        return Linear("nbits", in_f, out_f, arrays, bias, block_size=B)
+
+    @staticmethod
+    @torch.no_grad()
+    def _assign(modules: list[torch.nn.Linear], rows: np.ndarray) -> None:
+        start = 0
+        for m in modules:
+            n = m.weight.shape[0]
+            m.weight.copy_(torch.from_numpy(rows[start:start + n]).to(m.weight.dtype))
+            start += n
+
+    def _attn_modules(self, attn) -> list[torch.nn.Linear]:
+        if self.spec.family.fused_qkv:
+            return [attn.qkv_proj]
+        return [attn.q_proj, attn.k_proj, attn.v_proj]
+
+    def _mlp(self, mlp) -> MlpWeights:
+        up_gate, down = mlp_to_rows(*mlp_weights(mlp))
+        if self.mlp_cfg is None:
+            ug, dn = OpWeights.from_matrix(up_gate), OpWeights.from_matrix(down)
+        else:
+            p_ug, p_dn = quantize(up_gate, self.mlp_cfg), quantize(down, self.mlp_cfg)
+            up_gate, down = dequantize_rows(p_ug), dequantize_rows(p_dn)
+            set_mlp_weights(mlp, *rows_to_mlp(up_gate, down))
+            for p in (p_ug, p_dn):
+                self.stats.mlp_bits += 8 * p.nbytes
+                self.stats.mlp_params += p.rows * p.cols
+            ug, dn = OpWeights.from_packed(p_ug), OpWeights.from_packed(p_dn)
+        norms = {}
+        if self.wina:  # the torch reference's norm_in / norm_glu, from the (dequantised) weights
+            norms = {"colnorm_in": np.sqrt(np.square(up_gate).sum(1)).astype(np.float32),
+                     "colnorm_glu": np.sqrt(np.square(down).sum(1)).astype(np.float32)}
+        return MlpWeights(ug, dn, **norms)
+
+    def layer(self, i: int) -> LayerWeights:
+        layer = self.model.model.layers[i]
+        attn = layer.self_attn
+        return LayerWeights(
+            ln_attn=_np(layer.input_layernorm.weight),
+            attn=AttentionWeights(self._linear(self._attn_modules(attn)), self._linear([attn.o_proj])),
+            ln_mlp=_np(layer.post_attention_layernorm.weight),
+            mlp=self._mlp(layer.mlp),
+        )
+
+    def final_norm(self) -> np.ndarray:
+        return _np(self.model.model.norm.weight)
+
+    def lm_head(self) -> Linear:
+        head = self.model.get_output_embeddings()
+        if self.tied:
+            return Linear("tied", self.spec.hidden_size, self.spec.vocab_size, tied_to="model.embed_tokens.weight")
+        return self._linear([head])
