@@ -177,7 +177,7 @@ def main(argv=None) -> None:
     ap.add_argument("--trace", help="SmolLM2 DIP trace (.npz) from `dipdeploy trace`")
     ap.add_argument("--synthetic", action="store_true", help="use a synthetic Zipf-like trace instead")
     ap.add_argument("--tokens", type=int, default=256, help="tokens of the trace replayed on the SmolLM2 shape")
-    ap.add_argument("--proj-tokens", type=int, default=96, help="tokens replayed on projected shapes")
+    ap.add_argument("--proj-tokens", type=int, default=64, help="tokens replayed on projected shapes")
     ap.add_argument("--steps", type=int, default=9, help="DRAM budgets per sweep (odd: the middle is f = 0.5)")
     ap.add_argument("--warmup", type=int, default=16, help="first tokens replayed but not measured")
     ap.add_argument("--precision", default="bq4")

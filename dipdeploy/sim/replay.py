@@ -28,7 +28,7 @@ from dipdeploy.sim.config import SimConfig
 from dipdeploy.sim.flashio import flash_reads
 from dipdeploy.sim.pattern import AccessPattern
 
-_CHUNK_BYTES = 1 << 27
+_CHUNK_BYTES = 96 << 20
 
 
 @dataclass
@@ -122,7 +122,9 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
     measured = slice(cfg.warmup, T)
     selected, missed = np.zeros(T), np.zeros(T)
     masks: list = [None] * len(ks)
-    per_layer_bytes = T * rows * (4 if cfg.policy == "belady" else 2) + 1
+    # per layer: miss log (1 B/row), magnitudes (2), Belady's next-use table (4), selections (4 B/pick)
+    per_row = 1 + (2 if cfg.method == "dip-ca" else 0) + (4 if cfg.policy == "belady" else 0)
+    per_layer_bytes = T * (rows * per_row + 4 * max(ks)) + 1
     chunk = max(1, _CHUNK_BYTES // per_layer_bytes)
     for k in sorted(set(ks)):
         members = [i for i, kk in enumerate(ks) if kk == k]
@@ -130,7 +132,9 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
             batch = members[c0:c0 + chunk]
             w = pattern.weights[batch]
             # [T, B, K]; for DIP-CA the calibration uses plain DIP's masks (the cache-aware ones need a cache)
-            sels = np.stack([_selections(pattern, group, i, cfg.method) for i in batch], axis=1)
+            sels = np.empty((T, len(batch), k), dtype=np.int32)
+            for j, i in enumerate(batch):
+                sels[:, j] = _selections(pattern, group, i, cfg.method)
             warm = None
             if cfg.policy == "static" or (cfg.preload and cfg.policy != "none"):
                 warm = static_rows(_counts(sels[: cfg.warmup] if cfg.warmup else sels, rows), capacity)
@@ -141,12 +145,14 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
                 cache.resident = warm.copy()  # preload: what a runtime loads at start-up
             mags = None
             if cfg.method == "dip-ca":
-                mags = [pattern.magnitudes(group, i) for i in batch]
+                mags = np.empty((T, len(batch), rows), dtype=np.float16)
+                for j, i in enumerate(batch):
+                    mags[:, j] = pattern.magnitudes(group, i)
             b_idx = np.arange(len(batch))[:, None]
             miss_log = np.zeros((T - cfg.warmup, len(batch), rows), dtype=bool)
             for t in range(T):
                 if mags is not None:
-                    x = np.stack([m[t] for m in mags]).astype(np.float32)
+                    x = mags[t].astype(np.float32)
                     g = gamma_at(cfg.gamma, t, cfg.gamma_warmup)
                     sel_t = topk_rows(dipca_scores(x, cache.resident, g, cfg.fixed_top_n), k)
                 else:
