@@ -81,19 +81,6 @@ def test_warmup_longer_than_trace_is_an_error():
         simulate(trace(tokens=4), SimConfig(device="a18", warmup=4, dram_budget=budget(0.3)))
 
 
-@pytest.mark.parametrize("k", [1, 5, 17, 64])
-def test_topk_rows_is_the_set_topk_indices_picks(k):
-    import numpy as np
-
-    from dipdeploy.cache import topk_indices
-    from dipdeploy.sim.replay import topk_rows
-
-    rng = np.random.default_rng(k)
-    s = rng.integers(0, 6, size=(7, 64)).astype(np.float32)  # many ties
-    for a, b in zip(topk_indices(s, k), topk_rows(s, k)):
-        assert sorted(a.tolist()) == b.tolist()
-
-
 def test_cold_caches_miss_more_than_preloaded_ones():
     tr = trace(seed=4, tokens=24)
     kw = dict(device="a18", method="traced", policy="lfu", warmup=0, dram_budget=budget(0.5))

@@ -10,8 +10,8 @@ state), in chunks that bound memory (Belady's next-use table is [T, B, R]).
 
 Methods (``SimConfig.method``): ``traced`` replays the recorded rows; ``dip`` re-masks with top-K of the
 magnitudes (γ = 1); ``dipca`` re-scores each token with ``dipca_scores(|x|, resident, γ)`` against the
-simulator's own cache state and takes the top-K row set (``topk_rows``: the set ``topk_indices`` picks,
-found faster) — the GLU magnitudes were recorded under the
+simulator's own cache state and takes the top-K row set (``topk_rows``: the set ``topk_indices`` picks)
+— the GLU magnitudes were recorded under the
 trace's own input mask, so the GLU group's re-masking is an approximation. ``dense`` needs no replay:
 every row every token, the pinned rows hit (``static``: the lowest indices — for dense any fixed subset
 is equal, and a contiguous one streams the rest as one request per layer and group).
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows
+from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows, topk_rows
 from dipdeploy.sim.config import SimConfig
 from dipdeploy.sim.flashio import flash_reads
 from dipdeploy.sim.pattern import AccessPattern
@@ -75,19 +75,6 @@ class ReplayCounts:
     def hit_rate(self) -> float:
         sel = float(self.inp.selected.sum() + self.glu.selected.sum())
         return (self.inp.hit_rows + self.glu.hit_rows) / sel if sel else 0.0
-
-
-def topk_rows(scores: np.ndarray, k: int) -> np.ndarray:
-    """The row *set* of ``topk_indices(scores, k)`` (same ties rule: equal scores → lower index), in
-    ascending index order, via a partition instead of a full stable sort (≈4× faster at Phi-3 widths).
-    The replay needs only the set; a test checks it against ``topk_indices``."""
-    if not 0 < k <= scores.shape[-1]:
-        raise ValueError(f"k must lie in [1, {scores.shape[-1]}], got {k}")
-    kth = -np.partition(-scores, k - 1, axis=-1)[:, k - 1:k]
-    above = scores > kth
-    tied = scores == kth
-    keep = above | (tied & (np.cumsum(tied, axis=-1) <= k - above.sum(axis=-1, keepdims=True)))
-    return np.nonzero(keep)[1].reshape(scores.shape[0], k)
 
 
 def _counts(sels: np.ndarray, rows: int) -> np.ndarray:
