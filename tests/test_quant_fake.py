@@ -116,3 +116,22 @@ def test_cli_quantize_registered():
     assert res.exit_code == 0 and "--quant" in res.output
     res = CliRunner().invoke(app, ["quantize", "--model", "tiny-llama", "--quant", "q2", "--out", "x.npz"])
     assert res.exit_code != 0 and "unknown" in res.output
+
+
+def test_gptq_preset_needs_and_uses_calibration():
+    model = _llama()
+    cfg = quant_config_from_name("bq4-b64-gptq")
+    with pytest.raises(ValueError, match="calib"):
+        quantize_model_(model, cfg, "mlp", progress=False)
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(2))
+    ref = _llama()
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+    plain = _llama()
+    quantize_model_(plain, quant_config_from_name("bq4-b64"), "mlp", progress=False)
+    report = quantize_model_(model, cfg, "mlp", calib_ids=ids, progress=False)
+    assert any("GPTQ" in n for n in report.notes) and report.bits_per_weight_mlp == 4.25
+    with torch.no_grad():
+        err_fb = float(((model(input_ids=ids).logits - want) ** 2).mean())
+        err_plain = float(((plain(input_ids=ids).logits - want) ** 2).mean())
+    assert err_fb < err_plain

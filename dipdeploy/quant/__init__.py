@@ -9,6 +9,7 @@ whole Hugging Face models is ``dipdeploy.quant.fake`` (imports torch; not import
 
 from dipdeploy.quant.api import dequantize_rows, fake_quantize, quantize
 from dipdeploy.quant.block import BlockQuantTensor
+from dipdeploy.quant import gptq as _gptq  # noqa: F401  (registers the error-feedback quantisers)
 from dipdeploy.quant.config import (
     QUANT_PRESETS,
     Block4QuantConfig,

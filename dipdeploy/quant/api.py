@@ -27,6 +27,7 @@ class PackedTensor(Protocol):
 
 
 _QUANTIZERS: dict[type, Callable] = {}
+_FEEDBACK_QUANTIZERS: dict[type, Callable] = {}
 _DEQUANTIZERS: dict[type, Callable] = {}
 _TENSOR_TYPES: dict[str, type] = {}
 
@@ -34,6 +35,15 @@ _TENSOR_TYPES: dict[str, type] = {}
 def register_quantizer(config_type: type) -> Callable:
     def deco(fn: Callable) -> Callable:
         _QUANTIZERS[config_type] = fn
+        return fn
+
+    return deco
+
+
+def register_feedback_quantizer(config_type: type) -> Callable:
+    """Register the GPTQ-style (error feedback) quantiser of a format: ``fn(rows, cfg, hessian)``."""
+    def deco(fn: Callable) -> Callable:
+        _FEEDBACK_QUANTIZERS[config_type] = fn
         return fn
 
     return deco
@@ -63,11 +73,14 @@ def check_rows(rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(rows, dtype=np.float32)
 
 
-def quantize(rows: np.ndarray, cfg, *, row_weight: np.ndarray | None = None) -> PackedTensor:
+def quantize(rows: np.ndarray, cfg, *, row_weight: np.ndarray | None = None,
+             hessian: np.ndarray | None = None) -> PackedTensor:
     """Quantise a row matrix [R, C] (row = the unit DIP selects) with the format named by ``cfg``.
 
     ``row_weight`` ([R], optional): importance of each row, e.g. the Hessian diagonal E[x_r²] of the
     activation that multiplies row r. Formats for which it cannot matter ignore it.
+    ``hessian`` ([R, R], required when ``cfg.error_feedback``): H = Σ x xᵀ of the activations that
+    multiply the rows (calibration data), for GPTQ-style error feedback (``gptq.py``).
     """
     if type(cfg) not in _QUANTIZERS:
         raise TypeError(f"no quantizer for {type(cfg).__name__}; known: {[t.__name__ for t in _QUANTIZERS]}")
@@ -76,6 +89,16 @@ def quantize(rows: np.ndarray, cfg, *, row_weight: np.ndarray | None = None) -> 
         row_weight = np.asarray(row_weight, dtype=np.float64)
         if row_weight.shape != (rows.shape[0],) or (row_weight < 0).any():
             raise ValueError(f"row_weight must be non-negative with shape ({rows.shape[0]},), got {row_weight.shape}")
+    if getattr(cfg, "error_feedback", False):
+        if hessian is None:
+            raise ValueError(
+                f"{type(cfg).__name__}.error_feedback=True needs a Hessian of the calibration activations; "
+                "pass hessian= (numpy) or calib_ids= to quantize_model_, or use error_feedback=False"
+            )
+        hessian = np.asarray(hessian, dtype=np.float64)
+        if hessian.shape != (rows.shape[0],) * 2:
+            raise ValueError(f"hessian must have shape ({rows.shape[0]}, {rows.shape[0]}), got {hessian.shape}")
+        return _FEEDBACK_QUANTIZERS[type(cfg)](rows, cfg, hessian)
     return _QUANTIZERS[type(cfg)](rows, cfg, row_weight)
 
 
@@ -96,7 +119,8 @@ def dequantize_rows(packed: PackedTensor, row_idx: np.ndarray | None = None) -> 
     return _DEQUANTIZERS[type(packed)](packed, row_idx)
 
 
-def fake_quantize(rows: np.ndarray, cfg, *, row_weight: np.ndarray | None = None) -> tuple[np.ndarray, PackedTensor]:
+def fake_quantize(rows: np.ndarray, cfg, *, row_weight: np.ndarray | None = None,
+                  hessian: np.ndarray | None = None) -> tuple[np.ndarray, PackedTensor]:
     """Quantise then dequantise (numpy): the values a deployed model computes with, and the packing."""
-    packed = quantize(rows, cfg, row_weight=row_weight)
+    packed = quantize(rows, cfg, row_weight=row_weight, hessian=hessian)
     return dequantize_rows(packed), packed

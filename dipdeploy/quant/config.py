@@ -37,6 +37,11 @@ def _check_choice(owner: str, name: str, value: Any, allowed: tuple) -> None:
         raise ValueError(f"{owner}.{name}={value!r} is not allowed; choose one of {allowed}")
 
 
+def _check_damp(owner: str, damp: float) -> None:
+    if not isinstance(damp, (int, float)) or not 0 < damp <= 1:
+        raise ValueError(f"{owner}.damp={damp!r} must be a number in (0, 1]")
+
+
 @dataclass(frozen=True)
 class _BlockIntConfig:
     """Scalar integer weights in blocks of ``block_size`` consecutive weights of one row.
@@ -49,12 +54,17 @@ class _BlockIntConfig:
     keeping the scale with the least squared error per block. (A Hessian-diagonal weight would not change
     this choice: in the sparse row layout every weight of a row multiplies the same activation, so the
     weight is constant within a block.)
+    ``error_feedback``: GPTQ-style: rows are quantised one after another and each row's error is spread
+    over the rows not yet quantised through the inverse Hessian of the calibration activations
+    (``gptq.py``; ``damp`` × mean diagonal is added to H). The packed layout is unchanged.
     """
 
     block_size: int = 64
     symmetric: bool = True
     scale_search: bool = False
     search_grid: int = 20
+    error_feedback: bool = False
+    damp: float = 0.01
     bits: ClassVar[int] = 4
     allowed_block_sizes: ClassVar[tuple[int, ...]] = (32, 64, 128)
 
@@ -65,6 +75,8 @@ class _BlockIntConfig:
         _check_choice(owner, "scale_search", self.scale_search, (True, False))
         if not isinstance(self.search_grid, int) or not 2 <= self.search_grid <= 200:
             raise ValueError(f"{owner}.search_grid={self.search_grid!r} must be an int in [2, 200]")
+        _check_damp(owner, self.damp)
+        _check_choice(owner, "error_feedback", self.error_feedback, (True, False))
 
     def bits_per_weight(self) -> float:
         """Exact bits per weight for rows whose length is a multiple of ``block_size``."""
@@ -110,6 +122,9 @@ class VQ3QuantConfig:
     quantiles), ``n_iter`` Lloyd iterations (on SmolLM2's MLP: k-means++ with 8 iterations 15.05 dB SQNR,
     12 iterations 15.13 dB, grid init with 12 iterations 14.93 dB), vectorised over ``batch_groups`` groups at a time. Optional
     per-row importance (the Hessian diagonal of the row's activation) weights the centroid updates.
+    ``error_feedback``: GPTVQ-style: the codebooks of a band of ``group_rows`` rows are fitted on the
+    current (already corrected) rows, weighted by 1/[H⁻¹]ᵢᵢ², then the rows are assigned one by one and each
+    row's error is spread over the rows not yet quantised (``gptq.py``).
     """
 
     group_size: int = 8192
@@ -119,6 +134,8 @@ class VQ3QuantConfig:
     codebook_dtype: str = "int8"
     batch_groups: int = 64
     seed: int = 0
+    error_feedback: bool = False
+    damp: float = 0.01
     dim: ClassVar[int] = 2
     n_centroids: ClassVar[int] = 64
     index_bits: ClassVar[int] = 6  # per 2-D vector: 3 bits per weight
@@ -132,6 +149,8 @@ class VQ3QuantConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or not lo <= value <= hi:
                 raise ValueError(f"{owner}.{name}={value!r} must be an int in [{lo}, {hi}]")
+        _check_damp(owner, self.damp)
+        _check_choice(owner, "error_feedback", self.error_feedback, (True, False))
         if self.max_group_cols % 2:
             raise ValueError(f"{owner}.max_group_cols={self.max_group_cols} must be even (2-D vectors)")
 
@@ -183,6 +202,9 @@ QUANT_PRESETS: dict[str, tuple[type, dict]] = {
     "rtn3": (RTN3QuantConfig, {}),
     "rtn3-b96": (RTN3QuantConfig, {"block_size": 96}),
     "rtn3-b192": (RTN3QuantConfig, {"block_size": 192}),
+    "bq4-b64-gptq": (Block4QuantConfig, {"block_size": 64, "error_feedback": True}),
+    "vq3-gptq": (VQ3QuantConfig, {"error_feedback": True}),
+    "rtn3-b96-gptq": (RTN3QuantConfig, {"block_size": 96, "error_feedback": True}),
 }
 
 

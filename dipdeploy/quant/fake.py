@@ -94,23 +94,25 @@ def set_mlp_weights(mlp, w_up: np.ndarray, w_gate: np.ndarray, w_down: np.ndarra
     _assign(mlp.down_proj, w_down)
 
 
-def mlp_row_weights(model, calib_ids) -> list[dict[str, np.ndarray]]:
-    """Per layer, the Hessian diagonal E[x_r²] of the activation multiplying each row (calibration).
+def mlp_hessians(model, calib_ids, full: bool = True) -> list[dict[str, np.ndarray]]:
+    """Per layer and row group, H = mean x xᵀ of the activation multiplying each row ([R, R]; only its
+    diagonal E[x_r²] ([R]) when not ``full``), from one forward pass over ``calib_ids`` [B, T].
 
     up|gate row i multiplies hidden input x_i of the MLP; down row j multiplies GLU unit j (the input of
-    down_proj). One forward pass over ``calib_ids`` [B, T] with hooks; the model is not changed.
+    down_proj). The model is not changed. Memory: L·(d² + F²) float32 when ``full`` (SmolLM2: 0.3 GiB;
+    a 7 B model would need per-layer calibration passes, not done here).
     """
     import torch
 
     layers = _layers(model)
-    sums = [{"up_gate": None, "down": None} for _ in layers]
+    stats: list[dict[str, torch.Tensor | None]] = [{"up_gate": None, "down": None} for _ in layers]
     count = [0]
 
     def hook(i: int, key: str):
         def fn(_module, args):
             x = args[0].detach().float().reshape(-1, args[0].shape[-1])
-            s = (x * x).sum(0).cpu().numpy().astype(np.float64)
-            sums[i][key] = s if sums[i][key] is None else sums[i][key] + s
+            s = x.T @ x if full else (x * x).sum(0)
+            stats[i][key] = s if stats[i][key] is None else stats[i][key] + s
             if key == "up_gate" and i == 0:
                 count[0] += x.shape[0]
         return fn
@@ -125,22 +127,28 @@ def mlp_row_weights(model, calib_ids) -> list[dict[str, np.ndarray]]:
     finally:
         for h in handles:
             h.remove()
-    return [{k: v / max(1, count[0]) for k, v in s.items()} for s in sums]
+    return [{k: (v / max(1, count[0])).cpu().numpy() for k, v in s.items()} for s in stats]
 
 
-def iter_packed_mlp(model, cfg: QuantConfig, *, row_weights=None, progress: bool = True
+def iter_packed_mlp(model, cfg: QuantConfig, *, calib=None, progress: bool = True
                     ) -> Iterator[tuple[int, dict[str, PackedTensor]]]:
-    """Yield (layer index, {"up_gate": packed [d, 2F], "down": packed [F, d]}) one layer at a time."""
+    """Yield (layer index, {"up_gate": packed [d, 2F], "down": packed [F, d]}) one layer at a time.
+
+    ``calib``: the output of :func:`mlp_hessians` (full H for ``error_feedback`` configs, else diagonals).
+    """
     from tqdm.auto import tqdm
 
     layers = _layers(model)
     for i, layer in enumerate(tqdm(layers, desc=f"quantise MLP ({type(cfg).__name__})", disable=not progress)):
         up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp))
-        rw = row_weights[i] if row_weights is not None else {"up_gate": None, "down": None}
-        yield i, {
-            "up_gate": quantize(up_gate, cfg, row_weight=rw["up_gate"]),
-            "down": quantize(down, cfg, row_weight=rw["down"]),
-        }
+        out = {}
+        for key, rows in (("up_gate", up_gate), ("down", down)):
+            h = None if calib is None else calib[i][key]
+            if h is not None and h.ndim == 2:
+                out[key] = quantize(rows, cfg, row_weight=np.diag(h).clip(0), hessian=h)
+            else:
+                out[key] = quantize(rows, cfg, row_weight=h)
+        yield i, out
 
 
 def _dense_linears(model) -> list[tuple[str, Any]]:
@@ -173,19 +181,25 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
                     progress: bool = True) -> QuantReport:
     """Replace weights in place by their fake-quantised values; return what was done.
 
-    ``calib_ids`` ([B, T] token ids, optional): enables Hessian-diagonal row weighting (used by VQ3's
-    centroid updates; BQ4/RTN3 ignore it, see ``config._BlockIntConfig``).
+    ``calib_ids`` ([B, T] token ids): calibration text. Required by configs with ``error_feedback``
+    (GPTQ-style, full Hessians); otherwise optional, giving Hessian-diagonal row weights (used by VQ3's
+    centroid updates; BQ4/RTN3 ignore them, see ``config._BlockIntConfig``).
     """
     if scope not in SCOPES:
         raise ValueError(f"scope={scope!r} is not allowed; choose one of {SCOPES}")
     t0 = time.perf_counter()
     notes: list[str] = []
-    row_weights = mlp_row_weights(model, calib_ids) if calib_ids is not None else None
-    if row_weights is not None:
-        notes.append(f"Hessian-diagonal row weights from {int(np.prod(calib_ids.shape))} calibration tokens")
+    feedback = bool(getattr(cfg, "error_feedback", False))
+    if feedback and calib_ids is None:
+        raise ValueError(f"{type(cfg).__name__}.error_feedback=True needs calibration data: pass calib_ids "
+                         "([B, T] token ids) or use the format without -gptq")
+    calib = mlp_hessians(model, calib_ids, full=feedback) if calib_ids is not None else None
+    if calib is not None:
+        kind = "full Hessians (GPTQ-style error feedback)" if feedback else "Hessian-diagonal row weights"
+        notes.append(f"{kind} from {int(np.prod(calib_ids.shape))} calibration tokens")
     mlp_bits = mlp_params = 0
     layers = _layers(model)
-    for i, packed in iter_packed_mlp(model, cfg, row_weights=row_weights, progress=progress):
+    for i, packed in iter_packed_mlp(model, cfg, calib=calib, progress=progress):
         set_mlp_weights(layers[i].mlp, *rows_to_mlp(dequantize_rows(packed["up_gate"]), dequantize_rows(packed["down"])))
         for p in packed.values():
             mlp_bits += 8 * p.nbytes
@@ -210,10 +224,18 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
 
 
 def write_packed_mlp(model, cfg: QuantConfig, out, *, model_name: str = "", force: bool = False,
-                     progress: bool = True):
-    """Quantise every MLP (both groups) and stream the packed tensors into ``out`` (see ``io.py``)."""
+                     calib_ids=None, progress: bool = True):
+    """Quantise every MLP (both groups) and stream the packed tensors into ``out`` (see ``io.py``).
+
+    ``calib_ids`` as in :func:`quantize_model_` (required for ``error_feedback`` configs).
+    """
+    feedback = bool(getattr(cfg, "error_feedback", False))
+    if feedback and calib_ids is None:
+        raise ValueError(f"{type(cfg).__name__}.error_feedback=True needs calibration data (calib_ids)")
+    calib = mlp_hessians(model, calib_ids, full=feedback) if calib_ids is not None else None
+
     def tensors():
-        for i, packed in iter_packed_mlp(model, cfg, progress=progress):
+        for i, packed in iter_packed_mlp(model, cfg, calib=calib, progress=progress):
             for group, p in packed.items():
                 yield f"layers.{i}.{group}", p
 
