@@ -1,0 +1,73 @@
+"""The steps before graphs: merge a LoRA adapter, and find or make the sparsity plan (torch side).
+
+Order matters (issue 5): the adapter is merged into the fp32 base weights first (``W + AB`` costs
+nothing at run time, method.md), the plan is calibrated on those weights, and only then are weights
+quantised (``source``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dipdeploy.export.config import EXPORT_METHODS, ExportConfig
+from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan, uniform_plan
+
+
+def merge_lora(lm, adapter: str | Path) -> dict:
+    """Merge a peft adapter into ``lm.model`` in place (``merge_and_unload``); returns what was merged.
+
+    Refuses an adapter whose target modules or shapes do not fit this model, with a clear error.
+    """
+    adapter = Path(adapter)
+    cfg_path = adapter / "adapter_config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{adapter} is not a peft adapter directory (no adapter_config.json)")
+    acfg = json.loads(cfg_path.read_text())
+    from peft import PeftModel
+
+    try:
+        peft_model = PeftModel.from_pretrained(lm.model, str(adapter))
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise ValueError(
+            f"LoRA adapter {adapter} does not fit model {lm.name!r} (made for "
+            f"{acfg.get('base_model_name_or_path')!r}?): {str(err).splitlines()[0][:300]}"
+        ) from err
+    lm.model = peft_model.merge_and_unload()
+    lm.model.eval()
+    return {"path": str(adapter), "base_model": acfg.get("base_model_name_or_path"), "r": acfg.get("r"),
+            "target_modules": acfg.get("target_modules")}
+
+
+def load_plan(path: str | Path, lm) -> SparsityPlan:
+    plan = SparsityPlan.load(Path(path))
+    c = lm.model.config
+    plan.check_model(c.num_hidden_layers, c.hidden_size, c.intermediate_size)
+    if plan.method not in EXPORT_METHODS:
+        raise ValueError(f"plan method {plan.method!r} cannot be exported; exportable: {', '.join(EXPORT_METHODS)}")
+    return plan
+
+
+def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
+    """The plan ``model.onnx`` runs: from ``cfg.plan``, else uniform at ``rho_in``, else calibrated."""
+    if cfg.plan is not None:
+        plan = load_plan(cfg.plan, lm)
+        if plan.method != cfg.method and cfg.method != "dip":
+            raise ValueError(f"--method {cfg.method} disagrees with the plan's method {plan.method!r}")
+        return plan
+    if cfg.method == "dense":
+        return None
+    c = lm.model.config
+    scfg = SparsityConfig(method=cfg.method, density=cfg.density, rho_in=cfg.rho_in, gamma=cfg.gamma)
+    if cfg.rho_in is not None:
+        return uniform_plan(scfg, lm.name, c.num_hidden_layers, c.hidden_size, c.intermediate_size)
+    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.sparsity.calibrate import calibrate
+
+    try:
+        text = load_text("wikitext2", "validation", data_dir=cfg.data_dir)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{err}; or skip calibration with --rho-in R or --plan PLAN") from err
+    wins = windows(lm.tokenizer, text[: 200 * cfg.calib_seqlen * cfg.calib_windows], cfg.calib_seqlen,
+                   cfg.calib_windows)
+    return calibrate(lm, scfg, wins)

@@ -1,0 +1,107 @@
+"""Validation built into export: ORT on ``model.onnx`` against the torch reference, greedy decoding.
+
+The torch reference is ``dipdeploy.sparsity.methods`` on the same (fake-quantised) weights with the
+same plan; for DIP-CA it is plain DIP with the plan's K, because ``model.onnx`` runs plain DIP and
+cache-aware masking is the host runtime's job (DESIGN.md). Torch picks each next token greedily; ORT
+is fed the same tokens (teacher forcing) so logits compare step by step, and its own argmax at each
+step must equal torch's: that is "the same greedy tokens". Run once on stock ORT (fallback functions
+inlined) and once with the native library when it is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from dipdeploy.export.decoder import kv_names
+
+
+@dataclass
+class Validation:
+    tokens: int
+    reference_tokens: list[int]
+    tokens_match_stock: bool
+    tokens_match_native: bool | None
+    max_abs_diff: float
+    max_abs_diff_native: float | None
+    tolerance: float
+    max_abs_logit: float
+    native_library: str | None
+
+    @property
+    def ok(self) -> bool:
+        native_ok = self.tokens_match_native in (None, True) and (
+            self.max_abs_diff_native is None or self.max_abs_diff_native <= self.tolerance)
+        return self.tokens_match_stock and self.max_abs_diff <= self.tolerance and native_ok
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+@torch.no_grad()
+def torch_greedy(model, prompt: np.ndarray, n: int) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens and the logits they came from: [prefill logits [S, V], step logits [1, V]…]."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    ids = torch.from_numpy(prompt)[None]
+    out = model(input_ids=ids, cache=cache, use_cache=True)
+    logits = [out.logits[0].float().numpy()]
+    tokens = []
+    for step in range(n):
+        tok = int(logits[-1][-1].argmax())
+        tokens.append(tok)
+        if step == n - 1:
+            break
+        out = model(input_ids=torch.tensor([[tok]]), cache=cache, use_cache=True)
+        logits.append(out.logits[0].float().numpy())
+    return tokens, logits
+
+
+def ort_teacher_forced(session, spec, prompt: np.ndarray, tokens: list[int]) -> tuple[list[int], list[np.ndarray]]:
+    """ORT fed the prompt, then ``tokens`` one by one; its argmax per step and its logits."""
+    names = [o.name for o in session.get_outputs()]
+    empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), np.float32)
+    past = {n: empty for i in range(spec.num_layers) for n in kv_names(i)[:2]}
+    feed_ids, start, logits, picks = prompt[None].astype(np.int64), 0, [], []
+    for step in range(len(tokens)):
+        s = feed_ids.shape[1]
+        feed = {"input_ids": feed_ids, "attention_mask": np.ones((1, start + s), np.int64),
+                "position_ids": np.arange(start, start + s, dtype=np.int64)[None], **past}
+        out = dict(zip(names, session.run(None, feed)))
+        logits.append(out["logits"][0])
+        picks.append(int(out["logits"][0, -1].argmax()))
+        past = {kv_names(i)[j]: out[kv_names(i)[j + 2]] for i in range(spec.num_layers) for j in (0, 1)}
+        start += s
+        feed_ids = np.array([[tokens[step]]], dtype=np.int64)
+    return picks, logits
+
+
+def _max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return float(max(np.abs(x - y).max() for x, y in zip(a, b)))
+
+
+def validate(model_path, model, spec, prompt: np.ndarray, n: int, tolerance: float, threads: int = 1) -> Validation:
+    """Greedy ``n`` tokens: torch ``model`` (already sparsified/quantised as the bundle) vs ORT."""
+    import onnxruntime as ort
+
+    from dipdeploy.ops.native import library_path, session_options
+
+    ref_tokens, ref_logits = torch_greedy(model, prompt, n)
+    results = {}
+    lib = library_path()
+    for native in ((False, True) if lib is not None else (False,)):
+        so = session_options(threads=threads, native=native)
+        sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+        picks, logits = ort_teacher_forced(sess, spec, prompt, ref_tokens)
+        results[native] = (picks == ref_tokens, _max_diff(logits, ref_logits))
+        del sess
+    native = results.get(True)
+    return Validation(
+        tokens=n, reference_tokens=ref_tokens, tokens_match_stock=results[False][0],
+        tokens_match_native=None if native is None else native[0], max_abs_diff=results[False][1],
+        max_abs_diff_native=None if native is None else native[1], tolerance=tolerance,
+        max_abs_logit=float(max(np.abs(x).max() for x in ref_logits)), native_library=str(lib) if lib else None,
+    )
