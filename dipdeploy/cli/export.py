@@ -1,3 +1,111 @@
-"""CLI commands of the export stage."""
+"""CLI of the export stage: ``dipdeploy export`` and ``dipdeploy inspect`` (parse, call, present)."""
 
-from dipdeploy.cli._app import app  # noqa: F401
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from dipdeploy.cli._app import app
+from dipdeploy.cli.core import console, fail, write_json
+
+_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError)
+
+
+def _config(**given):
+    """ExportConfig from the flags that were given; the rest keep the dataclass defaults."""
+    from dipdeploy.export.config import ExportConfig
+
+    fields = {f.name for f in dataclasses.fields(ExportConfig)}
+    return ExportConfig(**{k: v for k, v in given.items() if v is not None and k in fields})
+
+
+@app.command("export")
+def export_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="bundle directory to create"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="registry name, HF dir, .gguf or hub id "
+                                        "(default: smollm2-135m)"),
+    method: Optional[str] = typer.Option(None, help="dense | dip | dip-ca (default: dip)"),
+    density: Optional[float] = typer.Option(None, help="MLP density ρ when no --plan (default 0.5)"),
+    rho_in: Optional[float] = typer.Option(None, "--rho-in", help="input share; given = no calibration"),
+    gamma: Optional[float] = typer.Option(None, help="DIP-CA γ for the host runtime (default 0.2)"),
+    plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate`"),
+    quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3"),
+    lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),
+    accuracy_level: Optional[int] = typer.Option(None, help="MatMulNBits accuracy level (0 = fp32, 4 = int8)"),
+    per_layer: Optional[bool] = typer.Option(None, "--per-layer/--no-per-layer", help="also write layers/*.onnx"),
+    validate_tokens: Optional[int] = typer.Option(None, help="greedy tokens to validate (0 = skip; default 32)"),
+    prompt: Optional[str] = typer.Option(None, help="validation prompt"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/"),
+    force: bool = typer.Option(False, "--force", help="replace an existing bundle at --out"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the summary and validation as JSON"),
+) -> None:
+    """Export a model with DIP sparse MLPs as a validated ONNX bundle (see the README, 'The bundle')."""
+    from dipdeploy.export.bundle import export_model
+
+    try:
+        cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
+                      plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
+                      accuracy_level=accuracy_level, per_layer=per_layer, validate_tokens=validate_tokens,
+                      prompt=prompt, data_dir=str(data_dir) if data_dir else None)
+        with console.status("export") as status:
+            result = export_model(cfg, out, force=force, progress=lambda s: status.update(f"export: {s}"))
+    except _ERRORS as err:
+        fail(err)
+    summary = result.summary()
+    table = Table("item", "value", title=f"bundle {out}")
+    for k, v in summary.items():
+        if k != "steps_s":
+            table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    console.print(table)
+    console.print(f"steps (s): {summary['steps_s']}")
+    console.print(f"run it: python -c \"import onnxruntime as ort; ort.InferenceSession('{out}/model.onnx')\" "
+                  f"(register {out}/libdipdeploy_ops.so for the native kernels), or `dipdeploy inspect {out}`")
+    write_json({**summary, "validation": result.manifest.validation}, json_out)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
+    verify: bool = typer.Option(False, "--verify", help="check every file's size and sha256"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the manifest summary as JSON"),
+) -> None:
+    """Print a bundle's manifest as a readable summary; --verify checks the checksums."""
+    from dipdeploy.export.manifest import read_manifest, verify as verify_bundle
+
+    try:
+        m = read_manifest(bundle)
+    except _ERRORS as err:
+        fail(err)
+    plan = m.plan or {}
+    rows = {"format": f"{m.format} v{m.version}", "model": m.source.get("model"),
+            "architecture": m.source.get("architecture"), "method": m.method,
+            "density": plan.get("density", 1.0), "score": plan.get("score", "-"),
+            "quant": (m.quant or {}).get("name", "none"),
+            "bits/weight (MLP)": (m.quant or {}).get("bits_per_weight_mlp", 32.0),
+            "ops": f"{m.ops['domain']} v{m.ops['version']}", "onnxruntime": f">= {m.onnxruntime['min']}",
+            "graphs": ", ".join([m.graphs["model"]] + ([f"{len(m.graphs['layers'])} per-layer"]
+                                                       if m.graphs.get("layers") else [])),
+            "tensors": len(m.tensors), "validation": json.dumps({k: m.validation.get(k) for k in (
+                "tokens_match_stock", "tokens_match_native", "max_abs_diff", "tolerance")})}
+    table = Table("item", "value", title=f"bundle {bundle}")
+    for k, v in rows.items():
+        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    console.print(table)
+    files = Table("file", "bytes", "sha256")
+    for name, rec in m.files.items():
+        files.add_row(name, str(rec["size"]), rec["sha256"][:16])
+    console.print(files)
+    if plan.get("layers"):
+        console.print("K_in/K_glu per layer: " + " ".join(f"{lp['k_in']}/{lp['k_glu']}" for lp in plan["layers"]))
+    problems = []
+    if verify:
+        problems = verify_bundle(bundle, m)
+        console.print("verify: [green]ok[/]" if not problems else "verify: [red]" + "; ".join(problems) + "[/]")
+    write_json({**rows, "problems": problems}, json_out)
+    if problems:
+        raise typer.Exit(1)

@@ -222,3 +222,21 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, progress: Progress, steps: di
     (tmp / MANIFEST).write_text(manifest.to_json())
     step("")
     return manifest
+
+
+def export_model(cfg: ExportConfig, out: Path, *, force: bool = False,
+                 progress: Progress = lambda step: None) -> ExportResult:
+    """The whole stage: load → merge LoRA → plan (given, uniform or calibrated) → :func:`export`."""
+    from dipdeploy.export.prepare import make_plan, merge_lora
+    from dipdeploy.loading import load_model
+
+    prepare_out(out, force)  # fail before minutes of work
+    progress("load")
+    lm = load_model(cfg.model)
+    extra = {}
+    if cfg.lora is not None:
+        progress("merge LoRA")
+        extra["lora"] = merge_lora(lm, cfg.lora)
+    progress("plan" if cfg.plan or cfg.rho_in is not None or cfg.method == "dense" else "calibrate")
+    plan = make_plan(lm, cfg)
+    return export(lm, cfg, out, plan, force=force, progress=progress, extra=extra)
