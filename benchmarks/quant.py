@@ -12,6 +12,7 @@ Two parts, both on the embedded SmolLM2-135M (GGUF Q4_1 weights, dequantised to 
 
     python benchmarks/quant.py --quick               # < 2 min: 3 layers, 2 windows of 512 tokens
     python benchmarks/quant.py --json out.json --force   # full: seqlen 2048, 16 windows (≈ 30 min, 2 cores)
+    python benchmarks/quant.py --resume out.json --json out.json --gptq --force   # add the -gptq rows
 
 Writes benchmarks/results/quant-smollm2.md (refuses to overwrite without --force).
 """
@@ -33,6 +34,8 @@ from dipdeploy.quant import Block4QuantConfig, fake_quantize, mlp_to_rows, quant
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
 FORMATS = ("bq4-b64", "vq3", "rtn3-b96", "bq4-b32")  # rtn3-b96: SmolLM2's d = 576 is no multiple of 128
+GPTQ_FORMATS = ("bq4-b64-gptq", "vq3-gptq", "rtn3-b96-gptq")
+CALIB_WINDOWS, CALIB_SEQLEN = 16, 512  # GPTQ calibration: WikiText-2 *validation* tokens
 EXTRA_RECON = ("bq4-b128", "rtn3", "rtn3-b192")
 
 
@@ -61,22 +64,26 @@ def q4_1_along_input(w: np.ndarray, block: int = 32) -> np.ndarray:
     return (m + q * d).reshape(w.shape)
 
 
-def reconstruction(layers_to_use: int | None) -> list[dict]:
+def reconstruction(layers_to_use: int | None, done: list[dict]) -> list[dict]:
     from dipdeploy.loading import load_model
     from dipdeploy.quant.fake import mlp_weights
 
     lm = load_model(MODEL)
     layers = lm.model.model.layers[:layers_to_use]
     weights = [mlp_weights(layer.mlp) for layer in layers]
-    rows = []
+    rows = [r for r in done if r.get("kind") == "reconstruction"]
+    have = {r["format"] for r in rows}
     num = den = 0.0
-    for ws in weights:
+    for ws in weights if not rows else []:
         for w in ws:
             num += float((w.astype(np.float64) ** 2).sum())
             den += float(((w - q4_1_along_input(w)).astype(np.float64) ** 2).sum())
-    rows.append({"kind": "reconstruction", "format": "Q4_1 b32 along input dim (GGUF layout)", "bits_per_weight": 5.0,
-                 "sqnr_db": _sqnr(num, den), "seconds": None, "layers": len(layers)})
+    if not rows:
+        rows.append({"kind": "reconstruction", "format": "Q4_1 b32 along input dim (GGUF layout)",
+                     "bits_per_weight": 5.0, "sqnr_db": _sqnr(num, den), "seconds": None, "layers": len(layers)})
     for name in ("bq4-b32", "bq4-b64", *EXTRA_RECON[:1], "vq3", "rtn3-b96", *EXTRA_RECON[1:]):
+        if name in have:
+            continue
         cfg = quant_config_from_name(name)
         num = den = bits = n = 0.0
         t0 = time.perf_counter()
@@ -94,27 +101,59 @@ def reconstruction(layers_to_use: int | None) -> list[dict]:
     return rows
 
 
+def _key(r: dict) -> tuple:
+    return (r["quant"], r["method"], float(r["target_density"]))
+
+
+def _gptq_model_dir(quant: str, data_dir: str | None, tmp: Path) -> tuple[str, dict]:
+    """Fake-quantise SmolLM2 with a -gptq preset (calibration: WikiText-2 validation) and save it as an
+    HF directory that ``evaluate`` loads like any checkpoint (the eval API has no calibration hook)."""
+    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.loading import load_model
+    from dipdeploy.quant.fake import quantize_model_
+
+    lm = load_model(MODEL)
+    calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), CALIB_SEQLEN, CALIB_WINDOWS)
+    report = quantize_model_(lm.model, quant_config_from_name(quant), "mlp", calib_ids=calib)
+    out = tmp / quant
+    lm.model.save_pretrained(out)
+    lm.tokenizer.save_pretrained(out)
+    return str(out), {"bits_per_weight": report.bits_per_weight, "quant_seconds": report.seconds,
+                      "calib_tokens": int(calib.numel())}
+
+
 def perplexity_rows(formats: tuple[str, ...], seqlen: int, windows: int, data_dir: str | None,
-                    on_row=lambda rows: None) -> list[dict]:
+                    done: list[dict], on_row=lambda rows: None) -> list[dict]:
     from dipdeploy.eval import EvalConfig, evaluate
 
     bq4_bits = Block4QuantConfig(block_size=64).bits_per_weight()
-    out = []
+    out = [r for r in done if r.get("kind") == "ppl"]
+    have = {_key(r) for r in out}
     for quant in (None, *formats):
         runs = [("dense", 1.0), ("dip", 0.5)]
         if quant is not None and quant.startswith("vq3"):
-            vq_bits = 3 + quant_config_from_name(quant).codebook_bits() / quant_config_from_name(quant).group_size
-            runs.append(("dip", round(0.5 * bq4_bits / vq_bits, 3)))
-        for method, density in runs:
-            t0 = time.perf_counter()
-            res = evaluate(EvalConfig(model=MODEL, method=method, density=density, seqlen=seqlen,
-                                      max_windows=windows, quant=quant, data_dir=data_dir, progress=False))
-            for r in res:
-                r.update(kind="ppl", wall_s=round(time.perf_counter() - t0, 1))
-                out.append(r)
-                print(f"  {quant or 'fp':9s} {method:5s} ρ={r['density']:.3f}  PPL {r['ppl']:.3f}  "
-                      f"({r['wall_s']} s)", flush=True)
-            on_row(out)
+            qc = quant_config_from_name(quant)
+            runs.append(("dip", round(0.5 * bq4_bits / (3 + qc.codebook_bits() / qc.group_size), 3)))
+        runs = [(m, d) for m, d in runs if (quant or "none", m, d) not in have]
+        if not runs:
+            continue
+        with tempfile.TemporaryDirectory(prefix="dipdeploy-quant-bench-") as tmp:
+            model, extra, eval_quant = MODEL, {}, quant
+            if quant is not None and quant_config_from_name(quant).error_feedback:
+                model, extra = _gptq_model_dir(quant, data_dir, Path(tmp))
+                eval_quant = None
+            for method, density in runs:
+                t0 = time.perf_counter()
+                res = evaluate(EvalConfig(model=model, method=method, density=density, seqlen=seqlen,
+                                          max_windows=windows, quant=eval_quant, data_dir=data_dir, progress=False))
+                for r in res:
+                    r.update(kind="ppl", wall_s=round(time.perf_counter() - t0, 1), model=MODEL)
+                    if quant is not None:
+                        r.update(quant=quant, quant_scope="mlp", **extra)
+                    out.append(r)
+                    print(f"  {quant or 'fp':9s} {method:5s} ρ={r['density']:.3f}  PPL {r['ppl']:.3f}  "
+                          f"({r['wall_s']} s)", flush=True)
+                on_row(out)
     return out
 
 
@@ -171,6 +210,13 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
                 f"{bpw:.4f} | {r['density'] * bpw:.3f} | {r['ppl']:.3f} | {ratio} | "
                 f"{_fmt(r.get('quant_seconds'), 1)} |")
         lines.append("")
+        if any(str(r["quant"]).endswith("-gptq") for r in ppl):
+            tok = next(r.get("calib_tokens") for r in ppl if str(r["quant"]).endswith("-gptq"))
+            lines += [f"`-gptq` rows: GPTQ-style error feedback in the row layout (`dipdeploy/quant/gptq.py`), "
+                      f"Hessians from {tok} WikiText-2 *validation* tokens ({CALIB_WINDOWS} × {CALIB_SEQLEN}); "
+                      "same packed format and bits as the plain rows.", ""]
+        lines += ["VQ3 + DIP at ρ ≈ 0.68 reads the same MLP bytes per token as BQ4 b64 + DIP at ρ = 0.5 "
+                  "(compare the ρ·bits column).", ""]
     else:
         lines += ["## WikiText-2 perplexity", "", "Not measured in this run.", ""]
     return "\n".join(lines)
@@ -206,20 +252,24 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--no-ppl", action="store_true", help="reconstruction only")
     ap.add_argument("--force", action="store_true", help="overwrite --out / --json")
+    ap.add_argument("--resume", type=Path, help="rows of an earlier run (its --json): keep them, measure the rest")
+    ap.add_argument("--gptq", action="store_true", help="also the -gptq presets (calibrated error feedback)")
     args = ap.parse_args()
     if args.quick:
         args.windows, args.seqlen = 2, 512
     for p in (args.out, args.json):
-        if p is not None and p.exists() and not args.force:
+        if p is not None and p.exists() and not args.force and p != args.resume:
             raise SystemExit(f"{p} exists; pass --force to overwrite it")
     t0 = time.perf_counter()
     print("reconstruction", flush=True)
-    recon = reconstruction(3 if args.quick else None)
+    done = json.loads(args.resume.read_text()) if args.resume else []
+    recon = reconstruction(3 if args.quick else None, done)
     ppl = []
     if not args.no_ppl:
         print("perplexity", flush=True)
         formats = ("bq4-b64", "rtn3-b96") if args.quick else FORMATS
-        ppl = perplexity_rows(formats, args.seqlen, args.windows, args.data_dir,
+        formats += GPTQ_FORMATS if args.gptq else ()
+        ppl = perplexity_rows(formats, args.seqlen, args.windows, args.data_dir, done,
                               on_row=lambda rows: save(args, recon, rows, t0, partial=True))
     save(args, recon, ppl, t0, partial=False)
     print(f"wrote {args.out}")

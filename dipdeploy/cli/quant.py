@@ -19,6 +19,9 @@ def quantize_cmd(
     quant: str = typer.Option(..., "--quant", help=f"format: {', '.join(QUANT_PRESETS)}"),
     out: Path = typer.Option(..., "--out", help="packed-weights file to write (.npz)"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing --out"),
+    calib_windows: int = typer.Option(16, "--calib-windows", help="-gptq formats: calibration windows (validation split)"),
+    calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="-gptq formats: tokens per calibration window"),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="folder holding wikitext-2-raw/ (else $DIPDEPLOY_DATA)"),
 ) -> None:
     """Quantise the MLP weights in the sparse row layout and write them (with their config) to one file."""
     from dipdeploy.quant.config import quant_config_from_name
@@ -34,7 +37,12 @@ def quantize_cmd(
     from dipdeploy.quant.io import bits_per_weight, read_header
 
     lm = load_model(model)
-    path = write_packed_mlp(lm.model, cfg, out, model_name=lm.name, force=force)
+    calib = None
+    if cfg.error_feedback:
+        from dipdeploy.eval.data import load_text, windows
+
+        calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), calib_seqlen, calib_windows)
+    path = write_packed_mlp(lm.model, cfg, out, model_name=lm.name, force=force, calib_ids=calib)
     header = read_header(path)
     console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, {len(header['tensors'])} tensors, "
                   f"{type(cfg).__name__}, {bits_per_weight(header):.4f} bits/weight)")
