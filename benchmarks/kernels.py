@@ -17,7 +17,8 @@ time per layer, which is what a decode step over the whole model sees (weights f
 Weights are random (kernel time does not depend on values; correctness is tests/test_ops_harness.py).
 Sparse paths get the weights as bound graph inputs (zero copy, as the host runtime feeds them).
 A last table times TopKColumnMask (native vs fallback) at the hidden and intermediate widths.
-Each time is the median of repeated `run_with_iobinding` calls; "bytes" counts the weight bytes the
+Each time is the median of repeated `run_with_iobinding` calls, the native, dense and MatMulNBits cases of
+a shape run round-robin so that load changes on this shared machine hit them alike; "bytes" counts the weight bytes the
 implementation must read (selected rows only for sparse, all for dense) and GB/s = bytes / time.
 
     python benchmarks/kernels.py --quick            # < 2 min: ρ_row = 0.5, no fallback at Mistral shapes
@@ -91,21 +92,6 @@ def random_weights(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> 
     return OpWeights.from_packed(VQTensor(cfg, rows, cols, gr, gc, codes, cb, cbs))
 
 
-def timed(sess: ort.InferenceSession, feeds: dict, budget_s: float, max_runs: int) -> tuple[float, int]:
-    """Median µs of run_with_iobinding over as many runs as fit ``budget_s`` (3..max_runs), after a warm-up."""
-    io = sess.io_binding()
-    for name, arr in feeds.items():
-        io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
-    io.bind_output(sess.get_outputs()[0].name)
-    sess.run_with_iobinding(io)
-    times, start = [], time.perf_counter()
-    while len(times) < max_runs and (len(times) < 3 or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter_ns()
-        sess.run_with_iobinding(io)
-        times.append((time.perf_counter_ns() - t0) / 1e3)
-    return float(np.median(times)), len(times)
-
-
 def stack_layers(models: list, shared: set[str]):
     """One model running ``models`` side by side (a model per "layer"): every name not in ``shared`` gets
     the suffix ``.l``. Used for cold-cache timing: L layers of distinct weights exceed the LLC."""
@@ -141,24 +127,41 @@ def stack_layers(models: list, shared: set[str]):
     return out
 
 
-def timed_all(sess: ort.InferenceSession, feeds: dict, budget_s: float, max_runs: int) -> tuple[float, int]:
-    """Like :func:`timed` but binds every output (a stacked model has one per layer)."""
-    io = sess.io_binding()
-    for name, arr in feeds.items():
-        io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
-    for o in sess.get_outputs():
-        io.bind_output(o.name)
-    sess.run_with_iobinding(io)
-    times, start = [], time.perf_counter()
-    while len(times) < max_runs and (len(times) < 3 or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter_ns()
-        sess.run_with_iobinding(io)
-        times.append((time.perf_counter_ns() - t0) / 1e3)
-    return float(np.median(times)), len(times)
-
-
 def session(model_bytes: bytes, threads: int, native: bool) -> ort.InferenceSession:
     return ort.InferenceSession(model_bytes, session_options(threads, native), providers=["CPUExecutionProvider"])
+
+
+class Bound:
+    """A session with every input and output bound once (zero copy), ready for timed runs."""
+
+    def __init__(self, sess: ort.InferenceSession, feeds: dict) -> None:
+        self.sess, self.io = sess, sess.io_binding()
+        self.values = [ort.OrtValue.ortvalue_from_numpy(a) for a in feeds.values()]
+        for name, value in zip(feeds, self.values):
+            self.io.bind_ortvalue_input(name, value)
+        for o in sess.get_outputs():
+            self.io.bind_output(o.name)
+        sess.run_with_iobinding(self.io)  # warm-up (allocations, first-touch)
+
+    def run_us(self) -> float:
+        t0 = time.perf_counter_ns()
+        self.sess.run_with_iobinding(self.io)
+        return (time.perf_counter_ns() - t0) / 1e3
+
+
+def interleaved(cases: dict, budget_s: float, max_runs: int) -> dict:
+    """Median µs and run count per case, running the cases round-robin (one run each per round) so a
+    change in machine load during the measurement hits every case alike; at least 3 runs each."""
+    times = {key: [] for key in cases}
+    start = time.perf_counter()
+    while True:
+        for key, bound in cases.items():
+            if len(times[key]) < max_runs:
+                times[key].append(bound.run_us())
+        fewest = min(len(t) for t in times.values())
+        if fewest >= max_runs or (fewest >= 3 and time.perf_counter() - start > budget_s):
+            break
+    return {key: (float(np.median(t)), len(t)) for key, t in times.items()}
 
 
 def dense_model(w: np.ndarray, as_proto: bool = False):
@@ -202,83 +205,86 @@ def bench_cold(name: str, threads_list, formats, budget_s: float) -> list[Row]:
     rows, cols = SHAPES[name]
     rng = np.random.default_rng(1)
     x = rng.standard_normal((1, rows)).astype(np.float32)
-    label = f"{name} cold"
-    out: list[Row] = []
+    cases, nbytes, layers = {}, {}, {}
 
-    def layers_for(nbytes: float) -> int:
-        return int(min(256, max(1, np.ceil(COLD_BYTES / nbytes))))
-
-    def add(fmt, th, impl, L, us_runs, nbytes):
-        us, runs = us_runs
-        us /= L
-        out.append(Row(label, fmt, 0.5 if impl == "native" else 1.0, th, impl, round(us, 1), int(nbytes),
-                       round(nbytes / us / 1e3, 2), runs))
-        print(f"{label:24s} {fmt:5s} L={L:<4d} t={th} {impl:13s} {us:10.1f} us {nbytes / us / 1e3:6.2f} GB/s", flush=True)
+    def layers_for(size: float) -> int:
+        return int(min(256, max(1, np.ceil(COLD_BYTES / size))))
 
     L = layers_for(rows * cols * 4)
     dense = stack_layers([dense_model(rng.standard_normal((rows, cols), dtype=np.float32), True) for _ in range(L)],
                          {"X"}).SerializeToString()
     for th in threads_list:
-        add("fp32", th, "dense", L, timed_all(session(dense, th, False), {"X": x}, budget_s, 100), rows * cols * 4)
+        key = ("fp32", 1.0, th, "dense")
+        cases[key], nbytes[key], layers[key] = Bound(session(dense, th, False), {"X": x}), rows * cols * 4, L
     del dense
     for level in (0, 4):
-        nbytes = matmulnbits_model(rows, cols, level, rng)[1]
-        L = layers_for(nbytes)
+        size = matmulnbits_model(rows, cols, level, rng)[1]
+        L = layers_for(size)
         model = stack_layers([matmulnbits_model(rows, cols, level, rng, True)[0] for _ in range(L)], {"X"})
         model = model.SerializeToString()
         for th in threads_list:
-            add("int4", th, f"matmulnbits{level}", L, timed_all(session(model, th, False), {"X": x}, budget_s, 100), nbytes)
+            key = ("int4", 1.0, th, f"matmulnbits{level}")
+            cases[key], nbytes[key], layers[key] = Bound(session(model, th, False), {"X": x}), size, L
+    k = rows // 2
+    idx = rng.permutation(rows)[:k][None].astype(np.int64)
     for fmt in formats:
         probe = random_weights(fmt, rows, cols, rng)
         L = layers_for(rows * probe.row_nbytes())
         ws = [probe] + [random_weights(fmt, rows, cols, rng) for _ in range(L - 1)]
         model = stack_layers([make_sgmm_model(w, rows, weights_as_inputs=True) for w in ws], {"X", "indices"})
         model = model.SerializeToString()
-        k = rows // 2
-        feeds = {"X": x, "indices": rng.permutation(rows)[:k][None].astype(np.int64)}
-        for l, w in enumerate(ws):
-            feeds.update({f"W{i}.{l}": a for i, a in enumerate(w.arrays)})
+        feeds = {"X": x, "indices": idx}
+        for layer, w in enumerate(ws):
+            feeds.update({f"W{i}.{layer}": a for i, a in enumerate(w.arrays)})
         for th in threads_list:
-            add(fmt, th, "native", L, timed_all(session(model, th, True), feeds, budget_s, 100), k * probe.row_nbytes())
-    return out
+            key = (fmt, 0.5, th, "native")
+            cases[key], nbytes[key], layers[key] = Bound(session(model, th, True), feeds), k * probe.row_nbytes(), L
+    results = interleaved(cases, budget_s * len(cases) / 4, 100)
+    return [make_row(f"{name} cold", key, (us / layers[key], runs), nbytes[key]) for key, (us, runs) in results.items()]
 
 
 def bench_shape(name: str, rhos, threads_list, formats, impls, budget_s: float) -> list[Row]:
+    """One shape: native, dense and MatMulNBits timed interleaved; the fallback afterwards, on its own."""
     rows, cols = SHAPES[name]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, rows)).astype(np.float32)
-    out: list[Row] = []
-    max_runs = 200
-
-    def add(fmt, rho, th, impl, us_runs, nbytes):
-        us, runs = us_runs
-        out.append(Row(name, fmt, rho, th, impl, round(us, 1), int(nbytes), round(nbytes / us / 1e3, 2), runs))
-        print(f"{name:20s} {fmt:5s} rho={rho:<5} t={th} {impl:13s} {us:10.1f} us {nbytes / us / 1e3:6.2f} GB/s", flush=True)
-
+    cases, nbytes, fallback = {}, {}, []
     if "dense" in impls:
         dense = dense_model(rng.standard_normal((rows, cols), dtype=np.float32))
         for th in threads_list:
-            add("fp32", 1.0, th, "dense", timed(session(dense, th, False), {"X": x}, budget_s, max_runs), rows * cols * 4)
+            cases["fp32", 1.0, th, "dense"] = Bound(session(dense, th, False), {"X": x})
+            nbytes["fp32", 1.0, th, "dense"] = rows * cols * 4
         del dense
     for level in (0, 4) if "matmulnbits" in impls else ():
-        model, nbytes = matmulnbits_model(rows, cols, level, rng)
+        model, size = matmulnbits_model(rows, cols, level, rng)
         for th in threads_list:
-            add("int4", 1.0, th, f"matmulnbits{level}", timed(session(model, th, False), {"X": x}, budget_s, max_runs), nbytes)
+            cases["int4", 1.0, th, f"matmulnbits{level}"] = Bound(session(model, th, False), {"X": x})
+            nbytes["int4", 1.0, th, f"matmulnbits{level}"] = size
     for fmt in formats:
         w = random_weights(fmt, rows, cols, rng)
         model = make_sgmm_model(w, rows, weights_as_inputs=True).SerializeToString()
         weights = {f"W{i}": a for i, a in enumerate(w.arrays)}
         for rho in rhos:
             k = int(round(rho * rows))
-            idx = rng.permutation(rows)[:k][None].astype(np.int64)
-            nbytes = k * w.row_nbytes()
-            feeds = {"X": x, "indices": idx, **weights}
+            feeds = {"X": x, "indices": rng.permutation(rows)[:k][None].astype(np.int64), **weights}
             for th in threads_list:
+                for impl in ("native", "fallback"):
+                    nbytes[fmt, rho, th, impl] = k * w.row_nbytes()
                 if "native" in impls:
-                    add(fmt, rho, th, "native", timed(session(model, th, True), feeds, budget_s, max_runs), nbytes)
+                    cases[fmt, rho, th, "native"] = Bound(session(model, th, True), feeds)
                 if "fallback" in impls:
-                    add(fmt, rho, th, "fallback", timed(session(model, th, False), feeds, budget_s / 2, 20), nbytes)
-    return out
+                    fallback.append(((fmt, rho, th, "fallback"), model, th, feeds))
+    results = interleaved(cases, budget_s * max(1, len(cases)) / 4, 200)
+    del cases
+    for key, model, th, feeds in fallback:
+        results[key] = interleaved({key: Bound(session(model, th, False), feeds)}, budget_s / 2, 20)[key]
+    return [make_row(name, key, results[key], nbytes[key]) for key in results]
+
+
+def make_row(shape: str, key: tuple, us_runs: tuple[float, int], nbytes: float) -> Row:
+    (fmt, rho, th, impl), (us, runs) = key, us_runs
+    print(f"{shape:24s} {fmt:5s} rho={rho:<5} t={th} {impl:13s} {us:10.1f} us {nbytes / us / 1e3:6.2f} GB/s", flush=True)
+    return Row(shape, fmt, rho, th, impl, round(us, 1), int(nbytes), round(nbytes / us / 1e3, 2), runs)
 
 
 TOPK_DIMS = (576, 1536, 4096, 14336)
@@ -295,12 +301,11 @@ def bench_topk(threads_list, budget_s: float) -> list[Row]:
         feeds = {"X": rng.standard_normal((1, d)).astype(np.float32), "K": np.array([d // 2], dtype=np.int64),
                  "C": rng.random((1, d)) < 0.5}
         nbytes = d * 5  # X (float32) + C (bool): what the op reads
-        for th in threads_list:
-            for impl in ("native", "fallback"):
-                us, runs = timed(session(model, th, impl == "native"), feeds, budget_s, 500)
-                out.append(Row(f"topk d={d}", "dipca", 0.5, th, impl, round(us, 1), nbytes,
-                               round(nbytes / us / 1e3, 3), runs))
-                print(f"topk d={d:<6} t={th} {impl:9s} {us:9.1f} us", flush=True)
+        cases = {(th, impl): Bound(session(model, th, impl == "native"), feeds)
+                 for th in threads_list for impl in ("native", "fallback")}
+        for (th, impl), (us, runs) in interleaved(cases, budget_s * len(cases), 500).items():
+            out.append(Row(f"topk d={d}", "dipca", 0.5, th, impl, round(us, 1), nbytes, round(nbytes / us / 1e3, 3), runs))
+            print(f"topk d={d:<6} t={th} {impl:9s} {us:9.1f} us", flush=True)
     return out
 
 
