@@ -144,3 +144,22 @@ def test_register_schemas_makes_onnx_accept_the_ops() -> None:
     assert onnx.defs.has("TopKColumnMask", "ai.dipdeploy") and onnx.defs.has("SparseGatherMatMul", "ai.dipdeploy")
     onnx.checker.check_model(make_sgmm_model(W, 32), full_check=True)
     onnx.checker.check_model(make_topk_model(32, cache=True, gamma=0.5), full_check=True)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp16", "bq4", "bq4_asym64", "vq3"])
+@pytest.mark.parametrize("slab", [False, True])
+def test_every_sgmm_variant_passes_checker_and_shape_inference(fmt: str, slab: bool) -> None:
+    from test_ops_harness import weights_for
+
+    model = make_sgmm_model(weights_for(fmt, 64, 96), 64, slab=slab)
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    assert inferred.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+@pytest.mark.parametrize("k_attr", [False, True])
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("wina", [False, True])
+def test_every_topk_variant_passes_checker(k_attr: bool, cache: bool, wina: bool) -> None:
+    model = make_topk_model(32, k=4 if k_attr else None, cache=cache, wina=wina, gamma=0.5)
+    onnx.checker.check_model(model, full_check=True)
