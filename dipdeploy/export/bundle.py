@@ -105,9 +105,12 @@ def prepare_out(out: Path, force: bool) -> Path:
         raise FileExistsError(f"{out} exists; pass --force to replace it or choose another --out")
     if out.exists() and not (out / MANIFEST).is_file() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not a dipdeploy bundle; refusing to replace it even with --force")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(out.parent, os.W_OK):
-        raise PermissionError(f"cannot write into {out.parent}; choose another --out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = Path(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
+        probe.rmdir()
+    except OSError as err:
+        raise PermissionError(f"cannot write the bundle into {out.parent} ({err.strerror}); choose another --out") from err
     return out
 
 
