@@ -123,6 +123,9 @@ def export(lm, cfg: ExportConfig, out: Path, plan: SparsityPlan | None, *, force
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         manifest = _build(lm, cfg, tmp, plan, progress, steps, extra or {})
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; a bundle is an ordinary directory
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
