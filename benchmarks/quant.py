@@ -105,21 +105,28 @@ def _key(r: dict) -> tuple:
     return (r["quant"], r["method"], float(r["target_density"]))
 
 
-def _gptq_model_dir(quant: str, data_dir: str | None, tmp: Path) -> tuple[str, dict]:
-    """Fake-quantise SmolLM2 with a -gptq preset (calibration: WikiText-2 validation) and save it as an
-    HF directory that ``evaluate`` loads like any checkpoint (the eval API has no calibration hook)."""
+def _quantized_model_dir(quant: str, data_dir: str | None, tmp: Path) -> tuple[str, dict]:
+    """Fake-quantise SmolLM2 once and save it as an HF directory that ``evaluate`` loads like any
+    checkpoint: one quantisation serves every (method, density) run, and the -gptq presets get their
+    calibration data (WikiText-2 validation; ``evaluate`` has no calibration hook for quantisation)."""
     from dipdeploy.eval.data import load_text, windows
     from dipdeploy.loading import load_model
     from dipdeploy.quant.fake import quantize_model_
 
     lm = load_model(MODEL)
-    calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), CALIB_SEQLEN, CALIB_WINDOWS)
-    report = quantize_model_(lm.model, quant_config_from_name(quant), "mlp", calib_ids=calib)
+    cfg = quant_config_from_name(quant)
+    calib = None
+    if cfg.error_feedback:
+        text = load_text("wikitext2", "validation", None, data_dir)
+        calib = windows(lm.tokenizer, text, CALIB_SEQLEN, CALIB_WINDOWS)
+    report = quantize_model_(lm.model, cfg, "mlp", calib_ids=calib)
     out = tmp / quant
     lm.model.save_pretrained(out)
     lm.tokenizer.save_pretrained(out)
-    return str(out), {"bits_per_weight": report.bits_per_weight, "quant_seconds": report.seconds,
-                      "calib_tokens": int(calib.numel())}
+    extra = {"bits_per_weight": report.bits_per_weight, "quant_seconds": report.seconds}
+    if calib is not None:
+        extra["calib_tokens"] = int(calib.numel())
+    return str(out), extra
 
 
 def perplexity_rows(formats: tuple[str, ...], seqlen: int, windows: int, data_dir: str | None,
@@ -138,14 +145,11 @@ def perplexity_rows(formats: tuple[str, ...], seqlen: int, windows: int, data_di
         if not runs:
             continue
         with tempfile.TemporaryDirectory(prefix="dipdeploy-quant-bench-") as tmp:
-            model, extra, eval_quant = MODEL, {}, quant
-            if quant is not None and quant_config_from_name(quant).error_feedback:
-                model, extra = _gptq_model_dir(quant, data_dir, Path(tmp))
-                eval_quant = None
+            model, extra = (MODEL, {}) if quant is None else _quantized_model_dir(quant, data_dir, Path(tmp))
             for method, density in runs:
                 t0 = time.perf_counter()
                 res = evaluate(EvalConfig(model=model, method=method, density=density, seqlen=seqlen,
-                                          max_windows=windows, quant=eval_quant, data_dir=data_dir, progress=False))
+                                          max_windows=windows, data_dir=data_dir, progress=False))
                 for r in res:
                     r.update(kind="ppl", wall_s=round(time.perf_counter() - t0, 1), model=MODEL)
                     if quant is not None:

@@ -135,3 +135,6 @@ def test_gptq_preset_needs_and_uses_calibration():
         err_fb = float(((model(input_ids=ids).logits - want) ** 2).mean())
         err_plain = float(((plain(input_ids=ids).logits - want) ** 2).mean())
     assert err_fb < err_plain
+    everything = quantize_model_(_llama(), cfg, "all", calib_ids=ids, progress=False)  # dense parts: plain BQ4
+    assert everything.n_params > everything.n_params_mlp and any("round-to-nearest" in n or "BQ4" in n or "Block4" in n
+                                                                  for n in everything.notes)

@@ -18,7 +18,7 @@ default ``Block4QuantConfig()``); a tied lm_head is untied first so the embeddin
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -206,8 +206,9 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
             mlp_params += p.rows * p.cols
     bits, params = mlp_bits, mlp_params
     if scope == "all":
-        dense_cfg = cfg if isinstance(cfg, Block4QuantConfig) else Block4QuantConfig()
-        if dense_cfg is not cfg:
+        # attention and lm_head: BQ4 (the MLP's config if it is BQ4), round-to-nearest, no calibration
+        dense_cfg = replace(cfg, error_feedback=False) if isinstance(cfg, Block4QuantConfig) else Block4QuantConfig()
+        if dense_cfg != cfg:
             notes.append(f"attention and lm_head use {dense_cfg} (blocks along the input dimension)")
         _untie_head(model, notes)
         for _name, linear in _dense_linears(model):
