@@ -129,35 +129,46 @@ def _quantized_model_dir(quant: str, data_dir: str | None, tmp: Path) -> tuple[s
     return str(out), extra
 
 
+def ppl_tasks(formats: tuple[str, ...]) -> list[tuple[str | None, str, float]]:
+    """(quant, method, density) in priority order: the issue's grid first, the extras after."""
+    bq4_bits = Block4QuantConfig(block_size=64).bits_per_weight()
+    main = [(q, m, d) for q in (None, *formats) for m, d in (("dense", 1.0), ("dip", 0.5))]
+    extra = []
+    for q in formats:
+        if q.startswith("vq3"):
+            qc = quant_config_from_name(q)
+            extra.append((q, "dip", round(0.5 * bq4_bits / (3 + qc.codebook_bits() / qc.group_size), 3)))
+    plain = [t for t in main if t[0] is None or not quant_config_from_name(t[0]).error_feedback]
+    gptq = [t for t in main if t not in plain]
+    return plain + [t for t in extra if not quant_config_from_name(t[0]).error_feedback] + gptq + \
+        [t for t in extra if quant_config_from_name(t[0]).error_feedback]
+
+
 def perplexity_rows(formats: tuple[str, ...], seqlen: int, windows: int, data_dir: str | None,
                     done: list[dict], on_row=lambda rows: None) -> list[dict]:
     from dipdeploy.eval import EvalConfig, evaluate
 
-    bq4_bits = Block4QuantConfig(block_size=64).bits_per_weight()
     out = [r for r in done if r.get("kind") == "ppl"]
     have = {_key(r) for r in out}
-    for quant in (None, *formats):
-        runs = [("dense", 1.0), ("dip", 0.5)]
-        if quant is not None and quant.startswith("vq3"):
-            qc = quant_config_from_name(quant)
-            runs.append(("dip", round(0.5 * bq4_bits / (3 + qc.codebook_bits() / qc.group_size), 3)))
-        runs = [(m, d) for m, d in runs if (quant or "none", m, d) not in have]
-        if not runs:
-            continue
-        with tempfile.TemporaryDirectory(prefix="dipdeploy-quant-bench-") as tmp:
-            model, extra = (MODEL, {}) if quant is None else _quantized_model_dir(quant, data_dir, Path(tmp))
-            for method, density in runs:
-                t0 = time.perf_counter()
-                res = evaluate(EvalConfig(model=model, method=method, density=density, seqlen=seqlen,
-                                          max_windows=windows, data_dir=data_dir, progress=False))
-                for r in res:
-                    r.update(kind="ppl", wall_s=round(time.perf_counter() - t0, 1), model=MODEL)
-                    if quant is not None:
-                        r.update(quant=quant, quant_scope="mlp", **extra)
-                    out.append(r)
-                    print(f"  {quant or 'fp':9s} {method:5s} ρ={r['density']:.3f}  PPL {r['ppl']:.3f}  "
-                          f"({r['wall_s']} s)", flush=True)
-                on_row(out)
+    models: dict[str | None, tuple[str, dict]] = {None: (MODEL, {})}
+    with tempfile.TemporaryDirectory(prefix="dipdeploy-quant-bench-") as tmp:
+        for quant, method, density in ppl_tasks(formats):
+            if (quant or "none", method, density) in have:
+                continue
+            if quant not in models:  # quantise each format once, for all its runs
+                models[quant] = _quantized_model_dir(quant, data_dir, Path(tmp))
+            model, extra = models[quant]
+            t0 = time.perf_counter()
+            res = evaluate(EvalConfig(model=model, method=method, density=density, seqlen=seqlen,
+                                      max_windows=windows, data_dir=data_dir, progress=False))
+            for r in res:
+                r.update(kind="ppl", wall_s=round(time.perf_counter() - t0, 1), model=MODEL)
+                if quant is not None:
+                    r.update(quant=quant, quant_scope="mlp", **extra)
+                out.append(r)
+                print(f"  {quant or 'fp':9s} {method:5s} ρ={r['density']:.3f}  PPL {r['ppl']:.3f}  "
+                      f"({r['wall_s']} s)", flush=True)
+            on_row(out)
     return out
 
 
