@@ -161,7 +161,7 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, progress: Progress, steps: di
     if cfg.per_layer and plan is not None:
         from dipdeploy.export.layers import LayerGraphs
 
-        per_layer = LayerGraphs(spec, store, plan, cfg.accuracy_level)
+        per_layer = LayerGraphs(spec, store, plan, cfg.accuracy_level, tmp, source.rope())
     try:
         model = build_decoder(source, store, ks, cfg.accuracy_level,
                               on_layer=per_layer.add_layer if per_layer else None)
@@ -169,11 +169,12 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, progress: Progress, steps: di
         step("write bundle")
         onnx.save_model(model, str(tmp / MODEL_FILE))
         if per_layer is not None:
-            graphs["layers"] = per_layer.save(tmp, source)
+            graphs["layers"] = per_layer.finish(source)
     finally:
         store.close()
     del model
-    check_model(tmp / MODEL_FILE)
+    for name in [MODEL_FILE, *graphs.get("layers", [])]:
+        check_model(tmp / name)
     lm.tokenizer.save_pretrained(tmp)
     from dipdeploy.ops.native import library_path
 

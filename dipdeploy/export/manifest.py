@@ -72,6 +72,17 @@ def read_manifest(bundle: str | Path) -> Manifest:
     return Manifest.from_json(path.read_text())
 
 
+def open_tensor(bundle: str | Path, manifest: Manifest, name: str):
+    """A read-only ``np.memmap`` of one tensor of the table (what a host runtime reads rows from)."""
+    import numpy as np
+
+    if name not in manifest.tensors:
+        raise KeyError(f"tensor {name!r} is not in the bundle; it has {len(manifest.tensors)} tensors")
+    t = manifest.tensors[name]
+    return np.memmap(Path(bundle) / t["file"], dtype=np.dtype(t["dtype"]), mode="r", offset=t["offset"],
+                     shape=tuple(t["shape"]))
+
+
 def file_record(path: Path) -> dict:
     h = hashlib.sha256()
     with open(path, "rb") as f:

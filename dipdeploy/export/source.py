@@ -60,6 +60,7 @@ class ModelSource:
         self.wina = wina
         self.max_length = min(max_length, self.spec.max_position_embeddings)
         self.stats = QuantState()
+        self._head: Linear | None = None
         self._untie_if_quantised()
 
     def quant_dict(self) -> dict | None:
@@ -156,7 +157,12 @@ class ModelSource:
         return _np(self.model.model.norm.weight)
 
     def lm_head(self) -> Linear:
-        head = self.model.get_output_embeddings()
-        if self.tied:
-            return Linear("tied", self.spec.hidden_size, self.spec.vocab_size, tied_to="model.embed_tokens.weight")
-        return self._linear([head])
+        """The lm_head, quantised once however often it is asked for (model.onnx and head.onnx)."""
+        if self._head is None:
+            head = self.model.get_output_embeddings()
+            if self.tied:
+                self._head = Linear("tied", self.spec.hidden_size, self.spec.vocab_size,
+                                    tied_to="model.embed_tokens.weight")
+            else:
+                self._head = self._linear([head])
+        return self._head

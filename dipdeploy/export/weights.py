@@ -73,7 +73,7 @@ class WeightStore:
         f.write(array.tobytes())
         self.entries[name] = TensorEntry(name, file, offset, array.nbytes, array.dtype.name, tuple(array.shape), layout)
         self._protos[name] = external_tensor(name, array.dtype, array.shape, file, offset, array.nbytes)
-        return self._protos[name]
+        return self.proto(name)
 
     def proto(self, name: str) -> TensorProto:
         """A fresh copy of the reference to an already written tensor (for another graph)."""

@@ -1,0 +1,169 @@
+"""Per-layer graphs for the host runtime: the decoder cut where the host must act.
+
+A host runtime (issue 6) keeps a DRAM slab of MLP rows per layer and group, decides which selected
+rows are missing, reads them from ``mlp.bin`` (Flash layout, offsets in the manifest), and runs the
+sparse MLP on slab slots. So each layer is cut where indices leave the graph:
+
+    embed.onnx              input_ids ─► hidden
+    layer.{i}.attn.onnx     hidden, attention_mask, position_ids, past kv, cache_in[d]
+                            ─► hidden_attn (residual added), x [N,d], in_indices [N,K_in], present kv
+    layer.{i}.mlp_up.onnx   x, in_indices, in_slots, up|gate slab arrays, cache_glu[F]
+                            ─► glu [N,F], glu_indices [N,K_glu]
+    layer.{i}.mlp_down.onnx glu, glu_indices, glu_slots, down slab arrays, hidden_attn ─► hidden
+    head.onnx               hidden ─► logits
+
+The TopKColumnMask nodes take the group's cache residency ``cache_in``/``cache_glu`` (bool [d]/[F])
+and the plan's γ and fixed_top_n: this is where DIP-CA happens (all-true residency = plain DIP).
+The slab arrays are graph *inputs* (the host binds its DRAM buffers), dense weights are the same
+external tensors as in ``model.onnx``: nothing is duplicated on disk. The graphs sit beside
+``model.onnx`` (ORT refuses external data outside the model's folder). Torch-free.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from dipdeploy.export.blocks import attention, linear, rms_norm, shared_values
+from dipdeploy.export.decoder import kv_names
+from dipdeploy.export.graph import Graph
+from dipdeploy.export.mlp import MlpTensors, sparse_down, sparse_up_gate
+from dipdeploy.export.weights import WeightStore
+
+FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+class LayerGraphs:
+    """Builds and saves the per-layer graphs while the decoder is built (same weights, same store)."""
+
+    def __init__(self, spec, store: WeightStore, plan, accuracy_level: int, root: Path, rope: tuple):
+        self.spec, self.store, self.plan, self.acc = spec, store, plan, accuracy_level
+        self.dir = Path(root)
+        self.cos, self.sin = rope
+        self.files: list[str] = []
+        self.gamma = plan.gamma if plan.method == "dip-ca" else 1.0
+
+    def _save(self, g: Graph, name: str) -> None:
+        onnx.save_model(g.model(doc=f"dipdeploy per-layer graph {name}"), str(self.dir / name))
+        self.files.append(name)
+
+    def add_layer(self, i: int, lw, t: MlpTensors) -> None:
+        spec, lp = self.spec, self.plan.layers[i]
+        self._attn(i, lw, lp.k_in)
+        self._mlp_up(i, t, lp.k_glu)
+        self._mlp_down(i, t)
+
+    def _attn(self, i: int, lw, k_in: int) -> None:
+        spec, st = self.spec, self.store
+        g = Graph(f"layer{i}_attn", self.acc)
+        h = g.input("hidden", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
+        mask = g.input("attention_mask", INT64, ["batch_size", "total_sequence_length"])
+        pos = g.input("position_ids", INT64, ["batch_size", "sequence_length"])
+        past_k, past_v, pres_k, pres_v = kv_names(i)
+        kv = ["batch_size", spec.num_kv_heads, "past_sequence_length", spec.head_dim]
+        g.input(past_k, FLOAT, kv)
+        g.input(past_v, FLOAT, kv)
+        cache = g.input("cache_in", BOOL, [spec.hidden_size])
+        shared = shared_values(g, st, spec, self.cos, self.sin, h, mask, pos)
+        p = f"/model/layers.{i}"
+        x = rms_norm(g, st, f"{p}/input_layernorm", h, lw.ln_attn, spec.rms_norm_eps,
+                     f"model.layers.{i}.input_layernorm.weight")
+        a, k, v = attention(g, st, spec, i, x, lw.attn, shared, past_k, past_v, self.cos.shape[-1])
+        h2 = g.op(f"{p}/residual_attn/Add", "Add", [h, a])
+        x = rms_norm(g, st, f"{p}/post_attention_layernorm", h2, lw.ln_mlp, spec.rms_norm_eps,
+                     f"model.layers.{i}.post_attention_layernorm.weight")
+        x2 = g.op(f"{p}/mlp/Reshape", "Reshape", [x, g.const([-1, spec.hidden_size])])
+        from dipdeploy.ops.nodes import topk_column_mask_node
+
+        colnorm = f"model.layers.{i}.mlp.colnorm_in"
+        cn = g.weight(st.proto(colnorm)) if colnorm in st.entries else None
+        idx = g.add_custom(topk_column_mask_node(
+            f"{p}/mlp/up_gate_proj/TopKColumnMask", x2, f"{p}/mlp/up_gate_proj/TopKColumnMask/output_0", k=k_in,
+            cache=cache, colnorm=cn, gamma=self.gamma, fixed_top_n=self.plan.fixed_top_n))
+        present = ["batch_size", spec.num_kv_heads, "total_sequence_length", spec.head_dim]
+        g.output(h2, "hidden_attn", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
+        g.output(x2, "x", FLOAT, ["N", spec.hidden_size])
+        g.output(idx, "in_indices", INT64, ["N", k_in])
+        g.output(k, pres_k, FLOAT, present)
+        g.output(v, pres_v, FLOAT, present)
+        self._save(g, f"layer.{i}.attn.onnx")
+
+    def _slab_inputs(self, g: Graph, prefix: str, names: list[str]) -> list[str]:
+        """The group's arrays as graph inputs: per-row arrays get a free ``slab_rows`` first dim,
+        shared tables (VQ3 codebooks) keep their shape."""
+        out = []
+        rows = self.store.entries[names[0]].shape[0]
+        for n in names:
+            e = self.store.entries[n]
+            shape = ["slab_rows", *e.shape[1:]] if e.shape[0] == rows else list(e.shape)
+            elem = helper.np_dtype_to_tensor_dtype(np.dtype(e.dtype))
+            out.append(g.input(f"{prefix}.{n.rsplit('.', 1)[-1]}", elem, shape))
+        return out
+
+    def _norm(self, g: Graph, i: int, key: str) -> str | None:
+        name = f"model.layers.{i}.mlp.{key}"
+        return g.weight(self.store.proto(name)) if name in self.store.entries else None
+
+    def _mlp_up(self, i: int, t: MlpTensors, k_glu: int) -> None:
+        spec = self.spec
+        g = Graph(f"layer{i}_mlp_up", self.acc)
+        x = g.input("x", FLOAT, ["N", spec.hidden_size])
+        k_in = self.plan.layers[i].k_in
+        idx = g.input("in_indices", INT64, ["N", k_in])
+        slots = g.input("in_slots", INT64, ["N", k_in])
+        w = self._slab_inputs(g, "up_gate", t.up_gate)
+        cache = g.input("cache_glu", BOOL, [spec.intermediate_size])
+        p = f"/model/layers.{i}/mlp"
+        from dipdeploy.ops.nodes import sparse_gather_matmul_node, topk_column_mask_node
+
+        ug = g.add_custom(sparse_gather_matmul_node(f"{p}/up_gate_proj/SparseGatherMatMul", x, idx, w,
+                                                    f"{p}/up_gate_proj/SparseGatherMatMul/output_0", slots=slots,
+                                                    **t.up_gate_attrs))
+        f = spec.intermediate_size
+        up, gate = g.op(f"{p}/Split", "Split", [ug, g.const([f, f])], n_out=2, axis=-1)
+        glu = g.op(f"{p}/Mul", "Mul", [g.op(f"{p}/act_fn/Mul", "Mul", [gate, g.op(f"{p}/act_fn/Sigmoid", "Sigmoid", [gate])]), up])
+        gidx = g.add_custom(topk_column_mask_node(
+            f"{p}/down_proj/TopKColumnMask", glu, f"{p}/down_proj/TopKColumnMask/output_0", k=k_glu, cache=cache,
+            colnorm=self._norm(g, i, "colnorm_glu"), gamma=self.gamma, fixed_top_n=self.plan.fixed_top_n))
+        g.output(glu, "glu", FLOAT, ["N", f])
+        g.output(gidx, "glu_indices", INT64, ["N", k_glu])
+        self._save(g, f"layer.{i}.mlp_up.onnx")
+
+    def _mlp_down(self, i: int, t: MlpTensors) -> None:
+        spec = self.spec
+        g = Graph(f"layer{i}_mlp_down", self.acc)
+        k_glu = self.plan.layers[i].k_glu
+        glu = g.input("glu", FLOAT, ["N", spec.intermediate_size])
+        idx = g.input("glu_indices", INT64, ["N", k_glu])
+        slots = g.input("glu_slots", INT64, ["N", k_glu])
+        w = self._slab_inputs(g, "down", t.down)
+        h = g.input("hidden_attn", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
+        p = f"/model/layers.{i}/mlp"
+        from dipdeploy.ops.nodes import sparse_gather_matmul_node
+
+        y = g.add_custom(sparse_gather_matmul_node(f"{p}/down_proj/SparseGatherMatMul", glu, idx, w,
+                                                   f"{p}/down_proj/SparseGatherMatMul/output_0", slots=slots,
+                                                   **t.down_attrs))
+        y = g.op(f"{p}/Reshape_1", "Reshape", [y, g.op(f"{p}/Shape", "Shape", [h])])
+        g.output(g.op(f"/model/layers.{i}/residual_mlp/Add", "Add", [h, y]), "hidden", FLOAT,
+                 ["batch_size", "sequence_length", spec.hidden_size])
+        self._save(g, f"layer.{i}.mlp_down.onnx")
+
+    def finish(self, source) -> list[str]:
+        """Write ``embed.onnx`` and ``head.onnx`` (after the decoder wrote their weights)."""
+        spec, st = self.spec, self.store
+        g = Graph("embed", self.acc)
+        ids = g.input("input_ids", INT64, ["batch_size", "sequence_length"])
+        h = g.op("/model/embed_tokens/Gather", "Gather", [g.weight(st.proto("model.embed_tokens.weight")), ids], axis=0)
+        g.output(h, "hidden", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
+        self._save(g, "embed.onnx")
+        g = Graph("head", self.acc)
+        h = g.input("hidden", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
+        h = rms_norm(g, st, "/model/norm", h, source.final_norm(), spec.rms_norm_eps, "model.norm.weight")
+        logits = linear(g, st, "/lm_head", h, source.lm_head(), "lm_head")
+        g.output(logits, "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
+        self._save(g, "head.onnx")
+        return list(self.files)
