@@ -226,6 +226,7 @@ class Trace:
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez_compressed(f, **arrays)
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a trace is an ordinary output file
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

@@ -47,6 +47,7 @@ def plot_curves(rows: list[SimResult], out: str | os.PathLike, title: str = "", 
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=120)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private
         os.replace(tmp, out)
     finally:
         plt.close(fig)

@@ -17,6 +17,7 @@ def write_json(rows: list[dict], path: str | os.PathLike, force: bool = False) -
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(rows, f, indent=1)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
