@@ -45,7 +45,7 @@ class ExportConfig:
     prompt: str = "The capital of France is"
     calib_windows: int = 4
     calib_seqlen: int = 256
-    per_layer: bool = False
+    per_layer: bool = True
     threads: int = 1
     data_dir: str | None = None
 
