@@ -1,0 +1,184 @@
+"""Benchmark of `dipdeploy export` and of decoding with the exported bundles (issue 5).
+
+Part 1, export: wall time, peak RSS and bundle bytes per file for SmolLM2-135M (fp32, BQ4, VQ3; DIP at
+ρ = 0.5 with the registry's ρ_in, so no calibration) and for a randomly initialised Llama-shaped model
+of ≈1 B parameters (d 2048, F 5632, 16 layers, GQA 32/4, vocab 32000; fp32). Each export runs in its own
+process (peak RSS = that process's ru_maxrss), with validation on (32 tokens; 4 for the 1 B model).
+
+Part 2, decode: tokens/s of greedy decoding with plain ORT on `model.onnx` (prompt of 16 tokens, then
+``--tokens`` new tokens, 1 intra-op thread, one `run` per token with the KV cache fed back), for the
+dense fp32 export, and the DIP fp32 / BQ4 bundles on stock ORT (fallback functions) and with the native
+library. onnxruntime-genai's int4 export is timed too when its model builder is importable
+(``pip install --target DIR onnxruntime-genai`` and ``--genai-path DIR``); otherwise its row says why.
+
+    nice -n 10 python benchmarks/export.py --quick     # SmolLM2 fp32 + BQ4 only, 32 tokens
+    nice -n 10 python benchmarks/export.py             # everything
+
+Writes benchmarks/results/export.md (and --json OUT). This machine is shared: the load average is
+printed with the table and timings move with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import machine, md_table, write_rows_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PY = sys.executable
+
+_EXPORT_CHILD = r"""
+import json, resource, sys, time
+from dipdeploy.export.bundle import export_model
+from dipdeploy.export.config import ExportConfig
+cfg = ExportConfig(**json.loads(sys.argv[1]))
+t0 = time.perf_counter()
+res = export_model(cfg, sys.argv[2], force=True)
+print("RESULT" + json.dumps({"seconds": time.perf_counter() - t0,
+      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **res.summary()}))
+"""
+
+_RANDOM_1B = r"""
+import sys
+from dipdeploy.loading import build_tiny
+from dipdeploy.registry import ModelDefaults, ModelShape, ModelSpec
+shape = ModelShape(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32,
+                   num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+build_tiny(ModelSpec("llama-1b-random", "LlamaForCausalLM", "split", shape, ModelDefaults(), tiny={"seed": 0}),
+           __import__("pathlib").Path(sys.argv[1]))
+"""
+
+
+def run_export(cfg: dict, out: Path) -> dict:
+    done = subprocess.run([PY, "-c", _EXPORT_CHILD, json.dumps(cfg), str(out)], capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1][:300]}
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+def file_sizes(out: Path) -> dict:
+    return {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.suffix in (".bin", ".onnx")}
+
+
+def decode_tps(model_path: Path, native: bool, prompt_len: int, tokens: int, inputs_like: str = "dipdeploy") -> float:
+    """Greedy decode tokens/s with one ORT session, 1 thread, KV cache fed back as numpy."""
+    import onnxruntime as ort
+
+    from dipdeploy.ops.native import session_options
+
+    so = session_options(threads=1, native=native)
+    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    ins = {i.name: i for i in sess.get_inputs()}
+    outs = [o.name for o in sess.get_outputs()]
+    past = {}
+    for name, i in ins.items():
+        if name.startswith("past_key_values"):
+            shape = [1 if s == "batch_size" else 0 if isinstance(s, str) else s for s in i.shape]
+            past[name] = np.zeros(shape, np.float16 if "float16" in i.type else np.float32)
+    ids = np.arange(1, prompt_len + 1, dtype=np.int64)[None]
+    start, t0, n = 0, None, 0
+    for step in range(tokens + 1):
+        s = ids.shape[1]
+        feed = {"input_ids": ids, "attention_mask": np.ones((1, start + s), np.int64), **past}
+        if "position_ids" in ins:
+            feed["position_ids"] = np.arange(start, start + s, dtype=np.int64)[None]
+        res = dict(zip(outs, sess.run(None, feed)))
+        past = {k: res[k.replace("past_key_values", "present")] for k in past}
+        start += s
+        ids = np.array([[int(res["logits"][0, -1].argmax())]], dtype=np.int64)
+        if step == 0:
+            t0 = time.perf_counter()  # time decode steps only (after the prefill)
+        else:
+            n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def genai_int4(genai_path: str | None, hf_dir: Path, work: Path) -> tuple[Path | None, str]:
+    """Build onnxruntime-genai's int4 CPU export of the HF dir; (model.onnx, note)."""
+    if not genai_path:
+        return None, "not run: pass --genai-path DIR holding onnxruntime-genai (pip install --target DIR)"
+    env = {**os.environ, "PYTHONPATH": genai_path + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = work / "genai-int4"
+    cmd = [PY, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out), "-p", "int4",
+           "-e", "cpu", "-c", str(work / "genai-cache")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0 or not (out / "model.onnx").is_file():
+        return None, "builder failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+    return out / "model.onnx", "onnxruntime-genai model builder -p int4 -e cpu"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--work", default=None, help="where bundles go (default: a temp dir, removed)")
+    ap.add_argument("--genai-path", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    tokens = 32 if args.quick else args.tokens
+    work = Path(args.work or tempfile.mkdtemp(prefix="dipdeploy-bench-"))
+    base = {"model": "smollm2-135m", "rho_in": 0.55, "density": 0.5}
+    exports = {"smollm2 dense fp32": {**base, "method": "dense"},
+               "smollm2 dip fp32": {**base, "method": "dip"},
+               "smollm2 dip bq4": {**base, "method": "dip", "quant": "bq4"}}
+    if not args.quick:
+        exports["smollm2 dip vq3"] = {**base, "method": "dip", "quant": "vq3"}
+    rows, sizes = [], {}
+    for name, cfg in exports.items():
+        r = run_export(cfg, work / name.replace(" ", "-"))
+        rows.append({"export": name, **r})
+        if "error" not in r:
+            sizes[name] = file_sizes(work / name.replace(" ", "-"))
+        print(name, r.get("seconds"), r.get("error", ""), flush=True)
+    if not args.quick:
+        hf = work / "llama-1b-random-hf"
+        subprocess.run([PY, "-c", _RANDOM_1B, str(hf)], check=True)
+        r = run_export({"model": str(hf), "method": "dip", "rho_in": 0.55, "density": 0.5, "validate_tokens": 4},
+                       work / "llama-1b-dip-fp32")
+        rows.append({"export": "llama-1b-random dip fp32", **r})
+        print("1b", r.get("seconds"), r.get("error", ""), flush=True)
+    decode = []
+    for name, native in (("smollm2 dense fp32", False), ("smollm2 dip fp32", False), ("smollm2 dip fp32", True),
+                         ("smollm2 dip bq4", False), ("smollm2 dip bq4", True)):
+        if name in sizes:
+            tps = decode_tps(work / name.replace(" ", "-") / "model.onnx", native, 16, tokens)
+            decode.append({"graph": name, "ops": "native" if native else "stock ORT", "tokens_per_s": tps})
+            print(decode[-1], flush=True)
+    from dipdeploy.loading import resolve
+
+    path, note = genai_int4(args.genai_path, Path(resolve("smollm2-135m")[0]), work)
+    decode.append({"graph": "onnxruntime-genai int4", "ops": "stock ORT", "note": note,
+                   "tokens_per_s": decode_tps(path, False, 16, tokens) if path else None})
+    env = machine()
+    text = [f"# Export benchmark\n\n{env} · `python benchmarks/export.py{' --quick' if args.quick else ''}` · "
+            f"1 intra-op thread for decode · prompt 16 tokens, {tokens} new tokens\n",
+            "## Export (one process each; validation included)\n",
+            md_table(rows, ["export", "seconds", "peak_rss_mb", "bytes_total", "bytes_dense", "bytes_mlp",
+                            "bits_per_weight_mlp", "tokens_match_stock", "tokens_match_native", "max_abs_diff",
+                            "tolerance", "error"]),
+            "\n## Files (bytes)\n"]
+    for name, files in sizes.items():
+        text.append(f"- {name}: " + ", ".join(f"{k} {v:,}" for k, v in files.items()))
+    text += ["\n## Decode tokens/s (plain ORT, model.onnx)\n", md_table(decode, ["graph", "ops", "tokens_per_s", "note"])]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "export.md").write_text("\n".join(text) + "\n")
+    write_rows_json([{"machine": env}, *rows, *decode], args.json)
+    print("\n".join(text))
+    if args.work is None:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
