@@ -80,11 +80,10 @@ def decode_tps(model_path: Path, native: bool, prompt_len: int, tokens: int, inp
     sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
     ins = {i.name: i for i in sess.get_inputs()}
     outs = [o.name for o in sess.get_outputs()]
-    past = {}
-    for name, i in ins.items():
-        if name.startswith("past_key_values"):
-            shape = [1 if s == "batch_size" else 0 if isinstance(s, str) else s for s in i.shape]
-            past[name] = np.zeros(shape, np.float16 if "float16" in i.type else np.float32)
+    dec = json.loads((model_path.parent / "genai_config.json").read_text())["model"]["decoder"]
+    shape = (1, dec["num_key_value_heads"], 0, dec["head_size"])  # both bundles carry a genai_config.json
+    past = {name: np.zeros(shape, np.float16 if "float16" in i.type else np.float32)
+            for name, i in ins.items() if name.startswith("past_key_values")}
     ids = np.arange(1, prompt_len + 1, dtype=np.int64)[None]
     start, t0, n = 0, None, 0
     for step in range(tokens + 1):
