@@ -1,0 +1,180 @@
+"""``finetune(lm, plan, cfg, out_dir)``: LoRA recovery with the DIP/DIP-CA masks active.
+
+Built on the Hugging Face ``Trainer`` (not a hand-written loop): it brings progress, periodic
+checkpoints (adapter, optimizer, scheduler, RNG, data position), exact resume after an interruption,
+and — unchanged — data-parallel training on several GPUs or machines:
+
+    accelerate launch --num_processes 8 -m dipdeploy finetune --model mistral-7b --method dip \
+        --density 0.5 --out mistral-dip50-lora
+
+(each process trains on its shard of the windows; process 0 writes checkpoints and the adapter). Only
+the single-process path is tested here (2-core CPU machine).
+
+The Trainer needed two small overrides, not a different loop, because of the ``SparseMLP`` wrapper:
+
+- ``_save`` / ``_load_from_checkpoint`` run inside :func:`dense_paths`, so checkpoints and the final
+  adapter carry the plain module paths (``mlp.up_proj``), which the unwrapped base model accepts;
+- ``compute_loss`` resets the DIP-CA caches first, so every batch of windows starts cold, exactly as
+  the evaluator runs it (plain DIP keeps no state; the reset is free).
+
+The masks: peft wraps the nn.Linear projections *inside* the SparseMLP, so a projection computes
+``(W + s·B·A)(m_in ⊙ x)`` — the adapter acts on the full weight before column selection, as merging
+it later does (method.md). ``m_in``/``m_glu`` come from ``topk`` and enter as boolean multiplies, so
+gradients flow through the kept entries only and the masks are constants. The training text is WikiText-2
+*validation* or a user file, never the test split the evaluator reports.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dipdeploy.finetune.adapter import dense_paths, fingerprint, target_modules, write_metadata
+from dipdeploy.finetune.config import LoraConfig
+from dipdeploy.paths import atomic_dir, check_output
+from dipdeploy.sparsity.methods import reset_caches, sparsify_, unsparsify_
+from dipdeploy.sparsity.plan import SparsityPlan
+
+
+@dataclass
+class FinetuneResult:
+    out_dir: Path
+    steps: int
+    train_tokens: int
+    wall_s: float
+    first_loss: float | None
+    last_loss: float | None
+    log_history: list = field(default_factory=list)
+
+
+class WindowDataset(torch.utils.data.Dataset):
+    """Fixed-length token windows; labels are the inputs (the model shifts them)."""
+
+    def __init__(self, windows: torch.Tensor):
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return self.windows.shape[0]
+
+    def __getitem__(self, i: int) -> dict:
+        w = self.windows[i]
+        return {"input_ids": w, "labels": w.clone()}
+
+
+def training_windows(lm, cfg: LoraConfig, data_dir: str | Path | None = None) -> torch.Tensor:
+    """All non-overlapping windows of the training text: WikiText-2 validation, or ``cfg.text_file``."""
+    from dipdeploy.eval.data import load_text, windows
+
+    text = load_text("wikitext2", "validation", cfg.text_file, data_dir)
+    return windows(lm.tokenizer, text, cfg.seqlen, None)
+
+
+def checkpoint_dir(out_dir: str | Path) -> Path:
+    """Checkpoints live beside the adapter (``<out>.checkpoints``) until training finishes."""
+    out = Path(out_dir)
+    return out.with_name(out.name + ".checkpoints")
+
+
+def _trainer_class():
+    from transformers import Trainer
+
+    class SparseTrainer(Trainer):
+        """Trainer whose saves/loads see plain module paths and whose DIP-CA caches start cold per batch."""
+
+        hf_model: torch.nn.Module  # the HF causal LM inside the PeftModel (where the SparseMLPs live)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            reset_caches(self.hf_model)
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+        def _save(self, output_dir=None, state_dict=None):
+            with dense_paths(self.hf_model):
+                super()._save(output_dir, state_dict=None)  # recomputed from the unwrapped paths
+
+        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+            with dense_paths(self.hf_model):
+                super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    return SparseTrainer
+
+
+def _training_args(cfg: LoraConfig, ckpt: Path, progress: bool):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(ckpt), max_steps=cfg.total_steps, per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.lr, lr_scheduler_type=cfg.scheduler,
+        warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, logging_steps=cfg.logging_steps,
+        logging_first_step=True, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2,
+        seed=cfg.seed, data_seed=cfg.seed, report_to=[], remove_unused_columns=False,
+        dataloader_num_workers=0, disable_tqdm=not progress, bf16=cfg.bf16,
+        use_cpu=not torch.cuda.is_available(),
+    )
+
+
+def _prepare_checkpoints(out: Path, resume: bool, force: bool) -> Path:
+    ckpt = checkpoint_dir(out)
+    if ckpt.exists() and not resume:
+        if not force:
+            raise FileExistsError(
+                f"{ckpt} holds checkpoints of an earlier run; pass --resume to continue it or --force to start over"
+            )
+        shutil.rmtree(ckpt)
+    return ckpt
+
+
+def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, data_dir: str | Path | None = None,
+             resume: bool = False, force: bool = False, progress: bool = True, keep_checkpoints: bool = False,
+             callbacks: tuple = ()) -> FinetuneResult:
+    """Train LoRA adapters on ``lm`` with ``plan``'s masks active; write the adapter to ``out_dir``.
+
+    ``resume`` continues from the newest checkpoint in ``<out_dir>.checkpoints`` (same cfg expected).
+    ``out_dir`` is written atomically and never clobbered without ``force``. ``lm`` is left as it came
+    (LoRA layers removed, MLPs unwrapped); apply the result with :func:`apply_lora`. ``callbacks`` are
+    extra ``TrainerCallback`` objects (progress hooks, tests).
+    """
+    import peft
+
+    out = check_output(Path(out_dir), force)
+    ckpt = _prepare_checkpoints(out, resume, force)
+    data = WindowDataset(training_windows(lm, cfg, data_dir))
+    base_fp = fingerprint(lm.model)
+    unsparsify_(lm.model)
+    peft_cfg = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.dropout, bias="none",
+                               target_modules=target_modules(lm.mlp_layout, cfg.targets), task_type="CAUSAL_LM")
+    torch.manual_seed(cfg.seed)  # LoRA A init
+    model = peft.get_peft_model(lm.model, peft_cfg)
+    hf = model.get_base_model()
+    sparsify_(hf, plan, lm.mlp_layout)
+    try:
+        trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress), train_dataset=data,
+                                   callbacks=list(callbacks))
+        trainer.hf_model = hf
+        t0 = time.time()
+        has_ckpt = resume and any(ckpt.glob("checkpoint-*"))
+        trainer.train(resume_from_checkpoint=True if has_ckpt else None)
+        wall = time.time() - t0
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        steps = trainer.state.global_step
+        result = FinetuneResult(out, steps, steps * cfg.tokens_per_step, round(wall, 1),
+                                losses[0] if losses else None, losses[-1] if losses else None,
+                                list(trainer.state.log_history))
+        if trainer.args.should_save:
+            train = {"steps": steps, "train_tokens": result.train_tokens, "wall_s": result.wall_s,
+                     "first_loss": result.first_loss, "last_loss": result.last_loss,
+                     "windows": len(data), "resumed": bool(has_ckpt),
+                     "text": cfg.text_file or "wikitext2/validation"}
+            with atomic_dir(out) as tmp, dense_paths(hf):
+                model.save_pretrained(tmp)
+                write_metadata(tmp, lm, plan, cfg, train, base_fp)
+            if not keep_checkpoints:
+                shutil.rmtree(ckpt, ignore_errors=True)
+    finally:
+        unsparsify_(hf)
+        lm.model = model.unload()
+    return result
