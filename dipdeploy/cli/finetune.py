@@ -1,3 +1,86 @@
-"""CLI commands of the finetune stage."""
+"""`dipdeploy finetune`: LoRA recovery with DIP/DIP-CA active (parses, calls `finetune`, presents).
 
-from dipdeploy.cli._app import app  # noqa: F401
+Unset options fall through to :class:`dipdeploy.finetune.LoraConfig` and
+:class:`dipdeploy.sparsity.plan.SparsityConfig`, where every default is defined once.
+Scale-out: ``accelerate launch "$(which dipdeploy)" finetune ...`` (see dipdeploy/finetune/train.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dipdeploy.cli._app import app
+from dipdeploy.cli.core import DATA, MODEL, console, fail
+
+_D = "default: LoraConfig"
+
+
+def _given(**kw) -> dict:
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+@app.command("finetune")
+def finetune_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="adapter directory to write (peft adapter + plan.json)"),
+    model: str = MODEL,
+    method: Optional[str] = typer.Option(None, help="dip | dip-ca (default: SparsityConfig; ignored with --plan)"),
+    density: Optional[float] = typer.Option(None, help="target MLP density ρ (ignored with --plan)"),
+    plan: Optional[Path] = typer.Option(None, help="train under this plan (default: calibrate one on validation)"),
+    rho_in: Optional[float] = typer.Option(None, "--rho-in", help="input share ρ_in; default: calibrated"),
+    gamma: Optional[float] = typer.Option(None, help="DIP-CA re-weighting of non-resident rows"),
+    rank: Optional[int] = typer.Option(None, help=f"LoRA rank ({_D}: 16)"),
+    alpha: Optional[float] = typer.Option(None, help=f"LoRA α ({_D}: 2·rank)"),
+    targets: Optional[str] = typer.Option(None, help=f"comma list of up, gate, down, attn ({_D}: up,gate,down)"),
+    steps: Optional[int] = typer.Option(None, help=f"optimizer steps ({_D})"),
+    tokens: Optional[int] = typer.Option(None, help="training tokens (overrides --steps)"),
+    lr: Optional[float] = typer.Option(None, help=f"peak learning rate ({_D})"),
+    seqlen: Optional[int] = typer.Option(None, help=f"training window length ({_D})"),
+    batch_size: Optional[int] = typer.Option(None, help=f"windows per step per process ({_D})"),
+    save_steps: Optional[int] = typer.Option(None, help=f"checkpoint every N steps ({_D})"),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast forward (GPU or AVX512-BF16 CPU)"),
+    data: Optional[str] = typer.Option(None, help="wikitext2-valid (never the test split); or --text-file"),
+    text_file: Optional[Path] = typer.Option(None, help="train on this UTF-8 text instead"),
+    data_dir: Optional[Path] = DATA,
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (1 is fastest on a busy machine)"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in OUT.checkpoints"),
+    force: bool = typer.Option(False, "--force", help="overwrite OUT and discard old checkpoints"),
+) -> None:
+    """Train LoRA adapters with the DIP masks active; save a peft adapter plus the plan it was trained for."""
+    import torch
+
+    from dipdeploy.eval import EvalConfig
+    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.finetune import LoraConfig, finetune
+    from dipdeploy.loading import load_model
+    from dipdeploy.paths import check_output
+    from dipdeploy.sparsity.calibrate import calibrate
+    from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
+
+    try:
+        check_output(out, force)
+        cfg = LoraConfig(**_given(rank=rank, alpha=alpha, targets=targets, steps=steps, tokens=tokens, lr=lr,
+                                  seqlen=seqlen, batch_size=batch_size, save_steps=save_steps, bf16=bf16,
+                                  data=data, text_file=str(text_file) if text_file else None))
+        if threads is not None:
+            torch.set_num_threads(threads)
+        lm = load_model(model)
+        if plan is not None:
+            p = SparsityPlan.load(plan)
+        else:
+            sp = SparsityConfig(**_given(method=method, density=density, rho_in=rho_in, gamma=gamma))
+            if sp.method not in ("dip", "dip-ca"):
+                raise ValueError(f"method {sp.method!r}: finetune trains under dip or dip-ca")
+            ec = EvalConfig()
+            calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
+                            ec.calib_seqlen, ec.calib_windows)
+            p = calibrate(lm, sp, calib)
+        console.print(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}) on {lm.name} under "
+                      f"{p.method} ρ={p.density:.4f}: {cfg.total_steps} steps × {cfg.tokens_per_step} tokens")
+        res = finetune(lm, p, cfg, out, data_dir=data_dir, resume=resume, force=force)
+    except (ValueError, FileNotFoundError, KeyError, FileExistsError) as err:
+        fail(err)
+    console.print(f"adapter → {res.out_dir}: {res.steps} steps, {res.train_tokens} tokens, "
+                  f"loss {res.first_loss:.4f} → {res.last_loss:.4f}, {res.wall_s} s")
