@@ -132,13 +132,14 @@ def _quantized_model_dir(quant: str, data_dir: str | None, tmp: Path) -> tuple[s
 def ppl_tasks(formats: tuple[str, ...]) -> list[tuple[str | None, str, float]]:
     """(quant, method, density) in priority order: the issue's grid first, the extras after."""
     bq4_bits = Block4QuantConfig(block_size=64).bits_per_weight()
-    main = [(q, m, d) for q in (None, *formats) for m, d in (("dense", 1.0), ("dip", 0.5))]
+    main = [(None if q == "fp" else q, m, d) for q in formats for m, d in (("dense", 1.0), ("dip", 0.5))]
     extra = []
     for q in formats:
         if q.startswith("vq3"):
             qc = quant_config_from_name(q)
             extra.append((q, "dip", round(0.5 * bq4_bits / (3 + qc.codebook_bits() / qc.group_size), 3)))
     plain = [t for t in main if t[0] is None or not quant_config_from_name(t[0]).error_feedback]
+    formats = tuple(q for q in formats if q != "fp")
     gptq = [t for t in main if t not in plain]
     return plain + [t for t in extra if not quant_config_from_name(t[0]).error_feedback] + gptq + \
         [t for t in extra if quant_config_from_name(t[0]).error_feedback]
@@ -193,7 +194,7 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
         "(b96 because SmolLM2's d = 576 would pad blocks of 128). Rows are the units DIP selects: "
         "[W_uᵀ | W_gᵀ] rows (2F values) and W_dᵀ rows (d values).",
         "",
-        f"## MLP weight reconstruction ({recon[0]['layers']} layers)",
+        f"## MLP weight reconstruction ({recon[0]['layers'] if recon else 0} layers)",
         "",
         "| format | bits/weight | SQNR (dB) | quantisation time (s) |",
         "|---|---|---|---|",
@@ -266,9 +267,11 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--no-ppl", action="store_true", help="reconstruction only")
+    ap.add_argument("--no-recon", action="store_true", help="perplexity only (e.g. a second process)")
     ap.add_argument("--force", action="store_true", help="overwrite --out / --json")
     ap.add_argument("--resume", type=Path, help="rows of an earlier run (its --json): keep them, measure the rest")
     ap.add_argument("--gptq", action="store_true", help="also the -gptq presets (calibrated error feedback)")
+    ap.add_argument("--formats", help="comma-separated PPL formats to measure (fp = unquantised); default: all")
     args = ap.parse_args()
     if args.quick:
         args.windows, args.seqlen = 2, 512
@@ -278,12 +281,14 @@ def main() -> None:
     t0 = time.perf_counter()
     print("reconstruction", flush=True)
     done = json.loads(args.resume.read_text()) if args.resume else []
-    recon = reconstruction(3 if args.quick else None, done)
+    recon = [] if args.no_recon else reconstruction(3 if args.quick else None, done)
     ppl = []
     if not args.no_ppl:
         print("perplexity", flush=True)
-        formats = ("bq4-b64", "rtn3-b96") if args.quick else FORMATS
+        formats = ("fp", "bq4-b64", "rtn3-b96") if args.quick else ("fp", *FORMATS)
         formats += GPTQ_FORMATS if args.gptq else ()
+        if args.formats:
+            formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
         ppl = perplexity_rows(formats, args.seqlen, args.windows, args.data_dir, done,
                               on_row=lambda rows: save(args, recon, rows, t0, partial=True))
     save(args, recon, ppl, t0, partial=False)
