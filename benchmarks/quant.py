@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import tempfile
@@ -137,7 +138,8 @@ def ppl_tasks(formats: tuple[str, ...]) -> list[tuple[str | None, str, float]]:
     for q in formats:
         if q.startswith("vq3"):
             qc = quant_config_from_name(q)
-            extra.append((q, "dip", round(0.5 * bq4_bits / (3 + qc.codebook_bits() / qc.group_size), 3)))
+            # rounded down, so VQ3 never reads more bytes than BQ4 b64 at ρ = 0.5
+            extra.append((q, "dip", math.floor(1000 * 0.5 * bq4_bits / (3 + qc.codebook_bits() / qc.group_size)) / 1000))
     plain = [t for t in main if t[0] is None or not quant_config_from_name(t[0]).error_feedback]
     formats = tuple(q for q in formats if q != "fp")
     gptq = [t for t in main if t not in plain]
@@ -231,11 +233,43 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
             lines += [f"`-gptq` rows: GPTQ-style error feedback in the row layout (`dipdeploy/quant/gptq.py`), "
                       f"Hessians from {tok} WikiText-2 *validation* tokens ({CALIB_WINDOWS} × {CALIB_SEQLEN}); "
                       "same packed format and bits as the plain rows.", ""]
-        lines += ["VQ3 + DIP at ρ ≈ 0.68 reads the same MLP bytes per token as BQ4 b64 + DIP at ρ = 0.5 "
+        lines += ["VQ3 + DIP at ρ = 0.679 reads the same MLP bytes per token as BQ4 b64 + DIP at ρ = 0.5 "
                   "(compare the ρ·bits column).", ""]
+        lines += findings(ppl)
     else:
         lines += ["## WikiText-2 perplexity", "", "Not measured in this run.", ""]
     return "\n".join(lines)
+
+
+def findings(ppl: list[dict]) -> list[str]:
+    """The issue's comparisons, stated only for the rows that were measured."""
+    by = {_key(r): r for r in ppl}
+
+    def get(q, m, d):
+        return by.get((q, m, d))
+
+    out = ["## Comparisons", ""]
+    for method, dens in (("dense", 1.0), ("dip", 0.5)):
+        for vq, rtn in (("vq3", "rtn3-b96"), ("vq3-gptq", "rtn3-b96-gptq")):
+            a, b = get(vq, method, dens), get(rtn, method, dens)
+            if a and b:
+                verdict = "beats" if a["ppl"] < b["ppl"] else "does NOT beat"
+                out.append(f"- {method} ρ={dens}: {vq} ({a['bits_per_weight']:.3f} b/w) PPL {a['ppl']:.3f} "
+                           f"{verdict} {rtn} ({b['bits_per_weight']:.3f} b/w) PPL {b['ppl']:.3f}.")
+        for q in ("bq4-b32", "bq4-b64", "bq4-b64-gptq"):
+            a, f = get(q, method, dens), get("none", method, dens)
+            if a and f:
+                out.append(f"- {method} ρ={dens}: {q} costs ×{a['ppl'] / f['ppl']:.3f} over fp "
+                           f"(re-quantising the Q4_1 checkpoint in the row layout).")
+    for vq, bq in (("vq3", "bq4-b64"), ("vq3-gptq", "bq4-b64-gptq")):
+        a = next((r for r in ppl if r["quant"] == vq and r["method"] == "dip" and r["target_density"] > 0.5), None)
+        b = get(bq, "dip", 0.5)
+        if a and b:
+            verdict = "better" if a["ppl"] < b["ppl"] else "NOT better"
+            out.append(f"- Equal MLP bytes per token: {vq} + DIP ρ={a['density']:.3f} "
+                       f"({a['density'] * a['bits_per_weight']:.3f} bits read per weight) PPL {a['ppl']:.3f} is "
+                       f"{verdict} than {bq} + DIP ρ=0.5 ({0.5 * b['bits_per_weight']:.3f}) PPL {b['ppl']:.3f}.")
+    return out + [""] if len(out) > 2 else []
 
 
 def write_atomic(path: Path, text: str, force: bool) -> None:
