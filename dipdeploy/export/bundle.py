@@ -72,9 +72,12 @@ def reference_plan(plan: SparsityPlan | None) -> SparsityPlan | None:
     return ref
 
 
-def tolerance_for(plan: SparsityPlan | None, quantised: bool) -> float:
+def tolerance_for(plan: SparsityPlan | None, quantised: bool, accuracy_level: int = 0) -> float:
     """Logit tolerance: 1e-3 for dense fp32 (issue 5). Sparse and quantised graphs sum in another
-    order than torch; near-ties in a top-K may then pick another column, so they get 1e-2."""
+    order than torch; near-ties in a top-K may then pick another column, so they get 1e-2.
+    MatMulNBits with accuracy_level > 0 quantises activations to int8 (torch does not): 0.5."""
+    if quantised and accuracy_level > 0:
+        return 0.5
     return 1e-3 if plan is None and not quantised else 1e-2
 
 
@@ -193,7 +196,7 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, progress: Progress, steps: di
         from dipdeploy.export.validate import validate
 
         v = validate(tmp / MODEL_FILE, lm.model, spec, prompt, cfg.validate_tokens,
-                     tolerance_for(plan, cfg.quantised), cfg.threads)
+                     tolerance_for(plan, cfg.quantised, cfg.accuracy_level), cfg.threads)
         validation = v.as_dict()
         if not v.ok:
             raise ValidationError(f"bundle disagrees with the torch reference: {json.dumps(validation)}")

@@ -69,9 +69,16 @@ class Graph:
         return name
 
     def output(self, source: str, name: str, elem: int, shape: list) -> None:
-        """Expose ``source`` as graph output ``name`` (an Identity when the names differ)."""
+        """Expose ``source`` as graph output ``name``: the producing node's output is renamed (no
+        Identity node per output, which costs a kernel call per token for every KV tensor)."""
         if source != name:
-            self.nodes.append(helper.make_node("Identity", [source], [name], name=f"{name}/Identity"))
+            producer = next((n for n in reversed(self.nodes) if source in n.output), None)
+            if producer is None:
+                self.nodes.append(helper.make_node("Identity", [source], [name], name=f"{name}/Identity"))
+            else:
+                for node in self.nodes:
+                    node.output[:] = [name if o == source else o for o in node.output]
+                    node.input[:] = [name if i == source else i for i in node.input]
         self.outputs.append(helper.make_tensor_value_info(name, elem, shape))
 
     def model(self, doc: str = "") -> ModelProto:
