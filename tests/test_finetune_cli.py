@@ -1,0 +1,29 @@
+"""`dipdeploy finetune` end to end on a tiny model: calibrates a plan, trains, writes the adapter; refuses
+to clobber it and reports bad options as one clear line."""
+
+from typer.testing import CliRunner
+
+from dipdeploy.cli import app
+from dipdeploy.finetune import adapter_plan, read_metadata
+
+runner = CliRunner()
+
+
+def test_finetune_cli(tmp_path, data_dir):
+    text = tmp_path / "train.txt"
+    text.write_text("a small training text for a tiny model, repeated. " * 40)
+    out = tmp_path / "adapter"
+    args = ["finetune", "--model", "tiny-llama", "--method", "dip", "--density", "0.5", "--steps", "2",
+            "--seqlen", "32", "--batch-size", "2", "--rank", "2", "--text-file", str(text),
+            "--data-dir", str(data_dir), "--out", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "adapter →" in res.output
+    assert read_metadata(out)["train"]["steps"] == 2 and adapter_plan(out).method == "dip"
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "--force" in res.output
+
+
+def test_finetune_cli_bad_option(tmp_path):
+    res = runner.invoke(app, ["finetune", "--model", "tiny-llama", "--targets", "up,mlp", "--out", str(tmp_path / "a")])
+    assert res.exit_code == 2 and "targets" in res.output
