@@ -1,21 +1,25 @@
-"""`dipdeploy finetune` end to end on a tiny model: calibrates a plan, trains, writes the adapter; refuses
+"""`dipdeploy finetune` end to end on a tiny model: reads a plan, trains, writes the adapter; refuses
 to clobber it and reports bad options as one clear line."""
 
 from typer.testing import CliRunner
 
 from dipdeploy.cli import app
 from dipdeploy.finetune import adapter_plan, read_metadata
+from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
 
 runner = CliRunner()
 
 
-def test_finetune_cli(tmp_path, data_dir):
+def test_finetune_cli(tmp_path, tiny_llama):
+    c = tiny_llama.model.config
+    plan = tmp_path / "plan.json"
+    uniform_plan(SparsityConfig(method="dip", density=0.5), "tiny-llama", c.num_hidden_layers, c.hidden_size,
+                 c.intermediate_size).save(plan)
     text = tmp_path / "train.txt"
     text.write_text("a small training text for a tiny model, repeated. " * 40)
     out = tmp_path / "adapter"
-    args = ["finetune", "--model", "tiny-llama", "--method", "dip", "--density", "0.5", "--steps", "2",
-            "--seqlen", "32", "--batch-size", "2", "--rank", "2", "--text-file", str(text),
-            "--data-dir", str(data_dir), "--out", str(out)]
+    args = ["finetune", "--model", "tiny-llama", "--plan", str(plan), "--steps", "2",
+            "--seqlen", "32", "--batch-size", "2", "--rank", "2", "--text-file", str(text), "--out", str(out)]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "adapter →" in res.output
