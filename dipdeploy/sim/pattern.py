@@ -21,7 +21,7 @@ measured — works like this:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -85,7 +85,6 @@ class AccessPattern:
     map_in: GroupMap | None = None
     map_glu: GroupMap | None = None
     extrapolation: str | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_tokens(self) -> int:

@@ -124,11 +124,10 @@ def simulate(trace: Trace | None, cfg: SimConfig, pattern: AccessPattern | None 
         if memo is not None:
             memo[key] = counts
     c = cost(counts, plan, device)
-    policy = cfg.policy
     return SimResult(
         device=device.name, model=name, trace_model=trace.model if trace is not None else None,
         method=cfg.method if cfg.method != "traced" else f"traced:{trace.method}",
-        policy=policy, gamma=cfg.gamma if cfg.method == "dip-ca" else None, precision=cfg.precision,
+        policy=cfg.policy, gamma=cfg.gamma if cfg.method == "dip-ca" else None, precision=cfg.precision,
         dram_bytes=budget, tok_s=c["tok_s"], tok_s_overlap=c["tok_s_overlap"],
         dram_bytes_per_token=c["dram_bytes_per_token"], flash_bytes_per_token=c["flash_bytes_per_token"],
         flash_requests_per_token=c["flash_requests_per_token"], hit_rate=counts.hit_rate,
