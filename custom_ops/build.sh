@@ -14,7 +14,7 @@ ORT_VERSION="1.29.0"
 ORT_API_VERSION=29
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
-cache="${DIPDEPLOY_CACHE:-$HOME/.cache/dipdeploy}"
+cache="${DIPDEPLOY_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/dipdeploy}"
 headers="$cache/ort-headers/$ORT_VERSION/headers"
 arch="$(uname -m)"
 force=0
