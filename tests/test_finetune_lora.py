@@ -165,3 +165,9 @@ def test_tokens_override_steps_and_roundtrip():
     cfg = LoraConfig(tokens=5000, batch_size=2, seqlen=512, targets="up,down")
     assert cfg.total_steps == 5 and cfg.targets == ("up", "down")
     assert LoraConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+def test_dip_ca_trains_with_cold_caches(tmp_path, text_file):
+    lm = load_model("tiny-llama")
+    res = finetune(lm, _plan(lm, method="dip-ca"), _cfg(text_file, steps=2, seqlen=16), tmp_path / "ca", progress=False)
+    assert res.steps == 2 and adapter_plan(tmp_path / "ca").method == "dip-ca"

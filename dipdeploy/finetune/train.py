@@ -4,8 +4,8 @@ Built on the Hugging Face ``Trainer`` (not a hand-written loop): it brings progr
 checkpoints (adapter, optimizer, scheduler, RNG, data position), exact resume after an interruption,
 and — unchanged — data-parallel training on several GPUs or machines:
 
-    accelerate launch --num_processes 8 -m dipdeploy finetune --model mistral-7b --method dip \
-        --density 0.5 --out mistral-dip50-lora
+    accelerate launch --num_processes 8 "$(which dipdeploy)" finetune --model mistral-7b --method dip \
+        --density 0.5 --bf16 --out mistral-dip50-lora
 
 (each process trains on its shard of the windows; process 0 writes checkpoints and the adapter). Only
 the single-process path is tested here (2-core CPU machine).
@@ -16,6 +16,10 @@ The Trainer needed two small overrides, not a different loop, because of the ``S
   adapter carry the plain module paths (``mlp.up_proj``), which the unwrapped base model accepts;
 - ``compute_loss`` resets the DIP-CA caches first, so every batch of windows starts cold, exactly as
   the evaluator runs it (plain DIP keeps no state; the reset is free).
+
+With ``score = wina`` the column norms are taken from the base weights while training (the SparseMLP
+computes them when it wraps); a merged model recomputes them from ``W + s·B·A``, so for wina the merged
+and adapter-applied models can select slightly differently. The default ``abs`` score has no such gap.
 
 The masks: peft wraps the nn.Linear projections *inside* the SparseMLP, so a projection computes
 ``(W + s·B·A)(m_in ⊙ x)`` — the adapter acts on the full weight before column selection, as merging
