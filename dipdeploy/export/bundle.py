@@ -122,10 +122,10 @@ def export(lm, cfg: ExportConfig, out: Path, plan: SparsityPlan | None, *, force
     """Quantise (as asked), build the graphs, write the bundle, validate; ``lm`` is modified in place
     (fake-quantised, sparsified) so it is the torch reference of the bundle."""
     out = prepare_out(out, force)
-    t0, steps = time.perf_counter(), {}
+    t0, steps = time.perf_counter(), _Steps(progress)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        manifest = _build(lm, cfg, tmp, plan, progress, steps, extra or {})
+        manifest = _build(lm, cfg, tmp, plan, steps, extra or {})
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; a bundle is an ordinary directory
@@ -135,75 +135,94 @@ def export(lm, cfg: ExportConfig, out: Path, plan: SparsityPlan | None, *, force
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return ExportResult(out, manifest, time.perf_counter() - t0, steps)
+    return ExportResult(out, manifest, time.perf_counter() - t0, steps.seconds)
 
 
-def _timed(steps: dict, name: str, progress: Progress):
-    progress(name)
-    steps[name] = time.perf_counter()
+class _Steps:
+    """Times named steps and announces each start to ``progress``."""
 
+    def __init__(self, progress: Progress):
+        self.progress, self.seconds = progress, {}
+        self._name, self._t = None, 0.0
 
-def _build(lm, cfg: ExportConfig, tmp: Path, plan, progress: Progress, steps: dict, extra: dict) -> Manifest:
-    from dipdeploy.export.source import ModelSource
-    from dipdeploy.sparsity.methods import sparsify_
-
-    def step(name):
+    def __call__(self, name: str | None = None) -> None:
         now = time.perf_counter()
-        if steps:
-            last = next(reversed(steps))
-            steps[last] = round(now - steps[last], 3)
+        if self._name:
+            self.seconds[self._name] = round(now - self._t, 3)
+        self._name, self._t = name, now
         if name:
-            _timed(steps, name, progress)
+            self.progress(name)
 
-    step("quantise + build graphs")
+
+def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -> Manifest:
+    from dipdeploy.export.source import ModelSource
+    from dipdeploy.ops.native import library_path
+
+    steps("quantise + build graphs")
     source = ModelSource(lm, cfg.quant, wina=plan is not None and plan.score == "wina", max_length=cfg.max_length)
-    spec = source.spec
     store = WeightStore(tmp, cfg.alignment)
-    ks = layer_ks(plan, spec.num_layers)
+    graphs = _write_graphs(source, store, plan, cfg, tmp, steps)
+    lm.tokenizer.save_pretrained(tmp)
+    lib = library_path()
+    if lib is not None:  # onnxruntime-genai loads it from the bundle folder (genai_config.json)
+        shutil.copy2(lib, tmp / lib.name)
+    (tmp / "genai_config.json").write_text(json.dumps(
+        _genai_config(source.spec, lm.tokenizer, source.max_length, lib.name if lib else None), indent=1))
+    validation: dict = {}
+    if cfg.validate_tokens > 0:
+        steps("validate")
+        validation = _validate(lm, cfg, plan, source.spec, tmp)
+    steps("manifest")
+    manifest = _manifest(lm, cfg, plan, source, store, graphs, validation, tmp, extra, lib)
+    (tmp / MANIFEST).write_text(manifest.to_json())
+    steps()
+    return manifest
+
+
+def _write_graphs(source, store: WeightStore, plan, cfg: ExportConfig, tmp: Path, steps: _Steps) -> dict:
+    """model.onnx (+ the per-layer graphs of a sparse plan), weights streamed to the store; all checked."""
+    spec = source.spec
     per_layer = None
     if cfg.per_layer and plan is not None:
         from dipdeploy.export.layers import LayerGraphs
 
         per_layer = LayerGraphs(spec, store, plan, cfg.accuracy_level, tmp, source.rope())
+    graphs: dict = {"model": MODEL_FILE}
     try:
-        model = build_decoder(source, store, ks, cfg.accuracy_level,
+        model = build_decoder(source, store, layer_ks(plan, spec.num_layers), cfg.accuracy_level,
                               on_layer=per_layer.add_layer if per_layer else None)
-        graphs = {"model": MODEL_FILE}
-        step("write bundle")
+        steps("write bundle")
         onnx.save_model(model, str(tmp / MODEL_FILE))
+        del model
         if per_layer is not None:
             graphs["layers"] = per_layer.finish(source)
     finally:
         store.close()
-    del model
     for name in [MODEL_FILE, *graphs.get("layers", [])]:
         check_model(tmp / name)
-    lm.tokenizer.save_pretrained(tmp)
-    from dipdeploy.ops.native import library_path
+    return graphs
 
-    lib = library_path()
-    if lib is not None:
-        shutil.copy2(lib, tmp / lib.name)
-    (tmp / "genai_config.json").write_text(json.dumps(
-        _genai_config(spec, lm.tokenizer, source.max_length, lib.name if lib else None), indent=1))
-    validation: dict = {}
-    if cfg.validate_tokens > 0:
-        step("validate")
-        ref = reference_plan(plan)
-        if ref is not None:
-            sparsify_(lm.model, ref, lm.mlp_layout)
-        prompt = np.asarray(lm.tokenizer(cfg.prompt, add_special_tokens=False).input_ids, dtype=np.int64)
-        from dipdeploy.export.validate import validate
 
-        v = validate(tmp / MODEL_FILE, lm.model, spec, prompt, cfg.validate_tokens,
-                     tolerance_for(plan, cfg.quantised, cfg.accuracy_level), cfg.threads)
-        validation = v.as_dict()
-        if not v.ok:
-            raise ValidationError(f"bundle disagrees with the torch reference: {json.dumps(validation)}")
-    step("manifest")
+def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path) -> dict:
+    from dipdeploy.export.validate import validate
+    from dipdeploy.sparsity.methods import sparsify_
+
+    ref = reference_plan(plan)
+    if ref is not None:
+        sparsify_(lm.model, ref, lm.mlp_layout)
+    prompt = np.asarray(lm.tokenizer(cfg.prompt, add_special_tokens=False).input_ids, dtype=np.int64)
+    v = validate(tmp / MODEL_FILE, lm.model, spec, prompt, cfg.validate_tokens,
+                 tolerance_for(plan, cfg.quantised, cfg.accuracy_level), cfg.threads)
+    if not v.ok:
+        raise ValidationError(f"bundle disagrees with the torch reference: {json.dumps(v.as_dict())}")
+    return v.as_dict()
+
+
+def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra: dict, lib) -> Manifest:
+    import onnxruntime as ort
+
     files = {p.relative_to(tmp).as_posix(): file_record(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-    st = source.stats
-    quant = None
+    st, quant = source.stats, None
     if source.mlp_cfg is not None:
         quant = {"name": cfg.quant, **source.quant_dict(),
                  "bits_per_weight_mlp": st.mlp_bits / st.mlp_params,
@@ -215,12 +234,11 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, progress: Progress, steps: di
     dipca = None
     if plan is not None and plan.method == "dip-ca":
         dipca = {"in_model_onnx": "plain DIP with the plan's K (gamma ignored)",
-                 "host_runtime": "layers/*.onnx take each group's cache residency C and apply gamma",
+                 "host_runtime": "layer.{i}.attn/mlp_up.onnx take each group's cache residency and apply gamma",
                  "gamma": plan.gamma, "policy": plan.policy, "cache_frac": plan.cache_frac,
                  "fixed_top_n": plan.fixed_top_n, "gamma_warmup": plan.gamma_warmup}
-    import onnxruntime as ort
-
-    manifest = Manifest(
+    spec = source.spec
+    return Manifest(
         source={"model": lm.name, "architecture": spec.architecture, "config": lm.model.config.to_dict(), **extra},
         method=plan.method if plan is not None else "dense",
         plan=json.loads(plan.to_json()) if plan is not None else None, quant=quant,
@@ -229,9 +247,6 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, progress: Progress, steps: di
         tensors={n: e.as_dict() for n, e in store.entries.items()}, files=files, dipca=dipca, sizes=sizes,
         validation=validation, export_config=cfg.as_dict(), alignment=cfg.alignment,
     )
-    (tmp / MANIFEST).write_text(manifest.to_json())
-    step("")
-    return manifest
 
 
 def export_model(cfg: ExportConfig, out: Path, *, force: bool = False,

@@ -30,7 +30,7 @@ from onnx import TensorProto, helper
 from dipdeploy.export.blocks import attention, linear, rms_norm, shared_values
 from dipdeploy.export.decoder import kv_names
 from dipdeploy.export.graph import Graph
-from dipdeploy.export.mlp import MlpTensors, sparse_down, sparse_up_gate
+from dipdeploy.export.mlp import MlpTensors, glu
 from dipdeploy.export.weights import WeightStore
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -123,12 +123,11 @@ class LayerGraphs:
                                                     f"{p}/up_gate_proj/SparseGatherMatMul/output_0", slots=slots,
                                                     **t.up_gate_attrs))
         f = spec.intermediate_size
-        up, gate = g.op(f"{p}/Split", "Split", [ug, g.const([f, f])], n_out=2, axis=-1)
-        glu = g.op(f"{p}/Mul", "Mul", [g.op(f"{p}/act_fn/Mul", "Mul", [gate, g.op(f"{p}/act_fn/Sigmoid", "Sigmoid", [gate])]), up])
+        g_out = glu(g, p, ug, f)
         gidx = g.add_custom(topk_column_mask_node(
-            f"{p}/down_proj/TopKColumnMask", glu, f"{p}/down_proj/TopKColumnMask/output_0", k=k_glu, cache=cache,
+            f"{p}/down_proj/TopKColumnMask", g_out, f"{p}/down_proj/TopKColumnMask/output_0", k=k_glu, cache=cache,
             colnorm=self._norm(g, i, "colnorm_glu"), gamma=self.gamma, fixed_top_n=self.plan.fixed_top_n))
-        g.output(glu, "glu", FLOAT, ["N", f])
+        g.output(g_out, "glu", FLOAT, ["N", f])
         g.output(gidx, "glu_indices", INT64, ["N", k_glu])
         self._save(g, f"layer.{i}.mlp_up.onnx")
 

@@ -75,7 +75,8 @@ def _attrs(ow: OpWeights) -> dict:
     return {"fmt": ow.format, "cols": ow.cols, **dict(ow.attrs)}
 
 
-def _glu(g: Graph, p: str, up_gate: str, f: int) -> str:
+def glu(g: Graph, p: str, up_gate: str, f: int) -> str:
+    """[.., 2F] up|gate → SiLU(gate)·up [.., F]."""
     up, gate = g.op(f"{p}/Split", "Split", [up_gate, g.const([f, f])], n_out=2, axis=-1)
     act = g.op(f"{p}/act_fn/Mul", "Mul", [gate, g.op(f"{p}/act_fn/Sigmoid", "Sigmoid", [gate])])
     return g.op(f"{p}/Mul", "Mul", [act, up])
@@ -88,8 +89,8 @@ def dense_mlp(g: Graph, store: WeightStore, i: int, x: str, t: MlpTensors, f: in
     """
     p = f"/model/layers.{i}/mlp"
     up_gate = g.op(f"{p}/up_gate_proj/MatMul", "MatMul", [x, g.weight(store.proto(t.up_gate[0]))])
-    glu = _glu(g, p, up_gate, f)
-    return g.op(f"{p}/down_proj/MatMul", "MatMul", [glu, g.weight(store.proto(t.down[0]))])
+    h = glu(g, p, up_gate, f)
+    return g.op(f"{p}/down_proj/MatMul", "MatMul", [h, g.weight(store.proto(t.down[0]))])
 
 
 def sparse_up_gate(g: Graph, i: int, x2: str, k_in: int, weights: list[str], attrs: dict, f: int, *,
@@ -106,7 +107,7 @@ def sparse_up_gate(g: Graph, i: int, x2: str, k_in: int, weights: list[str], att
                                              cache=cache, colnorm=colnorm, gamma=gamma))
     ug = g.add_custom(sparse_gather_matmul_node(f"{p}/up_gate_proj/SparseGatherMatMul", x2, idx, weights,
                                                 f"{p}/up_gate_proj/SparseGatherMatMul/output_0", slots=slots, **attrs))
-    return _glu(g, p, ug, f), idx
+    return glu(g, p, ug, f), idx
 
 
 def sparse_down(g: Graph, i: int, glu: str, k_glu: int, weights: list[str], attrs: dict, *,
