@@ -42,10 +42,10 @@ class Linear:
 def rms_norm(g: Graph, store: WeightStore, prefix: str, x: str, weight: np.ndarray, eps: float, tensor: str) -> str:
     """HF RMSNorm in fp32.
 
-        x ─Mul(x)─ReduceMean(-1)─Add(eps)─Sqrt─► r;   x / r · w ─► y
+        x ─Pow(2)─ReduceMean(-1)─Add(eps)─Sqrt─► r;   x / r · w ─► y   (ORT fuses this pattern)
     """
     w = g.weight(store.add(tensor, weight.astype(np.float32), DENSE_FILE, "vector"))
-    sq = g.op(f"{prefix}/Pow", "Mul", [x, x])
+    sq = g.op(f"{prefix}/Pow", "Pow", [x, g.const(2.0, np.float32)])
     mean = g.op(f"{prefix}/ReduceMean", "ReduceMean", [sq, g.const([-1])], keepdims=1)
     root = g.op(f"{prefix}/Sqrt", "Sqrt", [g.op(f"{prefix}/Add", "Add", [mean, g.const(eps, np.float32)])])
     return g.op(f"{prefix}/Mul", "Mul", [g.op(f"{prefix}/Div", "Div", [x, root]), w])
