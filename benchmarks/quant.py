@@ -206,8 +206,10 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
     lines += [
         "",
         "The checkpoint is already Q4_1 (blocks of 32 along the input dimension): re-applying Q4_1 in that "
-        "layout is (almost) lossless, the first row. The sparse layout blocks along the other dimension, "
-        "so each format's SQNR here is the full cost of re-quantising the Q4_1 weights.",
+        f"layout reproduces the weights {'exactly (SQNR ∞)' if recon and recon[0]['sqnr_db'] == float('inf') else 'almost exactly'}, "
+        "the first row. The sparse layout blocks along the other dimension (rows of [W_uᵀ | W_gᵀ] and W_dᵀ), "
+        "so each format's SQNR here is the whole cost of re-quantising the Q4_1 weights; against the "
+        "original bf16 weights (not shipped) the error would be larger.",
         "",
     ]
     if ppl:
