@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from dipdeploy.finetune.config import LoraConfig
-from dipdeploy.sparsity.methods import decoder_layers, sparse_mlps, sparsify_, unsparsify_
+from dipdeploy.sparsity.methods import SparseMLP, decoder_layers, sparse_mlps, sparsify_, unsparsify_
 from dipdeploy.sparsity.plan import SparsityPlan
 
 ADAPTER_VERSION = 1
@@ -59,7 +59,7 @@ def fingerprint(model: torch.nn.Module) -> dict:
     out = {}
     for i in (0, len(layers) - 1):
         mlp = layers[i].mlp
-        mlp = getattr(mlp, "base", mlp) if type(mlp).__name__ == "SparseMLP" else mlp
+        mlp = mlp.base if isinstance(mlp, SparseMLP) else mlp
         out[f"layers.{i}.down_proj.mean_abs"] = float(_raw_weight(mlp.down_proj).detach().float().abs().mean())
     return out
 
