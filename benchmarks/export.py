@@ -1,7 +1,7 @@
 """Benchmark of `dipdeploy export` and of decoding with the exported bundles (issue 5).
 
 Part 1, export: wall time, peak RSS and bundle bytes per file for SmolLM2-135M (fp32, BQ4, VQ3; DIP at
-ρ = 0.5 with the registry's ρ_in, so no calibration) and for a randomly initialised Llama-shaped model
+ρ = 0.5 with the registry's ρ_in, so no calibration; BQ4 also with attention="gqa") and for a randomly initialised Llama-shaped model
 of ≈1 B parameters (d 2048, F 5632, 16 layers, GQA 32/4, vocab 32000; fp32). Each export runs in its own
 process (peak RSS = that process's ru_maxrss), with validation on (32 tokens; 4 for the 1 B model).
 
@@ -61,7 +61,7 @@ build_tiny(ModelSpec("llama-1b-random", "LlamaForCausalLM", "split", shape, Mode
 def run_export(cfg: dict, out: Path) -> dict:
     done = subprocess.run([PY, "-c", _EXPORT_CHILD, json.dumps(cfg), str(out)], capture_output=True, text=True)
     if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1][:300]}
+        return {"error": done.stderr.strip().splitlines()[-1][-400:]}
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])
 
@@ -129,7 +129,8 @@ def main() -> None:
     base = {"model": "smollm2-135m", "rho_in": 0.55, "density": 0.5}
     exports = {"smollm2 dense fp32": {**base, "method": "dense"},
                "smollm2 dip fp32": {**base, "method": "dip"},
-               "smollm2 dip bq4": {**base, "method": "dip", "quant": "bq4"}}
+               "smollm2 dip bq4": {**base, "method": "dip", "quant": "bq4"},
+               "smollm2 dip bq4 gqa": {**base, "method": "dip", "quant": "bq4", "attention": "gqa"}}
     if not args.quick:
         exports["smollm2 dip vq3"] = {**base, "method": "dip", "quant": "vq3"}
     rows, sizes = [], {}
@@ -148,7 +149,7 @@ def main() -> None:
         print("1b", r.get("seconds"), r.get("error", ""), flush=True)
     decode = []
     for name, native in (("smollm2 dense fp32", False), ("smollm2 dip fp32", False), ("smollm2 dip fp32", True),
-                         ("smollm2 dip bq4", False), ("smollm2 dip bq4", True)):
+                         ("smollm2 dip bq4", False), ("smollm2 dip bq4", True), ("smollm2 dip bq4 gqa", True)):
         if name in sizes:
             tps = decode_tps(work / name.replace(" ", "-") / "model.onnx", native, 16, tokens)
             decode.append({"graph": name, "ops": "native" if native else "stock ORT", "tokens_per_s": tps})
@@ -164,7 +165,7 @@ def main() -> None:
             "## Export (one process each; validation included)\n",
             md_table(rows, ["export", "seconds", "peak_rss_mb", "bytes_total", "bytes_dense", "bytes_mlp",
                             "bits_per_weight_mlp", "tokens_match_stock", "tokens_match_native", "max_abs_diff",
-                            "tolerance", "error"]),
+                            "max_abs_diff_native", "tolerance", "steps_above_1e2_native", "error"]),
             "\n## Files (bytes)\n"]
     for name, files in sizes.items():
         text.append(f"- {name}: " + ", ".join(f"{k} {v:,}" for k, v in files.items()))

@@ -87,3 +87,12 @@ def test_wina_score_plan(tmp_path):
     assert res.manifest.plan["score"] == "wina" and res.manifest.validation["tokens_match_stock"]
     assert "model.layers.0.mlp.colnorm_in" in res.manifest.tensors
     del lm
+
+
+@pytest.mark.parametrize("model", TINY)
+def test_gqa_attention_matches_torch(tmp_path, model):
+    res = _export(tmp_path, model=model, method="dip", quant="bq4", attention="gqa")
+    v = res.manifest.validation
+    assert v["tokens_match_stock"] and v["max_abs_diff"] <= v["tolerance"]
+    g = onnx.load(str(res.out / "model.onnx"), load_external_data=False).graph
+    assert sum(n.op_type == "GroupQueryAttention" for n in g.node) == 2

@@ -37,6 +37,7 @@ def export_cmd(
     quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3"),
     lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),
     accuracy_level: Optional[int] = typer.Option(None, help="MatMulNBits accuracy level (0 = fp32, 4 = int8)"),
+    attention: Optional[str] = typer.Option(None, help="standard (opset 21) | gqa (com.microsoft GroupQueryAttention)"),
     per_layer: Optional[bool] = typer.Option(None, "--per-layer/--no-per-layer", help="also write layers/*.onnx"),
     validate_tokens: Optional[int] = typer.Option(None, help="greedy tokens to validate (0 = skip; default 32)"),
     prompt: Optional[str] = typer.Option(None, help="validation prompt"),
@@ -45,12 +46,16 @@ def export_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the summary and validation as JSON"),
 ) -> None:
     """Export a model with DIP sparse MLPs as a validated ONNX bundle (see the README, 'The bundle')."""
+    import signal
+
     from dipdeploy.export.bundle import export_model
 
+    # `kill` (SIGTERM) cleans up like Ctrl-C: the temporary bundle directory is removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
                       plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
-                      accuracy_level=accuracy_level, per_layer=per_layer, validate_tokens=validate_tokens,
+                      accuracy_level=accuracy_level, attention=attention, per_layer=per_layer, validate_tokens=validate_tokens,
                       prompt=prompt, data_dir=str(data_dir) if data_dir else None)
         with console.status("export") as status:
             result = export_model(cfg, out, force=force, progress=lambda s: status.update(f"export: {s}"))

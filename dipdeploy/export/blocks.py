@@ -187,3 +187,55 @@ def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: A
     ctx = g.op(f"{p}/Reshape", "Reshape", [ctx, g.const([0, 0, spec.q_size])])
     y = linear(g, store, f"{p}/o_proj", ctx, w.o, f"model.layers.{i}.attn.o_proj")
     return y, present_k, present_v
+
+
+@dataclass
+class GqaShared:
+    """Per-graph inputs of com.microsoft GroupQueryAttention: past lengths and the RoPE half tables."""
+
+    seqlens_k: str
+    total_len: str
+    cos_half: str
+    sin_half: str
+
+
+def gqa_shared(g: Graph, store: WeightStore, cos: np.ndarray, sin: np.ndarray, attention_mask: str) -> GqaShared:
+    """seqlens_k = Σ attention_mask − 1 (int32 [B]), total length (int32 scalar), cos/sin [max_len, r/2].
+
+        attention_mask ─ReduceSum(1)─Sub(1)─Cast(int32)─► seqlens_k;  Shape[1]─Cast─► total_len
+    """
+    p = "/model/attn_mask"
+    total = g.op(f"{p}/ReduceSum", "ReduceSum", [attention_mask, g.const([1])], keepdims=0)
+    seqlens = g.op(f"{p}/Cast_seqlens", "Cast", [g.op(f"{p}/Sub_seqlens", "Sub", [total, g.const(1)])],
+                   to=TensorProto.INT32)
+    shape = g.op(f"{p}/Shape_total", "Shape", [attention_mask])
+    t = g.op(f"{p}/Gather_total", "Gather", [shape, g.const(1)], axis=0)
+    t = g.op(f"{p}/Cast_total", "Cast", [t], to=TensorProto.INT32)
+    half = cos.shape[-1] // 2
+    names = []
+    for name, table in (("cos", cos), ("sin", sin)):
+        arr = np.ascontiguousarray(table[:, :half], dtype=np.float32)
+        names.append(g.weight(store.add(f"model.rope.{name}_half", arr, DENSE_FILE, "rope_table[pos,r/2]")))
+    return GqaShared(seqlens, t, *names)
+
+
+def attention_gqa(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: AttentionWeights,
+                  shared: GqaShared, past_k: str, past_v: str, rot: int) -> tuple[str, str, str]:
+    """GQA self-attention as one com.microsoft::GroupQueryAttention node (RoPE inside, KV cache
+    [B,Hkv,T,Dh] as in the standard-op version; ORT's fused CPU kernel, far fewer nodes per layer).
+
+        x ─qkv_proj─► [q|k|v] ─GroupQueryAttention(past kv, seqlens_k, total, cos/sin halves)─► ctx, K, V
+        ctx ─o_proj─► y
+    """
+    if rot != spec.head_dim:
+        raise ValueError(f"attention='gqa' needs full-width RoPE (rotary dims {rot} != head_dim {spec.head_dim}); "
+                         "use attention='standard'")
+    p = f"/model/layers.{i}/attn"
+    qkv = linear(g, store, f"{p}/qkv_proj", x, w.qkv, f"model.layers.{i}.attn.qkv_proj")
+    ctx, k, v = g.op(f"{p}/GroupQueryAttention", "GroupQueryAttention",
+                     [qkv, "", "", past_k, past_v, shared.seqlens_k, shared.total_len, shared.cos_half,
+                      shared.sin_half], n_out=3, domain=MS_DOMAIN, num_heads=spec.num_heads,
+                     kv_num_heads=spec.num_kv_heads, do_rotary=1, rotary_interleaved=0,
+                     local_window_size=spec.sliding_window or -1, scale=float(spec.head_dim ** -0.5))
+    y = linear(g, store, f"{p}/o_proj", ctx, w.o, f"model.layers.{i}.attn.o_proj")
+    return y, k, v

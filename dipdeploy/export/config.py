@@ -16,6 +16,8 @@ EXPORT_QUANTS = ("none", "bq4", "bq4-b32", "bq4-b64", "bq4-b128", "vq3")
 #: MatMulNBits accuracy levels (0 = fp32 compute, 4 = int8 activations; onnxruntime.md).
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 ALIGNMENTS = (4096, 65536)
+#: ``standard``: attention in opset-21 ops (runs on any ORT); ``gqa``: com.microsoft::GroupQueryAttention.
+ATTENTION_OPS = ("standard", "gqa")
 
 
 @dataclass
@@ -39,6 +41,7 @@ class ExportConfig:
     quant: str = "none"
     lora: str | None = None
     accuracy_level: int = 0
+    attention: str = "standard"
     alignment: int = 4096
     max_length: int = 2048
     validate_tokens: int = 32
@@ -51,7 +54,7 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
-                   "alignment": ALIGNMENTS}
+                   "alignment": ALIGNMENTS, "attention": ATTENTION_OPS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ExportConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {allowed}")

@@ -15,7 +15,8 @@ from typing import Callable
 
 from onnx import ModelProto, TensorProto
 
-from dipdeploy.export.blocks import DENSE_FILE, attention, linear, rms_norm, shared_values
+from dipdeploy.export.blocks import (DENSE_FILE, attention, attention_gqa, gqa_shared, linear, rms_norm,
+                                     shared_values)
 from dipdeploy.export.graph import Graph
 from dipdeploy.export.mlp import MlpTensors, dense_mlp, sparse_mlp, write_mlp
 from dipdeploy.export.weights import WeightStore
@@ -40,9 +41,11 @@ def kv_names(i: int) -> tuple[str, str, str, str]:
 
 
 def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: int = 0,
-                  on_layer: Callable[[int, object, MlpTensors], None] | None = None) -> ModelProto:
+                  on_layer: Callable[[int, object, MlpTensors], None] | None = None,
+                  attention_op: str = "standard") -> ModelProto:
     """The decoder graph. ``on_layer(i, layer_weights, mlp_tensors)`` runs after each layer is written
-    (the per-layer graphs hook in there, reusing the bytes already in the store).
+    (the per-layer graphs hook in there, reusing the bytes already in the store). ``attention_op``:
+    ``standard`` (opset-21 ops) or ``gqa`` (one com.microsoft::GroupQueryAttention per layer).
 
         input_ids ─Gather(embed)─► h ─┬─ for each layer i: h += attn(norm(h)); h += mlp(norm(h))
         position_ids, attention_mask ─┘  (RoPE rows and the mask bias built once)
@@ -60,7 +63,12 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
     emb = store.add("model.embed_tokens.weight", source.embedding(), DENSE_FILE, "embedding[vocab,d]")
     h = g.op("/model/embed_tokens/Gather", "Gather", [g.weight(emb), ids], axis=0)
     cos, sin = source.rope()
-    shared = shared_values(g, store, spec, cos, sin, ids, mask, pos)
+    if attention_op == "gqa":
+        shared = gqa_shared(g, store, cos, sin, mask)
+        attend = attention_gqa
+    else:
+        shared = shared_values(g, store, spec, cos, sin, ids, mask, pos)
+        attend = attention
     rot = cos.shape[-1]
     present_shape = ["batch_size", spec.num_kv_heads, "total_sequence_length", spec.head_dim]
     for i in range(spec.num_layers):
@@ -69,7 +77,7 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
         x = rms_norm(g, store, f"{p}/input_layernorm", h, lw.ln_attn, spec.rms_norm_eps,
                      f"model.layers.{i}.input_layernorm.weight")
         past_k, past_v, pres_k, pres_v = kv_names(i)
-        a, k, v = attention(g, store, spec, i, x, lw.attn, shared, past_k, past_v, rot)
+        a, k, v = attend(g, store, spec, i, x, lw.attn, shared, past_k, past_v, rot)
         g.output(k, pres_k, FLOAT, present_shape)
         g.output(v, pres_v, FLOAT, present_shape)
         h = g.op(f"{p}/residual_attn/Add", "Add", [h, a])

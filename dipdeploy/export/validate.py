@@ -29,6 +29,8 @@ class Validation:
     tolerance: float
     max_abs_logit: float
     native_library: str | None
+    steps_above_1e2_stock: int = 0
+    steps_above_1e2_native: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -79,12 +81,20 @@ def ort_teacher_forced(session, spec, prompt: np.ndarray, tokens: list[int]) -> 
     return picks, logits
 
 
-def _max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return float(max(np.abs(x - y).max() for x, y in zip(a, b)))
+def _diffs(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    return np.array([float(np.abs(x - y).max()) for x, y in zip(a, b)])
 
 
-def validate(model_path, model, spec, prompt: np.ndarray, n: int, tolerance: float, threads: int = 1) -> Validation:
-    """Greedy ``n`` tokens: torch ``model`` (already sparsified/quantised as the bundle) vs ORT."""
+def validate(model_path, model, spec, prompt: np.ndarray, n: int, tolerance: float, threads: int = 1,
+             rel_tolerance: float = 0.0) -> Validation:
+    """Greedy ``n`` tokens: torch ``model`` (already sparsified/quantised as the bundle) vs ORT.
+
+    The tolerance is ``max(tolerance, rel_tolerance · max|logit|)``. A top-K is discontinuous: when
+    two columns' scores are within float rounding, a kernel that sums in another order may keep the
+    other one, and that moves the logits by a few percent at that step (not by rounding). Sparse
+    graphs get a relative tolerance for that; the count of steps above 1e-2 is reported so such
+    flips stay visible, and the greedy tokens must match exactly either way.
+    """
     import onnxruntime as ort
 
     from dipdeploy.ops.native import library_path, session_options
@@ -96,12 +106,16 @@ def validate(model_path, model, spec, prompt: np.ndarray, n: int, tolerance: flo
         so = session_options(threads=threads, native=native)
         sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
         picks, logits = ort_teacher_forced(sess, spec, prompt, ref_tokens)
-        results[native] = (picks == ref_tokens, _max_diff(logits, ref_logits))
+        diffs = _diffs(logits, ref_logits)
+        results[native] = (picks == ref_tokens, float(diffs.max()), int((diffs > 1e-2).sum()))
         del sess
     native = results.get(True)
+    peak = float(max(np.abs(x).max() for x in ref_logits))
     return Validation(
         tokens=n, reference_tokens=ref_tokens, tokens_match_stock=results[False][0],
         tokens_match_native=None if native is None else native[0], max_abs_diff=results[False][1],
-        max_abs_diff_native=None if native is None else native[1], tolerance=tolerance,
-        max_abs_logit=float(max(np.abs(x).max() for x in ref_logits)), native_library=str(lib) if lib else None,
+        max_abs_diff_native=None if native is None else native[1],
+        tolerance=max(tolerance, rel_tolerance * peak), max_abs_logit=peak,
+        native_library=str(lib) if lib else None, steps_above_1e2_stock=results[False][2],
+        steps_above_1e2_native=None if native is None else native[2],
     )
