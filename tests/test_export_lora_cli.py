@@ -75,3 +75,15 @@ def test_cli_export_json_and_inspect_verify(tmp_path):
 def test_cli_bad_flag_is_a_clear_error(tmp_path):
     res = runner.invoke(app, ["export", "--model", "tiny-llama", "--quant", "int2", "--out", str(tmp_path / "b")])
     assert res.exit_code == 2 and "quant" in res.output
+
+
+def test_inspect_prompt_generates_the_validated_tokens(tmp_path):
+    out = tmp_path / "b"
+    res = export_model(ExportConfig(model="tiny-mistral", method="dip", rho_in=0.6, validate_tokens=8,
+                                    prompt="hello"), out)
+    js = tmp_path / "g.json"
+    r = runner.invoke(app, ["inspect", str(out), "--prompt", "hello", "--max-new-tokens", "8", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    gen = json.loads(js.read_text())["generation"]
+    ref = res.manifest.validation["reference_tokens"]
+    assert gen["tokens"] == ref[: len(gen["tokens"])] and gen["tokens_per_s"] > 0

@@ -77,6 +77,9 @@ def export_cmd(
 def inspect_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
     verify: bool = typer.Option(False, "--verify", help="check every file's size and sha256"),
+    prompt: Optional[str] = typer.Option(None, help="also generate greedily from this prompt (plain ORT)"),
+    max_new_tokens: int = typer.Option(32, help="tokens to generate with --prompt"),
+    native: bool = typer.Option(False, "--native", help="with --prompt: register the native op library"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the manifest summary as JSON"),
 ) -> None:
     """Print a bundle's manifest as a readable summary; --verify checks the checksums."""
@@ -111,6 +114,18 @@ def inspect_cmd(
     if verify:
         problems = verify_bundle(bundle, m)
         console.print("verify: [green]ok[/]" if not problems else "verify: [red]" + "; ".join(problems) + "[/]")
-    write_json({**rows, "problems": problems}, json_out)
+    gen = None
+    if prompt is not None:
+        from dipdeploy.export.generate import generate
+
+        try:
+            g = generate(bundle, prompt, max_new_tokens, native=native)
+        except _ERRORS as err:
+            fail(err)
+        console.print(f"[bold]{g.prompt}[/]{g.text}")
+        console.print(f"{len(g.tokens)} tokens, {g.tokens_per_s:.1f} tok/s, "
+                      f"{'native library' if g.native else 'stock ORT'}, 1 thread, {m.method} {rows['quant']}")
+        gen = {"text": g.text, "tokens": g.tokens, "tokens_per_s": g.tokens_per_s, "native": g.native}
+    write_json({**rows, "problems": problems, "generation": gen}, json_out)
     if problems:
         raise typer.Exit(1)
