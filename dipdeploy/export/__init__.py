@@ -10,7 +10,12 @@ Modules, one job each (see DESIGN.md beside this file):
 - ``mlp``       dense and DIP MLP nodes over the Flash-layout rows (torch-free)
 - ``decoder``   the whole decoder with KV cache (torch-free)
 - ``source``    the torch side: numpy weights layer by layer, quantised as read
-- ``manifest``  the bundle's manifest dataclass and reader (torch-free; the runtime reads it)
+- ``layers``    per-layer graphs for the host runtime (torch-free)
+- ``prepare``   LoRA merge and the plan (given, uniform or calibrated)
+- ``validate``  greedy decoding, ORT (stock and native) against the torch reference
+- ``bundle``    ``export``/``export_model``: the stage, atomic output, manifest
+- ``manifest``  the bundle's manifest dataclass, reader, verify, ``open_tensor`` (torch-free)
+- ``generate``  greedy text from a bundle with plain ORT (torch-free)
 
 Importing this package imports nothing heavy.
 """
