@@ -38,7 +38,8 @@ def export_cmd(
     lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),
     accuracy_level: Optional[int] = typer.Option(None, help="MatMulNBits accuracy level (0 = fp32, 4 = int8)"),
     attention: Optional[str] = typer.Option(None, help="standard (opset 21) | gqa (com.microsoft GroupQueryAttention)"),
-    per_layer: Optional[bool] = typer.Option(None, "--per-layer/--no-per-layer", help="also write layers/*.onnx"),
+    per_layer: Optional[bool] = typer.Option(None, "--per-layer/--no-per-layer",
+                                             help="also write the per-layer graphs for the host runtime"),
     validate_tokens: Optional[int] = typer.Option(None, help="greedy tokens to validate (0 = skip; default 32)"),
     prompt: Optional[str] = typer.Option(None, help="validation prompt"),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/"),
@@ -68,8 +69,8 @@ def export_cmd(
             table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     console.print(table)
     console.print(f"steps (s): {summary['steps_s']}")
-    console.print(f"run it: python -c \"import onnxruntime as ort; ort.InferenceSession('{out}/model.onnx')\" "
-                  f"(register {out}/libdipdeploy_ops.so for the native kernels), or `dipdeploy inspect {out}`")
+    console.print(f"run it: dipdeploy inspect {out} --prompt TEXT [--native]  (in your own ORT code, register "
+                  f"{out}/libdipdeploy_ops.so with SessionOptions.register_custom_ops_library for the native kernels)")
     write_json({**summary, "validation": result.manifest.validation}, json_out)
 
 
