@@ -96,3 +96,10 @@ def test_gqa_attention_matches_torch(tmp_path, model):
     assert v["tokens_match_stock"] and v["max_abs_diff"] <= v["tolerance"]
     g = onnx.load(str(res.out / "model.onnx"), load_external_data=False).graph
     assert sum(n.op_type == "GroupQueryAttention" for n in g.node) == 2
+
+
+def test_64k_alignment_for_windows_mmap(tmp_path):
+    res = _export(tmp_path, model="tiny-llama", method="dip", alignment=65536, validate_tokens=2, per_layer=False)
+    m = read_manifest(res.out)
+    assert m.alignment == 65536 and verify(res.out, m) == []
+    assert all(t["offset"] % 65536 == 0 for t in m.tensors.values())
