@@ -42,10 +42,14 @@ class Linear:
 def rms_norm(g: Graph, store: WeightStore, prefix: str, x: str, weight: np.ndarray, eps: float, tensor: str) -> str:
     """HF RMSNorm in fp32.
 
-        x ─Pow(2)─ReduceMean(-1)─Add(eps)─Sqrt─► r;   x / r · w ─► y   (ORT fuses this pattern)
+        x ─Mul(x)─ReduceMean(-1)─Add(eps)─Sqrt─► r;   x / r · w ─► y
+
+    Written with Mul, not Pow(2): ORT would fuse Pow(2)… into SimplifiedLayerNormalization, whose
+    rounding differs from torch's; in a sparse graph that flips top-K near-ties and the validation
+    against torch diverged (SmolLM2 DIP BQ4: tokens differed on stock ORT). Torch's order is kept.
     """
     w = g.weight(store.add(tensor, weight.astype(np.float32), DENSE_FILE, "vector"))
-    sq = g.op(f"{prefix}/Pow", "Pow", [x, g.const(2.0, np.float32)])
+    sq = g.op(f"{prefix}/Mul_1", "Mul", [x, x])
     mean = g.op(f"{prefix}/ReduceMean", "ReduceMean", [sq, g.const([-1])], keepdims=1)
     root = g.op(f"{prefix}/Sqrt", "Sqrt", [g.op(f"{prefix}/Add", "Add", [mean, g.const(eps, np.float32)])])
     return g.op(f"{prefix}/Mul", "Mul", [g.op(f"{prefix}/Div", "Div", [x, root]), w])
