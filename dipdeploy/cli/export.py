@@ -56,8 +56,8 @@ def export_cmd(
     try:
         cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
                       plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
-                      accuracy_level=accuracy_level, attention=attention, per_layer=per_layer, validate_tokens=validate_tokens,
-                      prompt=prompt, data_dir=str(data_dir) if data_dir else None)
+                      accuracy_level=accuracy_level, attention=attention, per_layer=per_layer,
+                      validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None)
         with console.status("export") as status:
             result = export_model(cfg, out, force=force, progress=lambda s: status.update(f"export: {s}"))
     except _ERRORS as err:

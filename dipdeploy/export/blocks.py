@@ -120,8 +120,10 @@ def shared_values(g: Graph, store: WeightStore, spec: ArchSpec, cos: np.ndarray,
     total = g.op(f"{p}/Gather", "Gather", [g.op(f"{p}/Shape", "Shape", [attention_mask]), g.const(1)], axis=0)
     seq = g.op(f"{p}/Gather_1", "Gather", [g.op(f"{p}/Shape_1", "Shape", [input_ids]), g.const(1)], axis=0)
     past = g.op(f"{p}/Sub", "Sub", [total, seq])
-    kpos = g.op(f"{p}/Unsqueeze", "Unsqueeze", [g.op(f"{p}/Range", "Range", [g.const(0), total, g.const(1)]), g.const([0])])
-    qpos = g.op(f"{p}/Unsqueeze_1", "Unsqueeze", [g.op(f"{p}/Range_1", "Range", [past, total, g.const(1)]), g.const([1])])
+    kpos = g.op(f"{p}/Range", "Range", [g.const(0), total, g.const(1)])
+    kpos = g.op(f"{p}/Unsqueeze", "Unsqueeze", [kpos, g.const([0])])  # [1, T]
+    qpos = g.op(f"{p}/Range_1", "Range", [past, total, g.const(1)])
+    qpos = g.op(f"{p}/Unsqueeze_1", "Unsqueeze", [qpos, g.const([1])])  # [S, 1]
     allowed = g.op(f"{p}/LessOrEqual", "LessOrEqual", [kpos, qpos])  # [S, T]
     if spec.sliding_window:
         lo = g.op(f"{p}/Sub_1", "Sub", [qpos, g.const(spec.sliding_window)])

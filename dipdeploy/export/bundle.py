@@ -120,7 +120,8 @@ def prepare_out(out: Path, force: bool) -> Path:
         probe = Path(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
         probe.rmdir()
     except OSError as err:
-        raise PermissionError(f"cannot write the bundle into {out.parent} ({err.strerror}); choose another --out") from err
+        raise PermissionError(f"cannot write the bundle into {out.parent} ({err.strerror}); "
+                              "choose another --out") from err
     return out
 
 
