@@ -103,6 +103,24 @@ def main() -> None:
                     args.json)
 
 
+def goals(rows: list[dict]) -> str:
+    """The issue's goals, checked on the rows measured so far."""
+    out = ["Goals (issue 8):"]
+    for rho in sorted({r["target_density"] for r in rows if r["method"] == "dip"}):
+        by = {r["lora"]: r for r in rows if r["method"] == "dip" and r["target_density"] == rho}
+        if "adapter" in by and by["adapter"].get("gap_closed") is not None:
+            out.append(f"- ρ={rho}: DIP+LoRA (adapter) closes {by['adapter']['gap_closed']:.0%} of the DIP→dense gap "
+                       f"(goal ≥ 33 % at ρ=0.5); DIP+LoRA is {by['adapter']['ppl_x_dense']:.3f}× dense (stretch ≤ 1.15×).")
+        if "adapter" in by and "merged" in by:
+            rel = by["merged"]["ppl"] / by["adapter"]["ppl"] - 1
+            out.append(f"- ρ={rho}: merged vs adapter PPL {rel:+.2%} (goal within ±0.5 %).")
+    ctrl = {r["lora"]: r for r in rows if r["method"] == "dense" and r["lora"] != "none"}
+    if "adapter" in ctrl:
+        out.append(f"- Control: the same LoRA on the dense model gives {ctrl['adapter']['ppl']:.3f} "
+                   f"({ctrl['adapter']['ppl_x_dense']:.3f}× untuned dense): that much is WikiText domain adaptation.")
+    return "\n".join(out)
+
+
 def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: int, lcfg: LoraConfig) -> None:
     dense = next((r["ppl"] for r in rows if r["method"] == "dense" and r["lora"] == "none"), None)
     dip = {r["target_density"]: r["ppl"] for r in rows if r["method"] == "dip" and r["lora"] == "none"}
@@ -123,7 +141,7 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
             f"`wall_s` is training time. Rows with method `dense` and lora ≠ none are the domain control "
             f"(LoRA trained the same way on the dense model).\n"
             f"Machine: {info['cpu']}, {info['cores']} cores shared with other jobs (load {info['load_1min']} at start), "
-            f"torch 1 thread: times are indicative only.\n\n{md_table(ordered, COLS)}\n\n"
+            f"torch 1 thread: times are indicative only.\n\n{md_table(ordered, COLS)}\n\n{goals(rows)}\n\n"
             f"Regenerate: `python benchmarks/lora.py` (resumes from benchmarks/results/.{name}.partial.json; "
             f"adapters under /tmp/dipdeploy-lora-bench).\n")
     (RESULTS / f"{name}.md").write_text(text)
