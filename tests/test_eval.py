@@ -44,3 +44,10 @@ def test_smollm2_dense_vs_dip(data_dir):
                                progress=False, sparsity=__import__("dipdeploy.sparsity.plan", fromlist=["x"]).SparsityConfig(rho_in=0.55)))
     dense, dip = rows[0]["ppl"], rows[-1]["ppl"]
     assert dense < 100 and dip > dense
+
+
+def test_prefix_tokenisation_equals_whole_text(data_dir, smollm2):
+    text = load_text("wikitext2", "validation", data_dir=data_dir)[:200_000]
+    whole = smollm2.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+    w = windows(smollm2.tokenizer, text, 512, 3)
+    assert (w.reshape(-1) == whole[: 3 * 512]).all()

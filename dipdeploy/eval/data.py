@@ -71,9 +71,30 @@ def load_text(dataset: str = "wikitext2", split: str = "test", text_file: str | 
     return wikitext_text(split, data_dir)
 
 
+def _tokenize(tokenizer, text: str) -> torch.Tensor:
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+
+
 def windows(tokenizer, text: str, seqlen: int, max_windows: int | None = None) -> torch.Tensor:
-    """Token windows [N, seqlen] (non-overlapping; the tail that does not fill a window is dropped)."""
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+    """Token windows [N, seqlen] (non-overlapping; the tail that does not fill a window is dropped).
+
+    With ``max_windows``, only a growing prefix of the text is tokenised (whole-text tokenisation of
+    WikiText-2 takes tens of seconds on a small CPU). A prefix tokenises to the same tokens as the whole
+    text except near its cut, so a margin of tokens past the last window is required before stopping.
+    """
+    need = None if max_windows is None else max_windows * seqlen
+    ids = None
+    if need is not None:
+        chars = need * 6
+        while chars < len(text):
+            ids = _tokenize(tokenizer, text[:chars])
+            if ids.numel() >= need + 256:
+                break
+            chars *= 2
+        else:
+            ids = None
+    if ids is None:
+        ids = _tokenize(tokenizer, text)
     n = ids.numel() // seqlen
     if n == 0:
         raise ValueError(f"text has {ids.numel()} tokens, fewer than one window of seqlen={seqlen}")
