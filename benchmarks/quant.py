@@ -156,6 +156,7 @@ def _task_order(r: dict) -> tuple:
 def perplexity_rows(formats: tuple[str, ...], seqlen: int, windows: int, data_dir: str | None,
                     done: list[dict], on_row=lambda rows: None) -> list[dict]:
     from dipdeploy.eval import EvalConfig, evaluate
+    from dipdeploy.sparsity.plan import SparsityConfig
 
     out = [r for r in done if r.get("kind") == "ppl"]
     have = {_key(r) for r in out}
@@ -168,8 +169,12 @@ def perplexity_rows(formats: tuple[str, ...], seqlen: int, windows: int, data_di
                 models[quant] = _quantized_model_dir(quant, data_dir, Path(tmp))
             model, extra = models[quant]
             t0 = time.perf_counter()
+            # A fixed split ρ_in = 1.1·ρ (0.55 at ρ = 0.5: what the split search finds on SmolLM2, see
+            # benchmarks/results/accuracy-smollm2.md) instead of a 12-minute search per row: every
+            # format is compared under the same plan.
+            sparsity = SparsityConfig(rho_in=round(min(1.0, 1.1 * density), 4))
             res = evaluate(EvalConfig(model=model, method=method, density=density, seqlen=seqlen,
-                                      max_windows=windows, data_dir=data_dir, progress=False))
+                                      max_windows=windows, data_dir=data_dir, progress=False, sparsity=sparsity))
             for r in res:
                 r.update(kind="ppl", wall_s=round(time.perf_counter() - t0, 1), model=MODEL)
                 if quant is not None:
