@@ -47,11 +47,12 @@ def _chain(out, m, ids, resident: bool):
     return _sess(out / "head.onnx").run(None, {"hidden": h})[0], sel
 
 
-@pytest.mark.parametrize("model,quant", [("tiny-llama", "none"), ("tiny-phi3", "bq4")])
-def test_layer_chain_equals_model_onnx(tmp_path, model, quant):
+@pytest.mark.parametrize("model,quant,attn", [("tiny-llama", "none", "standard"), ("tiny-phi3", "bq4", "standard"),
+                                              ("tiny-qwen2", "bq4", "gqa")])
+def test_layer_chain_equals_model_onnx(tmp_path, model, quant, attn):
     out = tmp_path / "b"
     export_model(ExportConfig(model=model, method="dip-ca", rho_in=0.6, gamma=0.1, quant=quant, per_layer=True,
-                              validate_tokens=4), out)
+                              validate_tokens=4, attention=attn), out)
     m = read_manifest(out)
     assert len(m.graphs["layers"]) == 3 * 2 + 2
     ids = np.array([[3, 14, 15, 92, 65]], dtype=np.int64)

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from dipdeploy.export.blocks import attention, linear, rms_norm, shared_values
+from dipdeploy.export.blocks import attention, attention_gqa, gqa_shared, linear, rms_norm, shared_values
 from dipdeploy.export.decoder import kv_names
 from dipdeploy.export.graph import Graph
 from dipdeploy.export.mlp import MlpTensors, glu
@@ -39,8 +39,10 @@ FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 class LayerGraphs:
     """Builds and saves the per-layer graphs while the decoder is built (same weights, same store)."""
 
-    def __init__(self, spec, store: WeightStore, plan, accuracy_level: int, root: Path, rope: tuple):
+    def __init__(self, spec, store: WeightStore, plan, accuracy_level: int, root: Path, rope: tuple,
+                 attention_op: str = "standard"):
         self.spec, self.store, self.plan, self.acc = spec, store, plan, accuracy_level
+        self.attention_op = attention_op
         self.dir = Path(root)
         self.cos, self.sin = rope
         self.files: list[str] = []
@@ -67,11 +69,14 @@ class LayerGraphs:
         g.input(past_k, FLOAT, kv)
         g.input(past_v, FLOAT, kv)
         cache = g.input("cache_in", BOOL, [spec.hidden_size])
-        shared = shared_values(g, st, spec, self.cos, self.sin, h, mask, pos)
+        if self.attention_op == "gqa":
+            shared, attend = gqa_shared(g, st, self.cos, self.sin, mask), attention_gqa
+        else:
+            shared, attend = shared_values(g, st, spec, self.cos, self.sin, h, mask, pos), attention
         p = f"/model/layers.{i}"
         x = rms_norm(g, st, f"{p}/input_layernorm", h, lw.ln_attn, spec.rms_norm_eps,
                      f"model.layers.{i}.input_layernorm.weight")
-        a, k, v = attention(g, st, spec, i, x, lw.attn, shared, past_k, past_v, self.cos.shape[-1])
+        a, k, v = attend(g, st, spec, i, x, lw.attn, shared, past_k, past_v, self.cos.shape[-1])
         h2 = g.op(f"{p}/residual_attn/Add", "Add", [h, a])
         x = rms_norm(g, st, f"{p}/post_attention_layernorm", h2, lw.ln_mlp, spec.rms_norm_eps,
                      f"model.layers.{i}.post_attention_layernorm.weight")
