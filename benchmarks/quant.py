@@ -102,6 +102,53 @@ def reconstruction(layers_to_use: int | None, done: list[dict]) -> list[dict]:
     return rows
 
 
+def feedback_rows(data_dir: str | None, layers=(0, 10, 20, 29)) -> list[dict]:
+    """Layer-output error ‖X(Ŵ − W)‖² / ‖XW‖² of plain vs -gptq formats on held-out activations.
+
+    Hessians from WikiText-2 validation (CALIB_WINDOWS × CALIB_SEQLEN tokens); X from 2 test windows of
+    512 tokens (MLP inputs for the up|gate rows, GLU activations for the down rows).
+    """
+    import torch
+
+    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.loading import load_model
+    from dipdeploy.quant import quantize, dequantize_rows
+    from dipdeploy.quant.fake import mlp_hessians, mlp_weights
+
+    lm = load_model(MODEL)
+    calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), CALIB_SEQLEN, CALIB_WINDOWS)
+    test = windows(lm.tokenizer, load_text("wikitext2", "test", None, data_dir), 512, 2)
+    hess = mlp_hessians(lm.model, calib, full=True)
+    acts: dict[tuple[int, str], np.ndarray] = {}
+    handles = []
+    for i in layers:
+        mlp = lm.model.model.layers[i].mlp
+        handles.append(mlp.register_forward_pre_hook(
+            lambda _m, a, i=i: acts.__setitem__((i, "up_gate"), a[0].reshape(-1, a[0].shape[-1]).numpy().copy())))
+        handles.append(mlp.down_proj.register_forward_pre_hook(
+            lambda _m, a, i=i: acts.__setitem__((i, "down"), a[0].reshape(-1, a[0].shape[-1]).numpy().copy())))
+    with torch.no_grad():
+        lm.model(input_ids=test)
+    for h in handles:
+        h.remove()
+    out = []
+    for name in ("bq4-b64", "vq3", "rtn3-b96"):
+        for fb in (False, True):
+            cfg = quant_config_from_name(name + ("-gptq" if fb else ""))
+            num = den = 0.0
+            t0 = time.perf_counter()
+            for i in layers:
+                for key, rows in zip(("up_gate", "down"), mlp_to_rows(*mlp_weights(lm.model.model.layers[i].mlp))):
+                    deq = dequantize_rows(quantize(rows, cfg, hessian=hess[i][key] if fb else None))
+                    x = acts[(i, key)]
+                    num += float(((x @ (deq - rows)) ** 2).sum())
+                    den += float(((x @ rows) ** 2).sum())
+            out.append({"kind": "feedback", "format": name + ("-gptq" if fb else ""),
+                        "output_nmse": num / den, "layers": list(layers), "seconds": time.perf_counter() - t0})
+            print(f"  {out[-1]['format']:14s} layer-output NMSE {num / den:.5f}", flush=True)
+    return out
+
+
 def _key(r: dict) -> tuple:
     return (r["quant"], r["method"], float(r["target_density"]))
 
@@ -216,8 +263,18 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
         "| format | bits/weight | SQNR (dB) | quantisation time (s) |",
         "|---|---|---|---|",
     ]
+    fb = [r for r in recon if r["kind"] == "feedback"]
+    recon = [r for r in recon if r["kind"] == "reconstruction"]
     for r in recon:
         lines.append(f"| {r['format']} | {r['bits_per_weight']:.4f} | {r['sqnr_db']:.2f} | {_fmt(r['seconds'], 1)} |")
+    if fb:
+        lines += ["", f"### GPTQ-style error feedback: layer-output error (layers {fb[0]['layers']})", "",
+                  f"‖X(Ŵ − W)‖² / ‖XW‖² over both row groups, X = activations of 2 WikiText-2 test windows × 512 "
+                  f"tokens; Hessians from {CALIB_WINDOWS} × {CALIB_SEQLEN} validation tokens. Weight SQNR is not "
+                  "the right yardstick here (feedback trades weight error for output error).", "",
+                  "| format | layer-output NMSE | quantisation time (s, these layers) |", "|---|---|---|"]
+        for r in fb:
+            lines.append(f"| {r['format']} | {r['output_nmse']:.5f} | {r['seconds']:.1f} |")
     lines += [
         "",
         "The checkpoint is already Q4_1 (blocks of 32 along the input dimension): re-applying Q4_1 in that "
@@ -319,6 +376,7 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--no-ppl", action="store_true", help="reconstruction only")
     ap.add_argument("--no-recon", action="store_true", help="perplexity only (e.g. a second process)")
+    ap.add_argument("--feedback", action="store_true", help="layer-output error of plain vs -gptq formats only")
     ap.add_argument("--force", action="store_true", help="overwrite --out / --json")
     ap.add_argument("--resume", type=Path, help="rows of an earlier run (its --json): keep them, measure the rest")
     ap.add_argument("--gptq", action="store_true", help="also the -gptq presets (calibrated error feedback)")
@@ -337,11 +395,16 @@ def main() -> None:
         for path in args.render_only:
             for r in json.loads(path.read_text()):
                 rows[(r["kind"], r.get("format") or _key(r))] = r
-        recon = [r for r in rows.values() if r["kind"] == "reconstruction"]
+        recon = [r for r in rows.values() if r["kind"] in ("reconstruction", "feedback")]
         ppl = sorted((r for r in rows.values() if r["kind"] == "ppl"), key=_task_order)
         args.quick = False
         save(args, recon, ppl, t0, partial=False)
         print(f"wrote {args.out}")
+        return
+    if args.feedback:
+        rows = feedback_rows(args.data_dir)
+        if args.json:
+            write_atomic(args.json, json.dumps(rows, indent=1), True)
         return
     print("reconstruction", flush=True)
     done = json.loads(args.resume.read_text()) if args.resume else []
