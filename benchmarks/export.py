@@ -69,7 +69,13 @@ def run_export(cfg: dict, out: Path) -> dict:
 
 
 def file_sizes(out: Path) -> dict:
-    return {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.suffix in (".bin", ".onnx")}
+    """Bytes per weight file and graph; the per-layer graphs summed into one entry."""
+    sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir())
+             if p.suffix == ".bin" or p.name == "model.onnx"}
+    layers = [p.stat().st_size for p in out.glob("*.onnx") if p.name != "model.onnx"]
+    if layers:
+        sizes[f"per-layer graphs ({len(layers)} files)"] = sum(layers)
+    return sizes
 
 
 def decode_tps(model_path: Path, native: bool, prompt_len: int, tokens: int, inputs_like: str = "dipdeploy") -> float:
