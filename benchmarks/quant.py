@@ -105,7 +105,7 @@ def reconstruction(layers_to_use: int | None, done: list[dict]) -> list[dict]:
 def feedback_rows(data_dir: str | None, layers=(0, 10, 20, 29)) -> list[dict]:
     """Layer-output error ‖X(Ŵ − W)‖² / ‖XW‖² of plain vs -gptq formats on held-out activations.
 
-    Hessians from WikiText-2 validation (CALIB_WINDOWS × CALIB_SEQLEN tokens); X from 2 test windows of
+    Hessians from WikiText-2 validation (CALIB_WINDOWS / 2 × CALIB_SEQLEN tokens); X from 2 test windows of
     512 tokens (MLP inputs for the up|gate rows, GLU activations for the down rows).
     """
     import torch
@@ -116,9 +116,9 @@ def feedback_rows(data_dir: str | None, layers=(0, 10, 20, 29)) -> list[dict]:
     from dipdeploy.quant.fake import mlp_hessians, mlp_weights
 
     lm = load_model(MODEL)
-    calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), CALIB_SEQLEN, CALIB_WINDOWS)
+    calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), CALIB_SEQLEN, CALIB_WINDOWS // 2)
     test = windows(lm.tokenizer, load_text("wikitext2", "test", None, data_dir), 512, 2)
-    hess = mlp_hessians(lm.model, calib, full=True)
+    hess = mlp_hessians(lm.model, calib, full=True, layers=tuple(layers))
     acts: dict[tuple[int, str], np.ndarray] = {}
     handles = []
     for i in layers:
@@ -270,7 +270,7 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
     if fb:
         lines += ["", f"### GPTQ-style error feedback: layer-output error (layers {fb[0]['layers']})", "",
                   f"‖X(Ŵ − W)‖² / ‖XW‖² over both row groups, X = activations of 2 WikiText-2 test windows × 512 "
-                  f"tokens; Hessians from {CALIB_WINDOWS} × {CALIB_SEQLEN} validation tokens. Weight SQNR is not "
+                  f"tokens; Hessians from {CALIB_WINDOWS // 2} × {CALIB_SEQLEN} validation tokens. Weight SQNR is not "
                   "the right yardstick here (feedback trades weight error for output error).", "",
                   "| format | layer-output NMSE | quantisation time (s, these layers) |", "|---|---|---|"]
         for r in fb:

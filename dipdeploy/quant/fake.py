@@ -94,18 +94,21 @@ def set_mlp_weights(mlp, w_up: np.ndarray, w_gate: np.ndarray, w_down: np.ndarra
     _assign(mlp.down_proj, w_down)
 
 
-def mlp_hessians(model, calib_ids, full: bool = True) -> list[dict[str, np.ndarray]]:
+def mlp_hessians(model, calib_ids, full: bool = True, layers: tuple[int, ...] | None = None
+                 ) -> list[dict[str, np.ndarray | None]]:
     """Per layer and row group, H = mean x xᵀ of the activation multiplying each row ([R, R]; only its
     diagonal E[x_r²] ([R]) when not ``full``), from one forward pass over ``calib_ids`` [B, T].
 
     up|gate row i multiplies hidden input x_i of the MLP; down row j multiplies GLU unit j (the input of
     down_proj). The model is not changed. Memory: L·(d² + F²) float32 when ``full`` (SmolLM2: 0.3 GiB;
-    a 7 B model would need per-layer calibration passes, not done here).
+    a 7 B model would need per-layer calibration passes, not done here). ``layers`` restricts the
+    statistics to those layer indices (the others get None).
     """
     import torch
 
-    layers = _layers(model)
-    stats: list[dict[str, torch.Tensor | None]] = [{"up_gate": None, "down": None} for _ in layers]
+    all_layers = _layers(model)
+    wanted = range(len(all_layers)) if layers is None else layers
+    stats: list[dict[str, torch.Tensor | None]] = [{"up_gate": None, "down": None} for _ in all_layers]
     count = [0]
 
     def hook(i: int, key: str):
@@ -113,12 +116,13 @@ def mlp_hessians(model, calib_ids, full: bool = True) -> list[dict[str, np.ndarr
             x = args[0].detach().float().reshape(-1, args[0].shape[-1])
             s = x.T @ x if full else (x * x).sum(0)
             stats[i][key] = s if stats[i][key] is None else stats[i][key] + s
-            if key == "up_gate" and i == 0:
+            if key == "up_gate" and i == wanted[0]:
                 count[0] += x.shape[0]
         return fn
 
     handles = []
-    for i, layer in enumerate(layers):
+    for i in wanted:
+        layer = all_layers[i]
         handles.append(layer.mlp.register_forward_pre_hook(hook(i, "up_gate")))
         handles.append(layer.mlp.down_proj.register_forward_pre_hook(hook(i, "down")))
     try:
@@ -127,7 +131,7 @@ def mlp_hessians(model, calib_ids, full: bool = True) -> list[dict[str, np.ndarr
     finally:
         for h in handles:
             h.remove()
-    return [{k: (v / max(1, count[0])).cpu().numpy() for k, v in s.items()} for s in stats]
+    return [{k: None if v is None else (v / max(1, count[0])).cpu().numpy() for k, v in s.items()} for s in stats]
 
 
 def iter_packed_mlp(model, cfg: QuantConfig, *, calib=None, progress: bool = True
