@@ -42,3 +42,30 @@ def test_calibrate_and_trace(tmp_path, data_dir):
 
     t = Trace.load(trace)
     assert t.method == "dip-ca" and t.num_tokens == 32 and t.num_layers == 2 and t.x_abs is not None
+
+
+def test_eval_with_lora_adapter(tmp_path, data_dir, tiny_llama):
+    """`eval --lora`: an adapter from `finetune` applied live and merged gives the same perplexity."""
+    from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
+
+    c = tiny_llama.model.config
+    plan = tmp_path / "plan.json"
+    uniform_plan(SparsityConfig(method="dip", density=0.5, rho_in=0.55), "tiny-llama", c.num_hidden_layers,
+                 c.hidden_size, c.intermediate_size).save(plan)
+    text = tmp_path / "train.txt"
+    text.write_text("a small training text for a tiny model, repeated. " * 40)
+    adapter = tmp_path / "adapter"
+    res = runner.invoke(app, ["finetune", "--model", "tiny-llama", "--plan", str(plan), "--steps", "2", "--seqlen",
+                              "32", "--batch-size", "2", "--rank", "2", "--text-file", str(text), "--out", str(adapter)])
+    assert res.exit_code == 0, res.output
+    ppl = {}
+    for mode in ("--lora-merge", "--lora-live"):
+        out = tmp_path / f"{mode}.json"
+        res = runner.invoke(app, ["eval", "--model", "tiny-llama", "--plan", str(plan), "--seqlen", "64",
+                                  "--max-windows", "1", "--data-dir", str(data_dir), "--lora", str(adapter), mode,
+                                  "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        row = json.loads(out.read_text())[0]
+        ppl[row["lora"]] = row["ppl"]
+    assert set(ppl) == {"merged", "adapter"}
+    assert abs(ppl["merged"] - ppl["adapter"]) / ppl["adapter"] < 1e-3

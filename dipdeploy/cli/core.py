@@ -92,6 +92,8 @@ def eval_cmd(
     policy: str = POLICY, cache_frac: float = CACHE, fixed_top_n: int = TOPN, gamma_warmup: int = WARM,
     quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3"),
     quant_scope: str = typer.Option("mlp", help="mlp | all (attention and lm_head too)"),
+    lora: Optional[Path] = typer.Option(None, help="a peft adapter from `dipdeploy finetune` (applied first)"),
+    lora_merge: bool = typer.Option(True, "--lora-merge/--lora-live", help="merge the adapter or keep it live"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as a JSON list"),
     plot: Optional[Path] = typer.Option(None, help="save a PPL-vs-density Pareto plot (PNG)"),
 ) -> None:
@@ -105,7 +107,8 @@ def eval_cmd(
         cfg = EvalConfig(model=model, method=method, density=density, plan=str(plan) if plan else None,
                          seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
                          text_file=str(text_file) if text_file else None, data_dir=str(data_dir) if data_dir else None,
-                         batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope)
+                         batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope,
+                         lora=str(lora) if lora else None, lora_merge=lora_merge)
         rows = evaluate(cfg)
     except (ValueError, FileNotFoundError, KeyError, FileExistsError) as err:
         fail(err)

@@ -39,6 +39,8 @@ class EvalConfig:
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
     quant: str | None = None
     quant_scope: str = "mlp"
+    lora: str | None = None  # a peft adapter from `dipdeploy finetune`, applied before quantisation
+    lora_merge: bool = True  # merge_and_unload (what export does) or keep live adapter layers
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -85,6 +87,12 @@ class Evaluator:
 
         self.cfg = cfg
         self.lm = load_model(cfg.model)
+        self.lora = "none"
+        if cfg.lora is not None:
+            from dipdeploy.finetune.adapter import apply_lora
+
+            self.lm = apply_lora(self.lm, cfg.lora, merge=cfg.lora_merge)
+            self.lora = "merged" if cfg.lora_merge else "adapter"
         self.qinfo = _quantize(self.lm, cfg)
         text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
         self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows)
@@ -136,7 +144,7 @@ class Evaluator:
             "allocation": plan.allocation if plan else "-", "score": plan.score if plan else "-",
             "gamma": plan.gamma if plan else 1.0, "policy": plan.policy if ca else "-",
             "cache_frac": plan.cache_frac if ca else None,
-            **self.qinfo, "calib_s": round(t1 - t0, 1), "eval_s": round(time.time() - t1, 1),
+            "lora": self.lora, **self.qinfo, "calib_s": round(t1 - t0, 1), "eval_s": round(time.time() - t1, 1),
         }
 
 
