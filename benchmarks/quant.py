@@ -280,8 +280,8 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
         "The checkpoint is already Q4_1 (blocks of 32 along the input dimension): re-applying Q4_1 in that "
         f"layout reproduces the weights {'exactly (SQNR ∞)' if recon and recon[0]['sqnr_db'] == float('inf') else 'almost exactly'}, "
         "the first row. The sparse layout blocks along the other dimension (rows of [W_uᵀ | W_gᵀ] and W_dᵀ), "
-        "so each format's SQNR here is the whole cost of re-quantising the Q4_1 weights; against the "
-        "original bf16 weights (not shipped) the error would be larger.",
+        "so each format's SQNR here is the whole cost of re-quantising the Q4_1 weights (measured against "
+        "the Q4_1-dequantised weights, the only ones shipped; not against the original bf16 ones).",
         "",
     ]
     if ppl:
@@ -310,6 +310,11 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
         lines += ["VQ3 + DIP at ρ = 0.679 reads the same MLP bytes per token as BQ4 b64 + DIP at ρ = 0.5 "
                   "(compare the ρ·bits column).", ""]
         lines += findings(ppl)
+        have = {(None if r["quant"] == "none" else r["quant"], r["method"], float(r["target_density"])) for r in ppl}
+        missing = [t for t in ppl_tasks(("fp", *FORMATS)) if t not in have]
+        if missing:
+            lines += ["**Not measured** (the run was cut short; rerun with `--resume JSON` to add them): " +
+                      ", ".join(f"{q or 'fp'} {m} ρ={d}" for q, m, d in missing) + ".", ""]
     else:
         lines += ["## WikiText-2 perplexity", "", "Not measured in this run.", ""]
     return "\n".join(lines)
