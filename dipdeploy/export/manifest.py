@@ -4,7 +4,7 @@ A bundle is a directory::
 
     manifest.json        this file (format, version, source model, method, plan, quant, tensors, files)
     model.onnx           the whole decoder with KV cache (I/O names of onnxruntime-genai)
-    layers/*.onnx        per-layer graphs for the host runtime (optional)
+    embed.onnx, layer.{i}.attn/mlp_up/mlp_down.onnx, head.onnx   per-layer graphs for the host runtime
     dense.bin, mlp.bin   weights as ONNX external data, every tensor aligned (4 KiB by default);
                          mlp.bin holds the MLP in the Flash layout (see ``tensors[*].layout``)
     genai_config.json, tokenizer files
