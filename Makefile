@@ -21,7 +21,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/dipdeploy demo
+	$(BIN)/dipdeploy demo --windows 2
+	$(BIN)/dipdeploy export --method dip-ca --quant bq4 --rho-in 0.55 --out build/demo-bundle --force
+	$(BIN)/dipdeploy inspect build/demo-bundle --verify --prompt "The capital of France is"
 
 test: setup
 	$(BIN)/python -m pytest tests

@@ -24,14 +24,20 @@ PEERS = ("dip", "dip-ca", "teal", "cats", "gate", "up")
 
 
 def configs(quick: bool) -> list[tuple[str, float, dict]]:
+    """Priority order: the ρ = 0.5 comparison first (with two DIP-CA operating points: γ = 0.2 lets the
+    cache dominate the mask when the capacity is below K_in), then ρ = 0.75, 0.6, 0.4."""
     if quick:
         return [("dense", 1.0, {})] + [(m, 0.5, {}) for m in ("dip", "teal", "cats", "dip-ca")]
     out = [("dense", 1.0, {})]
     for rho in (0.5, 0.75, 0.6, 0.4):
-        out += [(m, rho, {}) for m in PEERS]
+        out += [(m, rho, {}) for m in ("dip", "dip-ca", "teal", "cats")]
         if rho == 0.5:
-            out += [("dip", 0.5, {"score": "wina"}), ("dip", 0.5, {"allocation": "greedy"})]
-    out.append(("glu", 0.75, {}))
+            out += [("dip-ca", 0.5, {"gamma": 0.5}), ("dip", 0.5, {"allocation": "greedy"})]
+        if rho == 0.75:
+            out.append(("glu", 0.75, {}))
+        out += [(m, rho, {}) for m in ("gate", "up")]
+        if rho == 0.5:
+            out.append(("dip", 0.5, {"score": "wina"}))
     return [c for c in out if reachable(c[0], c[1])]
 
 
@@ -50,6 +56,9 @@ def main() -> None:
     key = lambda m, d, o: f"{m}|{d}|{json.dumps(o, sort_keys=True)}"  # noqa: E731
     have = {r["key"] for r in done}
     ev = Evaluator(EvalConfig(model=args.model, seqlen=seqlen, max_windows=windows, progress=True))
+    for r in done:  # a resumed run reuses the split searches of earlier rows (they take minutes each)
+        if r["method"] in ("dip", "dip-ca", "teal") and r["allocation"] == "uniform":
+            ev.splits.setdefault((round(r["target_density"], 6), r["score"]), (r["rho_in"], {"split": "resumed"}))
     info = machine()
     for method, rho, over in configs(args.quick):
         k = key(method, rho, over)
