@@ -290,8 +290,8 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
             f"## WikiText-2 test perplexity (seqlen {ppl[0]['seqlen']}, {ppl[0]['windows']} windows, "
             f"{ppl[0]['tokens']} predicted tokens; MLP weights quantised, attention/embeddings fp32)",
             "",
-            "| quant | method | MLP density ρ | bits/weight (MLP) | MLP bits read per weight (ρ·bits) | PPL | × fp same method | quant time (s) | eval wall (s) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| quant | method | MLP density ρ | ρ_in | bits/weight (MLP) | MLP bits read per weight (ρ·bits) | PPL | × fp same method | quant time (s) | eval wall (s) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in ppl:
             bpw = 32.0 if r["quant"] == "none" else r["bits_per_weight"]
@@ -299,9 +299,12 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
             ratio = f"{r['ppl'] / ref:.3f}" if ref else "–"
             lines.append(
                 f"| {'fp32' if r['quant'] == 'none' else r['quant']} | {r['method']} | {r['density']:.3f} | "
+                f"{r.get('rho_in', 1.0):.3f} | "
                 f"{bpw:.4f} | {r['density'] * bpw:.3f} | {r['ppl']:.3f} | {ratio} | "
                 f"{_fmt(r.get('quant_seconds'), 1)} | {_fmt(r.get('wall_s'), 0)} |")
-        lines.append("")
+        lines += ["", "DIP rows: uniform plan, ρ_in = 1.1·ρ fixed (0.55 at ρ = 0.5), except the fp DIP row, whose "
+                  "split was searched on WikiText-2 validation by `evaluate` (it found the same 0.55; its eval "
+                  "wall time includes that search).", ""]
         if any(str(r["quant"]).endswith("-gptq") for r in ppl):
             tok = next(r.get("calib_tokens") for r in ppl if str(r["quant"]).endswith("-gptq"))
             lines += [f"`-gptq` rows: GPTQ-style error feedback in the row layout (`dipdeploy/quant/gptq.py`), "
