@@ -116,8 +116,14 @@ def goals(rows: list[dict]) -> str:
             out.append(f"- ρ={rho}: merged vs adapter PPL {rel:+.2%} (goal within ±0.5 %).")
     ctrl = {r["lora"]: r for r in rows if r["method"] == "dense" and r["lora"] != "none"}
     if "adapter" in ctrl:
-        out.append(f"- Control: the same LoRA on the dense model gives {ctrl['adapter']['ppl']:.3f} "
-                   f"({ctrl['adapter']['ppl_x_dense']:.3f}× untuned dense): that much is WikiText domain adaptation.")
+        c = ctrl["adapter"]["ppl"]
+        out.append(f"- Control: the same LoRA on the dense model gives {c:.3f} ({ctrl['adapter']['ppl_x_dense']:.3f}× "
+                   f"untuned dense): that much is WikiText domain adaptation, not recovery from pruning.")
+        for rho in sorted({r["target_density"] for r in rows if r["method"] == "dip"}):
+            by = {r["lora"]: r for r in rows if r["method"] == "dip" and r["target_density"] == rho}
+            if "adapter" in by and "none" in by:
+                out.append(f"- ρ={rho}, like for like: DIP is {by['none']['ppl_x_dense']:.3f}× dense untuned; DIP+LoRA "
+                           f"is {by['adapter']['ppl'] / c:.3f}× dense+LoRA (the pruning penalty that LoRA leaves).")
     return "\n".join(out)
 
 
