@@ -147,7 +147,7 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
             f"`wall_s` is training time. Rows with method `dense` and lora ≠ none are the domain control "
             f"(LoRA trained the same way on the dense model).\n"
             f"Machine: {info['cpu']}, {info['cores']} cores shared with other jobs (load {info['load_1min']} at start), "
-            f"torch 1 thread: times are indicative only.\n\n{md_table(ordered, COLS)}\n\n{goals(rows)}\n\n"
+            f"torch 1 thread; up to three training runs of this table overlapped, so wall times are indicative only.\n\n{md_table(ordered, COLS)}\n\n{goals(rows)}\n\n"
             f"Regenerate: `python benchmarks/lora.py` (resumes from benchmarks/results/.{name}.partial.json; "
             f"adapters under /tmp/dipdeploy-lora-bench).\n")
     (RESULTS / f"{name}.md").write_text(text)
