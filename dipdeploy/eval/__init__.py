@@ -116,6 +116,12 @@ class Evaluator:
             return SparsityPlan.load(self.cfg.plan)
         if sparsity.method == "dense":
             return None
+        if self.cfg.lora is not None:  # an adapter runs under the plan it was trained for, when asked for
+            from dipdeploy.finetune import adapter_plan
+
+            trained = adapter_plan(self.cfg.lora)
+            if trained.method == sparsity.method and abs(trained.density - sparsity.density) < 0.01:
+                return trained
         return calibrate(self.lm, sparsity, self.calib, self.splits)
 
     def row(self, method: str, density: float, **overrides) -> dict:
