@@ -70,12 +70,12 @@ def main() -> None:
         done.append(row)
         partial.write_text(json.dumps(done, indent=1))
         print(f"{method:7s} ρ={rho:<5} {row['variant']:18s} ppl={row['ppl']:.3f}  ({row['wall_s']} s)", flush=True)
-        write_table(done, name, info, windows, seqlen)
-    write_table(done, name, info, windows, seqlen)
+        write_table(done, name, info, windows, seqlen, configs(args.quick))
+    write_table(done, name, info, windows, seqlen, configs(args.quick))
     write_rows_json(done, args.json)
 
 
-def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: int) -> None:
+def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: int, planned: list) -> None:
     dense = next((r["ppl"] for r in rows if r["method"] == "dense"), None)
     for r in rows:
         r["ppl_x_dense"] = r["ppl"] / dense if dense else None
@@ -88,9 +88,16 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
             f"Machine: {info['cpu']}, {info['cores']} cores, load {info['load_1min']} at start "
             f"(other jobs shared the CPU, so times are indicative only). "
             f"`density` is the realised MLP density ρ = (2ρ_in + ρ_glu)/3 of the plan (thresholds: expected).\n\n"
-            f"{md_table(ordered, cols)}\n\nRegenerate: `python benchmarks/accuracy.py` "
+            f"{md_table(ordered, cols)}\n\n{_missing(rows, planned)}Regenerate: `python benchmarks/accuracy.py` "
             f"(resumes from benchmarks/results/.{name}.partial.json).\n")
     (RESULTS / f"{name}.md").write_text(text)
+
+
+def _missing(rows: list[dict], planned: list) -> str:
+    have = {(r["method"], r["target_density"], r["variant"]) for r in rows}
+    todo = [f"{m} ρ={d}" + (f" ({','.join(f'{a}={b}' for a, b in o.items())})" if o else "")
+            for m, d, o in planned if (m, d, ",".join(f"{a}={b}" for a, b in o.items()) or "-") not in have]
+    return f"**Not measured yet** (the run was stopped; it resumes): {', '.join(todo)}.\n\n" if todo else ""
 
 
 if __name__ == "__main__":
