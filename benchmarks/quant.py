@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from dipdeploy.quant import Block4QuantConfig, fake_quantize, mlp_to_rows, quant_config_from_name
+from _common import machine  # benchmarks/ is the script directory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
@@ -41,13 +42,7 @@ EXTRA_RECON = ("bq4-b128", "rtn3", "rtn3-b192")
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return machine()["cpu"] or platform.machine()
 
 
 def _sqnr(num: float, den: float) -> float:

@@ -34,19 +34,14 @@ from dipdeploy.sim.report import write_json
 from dipdeploy.sim.sweep import auto_budgets, compare, expand_variants, sweep
 from dipdeploy.sim.synthetic import synthetic_trace
 from dipdeploy.trace import Trace
+from _common import machine  # benchmarks/ is the script directory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCE_MODEL = "smollm2-135m"
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return machine()["cpu"] or platform.machine()
 
 
 def get_trace(args) -> tuple[Trace, str]:
