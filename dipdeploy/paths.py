@@ -24,9 +24,12 @@ def atomic_dir(final: Path):
     """Yield a temporary sibling directory that is renamed to ``final`` only if the block succeeds,
     so an interrupted build never leaves a half-written directory behind."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

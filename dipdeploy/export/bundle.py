@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -25,6 +24,7 @@ from dipdeploy.export.decoder import LayerK, build_decoder
 from dipdeploy.export.graph import check_model
 from dipdeploy.export.manifest import MANIFEST, Manifest, file_record
 from dipdeploy.export.weights import WeightStore
+from dipdeploy.paths import atomic_dir
 from dipdeploy.ops.schemas import DOMAIN, OPSET_VERSION
 from dipdeploy.sparsity.plan import SparsityPlan
 
@@ -134,18 +134,8 @@ def export(lm, cfg: ExportConfig, out: Path, plan: SparsityPlan | None, *, force
     (fake-quantised, sparsified) so it is the torch reference of the bundle."""
     out = prepare_out(out, force)
     t0, steps = time.perf_counter(), _Steps(progress)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         manifest = _build(lm, cfg, tmp, plan, steps, extra or {})
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; a bundle is an ordinary directory
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(out, manifest, time.perf_counter() - t0, steps.seconds)
 
 
