@@ -6,5 +6,7 @@ Floor 1: numpy only.
 
 from dipdeploy.cache.policies import POLICIES, RowCache, static_rows
 from dipdeploy.cache.score import dipca_scores, gamma_at, topk_indices, topk_rows
+from dipdeploy.cache.slots import SlotStep, SlotTable
 
-__all__ = ["POLICIES", "RowCache", "static_rows", "dipca_scores", "gamma_at", "topk_indices", "topk_rows"]
+__all__ = ["POLICIES", "RowCache", "static_rows", "dipca_scores", "gamma_at", "topk_indices", "topk_rows",
+           "SlotStep", "SlotTable"]
