@@ -1,0 +1,144 @@
+"""CLI of the host runtime: ``dipdeploy run`` and ``dipdeploy chat`` (parse, call ``Engine``, present)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from dipdeploy.cli._app import app
+from dipdeploy.cli.core import console, fail, write_json
+
+_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
+
+BUDGET = typer.Option("50%", "--dram-budget", help="DRAM for the MLP caches: a share of the MLP bytes (50%) or "
+                      "a total for everything resident (120MB, 1.5GiB); dense weights and the KV cache come first")
+POLICY = typer.Option("lfu", "--policy", help="cache policy: lfu | lru | belady (offline bound, γ = 1) | "
+                      "static (pinned rows: the dense baseline) | none")
+GAMMA = typer.Option(None, "--gamma", help="DIP-CA γ in [0, 1] (1 = plain DIP); default: the bundle's")
+NATIVE = typer.Option(None, "--native/--no-native", help="native kernels (default: when built) or the ONNX "
+                      "fallback functions")
+FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s")
+COLD = typer.Option(False, "--cold", help="drop the MLP file from the OS page cache first (real disk reads)")
+IO = typer.Option("pread", "--io", help="Flash reads: pread (positioned reads) | mmap (page-cache gathers)")
+CONTEXT = typer.Option(1024, "--context", help="KV-cache length reserved in the budget (tokens)")
+THREADS = typer.Option(1, "--threads", help="ORT intra-op threads per session")
+PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
+VERIFY = typer.Option(False, "--verify", help="check every bundle file's sha256 first (sizes are always checked)")
+
+
+def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
+            pin_from, verify):
+    from dipdeploy.runtime import Engine, EngineConfig, parse_bandwidth
+
+    counts = None
+    if pin_from is not None:
+        import numpy as np
+
+        from dipdeploy.trace import Trace
+
+        t = Trace.load(pin_from)
+        counts = [(np.bincount(t.sel_in[i].reshape(-1), minlength=t.hidden_size),
+                   np.bincount(t.sel_glu[i].reshape(-1), minlength=t.intermediate_size)) for i in range(t.num_layers)]
+    cfg = EngineConfig(dram_budget=dram_budget, policy=policy, gamma=gamma, native=native,
+                       flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
+                       io=io, context=context, threads=threads, verify=verify, pinned_counts=counts)
+    return Engine(bundle, cfg)
+
+
+@app.command("run")
+def run_cmd(
+    bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="text to continue"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
+    dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
+    native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH, cold: bool = COLD, io: str = IO,
+    context: int = CONTEXT, threads: int = THREADS, pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: int = typer.Option(0, help="sampling seed"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="record every token's selected rows and hits "
+                                         "(a dipdeploy trace, for `dipdeploy simulate`)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the text and the stats as JSON"),
+    force: bool = typer.Option(False, "--force", help="overwrite existing --trace/--json files"),
+) -> None:
+    """Generate from a bundle under a DRAM budget, MLP rows streamed from its weight file; print the stats."""
+    from dipdeploy.paths import check_output
+    from dipdeploy.runtime import Sampler
+
+    try:
+        for out in (trace, json_out):
+            if out is not None:
+                check_output(out, force)
+        engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
+                         pin_from, verify)
+        recorder = _recorder(engine) if trace is not None else None
+        console.print(f"[bold]{prompt}[/]", end="")
+        g = engine.generate(prompt, max_new_tokens, sampler=Sampler(temperature, top_p, seed), trace=recorder,
+                            on_token=lambda _t, piece: console.print(piece, end="", markup=False, highlight=False))
+        console.print()
+    except _ERRORS as err:
+        fail(err)
+    table = Table("stat", "value", title=f"dipdeploy run {bundle.name}")
+    for k, v in g.stats.table():
+        table.add_row(k, v)
+    console.print(table)
+    if recorder is not None:
+        recorder.meta.update({"prompt": prompt, "bundle": str(bundle)})
+        recorder.finish().save(trace, force=force)
+        console.print(f"wrote {trace}")
+    write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, **g.stats.as_dict()}, json_out, force=force)
+
+
+def _recorder(engine):
+    from dipdeploy.trace import TraceRecorder, mlp_density
+
+    m = engine.manifest
+    density = sum(mlp_density(ki, kg, engine.d, engine.f) for ki, kg in engine.k) / len(engine.k)
+    return TraceRecorder(source="runtime", model=str(m.source.get("model")), hidden_size=engine.d,
+                         intermediate_size=engine.f, num_layers=engine.num_layers,
+                         method=m.method if engine.gamma == 1.0 or m.method == "dip-ca" else "dip-ca",
+                         density=density, gamma=engine.gamma, score=(m.plan or {}).get("score", "abs"),
+                         policy=engine.cfg.policy, meta={"budget": str(engine.cfg.dram_budget)})
+
+
+@app.command("chat")
+def chat_cmd(
+    bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
+    dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
+    native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH, io: str = IO,
+    context: int = typer.Option(2048, "--context", help="conversation length (tokens)"), threads: int = THREADS,
+    temperature: float = typer.Option(0.0, help="0 = greedy"), top_p: float = typer.Option(1.0, "--top-p"),
+    seed: int = typer.Option(0, help="sampling seed"),
+) -> None:
+    """Interactive chat: streams each answer, then one line of stats. Empty line or Ctrl-D quits."""
+    from dipdeploy.runtime import Sampler
+    from dipdeploy.runtime.chat import Chat
+
+    try:
+        engine = _engine(bundle, dram_budget, "lfu" if policy == "belady" else policy, gamma, native,
+                         flash_bandwidth, False, io, context, threads, None, False)
+        chat = Chat(engine, Sampler(temperature, top_p, seed))
+    except _ERRORS as err:
+        fail(err)
+    console.print(f"[dim]{bundle.name}: {engine.manifest.method}, budget {dram_budget}, policy {engine.cfg.policy}, "
+                  f"γ {engine.gamma:g}; empty line quits[/]")
+    while True:
+        try:
+            user = input("> ")
+        except EOFError:
+            break
+        if not user.strip():
+            break
+        try:
+            s = chat.say(user, max_new_tokens,
+                         on_token=lambda _t, piece: (sys.stdout.write(piece), sys.stdout.flush()))
+        except _ERRORS as err:
+            fail(err)
+        console.print(f"\n[dim]{s.decode_tok_s:.1f} tok/s, hit rate {s.hit_rate:.2f}, "
+                      f"Flash {s.flash_mb_per_token:.2f} MB/token[/]")
+

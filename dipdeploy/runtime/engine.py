@@ -1,0 +1,353 @@
+"""The host engine: a bundle's per-layer graphs under a DRAM budget, MLP rows streamed from Flash.
+
+Per token (prompt tokens too, one at a time: DIP-CA's mask depends on the cache after the previous
+token, exactly as in the torch reference), per layer::
+
+    layer.i.attn      hidden, KV, cache_in = up|gate residency ─► hidden_attn, x, in_indices
+    host              RowCache.access → hits; SlotTable.assign → slots; Flash reads of the misses
+    layer.i.mlp_up    x, in_indices, in_slots, up|gate slab, cache_glu ─► glu, glu_indices
+    host              the same for the down rows
+    layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► hidden
+
+then ``head.onnx`` → logits → the sampler. γ = 1 with an all-resident cache is plain DIP; the cache
+rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
+reference and the simulator). Torch-free (floor 4).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from dipdeploy.cache import POLICIES, static_rows
+from dipdeploy.export.manifest import REGENERATE, Manifest, read_manifest, verify
+from dipdeploy.runtime.budget import DramBudget, GroupShape, Residency, plan_residency
+from dipdeploy.runtime.flash import FlashStore
+from dipdeploy.runtime.sampler import Sampler
+from dipdeploy.runtime.sessions import Bound, open_session
+from dipdeploy.runtime.slab import GroupSlab, group_arrays
+from dipdeploy.runtime.stats import RunStats, Timer, memory_now
+
+GROUPS = ("up_gate", "down")
+
+
+class BundleError(ValueError):
+    """A bundle the runtime cannot use; the message names the problem and the fix."""
+
+
+@dataclass
+class EngineConfig:
+    """What ``dipdeploy run`` takes. ``gamma`` None keeps the bundle's γ (1 for a DIP bundle);
+    ``pinned_counts`` are per-layer row-use counts for ``static`` (default: a calibration run with
+    the engine itself is not implied — without counts ``static`` pins the lowest-index rows, which
+    is what a dense model's uniform counts give)."""
+
+    dram_budget: str | float = "50%"
+    policy: str = "lfu"
+    gamma: float | None = None
+    native: bool | None = None
+    threads: int = 1
+    flash_bandwidth: float | None = None
+    cold: bool = False
+    io: str = "pread"
+    context: int = 1024
+    verify: bool = False
+    pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
+        if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
+        if self.context < 1:
+            raise ValueError(f"context must be >= 1 token, got {self.context}")
+
+
+@dataclass
+class Generation:
+    prompt: str | None
+    text: str
+    tokens: list[int]
+    stats: RunStats
+    logits: list[np.ndarray] = field(default_factory=list)
+
+
+def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
+    """The manifest, after checking every file is present with its size (and checksum if asked)."""
+    path = Path(path)
+    try:
+        manifest = read_manifest(path)
+    except ValueError as exc:
+        raise BundleError(str(exc)) from exc
+    if "layers" not in manifest.graphs:
+        raise BundleError(f"{path} has no per-layer graphs (exported with --no-per-layer or as dense); "
+                          "export it again with `dipdeploy export --method dip|dip-ca` (per-layer graphs are the default)")
+    if full_verify:
+        problems = verify(path, manifest)
+    else:
+        problems = [f"{name}: missing" if not (path / name).is_file() else
+                    f"{name}: size {(path / name).stat().st_size} != {rec['size']} (truncated?)"
+                    for name, rec in manifest.files.items()
+                    if not (path / name).is_file() or (path / name).stat().st_size != rec["size"]]
+    if problems:
+        raise BundleError(f"bundle {path} is damaged: {'; '.join(problems[:5])}; {REGENERATE}")
+    return manifest
+
+
+class Engine:
+    """Generation from a bundle under a DRAM budget (see the module docstring and ``EngineConfig``)."""
+
+    def __init__(self, bundle: str | Path, config: EngineConfig | None = None, **overrides):
+        import onnxruntime  # noqa: F401  (fail early with the import error, before any work)
+
+        from dipdeploy.ops.native import library_path, session_options
+
+        self.cfg = config or EngineConfig(**overrides)
+        if config is not None and overrides:
+            raise TypeError("give either an EngineConfig or keyword options, not both")
+        self.path = Path(bundle)
+        self.manifest = m = open_bundle(self.path, self.cfg.verify)
+        if m.plan is None:
+            raise BundleError(f"{self.path} carries no sparsity plan; {REGENERATE}")
+        plan = m.plan
+        self.num_layers = len(plan["layers"])
+        self.d, self.f = plan["hidden_size"], plan["intermediate_size"]
+        self.k = [(lp["k_in"], lp["k_glu"]) for lp in plan["layers"]]
+        baked = (m.dipca or {}).get("gamma", 1.0) if m.method == "dip-ca" else 1.0
+        self.gamma = baked if self.cfg.gamma is None else self.cfg.gamma
+        if (m.dipca or {}).get("gamma_warmup", 0):
+            warnings.warn("the bundle's plan has a γ warm-up; the runtime applies γ from the first token",
+                          stacklevel=2)
+        native = self.cfg.native
+        if native is None:
+            native = library_path() is not None
+            if not native:
+                warnings.warn("the native op library is not built: running the ONNX fallback functions "
+                              "(slower); `make ops` builds it", stacklevel=2)
+        self.native = native
+        self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
+        self._open_sessions(session_options, native)
+        self.flash = FlashStore(self.path / "mlp.bin", io=self.cfg.io, cold=self.cfg.cold,
+                                bandwidth=self.cfg.flash_bandwidth)
+        self._build_slabs()
+        self._tokenizer = None
+        self._state = None
+
+    # -- construction -------------------------------------------------------------------------
+    def _open_sessions(self, session_options, native: bool) -> None:
+        files = self.manifest.graphs["layers"]
+        gamma = None if self.gamma == ((self.manifest.dipca or {}).get("gamma", 1.0)
+                                       if self.manifest.method == "dip-ca" else 1.0) else self.gamma
+
+        def sess(name: str, g: float | None = None) -> Bound:
+            if name not in files:
+                raise BundleError(f"{self.path}: graph {name} is missing from the manifest; {REGENERATE}")
+            return Bound(open_session(self.path / name, session_options(self.cfg.threads, native), g))
+
+        self.embed, self.head = sess("embed.onnx"), sess("head.onnx")
+        self.attn = [sess(f"layer.{i}.attn.onnx", gamma) for i in range(self.num_layers)]
+        self.up = [sess(f"layer.{i}.mlp_up.onnx", gamma) for i in range(self.num_layers)]
+        self.down = [sess(f"layer.{i}.mlp_down.onnx") for i in range(self.num_layers)]
+
+    def _build_slabs(self) -> None:
+        m, cfg = self.manifest, self.cfg
+        arrays = []
+        for i in range(self.num_layers):
+            up_names = [n for n in self.up[i].inputs if n.startswith("up_gate.")]
+            down_names = [n for n in self.down[i].inputs if n.startswith("down.")]
+            arrays.append((group_arrays(m, self.path, i, "up_gate", up_names),
+                           group_arrays(m, self.path, i, "down", down_names)))
+        shapes = [[GroupShape(self.d, a.row_bytes, k_in), GroupShape(self.f, b.row_bytes, k_glu)]
+                  for (a, b), (k_in, k_glu) in zip(arrays, self.k)]
+        shared = sum(a.shared_bytes + b.shared_bytes for a, b in arrays)
+        dense = m.sizes.get("bytes_dense", 0) + shared
+        dec = self.decoder["decoder"]
+        self.kv_bytes_per_token = 2 * self.num_layers * dec["num_key_value_heads"] * dec["head_size"] * 4
+        self.residency: Residency = plan_residency(DramBudget.parse(cfg.dram_budget), shapes, dense,
+                                                   self.kv_bytes_per_token * cfg.context, cfg.policy)
+        self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash)
+                            for arr, rows, k, cap in zip(pair, (self.d, self.f), k_pair, caps))
+                      for pair, k_pair, caps in zip(arrays, self.k, self.residency.capacity)]
+        self.row_bytes = [(a.row_bytes, b.row_bytes) for a, b in arrays]
+        for i, (ug, dn) in enumerate(self.slabs):
+            for name, value in {**ug.feeds}.items():
+                self.up[i].bind(name, value)
+            for name, value in {**dn.feeds}.items():
+                self.down[i].bind(name, value)
+        self.dram_dense_per_token = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
+
+    def _embedding_bytes(self) -> int:
+        t = self.manifest.tensors.get("model.embed_tokens.weight")
+        return t["length"] if t else 0
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+        return self._tokenizer
+
+    # -- one sequence ---------------------------------------------------------------------------
+    def reset(self, future: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        """Start a new sequence: empty KV cache, fresh caches (``static`` pins its rows now)."""
+        policy = self.cfg.policy
+        if policy == "belady" and future is None:
+            raise ValueError("policy 'belady' needs the future selections: use Engine.generate, which records "
+                             "them in a first pass, or pass future=")
+        dec = self.decoder["decoder"]
+        empty = np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), np.float32)
+        for i, pair in enumerate(self.slabs):
+            for g, slab in enumerate(pair):
+                pinned = None
+                if policy == "static":
+                    counts = (self.cfg.pinned_counts[i][g] if self.cfg.pinned_counts is not None
+                              else np.zeros(slab.rows))
+                    pinned = static_rows(np.asarray(counts), slab.capacity)
+                slab.reset(policy, future=None if future is None else future[i][g], pinned=pinned)
+        self._state = {"pos": 0, "past": [(empty, empty) for _ in range(self.num_layers)]}
+        self._mask = np.ones((1, self.cfg.context), np.int64)
+
+    def step(self, token: int, timer: Timer, record=None) -> np.ndarray:
+        """Feed one token; returns the logits [V] of the next one."""
+        st = self._state
+        pos = st["pos"]
+        if pos >= self.cfg.context:
+            raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
+        with timer("embed+head"):
+            h = self.embed.run(input_ids=np.array([[token]], np.int64))["hidden"]
+        mask = self._mask[:, : pos + 1]
+        position = np.array([[pos]], np.int64)
+        for i in range(self.num_layers):
+            ug, dn = self.slabs[i]
+            past_k, past_v = st["past"][i]
+            with timer("attention"):
+                a = self.attn[i].run(hidden=h, attention_mask=mask, position_ids=position, **{
+                    f"past_key_values.{i}.key": past_k, f"past_key_values.{i}.value": past_v,
+                    "cache_in": ug.resident})
+            st["past"][i] = (a[f"present.{i}.key"], a[f"present.{i}.value"])
+            sel_in = a["in_indices"].numpy()[0]
+            with timer("cache"):
+                in_slots, hits_in = ug.select(sel_in)
+            with timer("mlp"):
+                u = self.up[i].run(x=a["x"], in_indices=a["in_indices"], in_slots=in_slots, cache_glu=dn.resident)
+            with timer("cache"):
+                ug.settle()
+            sel_glu = u["glu_indices"].numpy()[0]
+            with timer("cache"):
+                glu_slots, hits_glu = dn.select(sel_glu)
+            with timer("mlp"):
+                h = self.down[i].run(glu=u["glu"], glu_indices=u["glu_indices"], glu_slots=glu_slots,
+                                     hidden_attn=a["hidden_attn"])["hidden"]
+            with timer("cache"):
+                dn.settle()
+            if record is not None:
+                record(i, sel_in, sel_glu, hits_in, hits_glu)
+        with timer("embed+head"):
+            logits = self.head.run(hidden=h)["logits"].numpy()[0, -1]
+        st["pos"] = pos + 1
+        return logits
+
+    # -- generation -----------------------------------------------------------------------------
+    def encode(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt, add_special_tokens=False).ids
+
+    def generate(self, prompt: str | list[int], max_new_tokens: int = 32, *, sampler: Sampler | None = None,
+                 on_token: Callable[[int, str], None] | None = None, trace=None, keep_logits: bool = False,
+                 stop_at_eos: bool = True) -> Generation:
+        """Feed ``prompt`` token by token, then sample ``max_new_tokens`` (stop at EOS).
+
+        ``trace``: a ``dipdeploy.trace.TraceRecorder`` that receives every token's selections and hits.
+        Policy ``belady`` runs the sequence twice: once with no cache to record the selections (DIP's
+        selection does not depend on the cache when γ = 1), then with Belady over that future.
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(ids) + max_new_tokens > self.cfg.context:
+            raise ValueError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the context of "
+                             f"{self.cfg.context}; raise --context")
+        future = None
+        if self.cfg.policy == "belady":
+            future = self._record_future(ids, max_new_tokens, sampler, stop_at_eos)
+        sampler = sampler or Sampler()
+        sampler.reset()
+        self.reset(future)
+        return self.extend(ids, max_new_tokens, sampler, on_token, trace, keep_logits, stop_at_eos,
+                           prompt if isinstance(prompt, str) else None)
+
+    def _record_future(self, ids, max_new_tokens, sampler, stop_at_eos):
+        if self.gamma != 1.0:
+            raise ValueError(f"policy 'belady' needs selections that do not depend on the cache (γ = 1), got "
+                             f"γ = {self.gamma}; Belady is the offline bound for plain DIP")
+        saved = self.cfg.policy
+        sel: list[tuple[list, list]] = [([], []) for _ in range(self.num_layers)]
+
+        def keep(i, s_in, s_glu, _h1, _h2):
+            sel[i][0].append(s_in.copy())
+            sel[i][1].append(s_glu.copy())
+
+        flash = self.flash.counters
+        self.flash.counters = type(flash)()
+        try:
+            self.cfg.policy = "none"
+            s = sampler or Sampler()
+            s.reset()
+            self.reset()
+            self.extend(ids, max_new_tokens, s, None, None, False, stop_at_eos, None, record=keep)
+        finally:
+            self.cfg.policy = saved
+            self.flash.counters = flash
+        return [(np.stack(a), np.stack(b)) for a, b in sel]
+
+    def extend(self, ids, max_new_tokens, sampler, on_token=None, trace=None, keep_logits=False,
+               stop_at_eos=True, prompt=None, record=None) -> Generation:
+        """Feed ``ids`` after what the sequence holds (no reset: the KV cache and the caches continue),
+        then sample. The last sampled token is not fed; a caller that continues feeds it first."""
+        timer = Timer()
+        eos = self.decoder.get("eos_token_id")
+        eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        hits = np.zeros((self.num_layers, 2, 2), np.int64)  # [layer, group, (hits, lookups)]
+
+        def note(i, s_in, s_glu, h_in, h_glu):
+            hits[i, 0] += (int(h_in.sum()), h_in.size)
+            hits[i, 1] += (int(h_glu.sum()), h_glu.size)
+            if trace is not None:
+                trace.record(i, s_in[None], s_glu[None], hits_in=h_in[None], hits_glu=h_glu[None])
+            if record is not None:
+                record(i, s_in, s_glu, h_in, h_glu)
+
+        t0 = time.perf_counter()
+        for t in ids[:-1]:
+            self.step(t, timer, note)
+        logits = self.step(ids[-1], timer, note)
+        t1 = time.perf_counter()
+        flash_prefill = (self.flash.counters.bytes, self.flash.counters.requests)
+        hits_prefill = hits.copy()
+        new, kept = [], []
+        for n in range(max_new_tokens):
+            if keep_logits:
+                kept.append(logits.copy())
+            tok = sampler(logits)
+            new.append(tok)
+            if on_token is not None:
+                on_token(tok, self.tokenizer.decode([tok]))
+            if (stop_at_eos and tok in eos) or n == max_new_tokens - 1:
+                break
+            logits = self.step(tok, timer, note)
+        t2 = time.perf_counter()
+        stats = RunStats.collect(self, len(ids), len(new), t1 - t0, t2 - t1, timer, hits, hits_prefill,
+                                 flash_prefill, memory_now())
+        text = self.tokenizer.decode(new) if new else ""
+        return Generation(prompt, text, new, stats, kept)
+
+    def close(self) -> None:
+        self.flash.close()

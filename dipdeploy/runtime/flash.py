@@ -1,0 +1,136 @@
+"""The Flash store: the bundle's MLP file, read row by row with positioned reads, every byte counted.
+
+The Flash layout (method.md) puts each selectable row of a group contiguously in every array of its
+format (BQ4: ``qweight`` and ``scales`` rows), so a row is one read per array, and rows that are
+adjacent in the file coalesce into one request (``preadv`` scattering straight into the slab slots, no
+bounce buffer). Two read paths:
+
+* ``pread`` (default): positioned reads through the OS page cache; what a phone runtime does. With
+  ``cold`` the file is dropped from the page cache first (``posix_fadvise(DONTNEED)``) so the reads
+  reach the disk; ``POSIX_FADV_RANDOM`` stops read-ahead from inflating them. Rows evicted from our
+  cache and read again later may still come from the OS page cache; that is reported, not hidden.
+* ``mmap``: ``np.memmap`` gathers (one vectorised copy per array), the page cache as the llama.cpp-
+  style runtimes use it; faster in Python, same bytes counted.
+
+``bandwidth`` emulates a phone's Flash: after each batch of reads the store sleeps until
+``bytes / bandwidth`` has passed since the batch began (synchronous I/O, no overlap with compute),
+so tokens/s measured under it include a Flash of that speed. Reported as emulation.
+
+Torch-free (floor 4).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+_IOV_MAX = 1024
+
+
+@dataclass(frozen=True)
+class RowArray:
+    """One per-row array of a group in the MLP file: ``rows`` rows of ``row_bytes`` at ``offset``."""
+
+    name: str
+    offset: int
+    rows: int
+    row_bytes: int
+    dtype: str
+    row_shape: tuple[int, ...]
+
+
+@dataclass
+class FlashCounters:
+    bytes: int = 0
+    requests: int = 0
+    rows: int = 0
+    io_seconds: float = 0.0
+    emulated_wait: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def runs(rows: np.ndarray) -> np.ndarray:
+    """Start positions of runs of consecutive rows in an ascending ``rows`` (plus len(rows) at the end)."""
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    return np.concatenate([[0], breaks, [len(rows)]]).astype(np.int64)
+
+
+class FlashStore:
+    """Positioned, counted, optionally paced reads of rows from one file (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike, *, io: str = "pread", cold: bool = False,
+                 bandwidth: float | None = None):
+        if io not in ("pread", "mmap"):
+            raise ValueError(f"io={io!r}: choose pread or mmap")
+        self.path, self.io, self.bandwidth = str(path), io, bandwidth
+        self.fd = os.open(self.path, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+        if cold:
+            self.drop_page_cache()
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if io == "mmap" else None
+        self.counters = FlashCounters()
+
+    def drop_page_cache(self) -> None:
+        """Ask the OS to forget the file's cached pages, so the next reads come from the disk."""
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self._map = None
+
+    def read(self, arrays: list[RowArray], slabs: list[np.ndarray], rows: np.ndarray, slots: np.ndarray) -> None:
+        """Copy ``rows`` (ascending) of every array into ``slabs[a][slots]``; count and pace the reads."""
+        if len(rows) == 0:
+            return
+        t0 = time.perf_counter()
+        starts = runs(rows)
+        for arr, slab in zip(arrays, slabs):
+            if self.io == "mmap":
+                self._gather(arr, slab, rows, slots)
+            else:
+                self._preadv(arr, slab, rows, slots, starts)
+            self.counters.bytes += len(rows) * arr.row_bytes
+            self.counters.requests += len(starts) - 1
+        self.counters.rows += len(rows)
+        elapsed = time.perf_counter() - t0
+        self.counters.io_seconds += elapsed
+        if self.bandwidth:
+            wait = sum(len(rows) * a.row_bytes for a in arrays) / self.bandwidth - elapsed
+            if wait > 0:
+                time.sleep(wait)
+                self.counters.emulated_wait += wait
+
+    def _gather(self, arr: RowArray, slab: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> None:
+        view = self._map[arr.offset: arr.offset + arr.rows * arr.row_bytes].reshape(arr.rows, arr.row_bytes)
+        slab.reshape(slab.shape[0], -1).view(np.uint8)[slots] = view[rows]
+
+    def _preadv(self, arr: RowArray, slab: np.ndarray, rows: np.ndarray, slots: np.ndarray,
+                starts: np.ndarray) -> None:
+        flat = memoryview(slab.reshape(-1).view(np.uint8))
+        rb = arr.row_bytes
+        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+            s = slots[a:b]
+            first = int(s[0])
+            if b - a == 1 or (int(s[-1]) - first == b - a - 1 and bool((np.diff(s) == 1).all())):
+                bufs = [flat[first * rb:(first + b - a) * rb]]
+            else:
+                bufs = [flat[x * rb:(x + 1) * rb] for x in s.tolist()]
+            offset = arr.offset + int(rows[a]) * rb
+            for i in range(0, len(bufs), _IOV_MAX):
+                chunk = bufs[i:i + _IOV_MAX]
+                want = sum(len(c) for c in chunk)
+                got = os.preadv(self.fd, chunk, offset)
+                if got != want:
+                    raise OSError(f"{self.path}: short read of {got} of {want} bytes at offset {offset}: the "
+                                  "bundle's MLP file is truncated; re-export it or run `dipdeploy inspect --verify`")
+                offset += want

@@ -1,0 +1,132 @@
+"""What a run measured: throughput, cache hits, Flash and DRAM traffic, residency and a time breakdown.
+
+Prompt tokens go through the same per-token path as generated ones (DIP-CA's mask depends on the
+previous token's cache), so "prefill" is the prompt processed token by token. Per-token figures of
+the decode phase divide by the decode *steps* (generated tokens fed back: n_new − 1), the tokens/s
+convention of llama.cpp's eval timings. Torch-free.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+class Timer:
+    """Accumulated wall time per named phase."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t0
+
+
+def memory_now() -> dict:
+    """This process's resident memory from /proc (VmRSS, RssAnon, RssFile in bytes; {} elsewhere)."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                    out[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+@dataclass
+class RunStats:
+    prompt_tokens: int
+    new_tokens: int
+    prefill_s: float
+    decode_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+    hit_rate: float
+    hit_rate_in: float
+    hit_rate_glu: float
+    layer_hit_rate: list[float]
+    flash_mb_per_token: float
+    flash_requests_per_token: float
+    dram_mb_per_token: float
+    resident: dict
+    memory: dict
+    seconds: dict
+    flash_emulated_bandwidth: float | None
+    policy: str
+    gamma: float
+    budget: str
+    native: bool
+    io: str
+
+    @classmethod
+    def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
+                hits: np.ndarray, hits_prefill: np.ndarray, flash_prefill: tuple[int, int], memory: dict):
+        """Decode-phase figures (fall back to the whole run when nothing was decoded)."""
+        steps = max(n_new - 1, 0)
+        c = engine.flash.counters
+        dec = hits - hits_prefill if steps else hits
+        per = steps if steps else n_prompt
+        fbytes = (c.bytes - flash_prefill[0]) if steps else c.bytes
+        freq = (c.requests - flash_prefill[1]) if steps else c.requests
+
+        def rate(h: np.ndarray) -> float:
+            return float(h[..., 0].sum() / h[..., 1].sum()) if h[..., 1].sum() else 0.0
+
+        sel_bytes = sum(ki * rb[0] + kg * rb[1] for (ki, kg), rb in zip(engine.k, engine.row_bytes))
+        return cls(
+            prompt_tokens=n_prompt, new_tokens=n_new, prefill_s=prefill_s, decode_s=decode_s,
+            prefill_tok_s=n_prompt / prefill_s if prefill_s else 0.0,
+            decode_tok_s=steps / decode_s if steps and decode_s else 0.0,
+            hit_rate=rate(dec), hit_rate_in=rate(dec[:, 0]), hit_rate_glu=rate(dec[:, 1]),
+            layer_hit_rate=[rate(dec[i]) for i in range(dec.shape[0])],
+            flash_mb_per_token=fbytes / per / 1e6, flash_requests_per_token=freq / per,
+            dram_mb_per_token=(sel_bytes + engine.dram_dense_per_token) / 1e6,
+            resident={**engine.residency.as_dict(),
+                      "slabs": sum(s.slab_bytes for pair in engine.slabs for s in pair)},
+            memory=memory, seconds={**dict(timer.seconds), "flash_io": c.io_seconds,
+                                    "flash_emulated_wait": c.emulated_wait},
+            flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
+            gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> list[tuple[str, str]]:
+        """(label, value) rows for the CLI's stats table."""
+        mb = 1e6
+        r, mem, s = self.resident, self.memory, self.seconds
+        bw = (f"emulated {self.flash_emulated_bandwidth / 1e9:g} GB/s" if self.flash_emulated_bandwidth
+              else "unthrottled")
+        total = sum(v for k, v in s.items() if k not in ("flash_io", "flash_emulated_wait")) or 1.0
+        rows = [
+            ("prompt", f"{self.prompt_tokens} tokens, {self.prefill_tok_s:.1f} tok/s (token by token)"),
+            ("decode", f"{self.new_tokens} tokens, {self.decode_tok_s:.1f} tok/s"),
+            ("policy / γ / budget", f"{self.policy} / {self.gamma:g} / {self.budget}"),
+            ("hit rate", f"{self.hit_rate:.3f} (up|gate {self.hit_rate_in:.3f}, down {self.hit_rate_glu:.3f})"),
+            ("Flash per token", f"{self.flash_mb_per_token:.3f} MB in {self.flash_requests_per_token:.0f} requests ({bw})"),
+            ("DRAM read per token", f"{self.dram_mb_per_token:.2f} MB"),
+            ("resident (planned)", f"{r['total'] / mb:.1f} MB = dense {r['dense'] / mb:.1f} + KV {r['kv'] / mb:.1f} + "
+                                   f"caches {r['caches'] / mb:.1f} + staging {r['staging'] / mb:.1f}"),
+        ]
+        if mem:
+            rows.append(("process memory", f"RSS {mem.get('VmRSS', 0) / mb:.1f} MB (anon {mem.get('RssAnon', 0) / mb:.1f}, "
+                                           f"file-backed {mem.get('RssFile', 0) / mb:.1f})"))
+        parts = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(s.items(), key=lambda kv: -kv[1])
+                          if k not in ("flash_io", "flash_emulated_wait"))
+        rows.append(("time", f"{parts} (Flash reads {s.get('flash_io', 0):.3f} s, emulated wait "
+                             f"{s.get('flash_emulated_wait', 0):.3f} s, inside cache)"))
+        rows.append(("kernels", "native library" if self.native else "ONNX fallback functions (stock ORT)"))
+        return rows

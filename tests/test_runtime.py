@@ -1,0 +1,198 @@
+"""The host runtime: equal to model.onnx with an unlimited budget and γ = 1, equal to the torch DIP-CA
+reference under a budget, bytes counted, budgets and bad bundles refused clearly."""
+
+import copy
+import json
+import shutil
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from dipdeploy.export.bundle import export
+from dipdeploy.export.config import ExportConfig
+from dipdeploy.export.prepare import make_plan
+from dipdeploy.export.validate import ort_teacher_forced, torch_greedy
+from dipdeploy.runtime import BundleError, DramBudget, Engine, parse_bandwidth, parse_bytes
+from dipdeploy.runtime.budget import GroupShape, plan_residency
+
+PROMPT = [3, 14, 15, 92, 65, 35]
+
+
+@pytest.fixture(scope="module")
+def dipca_bundle(tmp_path_factory):
+    """A tiny-llama DIP-CA BQ4 bundle, and the torch model it was exported from (fake-quantised)."""
+    from dipdeploy.loading import load_model
+
+    lm = load_model("tiny-llama")
+    cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4", validate_tokens=4)
+    plan = make_plan(lm, cfg)
+    out = tmp_path_factory.mktemp("rt") / "bundle"
+    export(lm, cfg, out, plan)
+    return out, lm, plan
+
+
+class _Spec:
+    num_kv_heads, head_dim, num_layers = 2, 16, 2
+
+
+@pytest.mark.parametrize("io", ["pread", "mmap"])
+@pytest.mark.parametrize("native", [False, True])
+def test_unlimited_budget_and_gamma_1_equals_model_onnx(dipca_bundle, io, native):
+    out, _, _ = dipca_bundle
+    if native:
+        from dipdeploy.ops.native import library_path
+
+        if library_path() is None:
+            pytest.skip("native library not built (make ops)")
+    eng = Engine(out, dram_budget="100%", gamma=1.0, native=native, io=io)
+    g = eng.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    picks, logits = ort_teacher_forced(sess, _Spec, np.array(PROMPT), g.tokens)
+    assert picks == g.tokens
+    for ours, ref in zip(g.logits, logits):
+        np.testing.assert_allclose(ours, ref[-1], atol=1e-4)
+
+
+@pytest.mark.parametrize("policy,budget", [("lfu", "50%"), ("lru", "25%"), ("none", "50%")])
+def test_dipca_equals_torch_reference_under_a_budget(dipca_bundle, policy, budget):
+    """Same γ, policy and capacity (round(frac·rows) per group) as the torch DIP-CA reference: same tokens."""
+    from dipdeploy.sparsity.methods import reset_caches, sparsify_
+
+    out, lm, plan = dipca_bundle
+    ref_plan = copy.deepcopy(plan)
+    frac = DramBudget.parse(budget).cache_frac
+    ref_plan.method, ref_plan.gamma, ref_plan.policy, ref_plan.cache_frac = "dip-ca", 0.3, policy, frac
+    if policy == "none":
+        ref_plan.cache_frac = 0.0
+    model = copy.deepcopy(lm.model)
+    sparsify_(model, ref_plan, lm.mlp_layout)
+    reset_caches(model)
+    ref_tokens, _ = torch_greedy(model, np.array(PROMPT), 10)
+    eng = Engine(out, dram_budget=budget, policy=policy, native=False)
+    g = eng.generate(PROMPT, 10, stop_at_eos=False)
+    assert eng.gamma == pytest.approx(0.3)
+    assert g.tokens == ref_tokens
+    assert 0.0 <= g.stats.hit_rate < 1.0
+
+
+def test_cache_aware_reads_less_flash_than_plain_dip(dipca_bundle):
+    out, _, _ = dipca_bundle
+    dip = Engine(out, dram_budget="50%", policy="lfu", gamma=1.0, native=False).generate(PROMPT, 12, stop_at_eos=False)
+    ca = Engine(out, dram_budget="50%", policy="lfu", gamma=0.1, native=False).generate(PROMPT, 12, stop_at_eos=False)
+    assert ca.stats.flash_mb_per_token < dip.stats.flash_mb_per_token
+    assert ca.stats.hit_rate > dip.stats.hit_rate
+
+
+def test_flash_bytes_are_the_misses(dipca_bundle):
+    out, _, _ = dipca_bundle
+    eng = Engine(out, dram_budget="0%", policy="none", gamma=1.0, native=False)
+    g = eng.generate(PROMPT, 4, stop_at_eos=False)
+    (ki, kg), (rb_in, rb_glu) = eng.k[0], eng.row_bytes[0]
+    per_token = eng.num_layers * (ki * rb_in + kg * rb_glu)  # every selected row, every token
+    assert g.stats.flash_mb_per_token * 1e6 == pytest.approx(per_token)
+    assert g.stats.hit_rate == 0.0
+
+
+def test_belady_is_the_lower_bound_for_plain_dip(dipca_bundle):
+    out, _, _ = dipca_bundle
+    runs = {p: Engine(out, dram_budget="40%", policy=p, gamma=1.0, native=False).generate(PROMPT, 12, stop_at_eos=False)
+            for p in ("lru", "lfu", "belady")}
+    assert runs["belady"].tokens == runs["lru"].tokens == runs["lfu"].tokens  # γ = 1: the cache never changes a mask
+    assert runs["belady"].stats.flash_mb_per_token <= min(runs["lru"].stats.flash_mb_per_token,
+                                                          runs["lfu"].stats.flash_mb_per_token)
+    with pytest.raises(ValueError, match="γ = 1"):
+        Engine(out, dram_budget="40%", policy="belady", gamma=0.5, native=False).generate(PROMPT, 4)
+
+
+def test_static_pins_rows_before_the_first_token(dipca_bundle):
+    out, _, _ = dipca_bundle
+    eng = Engine(out, dram_budget="50%", policy="static", gamma=1.0, native=False)
+    g = eng.generate(PROMPT, 6, stop_at_eos=False)
+    assert all(s.cache.resident.sum() == s.capacity for pair in eng.slabs for s in pair)
+    assert g.stats.hit_rate > 0.0
+
+
+def test_trace_from_the_runtime_round_trips(dipca_bundle, tmp_path):
+    from dipdeploy.trace import Trace
+    from dipdeploy.cli.run import _recorder
+
+    out, _, _ = dipca_bundle
+    eng = Engine(out, dram_budget="50%", policy="lru", native=False)
+    rec = _recorder(eng)
+    g = eng.generate(PROMPT, 5, trace=rec, stop_at_eos=False)
+    path = rec.finish().save(tmp_path / "t.npz")
+    t = Trace.load(path)
+    assert t.source == "runtime" and t.policy == "lru"
+    assert t.sel_in[0].shape == (len(PROMPT) + len(g.tokens) - 1, eng.k[0][0])
+    assert t.hits_in is not None and t.hits_in[0].dtype == bool
+
+
+def test_budget_parsing_and_errors():
+    assert parse_bytes("120MB") == 120_000_000 and parse_bytes("1GiB") == 2**30
+    assert parse_bandwidth("1GB/s") == 1e9
+    assert DramBudget.parse("50%").cache_frac == 0.5
+    assert DramBudget.parse("2.5MB").total_bytes == 2_500_000
+    for bad, msg in (("150%", r"\[0%, 100%\]"), ("lots", "not a size"), ("x%", "not a percentage")):
+        with pytest.raises(ValueError, match=msg):
+            DramBudget.parse(bad)
+    with pytest.raises(ValueError, match="rate"):
+        parse_bandwidth("1GB")
+    groups = [[GroupShape(64, 40, 30), GroupShape(128, 20, 60)]]
+    with pytest.raises(ValueError, match=r"resident minimum of .* MB"):
+        plan_residency(DramBudget(total_bytes=1000), groups, 5000, 100, "lfu")
+    r = plan_residency(DramBudget(total_bytes=5000 + 100 + 30 * 40 + 60 * 20 + 2560), groups, 5000, 100, "lfu")
+    assert r.cache_frac == pytest.approx(0.5) and r.capacity == [[32, 64]]
+
+
+def test_bad_bundles_and_options_are_refused(dipca_bundle, tmp_path):
+    out, _, _ = dipca_bundle
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    with open(broken / "mlp.bin", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(BundleError, match=r"mlp.bin: size 100 .*truncated"):
+        Engine(broken)
+    shutil.copy2(out / "mlp.bin", broken / "mlp.bin")
+    with open(broken / "mlp.bin", "r+b") as f:
+        f.seek(10)
+        f.write(b"\xff\xfe")
+    Engine(broken, native=False)  # sizes fine; only --verify reads the checksums
+    with pytest.raises(BundleError, match="sha256 mismatch"):
+        Engine(broken, verify=True)
+    m = json.loads((broken / "manifest.json").read_text())
+    m["version"] = 99
+    (broken / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="version 99 is not supported"):
+        Engine(broken)
+    with pytest.raises(ValueError, match=r"gamma must lie in \[0, 1\]"):
+        Engine(out, gamma=1.5)
+    with pytest.raises(ValueError, match="policy 'mru' unknown"):
+        Engine(out, policy="mru")
+    with pytest.raises(ValueError, match="exceed the context"):
+        Engine(out, context=8, native=False).generate(PROMPT, 8)
+
+
+def test_missing_native_library_falls_back_with_a_warning(dipca_bundle, monkeypatch):
+    import dipdeploy.ops.native as native
+
+    monkeypatch.setattr(native, "library_path", lambda arch=None: None)
+    with pytest.warns(UserWarning, match="native op library is not built"):
+        eng = Engine(dipca_bundle[0], dram_budget="50%")
+    assert eng.native is False
+
+
+def test_cli_run_writes_json_and_refuses_to_clobber(dipca_bundle, tmp_path):
+    from typer.testing import CliRunner
+
+    from dipdeploy.cli import app
+
+    out = dipca_bundle[0]
+    js = tmp_path / "r.json"
+    args = ["run", str(out), "--prompt", "ab", "-n", "4", "--no-native", "--dram-budget", "50%", "--json", str(js)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    row = json.loads(js.read_text())
+    assert row["new_tokens"] == len(row["tokens"]) and "hit_rate" in row
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "exists" in res.output
