@@ -89,8 +89,10 @@ def sgmm_inputs(case: SgmmCase):
     x = rng.standard_normal((case.n, case.d)).astype(np.float32)
     idx = np.stack([rng.permutation(case.d)[:k] for _ in range(case.n)]).astype(np.int64)
     if case.slab:
-        # A slab of 2·d cached rows; the op reads W through slots and X through indices.
-        w = weights_for(case.fmt, 2 * case.d, case.o)
+        # A slab of 2·d cached rows of the d-row matrix, as a runtime binds it (per-row arrays gathered,
+        # VQ3 codebooks whole); the op reads W through slots and X (and VQ3's group) through indices.
+        # Slots are random, not the slab rows holding indices: the contract holds for any slot.
+        w = weights_for(case.fmt, case.d, case.o).slab(rng.integers(0, case.d, 2 * case.d))
         slots = np.stack([rng.permutation(2 * case.d)[:k] for _ in range(case.n)]).astype(np.int64)
         return x, idx, w, slots
     return x, idx, weights_for(case.fmt, case.d, case.o), None

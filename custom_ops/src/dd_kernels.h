@@ -32,7 +32,8 @@ struct dd_sgmm_params {
     int64_t block;
     const uint8_t * zeros;
     int64_t z_stride;
-    // vq3: codes [R, codes_stride] bytes, codebooks int8 [ngr, ngc, 64, 2], scales fp16 [ngr, ngc]
+    // vq3: codes [R, codes_stride] bytes, codebooks int8 [ngr, ngc, 64, 2], scales fp16 [ngr, ngc];
+    // row j decodes codes[rows[j]] with the group of idx[j] / group_rows (the original row, also in slab mode)
     const uint8_t * codes;
     int64_t codes_stride;
     const int8_t * cb;

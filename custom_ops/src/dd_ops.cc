@@ -370,7 +370,10 @@ void dd_sgmm_plan(dd_sgmm_job * job) {
 
 
 // Fills the format part of `p` from the weight inputs, checking dtypes and shapes against each other.
-OrtStatus * dd_sgmm_weights(const dd_sgmm_kernel * kn, const dd_view * w, size_t n_w, dd_sgmm_params * p, int64_t * rows_out) {
+// `slab` (slots present) and `d` (X's width) say which rows VQ3's codebooks cover: in slab mode the
+// original D rows (a slab holds codes only, in any number of rows), otherwise the R rows of the codes.
+OrtStatus * dd_sgmm_weights(const dd_sgmm_kernel * kn, const dd_view * w, size_t n_w, bool slab, int64_t d,
+                            dd_sgmm_params * p, int64_t * rows_out) {
     const OrtApi * api = kn->api;
     const char * op = "SparseGatherMatMul";
     const auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
@@ -444,13 +447,18 @@ OrtStatus * dd_sgmm_weights(const dd_sgmm_kernel * kn, const dd_view * w, size_t
                 return dd_error(api, ORT_INVALID_ARGUMENT, "%s: vq3 codes [%lld, %lld] do not fit cols=%lld (even)", op,
                                 (long long) R, (long long) w[0].dims[1], (long long) C);
             }
-            const int64_t ngr = dd_ceil_div(R, kn->group_rows), ngc = dd_ceil_div(C, kn->group_cols);
+            const int64_t covered = slab ? d : R;
+            const int64_t ngr = dd_ceil_div(covered, kn->group_rows), ngc = dd_ceil_div(C, kn->group_cols);
             if (w[1].dims[0] != ngr || w[1].dims[1] != ngc || w[1].dims[2] != 64 || w[1].dims[3] != 2 ||
                 w[2].dims[0] != ngr || w[2].dims[1] != ngc) {
                 return dd_error(api, ORT_INVALID_ARGUMENT,
-                                "%s: vq3 codebooks must be [%lld, %lld, 64, 2] and scales [%lld, %lld] for group %lldx%lld",
+                                "%s: vq3 codebooks must be [%lld, %lld, 64, 2] and scales [%lld, %lld] for group %lldx%lld "
+                                "over %lld rows (%s), got codebooks [%lld, %lld, %lld, %lld] and scales [%lld, %lld]",
                                 op, (long long) ngr, (long long) ngc, (long long) ngr, (long long) ngc,
-                                (long long) kn->group_rows, (long long) kn->group_cols);
+                                (long long) kn->group_rows, (long long) kn->group_cols, (long long) covered,
+                                slab ? "slab mode: the width D of X, the original rows" : "the rows R of codes",
+                                (long long) w[1].dims[0], (long long) w[1].dims[1], (long long) w[1].dims[2],
+                                (long long) w[1].dims[3], (long long) w[2].dims[0], (long long) w[2].dims[1]);
             }
             *rows_out = R;
             p->o = C;
@@ -501,7 +509,7 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
     dd_sgmm_params p{};
     p.format = kn->format;
     int64_t R = 0;
-    DD_TRY(dd_sgmm_weights(kn, w, n_in - 3, &p, &R));
+    DD_TRY(dd_sgmm_weights(kn, w, n_in - 3, slots.present, d, &p, &R));
     DD_TRY(dd_check_range(api, op, "indices", static_cast<const int64_t *>(idx.data), n * k, d));
     if (slots.present) {
         DD_TRY(dd_check_range(api, op, "slots", static_cast<const int64_t *>(slots.data), n * k, R));

@@ -36,10 +36,11 @@ struct test_case {
     dd_format format;
     int64_t rows, cols, k, block_or_gc, group_rows;
     bool zeros;
+    int64_t slab_rows;  // 0: full mode (W has the D = rows rows); else W is a slab of this many rows, read via slots
 };
 
-// Independent decode of row r, column c, in double.
-double weight_at(const dd_sgmm_params & p, int64_t r, int64_t c) {
+// Independent decode of W row r, column c, in double; `orig` is the original row it holds (VQ3's group).
+double weight_at(const dd_sgmm_params & p, int64_t r, int64_t orig, int64_t c) {
     switch (p.format) {
         case DD_FORMAT_FP32: return static_cast<const float *>(p.w)[r * p.w_stride + c];
         case DD_FORMAT_FP16: return half_to_float(static_cast<const uint16_t *>(p.w)[r * p.w_stride + c]);
@@ -57,7 +58,7 @@ double weight_at(const dd_sgmm_params & p, int64_t r, int64_t c) {
                 const int64_t bb = bit + i;
                 code |= ((p.codes[r * p.codes_stride + bb / 8] >> (bb % 8)) & 1) << i;
             }
-            const int64_t g = (r / p.group_rows) * p.ngc + (2 * v) / p.group_cols;
+            const int64_t g = (orig / p.group_rows) * p.ngc + (2 * v) / p.group_cols;
             return (double) p.cb[g * 128 + 2 * code + c % 2] * half_to_float(p.cb_scales[g]);
         }
     }
@@ -67,20 +68,23 @@ double weight_at(const dd_sgmm_params & p, int64_t r, int64_t c) {
 bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::uniform_int_distribution<int> byte(0, 255);
-    const int64_t R = tc.rows, O = tc.cols, k = tc.k, D = R;
+    const int64_t D = tc.rows, R = tc.slab_rows ? tc.slab_rows : D, O = tc.cols, k = tc.k;
     std::vector<float> x(D), wf, y(O, 0.0f);
     std::vector<uint16_t> wh, scales;
     std::vector<uint8_t> q, zeros, codes;
     std::vector<int8_t> cb;
-    std::vector<int64_t> idx(D);
+    std::vector<int64_t> idx(D), slots(R);
     std::iota(idx.begin(), idx.end(), 0);
     std::shuffle(idx.begin(), idx.end(), rng);
     idx.resize(k);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    slots.resize(k);
     for (auto & v : x) v = uni(rng);
     dd_sgmm_params p{};
     p.format = tc.format;
     p.n = 1; p.d = D; p.k = k; p.o = O;
-    p.x = x.data(); p.idx = idx.data(); p.rows = idx.data(); p.y = y.data();
+    p.x = x.data(); p.idx = idx.data(); p.rows = tc.slab_rows ? slots.data() : idx.data(); p.y = y.data();
     if (tc.format == DD_FORMAT_FP32) {
         wf.resize(R * O);
         for (auto & v : wf) v = uni(rng);
@@ -103,7 +107,8 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
         }
     } else {
         const int64_t gc = tc.block_or_gc, gr = tc.group_rows;
-        const int64_t ngr = (R + gr - 1) / gr, ngc = (O + gc - 1) / gc, stride = (6 * (O / 2) + 7) / 8;
+        // Codebooks cover the original D rows; a slab holds only the codes of its R rows.
+        const int64_t ngr = (D + gr - 1) / gr, ngc = (O + gc - 1) / gc, stride = (6 * (O / 2) + 7) / 8;
         codes.resize(R * stride);
         for (auto & v : codes) v = (uint8_t) byte(rng);
         cb.resize(ngr * ngc * 128);
@@ -124,15 +129,15 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
     double err = 0.0, ref2 = 0.0;
     for (int64_t c = 0; c < O; ++c) {
         double ref = 0.0;
-        for (int64_t j = 0; j < k; ++j) ref += (double) x[idx[j]] * weight_at(p, idx[j], c);
+        for (int64_t j = 0; j < k; ++j) ref += (double) x[idx[j]] * weight_at(p, p.rows[j], idx[j], c);
         const double got = (double) y[c] + (double) part[c];
         err += (got - ref) * (got - ref);
         ref2 += ref * ref;
     }
     const double nmse = err / std::max(ref2, 1e-30);
     const bool ok = nmse <= 1e-10;
-    std::printf("%s sgmm format=%d R=%lld O=%lld k=%lld nmse=%.3g\n", ok ? "ok  " : "FAIL", (int) tc.format,
-                (long long) R, (long long) O, (long long) k, nmse);
+    std::printf("%s sgmm format=%d D=%lld R=%lld O=%lld k=%lld%s nmse=%.3g\n", ok ? "ok  " : "FAIL", (int) tc.format,
+                (long long) D, (long long) R, (long long) O, (long long) k, tc.slab_rows ? " slab" : "", nmse);
     return ok;
 }
 
@@ -174,10 +179,12 @@ int main() {
     std::mt19937 rng(1234);
     std::printf("kernel set: %s\n", dd_kernels_isa());
     const test_case cases[] = {
-        {DD_FORMAT_FP32, 300, 1000, 150, 0, 0, false},  {DD_FORMAT_FP16, 300, 1000, 151, 0, 0, false},
-        {DD_FORMAT_BQ4, 300, 1024, 150, 32, 0, false},  {DD_FORMAT_BQ4, 200, 1000, 77, 64, 0, true},
-        {DD_FORMAT_BQ4, 130, 640, 64, 128, 0, false},   {DD_FORMAT_VQ3, 300, 1024, 150, 256, 32, false},
-        {DD_FORMAT_VQ3, 257, 576, 100, 192, 40, false}, {DD_FORMAT_VQ3, 64, 1000, 33, 250, 7, false},
+        {DD_FORMAT_FP32, 300, 1000, 150, 0, 0, false, 0},  {DD_FORMAT_FP16, 300, 1000, 151, 0, 0, false, 0},
+        {DD_FORMAT_BQ4, 300, 1024, 150, 32, 0, false, 0},  {DD_FORMAT_BQ4, 200, 1000, 77, 64, 0, true, 0},
+        {DD_FORMAT_BQ4, 130, 640, 64, 128, 0, false, 0},   {DD_FORMAT_VQ3, 300, 1024, 150, 256, 32, false, 0},
+        {DD_FORMAT_VQ3, 257, 576, 100, 192, 40, false, 0}, {DD_FORMAT_VQ3, 64, 1000, 33, 250, 7, false, 0},
+        {DD_FORMAT_BQ4, 200, 1000, 77, 64, 0, true, 90},
+        {DD_FORMAT_VQ3, 300, 1024, 150, 256, 32, false, 170}, {DD_FORMAT_VQ3, 64, 1000, 33, 250, 7, false, 500},
     };
     bool ok = true;
     for (const auto & tc : cases) ok = run_sgmm(tc, rng) && ok;

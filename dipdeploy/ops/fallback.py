@@ -173,12 +173,15 @@ def _rows_bq4(b: _Body, rows: str, w: list[str]) -> str:
     return b.op("Slice", [deq, b.const([0], np.int64), cols, axis])
 
 
-def _rows_vq3(b: _Body, rows: str, w: list[str]) -> str:
+def _rows_vq3(b: _Body, rows: str, w: list[str], *, original: str) -> str:
     """Decode the selected VQ3 rows (int8 codebooks × fp16 scales) to float32 [N, k, cols].
+
+    The codes come from W's rows (``rows``: slots in slab mode) but the codebook group from the
+    ``original`` row index (``indices``): a slab holds only the codes, the codebooks stay whole.
 
         codes ─Gather─Pad 1 byte─► c [N,k,bytes];  p = 0..cols/2−1, bit = 6p
         code = ((c[bit/8] | c[bit/8+1] << 8) >> bit%8) & 63                [N,k,P]
-        entry = ((rows / group_rows)·ngc + 2p / group_cols)·64 + code      [N,k,P]
+        entry = ((indices / group_rows)·ngc + 2p / group_cols)·64 + code   [N,k,P]
         codebooks·scales ─Reshape [−1, 2]─Gather(entry)─► [N,k,P,2] ─Reshape─► W [N,k,cols]
     """
     i64 = lambda v: b.const(v, np.int64)  # noqa: E731
@@ -194,7 +197,7 @@ def _rows_vq3(b: _Body, rows: str, w: list[str]) -> str:
     shift = b.op("Cast", [b.op("Mod", [bit, i64(8)])], to=u32)
     code = b.op("BitwiseAnd", [b.op("BitShift", [word, shift], direction="RIGHT"), b.const(63, np.uint32)])
     ngc = b.op("Slice", [b.op("Shape", [w[1]]), i64([1]), i64([2])])
-    gi = b.op("Div", [rows, b.const_from_attr("group_rows", "value_int")])
+    gi = b.op("Div", [original, b.const_from_attr("group_rows", "value_int")])
     gj = b.op("Div", [b.op("Mul", [vec, i64(2)]), b.const_from_attr("group_cols", "value_int")])
     group = b.op("Add", [b.op("Unsqueeze", [b.op("Mul", [gi, ngc]), i64([-1])]), gj])
     entry = b.op("Add", [b.op("Mul", [group, i64(64)]), b.op("Cast", [code], to=TensorProto.INT64)])
@@ -210,7 +213,7 @@ def sparse_gather_matmul_function(variant: SgmmVariant) -> FunctionProto:
     """SparseGatherMatMul body: gather X values and W rows, decode, one batched MatMul.
 
         X ─GatherElements(indices)─Unsqueeze─► x [N,1,k]
-        W… ─Gather(slots or indices)─decode─► w [N,k,O]
+        W… ─Gather(slots or indices)─decode─► w [N,k,O]   (VQ3 codebook groups by indices, slab or not)
         x @ w ─Squeeze─► Y [N,O]
     """
     if variant.format not in ROW_DECODERS:
@@ -220,7 +223,8 @@ def sparse_gather_matmul_function(variant: SgmmVariant) -> FunctionProto:
     axis1 = b.const([1], np.int64)
     xs = b.op("Unsqueeze", [b.op("GatherElements", ["X", "indices"], axis=1), axis1])
     rows = b.op("Identity", ["slots" if variant.slab else "indices"])
-    w = ROW_DECODERS[variant.format](b, rows, w_names)
+    decode = ROW_DECODERS[variant.format]
+    w = decode(b, rows, w_names, original="indices") if variant.format == "vq3" else decode(b, rows, w_names)
     b.op("Squeeze", [b.op("MatMul", [xs, w]), axis1])
     b.nodes[-1].output[0] = "Y"
     return _function(SGMM_OP, variant.overload, [*SGMM_FIXED_INPUTS, *w_names], ["Y"], b, SGMM_ATTRS)

@@ -19,7 +19,10 @@ attributes ``group_rows``/``group_cols``. Quantised formats carry the output wid
 
 R may be larger than the X width D (never smaller without slots): in *slab* mode W holds only the
 rows the host runtime keeps in DRAM and the op's ``slots`` input says which slab row serves each
-selected column; the same op and kernels serve both modes.
+selected column; the same op and kernels serve both modes. A slab holds only the per-row arrays
+(``shared`` arrays stay whole, :meth:`OpWeights.slab`): VQ3's codebooks and scales cover the
+original D rows and a selected row decodes with the group of its *original* row ``indices[n, j]``
+(``gi = indices[n, j] // group_rows``), never of its slot, so ngr = ceil(D / group_rows) in slab mode.
 """
 
 from __future__ import annotations
@@ -38,21 +41,42 @@ class WeightFormat:
     dtypes: tuple[str, ...]
     n_optional: int
     quantised: bool
-    dequantize: Callable[["OpWeights", np.ndarray], np.ndarray]
+    dequantize: Callable[["OpWeights", np.ndarray, np.ndarray], np.ndarray]
+    shared: tuple[int, ...] = ()  # weight inputs indexed by original row group, not per W row
 
     @property
     def n_required(self) -> int:
         return len(self.dtypes) - self.n_optional
 
 
-def _dequant_plain(w: "OpWeights", row_ids: np.ndarray) -> np.ndarray:
+def _dequant_plain(w: "OpWeights", row_ids: np.ndarray, original: np.ndarray) -> np.ndarray:
     return w.arrays[0][row_ids].astype(np.float32)
 
 
-def _dequant_packed(w: "OpWeights", row_ids: np.ndarray) -> np.ndarray:
+def _dequant_packed(w: "OpWeights", row_ids: np.ndarray, original: np.ndarray) -> np.ndarray:
     from dipdeploy.quant.api import dequantize_rows
 
     return dequantize_rows(w.packed, row_ids)
+
+
+def _dequant_vq3(w: "OpWeights", row_ids: np.ndarray, original: np.ndarray) -> np.ndarray:
+    """Codes of W rows ``row_ids`` with the codebooks of original rows ``original`` (they differ in slab mode).
+
+    ``VQTensor.dequantize_rows`` takes the group from the row it decodes, so it is called on a view with
+    one group row per selected row: that row's codes and its original group's codebooks and scales.
+    """
+    from dataclasses import replace
+
+    from dipdeploy.quant.api import dequantize_rows
+
+    vq = w.packed
+    gi = original // vq.group_rows
+    if gi.size and gi.max() >= vq.codebooks.shape[0]:
+        raise ValueError(f"original row {original.max()} has no VQ3 codebooks: they cover "
+                         f"{vq.codebooks.shape[0]} groups of {vq.group_rows} rows")
+    view = replace(vq, rows=len(row_ids), group_rows=1, codes=vq.codes[row_ids], codebooks=vq.codebooks[gi],
+                   codebook_scales=vq.codebook_scales[gi])
+    return dequantize_rows(view)
 
 
 FORMATS: dict[str, WeightFormat] = {
@@ -61,7 +85,7 @@ FORMATS: dict[str, WeightFormat] = {
         WeightFormat("fp32", ("float32",), 0, False, _dequant_plain),
         WeightFormat("fp16", ("float16",), 0, False, _dequant_plain),
         WeightFormat("bq4", ("uint8", "float16", "uint8"), 1, True, _dequant_packed),
-        WeightFormat("vq3", ("uint8", "int8", "float16"), 0, True, _dequant_packed),
+        WeightFormat("vq3", ("uint8", "int8", "float16"), 0, True, _dequant_vq3, shared=(1, 2)),
     )
 }
 
@@ -124,14 +148,41 @@ class OpWeights:
         fmt = weight_format(self.format)
         return self.format + ("_zp" if len(self.arrays) > fmt.n_required else "")
 
-    def rows_float32(self, row_ids: np.ndarray) -> np.ndarray:
-        """float32 [len(row_ids), cols]: the reference decode of the selected rows."""
-        return weight_format(self.format).dequantize(self, np.asarray(row_ids, dtype=np.int64))
+    def rows_float32(self, row_ids: np.ndarray, original: np.ndarray | None = None) -> np.ndarray:
+        """float32 [len(row_ids), cols]: the reference decode of the selected rows.
+
+        ``original``: the original row each one holds (the op's ``indices``; default ``row_ids``, full
+        mode). Only formats with ``shared`` per-group tables (VQ3) read it.
+        """
+        row_ids = np.asarray(row_ids, dtype=np.int64)
+        original = row_ids if original is None else np.asarray(original, dtype=np.int64)
+        if original.shape != row_ids.shape:
+            raise ValueError(f"original {original.shape} must have the shape of row_ids {row_ids.shape}")
+        return weight_format(self.format).dequantize(self, row_ids, original)
+
+    def slab(self, held: np.ndarray) -> "OpWeights":
+        """The weights of a slab whose row s holds original row ``held[s]`` (what a host runtime binds).
+
+        Per-row arrays are gathered; ``shared`` ones (VQ3 codebooks, scales) stay whole, because they
+        are indexed by the original row's group. Feed the op ``slots`` (slab rows) with ``indices``.
+        """
+        held = np.asarray(held, dtype=np.int64)
+        if held.ndim != 1 or (held.size and (held.min() < 0 or held.max() >= self.rows)):
+            raise ValueError(f"held must be a 1-D array of rows in [0, {self.rows}), got shape {held.shape}")
+        shared = weight_format(self.format).shared
+        arrays = tuple(a if i in shared else np.ascontiguousarray(a[held]) for i, a in enumerate(self.arrays))
+        packed = None
+        if self.packed is not None:
+            names = list(self.packed.arrays())
+            packed = type(self.packed).from_arrays(self.packed.config, len(held), self.cols,
+                                                   dict(zip(names, arrays)), **self.packed.meta())
+        return OpWeights(self.format, arrays, len(held), self.cols, packed, self.attrs)
 
     def row_nbytes(self) -> float:
         """Bytes a kernel reads per selected row: the row's own data plus its share of per-group tables."""
-        own = sum(a[0].nbytes for a in self.arrays if a.shape[0] == self.rows)
-        shared = sum(a.nbytes for a in self.arrays if a.shape[0] != self.rows)
+        tables = weight_format(self.format).shared
+        own = sum(a[0].nbytes for i, a in enumerate(self.arrays) if i not in tables)
+        shared = sum(a.nbytes for i, a in enumerate(self.arrays) if i in tables)
         return own + shared / self.rows
 
 

@@ -35,13 +35,15 @@ def sparse_gather_matmul_ref(
 ) -> np.ndarray:
     """Y [N, O] float32: Y[n] = Σ_j X[n, indices[n, j]] · W[row(n, j)], row = slots if given else indices.
 
-    Accumulates in float64 so it is a reference for every kernel's summation order.
+    The row's values come from W row ``row(n, j)``; VQ3's codebook group from the original row
+    ``indices[n, j]`` (a slab keeps only codes per row). Accumulates in float64 so it is a reference
+    for every kernel's summation order.
     """
     x = np.asarray(x, dtype=np.float32)
     indices = np.asarray(indices, dtype=np.int64)
     rows = indices if slots is None else np.asarray(slots, dtype=np.int64)
     y = np.empty((x.shape[0], weights.cols), dtype=np.float32)
     for n in range(x.shape[0]):
-        w = weights.rows_float32(rows[n]).astype(np.float64)
+        w = weights.rows_float32(rows[n], indices[n]).astype(np.float64)
         y[n] = x[n, indices[n]].astype(np.float64) @ w
     return y
