@@ -27,10 +27,11 @@ lib.dd_ops_isa.restype = ctypes.c_char_p
 assert lib.dd_ops_isa() == b"portable", lib.dd_ops_isa()
 rng = np.random.default_rng(0)
 d, o = 200, 640
-w = rng.standard_normal((2 * d, o)).astype(np.float32)
-weights = [OpWeights.from_matrix(w), OpWeights.from_matrix(w.astype(np.float16)),
-           OpWeights.from_packed(quantize(w, Block4QuantConfig(block_size=64, symmetric=False))),
-           OpWeights.from_packed(quantize(w, VQ3QuantConfig(group_size=1024, max_group_cols=128, n_iter=2)))]
+w = rng.standard_normal((d, o)).astype(np.float32)
+held = rng.integers(0, d, 2 * d)  # a slab of 2·d slots holding rows of W (VQ3 codebooks stay whole)
+weights = [OpWeights.from_matrix(w).slab(held), OpWeights.from_matrix(w.astype(np.float16)).slab(held),
+           OpWeights.from_packed(quantize(w, Block4QuantConfig(block_size=64, symmetric=False))).slab(held),
+           OpWeights.from_packed(quantize(w, VQ3QuantConfig(group_size=1024, max_group_cols=128, n_iter=2))).slab(held)]
 x = rng.standard_normal((2, d)).astype(np.float32)
 idx = np.stack([rng.permutation(d)[:150] for _ in range(2)])
 slots = np.stack([rng.permutation(2 * d)[:150] for _ in range(2)])
