@@ -66,3 +66,20 @@ def test_policy_none_uses_staging_only() -> None:
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="capacity <= rows"):
         SlotTable(rows=4, capacity=5, staging=1)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "belady", "static", "none"])
+def test_one_sequence_fast_path_equals_the_batched_rule(policy: str) -> None:
+    """RowCache._access_one (batch = 1) against the batched path on two identical sequences."""
+    rng = np.random.default_rng(3)
+    rows, cap, k, steps = 40, 15, 9, 80
+    sels = np.stack([rng.choice(rows, k, replace=False, p=_zipf(rows)) for _ in range(steps)])
+    pinned = static_rows(np.bincount(sels.reshape(-1), minlength=rows), cap) if policy == "static" else None
+    one = RowCache(rows, cap, policy, future=sels if policy == "belady" else None, pinned=pinned)
+    two = RowCache(rows, cap, policy, batch=2, future=np.stack([sels, sels], 1) if policy == "belady" else None,
+                   pinned=pinned)
+    for sel in sels:
+        h1 = one.access(sel[None])
+        h2 = two.access(np.stack([sel, sel]))
+        assert np.array_equal(h1[0], h2[0]) and np.array_equal(h2[0], h2[1])
+        assert np.array_equal(one.resident[0], two.resident[0])

@@ -118,6 +118,8 @@ class RowCache:
         selected = np.asarray(selected, dtype=np.int64).reshape(self.batch, -1)
         if selected.size and (selected.min() < 0 or selected.max() >= self.rows):
             raise IndexError(f"selected rows must lie in [0, {self.rows}), got [{selected.min()}, {selected.max()}]")
+        if self.batch == 1:
+            return self._access_one(selected[0])[None]
         b = np.arange(self.batch)[:, None]
         hit = self.resident[b, selected]
         self.hits += int(hit.sum())
@@ -137,6 +139,45 @@ class RowCache:
                 cand[over] = new
             self.resident = cand
         return hit
+
+    def _access_one(self, sel: np.ndarray) -> np.ndarray:
+        """``access`` for one sequence (the runtime's case), the same rule computed on fewer rows.
+
+        Keeping the top-C of the candidates by a unique key is dropping the ``n − C`` lowest keys, so
+        only the candidates' keys are packed and partitioned instead of all rows'. A test holds this
+        equal to the batched path.
+        """
+        res = self.resident[0]
+        hit = res[sel]
+        n_hit = int(hit.sum())
+        self.hits += n_hit
+        self.misses += len(sel) - n_hit
+        self.step += 1
+        self.last_use[0, sel] = self.step
+        self.uses[0, sel] += 1
+        if self.policy not in ("static", "none") and self.capacity > 0:
+            res = res.copy()
+            res[sel] = True
+            cand = np.flatnonzero(res)
+            over = len(cand) - self.capacity
+            if over > 0:
+                key = self._key_rows(cand)
+                res[cand[np.argpartition(key, over - 1)[:over]]] = False
+            self.resident = res[None]
+        return hit
+
+    def _key_rows(self, rows: np.ndarray) -> np.ndarray:
+        """``_key()[0, rows]`` for one sequence, computed on ``rows`` only."""
+        tie = self.rows - 1 - rows
+        last = self.last_use[0, rows]
+        if self.policy == "lru":
+            primary, secondary = last, np.zeros_like(last)
+        elif self.policy == "lfu":
+            primary, secondary = self.uses[0, rows], last
+        else:
+            t = min(self.step - 1, self._next_use.shape[0] - 1)
+            primary, secondary = self._next_use.shape[0] + 1 - self._next_use[t, 0, rows].astype(np.int64), last
+        return ((primary.astype(np.int64) << _SEC_BITS) | secondary) << _IDX_BITS | tie
 
     @property
     def hit_rate(self) -> float:

@@ -23,7 +23,8 @@ NATIVE = typer.Option(None, "--native/--no-native", help="native kernels (defaul
                       "fallback functions")
 FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s")
 COLD = typer.Option(False, "--cold", help="drop the MLP file from the OS page cache first (real disk reads)")
-IO = typer.Option("pread", "--io", help="Flash reads: pread (positioned reads) | mmap (page-cache gathers)")
+IO = typer.Option("mmap", "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
+                  "one per run of adjacent rows; slower in Python)")
 CONTEXT = typer.Option(1024, "--context", help="KV-cache length reserved in the budget (tokens)")
 THREADS = typer.Option(1, "--threads", help="ORT intra-op threads per session")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")

@@ -55,7 +55,7 @@ class EngineConfig:
     threads: int = 1
     flash_bandwidth: float | None = None
     cold: bool = False
-    io: str = "pread"
+    io: str = "mmap"
     context: int = 1024
     verify: bool = False
     pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
