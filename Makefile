@@ -40,3 +40,10 @@ clean:
 .PHONY: ops
 ops:
 	bash custom_ops/build.sh --arch all
+
+# ARM Linux check without an ARM machine (scripts/arm/check.sh, docs/arm.md): a tiny bundle run by an
+# aarch64 Python under qemu-user, stock and with the NEON library, compared with x86-64. Needs qemu-user
+# and g++-aarch64-linux-gnu (apt-get), network once for the cached aarch64 sysroot.
+.PHONY: arm-check
+arm-check: setup ops
+	bash scripts/arm/check.sh

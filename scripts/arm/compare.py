@@ -1,0 +1,197 @@
+"""Runs a bundle's ``model.onnx`` on a fixed input and compares runs across architectures (scripts/arm/check.sh).
+
+    compare.py run --bundle DIR --out RUN.npz [--native LIB] [--threads 1]
+    compare.py compare [--tolerance 1e-3] REF.npz RUN.npz ...
+
+``run`` is what both sides execute, the x86 venv and the aarch64 Python under qemu-user. It imports only
+numpy, onnxruntime, tokenizers and the torch-free ``dipdeploy.export.manifest`` / ``dipdeploy.ops.native``
+(the aarch64 site-packages holds nothing else; it fails if torch, transformers or onnx got imported).
+It encodes a fixed prompt with the bundle's tokenizer, takes its first ``--positions`` ids, runs them in one
+prefill (teacher-forced logits at every position), then ``--greedy`` greedy steps on the KV cache, as
+``dipdeploy/export/generate.py`` does (plain ORT + numpy; EOS does not stop it: a fixed length is compared).
+``--native LIB`` registers that library through ``$DIPDEPLOY_OPS_LIB`` and ``session_options(native=True)``;
+the run checks that LIB's ELF machine is the running Python's, so the aarch64 side cannot load the x86
+build by accident. Without ``--native``, ORT inlines the stock fallback functions the model carries.
+
+``compare`` takes the first file as the reference and checks every run against it: the prompt ids and the
+greedy tokens must be equal, and the largest |Δ logit| over all prefill positions and greedy steps must be
+≤ ``--tolerance``. Prints a table; exits 1 on any mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import struct
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The capital of France is"
+HEAVY = ("torch", "transformers", "onnx", "onnxscript")
+ELF_MACHINES = {0x3E: "x86_64", 0xB7: "aarch64"}
+
+
+def elf_machine(path: Path) -> str:
+    head = path.read_bytes()[:20]
+    if head[:4] != b"\x7fELF" or head[5] != 1:
+        raise ValueError(f"{path} is not a little-endian ELF file")
+    (machine,) = struct.unpack_from("<H", head, 18)
+    return ELF_MACHINES.get(machine, hex(machine))
+
+
+def cpu_features() -> str:
+    """The SIMD features the kernels may pick: AT_HWCAP/AT_HWCAP2 on aarch64 (what qemu's -cpu model
+    advertises), the /proc/cpuinfo flags on x86-64."""
+    if platform.machine() == "aarch64":
+        import ctypes
+
+        getauxval = ctypes.CDLL(None).getauxval
+        getauxval.restype = ctypes.c_ulong
+        hw, hw2 = getauxval(16), getauxval(26)  # AT_HWCAP, AT_HWCAP2
+        bits = [("asimd", hw, 1), ("asimddp", hw, 20), ("sve", hw, 22), ("sve2", hw2, 1), ("i8mm", hw2, 13),
+                ("bf16", hw2, 14)]
+        return " ".join(name for name, word, bit in bits if word >> bit & 1)
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return ""
+    return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni") if f in flags)
+
+
+def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: int, greedy: int,
+        cpu: str) -> None:
+    if native is not None:
+        native = native.resolve()
+        if not native.is_file():
+            raise SystemExit(f"--native {native}: no such file (run `make ops`)")
+        lib_arch, py_arch = elf_machine(native), platform.machine()
+        if lib_arch != py_arch:
+            raise SystemExit(f"--native {native} is built for {lib_arch}, this Python runs on {py_arch}")
+        os.environ["DIPDEPLOY_OPS_LIB"] = str(native)  # what dipdeploy.ops.native.library_path() reads first
+    else:
+        os.environ.pop("DIPDEPLOY_OPS_LIB", None)
+
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from dipdeploy.export.manifest import read_manifest
+    from dipdeploy.ops.native import library_path, session_options
+
+    t0 = time.perf_counter()
+    manifest = read_manifest(bundle)
+    dec = json.loads((bundle / "genai_config.json").read_text())["model"]["decoder"]
+    tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    ids = tok.encode(PROMPT, add_special_tokens=False).ids
+    if len(ids) < positions:
+        raise SystemExit(f"the prompt gives {len(ids)} tokens, fewer than --positions {positions}")
+    ids = np.asarray([ids[:positions]], dtype=np.int64)
+
+    loaded = str(library_path()) if native is not None else ""
+    if native is not None and Path(loaded).resolve() != native:
+        raise SystemExit(f"dipdeploy.ops.native would load {loaded}, not {native}")
+    so = session_options(threads=threads, native=native is not None)
+    sess = ort.InferenceSession(str(bundle / manifest.graphs["model"]), so, providers=["CPUExecutionProvider"])
+    t_session = time.perf_counter() - t0
+
+    outs = [o.name for o in sess.get_outputs()]
+    shape = (1, dec["num_key_value_heads"], 0, dec["head_size"])
+    past = {i.name: np.zeros(shape, np.float32) for i in sess.get_inputs() if i.name.startswith("past_key_values")}
+    start, x, logits, tokens = 0, ids, [], []
+    t1 = time.perf_counter()
+    for step in range(greedy + 1):  # step 0: the teacher-forced prefill; then one greedy token per step
+        s = x.shape[1]
+        res = dict(zip(outs, sess.run(None, {
+            "input_ids": x, "attention_mask": np.ones((1, start + s), np.int64),
+            "position_ids": np.arange(start, start + s, dtype=np.int64)[None], **past})))
+        past = {k: res[k.replace("past_key_values", "present")] for k in past}
+        start += s
+        logits.append(res["logits"][0])
+        if step < greedy:
+            tokens.append(int(res["logits"][0, -1].argmax()))
+            x = np.array([[tokens[-1]]], dtype=np.int64)
+    t_run = time.perf_counter() - t1
+
+    heavy = [m for m in HEAVY if m in sys.modules]
+    if heavy:
+        raise SystemExit(f"the runtime path imported {heavy}: it must stay torch- and onnx-free")
+    logits = np.concatenate(logits, axis=0).astype(np.float32)  # [positions + greedy, vocab]
+    top2 = np.sort(logits[positions - 1:positions - 1 + greedy], axis=1)[:, -2:]
+    meta = {"arch": platform.machine(), "cpu": cpu, "features": cpu_features(), "native": native is not None,
+            "library": loaded,
+            "onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version(),
+            "threads": threads, "text": tok.decode(tokens), "seconds_session": round(t_session, 3),
+            "seconds_run": round(t_run, 3), "min_greedy_margin": float((top2[:, 1] - top2[:, 0]).min())}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out, prompt_ids=ids[0], logits=logits, tokens=np.asarray(tokens, np.int64), meta=json.dumps(meta))
+    print(f"{meta['arch']:8s} {cpu:15s} native={'yes' if meta['native'] else 'no ':3s} ORT {meta['onnxruntime']}: "
+          f"tokens {tokens} {meta['text']!r}  (session {t_session:.2f} s, {greedy + 1} runs {t_run:.2f} s)")
+
+
+def load(path: Path) -> dict:
+    with np.load(path) as z:
+        return {"path": path, "meta": json.loads(str(z["meta"])), "prompt_ids": z["prompt_ids"],
+                "logits": z["logits"], "tokens": z["tokens"]}
+
+
+def compare(paths: list[Path], tolerance: float) -> int:
+    runs = [load(p) for p in paths]
+    ref = runs[0]
+    rm = ref["meta"]
+    print(f"reference: {rm['arch']} native={'yes' if rm['native'] else 'no'} (ORT {rm['onnxruntime']}); "
+          f"{len(ref['prompt_ids'])} teacher-forced positions + {len(ref['tokens'])} greedy tokens; "
+          f"tolerance max |Δlogit| ≤ {tolerance:g} (max |logit| {np.abs(ref['logits']).max():.3f})")
+    header = ("arch", "cpu", "SIMD", "native", "ORT", "tokens equal", "max |Δlogit|", "min top-2 gap", "ok")
+    rows, failed = [], False
+    for r in runs:
+        m = r["meta"]
+        same_ids = np.array_equal(r["prompt_ids"], ref["prompt_ids"])
+        same_tok = same_ids and np.array_equal(r["tokens"], ref["tokens"])
+        diff = float(np.abs(r["logits"] - ref["logits"]).max()) if r["logits"].shape == ref["logits"].shape \
+            else float("inf")
+        ok = same_tok and diff <= tolerance
+        failed |= not ok
+        rows.append((m["arch"], m["cpu"], m["features"], "yes" if m["native"] else "no", m["onnxruntime"],
+                     "yes" if same_tok else ("NO (prompt ids differ)" if not same_ids else "NO"),
+                     f"{diff:.3g}", f"{m['min_greedy_margin']:.3g}", "ok" if ok else "MISMATCH"))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print(line(row))
+    print(f"greedy tokens: {ref['tokens'].tolist()} {rm['text']!r}")
+    if failed:
+        print("ARM CHECK FAILED: a run differs from the reference beyond the tolerance (table above)")
+        return 1
+    print("ARM CHECK OK: every run matches the reference")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the fixed input through a bundle, write an npz")
+    r.add_argument("--bundle", type=Path, required=True)
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--native", type=Path, default=None, help="the native op library to register (default: stock ORT)")
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--cpu", default="host", help="a label for the table: the CPU (model) it ran on")
+    r.add_argument("--positions", type=int, default=16)
+    r.add_argument("--greedy", type=int, default=8)
+    c = sub.add_parser("compare", help="compare npz runs against the first one")
+    c.add_argument("--tolerance", type=float, default=1e-3)
+    c.add_argument("runs", type=Path, nargs="+")
+    a = ap.parse_args(argv)
+    if a.cmd == "run":
+        run(a.bundle, a.out, a.native, a.threads, a.positions, a.greedy, a.cpu)
+        return 0
+    return compare(a.runs, a.tolerance)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
