@@ -1,0 +1,390 @@
+package ai.dipdeploy.engine;
+
+import ai.onnxruntime.OnnxJavaType;
+import ai.onnxruntime.OnnxTensor;
+import ai.onnxruntime.OnnxValue;
+import ai.onnxruntime.OrtEnvironment;
+import ai.onnxruntime.OrtException;
+import ai.onnxruntime.OrtSession;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.FloatBuffer;
+import java.nio.LongBuffer;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * The DIP-CA decoder over a bundle's per-layer graphs with the ONNX Runtime Java API (the Android AAR's
+ * {@code ai.onnxruntime}), one sequence, token by token — the protocol of the Python host runtime:
+ *
+ * <pre>
+ *   embed.onnx: input_ids → hidden
+ *   per layer i:
+ *     layer.i.attn.onnx (cache_in = up|gate residency)           → hidden_attn, x, in_indices, present kv
+ *     up|gate group: RowCache.access, SlotTable.assign, Flash reads of the misses into the slab
+ *     layer.i.mlp_up.onnx (x, in_indices, in_slots, slab, cache_glu = down residency) → glu, glu_indices
+ *     down group: the same                                        → glu_slots
+ *     layer.i.mlp_down.onnx (glu, glu_indices, glu_slots, slab, hidden_attn) → hidden
+ *     SlotTable.finish for both groups (DRAM moves out of staging)
+ *   head.onnx: hidden → logits
+ * </pre>
+ *
+ * The prompt is prefilled token by token as well (DIP-CA's mask at token t depends on the cache after t−1).
+ * The slabs, residency and slot buffers are direct buffers wrapped once as OnnxTensors (zero copy): the
+ * engine rewrites their contents and re-runs. The native custom-op library is registered when a path is
+ * given and loads; otherwise stock ORT inlines the graphs' fallback functions (same results, slower).
+ *
+ * <p>Only compiled here (javac against the AAR's classes.jar); it has not been run: the AAR's native
+ * libraries are bionic (Android) builds. Its pure parts ({@link MlpGroup}, {@link RowCache},
+ * {@link SlotTable}, {@link FlashStore}, {@link Bpe}, {@link Sampler}, {@link Manifest}) are unit-tested
+ * on the JVM against golden vectors written by the Python code.
+ */
+public final class Engine implements AutoCloseable {
+    /** Run-time choices; defaults come from the manifest's {@code dipca} section. */
+    public static final class Options {
+        public String policy;            // null: the manifest's (lfu for dip-ca), else lru/lfu/none
+        public double cacheFrac = -1;    // < 0: the manifest's cache_frac (0.5 when absent)
+        public int threads = 2;
+        public String nativeLibraryPath; // e.g. context.getApplicationInfo().nativeLibraryDir + "/libdipdeploy_ops.so"
+        public int maxContext = 2048;
+    }
+
+    /** Receives streamed text and live stats. */
+    public interface Listener {
+        void onText(String delta);
+
+        default void onStats(Stats stats) {}
+    }
+
+    public final Path bundle;
+    public final Manifest manifest;
+    public final Bpe tokenizer;
+    public final boolean nativeOps;
+    public final String nativeError;
+    private final OrtEnvironment env;
+    private final OrtSession embed, head;
+    private final OrtSession[] attn, up, down;
+    private final MlpGroup[] upGroups, downGroups;
+    private final Map<String, OnnxTensor>[] upSlabs, downSlabs;
+    private final FlashStore flash;
+    private final int layers, d, f, kvHeads, headDim;
+    private final ByteBuffer cacheIn, cacheGlu;
+    private final OnnxTensor cacheInT, cacheGluT;
+    private final OnnxTensor[] pastK, pastV;
+    private final OrtSession.Result[] kvOwner;
+    private final int gammaWarmup;
+    private final long denseBytes;
+    private final int maxContext;
+    private int position;
+    public final Stats stats = new Stats();
+
+    @SuppressWarnings("unchecked")
+    public Engine(Path bundle, Options opt) throws IOException, OrtException {
+        this.bundle = bundle;
+        this.manifest = Manifest.read(bundle);
+        this.tokenizer = Bpe.fromFile(bundle.resolve("tokenizer.json"));
+        this.layers = manifest.numLayers();
+        this.d = manifest.hiddenSize();
+        this.f = manifest.intermediateSize();
+        this.kvHeads = manifest.numKvHeads();
+        this.headDim = manifest.headDim();
+        if (manifest.layers.size() != layers || !manifest.layerGraphs().contains(GraphNames.attnFile(0)))
+            throw new IllegalArgumentException(bundle + " has no per-layer graphs (a dense or --no-per-layer export); "
+                    + "export it with `dipdeploy export --method dip-ca` (per-layer graphs are the default)");
+        Map<String, Object> ca = manifest.dipca();
+        String policy = opt.policy != null ? opt.policy
+                : ca != null && ca.get("policy") != null ? (String) ca.get("policy") : "lfu";
+        if (policy.equals("belady") || policy.equals("static"))
+            throw new IllegalArgumentException("policy " + policy + " needs offline data (a trace / pinned rows); "
+                    + "the app runs lru, lfu or none");
+        double frac = opt.cacheFrac >= 0 ? opt.cacheFrac
+                : ca != null && ca.get("cache_frac") != null ? Json.dbl(ca.get("cache_frac"), "cache_frac") : 0.5;
+        this.gammaWarmup = ca != null && ca.get("gamma_warmup") != null
+                ? Math.toIntExact(Json.lng(ca.get("gamma_warmup"), "gamma_warmup")) : 0;
+
+        env = OrtEnvironment.getEnvironment();
+        OrtSession.SessionOptions so = new OrtSession.SessionOptions();
+        so.setIntraOpNumThreads(opt.threads);
+        boolean nat = false;
+        String err = null;
+        if (opt.nativeLibraryPath != null && Files.isRegularFile(java.nio.file.Paths.get(opt.nativeLibraryPath))) {
+            try {
+                so.registerCustomOpLibrary(opt.nativeLibraryPath);
+                nat = true;
+            } catch (OrtException e) {
+                err = e.getMessage();
+                so.close();
+                so = new OrtSession.SessionOptions();
+                so.setIntraOpNumThreads(opt.threads);
+            }
+        }
+        this.nativeOps = nat;
+        this.nativeError = err;
+        embed = open(so, GraphNames.EMBED);
+        head = open(so, GraphNames.HEAD);
+        attn = new OrtSession[layers];
+        up = new OrtSession[layers];
+        down = new OrtSession[layers];
+        upGroups = new MlpGroup[layers];
+        downGroups = new MlpGroup[layers];
+        upSlabs = (Map<String, OnnxTensor>[]) new Map<?, ?>[layers];
+        downSlabs = (Map<String, OnnxTensor>[]) new Map<?, ?>[layers];
+        flash = new FlashStore(bundle.resolve("mlp.bin"));
+        for (int i = 0; i < layers; i++) {
+            Manifest.LayerPlan lp = manifest.layers.get(i);
+            upGroups[i] = new MlpGroup(manifest, i, "up_gate", lp.kIn, policy,
+                    MlpGroup.capacityFor(frac, d, policy), flash, null, null);
+            downGroups[i] = new MlpGroup(manifest, i, "down", lp.kGlu, policy,
+                    MlpGroup.capacityFor(frac, f, policy), flash, null, null);
+            upSlabs[i] = slabTensors(upGroups[i]);
+            downSlabs[i] = slabTensors(downGroups[i]);
+            attn[i] = open(so, GraphNames.attnFile(i));
+            up[i] = open(so, GraphNames.mlpUpFile(i));
+            down[i] = open(so, GraphNames.mlpDownFile(i));
+            check(attn[i], GraphNames.attnInputs(i), GraphNames.attnFile(i));
+            check(up[i], GraphNames.mlpUpInputs(new ArrayList<>(upSlabs[i].keySet())), GraphNames.mlpUpFile(i));
+            check(down[i], GraphNames.mlpDownInputs(new ArrayList<>(downSlabs[i].keySet())), GraphNames.mlpDownFile(i));
+        }
+        cacheIn = ByteBuffer.allocateDirect(d);
+        cacheGlu = ByteBuffer.allocateDirect(f);
+        cacheInT = OnnxTensor.createTensor(env, cacheIn, new long[] {d}, OnnxJavaType.BOOL);
+        cacheGluT = OnnxTensor.createTensor(env, cacheGlu, new long[] {f}, OnnxJavaType.BOOL);
+        pastK = new OnnxTensor[layers];
+        pastV = new OnnxTensor[layers];
+        kvOwner = new OrtSession.Result[layers];
+        long dense = 0;
+        Path db = bundle.resolve("dense.bin");
+        if (Files.isRegularFile(db)) dense = Files.size(db);
+        denseBytes = dense;
+        maxContext = Math.min(opt.maxContext, manifest.configIntOr("max_position_embeddings", Integer.MAX_VALUE));
+        reset();
+    }
+
+    private OrtSession open(OrtSession.SessionOptions so, String file) throws OrtException {
+        return env.createSession(bundle.resolve(file).toString(), so);
+    }
+
+    private static void check(OrtSession s, List<String> want, String file) {
+        if (!s.getInputNames().containsAll(want) || s.getInputNames().size() != want.size())
+            throw new IllegalArgumentException(file + ": inputs " + s.getInputNames() + ", the engine binds " + want
+                    + "; " + Manifest.REGENERATE);
+    }
+
+    private Map<String, OnnxTensor> slabTensors(MlpGroup g) throws OrtException {
+        Map<String, OnnxTensor> m = new java.util.LinkedHashMap<>();
+        for (int a = 0; a < g.rowTensors.size(); a++) {
+            Manifest.Tensor t = g.rowTensors.get(a);
+            m.put(MlpGroup.inputName(g.group, t), OnnxTensor.createTensor(env, g.slabs.get(a), g.slabShape(a), type(t.dtype)));
+        }
+        for (int a = 0; a < g.sharedTensors.size(); a++) {
+            Manifest.Tensor t = g.sharedTensors.get(a);
+            m.put(MlpGroup.inputName(g.group, t), OnnxTensor.createTensor(env, g.shared.get(a), t.shape, type(t.dtype)));
+        }
+        return m;
+    }
+
+    static OnnxJavaType type(String dtype) {
+        switch (dtype) {
+            case "float32": return OnnxJavaType.FLOAT;
+            case "float16": return OnnxJavaType.FLOAT16;
+            case "uint8": return OnnxJavaType.UINT8;
+            case "int8": return OnnxJavaType.INT8;
+            case "int32": return OnnxJavaType.INT32;
+            case "int64": return OnnxJavaType.INT64;
+            case "bool": return OnnxJavaType.BOOL;
+            default: throw new IllegalArgumentException("dtype " + dtype + " has no ORT Java type here");
+        }
+    }
+
+    /** Forgets the KV cache (a new conversation); the row caches stay warm. */
+    public void reset() throws OrtException {
+        for (int i = 0; i < layers; i++) {
+            if (kvOwner[i] != null) kvOwner[i].close();
+            else {
+                if (pastK[i] != null) pastK[i].close();
+                if (pastV[i] != null) pastV[i].close();
+            }
+            kvOwner[i] = null;
+            long[] shape = {1, kvHeads, 0, headDim};
+            pastK[i] = OnnxTensor.createTensor(env, FloatBuffer.allocate(0), shape);
+            pastV[i] = OnnxTensor.createTensor(env, FloatBuffer.allocate(0), shape);
+        }
+        position = 0;
+    }
+
+    private static OnnxTensor longs(OrtEnvironment env, long[] v, long[] shape) throws OrtException {
+        LongBuffer b = ByteBuffer.allocateDirect(v.length * 8).order(ByteOrder.nativeOrder()).asLongBuffer();
+        b.put(v).flip();
+        return OnnxTensor.createTensor(env, b, shape);
+    }
+
+    private static long[] row(OnnxValue v) {
+        LongBuffer b = ((OnnxTensor) v).getLongBuffer();
+        long[] out = new long[b.remaining()];
+        b.get(out);
+        return out;
+    }
+
+    private static OnnxValue out(OrtSession.Result r, String name) {
+        return r.get(name).orElseThrow(() -> new IllegalStateException("graph output " + name + " missing"));
+    }
+
+    /** Runs one token at the next position; returns its logits [vocab]. */
+    public float[] step(long tokenId) throws OrtException, IOException {
+        long t0 = System.nanoTime();
+        long flashBefore = flash.bytes;
+        List<AutoCloseable> trash = new ArrayList<>();
+        try {
+            OnnxTensor ids = longs(env, new long[] {tokenId}, new long[] {1, 1});
+            trash.add(ids);
+            long[] ones = new long[position + 1];
+            java.util.Arrays.fill(ones, 1);
+            OnnxTensor mask = longs(env, ones, new long[] {1, position + 1});
+            OnnxTensor pos = longs(env, new long[] {position}, new long[] {1, 1});
+            trash.add(mask);
+            trash.add(pos);
+            OrtSession.Result er = embed.run(java.util.Collections.singletonMap("input_ids", ids));
+            trash.add(er);
+            OnnxValue hidden = out(er, "hidden");
+            boolean plainDip = position < gammaWarmup;
+            for (int i = 0; i < layers; i++) {
+                MlpGroup ug = upGroups[i], dg = downGroups[i];
+                if (plainDip) fill(cacheIn, d);
+                else ug.residencyInto(cacheIn);
+                Map<String, OnnxTensor> in = new HashMap<>();
+                in.put("hidden", (OnnxTensor) hidden);
+                in.put("attention_mask", mask);
+                in.put("position_ids", pos);
+                in.put(GraphNames.pastKey(i), pastK[i]);
+                in.put(GraphNames.pastValue(i), pastV[i]);
+                in.put("cache_in", cacheInT);
+                OrtSession.Result ar = attn[i].run(in);
+                long[] sel = row(out(ar, "in_indices"));
+                OnnxTensor inSlots = longs(env, ug.prepare(sel), new long[] {1, sel.length});
+                trash.add(inSlots);
+                if (plainDip) fill(cacheGlu, f);
+                else dg.residencyInto(cacheGlu);
+                Map<String, OnnxTensor> u = new HashMap<>(upSlabs[i]);
+                u.put("x", (OnnxTensor) out(ar, "x"));
+                u.put("in_indices", (OnnxTensor) out(ar, "in_indices"));
+                u.put("in_slots", inSlots);
+                u.put("cache_glu", cacheGluT);
+                OrtSession.Result ur = up[i].run(u);
+                trash.add(ur);
+                ug.finish();
+                long[] gsel = row(out(ur, "glu_indices"));
+                OnnxTensor gluSlots = longs(env, dg.prepare(gsel), new long[] {1, gsel.length});
+                trash.add(gluSlots);
+                Map<String, OnnxTensor> dn = new HashMap<>(downSlabs[i]);
+                dn.put("glu", (OnnxTensor) out(ur, "glu"));
+                dn.put("glu_indices", (OnnxTensor) out(ur, "glu_indices"));
+                dn.put("glu_slots", gluSlots);
+                dn.put("hidden_attn", (OnnxTensor) out(ar, "hidden_attn"));
+                OrtSession.Result dr = down[i].run(dn);
+                trash.add(dr);
+                dg.finish();
+                hidden = out(dr, "hidden");
+                // the attention result owns the new KV cache: keep it, drop the previous one
+                if (kvOwner[i] != null) kvOwner[i].close();
+                else {
+                    pastK[i].close();
+                    pastV[i].close();
+                }
+                kvOwner[i] = ar;
+                pastK[i] = (OnnxTensor) out(ar, GraphNames.presentKey(i));
+                pastV[i] = (OnnxTensor) out(ar, GraphNames.presentValue(i));
+            }
+            OrtSession.Result hr = head.run(java.util.Collections.singletonMap("hidden", (OnnxTensor) hidden));
+            trash.add(hr);
+            FloatBuffer lb = ((OnnxTensor) out(hr, "logits")).getFloatBuffer();
+            float[] logits = new float[lb.remaining()];
+            lb.get(logits);
+            position++;
+            stats.tokens++;
+            stats.nanos += System.nanoTime() - t0;
+            stats.flashBytes += flash.bytes - flashBefore;
+            stats.flashRequests = flash.requests;
+            updateCacheStats();
+            return logits;
+        } finally {
+            for (AutoCloseable c : trash) {
+                try {
+                    c.close();
+                } catch (Exception ignored) {
+                    // closing a native value twice is harmless here
+                }
+            }
+        }
+    }
+
+    private static void fill(ByteBuffer b, int n) {
+        for (int r = 0; r < n; r++) b.put(r, (byte) 1);
+    }
+
+    private void updateCacheStats() {
+        long h = 0, m = 0, slabs = 0;
+        for (int i = 0; i < layers; i++) {
+            h += upGroups[i].cache.hits() + downGroups[i].cache.hits();
+            m += upGroups[i].cache.misses() + downGroups[i].cache.misses();
+            slabs += upGroups[i].slabBytes() + downGroups[i].slabBytes();
+        }
+        stats.hits = h;
+        stats.misses = m;
+        long kv = 2L * layers * kvHeads * position * headDim * 4;
+        stats.residentEstimate = slabs + denseBytes + kv;
+        stats.rssBytes = Stats.processRss();
+    }
+
+    /** Prefills {@code prompt} and streams up to {@code maxNewTokens} tokens; returns the generated ids. */
+    public long[] generate(String prompt, int maxNewTokens, Sampler sampler, Listener listener)
+            throws OrtException, IOException {
+        long[] ids = tokenizer.encode(prompt);
+        if (ids.length == 0) throw new IllegalArgumentException("empty prompt");
+        float[] logits = null;
+        for (long id : ids) logits = step(id);
+        long[] eos = manifest.eosTokenIds();
+        Bpe.StreamDecoder text = tokenizer.new StreamDecoder(true);
+        List<Long> outIds = new ArrayList<>();
+        for (int n = 0; n < maxNewTokens && position < maxContext; n++) {
+            int next = sampler.next(logits);
+            outIds.add((long) next);
+            boolean stop = false;
+            for (long e : eos) stop |= e == next;
+            if (stop) break;
+            listener.onText(text.push(next));
+            logits = step(next);
+            listener.onStats(stats);
+        }
+        listener.onText(text.flush());
+        return outIds.stream().mapToLong(Long::longValue).toArray();
+    }
+
+    public int position() { return position; }
+
+    @Override
+    public void close() throws Exception {
+        for (int i = 0; i < layers; i++) {
+            if (kvOwner[i] != null) kvOwner[i].close();
+            else {
+                pastK[i].close();
+                pastV[i].close();
+            }
+            for (OnnxTensor t : upSlabs[i].values()) t.close();
+            for (OnnxTensor t : downSlabs[i].values()) t.close();
+            attn[i].close();
+            up[i].close();
+            down[i].close();
+        }
+        cacheInT.close();
+        cacheGluT.close();
+        embed.close();
+        head.close();
+        flash.close();
+    }
+}

@@ -1,0 +1,288 @@
+package ai.dipdeploy.engine;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
+
+/**
+ * {@code manifest.json} of a dipdeploy bundle: the Java mirror of {@code dipdeploy/export/manifest.py}.
+ *
+ * <p>The reader accepts exactly what the Python reader accepts: {@code format == "dipdeploy-bundle"},
+ * {@code version == 1} (compared like Python's {@code !=}: 1, 1.0 and true are equal to 1), no field outside
+ * the Python dataclass, and every required field present. Errors name the fix
+ * ({@code dipdeploy export}).
+ */
+public final class Manifest {
+    public static final String FORMAT = "dipdeploy-bundle";
+    public static final int VERSION = 1;
+    public static final String FILE = "manifest.json";
+    public static final String REGENERATE = "regenerate the bundle with `dipdeploy export`";
+
+    /** Fields of the Python dataclass; the first nine have no default there. */
+    static final List<String> REQUIRED = java.util.Arrays.asList("source", "method", "plan", "quant", "ops", "onnxruntime",
+            "graphs", "tensors", "files");
+    static final List<String> OPTIONAL = java.util.Arrays.asList("dipca", "sizes", "validation", "export_config", "alignment",
+            "format", "version");
+
+    /** One tensor of the table: bytes [offset, offset+length) of {@code file}. */
+    public static final class Tensor {
+        public final String name, file, dtype, layout;
+        public final long offset, length;
+        public final long[] shape;
+
+        Tensor(String name, Map<String, Object> t) {
+            String w = "tensors." + name;
+            this.name = name;
+            this.file = Json.str(t.get("file"), w + ".file");
+            this.offset = Json.lng(t.get("offset"), w + ".offset");
+            this.length = Json.lng(t.get("length"), w + ".length");
+            this.dtype = Json.str(t.get("dtype"), w + ".dtype");
+            this.shape = Json.longs(t.get("shape"), w + ".shape");
+            Object lay = t.get("layout");
+            this.layout = lay == null ? null : Json.str(lay, w + ".layout");
+        }
+
+        public int itemSize() {
+            return DType.size(dtype);
+        }
+
+        /** Bytes of one row (product of shape[1:] × item size); the whole tensor for a 0-d/1-d table row. */
+        public long rowBytes() {
+            long n = itemSize();
+            for (int k = 1; k < shape.length; k++) n *= shape[k];
+            return n;
+        }
+    }
+
+    /** Per-layer K of the sparsity plan. */
+    public static final class LayerPlan {
+        public final int kIn, kGlu;
+
+        LayerPlan(int kIn, int kGlu) {
+            this.kIn = kIn;
+            this.kGlu = kGlu;
+        }
+    }
+
+    public final Map<String, Object> raw;
+    public final String method;
+    public final int alignment;
+    public final Map<String, Tensor> tensors = new LinkedHashMap<>();
+    public final Map<String, Object> config;
+    public final List<LayerPlan> layers = new ArrayList<>();
+
+    private Manifest(Map<String, Object> raw) {
+        this.raw = raw;
+        this.method = Json.str(raw.get("method"), "method");
+        Object al = raw.get("alignment");
+        this.alignment = al == null ? 4096 : Math.toIntExact(Json.lng(al, "alignment"));
+        for (Map.Entry<String, Object> e : Json.obj(raw.get("tensors"), "tensors").entrySet())
+            tensors.put(e.getKey(), new Tensor(e.getKey(), Json.obj(e.getValue(), "tensors." + e.getKey())));
+        Map<String, Object> src = Json.obj(raw.get("source"), "source");
+        this.config = Json.obj(src.get("config"), "source.config");
+        Object plan = raw.get("plan");
+        if (plan != null) {
+            for (Object l : Json.arr(Json.obj(plan, "plan").get("layers"), "plan.layers")) {
+                Map<String, Object> m = Json.obj(l, "plan.layers[]");
+                layers.add(new LayerPlan(Math.toIntExact(Json.lng(m.get("k_in"), "k_in")),
+                        Math.toIntExact(Json.lng(m.get("k_glu"), "k_glu"))));
+            }
+        }
+    }
+
+    /** Parses and checks the manifest text like {@code Manifest.from_json}. */
+    public static Manifest fromJson(String text) {
+        Map<String, Object> raw = Json.obj(Json.parse(text), "manifest.json");
+        Object fmt = raw.get("format");
+        if (!FORMAT.equals(fmt))
+            throw new IllegalArgumentException("not a dipdeploy bundle manifest (format " + pyRepr(fmt) + "); "
+                    + REGENERATE);
+        Object ver = raw.get("version");
+        if (!pyEqualsInt(ver, VERSION))
+            throw new IllegalArgumentException("bundle version " + pyRepr(ver) + " is not supported (this engine "
+                    + "reads " + VERSION + "); " + REGENERATE);
+        Set<String> unknown = new TreeSet<>(raw.keySet());
+        unknown.removeAll(REQUIRED);
+        unknown.removeAll(OPTIONAL);
+        if (!unknown.isEmpty())
+            throw new IllegalArgumentException("manifest has unknown fields " + unknown + "; " + REGENERATE);
+        for (String k : REQUIRED)
+            if (!raw.containsKey(k))
+                throw new IllegalArgumentException("manifest lacks the field '" + k + "'; " + REGENERATE);
+        return new Manifest(raw);
+    }
+
+    public static Manifest read(Path bundle) throws IOException {
+        Path p = bundle.resolve(FILE);
+        if (!Files.isRegularFile(p))
+            throw new IOException(p + " not found: " + bundle + " is not a dipdeploy bundle; " + REGENERATE);
+        return fromJson(new String(Files.readAllBytes(p), StandardCharsets.UTF_8));
+    }
+
+    /** Python's {@code value != 1} is false for 1, 1.0 and True. */
+    static boolean pyEqualsInt(Object v, long want) {
+        if (v instanceof Long) return (Long) v == want;
+        if (v instanceof Double) return (Double) v == (double) want;
+        if (v instanceof Boolean) return ((Boolean) v ? 1 : 0) == want;
+        return false;
+    }
+
+    static String pyRepr(Object v) {
+        if (v == null) return "None";
+        if (v instanceof String) return "'" + v + "'";
+        if (v instanceof Boolean) return (Boolean) v ? "True" : "False";
+        return String.valueOf(v);
+    }
+
+    // ---- convenience views ----
+
+    public int configInt(String key) {
+        return Math.toIntExact(Json.lng(config.get(key), "source.config." + key));
+    }
+
+    public int configIntOr(String key, int fallback) {
+        Object v = config.get(key);
+        return v == null ? fallback : Math.toIntExact(Json.lng(v, "source.config." + key));
+    }
+
+    public int hiddenSize() { return configInt("hidden_size"); }
+    public int intermediateSize() { return configInt("intermediate_size"); }
+    public int numLayers() { return configInt("num_hidden_layers"); }
+    public int vocabSize() { return configInt("vocab_size"); }
+
+    public int numKvHeads() {
+        Object v = config.get("num_key_value_heads");
+        return v == null ? configInt("num_attention_heads") : Math.toIntExact(Json.lng(v, "num_key_value_heads"));
+    }
+
+    public int headDim() {
+        Object v = config.get("head_dim");
+        return v == null ? hiddenSize() / configInt("num_attention_heads") : Math.toIntExact(Json.lng(v, "head_dim"));
+    }
+
+    /** End-of-sequence ids (an int or a list in HF configs). */
+    public long[] eosTokenIds() {
+        Object v = config.get("eos_token_id");
+        if (v == null) return new long[0];
+        if (v instanceof List) return Json.longs(v, "eos_token_id");
+        return new long[] {Json.lng(v, "eos_token_id")};
+    }
+
+    public Map<String, Object> section(String key) {
+        Object v = raw.get(key);
+        return v == null ? null : Json.obj(v, key);
+    }
+
+    /** DIP-CA settings the host applies: γ, policy, cache_frac, fixed_top_n, gamma_warmup (null for dip/dense). */
+    public Map<String, Object> dipca() { return section("dipca"); }
+
+    public String nativeLibrary() {
+        Map<String, Object> ops = section("ops");
+        Object v = ops == null ? null : ops.get("native_library");
+        return v == null ? null : Json.str(v, "ops.native_library");
+    }
+
+    public List<String> layerGraphs() {
+        Object v = Json.obj(raw.get("graphs"), "graphs").get("layers");
+        List<String> out = new ArrayList<>();
+        if (v != null) for (Object o : Json.arr(v, "graphs.layers")) out.add(Json.str(o, "graphs.layers[]"));
+        return out;
+    }
+
+    /**
+     * The arrays of one MLP group ({@code "up_gate"} or {@code "down"}) of layer {@code i}, in manifest order:
+     * tensors named {@code model.layers.{i}.mlp.{group}.<array>}.
+     */
+    public List<Tensor> groupArrays(int layer, String group) {
+        String prefix = "model.layers." + layer + ".mlp." + group + ".";
+        List<Tensor> out = new ArrayList<>();
+        for (Tensor t : tensors.values())
+            if (t.name.startsWith(prefix) && t.name.indexOf('.', prefix.length()) < 0) out.add(t);
+        if (out.isEmpty())
+            throw new IllegalArgumentException("bundle has no tensors " + prefix + "*; " + REGENERATE);
+        return out;
+    }
+
+    /** Problems found (empty = intact), the same strings as {@code manifest.verify} in Python. */
+    public List<String> verify(Path bundle) throws IOException {
+        List<String> problems = new ArrayList<>();
+        Map<String, Object> files = Json.obj(raw.get("files"), "files");
+        for (Map.Entry<String, Object> e : files.entrySet()) {
+            String name = e.getKey();
+            Map<String, Object> rec = Json.obj(e.getValue(), "files." + name);
+            Path p = bundle.resolve(name);
+            if (!Files.isRegularFile(p)) {
+                problems.add(name + ": missing");
+                continue;
+            }
+            long size = Files.size(p);
+            long want = Json.lng(rec.get("size"), "files." + name + ".size");
+            if (size != want) problems.add(name + ": size " + size + " != " + want);
+            else if (!sha256(p).equals(Json.str(rec.get("sha256"), "files." + name + ".sha256")))
+                problems.add(name + ": sha256 mismatch");
+        }
+        for (Tensor t : tensors.values()) {
+            Object rec = files.get(t.file);
+            if (rec == null) problems.add("tensor " + t.name + ": file " + t.file + " not in the manifest");
+            else {
+                long size = Json.lng(Json.obj(rec, "files").get("size"), "size");
+                if (t.offset + t.length > size)
+                    problems.add("tensor " + t.name + ": bytes [" + t.offset + ", " + (t.offset + t.length)
+                            + ") beyond " + size);
+            }
+            if (t.offset % alignment != 0)
+                problems.add("tensor " + t.name + ": offset " + t.offset + " not aligned to " + alignment);
+        }
+        return problems;
+    }
+
+    static String sha256(Path p) throws IOException {
+        MessageDigest md;
+        try {
+            md = MessageDigest.getInstance("SHA-256");
+        } catch (NoSuchAlgorithmException ex) {
+            throw new IllegalStateException(ex);
+        }
+        byte[] buf = new byte[1 << 20];
+        try (InputStream in = Files.newInputStream(p)) {
+            int n;
+            while ((n = in.read(buf)) > 0) md.update(buf, 0, n);
+        }
+        StringBuilder b = new StringBuilder();
+        for (byte x : md.digest()) b.append(String.format("%02x", x & 0xff));
+        return b.toString();
+    }
+
+    /** Item sizes of the dtypes a bundle uses (numpy names). */
+    public static final class DType {
+        private DType() {}
+
+        public static int size(String dtype) {
+            switch (dtype) {
+                case "float32": case "int32": case "uint32": return 4;
+                case "float16": case "bfloat16": case "int16": case "uint16": return 2;
+                case "uint8": case "int8": case "bool": return 1;
+                case "float64": case "int64": case "uint64": return 8;
+                default: throw new IllegalArgumentException("dtype " + dtype + " unknown; " + REGENERATE);
+            }
+        }
+    }
+
+    @Override
+    public String toString() {
+        return "Manifest(" + method + ", " + numLayers() + " layers, " + tensors.size() + " tensors, set "
+                + new LinkedHashSet<>(Arrays.asList(raw.keySet().toArray())) + ")";
+    }
+}

@@ -1,0 +1,202 @@
+package ai.dipdeploy.engine;
+
+import java.util.Arrays;
+
+/**
+ * Which weight rows of one matrix group are resident in DRAM: the Java mirror of
+ * {@code dipdeploy/cache/policies.py} ({@code RowCache}, one sequence, i.e. {@code batch=1}).
+ *
+ * <p>One rule serves every policy: (1) hits = resident[selected]; (2) the selected rows' statistics are
+ * updated (last use = step, use count + 1); (3) the new resident set is the top-C of resident ∪ selected by
+ * the policy's key. Keys are packed into one unique int64 per row exactly as in Python:
+ * {@code ((primary << 24) | secondary) << 17 | (rows - 1 - index)}, so ties go to the lower index.
+ *
+ * <table>
+ *   <caption>keys</caption>
+ *   <tr><td>none</td><td>capacity forced to 0</td></tr>
+ *   <tr><td>lru</td><td>(last use, 0)</td></tr>
+ *   <tr><td>lfu</td><td>(use count, last use)</td></tr>
+ *   <tr><td>belady</td><td>(horizon − next use, last use), needs the future selections</td></tr>
+ *   <tr><td>static</td><td>a pinned set, never updated</td></tr>
+ * </table>
+ */
+public final class RowCache {
+    public static final String[] POLICIES = {"none", "lru", "lfu", "belady", "static"};
+    static final int IDX_BITS = 17;
+    static final int SEC_BITS = 24;
+    static final int MAX_ROWS = 1 << IDX_BITS;
+
+    public final int rows;
+    public final int capacity;
+    public final String policy;
+    private final boolean[] resident;
+    private final long[] lastUse;
+    private final long[] uses;
+    private final int[][] nextUse; // belady: [T][rows]
+    private int step;
+    private long hits, misses;
+
+    // scratch
+    private final int[] cand;
+    private final long[] candKey;
+    private final int[] mark;
+    private int markGen;
+
+    public RowCache(int rows, int capacity, String policy) {
+        this(rows, capacity, policy, null, null);
+    }
+
+    /**
+     * @param future belady only: the selections of every step, [T][K]
+     * @param pinned static only: the pinned rows (bool [rows]), at most {@code capacity} of them
+     */
+    public RowCache(int rows, int capacity, String policy, int[][] future, boolean[] pinned) {
+        if (!Arrays.asList(POLICIES).contains(policy))
+            throw new IllegalArgumentException("cache policy '" + policy + "' unknown; choose one of "
+                    + String.join(", ", POLICIES));
+        if (rows <= 0 || rows >= MAX_ROWS)
+            throw new IllegalArgumentException("rows must lie in [1, " + (MAX_ROWS - 1) + "], got " + rows);
+        if (policy.equals("none")) capacity = 0;
+        this.capacity = Math.min(Math.max(capacity, 0), rows);
+        this.rows = rows;
+        this.policy = policy;
+        this.resident = new boolean[rows];
+        this.lastUse = new long[rows];
+        this.uses = new long[rows];
+        this.cand = new int[rows];
+        this.candKey = new long[rows];
+        this.mark = new int[rows];
+        if (policy.equals("belady")) {
+            if (future == null)
+                throw new IllegalArgumentException("policy 'belady' needs the future selections (a recorded trace)");
+            this.nextUse = nextUseTable(future, rows);
+        } else {
+            this.nextUse = null;
+        }
+        if (policy.equals("static")) {
+            if (pinned == null)
+                throw new IllegalArgumentException("policy 'static' needs the pinned rows (see staticRows)");
+            if (pinned.length != rows)
+                throw new IllegalArgumentException("static: pinned has " + pinned.length + " entries, rows " + rows);
+            int n = 0;
+            for (boolean b : pinned) if (b) n++;
+            if (n > this.capacity)
+                throw new IllegalArgumentException("static: " + n + " pinned rows exceed capacity " + this.capacity);
+            System.arraycopy(pinned, 0, resident, 0, rows);
+        }
+    }
+
+    /** next_use[t][r] = first step > t at which row r is selected (T + 1 if never). */
+    static int[][] nextUseTable(int[][] future, int rows) {
+        int T = future.length;
+        int[][] nu = new int[T][];
+        int[] cur = new int[rows];
+        Arrays.fill(cur, T + 1);
+        for (int t = T - 1; t >= 0; t--) {
+            nu[t] = cur.clone();
+            for (int r : future[t]) cur[r] = t;
+        }
+        return nu;
+    }
+
+    static long pack(long primary, long secondary, int rows, int index) {
+        long tie = rows - 1 - index;
+        return ((primary << SEC_BITS) | secondary) << IDX_BITS | tie;
+    }
+
+    long key(int r) {
+        switch (policy) {
+            case "lru":
+                return pack(lastUse[r], 0, rows, r);
+            case "lfu":
+                return pack(uses[r], lastUse[r], rows, r);
+            default: { // belady
+                int t = Math.min(step - 1, nextUse.length - 1);
+                long horizon = nextUse.length + 1;
+                return pack(horizon - nextUse[t][r], lastUse[r], rows, r);
+            }
+        }
+    }
+
+    /** Records one step's selection (row indices); returns the hit of each entry (residency before the step). */
+    public boolean[] access(long[] selected) {
+        for (long s : selected)
+            if (s < 0 || s >= rows)
+                throw new IndexOutOfBoundsException("selected rows must lie in [0, " + rows + "), got " + s);
+        boolean[] hit = new boolean[selected.length];
+        for (int j = 0; j < selected.length; j++) {
+            hit[j] = resident[(int) selected[j]];
+            if (hit[j]) hits++;
+            else misses++;
+        }
+        step++;
+        // numpy fancy-index updates: a row listed twice is updated once
+        if (++markGen == Integer.MAX_VALUE) { Arrays.fill(mark, 0); markGen = 1; }
+        for (long s : selected) {
+            int r = (int) s;
+            if (mark[r] == markGen) continue;
+            mark[r] = markGen;
+            lastUse[r] = step;
+            uses[r] += 1;
+        }
+        if (!policy.equals("static") && !policy.equals("none") && capacity > 0) {
+            int n = 0;
+            for (int r = 0; r < rows; r++)
+                if (resident[r] || mark[r] == markGen) cand[n++] = r;
+            if (n > capacity) {
+                for (int k = 0; k < n; k++) candKey[k] = key(cand[k]);
+                // keys are unique: the top-C set is well defined; sort descending by key
+                long[] keys = Arrays.copyOf(candKey, n);
+                Arrays.sort(keys);
+                long threshold = keys[n - capacity]; // smallest key that stays
+                Arrays.fill(resident, false);
+                for (int k = 0; k < n; k++) if (candKey[k] >= threshold) resident[cand[k]] = true;
+            } else {
+                for (int k = 0; k < n; k++) resident[cand[k]] = true;
+            }
+        }
+        return hit;
+    }
+
+    public boolean isResident(int row) { return resident[row]; }
+
+    /** A copy of the residency (bool [rows]). */
+    public boolean[] resident() { return resident.clone(); }
+
+    /** Writes the residency as bytes (1 = resident) into {@code out} from its position (ONNX bool tensor). */
+    public void residentInto(java.nio.ByteBuffer out) {
+        int p = out.position();
+        for (int r = 0; r < rows; r++) out.put(p + r, (byte) (resident[r] ? 1 : 0));
+    }
+
+    public int residentCount() {
+        int n = 0;
+        for (boolean b : resident) if (b) n++;
+        return n;
+    }
+
+    public int step() { return step; }
+    public long hits() { return hits; }
+    public long misses() { return misses; }
+
+    public double hitRate() {
+        long total = hits + misses;
+        return total == 0 ? 0.0 : (double) hits / total;
+    }
+
+    /**
+     * The pinned set of {@code static}: the {@code capacity} most used rows in calibration {@code counts},
+     * ties → lower index (Python's {@code static_rows}: stable argsort of −counts).
+     */
+    public static boolean[] staticRows(long[] counts, int capacity) {
+        int n = counts.length;
+        capacity = Math.min(Math.max(capacity, 0), n);
+        boolean[] mask = new boolean[n];
+        if (capacity == 0) return mask;
+        Integer[] order = new Integer[n];
+        for (int k = 0; k < n; k++) order[k] = k;
+        Arrays.sort(order, (a, b) -> Long.compare(counts[b], counts[a])); // stable (TimSort)
+        for (int k = 0; k < capacity; k++) mask[order[k]] = true;
+        return mask;
+    }
+}
