@@ -47,3 +47,10 @@ ops:
 .PHONY: arm-check
 arm-check: setup ops
 	bash scripts/arm/check.sh
+
+# Android demo engine (android_demo/check.sh, android_demo/README.md): javac against the ORT 1.29 AAR's
+# classes.jar (npm, cached once in ~/.cache/dipdeploy/android) and JUnit on the plain JVM against golden
+# vectors the Python code writes into build/android-golden/. Needs default-jdk-headless and junit4 (apt-get).
+.PHONY: android-check
+android-check: setup
+	bash android_demo/check.sh
