@@ -7,14 +7,18 @@
 #      numpy/onnxruntime/tokenizers under qemu-user (scripts/arm/sysroot.sh), stock and with the NEON
 #      build of the library (build/custom_ops/aarch64), once per emulated CPU model: cortex-a76 (Raspberry
 #      Pi 5; NEON + dotprod, no SVE) and max (SVE2, i8mm, bf16: ORT may take other MLAS kernels there);
-#   4. compares every run with x86 stock: greedy tokens equal, max |Δlogit| ≤ $ARM_CHECK_TOLERANCE.
+#   4. with each of these runs, also generates with the host runtime (dipdeploy.runtime.Engine, what
+#      `dipdeploy run` uses: per-layer graphs, DRAM slabs at a 50% budget over the bundle's mlp.bin);
+#   5. compares every run with x86 stock: greedy tokens equal, max |Δlogit| ≤ $ARM_CHECK_TOLERANCE, for
+#      model.onnx and for the engine.
 # Exits non-zero on a mismatch or when anything is missing. Timings under qemu mean nothing.
 #
 # Needs: qemu-aarch64 (apt-get install qemu-user), the libraries of `make ops` for both arches
 # (aarch64 needs g++-aarch64-linux-gnu), the venv of `make setup`, network once for the sysroot.
 # Environment: VENV (default .venv), DIPDEPLOY_CACHE (sysroot cache), ARM_CHECK_OUT (work folder, default
 # build/arm-check; kept for inspection), ARM_CHECK_QUANTS (default "bq4 vq3"; also: none, bq4-b32, ...),
-# ARM_CHECK_CPUS (qemu -cpu models, default "cortex-a76 max"), ARM_CHECK_TOLERANCE (default 1e-3).
+# ARM_CHECK_CPUS (qemu -cpu models, default "cortex-a76 max"), ARM_CHECK_TOLERANCE (default 1e-3),
+# ARM_CHECK_ENGINE (default 1; 0 skips the host runtime).
 #
 # Tolerance: both sides compute in float32 (the export's MatMulNBits use accuracy level 0, and the native
 # kernels accumulate in float32), so the differences are rounding from another summation order (MLAS AVX2/
@@ -32,6 +36,8 @@ out="${ARM_CHECK_OUT:-build/arm-check}"
 quants="${ARM_CHECK_QUANTS:-bq4 vq3}"
 tolerance="${ARM_CHECK_TOLERANCE:-1e-3}"
 cpus="${ARM_CHECK_CPUS:-cortex-a76 max}"
+engine=()
+if [ "${ARM_CHECK_ENGINE:-1}" != 0 ]; then engine=(--engine); fi
 lib_x86="$root/build/custom_ops/x86_64/libdipdeploy_ops.so"
 lib_arm="$root/build/custom_ops/aarch64/libdipdeploy_ops.so"
 
@@ -79,23 +85,23 @@ for q in $quants; do
   t="$(now)"
   # --rho-in: a uniform plan, no calibration data; few validation tokens (the driver checks more).
   if ! "$venv/bin/dipdeploy" export --model tiny-llama --method dip --density 0.5 --rho-in 0.55 --quant "$q" \
-       --no-per-layer --validate-tokens 4 --out "$bundle" --force >"$out/export-$q.log" 2>&1; then
+       --validate-tokens 4 --out "$bundle" --force >"$out/export-$q.log" 2>&1; then
     cat "$out/export-$q.log" >&2
     die "export of the tiny bundle ($q) failed"
   fi
   echo "arm-check: exported tiny-llama dip ρ=0.5 $q -> $bundle ($(secs "$t") s)"
 
   t="$(now)"
-  run_x86 run --bundle "$bundle" --out "$out/$q-x86_64-stock.npz"
-  run_x86 run --bundle "$bundle" --out "$out/$q-x86_64-native.npz" --native "$lib_x86"
+  run_x86 run "${engine[@]}" --bundle "$bundle" --out "$out/$q-x86_64-stock.npz"
+  run_x86 run "${engine[@]}" --bundle "$bundle" --out "$out/$q-x86_64-native.npz" --native "$lib_x86"
   echo "arm-check: x86_64 runs ($(secs "$t") s)"
 
   t="$(now)"
   echo "arm-check: aarch64 under qemu-user ($cpuinfo_how)"
   runs=("$out/$q-x86_64-stock.npz" "$out/$q-x86_64-native.npz")
   for cpu in $cpus; do
-    run_arm "$cpu" run --bundle "$bundle" --out "$out/$q-aarch64-$cpu-stock.npz"
-    run_arm "$cpu" run --bundle "$bundle" --out "$out/$q-aarch64-$cpu-native.npz" --native "$lib_arm"
+    run_arm "$cpu" run "${engine[@]}" --bundle "$bundle" --out "$out/$q-aarch64-$cpu-stock.npz"
+    run_arm "$cpu" run "${engine[@]}" --bundle "$bundle" --out "$out/$q-aarch64-$cpu-native.npz" --native "$lib_arm"
     runs+=("$out/$q-aarch64-$cpu-stock.npz" "$out/$q-aarch64-$cpu-native.npz")
   done
   echo "arm-check: aarch64 runs ($(secs "$t") s)"

@@ -13,9 +13,14 @@ prefill (teacher-forced logits at every position), then ``--greedy`` greedy step
 the run checks that LIB's ELF machine is the running Python's, so the aarch64 side cannot load the x86
 build by accident. Without ``--native``, ORT inlines the stock fallback functions the model carries.
 
+``--engine`` also runs the host runtime (``dipdeploy.runtime.Engine``, what ``dipdeploy run`` uses: the
+bundle's per-layer graphs, DRAM slabs at ``--dram-budget`` over the mmap'ed ``mlp.bin``) on the same ids with
+greedy sampling, keeping the logits of each generated token; it needs a bundle with per-layer graphs.
+
 ``compare`` takes the first file as the reference and checks every run against it: the prompt ids and the
 greedy tokens must be equal, and the largest |Δ logit| over all prefill positions and greedy steps must be
-≤ ``--tolerance``. Prints a table; exits 1 on any mismatch.
+≤ ``--tolerance``; the engine's tokens and logits (where a run has them) against the reference's greedy
+part, likewise. Prints a table; exits 1 on any mismatch.
 """
 
 from __future__ import annotations
@@ -63,8 +68,20 @@ def cpu_features() -> str:
     return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni") if f in flags)
 
 
+def run_engine(bundle: Path, ids: list[int], greedy: int, native: bool, threads: int, budget: str):
+    """Greedy tokens and the logits before each of them from the host runtime."""
+    from dipdeploy.runtime import Engine, EngineConfig
+
+    engine = Engine(bundle, EngineConfig(dram_budget=budget, native=native, threads=threads))
+    try:
+        g = engine.generate(ids, greedy, keep_logits=True, stop_at_eos=False)
+    finally:
+        engine.close()
+    return np.asarray(g.tokens, np.int64), np.stack(g.logits).astype(np.float32)
+
+
 def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: int, greedy: int,
-        cpu: str) -> None:
+        cpu: str, engine: bool, budget: str) -> None:
     if native is not None:
         native = native.resolve()
         if not native.is_file():
@@ -115,6 +132,12 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
             tokens.append(int(res["logits"][0, -1].argmax()))
             x = np.array([[tokens[-1]]], dtype=np.int64)
     t_run = time.perf_counter() - t1
+    extra, t_engine = {}, 0.0
+    if engine:
+        t2 = time.perf_counter()
+        extra["engine_tokens"], extra["engine_logits"] = run_engine(bundle, ids[0].tolist(), greedy,
+                                                                    native is not None, threads, budget)
+        t_engine = time.perf_counter() - t2
 
     heavy = [m for m in HEAVY if m in sys.modules]
     if heavy:
@@ -125,17 +148,22 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
             "library": loaded,
             "onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version(),
             "threads": threads, "text": tok.decode(tokens), "seconds_session": round(t_session, 3),
-            "seconds_run": round(t_run, 3), "min_greedy_margin": float((top2[:, 1] - top2[:, 0]).min())}
+            "seconds_run": round(t_run, 3), "min_greedy_margin": float((top2[:, 1] - top2[:, 0]).min()),
+            "engine": engine, "engine_budget": budget if engine else None, "seconds_engine": round(t_engine, 3)}
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(out, prompt_ids=ids[0], logits=logits, tokens=np.asarray(tokens, np.int64), meta=json.dumps(meta))
+    np.savez(out, prompt_ids=ids[0], logits=logits, tokens=np.asarray(tokens, np.int64), meta=json.dumps(meta),
+             **extra)
     print(f"{meta['arch']:8s} {cpu:15s} native={'yes' if meta['native'] else 'no ':3s} ORT {meta['onnxruntime']}: "
-          f"tokens {tokens} {meta['text']!r}  (session {t_session:.2f} s, {greedy + 1} runs {t_run:.2f} s)")
+          f"tokens {tokens} {meta['text']!r}  (session {t_session:.2f} s, {greedy + 1} runs {t_run:.2f} s)"
+          + (f"; engine tokens {extra['engine_tokens'].tolist()} ({t_engine:.2f} s)" if engine else ""))
 
 
 def load(path: Path) -> dict:
     with np.load(path) as z:
         return {"path": path, "meta": json.loads(str(z["meta"])), "prompt_ids": z["prompt_ids"],
-                "logits": z["logits"], "tokens": z["tokens"]}
+                "logits": z["logits"], "tokens": z["tokens"],
+                "engine_tokens": z["engine_tokens"] if "engine_tokens" in z else None,
+                "engine_logits": z["engine_logits"] if "engine_logits" in z else None}
 
 
 def compare(paths: list[Path], tolerance: float) -> int:
@@ -145,7 +173,10 @@ def compare(paths: list[Path], tolerance: float) -> int:
     print(f"reference: {rm['arch']} native={'yes' if rm['native'] else 'no'} (ORT {rm['onnxruntime']}); "
           f"{len(ref['prompt_ids'])} teacher-forced positions + {len(ref['tokens'])} greedy tokens; "
           f"tolerance max |Δlogit| ≤ {tolerance:g} (max |logit| {np.abs(ref['logits']).max():.3f})")
-    header = ("arch", "cpu", "SIMD", "native", "ORT", "tokens equal", "max |Δlogit|", "min top-2 gap", "ok")
+    header = ("arch", "cpu", "SIMD", "native", "ORT", "tokens equal", "max |Δlogit|", "min top-2 gap",
+              "engine tokens equal", "engine max |Δ|", "ok")
+    n, g = len(ref["prompt_ids"]), len(ref["tokens"])
+    greedy_ref = ref["logits"][n - 1:n - 1 + g]  # the logits each greedy token was taken from
     rows, failed = [], False
     for r in runs:
         m = r["meta"]
@@ -154,10 +185,17 @@ def compare(paths: list[Path], tolerance: float) -> int:
         diff = float(np.abs(r["logits"] - ref["logits"]).max()) if r["logits"].shape == ref["logits"].shape \
             else float("inf")
         ok = same_tok and diff <= tolerance
+        e_tok = e_diff = "-"
+        if r["engine_tokens"] is not None:
+            e_same = same_ids and np.array_equal(r["engine_tokens"], ref["tokens"])
+            el = r["engine_logits"]
+            e_max = float(np.abs(el - greedy_ref).max()) if el.shape == greedy_ref.shape else float("inf")
+            ok = ok and e_same and e_max <= tolerance
+            e_tok, e_diff = ("yes" if e_same else "NO"), f"{e_max:.3g}"
         failed |= not ok
         rows.append((m["arch"], m["cpu"], m["features"], "yes" if m["native"] else "no", m["onnxruntime"],
                      "yes" if same_tok else ("NO (prompt ids differ)" if not same_ids else "NO"),
-                     f"{diff:.3g}", f"{m['min_greedy_margin']:.3g}", "ok" if ok else "MISMATCH"))
+                     f"{diff:.3g}", f"{m['min_greedy_margin']:.3g}", e_tok, e_diff, "ok" if ok else "MISMATCH"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     print(line(header))
@@ -181,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--native", type=Path, default=None, help="the native op library to register (default: stock ORT)")
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--cpu", default="host", help="a label for the table: the CPU (model) it ran on")
+    r.add_argument("--engine", action="store_true", help="also generate with dipdeploy.runtime.Engine")
+    r.add_argument("--dram-budget", default="50%", help="the engine's DRAM budget (default 50%%)")
     r.add_argument("--positions", type=int, default=16)
     r.add_argument("--greedy", type=int, default=8)
     c = sub.add_parser("compare", help="compare npz runs against the first one")
@@ -188,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("runs", type=Path, nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "run":
-        run(a.bundle, a.out, a.native, a.threads, a.positions, a.greedy, a.cpu)
+        run(a.bundle, a.out, a.native, a.threads, a.positions, a.greedy, a.cpu, a.engine, a.dram_budget)
         return 0
     return compare(a.runs, a.tolerance)
 

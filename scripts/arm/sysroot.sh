@@ -59,22 +59,26 @@ apt_update() {
   touch "$aptdir/status"
   log "apt-get update (arm64 package lists, private state in $aptdir)"
   apt-get "${apt_opts[@]}" update >"$aptdir/update.log" 2>&1 \
-    || die "apt-get update for arm64 failed (see $aptdir/update.log; are the Debian mirrors of /etc/apt/sources.list* reachable?)"
+    || { tail -n 5 "$aptdir/update.log" >&2; die "apt-get update for arm64 failed (see $aptdir/update.log; are the Debian mirrors of /etc/apt/sources.list* reachable?)"; }
 }
 
 fetch_debs() {
   command -v apt-get >/dev/null && command -v dpkg >/dev/null || die "needs apt-get and dpkg (a Debian host)"
   mkdir -p "$aptdir/debs"
   # A stale package list names versions the mirror no longer has: refresh it once and retry.
-  local try
+  local try updated=0
   for try in 1 2; do
-    if [ "$try" = 2 ] || ! ls "$aptdir/lists/"*_Packages* >/dev/null 2>&1; then apt_update; fi
+    if [ "$updated" = 0 ] && { [ "$try" = 2 ] || ! ls "$aptdir/lists/"*_Packages* >/dev/null 2>&1; }; then
+      apt_update; updated=1
+    fi
     rm -f "$aptdir/debs/"*.deb
     if (cd "$aptdir/debs" && apt-get "${apt_opts[@]}" download "${DEBS[@]}") >"$aptdir/download.log" 2>&1; then
       return 0
     fi
-    [ "$try" = 1 ] && log "apt-get download failed; refreshing the package lists and retrying"
+    [ "$updated" = 1 ] && break
+    log "apt-get download failed; refreshing the package lists and retrying"
   done
+  grep -E "^(E|W):" "$aptdir/download.log" >&2 || tail -n 5 "$aptdir/download.log" >&2
   die "apt-get download of the arm64 debs failed (see $aptdir/download.log): ${DEBS[*]}"
 }
 
