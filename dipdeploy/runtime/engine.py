@@ -175,12 +175,50 @@ class Engine:
                             for arr, rows, k, cap in zip(pair, (self.d, self.f), k_pair, caps))
                       for pair, k_pair, caps in zip(arrays, self.k, self.residency.capacity)]
         self.row_bytes = [(a.row_bytes, b.row_bytes) for a, b in arrays]
-        for i, (ug, dn) in enumerate(self.slabs):
-            for name, value in {**ug.feeds}.items():
-                self.up[i].bind(name, value)
-            for name, value in {**dn.feeds}.items():
-                self.down[i].bind(name, value)
         self.dram_dense_per_token = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
+        self._bind_buffers()
+
+    def _bind_buffers(self) -> None:
+        """Allocate every fixed-shape tensor of the decode loop once and bind it to its sessions.
+
+        Each layer's ``hidden`` output is the next layer's ``hidden`` input (the same buffer); a
+        buffer is only rewritten by its producer after its consumers of the same token have run.
+        """
+        d, f = self.d, self.f
+        vocab = self.decoder["vocab_size"]
+        self.buf = b = {"ids": np.zeros((1, 1), np.int64), "pos": np.zeros((1, 1), np.int64),
+                        "logits": np.zeros((1, 1, vocab), np.float32)}
+        h = np.zeros((1, 1, d), np.float32)
+        self.embed.input("input_ids", b["ids"])
+        self.embed.output("hidden", h)
+        self.layer_buf = []
+        for i, ((ug, dn), (k_in, k_glu)) in enumerate(zip(self.slabs, self.k)):
+            lb = {"cache_in": np.zeros(d, bool), "hidden_attn": np.zeros((1, 1, d), np.float32),
+                  "x": np.zeros((1, d), np.float32), "in_indices": np.zeros((1, k_in), np.int64),
+                  "in_slots": np.zeros((1, k_in), np.int64), "cache_glu": np.zeros(f, bool),
+                  "glu": np.zeros((1, f), np.float32), "glu_indices": np.zeros((1, k_glu), np.int64),
+                  "glu_slots": np.zeros((1, k_glu), np.int64), "hidden": np.zeros((1, 1, d), np.float32)}
+            a, u, w = self.attn[i], self.up[i], self.down[i]
+            a.input("hidden", h)
+            a.input("position_ids", b["pos"])
+            a.input("cache_in", lb["cache_in"])
+            for name in ("hidden_attn", "x", "in_indices"):
+                a.output(name, lb[name])
+            for name in ("x", "in_indices", "in_slots", "cache_glu"):
+                u.input(name, lb[name])
+            for name in ("glu", "glu_indices"):
+                u.output(name, lb[name])
+            for name in ("glu", "glu_indices", "glu_slots", "hidden_attn"):
+                w.input(name, lb[name])
+            w.output("hidden", lb["hidden"])
+            for name, value in ug.feeds.items():
+                u.input(name, value)
+            for name, value in dn.feeds.items():
+                w.input(name, value)
+            self.layer_buf.append(lb)
+            h = lb["hidden"]
+        self.head.input("hidden", h)
+        self.head.output("logits", b["logits"])
 
     def _embedding_bytes(self) -> int:
         t = self.manifest.tensors.get("model.embed_tokens.weight")
@@ -216,43 +254,52 @@ class Engine:
 
     def step(self, token: int, timer: Timer, record=None) -> np.ndarray:
         """Feed one token; returns the logits [V] of the next one."""
-        st = self._state
+        st, b = self._state, self.buf
         pos = st["pos"]
         if pos >= self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
+        b["ids"][0, 0], b["pos"][0, 0] = token, pos
         with timer("embed+head"):
-            h = self.embed.run(input_ids=np.array([[token]], np.int64))["hidden"]
+            self.embed.run()
         mask = self._mask[:, : pos + 1]
-        position = np.array([[pos]], np.int64)
         for i in range(self.num_layers):
             ug, dn = self.slabs[i]
+            lb, a = self.layer_buf[i], self.attn[i]
             past_k, past_v = st["past"][i]
+            present = (np.empty(past_k.shape[:2] + (pos + 1, past_k.shape[3]), np.float32),
+                       np.empty(past_v.shape[:2] + (pos + 1, past_v.shape[3]), np.float32))
             with timer("attention"):
-                a = self.attn[i].run(hidden=h, attention_mask=mask, position_ids=position, **{
-                    f"past_key_values.{i}.key": past_k, f"past_key_values.{i}.value": past_v,
-                    "cache_in": ug.resident})
-            st["past"][i] = (a[f"present.{i}.key"], a[f"present.{i}.value"])
-            sel_in = a["in_indices"].numpy()[0]
+                np.copyto(lb["cache_in"], ug.resident)
+                a.input("attention_mask", mask)
+                a.input(f"past_key_values.{i}.key", past_k)
+                a.input(f"past_key_values.{i}.value", past_v)
+                a.output(f"present.{i}.key", present[0])
+                a.output(f"present.{i}.value", present[1])
+                a.run()
+            st["past"][i] = present
+            sel_in = lb["in_indices"][0]
             with timer("cache"):
-                in_slots, hits_in = ug.select(sel_in)
+                slots, hits_in = ug.select(sel_in)
+                lb["in_slots"][:] = slots
+                np.copyto(lb["cache_glu"], dn.resident)
             with timer("mlp"):
-                u = self.up[i].run(x=a["x"], in_indices=a["in_indices"], in_slots=in_slots, cache_glu=dn.resident)
+                self.up[i].run()
             with timer("cache"):
                 ug.settle()
-            sel_glu = u["glu_indices"].numpy()[0]
+            sel_glu = lb["glu_indices"][0]
             with timer("cache"):
-                glu_slots, hits_glu = dn.select(sel_glu)
+                slots, hits_glu = dn.select(sel_glu)
+                lb["glu_slots"][:] = slots
             with timer("mlp"):
-                h = self.down[i].run(glu=u["glu"], glu_indices=u["glu_indices"], glu_slots=glu_slots,
-                                     hidden_attn=a["hidden_attn"])["hidden"]
+                self.down[i].run()
             with timer("cache"):
                 dn.settle()
             if record is not None:
-                record(i, sel_in, sel_glu, hits_in, hits_glu)
+                record(i, sel_in.copy(), sel_glu.copy(), hits_in, hits_glu)
         with timer("embed+head"):
-            logits = self.head.run(hidden=h)["logits"].numpy()[0, -1]
+            self.head.run()
         st["pos"] = pos + 1
-        return logits
+        return b["logits"][0, -1].copy()
 
     # -- generation -----------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:

@@ -1,9 +1,16 @@
-"""ORT sessions over a bundle's per-layer graphs, and the IOBinding helper the decode loop uses.
+"""ORT sessions over a bundle's per-layer graphs, bound once to the engine's buffers.
 
 ``open_session`` can override the DIP-CA γ of a graph's ``TopKColumnMask`` nodes: the attribute is
 baked at export, but γ is a run-time choice (a DIP bundle becomes DIP-CA with γ < 1), so the graph
 is loaded without its weights, the attribute rewritten, and the session built from bytes with the
-bundle folder as the external-data root. Torch-free (floor 4).
+bundle folder as the external-data root.
+
+``Bound`` keeps one IOBinding per session. Every fixed-shape tensor of the decode loop (hidden
+states, indices, slots, residency, slab arrays, logits) is a numpy buffer bound once at start; per
+token only the attention mask and the KV cache (whose lengths grow) are re-bound. ORT reads and
+writes the buffers in place, so a token costs ORT's run and a handful of binds, not a Python wrapper
+per tensor (measured ≈130 µs per session call before, on this machine, with per-call binding).
+Torch-free (floor 4).
 """
 
 from __future__ import annotations
@@ -35,30 +42,29 @@ def open_session(path: Path, options, gamma: float | None = None):
 
 
 class Bound:
-    """A session with one reusable IOBinding: inputs bound by name (numpy zero-copy, or OrtValues),
-    outputs left to ORT's CPU allocator and returned as OrtValues (no copy between sessions).
-
-    Outputs are re-bound before every run: a bound output keeps its buffer, and ORT writes the next
-    run into it when the shape matches (and refuses a growing KV cache), which would overwrite an
-    OrtValue another session still reads."""
+    """A session and its IOBinding over numpy buffers (see the module docstring)."""
 
     def __init__(self, session):
+        from onnxruntime import OrtValue
+
+        self._value = OrtValue.ortvalue_from_numpy
         self.session = session
-        self.io = session.io_binding()
+        self.io = session.io_binding()._iobinding  # the C binding: no Python wrapper per call
         self.inputs = [i.name for i in session.get_inputs()]
         self.outputs = [o.name for o in session.get_outputs()]
+        self._keep: dict[str, object] = {}
 
-    def bind(self, name: str, value) -> None:
-        if isinstance(value, np.ndarray):
-            self.io.bind_cpu_input(name, value)
-        else:
-            self.io.bind_ortvalue_input(name, value)
+    def input(self, name: str, array: np.ndarray) -> None:
+        """Bind ``array`` as input ``name`` (zero copy; it must stay alive and contiguous)."""
+        v = self._value(np.ascontiguousarray(array))
+        self._keep["in:" + name] = (array, v)
+        self.io.bind_ortvalue_input(name, v._ortvalue)
 
-    def run(self, **feeds) -> dict:
-        for name, value in feeds.items():
-            self.bind(name, value)
-        self.io.clear_binding_outputs()
-        for name in self.outputs:
-            self.io.bind_output(name, "cpu")
-        self.session.run_with_iobinding(self.io)
-        return dict(zip(self.outputs, self.io.get_outputs()))
+    def output(self, name: str, array: np.ndarray) -> None:
+        """ORT writes output ``name`` into ``array`` (whose shape must be the output's)."""
+        v = self._value(array)
+        self._keep["out:" + name] = (array, v)
+        self.io.bind_ortvalue_output(name, v._ortvalue)
+
+    def run(self) -> None:
+        self.session._sess.run_with_iobinding(self.io, None)
