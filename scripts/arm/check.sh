@@ -75,7 +75,8 @@ run_arm() {  # run_arm CPU ARGS...: the driver under qemu-aarch64 -cpu CPU
     PYTHONDONTWRITEBYTECODE=1 "${arm_wrap[@]}" qemu-aarch64 -cpu "$cpu" -L "$sysroot" \
     "$sysroot/usr/bin/python3.11" scripts/arm/compare.py "$@" --cpu "qemu $cpu"
 }
-run_x86() { env -u DIPDEPLOY_OPS_LIB "$venv/bin/python" scripts/arm/compare.py "$@"; }
+# Both sides import dipdeploy from this checkout (PYTHONPATH first), also when the venv holds another copy.
+run_x86() { env -u DIPDEPLOY_OPS_LIB PYTHONPATH="$root" "$venv/bin/python" scripts/arm/compare.py "$@"; }
 
 mkdir -p "$out"
 rm -rf "$out"/bundle-* "$out"/*.npz "$out"/export-*.log
@@ -84,7 +85,7 @@ for q in $quants; do
   bundle="$out/bundle-$q"
   t="$(now)"
   # --rho-in: a uniform plan, no calibration data; few validation tokens (the driver checks more).
-  if ! "$venv/bin/dipdeploy" export --model tiny-llama --method dip --density 0.5 --rho-in 0.55 --quant "$q" \
+  if ! PYTHONPATH="$root" "$venv/bin/dipdeploy" export --model tiny-llama --method dip --density 0.5 --rho-in 0.55 --quant "$q" \
        --validate-tokens 4 --out "$bundle" --force >"$out/export-$q.log" 2>&1; then
     cat "$out/export-$q.log" >&2
     die "export of the tiny bundle ($q) failed"
