@@ -190,8 +190,13 @@ public final class Bpe {
 
     /** Token ids of {@code text}, special tokens recognised in the text, post-processor ids added. */
     public long[] encode(String text) {
+        return encode(text, true);
+    }
+
+    /** {@code addSpecial}: add the post-processor's ids (HF's {@code add_special_tokens}). */
+    public long[] encode(String text, boolean addSpecial) {
         List<Long> out = new ArrayList<>();
-        for (long x : prefixIds) out.add(x);
+        if (addSpecial) for (long x : prefixIds) out.add(x);
         int start = 0, i = 0;
         while (i < text.length()) {
             String hit = null;
@@ -203,7 +208,7 @@ public final class Bpe {
             start = i;
         }
         if (start < text.length()) encodePlain(text.substring(start), out);
-        for (long x : suffixIds) out.add(x);
+        if (addSpecial) for (long x : suffixIds) out.add(x);
         long[] r = new long[out.size()];
         for (int k = 0; k < r.length; k++) r[k] = out.get(k);
         return r;

@@ -35,7 +35,9 @@ import java.util.Map;
  *   head.onnx: hidden → logits
  * </pre>
  *
- * The prompt is prefilled token by token as well (DIP-CA's mask at token t depends on the cache after t−1).
+ * The prompt is prefilled token by token as well (DIP-CA's mask at token t depends on the cache after t−1),
+ * encoded without post-processor tokens; {@link #reset} starts a sequence with an empty KV cache and fresh
+ * row caches; a plan's γ warm-up is not applied — all as in the Python runtime ({@code dipdeploy run}).
  * The slabs, residency and slot buffers are direct buffers wrapped once as OnnxTensors (zero copy): the
  * engine rewrites their contents and re-runs. The native custom-op library is registered when a path is
  * given and loads; otherwise stock ORT inlines the graphs' fallback functions (same results, slower).
@@ -78,7 +80,8 @@ public final class Engine implements AutoCloseable {
     private final OnnxTensor cacheInT, cacheGluT;
     private final OnnxTensor[] pastK, pastV;
     private final OrtSession.Result[] kvOwner;
-    private final int gammaWarmup;
+    /** The plan's γ warm-up (tokens), recorded but not applied: γ holds from the first token, as in the Python runtime. */
+    public final int gammaWarmup;
     private final long denseBytes;
     private final int maxContext;
     private int position;
@@ -105,6 +108,7 @@ public final class Engine implements AutoCloseable {
                     + "the app runs lru, lfu or none");
         double frac = opt.cacheFrac >= 0 ? opt.cacheFrac
                 : ca != null && ca.get("cache_frac") != null ? Json.dbl(ca.get("cache_frac"), "cache_frac") : 0.5;
+        // like the Python runtime: a plan's γ warm-up is not applied (γ from the first token)
         this.gammaWarmup = ca != null && ca.get("gamma_warmup") != null
                 ? Math.toIntExact(Json.lng(ca.get("gamma_warmup"), "gamma_warmup")) : 0;
 
@@ -202,8 +206,12 @@ public final class Engine implements AutoCloseable {
         }
     }
 
-    /** Forgets the KV cache (a new conversation); the row caches stay warm. */
-    public void reset() throws OrtException {
+    /** A new sequence: empty KV cache and fresh row caches (as the Python runtime's {@code reset}). */
+    public void reset() throws OrtException, IOException {
+        for (int i = 0; i < layers; i++) {
+            upGroups[i].reset();
+            downGroups[i].reset();
+        }
         for (int i = 0; i < layers; i++) {
             if (kvOwner[i] != null) kvOwner[i].close();
             else {
@@ -252,11 +260,9 @@ public final class Engine implements AutoCloseable {
             OrtSession.Result er = embed.run(java.util.Collections.singletonMap("input_ids", ids));
             trash.add(er);
             OnnxValue hidden = out(er, "hidden");
-            boolean plainDip = position < gammaWarmup;
             for (int i = 0; i < layers; i++) {
                 MlpGroup ug = upGroups[i], dg = downGroups[i];
-                if (plainDip) fill(cacheIn, d);
-                else ug.residencyInto(cacheIn);
+                ug.residencyInto(cacheIn);
                 Map<String, OnnxTensor> in = new HashMap<>();
                 in.put("hidden", (OnnxTensor) hidden);
                 in.put("attention_mask", mask);
@@ -268,8 +274,7 @@ public final class Engine implements AutoCloseable {
                 long[] sel = row(out(ar, "in_indices"));
                 OnnxTensor inSlots = longs(env, ug.prepare(sel), new long[] {1, sel.length});
                 trash.add(inSlots);
-                if (plainDip) fill(cacheGlu, f);
-                else dg.residencyInto(cacheGlu);
+                dg.residencyInto(cacheGlu);
                 Map<String, OnnxTensor> u = new HashMap<>(upSlabs[i]);
                 u.put("x", (OnnxTensor) out(ar, "x"));
                 u.put("in_indices", (OnnxTensor) out(ar, "in_indices"));
@@ -323,10 +328,6 @@ public final class Engine implements AutoCloseable {
         }
     }
 
-    private static void fill(ByteBuffer b, int n) {
-        for (int r = 0; r < n; r++) b.put(r, (byte) 1);
-    }
-
     private void updateCacheStats() {
         long h = 0, m = 0, slabs = 0;
         for (int i = 0; i < layers; i++) {
@@ -344,7 +345,7 @@ public final class Engine implements AutoCloseable {
     /** Prefills {@code prompt} and streams up to {@code maxNewTokens} tokens; returns the generated ids. */
     public long[] generate(String prompt, int maxNewTokens, Sampler sampler, Listener listener)
             throws OrtException, IOException {
-        long[] ids = tokenizer.encode(prompt);
+        long[] ids = tokenizer.encode(prompt, false); // add_special_tokens=False, as the Python runtime
         if (ids.length == 0) throw new IllegalArgumentException("empty prompt");
         float[] logits = null;
         for (long id : ids) logits = step(id);

@@ -20,8 +20,12 @@ public final class MlpGroup {
     public final int layer;
     public final String group;
     public final int rows, k, capacity;
-    public final RowCache cache;
-    public final SlotTable table;
+    public final String policy;
+    /** Replaced by {@link #reset}; read them after it, not before. */
+    public RowCache cache;
+    public SlotTable table;
+    private final int[][] future;
+    private final boolean[] pinned;
     public final List<Manifest.Tensor> rowTensors = new ArrayList<>();
     public final List<FlashStore.RowArray> arrays = new ArrayList<>();
     public final List<ByteBuffer> slabs = new ArrayList<>();
@@ -61,6 +65,9 @@ public final class MlpGroup {
                 sharedTensors.add(t);
             }
         }
+        this.policy = policy;
+        this.future = future;
+        this.pinned = pinned;
         this.cache = new RowCache(rows, capacity, policy, future, pinned);
         this.capacity = cache.capacity;
         this.table = new SlotTable(rows, this.capacity, k);
@@ -71,6 +78,10 @@ public final class MlpGroup {
         }
         for (Manifest.Tensor t : sharedTensors)
             shared.add(store.readWhole(t.offset, Math.toIntExact(t.length)).order(ByteOrder.LITTLE_ENDIAN));
+        preload();
+    }
+
+    private void preload() throws IOException {
         if (pinned != null && policy.equals("static")) {
             long[] pins = new long[cache.residentCount()];
             int n = 0;
@@ -78,6 +89,14 @@ public final class MlpGroup {
             SlotTable.Step s = table.preload(pins);
             store.read(arrays, slabs, s.readRows, s.readSlots);
         }
+    }
+
+    /** A new sequence: a fresh cache and slot table (as the Python runtime's reset); static re-pins its rows. */
+    public void reset() throws IOException {
+        cache = new RowCache(rows, capacity, policy, future, pinned);
+        table = new SlotTable(rows, capacity, k);
+        pending = null;
+        preload();
     }
 
     /** The graph input name of array {@code t}: {@code <group>.<array>} (e.g. {@code up_gate.qweight}). */

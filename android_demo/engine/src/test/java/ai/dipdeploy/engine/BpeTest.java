@@ -64,6 +64,25 @@ public class BpeTest {
     }
 
     @Test
+    public void postProcessorIdsOnlyWithAddSpecial() {
+        StringBuilder vocab = new StringBuilder();
+        String[] alphabet = {"a", "b", "ab", "<s>"};
+        for (int k = 0; k < alphabet.length; k++) vocab.append(k == 0 ? "" : ",").append('"').append(alphabet[k]).append("\":").append(k);
+        String tj = "{\"normalizer\": null, \"added_tokens\": [{\"id\": 3, \"content\": \"<s>\", \"special\": true}],"
+                + "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true},"
+                + "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}},"
+                + "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<s>\": {\"ids\": [3]}}},"
+                + "\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"dropout\": null,"
+                + "\"vocab\": {" + vocab + "}, \"merges\": [\"a b\"]}}";
+        Bpe tok = new Bpe(Json.obj(Json.parse(tj), "t"));
+        assertArrayEquals(new long[] {3, 2, 0}, tok.encode("aba"));
+        assertArrayEquals(new long[] {2, 0}, tok.encode("aba", false));
+        assertArrayEquals(new long[] {3, 2, 3}, tok.encode("<s>ab<s>", false));
+        assertEquals("aba", tok.decode(new long[] {3, 2, 0}));
+        assertEquals("<s>aba", tok.decode(new long[] {3, 2, 0}, false));
+    }
+
+    @Test
     public void lossyUtf8IsOneReplacementPerMaximalSubpart() {
         byte[] b = {(byte) 0xF0, (byte) 0x9F, 0x41, (byte) 0xE2, (byte) 0x82, (byte) 0xAC, (byte) 0xED, (byte) 0xA0,
                 (byte) 0x80, (byte) 0xC0, (byte) 0xAF};

@@ -57,6 +57,28 @@ public class MlpGroupTest {
     }
 
     @Test
+    public void resetStartsLikeANewGroup() throws Exception {
+        Map<String, Object> g = Golden.load("bundle.json");
+        Path bundle = Paths.get(s(g.get("bundle")));
+        Manifest man = Manifest.read(bundle);
+        Map<String, Object> c = m(a(g.get("groups")).get(0));
+        List<Object> st = a(c.get("steps"));
+        try (FlashStore fs = new FlashStore(bundle.resolve("mlp.bin"))) {
+            MlpGroup grp = new MlpGroup(man, (int) Json.lng(c.get("layer"), "l"), s(c.get("group")),
+                    (int) Json.lng(c.get("k"), "k"), s(c.get("policy")), (int) Json.lng(c.get("capacity"), "c"), fs, null, null);
+            for (int round = 0; round < 2; round++) {
+                for (int t = 0; t < 6; t++) {
+                    assertArrayEquals("round " + round + " step " + t, longs(m(st.get(t)).get("slots")),
+                            grp.prepare(longs(m(st.get(t)).get("sel"))));
+                    grp.finish();
+                }
+                grp.reset();
+                assertEquals(0, grp.cache.residentCount());
+            }
+        }
+    }
+
+    @Test
     public void capacityRoundsLikePython() {
         assertEquals(32, MlpGroup.capacityFor(0.5, 64, "lfu"));
         assertEquals(2, MlpGroup.capacityFor(0.5, 5, "lru"));   // round(2.5) = 2 (half to even)
