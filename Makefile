@@ -24,12 +24,15 @@ demo: setup
 	$(BIN)/dipdeploy demo --windows 2
 	$(BIN)/dipdeploy export --method dip-ca --quant bq4 --rho-in 0.55 --out build/demo-bundle --force
 	$(BIN)/dipdeploy inspect build/demo-bundle --verify --prompt "The capital of France is"
+	$(BIN)/dipdeploy run build/demo-bundle --prompt "The capital of France is" -n 48 \
+		--dram-budget 50% --policy lfu --flash-bandwidth 1GB/s
 
 test: setup
 	$(BIN)/python -m pytest tests
 
 bench-quick: setup
 	$(BIN)/python benchmarks/accuracy.py --quick
+	$(BIN)/python benchmarks/runtime.py --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info
