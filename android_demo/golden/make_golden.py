@@ -14,6 +14,9 @@ Writes JSON (never committed; build/ is ignored) that the Java tests compare wit
   bundle.json     manifest parsing of a tiny exported bundle, accepted/rejected variants, verify() problems
                   of a damaged copy, per-layer graph I/O names, FlashStore reads (bytes and counters), and a
                   per-token MlpGroup run (slots + sha256 of the rows the op would read)
+  runtime.json    the Python host runtime (dipdeploy.runtime.Engine) on that bundle, greedy, per policy:
+                  prompt ids, generated tokens and text, every token's selections and hits per layer and
+                  group, cache capacities and the Flash byte/request totals (skipped if the runtime is absent)
   tokenizer.json  encode/decode with SmolLM2's tokenizer.json and the tiny models' byte tokenizer
                   (the `tokenizers` library)
 
@@ -415,6 +418,40 @@ def bundle_golden(bundle: Path, out: Path) -> dict:
     }
 
 
+# ---------------------------------------------------------------- the Python host runtime
+
+RUNTIME_PROMPT = "The capital of France is"
+
+
+def runtime_golden(bundle: Path) -> dict:
+    """What ``dipdeploy run`` does on the bundle: the Java MlpGroups fed the same selections must agree."""
+    try:
+        from dipdeploy.runtime.engine import Engine
+    except ImportError as exc:
+        return {"available": False, "why": str(exc)}
+    from dipdeploy.trace import TraceRecorder
+
+    runs = []
+    for policy in ("lfu", "lru", "none"):
+        eng = Engine(bundle, policy=policy, dram_budget="50%", threads=1)
+        rec = TraceRecorder(source="runtime", model="tiny-llama", hidden_size=eng.d, intermediate_size=eng.f,
+                            num_layers=eng.num_layers, method="dip-ca", density=0.5)
+        gen = eng.generate(RUNTIME_PROMPT, 8, trace=rec, stop_at_eos=False)
+        tr = rec.finish()
+        runs.append({
+            "policy": policy, "prompt": RUNTIME_PROMPT, "prompt_ids": eng.encode(RUNTIME_PROMPT),
+            "tokens": [int(t) for t in gen.tokens], "text": gen.text,
+            "capacity": [[int(c) for c in layer] for layer in eng.residency.capacity],
+            "k": [[int(a), int(b)] for a, b in eng.k],
+            "sel_in": [[ints(row) for row in layer] for layer in tr.sel_in],
+            "sel_glu": [[ints(row) for row in layer] for layer in tr.sel_glu],
+            "hits_in": [[bits(row) for row in layer] for layer in tr.hits_in],
+            "hits_glu": [[bits(row) for row in layer] for layer in tr.hits_glu],
+            "flash_bytes": int(eng.flash.counters.bytes), "flash_requests": int(eng.flash.counters.requests),
+        })
+    return {"available": True, "bundle": str(bundle), "runs": runs}
+
+
 # ---------------------------------------------------------------- tokenizer
 
 STRINGS = [
@@ -497,6 +534,7 @@ def main() -> None:
         "replay.json": replay_golden(_TRACE, plan),
         "slots.json": slots_golden(_TRACE),
         "bundle.json": bundle_golden(bundle, out),
+        "runtime.json": runtime_golden(bundle),
         "tokenizer.json": tokenizer_golden(out),
     }
     for name, obj in parts.items():

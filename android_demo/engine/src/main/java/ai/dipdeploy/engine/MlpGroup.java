@@ -34,6 +34,8 @@ public final class MlpGroup {
     public final List<ByteBuffer> shared = new ArrayList<>();
     private final FlashStore store;
     private SlotTable.Step pending;
+    /** The hits of the last {@link #prepare} (aligned with its selection). */
+    public boolean[] lastHits = new boolean[0];
     public long movedRows;
 
     /** Capacity of a cache holding {@code frac} of {@code rows}: Python's round() (half to even). */
@@ -127,6 +129,7 @@ public final class MlpGroup {
     public long[] prepare(long[] selected) throws IOException {
         if (pending != null) throw new IllegalStateException("finish() the previous step first");
         boolean[] hits = cache.access(selected);
+        lastHits = hits;
         SlotTable.Step step = table.assign(selected, hits, cache.resident());
         store.read(arrays, slabs, step.readRows, step.readSlots);
         pending = step;
