@@ -88,6 +88,26 @@ nice -n 10 javac --release 17 -Xlint:all,-try -encoding UTF-8 -d "$out/classes" 
 nice -n 10 javac --release 17 -encoding UTF-8 -d "$out/test-classes" -cp "$out/classes:$junit:$hamcrest" "${test_src[@]}"
 echo "android-check: compiled ${#main_src[@]} engine sources against $(basename "$jar") and ${#test_src[@]} test sources" >&2
 
+# ---- 3b. the Activity cannot be compiled without android.jar: parse it, so syntax errors still show here
+cat > "$out/ParseOnly.java" <<'JAVA'
+import com.sun.source.util.JavacTask;
+import javax.tools.*;
+import java.util.List;
+public class ParseOnly {
+  public static void main(String[] files) throws Exception {
+    JavaCompiler c = ToolProvider.getSystemJavaCompiler();
+    DiagnosticCollector<JavaFileObject> d = new DiagnosticCollector<>();
+    StandardJavaFileManager fm = c.getStandardFileManager(d, null, null);
+    ((JavacTask) c.getTask(null, fm, d, List.of("--release", "17"), null, fm.getJavaFileObjects(files))).parse();
+    d.getDiagnostics().forEach(System.err::println);
+    if (!d.getDiagnostics().isEmpty()) System.exit(1);
+  }
+}
+JAVA
+mapfile -t app_src < <(find "$root/android_demo/app/src" -name '*.java' | sort)
+java "$out/ParseOnly.java" "${app_src[@]}" || need "the app's Java sources do not parse"
+echo "android-check: ${#app_src[@]} app source(s) parse (not compiled: no android.jar here)" >&2
+
 # ---- 4. JUnit on the plain JVM (the ORT classes are on the path only so that Engine links; no test loads it)
 mapfile -t tests < <(cd "$src/test/java" && find . -name '*Test.java' | sed 's|^\./||; s|\.java$||; s|/|.|g' | sort)
 nice -n 10 java -Ddipdeploy.golden="$golden" -cp "$out/classes:$out/test-classes:$jar:$junit:$hamcrest" \
