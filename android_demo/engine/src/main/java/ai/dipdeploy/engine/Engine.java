@@ -220,10 +220,17 @@ public final class Engine implements AutoCloseable {
             }
             kvOwner[i] = null;
             long[] shape = {1, kvHeads, 0, headDim};
-            pastK[i] = OnnxTensor.createTensor(env, FloatBuffer.allocate(0), shape);
-            pastV[i] = OnnxTensor.createTensor(env, FloatBuffer.allocate(0), shape);
+            pastK[i] = OnnxTensor.createTensor(env, emptyFloats(), shape);
+            pastV[i] = OnnxTensor.createTensor(env, emptyFloats(), shape);
         }
         position = 0;
+    }
+
+    /** A direct float buffer with no elements but a real address (the first token's empty past KV). */
+    private static FloatBuffer emptyFloats() {
+        ByteBuffer b = ByteBuffer.allocateDirect(16).order(ByteOrder.nativeOrder());
+        b.limit(0);
+        return b.asFloatBuffer();
     }
 
     private static OnnxTensor longs(OrtEnvironment env, long[] v, long[] shape) throws OrtException {
