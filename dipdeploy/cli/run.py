@@ -22,7 +22,7 @@ GAMMA = typer.Option(None, "--gamma", help="DIP-CA γ in [0, 1] (1 = plain DIP);
 NATIVE = typer.Option(None, "--native/--no-native", help="native kernels (default: when built) or the ONNX "
                       "fallback functions")
 FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s")
-COLD = typer.Option(False, "--cold", help="drop the MLP file from the OS page cache first (real disk reads)")
+COLD = typer.Option(False, "--cold", help="drop the MLP file from the OS page cache before the run (real disk reads)")
 IO = typer.Option("mmap", "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
                   "one per run of adjacent rows; slower in Python)")
 CONTEXT = typer.Option(1024, "--context", help="KV-cache length reserved in the budget (tokens)")

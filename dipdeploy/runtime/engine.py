@@ -325,6 +325,8 @@ class Engine:
         future = None
         if self.cfg.policy == "belady":
             future = self._record_future(ids, max_new_tokens, sampler, stop_at_eos)
+        if self.cfg.cold:  # every run starts from the disk (also after Belady's recording pass)
+            self.flash.drop_page_cache()
         sampler = sampler or Sampler()
         sampler.reset()
         self.reset(future)
