@@ -9,3 +9,12 @@ def test_floors_import_without_torch():
             "bad = [m for m in ('torch', 'transformers', 'onnxruntime') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_runtime_and_simulator_import_without_torch():
+    """`dipdeploy run` must work on a board with numpy, onnxruntime and tokenizers only."""
+    code = ("import sys, dipdeploy.runtime, dipdeploy.runtime.chat, dipdeploy.sim, dipdeploy.trace, "
+            "dipdeploy.export.manifest, dipdeploy.ops.native, dipdeploy.cli.run; "
+            "bad = [m for m in ('torch', 'transformers', 'peft') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
