@@ -43,10 +43,10 @@ class BundleError(ValueError):
 
 @dataclass
 class EngineConfig:
-    """What ``dipdeploy run`` takes. ``gamma`` None keeps the bundle's γ (1 for a DIP bundle);
-    ``pinned_counts`` are per-layer row-use counts for ``static`` (default: a calibration run with
-    the engine itself is not implied — without counts ``static`` pins the lowest-index rows, which
-    is what a dense model's uniform counts give)."""
+    """What ``dipdeploy run`` takes. ``gamma`` None keeps the bundle's γ (1 for a DIP bundle).
+    ``pinned_counts``: per layer, (up|gate, down) row-use counts from calibration for ``static``
+    (``--pin-from TRACE``); without them ``static`` pins the lowest-index rows, which is what the
+    uniform counts of a ρ = 1 (dense) bundle give anyway."""
 
     dram_budget: str | float = "50%"
     policy: str = "lfu"
@@ -108,9 +108,9 @@ class Engine:
 
         from dipdeploy.ops.native import library_path, session_options
 
-        self.cfg = config or EngineConfig(**overrides)
         if config is not None and overrides:
             raise TypeError("give either an EngineConfig or keyword options, not both")
+        self.cfg = config or EngineConfig(**overrides)
         self.path = Path(bundle)
         self.manifest = m = open_bundle(self.path, self.cfg.verify)
         if m.plan is None:
@@ -119,8 +119,8 @@ class Engine:
         self.num_layers = len(plan["layers"])
         self.d, self.f = plan["hidden_size"], plan["intermediate_size"]
         self.k = [(lp["k_in"], lp["k_glu"]) for lp in plan["layers"]]
-        baked = (m.dipca or {}).get("gamma", 1.0) if m.method == "dip-ca" else 1.0
-        self.gamma = baked if self.cfg.gamma is None else self.cfg.gamma
+        self.baked_gamma = (m.dipca or {}).get("gamma", 1.0) if m.method == "dip-ca" else 1.0
+        self.gamma = self.baked_gamma if self.cfg.gamma is None else self.cfg.gamma
         if (m.dipca or {}).get("gamma_warmup", 0):
             warnings.warn("the bundle's plan has a γ warm-up; the runtime applies γ from the first token",
                           stacklevel=2)
@@ -142,8 +142,7 @@ class Engine:
     # -- construction -------------------------------------------------------------------------
     def _open_sessions(self, session_options, native: bool) -> None:
         files = self.manifest.graphs["layers"]
-        gamma = None if self.gamma == ((self.manifest.dipca or {}).get("gamma", 1.0)
-                                       if self.manifest.method == "dip-ca" else 1.0) else self.gamma
+        gamma = None if self.gamma == self.baked_gamma else self.gamma  # rewrite the graphs only when it differs
 
         def sess(name: str, g: float | None = None) -> Bound:
             if name not in files:
