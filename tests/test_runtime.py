@@ -196,3 +196,21 @@ def test_cli_run_writes_json_and_refuses_to_clobber(dipca_bundle, tmp_path):
     assert row["new_tokens"] == len(row["tokens"]) and "hit_rate" in row
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "exists" in res.output
+
+
+def test_flash_emulation_paces_reads_to_the_bandwidth(tmp_path):
+    """1 MB at 100 MB/s must take ≥ 10 ms of emulated wait in total (paid once it passes 1 ms)."""
+    from dipdeploy.runtime.flash import FlashStore, RowArray
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    store = FlashStore(path, bandwidth=100e6)
+    arr = RowArray("a", 0, 1024, 1024, "uint8", (1024,))
+    slab = np.zeros((1024, 1024), np.uint8)
+    for start in range(0, 1024, 64):
+        rows = np.arange(start, start + 64)
+        store.read([arr], [slab], rows, rows)
+    store.settle()
+    assert store.counters.bytes == 1024 * 1024
+    assert store.counters.emulated_wait + store.counters.io_seconds >= 1024 * 1024 / 100e6 * 0.999
+    assert np.array_equal(slab[5], np.frombuffer(bytes(range(256)) * 4, np.uint8))

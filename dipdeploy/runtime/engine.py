@@ -297,6 +297,8 @@ class Engine:
                 record(i, sel_in.copy(), sel_glu.copy(), hits_in, hits_glu)
         with timer("embed+head"):
             self.head.run()
+        with timer("cache"):
+            self.flash.settle()
         st["pos"] = pos + 1
         return b["logits"][0, -1].copy()
 
