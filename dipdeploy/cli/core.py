@@ -68,7 +68,7 @@ MODEL = typer.Option("smollm2-135m", "--model", "-m", help="registry name, HF di
 RHO_IN = typer.Option(None, "--rho-in", help="input share ρ_in for teal/dip/dip-ca; default: calibrated")
 ALLOC = typer.Option("uniform", "--allocation", help="per-layer allocation: uniform | greedy")
 SCORE = typer.Option("abs", "--score", help="DIP score: abs (|x|) | wina (|x_i|·‖W_:,i‖₂)")
-GAMMA = typer.Option(0.2, "--gamma", help="DIP-CA re-weighting of non-resident rows (1 = plain DIP)")
+GAMMA = typer.Option(0.5, "--gamma", help="DIP-CA re-weighting of non-resident rows (1 = plain DIP)")
 POLICY = typer.Option("lfu", "--policy", help="DIP-CA cache policy in the torch reference: lru | lfu")
 CACHE = typer.Option(0.5, "--cache-frac", help="DIP-CA cache capacity, fraction of each group's rows")
 TOPN = typer.Option(0, "--fixed-top-n", help="DIP-CA: exempt the n largest |x| from re-weighting")

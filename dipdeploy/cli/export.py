@@ -32,7 +32,7 @@ def export_cmd(
     method: Optional[str] = typer.Option(None, help="dense | dip | dip-ca (default: dip)"),
     density: Optional[float] = typer.Option(None, help="MLP density ρ when no --plan (default 0.5)"),
     rho_in: Optional[float] = typer.Option(None, "--rho-in", help="input share; given = no calibration"),
-    gamma: Optional[float] = typer.Option(None, help="DIP-CA γ for the host runtime (default 0.2)"),
+    gamma: Optional[float] = typer.Option(None, help="DIP-CA γ for the host runtime (default 0.5)"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate`"),
     quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3"),
     lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),

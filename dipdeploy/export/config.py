@@ -36,7 +36,7 @@ class ExportConfig:
     method: str = "dip"
     density: float = 0.5
     rho_in: float | None = None
-    gamma: float = 0.2
+    gamma: float = 0.5
     plan: str | None = None
     quant: str = "none"
     lora: str | None = None

@@ -35,7 +35,7 @@ class SimConfig:
     precision: str = "bq4"
     method: str = "traced"
     policy: str = "lfu"
-    gamma: float = 0.2
+    gamma: float = 0.5
     gamma_warmup: int = 0
     fixed_top_n: int = 0
     context: int = 0
