@@ -9,7 +9,12 @@ on top), 128 greedy tokens after each of two fixed prompts, for
 * dense-mmap — the dense bundle's ``model.onnx`` with ORT's own mmap (the llama.cpp-style page-cache
   baseline; no budget can be imposed on it, so it has one row and no emulated figure);
 * DIP ρ = 0.5 with LRU, LFU and Belady (the offline optimum for a selection that ignores the cache);
-* DIP-CA ρ = 0.5, γ ∈ {0.1, 0.2, 0.3} with LRU and LFU.
+* DIP-CA ρ = 0.5, γ ∈ {0.1, 0.2, 0.3} with LRU and LFU (and γ ∈ {0.5, 0.7} at the 50 % budget, where
+  γ ≤ 0.3 costs much perplexity).
+
+Measured rows are memoised in ``benchmarks/results/.runtime-<model>.rows.json`` (with the machine load
+at the time) and perplexities in ``.runtime-<model>.ppl.json``: an interrupted run resumes, and new
+configurations are measured alone. ``--remeasure`` runs all measurements again.
 
 ``tok_s_emulated``: decode tokens/s with Flash paced at 1 GB/s (the file read through the page cache,
 then the store sleeps until bytes/bandwidth has passed); ``tok_s_cold``: unthrottled, the MLP file
@@ -18,7 +23,7 @@ pass). ``ppl``: WikiText-2 test perplexity of the same
 configuration from ``dipdeploy eval`` (torch reference, BQ4 fake-quantised MLP, the cache fraction =
 budget), on fewer windows than the accuracy table (stated in the output).
 
-    python benchmarks/runtime.py            # full grid (~40 min on 2 cores, PPL included)
+    python benchmarks/runtime.py            # full grid (~45 min on 2 cores, PPL included)
     python benchmarks/runtime.py --quick    # 50 % budget, 4 configurations, 24 tokens, no PPL (<2 min)
 """
 
@@ -30,6 +35,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from _common import machine, md_table, write_rows_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -40,7 +47,7 @@ PROMPTS = (
 )
 RHO_IN = 0.55  # the calibrated split of the accuracy table at ρ = 0.5 (benchmarks/results/accuracy-smollm2.md)
 COLS = ["method", "policy", "gamma", "density", "budget_frac", "hit_rate", "flash_mb_per_token", "tok_s_emulated",
-        "tok_s_cold", "ppl"]
+        "tok_s_cold", "ppl", "ppl_x_dense", "load_1min"]
 
 
 def bundles(model: str, root: Path) -> dict[str, Path]:
@@ -68,7 +75,8 @@ def configs(quick: bool) -> list[dict]:
         out.append(dict(method="dense-static", bundle="full", policy="static", gamma=1.0, budget_frac=b))
         for p in (("lfu", "belady") if quick else ("lru", "lfu", "belady")):
             out.append(dict(method="dip", bundle="dip", policy=p, gamma=1.0, budget_frac=b))
-        for g in ((0.2,) if quick else (0.1, 0.2, 0.3)):
+        gammas = (0.2,) if quick else (0.1, 0.2, 0.3) + ((0.5, 0.7) if b == 0.5 else ())
+        for g in gammas:
             for p in (("lfu",) if quick else ("lru", "lfu")):
                 out.append(dict(method="dip-ca", bundle="dip", policy=p, gamma=g, budget_frac=b))
     return out
@@ -151,6 +159,7 @@ def main() -> None:
     ap.add_argument("--bandwidth", default="1GB/s")
     ap.add_argument("--ppl-windows", type=int, default=4, help="WikiText-2 test windows × 2048 for the ppl column")
     ap.add_argument("--no-ppl", action="store_true")
+    ap.add_argument("--remeasure", action="store_true", help="ignore the memoised measurements and run them all again")
     ap.add_argument("--bundles", default=str(ROOT / "build" / "bench-bundles"))
     args = ap.parse_args()
     from dipdeploy.runtime import parse_bandwidth
@@ -160,17 +169,26 @@ def main() -> None:
     prompts = PROMPTS[:1] if quick else PROMPTS
     paths = bundles(args.model, Path(args.bundles))
     info = machine()
+    name = f"runtime-{args.model.split('-')[0]}" + ("-quick" if quick else "")
+    memo_path = RESULTS / f".{name}.rows.json"
+    memo = json.loads(memo_path.read_text()) if memo_path.is_file() and not args.remeasure else {}
     rows = []
     for c in configs(quick):
+        key = f"{c['method']}|{c['policy']}|{c['gamma']}|{c['budget_frac']}|{tokens}|{len(prompts)}|{args.bandwidth}"
+        if key in memo:
+            rows.append(dict(memo[key]))
+            continue
         t = time.time()
         row = {**{k: c[k] for k in ("method", "policy", "gamma", "budget_frac")},
-               **measure(paths[c["bundle"]], c, tokens, prompts, parse_bandwidth(args.bandwidth))}
+               **measure(paths[c["bundle"]], c, tokens, prompts, parse_bandwidth(args.bandwidth)),
+               "load_1min": round(os.getloadavg()[0], 2)}
         rows.append(row)
+        memo[key] = row
+        memo_path.write_text(json.dumps(memo, indent=1))
         print(f"{row['method']:12s} {row['policy']:6s} γ={row['gamma']:<4} budget {row['budget_frac']:.2f}: hit "
               f"{row['hit_rate']:.3f}, Flash {row['flash_mb_per_token']:.2f} MB/tok, {row['tok_s_emulated']:.1f} tok/s "
               f"emulated, {row['tok_s_cold']:.1f} cold ({time.time() - t:.0f} s)", flush=True)
     rows.append(dense_mmap(paths["dense"], tokens, prompts))
-    name = f"runtime-{args.model.split('-')[0]}" + ("-quick" if quick else "")
     if not (quick or args.no_ppl):
         partial = RESULTS / f".{name}.ppl.json"
         cache = json.loads(partial.read_text()) if partial.is_file() else {}
@@ -204,6 +222,9 @@ def goals(rows: list[dict]) -> str:
 
 
 def write_table(rows: list[dict], name: str, info: dict, tokens: int, prompts, args) -> None:
+    dense = next((r.get("ppl") for r in rows if r["method"] == "dense-static"), None)
+    for r in rows:
+        r["ppl_x_dense"] = r["ppl"] / dense if dense and r.get("ppl") else None
     ppl_note = ("" if args.quick or args.no_ppl else
                 f"`ppl`: WikiText-2 test, {args.ppl_windows} windows × 2048 tokens, torch reference with the BQ4 MLP "
                 "(fake-quantised), DIP-CA with cache fraction = budget; fewer windows than accuracy-smollm2.md, so "
@@ -218,34 +239,45 @@ def write_table(rows: list[dict], name: str, info: dict, tokens: int, prompts, a
             f"machine's CPU, not a phone's: the Python host loop costs a fixed few ms per layer, so they compare "
             f"configurations, not devices (the simulator projects onto phones). {ppl_note}\n\n"
             f"Machine: {info['cpu']}, {info['cores']} cores, load {info['load_1min']} at start.\n\n"
-            f"{md_table(rows, COLS)}\n\n## Goals\n\n{goals(rows)}\n\n"
+            f"{md_table(rows, COLS)}\n\n![Flash, throughput and perplexity]({name}.png)\n\n"
+            f"## Goals\n\n{goals(rows)}\n\n"
+            f"Reading the table: γ trades perplexity for Flash traffic. When the cache holds about K rows or more "
+            f"(budget ≥ ρ_in), a small γ lets resident rows win almost every slot, the mask stops following the "
+            f"activations and perplexity explodes while the hit rate approaches 1; the `ppl` column says where.\n\n"
             f"Regenerate: `python benchmarks/runtime.py` (PPL memoised in benchmarks/results/.{name}.ppl.json).\n")
     (RESULTS / f"{name}.md").write_text(text)
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Flash MB/token and emulated tokens/s against the budget, one line per method/policy/γ."""
+    """Flash MB/token and emulated tokens/s against the budget, one line per method/policy/γ, and the
+    perplexity each configuration pays for its Flash traffic at the 50 % budget."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     series: dict[str, list] = {}
     for r in rows:
         if r["budget_frac"] is not None:
             label = r["method"] + ("" if r["method"] == "dense-static" else f" {r['policy']}") + (
                 f" γ={r['gamma']}" if r["method"] == "dip-ca" else "")
             series.setdefault(label, []).append(r)
-    for label, rs in series.items():
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(series), 2)))
+    for (label, rs), colour in zip(series.items(), colours):
         rs.sort(key=lambda r: r["budget_frac"])
         x = [100 * r["budget_frac"] for r in rs]
-        style = "--" if "belady" in label else "-"
-        axes[0].plot(x, [r["flash_mb_per_token"] for r in rs], style, marker="o", label=label)
-        axes[1].plot(x, [r["tok_s_emulated"] for r in rs], style, marker="o", label=label)
+        kw = dict(color=colour, marker="o", linestyle="--" if "belady" in label else "-", label=label)
+        axes[0].plot(x, [r["flash_mb_per_token"] for r in rs], **kw)
+        axes[1].plot(x, [r["tok_s_emulated"] for r in rs], **kw)
+        half = [r for r in rs if r["budget_frac"] == 0.5 and r.get("ppl")]
+        if half:
+            axes[2].scatter([r["flash_mb_per_token"] for r in half], [r["ppl"] for r in half], color=colour, label=label)
     axes[0].set(xlabel="DRAM budget (% of MLP bytes)", ylabel="Flash MB / token", title="Flash traffic")
     axes[1].set(xlabel="DRAM budget (% of MLP bytes)", ylabel="tokens/s (Flash emulated)", title="Throughput")
-    axes[1].legend(fontsize=7)
+    axes[2].set(xlabel="Flash MB / token", ylabel="WikiText-2 PPL (log)", yscale="log",
+                title="50 % budget: perplexity vs Flash traffic")
+    axes[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
