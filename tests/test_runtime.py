@@ -214,3 +214,24 @@ def test_flash_emulation_paces_reads_to_the_bandwidth(tmp_path):
     assert store.counters.bytes == 1024 * 1024
     assert store.counters.emulated_wait + store.counters.io_seconds >= 1024 * 1024 / 100e6 * 0.999
     assert np.array_equal(slab[5], np.frombuffer(bytes(range(256)) * 4, np.uint8))
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_vq3_bundle_streams_codes_and_keeps_codebooks(tmp_path, native):
+    """VQ3: codes stream into the slab, codebooks stay whole; under a budget the tokens equal an
+    unlimited run (γ = 1: the cache never changes a mask, only where rows live)."""
+    from dipdeploy.export.bundle import export_model
+    from dipdeploy.ops.native import library_path
+
+    if native and library_path() is None:
+        pytest.skip("native library not built (make ops)")
+
+    out = tmp_path / "vq3"
+    export_model(ExportConfig(model="tiny-llama", method="dip", rho_in=0.6, quant="vq3", validate_tokens=2), out)
+    full = Engine(out, dram_budget="100%", native=native).generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
+    tight = Engine(out, dram_budget="25%", policy="lru", native=native)
+    g = tight.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
+    assert [a.name for a in tight.slabs[0][0].arrays.per_row] == ["up_gate.codes"]
+    assert set(tight.slabs[0][0].arrays.shared) == {"up_gate.codebooks", "up_gate.codebook_scales"}
+    assert g.tokens == full.tokens and g.stats.flash_mb_per_token > full.stats.flash_mb_per_token
+    np.testing.assert_allclose(g.logits, full.logits, atol=1e-5)

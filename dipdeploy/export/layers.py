@@ -96,14 +96,17 @@ class LayerGraphs:
         g.output(v, pres_v, FLOAT, present)
         self._save(g, f"layer.{i}.attn.onnx")
 
-    def _slab_inputs(self, g: Graph, prefix: str, names: list[str]) -> list[str]:
-        """The group's arrays as graph inputs: per-row arrays get a free ``slab_rows`` first dim,
-        shared tables (VQ3 codebooks) keep their shape."""
+    def _slab_inputs(self, g: Graph, prefix: str, names: list[str], fmt: str) -> list[str]:
+        """The group's arrays as graph inputs: per-row arrays get a free ``slab_rows`` first dim (the
+        host runtime reads that dim to know what it streams), the format's shared tables (VQ3
+        codebooks and their scales) keep their shape."""
+        from dipdeploy.ops.formats import weight_format
+
+        shared = weight_format(fmt).shared
         out = []
-        rows = self.store.entries[names[0]].shape[0]
-        for n in names:
+        for k, n in enumerate(names):
             e = self.store.entries[n]
-            shape = ["slab_rows", *e.shape[1:]] if e.shape[0] == rows else list(e.shape)
+            shape = list(e.shape) if k in shared else ["slab_rows", *e.shape[1:]]
             elem = helper.np_dtype_to_tensor_dtype(np.dtype(e.dtype))
             out.append(g.input(f"{prefix}.{n.rsplit('.', 1)[-1]}", elem, shape))
         return out
@@ -119,7 +122,7 @@ class LayerGraphs:
         k_in = self.plan.layers[i].k_in
         idx = g.input("in_indices", INT64, ["N", k_in])
         slots = g.input("in_slots", INT64, ["N", k_in])
-        w = self._slab_inputs(g, "up_gate", t.up_gate)
+        w = self._slab_inputs(g, "up_gate", t.up_gate, t.up_gate_attrs["fmt"])
         cache = g.input("cache_glu", BOOL, [spec.intermediate_size])
         p = f"/model/layers.{i}/mlp"
         from dipdeploy.ops.nodes import sparse_gather_matmul_node, topk_column_mask_node
@@ -143,7 +146,7 @@ class LayerGraphs:
         glu = g.input("glu", FLOAT, ["N", spec.intermediate_size])
         idx = g.input("glu_indices", INT64, ["N", k_glu])
         slots = g.input("glu_slots", INT64, ["N", k_glu])
-        w = self._slab_inputs(g, "down", t.down)
+        w = self._slab_inputs(g, "down", t.down, t.down_attrs["fmt"])
         h = g.input("hidden_attn", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
         p = f"/model/layers.{i}/mlp"
         from dipdeploy.ops.nodes import sparse_gather_matmul_node

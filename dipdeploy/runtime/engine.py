@@ -158,10 +158,10 @@ class Engine:
         m, cfg = self.manifest, self.cfg
         arrays = []
         for i in range(self.num_layers):
-            up_names = [n for n in self.up[i].inputs if n.startswith("up_gate.")]
-            down_names = [n for n in self.down[i].inputs if n.startswith("down.")]
-            arrays.append((group_arrays(m, self.path, i, "up_gate", up_names),
-                           group_arrays(m, self.path, i, "down", down_names)))
+            up_args = [a for a in self.up[i].session.get_inputs() if a.name.startswith("up_gate.")]
+            down_args = [a for a in self.down[i].session.get_inputs() if a.name.startswith("down.")]
+            arrays.append((group_arrays(m, self.path, i, "up_gate", up_args),
+                           group_arrays(m, self.path, i, "down", down_args)))
         shapes = [[GroupShape(self.d, a.row_bytes, k_in), GroupShape(self.f, b.row_bytes, k_glu)]
                   for (a, b), (k_in, k_glu) in zip(arrays, self.k)]
         shared = sum(a.shared_bytes + b.shared_bytes for a, b in arrays)

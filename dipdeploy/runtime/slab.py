@@ -18,9 +18,9 @@ import numpy as np
 from dipdeploy.cache import RowCache, SlotStep, SlotTable
 from dipdeploy.runtime.flash import FlashStore, RowArray
 
-# Arrays with one entry per row of the group (streamed from Flash); the rest (VQ3 codebooks and their
-# scales) are tables shared by all rows. See dipdeploy/ops/formats.py.
-PER_ROW_LABELS = ("rows", "qweight", "scales", "zeros", "codes")
+# The per-layer MLP graphs declare the arrays with one entry per row (streamed from Flash) with this
+# symbolic first dimension; shared tables (VQ3 codebooks and their scales) keep fixed shapes.
+SLAB_DIM = "slab_rows"
 
 
 @dataclass
@@ -39,17 +39,19 @@ class GroupArrays:
         return sum(a.nbytes for a in self.shared.values())
 
 
-def group_arrays(manifest, bundle, layer: int, group: str, input_names: list[str]) -> GroupArrays:
-    """The arrays of ``model.layers.{layer}.mlp.{group}.*`` in graph-input order (``{group}.{label}``)."""
+def group_arrays(manifest, bundle, layer: int, group: str, inputs: list) -> GroupArrays:
+    """The arrays of ``model.layers.{layer}.mlp.{group}.*`` behind the graph inputs ``{group}.{label}``
+    (ORT ``NodeArg``s, in graph order); per-row iff the input's first dim is ``slab_rows``."""
     from dipdeploy.export.manifest import open_tensor
 
     per_row, shared = [], {}
-    for name in input_names:
+    for arg in inputs:
+        name = arg.name
         label = name.split(".", 1)[1]
         tensor = f"model.layers.{layer}.mlp.{group}.{label}"
         t = manifest.tensors[tensor]
         shape = tuple(t["shape"])
-        if label in PER_ROW_LABELS:
+        if arg.shape and arg.shape[0] == SLAB_DIM:
             item = np.dtype(t["dtype"]).itemsize
             row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * item
             per_row.append(RowArray(name, t["offset"], shape[0], row_bytes, t["dtype"], shape[1:]))
