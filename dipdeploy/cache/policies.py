@@ -35,10 +35,10 @@ _SEC_BITS = 24  # steps < 16.7 M
 _MAX_ROWS = 1 << _IDX_BITS
 
 
-def _pack(primary: np.ndarray, secondary: np.ndarray) -> np.ndarray:
-    rows = primary.shape[-1]
-    tie = (rows - 1 - np.arange(rows, dtype=np.int64))  # lower index → larger key
-    return ((primary.astype(np.int64) << _SEC_BITS) | secondary.astype(np.int64)) << _IDX_BITS | tie
+def _pack(primary: np.ndarray, secondary: np.ndarray, index: np.ndarray, rows: int) -> np.ndarray:
+    """One unique int64 per row: (primary, secondary, lower ``index`` first)."""
+    tie = rows - 1 - index  # lower index → larger key
+    return ((primary.astype(np.int64) << _SEC_BITS) | np.asarray(secondary, dtype=np.int64)) << _IDX_BITS | tie
 
 
 def _next_use_table(future: np.ndarray, rows: int) -> np.ndarray:
@@ -103,15 +103,20 @@ class RowCache:
                 raise ValueError(f"static: {int(pinned.sum(axis=-1).max())} pinned rows exceed capacity {self.capacity}")
             self.resident = pinned.copy()
 
-    def _key(self) -> np.ndarray:
+    def _key(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The policy's packed key of every row [B, R]; with ``rows``, of those rows of sequence 0 only
+        (what the one-sequence path needs)."""
+        pick = (lambda a: a) if rows is None else (lambda a: a[0, rows])  # noqa: E731
+        index = np.arange(self.rows, dtype=np.int64) if rows is None else rows
+        last = pick(self.last_use)
         if self.policy == "lru":
-            return _pack(self.last_use, np.zeros_like(self.last_use))
+            return _pack(last, 0, index, self.rows)
         if self.policy == "lfu":
-            return _pack(self.uses, self.last_use)
+            return _pack(pick(self.uses), last, index, self.rows)
         # belady: nearer next use → higher key; the future table is indexed by the step just taken
         t = min(self.step - 1, self._next_use.shape[0] - 1)  # the step whose selection was just recorded
         horizon = self._next_use.shape[0] + 1
-        return _pack(horizon - self._next_use[t].astype(np.int64), self.last_use)
+        return _pack(horizon - pick(self._next_use[t]).astype(np.int64), last, index, self.rows)
 
     def access(self, selected: np.ndarray) -> np.ndarray:
         """Record one step's selection ([B, K] row indices); return hits [B, K] (bool)."""
@@ -161,23 +166,10 @@ class RowCache:
             cand = np.flatnonzero(res)
             over = len(cand) - self.capacity
             if over > 0:
-                key = self._key_rows(cand)
+                key = self._key(cand)
                 res[cand[np.argpartition(key, over - 1)[:over]]] = False
             self.resident = res[None]
         return hit
-
-    def _key_rows(self, rows: np.ndarray) -> np.ndarray:
-        """``_key()[0, rows]`` for one sequence, computed on ``rows`` only."""
-        tie = self.rows - 1 - rows
-        last = self.last_use[0, rows]
-        if self.policy == "lru":
-            primary, secondary = last, np.zeros_like(last)
-        elif self.policy == "lfu":
-            primary, secondary = self.uses[0, rows], last
-        else:
-            t = min(self.step - 1, self._next_use.shape[0] - 1)
-            primary, secondary = self._next_use.shape[0] + 1 - self._next_use[t, 0, rows].astype(np.int64), last
-        return ((primary.astype(np.int64) << _SEC_BITS) | secondary) << _IDX_BITS | tie
 
     @property
     def hit_rate(self) -> float:

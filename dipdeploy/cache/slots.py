@@ -87,9 +87,8 @@ class SlotTable:
         """Slots for one token's ``selected`` rows [K] (rule steps 1–3)."""
         sel = np.asarray(selected, dtype=np.int64).reshape(-1)
         hits = np.asarray(hits, dtype=bool).reshape(-1)
-        slots = np.empty(len(sel), dtype=np.int64)
-        slots[hits] = self.slot_of[sel[hits]]
-        if not np.array_equal(self.slot_of[sel] >= 0, hits):
+        slots = self.slot_of[sel]  # hits keep their slot; misses (-1) are placed below
+        if not np.array_equal(slots >= 0, hits):
             raise RuntimeError("slot table out of step with the cache: a hit has no slot or a miss holds one")
         held = self.row_of[self.row_of >= 0]
         evicted = held[~resident_after[held]]
@@ -98,15 +97,16 @@ class SlotTable:
         self._release(evicted[~used[evicted]])
         misses = np.flatnonzero(~hits)
         misses = misses[np.argsort(sel[misses], kind="stable")]
-        admitted = misses[resident_after[sel[misses]]]
+        kept = resident_after[sel[misses]]
+        admitted = misses[kept]
         given = self._take(sel[admitted])
         slots[admitted[: len(given)]] = given
-        staged = np.concatenate([misses[~resident_after[sel[misses]]], admitted[len(given):]])
+        deferred = admitted[len(given):]
+        staged = np.concatenate([misses[~kept], deferred])
         staged = staged[np.argsort(sel[staged], kind="stable")]
         if len(staged) > self.staging:
             raise RuntimeError(f"slot table: {len(staged)} rows need staging, only {self.staging} slots")
         slots[staged] = self.capacity + np.arange(len(staged))
-        deferred = admitted[len(given):]
         return SlotStep(slots, sel[misses], slots[misses], evicted[used[evicted]], sel[deferred], slots[deferred])
 
     def finish(self, step: SlotStep) -> tuple[np.ndarray, np.ndarray]:
