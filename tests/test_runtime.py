@@ -235,3 +235,11 @@ def test_vq3_bundle_streams_codes_and_keeps_codebooks(tmp_path, native):
     assert set(tight.slabs[0][0].arrays.shared) == {"up_gate.codebooks", "up_gate.codebook_scales"}
     assert g.tokens == full.tokens and g.stats.flash_mb_per_token > full.stats.flash_mb_per_token
     np.testing.assert_allclose(g.logits, full.logits, atol=1e-5)
+
+
+def test_stats_are_per_run_on_a_reused_engine(dipca_bundle):
+    """Flash figures come from this run's counters, also when nothing is decoded (prompt only)."""
+    out, _, _ = dipca_bundle
+    eng = Engine(out, dram_budget="0%", policy="none", gamma=1.0, native=False)
+    first, second = (eng.generate(PROMPT, 1, stop_at_eos=False).stats for _ in range(2))
+    assert first.flash_mb_per_token == second.flash_mb_per_token > 0

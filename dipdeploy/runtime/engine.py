@@ -34,9 +34,6 @@ from dipdeploy.runtime.sessions import Bound, open_session
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 
-GROUPS = ("up_gate", "down")
-
-
 class BundleError(ValueError):
     """A bundle the runtime cannot use; the message names the problem and the fix."""
 
@@ -232,9 +229,10 @@ class Engine:
         return self._tokenizer
 
     # -- one sequence ---------------------------------------------------------------------------
-    def reset(self, future: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
-        """Start a new sequence: empty KV cache, fresh caches (``static`` pins its rows now)."""
-        policy = self.cfg.policy
+    def reset(self, future: list[tuple[np.ndarray, np.ndarray]] | None = None, policy: str | None = None) -> None:
+        """Start a new sequence: empty KV cache, fresh caches (``static`` pins its rows now).
+        ``policy`` overrides the configured one for this sequence (Belady's recording pass uses none)."""
+        policy = policy or self.cfg.policy
         if policy == "belady" and future is None:
             raise ValueError("policy 'belady' needs the future selections: use Engine.generate, which records "
                              "them in a first pass, or pass future=")
@@ -338,24 +336,16 @@ class Engine:
         if self.gamma != 1.0:
             raise ValueError(f"policy 'belady' needs selections that do not depend on the cache (γ = 1), got "
                              f"γ = {self.gamma}; Belady is the offline bound for plain DIP")
-        saved = self.cfg.policy
         sel: list[tuple[list, list]] = [([], []) for _ in range(self.num_layers)]
 
         def keep(i, s_in, s_glu, _h1, _h2):
-            sel[i][0].append(s_in.copy())
-            sel[i][1].append(s_glu.copy())
+            sel[i][0].append(s_in)
+            sel[i][1].append(s_glu)
 
-        flash = self.flash.counters
-        self.flash.counters = type(flash)()
-        try:
-            self.cfg.policy = "none"
-            s = sampler or Sampler()
-            s.reset()
-            self.reset()
-            self.extend(ids, max_new_tokens, s, None, None, False, stop_at_eos, None, record=keep)
-        finally:
-            self.cfg.policy = saved
-            self.flash.counters = flash
+        s = sampler or Sampler()
+        s.reset()
+        self.reset(policy="none")
+        self.extend(ids, max_new_tokens, s, None, None, False, stop_at_eos, None, record=keep)
         return [(np.stack(a), np.stack(b)) for a, b in sel]
 
     def extend(self, ids, max_new_tokens, sampler, on_token=None, trace=None, keep_logits=False,
@@ -375,12 +365,11 @@ class Engine:
             if record is not None:
                 record(i, s_in, s_glu, h_in, h_glu)
 
-        t0 = time.perf_counter()
+        t0, flash0 = time.perf_counter(), self.flash.counters.snapshot()
         for t in ids[:-1]:
             self.step(t, timer, note)
         logits = self.step(ids[-1], timer, note)
-        t1 = time.perf_counter()
-        flash_prefill = (self.flash.counters.bytes, self.flash.counters.requests)
+        t1, flash1 = time.perf_counter(), self.flash.counters.snapshot()
         hits_prefill = hits.copy()
         new, kept = [], []
         for n in range(max_new_tokens):
@@ -395,7 +384,7 @@ class Engine:
             logits = self.step(tok, timer, note)
         t2 = time.perf_counter()
         stats = RunStats.collect(self, len(ids), len(new), t1 - t0, t2 - t1, timer, hits, hits_prefill,
-                                 flash_prefill, memory_now())
+                                 flash1 - flash0, self.flash.counters - flash1, memory_now())
         text = self.tokenizer.decode(new) if new else ""
         return Generation(prompt, text, new, stats, kept)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 
 import numpy as np
 
@@ -52,14 +52,18 @@ class RowArray:
 
 @dataclass
 class FlashCounters:
+    """Totals since the store opened; a run reports the difference of two ``snapshot``s."""
+
     bytes: int = 0
     requests: int = 0
-    rows: int = 0
     io_seconds: float = 0.0
     emulated_wait: float = 0.0
 
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
+    def __sub__(self, other: "FlashCounters") -> "FlashCounters":
+        return FlashCounters(*(a - b for a, b in zip(astuple(self), astuple(other))))
+
+    def snapshot(self) -> "FlashCounters":
+        return replace(self)
 
 
 def runs(rows: np.ndarray) -> np.ndarray:
@@ -77,7 +81,6 @@ class FlashStore:
             raise ValueError(f"io={io!r}: choose pread or mmap")
         self.path, self.io, self.bandwidth = str(path), io, bandwidth
         self.fd = os.open(self.path, os.O_RDONLY)
-        self.size = os.fstat(self.fd).st_size
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         if cold:
@@ -116,14 +119,13 @@ class FlashStore:
                 self._gather(arr, slab, rows, slots)
             else:
                 self._preadv(arr, slab, rows, slots, starts)
-            self.counters.bytes += len(rows) * arr.row_bytes
-            self.counters.requests += len(starts) - 1
-        self.counters.rows += len(rows)
         elapsed = time.perf_counter() - t0
+        nbytes = len(rows) * sum(a.row_bytes for a in arrays)
+        self.counters.bytes += nbytes
+        self.counters.requests += (len(starts) - 1) * len(arrays)
         self.counters.io_seconds += elapsed
         if self.bandwidth:
-            owed = sum(len(rows) * a.row_bytes for a in arrays) / self.bandwidth - elapsed
-            self._debt = max(self._debt + owed, -_MAX_CREDIT)
+            self._debt = max(self._debt + nbytes / self.bandwidth - elapsed, -_MAX_CREDIT)
             if self._debt > _SLEEP_SLICE:
                 self.settle()
 

@@ -72,14 +72,13 @@ class RunStats:
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
-                hits: np.ndarray, hits_prefill: np.ndarray, flash_prefill: tuple[int, int], memory: dict):
-        """Decode-phase figures (fall back to the whole run when nothing was decoded)."""
+                hits: np.ndarray, hits_prefill: np.ndarray, flash_prefill, flash_decode, memory: dict):
+        """Decode-phase figures (the prompt's when nothing was decoded). ``flash_*``: the Flash store's
+        counters over each phase of this run."""
         steps = max(n_new - 1, 0)
-        c = engine.flash.counters
         dec = hits - hits_prefill if steps else hits
         per = steps if steps else n_prompt
-        fbytes = (c.bytes - flash_prefill[0]) if steps else c.bytes
-        freq = (c.requests - flash_prefill[1]) if steps else c.requests
+        flash = flash_decode if steps else flash_prefill
 
         def rate(h: np.ndarray) -> float:
             return float(h[..., 0].sum() / h[..., 1].sum()) if h[..., 1].sum() else 0.0
@@ -91,12 +90,13 @@ class RunStats:
             decode_tok_s=steps / decode_s if steps and decode_s else 0.0,
             hit_rate=rate(dec), hit_rate_in=rate(dec[:, 0]), hit_rate_glu=rate(dec[:, 1]),
             layer_hit_rate=[rate(dec[i]) for i in range(dec.shape[0])],
-            flash_mb_per_token=fbytes / per / 1e6, flash_requests_per_token=freq / per,
+            flash_mb_per_token=flash.bytes / per / 1e6, flash_requests_per_token=flash.requests / per,
             dram_mb_per_token=(sel_bytes + engine.dram_dense_per_token) / 1e6,
             resident={**engine.residency.as_dict(),
                       "slabs": sum(s.slab_bytes for pair in engine.slabs for s in pair)},
-            memory=memory, seconds={**dict(timer.seconds), "flash_io": c.io_seconds,
-                                    "flash_emulated_wait": c.emulated_wait},
+            memory=memory, seconds={**dict(timer.seconds),
+                                    "flash_io": flash_prefill.io_seconds + flash_decode.io_seconds,
+                                    "flash_emulated_wait": flash_prefill.emulated_wait + flash_decode.emulated_wait},
             flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
         )
