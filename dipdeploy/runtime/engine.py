@@ -85,15 +85,10 @@ def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
     if "layers" not in manifest.graphs:
         raise BundleError(f"{path} has no per-layer graphs (exported with --no-per-layer or as dense); "
                           "export it again with `dipdeploy export --method dip|dip-ca` (per-layer graphs are the default)")
-    if full_verify:
-        problems = verify(path, manifest)
-    else:
-        problems = [f"{name}: missing" if not (path / name).is_file() else
-                    f"{name}: size {(path / name).stat().st_size} != {rec['size']} (truncated?)"
-                    for name, rec in manifest.files.items()
-                    if not (path / name).is_file() or (path / name).stat().st_size != rec["size"]]
+    problems = verify(path, manifest, checksums=full_verify)
     if problems:
-        raise BundleError(f"bundle {path} is damaged: {'; '.join(problems[:5])}; {REGENERATE}")
+        raise BundleError(f"bundle {path} is damaged: {'; '.join(problems[:5])}; files truncated or altered "
+                          f"since export; {REGENERATE}")
     return manifest
 
 
