@@ -30,6 +30,7 @@ from onnx import TensorProto, helper
 from dipdeploy.export.blocks import attention, attention_gqa, gqa_shared, linear, rms_norm, shared_values
 from dipdeploy.export.decoder import kv_names
 from dipdeploy.export.graph import Graph
+from dipdeploy.export.manifest import SLAB_DIM
 from dipdeploy.export.mlp import MlpTensors, glu
 from dipdeploy.export.weights import WeightStore
 
@@ -106,7 +107,7 @@ class LayerGraphs:
         out = []
         for k, n in enumerate(names):
             e = self.store.entries[n]
-            shape = list(e.shape) if k in shared else ["slab_rows", *e.shape[1:]]
+            shape = list(e.shape) if k in shared else [SLAB_DIM, *e.shape[1:]]
             elem = helper.np_dtype_to_tensor_dtype(np.dtype(e.dtype))
             out.append(g.input(f"{prefix}.{n.rsplit('.', 1)[-1]}", elem, shape))
         return out

@@ -22,6 +22,9 @@ from pathlib import Path
 BUNDLE_FORMAT = "dipdeploy-bundle"
 BUNDLE_VERSION = 1
 MANIFEST = "manifest.json"
+# First dim of the per-layer MLP graphs' per-row weight inputs (the host binds a slab of that many rows);
+# shared tables (VQ3 codebooks) keep fixed shapes. The runtime reads this dim to know what it streams.
+SLAB_DIM = "slab_rows"
 REGENERATE = "regenerate the bundle with `dipdeploy export`"
 
 

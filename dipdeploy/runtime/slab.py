@@ -16,11 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dipdeploy.cache import RowCache, SlotStep, SlotTable
+from dipdeploy.export.manifest import SLAB_DIM, open_tensor
 from dipdeploy.runtime.flash import FlashStore, RowArray
-
-# The per-layer MLP graphs declare the arrays with one entry per row (streamed from Flash) with this
-# symbolic first dimension; shared tables (VQ3 codebooks and their scales) keep fixed shapes.
-SLAB_DIM = "slab_rows"
 
 
 @dataclass
@@ -41,9 +38,7 @@ class GroupArrays:
 
 def group_arrays(manifest, bundle, layer: int, group: str, inputs: list) -> GroupArrays:
     """The arrays of ``model.layers.{layer}.mlp.{group}.*`` behind the graph inputs ``{group}.{label}``
-    (ORT ``NodeArg``s, in graph order); per-row iff the input's first dim is ``slab_rows``."""
-    from dipdeploy.export.manifest import open_tensor
-
+    (ORT ``NodeArg``s, in graph order); per-row iff the input's first dim is ``SLAB_DIM``."""
     per_row, shared = [], {}
     for arg in inputs:
         name = arg.name
