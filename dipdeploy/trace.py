@@ -180,6 +180,13 @@ class Trace:
         d, F = self.hidden_size, self.intermediate_size
         return float(np.mean([mlp_density(ki, kg, d, F) for ki, kg in zip(self.k_in, self.k_glu)]))
 
+    def row_counts(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per layer, how often each up|gate row [d] and each down row [F] was selected (the calibration
+        counts a ``static`` cache pins its rows by)."""
+        return [(np.bincount(si.reshape(-1), minlength=self.hidden_size),
+                 np.bincount(sg.reshape(-1), minlength=self.intermediate_size))
+                for si, sg in zip(self.sel_in, self.sel_glu)]
+
     def head(self, n: int) -> Trace:
         """The first ``n`` tokens (for quick runs)."""
         if n < 1:

@@ -115,17 +115,19 @@ def test_static_pins_rows_before_the_first_token(dipca_bundle):
 
 def test_trace_from_the_runtime_round_trips(dipca_bundle, tmp_path):
     from dipdeploy.trace import Trace
-    from dipdeploy.cli.run import _recorder
 
     out, _, _ = dipca_bundle
     eng = Engine(out, dram_budget="50%", policy="lru", native=False)
-    rec = _recorder(eng)
+    rec = eng.trace_recorder()
     g = eng.generate(PROMPT, 5, trace=rec, stop_at_eos=False)
     path = rec.finish().save(tmp_path / "t.npz")
     t = Trace.load(path)
     assert t.source == "runtime" and t.policy == "lru"
     assert t.sel_in[0].shape == (len(PROMPT) + len(g.tokens) - 1, eng.k[0][0])
     assert t.hits_in is not None and t.hits_in[0].dtype == bool
+    counts_in, counts_glu = t.row_counts()[0]  # what --pin-from gives the static policy
+    assert counts_in.shape == (eng.d,) and counts_glu.shape == (eng.f,)
+    assert counts_in.sum() == t.sel_in[0].size and (counts_in[t.sel_in[0][0]] >= 1).all()
 
 
 def test_budget_parsing_and_errors():

@@ -37,13 +37,9 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
 
     counts = None
     if pin_from is not None:
-        import numpy as np
-
         from dipdeploy.trace import Trace
 
-        t = Trace.load(pin_from)
-        counts = [(np.bincount(t.sel_in[i].reshape(-1), minlength=t.hidden_size),
-                   np.bincount(t.sel_glu[i].reshape(-1), minlength=t.intermediate_size)) for i in range(t.num_layers)]
+        counts = Trace.load(pin_from).row_counts()
     cfg = EngineConfig(dram_budget=dram_budget, policy=policy, gamma=gamma, native=native,
                        flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
                        io=io, context=context, threads=threads, verify=verify, pinned_counts=counts)
@@ -76,7 +72,7 @@ def run_cmd(
                 check_output(out, force)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
                          pin_from, verify)
-        recorder = _recorder(engine) if trace is not None else None
+        recorder = engine.trace_recorder() if trace is not None else None
         console.print(f"[bold]{prompt}[/]", end="")
         g = engine.generate(prompt, max_new_tokens, sampler=Sampler(temperature, top_p, seed), trace=recorder,
                             on_token=lambda _t, piece: console.print(piece, end="", markup=False, highlight=False))
@@ -92,18 +88,6 @@ def run_cmd(
         recorder.finish().save(trace, force=force)
         console.print(f"wrote {trace}")
     write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, **g.stats.as_dict()}, json_out, force=force)
-
-
-def _recorder(engine):
-    from dipdeploy.trace import TraceRecorder, mlp_density
-
-    m = engine.manifest
-    density = sum(mlp_density(ki, kg, engine.d, engine.f) for ki, kg in engine.k) / len(engine.k)
-    return TraceRecorder(source="runtime", model=str(m.source.get("model")), hidden_size=engine.d,
-                         intermediate_size=engine.f, num_layers=engine.num_layers,
-                         method=m.method if engine.gamma == 1.0 or m.method == "dip-ca" else "dip-ca",
-                         density=density, gamma=engine.gamma, score=(m.plan or {}).get("score", "abs"),
-                         policy=engine.cfg.policy, meta={"budget": str(engine.cfg.dram_budget)})
 
 
 @app.command("chat")

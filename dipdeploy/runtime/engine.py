@@ -295,6 +295,19 @@ class Engine:
         st["pos"] = pos + 1
         return b["logits"][0, -1].copy()
 
+    def trace_recorder(self):
+        """A ``TraceRecorder`` for ``generate(trace=...)``: source "runtime", this bundle's shape and K,
+        the run's γ and policy (the simulator reads the file)."""
+        from dipdeploy.trace import TraceRecorder, mlp_density
+
+        m = self.manifest
+        density = sum(mlp_density(ki, kg, self.d, self.f) for ki, kg in self.k) / len(self.k)
+        return TraceRecorder(source="runtime", model=str(m.source.get("model")), hidden_size=self.d,
+                             intermediate_size=self.f, num_layers=self.num_layers,
+                             method=m.method if self.gamma == 1.0 or m.method == "dip-ca" else "dip-ca",
+                             density=density, gamma=self.gamma, score=(m.plan or {}).get("score", "abs"),
+                             policy=self.cfg.policy, meta={"budget": str(self.cfg.dram_budget)})
+
     # -- generation -----------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=False).ids
