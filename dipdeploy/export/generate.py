@@ -17,6 +17,29 @@ import numpy as np
 from dipdeploy.export.manifest import read_manifest
 
 
+class KVDecoder:
+    """``model.onnx`` with its KV cache fed back between calls (onnxruntime-genai's I/O names): the
+    one loop that greedy generation, export validation and the ARM check all drive."""
+
+    def __init__(self, session, num_kv_heads: int, head_size: int):
+        self.session = session
+        self.outputs = [o.name for o in session.get_outputs()]
+        empty = np.zeros((1, num_kv_heads, 0, head_size), np.float32)
+        self.past = {i.name: empty for i in session.get_inputs() if i.name.startswith("past_key_values")}
+        self.length = 0
+
+    def feed(self, ids) -> np.ndarray:
+        """Run ``ids`` ([S] or [1, S]) after what the cache holds; returns their logits [S, V]."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        s = ids.shape[1]
+        res = dict(zip(self.outputs, self.session.run(None, {
+            "input_ids": ids, "attention_mask": np.ones((1, self.length + s), np.int64),
+            "position_ids": np.arange(self.length, self.length + s, dtype=np.int64)[None], **self.past})))
+        self.past = {k: res[k.replace("past_key_values", "present")] for k in self.past}
+        self.length += s
+        return res["logits"][0]
+
+
 @dataclass
 class Generation:
     prompt: str
@@ -40,22 +63,15 @@ def generate(bundle: str | Path, prompt: str, max_new_tokens: int = 32, *, nativ
     tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
     so = session_options(threads=threads, native=native)
     sess = ort.InferenceSession(str(bundle / manifest.graphs["model"]), so, providers=["CPUExecutionProvider"])
-    outs = [o.name for o in sess.get_outputs()]
-    shape = (1, dec["decoder"]["num_key_value_heads"], 0, dec["decoder"]["head_size"])
-    past = {i.name: np.zeros(shape, np.float32) for i in sess.get_inputs() if i.name.startswith("past_key_values")}
-    ids = np.asarray([tok.encode(prompt, add_special_tokens=False).ids], dtype=np.int64)
-    start, new, t0 = 0, [], time.perf_counter()
-    for _ in range(max_new_tokens):
-        s = ids.shape[1]
-        res = dict(zip(outs, sess.run(None, {
-            "input_ids": ids, "attention_mask": np.ones((1, start + s), np.int64),
-            "position_ids": np.arange(start, start + s, dtype=np.int64)[None], **past})))
-        past = {k: res[k.replace("past_key_values", "present")] for k in past}
-        start += s
-        nxt = int(res["logits"][0, -1].argmax())
+    kv = KVDecoder(sess, dec["decoder"]["num_key_value_heads"], dec["decoder"]["head_size"])
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    new, t0 = [], time.perf_counter()
+    logits = kv.feed(ids) if max_new_tokens > 0 else None
+    for n in range(max_new_tokens):
+        nxt = int(logits[-1].argmax())
         new.append(nxt)
-        if nxt == dec.get("eos_token_id"):
+        if nxt == dec.get("eos_token_id") or n == max_new_tokens - 1:
             break
-        ids = np.array([[nxt]], dtype=np.int64)
+        logits = kv.feed([nxt])
     seconds = time.perf_counter() - t0
     return Generation(prompt, tok.decode(new), new, len(new) / seconds, native)

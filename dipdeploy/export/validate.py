@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from dipdeploy.export.decoder import kv_names
+from dipdeploy.export.generate import KVDecoder
 
 
 @dataclass
@@ -64,20 +64,12 @@ def torch_greedy(model, prompt: np.ndarray, n: int) -> tuple[list[int], list[np.
 
 def ort_teacher_forced(session, spec, prompt: np.ndarray, tokens: list[int]) -> tuple[list[int], list[np.ndarray]]:
     """ORT fed the prompt, then ``tokens`` one by one; its argmax per step and its logits."""
-    names = [o.name for o in session.get_outputs()]
-    empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), np.float32)
-    past = {n: empty for i in range(spec.num_layers) for n in kv_names(i)[:2]}
-    feed_ids, start, logits, picks = prompt[None].astype(np.int64), 0, [], []
+    kv = KVDecoder(session, spec.num_kv_heads, spec.head_dim)
+    feed, logits, picks = prompt, [], []
     for step in range(len(tokens)):
-        s = feed_ids.shape[1]
-        feed = {"input_ids": feed_ids, "attention_mask": np.ones((1, start + s), np.int64),
-                "position_ids": np.arange(start, start + s, dtype=np.int64)[None], **past}
-        out = dict(zip(names, session.run(None, feed)))
-        logits.append(out["logits"][0])
-        picks.append(int(out["logits"][0, -1].argmax()))
-        past = {kv_names(i)[j]: out[kv_names(i)[j + 2]] for i in range(spec.num_layers) for j in (0, 1)}
-        start += s
-        feed_ids = np.array([[tokens[step]]], dtype=np.int64)
+        logits.append(kv.feed(feed))
+        picks.append(int(logits[-1][-1].argmax()))
+        feed = [tokens[step]]
     return picks, logits
 
 

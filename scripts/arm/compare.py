@@ -96,6 +96,7 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
+    from dipdeploy.export.generate import KVDecoder
     from dipdeploy.export.manifest import read_manifest
     from dipdeploy.ops.native import library_path, session_options
 
@@ -115,22 +116,14 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
     sess = ort.InferenceSession(str(bundle / manifest.graphs["model"]), so, providers=["CPUExecutionProvider"])
     t_session = time.perf_counter() - t0
 
-    outs = [o.name for o in sess.get_outputs()]
-    shape = (1, dec["num_key_value_heads"], 0, dec["head_size"])
-    past = {i.name: np.zeros(shape, np.float32) for i in sess.get_inputs() if i.name.startswith("past_key_values")}
-    start, x, logits, tokens = 0, ids, [], []
+    kv = KVDecoder(sess, dec["num_key_value_heads"], dec["head_size"])
+    x, logits, tokens = ids, [], []
     t1 = time.perf_counter()
     for step in range(greedy + 1):  # step 0: the teacher-forced prefill; then one greedy token per step
-        s = x.shape[1]
-        res = dict(zip(outs, sess.run(None, {
-            "input_ids": x, "attention_mask": np.ones((1, start + s), np.int64),
-            "position_ids": np.arange(start, start + s, dtype=np.int64)[None], **past})))
-        past = {k: res[k.replace("past_key_values", "present")] for k in past}
-        start += s
-        logits.append(res["logits"][0])
+        logits.append(kv.feed(x))
         if step < greedy:
-            tokens.append(int(res["logits"][0, -1].argmax()))
-            x = np.array([[tokens[-1]]], dtype=np.int64)
+            tokens.append(int(logits[-1][-1].argmax()))
+            x = [tokens[-1]]
     t_run = time.perf_counter() - t1
     extra, t_engine = {}, 0.0
     if engine:
