@@ -78,31 +78,21 @@ def file_sizes(out: Path) -> dict:
     return sizes
 
 
-def decode_tps(model_path: Path, native: bool, prompt_len: int, tokens: int, inputs_like: str = "dipdeploy") -> float:
+def decode_tps(model_path: Path, native: bool, prompt_len: int, tokens: int) -> float:
     """Greedy decode tokens/s with one ORT session, 1 thread, KV cache fed back as numpy."""
     import onnxruntime as ort
 
+    from dipdeploy.export.generate import KVDecoder
     from dipdeploy.ops.native import session_options
 
     so = session_options(threads=1, native=native)
     sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-    ins = {i.name: i for i in sess.get_inputs()}
-    outs = [o.name for o in sess.get_outputs()]
     dec = json.loads((model_path.parent / "genai_config.json").read_text())["model"]["decoder"]
-    shape = (1, dec["num_key_value_heads"], 0, dec["head_size"])  # both bundles carry a genai_config.json
-    past = {name: np.zeros(shape, np.float16 if "float16" in i.type else np.float32)
-            for name, i in ins.items() if name.startswith("past_key_values")}
-    ids = np.arange(1, prompt_len + 1, dtype=np.int64)[None]
-    start, t0, n = 0, None, 0
+    kv = KVDecoder(sess, dec["num_key_value_heads"], dec["head_size"])  # both bundles carry a genai_config.json
+    ids = np.arange(1, prompt_len + 1, dtype=np.int64)
+    t0, n = None, 0
     for step in range(tokens + 1):
-        s = ids.shape[1]
-        feed = {"input_ids": ids, "attention_mask": np.ones((1, start + s), np.int64), **past}
-        if "position_ids" in ins:
-            feed["position_ids"] = np.arange(start, start + s, dtype=np.int64)[None]
-        res = dict(zip(outs, sess.run(None, feed)))
-        past = {k: res[k.replace("past_key_values", "present")] for k in past}
-        start += s
-        ids = np.array([[int(res["logits"][0, -1].argmax())]], dtype=np.int64)
+        ids = [int(kv.feed(ids)[-1].argmax())]
         if step == 0:
             t0 = time.perf_counter()  # time decode steps only (after the prefill)
         else:

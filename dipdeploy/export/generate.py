@@ -24,17 +24,21 @@ class KVDecoder:
     def __init__(self, session, num_kv_heads: int, head_size: int):
         self.session = session
         self.outputs = [o.name for o in session.get_outputs()]
-        empty = np.zeros((1, num_kv_heads, 0, head_size), np.float32)
-        self.past = {i.name: empty for i in session.get_inputs() if i.name.startswith("past_key_values")}
+        inputs = session.get_inputs()
+        self.positions = any(i.name == "position_ids" for i in inputs)  # genai's own graphs may lack it
+        shape = (1, num_kv_heads, 0, head_size)
+        self.past = {i.name: np.zeros(shape, np.float16 if "float16" in i.type else np.float32)
+                     for i in inputs if i.name.startswith("past_key_values")}
         self.length = 0
 
     def feed(self, ids) -> np.ndarray:
         """Run ``ids`` ([S] or [1, S]) after what the cache holds; returns their logits [S, V]."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         s = ids.shape[1]
-        res = dict(zip(self.outputs, self.session.run(None, {
-            "input_ids": ids, "attention_mask": np.ones((1, self.length + s), np.int64),
-            "position_ids": np.arange(self.length, self.length + s, dtype=np.int64)[None], **self.past})))
+        feed = {"input_ids": ids, "attention_mask": np.ones((1, self.length + s), np.int64), **self.past}
+        if self.positions:
+            feed["position_ids"] = np.arange(self.length, self.length + s, dtype=np.int64)[None]
+        res = dict(zip(self.outputs, self.session.run(None, feed)))
         self.past = {k: res[k.replace("past_key_values", "present")] for k in self.past}
         self.length += s
         return res["logits"][0]
