@@ -52,11 +52,10 @@ class DramBudget:
         t = str(text).strip()
         if t.endswith("%"):
             try:
-                return cls(cache_frac=_frac(float(t[:-1]) / 100.0, t))
+                share = float(t[:-1]) / 100.0
             except ValueError as exc:
-                if "lie in" in str(exc):
-                    raise
                 raise ValueError(f"DRAM budget {text!r} is not a percentage; write e.g. 50%") from exc
+            return cls(cache_frac=_frac(share, t))
         if t in ("inf", "unlimited"):
             return cls(cache_frac=1.0)
         return cls(total_bytes=parse_bytes(t, "DRAM budget"))

@@ -50,8 +50,6 @@ class Bound:
         self._value = OrtValue.ortvalue_from_numpy
         self.session = session
         self.io = session.io_binding()._iobinding  # the C binding: no Python wrapper per call
-        self.inputs = [i.name for i in session.get_inputs()]
-        self.outputs = [o.name for o in session.get_outputs()]
         self._keep: dict[str, object] = {}
 
     def input(self, name: str, array: np.ndarray) -> None:
