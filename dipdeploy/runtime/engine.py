@@ -276,10 +276,9 @@ class Engine:
                 np.copyto(lb["cache_glu"], dn.resident)
             with timer("mlp"):
                 self.up[i].run()
-            with timer("cache"):
-                ug.settle()
             sel_glu = lb["glu_indices"][0]
             with timer("cache"):
+                ug.settle()
                 slots, hits_glu = dn.select(sel_glu)
                 lb["glu_slots"][:] = slots
             with timer("mlp"):
