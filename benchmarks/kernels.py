@@ -6,6 +6,7 @@ of the rows selected (in DIP score order, i.e. unsorted), for fp32, fp16, BQ4 (b
 and VQ3 (int8 codebooks, default groups):
 
 - native:        SparseGatherMatMul with the native library registered
+- native4:       the same at accuracy_level 4 (BQ4 only: int8 coefficients, integer dot products)
 - fallback:      the same model on stock ORT (the model-local function: Gather + decode + MatMul)
 - dense:         ONNX MatMul over the whole fp32 matrix (constant initializer)
 - matmulnbits0/4: com.microsoft MatMulNBits, int4 block 32, prepacked constant, accuracy_level 0 / 4
@@ -236,14 +237,15 @@ def bench_cold(name: str, threads_list, formats, budget_s: float) -> list[Row]:
         probe = random_weights(fmt, rows, cols, rng)
         L = layers_for(rows * probe.row_nbytes())
         ws = [probe] + [random_weights(fmt, rows, cols, rng) for _ in range(L - 1)]
-        model = stack_layers([make_sgmm_model(w, rows, weights_as_inputs=True) for w in ws], {"X", "indices"})
-        model = model.SerializeToString()
         feeds = {"X": x, "indices": idx}
         for layer, w in enumerate(ws):
             feeds.update({f"W{i}.{layer}": a for i, a in enumerate(w.arrays)})
-        for th in threads_list:
-            key = (fmt, 0.5, th, "native")
-            cases[key], nbytes[key], layers[key] = Bound(session(model, th, True), feeds), k * probe.row_nbytes(), L
+        for impl, level in (("native", 0), ("native4", 4)) if fmt == "bq4" else (("native", 0),):
+            model = stack_layers([make_sgmm_model(w, rows, weights_as_inputs=True, accuracy_level=level) for w in ws],
+                                 {"X", "indices"}).SerializeToString()
+            for th in threads_list:
+                key = (fmt, 0.5, th, impl)
+                cases[key], nbytes[key], layers[key] = Bound(session(model, th, True), feeds), k * probe.row_nbytes(), L
     results = interleaved(cases, budget_s * len(cases) / 4, 100)
     return [make_row(f"{name} cold", key, (us / layers[key], runs, cpu / layers[key]), nbytes[key])
             for key, (us, runs, cpu) in results.items()]
@@ -277,15 +279,18 @@ def bench_shape(name: str, rhos, threads_list, formats, impls, budget_s: float) 
     for fmt in formats:
         w = random_weights(fmt, rows, cols, rng)
         model = make_sgmm_model(w, rows, weights_as_inputs=True).SerializeToString()
+        model4 = make_sgmm_model(w, rows, weights_as_inputs=True, accuracy_level=4).SerializeToString()
         weights = {f"W{i}": a for i, a in enumerate(w.arrays)}
         for rho in rhos:
             k = int(round(rho * rows))
             feeds = {"X": x, "indices": rng.permutation(rows)[:k][None].astype(np.int64), **weights}
             for th in threads_list:
-                for impl in ("native", "fallback"):
+                for impl in ("native", "fallback", "native4"):
                     nbytes[fmt, rho, th, impl] = k * w.row_nbytes()
                 if "native" in impls:
                     cases[fmt, rho, th, "native"] = Bound(session(model, th, True), feeds)
+                if "native" in impls and fmt == "bq4":
+                    cases[fmt, rho, th, "native4"] = Bound(session(model4, th, True), feeds)
                 if "fallback" in impls and rows * cols <= SMALL_SHAPE:
                     cases[fmt, rho, th, "fallback"] = Bound(session(model, th, False), feeds)
                 elif "fallback" in impls:
@@ -347,18 +352,24 @@ def goals(rows: list[Row]) -> list[str]:
         wall[key] = min(wall.get(key, float("inf")), r.median_us)
     lines = []
     for shape in dict.fromkeys(r.shape for r in rows):
-        checks = [("fp32", [("fp32", "dense")], "dense fp32", 0.6),
-                  ("bq4", [("int4", "matmulnbits0"), ("int4", "matmulnbits4")], "MatMulNBits (faster level)", 1.0),
-                  ("vq3", [("fp32", "dense")], "dense fp32", 1.0)]
-        for fmt, bases, base_name, target in checks:
-            key = (shape, fmt, 0.5, "native")
+        # BQ4 against MatMulNBits at the same accuracy level: level 0 keeps float32 activations on
+        # both sides, level 4 quantises them (MatMulNBits) or the coefficients (ours) to int8.
+        checks = [("fp32", "native", [("fp32", "dense")], "dense fp32", 0.6),
+                  ("bq4", "native", [("int4", "matmulnbits0")], "MatMulNBits level 0", 1.0),
+                  ("bq4", "native4", [("int4", "matmulnbits4")], "MatMulNBits level 4", 1.0),
+                  ("bq4", "native4", [("int4", "matmulnbits4")], "MatMulNBits level 4 (stretch)", 0.6),
+                  ("bq4", "native", [("int4", "matmulnbits4")], "MatMulNBits level 4", 1.0),
+                  ("vq3", "native", [("fp32", "dense")], "dense fp32", 1.0)]
+        for fmt, impl, bases, base_name, target in checks:
+            key = (shape, fmt, 0.5, impl)
             base_keys = [(shape, bf, 1.0, bi) for bf, bi in bases]
             if key not in cpu or not all(b in cpu for b in base_keys):
                 continue
             r_cpu = cpu[key] / min(cpu[b] for b in base_keys)
             r_wall = wall[key] / min(wall[b] for b in base_keys)
             verdict = "met" if r_cpu <= target else "NOT met"
-            lines.append(f"| {shape} | native {fmt} ρ=0.5 / {base_name} | {r_cpu:.2f}× | {r_wall:.2f}× | ≤ {target}× "
+            name = f"{impl} {fmt}" + (" (level 4)" if impl == "native4" else "")
+            lines.append(f"| {shape} | {name} ρ=0.5 / {base_name} | {r_cpu:.2f}× | {r_wall:.2f}× | ≤ {target}× "
                          f"| {verdict} |")
     return lines
 

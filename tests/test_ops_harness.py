@@ -68,9 +68,11 @@ class SgmmCase:
     o: int
     rho: float
     slab: bool = False
+    level: int = 0  # accuracy_level
 
     def __str__(self) -> str:
-        return f"{self.fmt}-n{self.n}-d{self.d}-o{self.o}-rho{self.rho}{'-slab' if self.slab else ''}"
+        return (f"{self.fmt}-n{self.n}-d{self.d}-o{self.o}-rho{self.rho}{'-slab' if self.slab else ''}"
+                + (f"-a{self.level}" if self.level else ""))
 
 
 SGMM_CASES = [
@@ -78,6 +80,13 @@ SGMM_CASES = [
     for fmt in FORMAT_MAKERS
     for (n, d, o) in ((1, 64, 96), (3, 96, 640), (2, 520, 200))
     for rho in (0.25, 0.5, 1.0)
+    for slab in (False, True)
+    if not (slab and rho == 1.0)
+] + [
+    SgmmCase(fmt, n, d, o, rho, slab, level=4)
+    for fmt in ("bq4", "bq4_asym64", "fp32")
+    for (n, d, o) in ((1, 64, 96), (3, 96, 640), (2, 520, 200))
+    for rho in (0.25, 1.0)
     for slab in (False, True)
     if not (slab and rho == 1.0)
 ]
@@ -110,13 +119,22 @@ def sgmm_errors(y: np.ndarray, ref: np.ndarray) -> dict[str, float]:
 @pytest.mark.parametrize("case", SGMM_CASES, ids=str)
 def test_sgmm_matches_reference(case: SgmmCase, path: str) -> None:
     x, idx, w, slots = sgmm_inputs(case)
-    ref = sparse_gather_matmul_ref(x, idx, w, slots)
+    ref = sparse_gather_matmul_ref(x, idx, w, slots, accuracy_level=case.level)
     feeds = {"X": x, "indices": idx} | ({"slots": slots} if slots is not None else {})
-    y = run_model(make_sgmm_model(w, case.d, slab=slots is not None), feeds, path)
+    y = run_model(make_sgmm_model(w, case.d, slab=slots is not None, accuracy_level=case.level), feeds, path)
     assert y.shape == ref.shape and y.dtype == np.float32
     errs = sgmm_errors(y, ref)
     assert errs["nmse"] <= 1e-10, errs
     assert errs["max_abs_rel"] <= 1e-5, errs
+
+
+def test_sgmm_level4_is_int8_and_close_to_float() -> None:
+    """Level 4 on BQ4 really quantises the coefficients (differs from float32), within int8 rounding."""
+    x, idx, w, _ = sgmm_inputs(SgmmCase("bq4", 3, 520, 640, 0.5))
+    exact = sparse_gather_matmul_ref(x, idx, w)
+    int8 = sparse_gather_matmul_ref(x, idx, w, accuracy_level=4)
+    nmse = sgmm_errors(int8, exact)["nmse"]
+    assert 1e-8 < nmse < 1e-4, nmse
 
 
 @pytest.mark.parametrize("threads", [1, 2])

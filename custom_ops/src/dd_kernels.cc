@@ -14,6 +14,9 @@ void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1, int
 namespace dd_avx2 {
 void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1, int64_t j0, int64_t j1, float * y);
 }
+namespace dd_avx512 {
+void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1, int64_t j0, int64_t j1, float * y);
+}
 #endif
 
 using dd_chunk_fn = void (*)(const dd_sgmm_params *, int64_t, int64_t, int64_t, int64_t, int64_t, float *);
@@ -27,15 +30,47 @@ static bool dd_cpu_has_avx2() {
 #endif
 }
 
-// $DIPDEPLOY_OPS_ISA=portable forces the baseline kernels (tests use it to cover them on AVX2 machines).
-static bool dd_force_portable() {
+static bool dd_cpu_has_avx512vnni() {
+#if defined(DD_WITH_AVX2)
+    __builtin_cpu_init();
+    return dd_cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
+// $DIPDEPLOY_OPS_ISA=portable|avx2 caps the kernel set (tests use it to cover every set on one machine).
+static bool dd_isa_capped_at(const char * name) {
     const char * isa = std::getenv("DIPDEPLOY_OPS_ISA");
-    return isa != nullptr && std::strcmp(isa, "portable") == 0;
+    return isa != nullptr && std::strcmp(isa, name) == 0;
+}
+
+static const char * dd_pick_isa() {
+    if (dd_isa_capped_at("portable")) {
+        return "portable";
+    }
+    if (dd_cpu_has_avx512vnni() && !dd_isa_capped_at("avx2")) {
+        return "avx512vnni";
+    }
+    if (dd_cpu_has_avx2()) {
+        return "avx2";
+    }
+#if defined(__aarch64__)
+    return "neon";
+#else
+    return "portable";
+#endif
 }
 
 static dd_chunk_fn dd_pick_chunk_fn() {
 #if defined(DD_WITH_AVX2)
-    if (dd_cpu_has_avx2() && !dd_force_portable()) {
+    const char * isa = dd_pick_isa();
+    if (std::strcmp(isa, "avx512vnni") == 0) {
+        return dd_avx512::sgmm_chunk;
+    }
+    if (std::strcmp(isa, "avx2") == 0) {
         return dd_avx2::sgmm_chunk;
     }
 #endif
@@ -49,14 +84,7 @@ void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t 
 }
 
 const char * dd_kernels_isa() {
-    if (dd_cpu_has_avx2() && !dd_force_portable()) {
-        return "avx2";
-    }
-#if defined(__aarch64__)
-    return "neon";
-#else
-    return "portable";
-#endif
+    return dd_pick_isa();
 }
 
 // Top-k selection in O(d + k): scores become order-preserving uint32 keys (ascending key = descending

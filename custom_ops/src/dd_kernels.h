@@ -16,6 +16,7 @@ enum dd_format {
 // One SparseGatherMatMul call: Y[n] = sum_j X[n, idx[n, j]] * W[rows[n, j], :].
 struct dd_sgmm_params {
     dd_format format;
+    int64_t accuracy_level;      // bq4: >= 4 takes the int8-coefficient path (README, "accuracy level")
     int64_t n, d, k, o;          // X [n, d], idx/rows [n, k], Y [n, o]
     const float * x;
     const int64_t * idx;         // columns of X
@@ -41,6 +42,10 @@ struct dd_sgmm_params {
     int64_t group_rows, group_cols, ngc;
 };
 
+// Selected rows that share one int8 coefficient scale at accuracy level 4; row groups split across
+// tasks start at multiples of it, so the result does not depend on the thread count.
+constexpr int64_t DD_I8_ROWS = 32;
+
 // Column granularity of a work chunk: chunk edges are multiples of this (BQ4 blocks align).
 constexpr int64_t DD_CHUNK_ALIGN = 128;
 
@@ -50,7 +55,7 @@ constexpr int64_t DD_CHUNK_ALIGN = 128;
 void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1, int64_t j0, int64_t j1,
                    float * y);
 
-// Name of the kernel set picked for this CPU ("avx2", "neon" or "portable").
+// Name of the kernel set picked for this CPU ("avx512vnni", "avx2", "neon" or "portable").
 const char * dd_kernels_isa();
 
 // One TopKColumnMask row: the DIP-CA score of dipdeploy/cache/score.py, then top-k (largest first,

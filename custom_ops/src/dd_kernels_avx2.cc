@@ -2,7 +2,9 @@
 // called only after a CPUID check (dd_kernels.cc), so the library still loads on older x86-64 CPUs.
 #include "dd_kernels.h"
 
+#include <cmath>
 #include <cstring>
+#include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif

@@ -1,7 +1,9 @@
 // Baseline kernel set: built with the target's default flags (x86-64 SSE2, aarch64 NEON).
 #include "dd_kernels.h"
 
+#include <cmath>
 #include <cstring>
+#include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #elif defined(__aarch64__)

@@ -290,6 +290,7 @@ struct dd_sgmm_kernel {
     int64_t cols;
     int64_t group_rows;
     int64_t group_cols;
+    int64_t accuracy_level;
 };
 
 OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo * info,
@@ -300,6 +301,11 @@ OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api,
     const int64_t cols = dd_attr_int(api, info, "cols", 0);
     const int64_t gr = dd_attr_int(api, info, "group_rows", 0);
     const int64_t gc = dd_attr_int(api, info, "group_cols", 0);
+    const int64_t level = dd_attr_int(api, info, "accuracy_level", 0);
+    if (level < 0 || level > 4) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute accuracy_level=%lld must lie in [0, 4]", op,
+                        (long long) level);
+    }
     static const struct { const char * name; dd_format format; } formats[] = {
         {"fp32", DD_FORMAT_FP32}, {"fp16", DD_FORMAT_FP16}, {"bq4", DD_FORMAT_BQ4}, {"vq3", DD_FORMAT_VQ3}};
     for (const auto & f : formats) {
@@ -309,7 +315,7 @@ OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api,
                                 "%s: format 'vq3' needs attributes group_rows >= 1 and an even group_cols >= 2, got %lld, %lld",
                                 op, (long long) gr, (long long) gc);
             }
-            *kernel = new (std::nothrow) dd_sgmm_kernel{api, f.format, cols, gr, gc};
+            *kernel = new (std::nothrow) dd_sgmm_kernel{api, f.format, cols, gr, gc, level};
             return *kernel ? nullptr : dd_error(api, ORT_FAIL, "%s: out of memory", op);
         }
     }
@@ -364,7 +370,7 @@ void dd_sgmm_plan(dd_sgmm_job * job) {
     job->n_chunks = dd_ceil_div(p.o, job->chunk);
     const int64_t want = dd_ceil_div(target_tasks, job->n_chunks * p.n);
     job->n_groups = std::max<int64_t>(1, std::min(want, p.k / min_group));
-    job->group = dd_ceil_div(std::max<int64_t>(p.k, 1), job->n_groups);
+    job->group = dd_ceil_div(dd_ceil_div(std::max<int64_t>(p.k, 1), job->n_groups), DD_I8_ROWS) * DD_I8_ROWS;
     job->n_groups = dd_ceil_div(std::max<int64_t>(p.k, 1), job->group);
 }
 
@@ -508,6 +514,7 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
     }
     dd_sgmm_params p{};
     p.format = kn->format;
+    p.accuracy_level = kn->accuracy_level;
     int64_t R = 0;
     DD_TRY(dd_sgmm_weights(kn, w, n_in - 3, slots.present, d, &p, &R));
     DD_TRY(dd_check_range(api, op, "indices", static_cast<const int64_t *>(idx.data), n * k, d));

@@ -37,7 +37,9 @@ struct test_case {
     int64_t rows, cols, k, block_or_gc, group_rows;
     bool zeros;
     int64_t slab_rows;  // 0: full mode (W has the D = rows rows); else W is a slab of this many rows, read via slots
+    int64_t level = 0;  // accuracy_level (4: BQ4 int8 coefficients)
 };
+
 
 // Independent decode of W row r, column c, in double; `orig` is the original row it holds (VQ3's group).
 double weight_at(const dd_sgmm_params & p, int64_t r, int64_t orig, int64_t c) {
@@ -65,6 +67,35 @@ double weight_at(const dd_sgmm_params & p, int64_t r, int64_t orig, int64_t c) {
     return 0.0;
 }
 
+// Independent level-4 reference (README, "accuracy level"): chunks of DD_I8_ROWS selected rows in index
+// order, per chunk and block one coefficient scale, integer sums, then y += σ · sum, in double.
+std::vector<double> level4_reference(const dd_sgmm_params & p, const std::vector<float> & x,
+                                     const std::vector<int64_t> & idx) {
+    std::vector<double> ref(p.o, 0.0);
+    for (int64_t g0 = 0; g0 < p.k; g0 += DD_I8_ROWS) {
+        const int64_t g1 = std::min(p.k, g0 + DD_I8_ROWS);
+        for (int64_t b = 0; b * p.block < p.o; ++b) {
+            std::vector<float> c;
+            float amax = 0.0f;
+            for (int64_t j = g0; j < g1; ++j) {
+                c.push_back(half_to_float(p.scales[p.rows[j] * p.nb + b]) * x[idx[j]]);
+                amax = std::max(amax, std::fabs(c.back()));
+            }
+            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, sigma = amax / 127.0f;
+            for (int64_t col = b * p.block; col < std::min(p.o, (b + 1) * p.block); ++col) {
+                long acc = 0;
+                for (int64_t j = g0; j < g1; ++j) {
+                    const long cq = std::lrint(std::min(127.0f, std::max(-127.0f, c[j - g0] * inv)));
+                    const double w = weight_at(p, p.rows[j], idx[j], col) / half_to_float(p.scales[p.rows[j] * p.nb + b]);
+                    acc += cq * std::lrint(w);  // q - z, recovered exactly from the decoded weight
+                }
+                ref[col] += (double) sigma * (double) acc;
+            }
+        }
+    }
+    return ref;
+}
+
 bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::uniform_int_distribution<int> byte(0, 255);
@@ -83,6 +114,7 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
     for (auto & v : x) v = uni(rng);
     dd_sgmm_params p{};
     p.format = tc.format;
+    p.accuracy_level = tc.level;
     p.n = 1; p.d = D; p.k = k; p.o = O;
     p.x = x.data(); p.idx = idx.data(); p.rows = tc.slab_rows ? slots.data() : idx.data(); p.y = y.data();
     if (tc.format == DD_FORMAT_FP32) {
@@ -118,8 +150,9 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
         p.codes = codes.data(); p.codes_stride = stride; p.cb = cb.data(); p.cb_scales = scales.data();
         p.group_rows = gr; p.group_cols = gc; p.ngc = ngc;
     }
-    // Split like dd_ops.cc: 2 row groups summed, columns in chunks of 256.
-    const int64_t chunk = 256, half = k / 2;
+    // Split like dd_ops.cc: 2 row groups summed (the split at a multiple of DD_I8_ROWS), columns in
+    // chunks of 256.
+    const int64_t chunk = 256, half = (k / 2) / DD_I8_ROWS * DD_I8_ROWS;
     std::vector<float> part(O, 0.0f);
     for (int64_t o0 = 0; o0 < O; o0 += chunk) {
         const int64_t o1 = std::min(O, o0 + chunk);
@@ -127,17 +160,22 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
         dd_sgmm_chunk(&p, 0, o0, o1, half, k, part.data());
     }
     double err = 0.0, ref2 = 0.0;
+    const std::vector<double> ref4 = tc.level >= 4 ? level4_reference(p, x, idx) : std::vector<double>();
     for (int64_t c = 0; c < O; ++c) {
         double ref = 0.0;
         for (int64_t j = 0; j < k; ++j) ref += (double) x[idx[j]] * weight_at(p, p.rows[j], idx[j], c);
+        if (tc.level >= 4) {
+            ref = ref4[c];
+        }
         const double got = (double) y[c] + (double) part[c];
         err += (got - ref) * (got - ref);
         ref2 += ref * ref;
     }
     const double nmse = err / std::max(ref2, 1e-30);
     const bool ok = nmse <= 1e-10;
-    std::printf("%s sgmm format=%d D=%lld R=%lld O=%lld k=%lld%s nmse=%.3g\n", ok ? "ok  " : "FAIL", (int) tc.format,
-                (long long) D, (long long) R, (long long) O, (long long) k, tc.slab_rows ? " slab" : "", nmse);
+    std::printf("%s sgmm format=%d level=%lld D=%lld R=%lld O=%lld k=%lld%s nmse=%.3g\n", ok ? "ok  " : "FAIL",
+                (int) tc.format, (long long) tc.level, (long long) D, (long long) R, (long long) O, (long long) k,
+                tc.slab_rows ? " slab" : "", nmse);
     return ok;
 }
 
@@ -185,6 +223,10 @@ int main() {
         {DD_FORMAT_VQ3, 257, 576, 100, 192, 40, false, 0}, {DD_FORMAT_VQ3, 64, 1000, 33, 250, 7, false, 0},
         {DD_FORMAT_BQ4, 200, 1000, 77, 64, 0, true, 90},
         {DD_FORMAT_VQ3, 300, 1024, 150, 256, 32, false, 170}, {DD_FORMAT_VQ3, 64, 1000, 33, 250, 7, false, 500},
+        {DD_FORMAT_BQ4, 300, 1024, 150, 32, 0, false, 0, 4}, {DD_FORMAT_BQ4, 200, 1000, 77, 64, 0, true, 0, 4},
+        {DD_FORMAT_BQ4, 130, 640, 45, 128, 0, false, 0, 4},  {DD_FORMAT_BQ4, 200, 1000, 77, 64, 0, true, 90, 4},
+        {DD_FORMAT_BQ4, 100, 600, 3, 32, 0, false, 0, 4},    {DD_FORMAT_BQ4, 100, 600, 40, 16, 0, false, 0, 4},
+        {DD_FORMAT_BQ4, 150, 960, 70, 96, 0, false, 0, 4},   {DD_FORMAT_BQ4, 150, 1000, 70, 96, 0, true, 0, 4},
     };
     bool ok = true;
     for (const auto & tc : cases) ok = run_sgmm(tc, rng) && ok;

@@ -8,7 +8,8 @@ cannot branch on which optional inputs are present:
 
 - TopKColumnMask: ``<k source>_<score>_<cache>``, e.g. ``kin_abs_dip``, ``kattr_wina_ca``
   (k from input K or attribute k; score |x| or WINA |x|·colnorm; cache-aware or plain DIP).
-- SparseGatherMatMul: ``<format>[_zp][_slab]``, e.g. ``fp32``, ``bq4_zp_slab``.
+- SparseGatherMatMul: ``<format>[_zp][_slab][_a4]``, e.g. ``fp32``, ``bq4_zp_slab``, ``bq4_a4``
+  (``_a4``: accuracy level 4, int8 coefficients).
 
 Every variant declares the full positional input list of its op (absent optional inputs are "" on the
 node and unused in the body), so node inputs map onto function inputs by position.
@@ -28,7 +29,7 @@ from dipdeploy.ops.schemas import DOMAIN, ONNX_OPSET, SCORES, SGMM_OP, TOPK_OP
 TOPK_INPUTS = ("X", "K", "C", "colnorm")
 TOPK_ATTRS = {"k": 0, "gamma": 1.0, "fixed_top_n": 0, "score": "abs"}
 SGMM_FIXED_INPUTS = ("X", "indices", "slots")
-SGMM_ATTRS = {"format": "fp32", "cols": 0, "group_rows": 0, "group_cols": 0}
+SGMM_ATTRS = {"format": "fp32", "cols": 0, "group_rows": 0, "group_cols": 0, "accuracy_level": 0}
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,14 @@ class SgmmVariant:
     format: str = "fp32"
     with_optional: bool = False
     slab: bool = False
+    int8: bool = False  # accuracy level 4 on BQ4 (``reference.int8_path``)
 
     def __post_init__(self) -> None:
         fmt = weight_format(self.format)
         if self.with_optional and fmt.n_optional == 0:
             raise ValueError(f"SgmmVariant.with_optional=True but format {self.format!r} has no optional array")
+        if self.int8 and self.format != "bq4":
+            raise ValueError(f"SgmmVariant.int8=True needs format 'bq4', got {self.format!r}")
 
     @property
     def n_weights(self) -> int:
@@ -68,7 +72,8 @@ class SgmmVariant:
 
     @property
     def overload(self) -> str:
-        return self.format + ("_zp" if self.with_optional else "") + ("_slab" if self.slab else "")
+        return (self.format + ("_zp" if self.with_optional else "") + ("_slab" if self.slab else "")
+                + ("_a4" if self.int8 else ""))
 
 
 class _Body:
@@ -149,12 +154,12 @@ def _nibbles(b: _Body, packed: str) -> str:
     return b.op("Reshape", [pair, b.const([0, 0, -1], np.int64)])
 
 
-def _rows_bq4(b: _Body, rows: str, w: list[str]) -> str:
-    """Decode the selected BQ4 rows to float32 [N, k, cols].
+def _bq4_codes(b: _Body, rows: str, w: list[str]) -> tuple[str, str]:
+    """The selected BQ4 rows as float32 (q − z) [N,k,nb,B] (exact small integers) and scales [N,k,nb,1].
 
         qweight ─Gather─nibbles─► q [N,k,nb·B] ─Reshape [N,k,nb,B]─Cast─► q
         zeros ─Gather─nibbles─Slice nb─Cast─► z [N,k,nb,1]  (or the constant 8)
-        scales ─Gather─Cast─► s [N,k,nb,1];   (q − z)·s ─Reshape [N,k,nb·B]─Slice cols─► W
+        scales ─Gather─Cast─► s [N,k,nb,1]
     """
     q = _nibbles(b, b.op("Gather", [w[0], rows], axis=0))
     nb = b.op("Slice", [b.op("Shape", [w[1]]), b.const([1], np.int64), b.const([2], np.int64)])
@@ -168,9 +173,50 @@ def _rows_bq4(b: _Body, rows: str, w: list[str]) -> str:
         z = b.op("Unsqueeze", [b.op("Cast", [z], to=TensorProto.FLOAT), axis])
     else:
         z = b.const(8.0)
-    deq = b.op("Reshape", [b.op("Mul", [b.op("Sub", [q, z]), s]), b.const([0, 0, -1], np.int64)])
+    return b.op("Sub", [q, z]), s
+
+
+def _cut_cols(b: _Body, y: str) -> str:
+    """[..., nb, B] → [..., cols]: merge the blocks, drop the padding past attribute ``cols``."""
+    flat = b.op("Reshape", [y, b.const([0, 0, -1], np.int64)])
     cols = b.op("Reshape", [b.const_from_attr("cols", "value_int"), b.const([1], np.int64)])
-    return b.op("Slice", [deq, b.const([0], np.int64), cols, axis])
+    return b.op("Slice", [flat, b.const([0], np.int64), cols, b.const([-1], np.int64)])
+
+
+def _rows_bq4(b: _Body, rows: str, w: list[str]) -> str:
+    """Decode the selected BQ4 rows to float32 [N, k, cols]: (q − z)·s, blocks merged, padding cut."""
+    qz, s = _bq4_codes(b, rows, w)
+    return _cut_cols(b, b.op("Mul", [qz, s]))
+
+
+def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
+    """BQ4 at accuracy level 4 (``reference.int8_coefficients``): Y [N, cols].
+
+        c = x_j · s_j,b [N,k,nb] ─Pad k to G·32─Reshape [N,G,32,nb]
+        σ = max|c| / 127,  cq = Clip(Round(c · 127/max|c|), ±127)        (per chunk g and block b)
+        acc = Σ_j cq · (q − z)   [N,G,nb,B]   (integers below 2^24: exact in float32)
+        Y = Σ_g σ · acc ─Reshape─Slice cols
+    """
+    i64 = lambda v: b.const(v, np.int64)  # noqa: E731
+    qz, s = _bq4_codes(b, rows, w)
+    c = b.op("Mul", [b.op("Unsqueeze", [xs, i64([-1, -2])]), s])  # [N,k,nb,1]
+    k = b.op("Shape", ["indices"], start=1, end=2)
+    groups = b.op("Div", [b.op("Add", [k, i64([31])]), i64([32])])
+    pad_k = b.op("Sub", [b.op("Mul", [groups, i64([32])]), k])
+    pads4 = b.op("Concat", [i64([0, 0, 0, 0, 0]), pad_k, i64([0, 0])], axis=0)  # [N,k,nb,·]: k's end
+    nb = b.op("Shape", [qz], start=2, end=3)
+    block = b.op("Shape", [qz], start=3, end=4)
+    head = [i64([0]), groups, i64([32]), nb]
+    c = b.op("Reshape", [b.op("Pad", [c, pads4]), b.op("Concat", [*head, i64([1])], axis=0)])  # [N,G,32,nb,1]
+    qz = b.op("Reshape", [b.op("Pad", [qz, pads4]), b.op("Concat", [*head, block], axis=0)])  # [N,G,32,nb,B]
+    amax = b.op("ReduceMax", [b.op("Abs", [c]), i64([2])], keepdims=1)  # [N,G,1,nb,1]
+    inv = b.op("Where", [b.op("Greater", [amax, b.const(0.0)]), b.op("Div", [b.const(127.0), amax]), b.const(0.0)])
+    cq = b.op("Clip", [b.op("Round", [b.op("Mul", [c, inv])]), b.const(-127.0), b.const(127.0)])
+    acc = b.op("ReduceSum", [b.op("Mul", [cq, qz]), i64([2])], keepdims=0)  # [N,G,nb,B]
+    sigma = b.op("Squeeze", [b.op("Div", [amax, b.const(127.0)]), i64([2])])  # [N,G,nb,1]
+    y = b.op("ReduceSum", [b.op("Mul", [acc, sigma]), i64([1])], keepdims=0)  # [N,nb,B]
+    cols = b.op("Reshape", [b.const_from_attr("cols", "value_int"), i64([1])])
+    return b.op("Slice", [b.op("Reshape", [y, i64([0, -1])]), i64([0]), cols, i64([-1])])
 
 
 def _rows_vq3(b: _Body, rows: str, w: list[str], *, original: str) -> str:
@@ -223,6 +269,10 @@ def sparse_gather_matmul_function(variant: SgmmVariant) -> FunctionProto:
     axis1 = b.const([1], np.int64)
     xs = b.op("Unsqueeze", [b.op("GatherElements", ["X", "indices"], axis=1), axis1])
     rows = b.op("Identity", ["slots" if variant.slab else "indices"])
+    if variant.int8:
+        _sgmm_bq4_int8(b, b.op("GatherElements", ["X", "indices"], axis=1), rows, w_names)
+        b.nodes[-1].output[0] = "Y"
+        return _function(SGMM_OP, variant.overload, [*SGMM_FIXED_INPUTS, *w_names], ["Y"], b, SGMM_ATTRS)
     decode = ROW_DECODERS[variant.format]
     w = decode(b, rows, w_names, original="indices") if variant.format == "vq3" else decode(b, rows, w_names)
     b.op("Squeeze", [b.op("MatMul", [xs, w]), axis1])

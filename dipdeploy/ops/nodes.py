@@ -11,6 +11,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from dipdeploy.ops.fallback import SgmmVariant, TopKVariant, fallback_functions
 from dipdeploy.ops.formats import OpWeights, weight_format
+from dipdeploy.ops.reference import int8_path
 from dipdeploy.ops.schemas import DOMAIN, IR_VERSION, ONNX_OPSET, OPSET_VERSION, SGMM_OP, TOPK_OP
 
 
@@ -62,22 +63,29 @@ def sparse_gather_matmul_node(
     slots: str | None = None,
     group_rows: int = 0,
     group_cols: int = 0,
+    accuracy_level: int = 0,
 ) -> tuple[NodeProto, SgmmVariant]:
     """A SparseGatherMatMul node over the weight arrays named ``weights`` (format ``fmt``).
 
     ``group_rows``/``group_cols``: the VQ3 group shape (``OpWeights.attrs``); 0 for other formats.
+    ``accuracy_level``: 0 (float32 arithmetic) or 4 (int8 coefficients; BQ4 only, other formats
+    compute in float32 at any level, as MatMulNBits treats a level it has no kernel for).
     """
+    if accuracy_level not in (0, 4):
+        raise ValueError(f"accuracy_level={accuracy_level} is not allowed; use 0 (float32) or 4 (int8 coefficients)")
     spec = weight_format(fmt)
     if not spec.n_required <= len(weights) <= len(spec.dtypes):
         raise ValueError(f"format {fmt!r} takes {spec.n_required}..{len(spec.dtypes)} weight inputs, got {len(weights)}")
     if cols < 1:
         raise ValueError(f"cols={cols} must be >= 1 (the output width O)")
-    variant = SgmmVariant(fmt, with_optional=len(weights) > spec.n_required, slab=slots is not None)
+    variant = SgmmVariant(fmt, with_optional=len(weights) > spec.n_required, slab=slots is not None,
+                          int8=int8_path(fmt, accuracy_level))
     if fmt == "vq3" and (group_rows < 1 or group_cols < 2 or group_cols % 2):
         raise ValueError(f"vq3 needs group_rows >= 1 and an even group_cols >= 2, got {group_rows}, {group_cols}")
     node = helper.make_node(
         SGMM_OP, [x, indices, slots or "", *weights], [output], name=name, domain=DOMAIN, format=fmt,
         cols=int(cols), group_rows=int(group_rows), group_cols=int(group_cols),
+        **({"accuracy_level": int(accuracy_level)} if accuracy_level else {}),
     )
     node.overload = variant.overload
     return node, variant
@@ -114,7 +122,8 @@ def make_topk_model(
     return _model([node], inputs, [out], [], variants_topk=[variant])
 
 
-def make_sgmm_model(weights: OpWeights, d: int, *, slab: bool = False, weights_as_inputs: bool = False) -> ModelProto:
+def make_sgmm_model(weights: OpWeights, d: int, *, slab: bool = False, weights_as_inputs: bool = False,
+                    accuracy_level: int = 0) -> ModelProto:
     """One SparseGatherMatMul node. Inputs X [N, d], indices [N, k] (+ slots [N, k] when ``slab``).
 
     The weights are constant initializers, or graph inputs with ``weights_as_inputs`` (a host runtime
@@ -133,7 +142,7 @@ def make_sgmm_model(weights: OpWeights, d: int, *, slab: bool = False, weights_a
             inits.append(onnx.numpy_helper.from_array(arr, name))
     node, variant = sparse_gather_matmul_node(
         f"/model/{SGMM_OP}", "X", "indices", names, "Y", fmt=weights.format, cols=weights.cols,
-        slots="slots" if slab else None, **dict(weights.attrs),
+        slots="slots" if slab else None, accuracy_level=accuracy_level, **dict(weights.attrs),
     )
     out = vi("Y", TensorProto.FLOAT, ["N", weights.cols])
     return _model([node], inputs, [out], inits, variants_sgmm=[variant])

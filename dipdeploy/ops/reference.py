@@ -30,20 +30,64 @@ def topk_column_mask_ref(
     return topk_indices(dipca_scores(x_abs, resident, gamma, fixed_top_n), k)
 
 
+# Selected rows sharing one int8 coefficient scale at accuracy level 4 (DD_I8_ROWS in custom_ops).
+I8_ROWS = 32
+
+
+def int8_coefficients(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Accuracy level 4: one chunk's coefficients c [m, nb] (x_j · s_j,b) → (cq int32 [m, nb], σ [nb]).
+
+    Per output block b, one scale over the chunk's rows: σ = max|c|/127, cq = rint(c · 127/max|c|)
+    clipped to ±127, all in float32 (the native kernels do the same operations, so cq is bit-equal).
+    """
+    c = np.asarray(c, dtype=np.float32)
+    amax = np.abs(c).max(axis=0) if len(c) else np.zeros(c.shape[1], np.float32)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    cq = np.clip(np.rint(c * inv), -127, 127).astype(np.int32)
+    return cq, (amax / np.float32(127)).astype(np.float32)
+
+
+def _sgmm_int8_row(x_sel: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """One output row at level 4: Σ over chunks of I8_ROWS rows of σ_b · Σ_j cq_j,b (q − z)_j (float64)."""
+    c = scales * x_sel[:, None]  # float32 [k, nb]
+    y = np.zeros(codes.shape[1:], dtype=np.float64)
+    for g0 in range(0, len(x_sel), I8_ROWS):
+        cq, sigma = int8_coefficients(c[g0 : g0 + I8_ROWS])
+        acc = np.einsum("jb,jbc->bc", cq.astype(np.int64), codes[g0 : g0 + I8_ROWS].astype(np.int64))
+        y += sigma.astype(np.float64)[:, None] * acc
+    return y.reshape(-1)
+
+
 def sparse_gather_matmul_ref(
-    x: np.ndarray, indices: np.ndarray, weights: OpWeights, slots: np.ndarray | None = None
+    x: np.ndarray,
+    indices: np.ndarray,
+    weights: OpWeights,
+    slots: np.ndarray | None = None,
+    accuracy_level: int = 0,
 ) -> np.ndarray:
     """Y [N, O] float32: Y[n] = Σ_j X[n, indices[n, j]] · W[row(n, j)], row = slots if given else indices.
 
     The row's values come from W row ``row(n, j)``; VQ3's codebook group from the original row
     ``indices[n, j]`` (a slab keeps only codes per row). Accumulates in float64 so it is a reference
-    for every kernel's summation order.
+    for every kernel's summation order. ``accuracy_level`` ≥ 4 on BQ4 quantises the coefficients
+    x·s to int8 in chunks of :data:`I8_ROWS` selected rows (:func:`int8_coefficients`); other
+    formats ignore it, like MatMulNBits ignores a level it has no kernel for.
     """
     x = np.asarray(x, dtype=np.float32)
     indices = np.asarray(indices, dtype=np.int64)
     rows = indices if slots is None else np.asarray(slots, dtype=np.int64)
     y = np.empty((x.shape[0], weights.cols), dtype=np.float32)
+    int8 = int8_path(weights.format, accuracy_level)
     for n in range(x.shape[0]):
+        if int8:
+            codes, scales = weights.packed.codes_rows(rows[n])
+            y[n] = _sgmm_int8_row(x[n, indices[n]], codes, scales)[: weights.cols]
+            continue
         w = weights.rows_float32(rows[n], indices[n]).astype(np.float64)
         y[n] = x[n, indices[n]].astype(np.float64) @ w
     return y
+
+
+def int8_path(fmt: str, accuracy_level: int) -> bool:
+    """Whether a SparseGatherMatMul of format ``fmt`` at ``accuracy_level`` takes the int8 path."""
+    return fmt == "bq4" and accuracy_level >= 4

@@ -75,6 +75,8 @@ def _sgmm_schema():
             OpSchema.Attribute("cols", OpSchema.AttrType.INT, "output width O (quantised formats)", required=False),
             OpSchema.Attribute("group_rows", OpSchema.AttrType.INT, "VQ3 group height", required=False),
             OpSchema.Attribute("group_cols", OpSchema.AttrType.INT, "VQ3 group width (even)", required=False),
+            OpSchema.Attribute("accuracy_level", OpSchema.AttrType.INT,
+                               "0: float32; 4: int8 coefficients (bq4), as MatMulNBits' level 4", required=False),
         ],
     )
 

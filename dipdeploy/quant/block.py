@@ -69,16 +69,24 @@ class BlockQuantTensor:
         """Exact: every stored bit (codes + scales + zero points + padding) over R·C weights."""
         return 8 * self.nbytes / (self.rows * self.cols)
 
-    def dequantize_rows(self, row_idx: np.ndarray) -> np.ndarray:
+    def codes_rows(self, row_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(q − z) int32 [m, nb, B] and the scales float32 [m, nb] of rows ``row_idx``: w = (q − z)·s.
+
+        The integer half is what an int8 kernel multiplies (SparseGatherMatMul at accuracy level 4).
+        """
         cfg, n = self.config, self.config.bits
         B, nb = cfg.block_size, self.n_blocks
-        q = unpack_bits(self.qweight[row_idx], n, nb * B).reshape(len(row_idx), nb, B).astype(np.float32)
-        s = self.scales[row_idx].astype(np.float32)[:, :, None]
+        q = unpack_bits(self.qweight[row_idx], n, nb * B).reshape(len(row_idx), nb, B).astype(np.int32)
         if self.zeros is None:
-            z = np.float32(1 << (n - 1))
+            z = np.int32(1 << (n - 1))
         else:
-            z = unpack_bits(self.zeros[row_idx], n, nb).astype(np.float32)[:, :, None]
-        return ((q - z) * s).reshape(len(row_idx), nb * B)[:, : self.cols]
+            z = unpack_bits(self.zeros[row_idx], n, nb).astype(np.int32)[:, :, None]
+        return q - z, self.scales[row_idx].astype(np.float32)
+
+    def dequantize_rows(self, row_idx: np.ndarray) -> np.ndarray:
+        codes, s = self.codes_rows(row_idx)
+        w = codes.astype(np.float32) * s[:, :, None]
+        return w.reshape(len(row_idx), self.n_blocks * self.config.block_size)[:, : self.cols]
 
 
 def _codes_sym(x: np.ndarray, scale: np.ndarray, n: int) -> np.ndarray:
