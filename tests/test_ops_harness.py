@@ -85,7 +85,7 @@ SGMM_CASES = [
 ] + [
     SgmmCase(fmt, n, d, o, rho, slab, level=4)
     for fmt in ("bq4", "bq4_asym64", "fp32")
-    for (n, d, o) in ((1, 64, 96), (3, 96, 640), (2, 520, 200))
+    for (n, d, o) in ((1, 64, 96), (3, 96, 640), (2, 520, 200), (1, 80, 2112))
     for rho in (0.25, 1.0)
     for slab in (False, True)
     if not (slab and rho == 1.0)

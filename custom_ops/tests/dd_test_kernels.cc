@@ -151,8 +151,8 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
         p.group_rows = gr; p.group_cols = gc; p.ngc = ngc;
     }
     // Split like dd_ops.cc: 2 row groups summed (the split at a multiple of DD_I8_ROWS), columns in
-    // chunks of 256.
-    const int64_t chunk = 256, half = (k / 2) / DD_I8_ROWS * DD_I8_ROWS;
+    // chunks of 256, or 1280 for wide outputs (level 4 takes another loop order past 1024 columns).
+    const int64_t chunk = O >= 2048 ? 1280 : 256, half = (k / 2) / DD_I8_ROWS * DD_I8_ROWS;
     std::vector<float> part(O, 0.0f);
     for (int64_t o0 = 0; o0 < O; o0 += chunk) {
         const int64_t o1 = std::min(O, o0 + chunk);
@@ -227,6 +227,8 @@ int main() {
         {DD_FORMAT_BQ4, 130, 640, 45, 128, 0, false, 0, 4},  {DD_FORMAT_BQ4, 200, 1000, 77, 64, 0, true, 90, 4},
         {DD_FORMAT_BQ4, 100, 600, 3, 32, 0, false, 0, 4},    {DD_FORMAT_BQ4, 100, 600, 40, 16, 0, false, 0, 4},
         {DD_FORMAT_BQ4, 150, 960, 70, 96, 0, false, 0, 4},   {DD_FORMAT_BQ4, 150, 1000, 70, 96, 0, true, 0, 4},
+        {DD_FORMAT_BQ4, 120, 2560, 100, 32, 0, false, 0, 4}, {DD_FORMAT_BQ4, 120, 2600, 45, 64, 0, true, 80, 4},
+        {DD_FORMAT_BQ4, 120, 2560, 100, 32, 0, false, 0, 0},
     };
     bool ok = true;
     for (const auto & tc : cases) ok = run_sgmm(tc, rng) && ok;
