@@ -102,3 +102,17 @@ def test_64k_alignment_for_windows_mmap(tmp_path):
     m = read_manifest(res.out)
     assert m.alignment == 65536 and verify(res.out, m) == []
     assert all(t["offset"] % 65536 == 0 for t in m.tensors.values())
+
+
+def test_accuracy_level_4_validates_its_level0_twin_and_reports_itself(tmp_path):
+    """Level 4 has no torch twin: the level-0 twin is held to the reference, level 4 is measured."""
+    res = _export(tmp_path, model="tiny-llama", method="dip", quant="bq4", accuracy_level=4)
+    v = res.manifest.validation
+    assert v["tokens_match_stock"] and v["max_abs_diff"] <= v["tolerance"]
+    lv = v["level4"]
+    assert lv["tokens"] == 8 and 0 <= lv["tokens_agree"] <= 8 and lv["max_abs_diff"] >= 0
+    assert not (res.out / "model.level0.onnx").exists()
+    g = onnx.load(str(res.out / "model.onnx"), load_external_data=False).graph
+    levels = {(n.op_type, a.i) for n in g.node for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {("MatMulNBits", 4), ("SparseGatherMatMul", 4)}
+    assert all(n.overload.endswith("_a4") for n in g.node if n.op_type == "SparseGatherMatMul")

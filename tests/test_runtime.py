@@ -54,6 +54,35 @@ def test_unlimited_budget_and_gamma_1_equals_model_onnx(dipca_bundle, io, native
         np.testing.assert_allclose(ours, ref[-1], atol=1e-4)
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_accuracy_level_override_equals_model_onnx_at_that_level(dipca_bundle, native, tmp_path):
+    """--accuracy-level 4 on a level-0 bundle: the per-layer graphs run what model.onnx at level 4 runs."""
+    import onnx
+
+    from dipdeploy.ops.native import library_path
+    from dipdeploy.ops.nodes import with_accuracy_level
+
+    if native and library_path() is None:
+        pytest.skip("native library not built (make ops)")
+    out, _, _ = dipca_bundle
+    eng = Engine(out, dram_budget="100%", gamma=1.0, native=native, accuracy_level=4)
+    g = eng.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
+    level4 = out / "model.level4.test.onnx"
+    onnx.save(with_accuracy_level(onnx.load(str(out / "model.onnx"), load_external_data=False), 4), str(level4))
+    try:
+        from dipdeploy.ops.native import session_options
+
+        sess = ort.InferenceSession(str(level4), session_options(1, native), providers=["CPUExecutionProvider"])
+        picks, logits = ort_teacher_forced(sess, _Spec, np.array(PROMPT), g.tokens)
+    finally:
+        level4.unlink()
+    assert picks == g.tokens
+    for ours, ref in zip(g.logits, logits):
+        np.testing.assert_allclose(ours, ref[-1], atol=1e-4)
+    with pytest.raises(ValueError, match="accuracy_level"):
+        Engine(out, accuracy_level=2)
+
+
 @pytest.mark.parametrize("policy,budget", [("lfu", "50%"), ("lru", "25%"), ("none", "50%")])
 def test_dipca_equals_torch_reference_under_a_budget(dipca_bundle, policy, budget):
     """Same γ, policy and capacity (round(frac·rows) per group) as the torch DIP-CA reference: same tokens."""

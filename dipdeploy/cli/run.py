@@ -19,6 +19,8 @@ BUDGET = typer.Option("50%", "--dram-budget", help="DRAM for the MLP caches: a s
 POLICY = typer.Option("lfu", "--policy", help="cache policy: lfu | lru | belady (offline bound, γ = 1) | "
                       "static (pinned rows: the dense baseline) | none")
 GAMMA = typer.Option(None, "--gamma", help="DIP-CA γ in [0, 1] (1 = plain DIP); default: the bundle's")
+LEVEL = typer.Option(None, "--accuracy-level", help="0 = fp32; 4 = int8 activations/coefficients in MatMulNBits and "
+                     "BQ4 SparseGatherMatMul (faster on x86); default: the bundle's")
 NATIVE = typer.Option(None, "--native/--no-native", help="native kernels (default: when built) or the ONNX "
                       "fallback functions")
 FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s")
@@ -32,7 +34,7 @@ VERIFY = typer.Option(False, "--verify", help="check every bundle file's sha256 
 
 
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
-            pin_from, verify):
+            pin_from, verify, accuracy_level=None):
     from dipdeploy.runtime import Engine, EngineConfig, parse_bandwidth
 
     counts = None
@@ -40,7 +42,7 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         from dipdeploy.trace import Trace
 
         counts = Trace.load(pin_from).row_counts()
-    cfg = EngineConfig(dram_budget=dram_budget, policy=policy, gamma=gamma, native=native,
+    cfg = EngineConfig(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
                        flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
                        io=io, context=context, threads=threads, verify=verify, pinned_counts=counts)
     return Engine(bundle, cfg)
@@ -52,7 +54,8 @@ def run_cmd(
     prompt: str = typer.Option(..., "--prompt", "-p", help="text to continue"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
-    native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH, cold: bool = COLD, io: str = IO,
+    accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
+    cold: bool = COLD, io: str = IO,
     context: int = CONTEXT, threads: int = THREADS, pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
     temperature: float = typer.Option(0.0, help="0 = greedy"),
     top_p: float = typer.Option(1.0, "--top-p"),
@@ -71,7 +74,7 @@ def run_cmd(
             if out is not None:
                 check_output(out, force)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
-                         pin_from, verify)
+                         pin_from, verify, accuracy_level)
         recorder = engine.trace_recorder() if trace is not None else None
         console.print(f"[bold]{prompt}[/]", end="")
         g = engine.generate(prompt, max_new_tokens, sampler=Sampler(temperature, top_p, seed), trace=recorder,
@@ -95,7 +98,8 @@ def chat_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
-    native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH, io: str = IO,
+    accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
+    io: str = IO,
     context: int = typer.Option(2048, "--context", help="conversation length (tokens)"), threads: int = THREADS,
     temperature: float = typer.Option(0.0, help="0 = greedy"), top_p: float = typer.Option(1.0, "--top-p"),
     seed: int = typer.Option(0, help="sampling seed"),
@@ -106,7 +110,7 @@ def chat_cmd(
 
     try:
         engine = _engine(bundle, dram_budget, "lfu" if policy == "belady" else policy, gamma, native,
-                         flash_bandwidth, False, io, context, threads, None, False)
+                         flash_bandwidth, False, io, context, threads, None, False, accuracy_level)
         chat = Chat(engine, Sampler(temperature, top_p, seed))
     except _ERRORS as err:
         fail(err)

@@ -25,8 +25,10 @@ class ExportConfig:
     """What ``dipdeploy export`` builds.
 
     ``density``/``rho_in``/``gamma`` only matter when no ``plan`` is given (they make one).
-    ``accuracy_level`` applies to the MatMulNBits of attention and lm_head when quantising; 0 keeps
-    fp32 arithmetic so the bundle matches the fake-quant torch reference to float rounding.
+    ``accuracy_level`` applies when quantising, to the MatMulNBits of attention and lm_head and to the
+    BQ4 SparseGatherMatMul of the MLP: 0 keeps fp32 arithmetic, so the bundle matches the fake-quant
+    torch reference to float rounding; 4 computes with int8 activations/coefficients (faster on x86
+    with AVX2 or VNNI), validated through its level-0 twin and measured against the reference.
     ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
     calibrated (kept small: export is not the place for a long calibration; use ``dipdeploy
     calibrate`` and ``--plan`` for a careful one).

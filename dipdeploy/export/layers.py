@@ -130,7 +130,7 @@ class LayerGraphs:
 
         ug = g.add_custom(sparse_gather_matmul_node(f"{p}/up_gate_proj/SparseGatherMatMul", x, idx, w,
                                                     f"{p}/up_gate_proj/SparseGatherMatMul/output_0", slots=slots,
-                                                    **t.up_gate_attrs))
+                                                    accuracy_level=g.accuracy_level, **t.up_gate_attrs))
         f = spec.intermediate_size
         g_out = glu(g, p, ug, f)
         gidx = g.add_custom(topk_column_mask_node(
@@ -154,7 +154,7 @@ class LayerGraphs:
 
         y = g.add_custom(sparse_gather_matmul_node(f"{p}/down_proj/SparseGatherMatMul", glu, idx, w,
                                                    f"{p}/down_proj/SparseGatherMatMul/output_0", slots=slots,
-                                                   **t.down_attrs))
+                                                   accuracy_level=g.accuracy_level, **t.down_attrs))
         y = g.op(f"{p}/Reshape_1", "Reshape", [y, g.op(f"{p}/Shape", "Shape", [h])])
         g.output(g.op(f"/model/layers.{i}/residual_mlp/Add", "Add", [h, y]), "hidden", FLOAT,
                  ["batch_size", "sequence_length", spec.hidden_size])

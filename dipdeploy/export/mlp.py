@@ -106,7 +106,8 @@ def sparse_up_gate(g: Graph, i: int, x2: str, k_in: int, weights: list[str], att
                                              f"{p}/up_gate_proj/TopKColumnMask/output_0", k=k_in,
                                              cache=cache, colnorm=colnorm, gamma=gamma))
     ug = g.add_custom(sparse_gather_matmul_node(f"{p}/up_gate_proj/SparseGatherMatMul", x2, idx, weights,
-                                                f"{p}/up_gate_proj/SparseGatherMatMul/output_0", slots=slots, **attrs))
+                                                f"{p}/up_gate_proj/SparseGatherMatMul/output_0", slots=slots,
+                                                accuracy_level=g.accuracy_level, **attrs))
     return glu(g, p, ug, f), idx
 
 
@@ -121,7 +122,8 @@ def sparse_down(g: Graph, i: int, glu: str, k_glu: int, weights: list[str], attr
     idx = g.add_custom(topk_column_mask_node(f"{p}/TopKColumnMask", glu, f"{p}/TopKColumnMask/output_0",
                                              k=k_glu, cache=cache, colnorm=colnorm, gamma=gamma))
     y = g.add_custom(sparse_gather_matmul_node(f"{p}/SparseGatherMatMul", glu, idx, weights,
-                                               f"{p}/SparseGatherMatMul/output_0", slots=slots, **attrs))
+                                               f"{p}/SparseGatherMatMul/output_0", slots=slots,
+                                               accuracy_level=g.accuracy_level, **attrs))
     return y, idx
 
 

@@ -68,11 +68,11 @@ def sparse_gather_matmul_node(
     """A SparseGatherMatMul node over the weight arrays named ``weights`` (format ``fmt``).
 
     ``group_rows``/``group_cols``: the VQ3 group shape (``OpWeights.attrs``); 0 for other formats.
-    ``accuracy_level``: 0 (float32 arithmetic) or 4 (int8 coefficients; BQ4 only, other formats
-    compute in float32 at any level, as MatMulNBits treats a level it has no kernel for).
+    ``accuracy_level``: MatMulNBits' scale, 0..4; 4 = int8 coefficients on BQ4, every other level and
+    format computes in float32 (as MatMulNBits treats a level it has no kernel for).
     """
-    if accuracy_level not in (0, 4):
-        raise ValueError(f"accuracy_level={accuracy_level} is not allowed; use 0 (float32) or 4 (int8 coefficients)")
+    if accuracy_level not in range(5):
+        raise ValueError(f"accuracy_level={accuracy_level} must lie in 0..4 (4 = int8 coefficients)")
     spec = weight_format(fmt)
     if not spec.n_required <= len(weights) <= len(spec.dtypes):
         raise ValueError(f"format {fmt!r} takes {spec.n_required}..{len(spec.dtypes)} weight inputs, got {len(weights)}")
@@ -148,6 +148,46 @@ def make_sgmm_model(weights: OpWeights, d: int, *, slab: bool = False, weights_a
     return _model([node], inputs, [out], inits, variants_sgmm=[variant])
 
 
+MS_DOMAIN = "com.microsoft"
+
+
+def with_accuracy_level(model: ModelProto, level: int) -> ModelProto:
+    """A copy of ``model`` whose MatMulNBits and SparseGatherMatMul nodes run at accuracy ``level``.
+
+    The level is a node attribute, so one exported graph serves both: export validates the level-0
+    twin of a level-4 graph against torch (which has no int8 activations), and a runtime may pick the
+    level when it opens a session. SparseGatherMatMul nodes switch to the matching fallback function
+    (``bq4`` ↔ ``bq4_a4``); functions no node uses any more are dropped. Top-level graph only (the
+    exported graphs have no subgraphs); external data references are kept as they are.
+    """
+    if level not in range(5):
+        raise ValueError(f"level={level} must lie in 0..4 (MatMulNBits' accuracy levels; 4 = int8)")
+    out = ModelProto()
+    out.CopyFrom(model)
+    variants = []
+    for node in out.graph.node:
+        is_nbits = node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN
+        is_sgmm = node.op_type == SGMM_OP and node.domain == DOMAIN
+        if not (is_nbits or is_sgmm):
+            continue
+        kept = [a for a in node.attribute if a.name != "accuracy_level"]
+        del node.attribute[:]
+        node.attribute.extend(kept + ([helper.make_attribute("accuracy_level", level)] if level or is_nbits else []))
+        if is_sgmm:
+            fmt = next(helper.get_attribute_value(a) for a in kept if a.name == "format").decode()
+            variant = SgmmVariant(fmt, with_optional="_zp" in node.overload, slab="_slab" in node.overload,
+                                  int8=int8_path(fmt, level))
+            node.overload = variant.overload
+            variants.append(variant)
+    used = {(n.domain, n.op_type, n.overload) for n in out.graph.node}
+    have = {(f.domain, f.name, f.overload) for f in out.functions}
+    needed = [f for f in fallback_functions(sgmm=variants) if (f.domain, f.name, f.overload) not in have]
+    kept_fns = [f for f in out.functions if f.name != SGMM_OP or (f.domain, f.name, f.overload) in used]
+    del out.functions[:]
+    out.functions.extend(kept_fns + needed)
+    return out
+
+
 _MODEL_BUILDERS = {TOPK_OP: make_topk_model, SGMM_OP: make_sgmm_model}
 
 
@@ -160,4 +200,5 @@ def make_op_model(op: str, *args, **kwargs) -> ModelProto:
 
 __all__ = [
     "make_op_model", "make_sgmm_model", "make_topk_model", "sparse_gather_matmul_node", "topk_column_mask_node",
+    "with_accuracy_level",
 ]

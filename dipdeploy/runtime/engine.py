@@ -40,7 +40,8 @@ class BundleError(ValueError):
 
 @dataclass
 class EngineConfig:
-    """What ``dipdeploy run`` takes. ``gamma`` None keeps the bundle's γ (1 for a DIP bundle).
+    """What ``dipdeploy run`` takes. ``gamma`` None keeps the bundle's γ (1 for a DIP bundle);
+    ``accuracy_level`` None keeps the bundle's (0 or 4, see custom_ops/README.md).
     ``pinned_counts``: per layer, (up|gate, down) row-use counts from calibration for ``static``
     (``--pin-from TRACE``); without them ``static`` pins the lowest-index rows, which is what the
     uniform counts of a ρ = 1 (dense) bundle give anyway."""
@@ -48,6 +49,7 @@ class EngineConfig:
     dram_budget: str | float = "50%"
     policy: str = "lfu"
     gamma: float | None = None
+    accuracy_level: int | None = None
     native: bool | None = None
     threads: int = 1
     flash_bandwidth: float | None = None
@@ -64,6 +66,8 @@ class EngineConfig:
             raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
         if self.context < 1:
             raise ValueError(f"context must be >= 1 token, got {self.context}")
+        if self.accuracy_level not in (None, 0, 4):
+            raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
 
 
 @dataclass
@@ -139,7 +143,8 @@ class Engine:
         def sess(name: str, g: float | None = None) -> Bound:
             if name not in files:
                 raise BundleError(f"{self.path}: graph {name} is missing from the manifest; {REGENERATE}")
-            return Bound(open_session(self.path / name, session_options(self.cfg.threads, native), g))
+            return Bound(open_session(self.path / name, session_options(self.cfg.threads, native), g,
+                                      self.cfg.accuracy_level))
 
         self.embed, self.head = sess("embed.onnx"), sess("head.onnx")
         self.attn = [sess(f"layer.{i}.attn.onnx", gamma) for i in range(self.num_layers)]

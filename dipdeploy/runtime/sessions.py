@@ -1,9 +1,10 @@
 """ORT sessions over a bundle's per-layer graphs, bound once to the engine's buffers.
 
-``open_session`` can override the DIP-CA γ of a graph's ``TopKColumnMask`` nodes: the attribute is
-baked at export, but γ is a run-time choice (a DIP bundle becomes DIP-CA with γ < 1), so the graph
-is loaded without its weights, the attribute rewritten, and the session built from bytes with the
-bundle folder as the external-data root.
+``open_session`` can override the DIP-CA γ of a graph's ``TopKColumnMask`` nodes and the accuracy
+level of its MatMulNBits/SparseGatherMatMul nodes: both attributes are baked at export, but both are
+run-time choices (a DIP bundle becomes DIP-CA with γ < 1; level 4 trades int8 rounding for speed),
+so the graph is loaded without its weights, the attributes rewritten, and the session built from
+bytes with the bundle folder as the external-data root.
 
 ``Bound`` keeps one IOBinding per session. Every fixed-shape tensor of the decode loop (hidden
 states, indices, slots, residency, slab arrays, logits) is a numpy buffer bound once at start; per
@@ -22,21 +23,27 @@ import numpy as np
 from dipdeploy.ops.schemas import DOMAIN, TOPK_OP
 
 
-def open_session(path: Path, options, gamma: float | None = None):
-    """An ORT CPU session for ``path``; with ``gamma`` every TopKColumnMask gets that γ."""
+def open_session(path: Path, options, gamma: float | None = None, accuracy_level: int | None = None):
+    """An ORT CPU session for ``path``; with ``gamma`` every TopKColumnMask gets that γ, with
+    ``accuracy_level`` every MatMulNBits and SparseGatherMatMul that level (``with_accuracy_level``)."""
     import onnxruntime as ort
 
     providers = ["CPUExecutionProvider"]
-    if gamma is None:
+    if gamma is None and accuracy_level is None:
         return ort.InferenceSession(str(path), options, providers=providers)
     import onnx
 
+    from dipdeploy.ops.nodes import with_accuracy_level
+
     model = onnx.load(str(path), load_external_data=False)
-    for node in model.graph.node:
-        if node.op_type == TOPK_OP and node.domain == DOMAIN:
-            attrs = [a for a in node.attribute if a.name != "gamma"]
-            del node.attribute[:]
-            node.attribute.extend(attrs + [onnx.helper.make_attribute("gamma", float(gamma))])
+    if gamma is not None:
+        for node in model.graph.node:
+            if node.op_type == TOPK_OP and node.domain == DOMAIN:
+                attrs = [a for a in node.attribute if a.name != "gamma"]
+                del node.attribute[:]
+                node.attribute.extend(attrs + [onnx.helper.make_attribute("gamma", float(gamma))])
+    if accuracy_level is not None:
+        model = with_accuracy_level(model, accuracy_level)
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
     return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
 
