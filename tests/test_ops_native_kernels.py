@@ -2,7 +2,8 @@
 
 It checks every SparseGatherMatMul kernel set against an independent double-precision decode and the
 TopK row kernel against a stable sort, without ONNX Runtime: on this machine's best set, on the
-portable set, and on aarch64 (NEON paths) under qemu-aarch64 when the cross build and qemu exist.
+portable set, and on aarch64 (the NEON set and the ARMv8.2 dot-product set) under qemu-aarch64 when the
+cross build and qemu exist.
 """
 
 from __future__ import annotations
@@ -47,4 +48,8 @@ def test_aarch64_kernels_under_qemu() -> None:
     qemu = shutil.which("qemu-aarch64")
     if qemu is None:
         pytest.skip("qemu-aarch64 not installed (apt-get install qemu-user)")
-    assert "kernel set: neon" in run([qemu, str(exe)])
+    # qemu's default CPU ("max") has the dot-product extension; Cortex-A72 (ARMv8.0, Raspberry Pi 4)
+    # does not, and $DIPDEPLOY_OPS_ISA=portable caps at the baseline NEON set.
+    assert "kernel set: neon-dotprod" in run([qemu, str(exe)])
+    assert "kernel set: neon\n" in run([qemu, "-cpu", "cortex-a72", str(exe)])
+    assert "kernel set: neon\n" in run([qemu, str(exe)], dict(os.environ, DIPDEPLOY_OPS_ISA="portable"))

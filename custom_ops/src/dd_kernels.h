@@ -55,7 +55,7 @@ constexpr int64_t DD_CHUNK_ALIGN = 128;
 void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1, int64_t j0, int64_t j1,
                    float * y);
 
-// Name of the kernel set picked for this CPU ("avx512vnni", "avx2", "neon" or "portable").
+// Name of the kernel set picked for this CPU ("avx512vnni", "avx2", "portable", "neon-dotprod" or "neon").
 const char * dd_kernels_isa();
 
 // One TopKColumnMask row: the DIP-CA score of dipdeploy/cache/score.py, then top-k (largest first,
