@@ -10,8 +10,13 @@ differed at 4 tokens, max diff 1.2 of 4.4, native matched); its row times export
 Part 2, decode: tokens/s of greedy decoding with plain ORT on `model.onnx` (prompt of 16 tokens, then
 ``--tokens`` new tokens, 1 intra-op thread, one `run` per token with the KV cache fed back), for the
 dense fp32 export, and the DIP fp32 / BQ4 bundles on stock ORT (fallback functions) and with the native
-library. onnxruntime-genai's int4 export is timed too when its model builder is importable
-(``pip install --target DIR onnxruntime-genai`` and ``--genai-path DIR``); otherwise its row says why.
+library, BQ4 also at accuracy level 4 (int8 activations in MatMulNBits, int8 coefficients in
+SparseGatherMatMul). onnxruntime-genai's int4 export is timed too when its model builder is importable
+(``pip install --target DIR onnxruntime-genai`` and ``--genai-path DIR``), or from an existing export
+(``--genai-model DIR/model.onnx``); otherwise its row says why. The graphs are timed round-robin,
+``--rounds`` times (median reported, every round listed), so load changes on a shared machine hit them
+alike. Next to the fast rows, WikiText-2 test perplexity through the same ORT graph (``--ppl-windows``
+windows of 256 tokens, each one prefill call; plain DIP per token, as in decode).
 
     nice -n 10 python benchmarks/export.py --quick     # SmolLM2 fp32 + BQ4 only, 32 tokens
     nice -n 10 python benchmarks/export.py             # everything
@@ -100,6 +105,36 @@ def decode_tps(model_path: Path, native: bool, prompt_len: int, tokens: int) -> 
     return n / (time.perf_counter() - t0)
 
 
+def ort_perplexity(model_path: Path, native: bool, windows: np.ndarray) -> float:
+    """WikiText-2 perplexity of ``model.onnx``: each window [L] one prefill call from an empty KV cache."""
+    import onnxruntime as ort
+
+    from dipdeploy.export.generate import KVDecoder
+    from dipdeploy.ops.native import session_options
+
+    sess = ort.InferenceSession(str(model_path), session_options(threads=1, native=native),
+                                providers=["CPUExecutionProvider"])
+    dec = json.loads((model_path.parent / "genai_config.json").read_text())["model"]["decoder"]
+    nll, n = 0.0, 0
+    for w in windows:
+        logits = KVDecoder(sess, dec["num_key_value_heads"], dec["head_size"]).feed(w).astype(np.float64)
+        logits -= logits.max(-1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        nll -= float(logp[np.arange(len(w) - 1), w[1:]].sum())
+        n += len(w) - 1
+    return float(np.exp(nll / n))
+
+
+def wikitext_windows(bundle: Path, n: int, seqlen: int = 256) -> np.ndarray:
+    """``n`` WikiText-2 test windows, tokenised with the bundle's own tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+
+    from dipdeploy.eval.data import load_text, windows
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(bundle / "tokenizer.json"))
+    return windows(tok, load_text("wikitext2", "test"), seqlen, n).numpy()
+
+
 def genai_int4(genai_path: str | None, hf_dir: Path, work: Path) -> tuple[Path | None, str]:
     """Build onnxruntime-genai's int4 CPU export of the HF dir; (model.onnx, note)."""
     if not genai_path:
@@ -120,21 +155,30 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--work", default=None, help="where bundles go (default: a temp dir, removed)")
     ap.add_argument("--genai-path", default=None)
+    ap.add_argument("--genai-model", default=None, help="an existing onnxruntime-genai int4 model.onnx (skips the build)")
+    ap.add_argument("--rounds", type=int, default=None, help="round-robin decode rounds (default 3, --quick 2)")
+    ap.add_argument("--ppl-windows", type=int, default=None, help="WikiText-2 windows (default 4, --quick 1; 0 = none)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     tokens = 32 if args.quick else args.tokens
+    rounds = args.rounds or (2 if args.quick else 3)
+    n_windows = args.ppl_windows if args.ppl_windows is not None else (1 if args.quick else 4)
     work = Path(args.work or tempfile.mkdtemp(prefix="dipdeploy-bench-"))
     base = {"model": "smollm2-135m", "rho_in": 0.55, "density": 0.5}
     exports = {"smollm2 dense fp32": {**base, "method": "dense"},
                "smollm2 dip fp32": {**base, "method": "dip"},
                "smollm2 dip bq4": {**base, "method": "dip", "quant": "bq4"},
-               "smollm2 dip bq4 gqa": {**base, "method": "dip", "quant": "bq4", "attention": "gqa"}}
+               "smollm2 dip bq4 gqa": {**base, "method": "dip", "quant": "bq4", "attention": "gqa"},
+               "smollm2 dip bq4 gqa level4": {**base, "method": "dip", "quant": "bq4", "attention": "gqa",
+                                               "accuracy_level": 4}}
     if not args.quick:
         exports["smollm2 dip vq3"] = {**base, "method": "dip", "quant": "vq3"}
     rows, sizes = [], {}
     for name, cfg in exports.items():
         r = run_export(cfg, work / name.replace(" ", "-"))
-        rows.append({"export": name, **r})
+        lv = r.pop("level4", None) or {}
+        rows.append({"export": name, **r, "level4_tokens_agree": f"{lv['tokens_agree']}/{lv['tokens']}" if lv else None,
+                     "level4_max_abs_diff": lv.get("max_abs_diff")})
         if "error" not in r:
             sizes[name] = file_sizes(work / name.replace(" ", "-"))
         print(name, r.get("seconds"), r.get("error", ""), flush=True)
@@ -145,29 +189,52 @@ def main() -> None:
                        work / "llama-1b-dip-fp32")
         rows.append({"export": "llama-1b-random dip fp32 (no validation)", **r})
         print("1b", r.get("seconds"), r.get("error", ""), flush=True)
-    decode = []
-    for name, native in (("smollm2 dense fp32", False), ("smollm2 dip fp32", False), ("smollm2 dip fp32", True),
-                         ("smollm2 dip bq4", False), ("smollm2 dip bq4", True), ("smollm2 dip bq4 gqa", True)):
+    graphs = []  # (row name, ops, model.onnx, native, with perplexity)
+    for name, native, ppl in (("smollm2 dense fp32", False, True), ("smollm2 dip fp32", False, False),
+                              ("smollm2 dip fp32", True, False), ("smollm2 dip bq4", False, False),
+                              ("smollm2 dip bq4", True, False), ("smollm2 dip bq4 gqa", True, True),
+                              ("smollm2 dip bq4 gqa level4", True, True)):
         if name in sizes:
-            tps = decode_tps(work / name.replace(" ", "-") / "model.onnx", native, 16, tokens)
-            decode.append({"graph": name, "ops": "native" if native else "stock ORT", "tokens_per_s": tps})
-            print(decode[-1], flush=True)
+            graphs.append((name, "native" if native else "stock ORT", work / name.replace(" ", "-") / "model.onnx",
+                           native, ppl))
     from dipdeploy.loading import resolve
 
-    path, note = genai_int4(args.genai_path, Path(resolve("smollm2-135m")[0]), work)
-    decode.append({"graph": "onnxruntime-genai int4", "ops": "stock ORT", "note": note,
-                   "tokens_per_s": decode_tps(path, False, 16, tokens) if path else None})
+    if args.genai_model:
+        path, note = Path(args.genai_model), f"onnxruntime-genai int4 export given ({args.genai_model})"
+    else:
+        path, note = genai_int4(args.genai_path, Path(resolve("smollm2-135m")[0]), work)
+    if path is not None:
+        graphs.append(("onnxruntime-genai int4", "stock ORT", path, False, True))
+    tps: dict[str, list[float]] = {f"{g[0]} | {g[1]}": [] for g in graphs}
+    for _ in range(rounds):
+        for name, ops, model, native, _ in graphs:
+            tps[f"{name} | {ops}"].append(decode_tps(model, native, 16, tokens))
+            print(name, ops, round(tps[f"{name} | {ops}"][-1], 1), flush=True)
+    wins = wikitext_windows(graphs[0][2].parent, n_windows) if n_windows and graphs else None
+    decode = []
+    for name, ops, model, native, ppl in graphs:
+        runs = tps[f"{name} | {ops}"]
+        decode.append({"graph": name, "ops": ops, "tokens_per_s": float(np.median(runs)),
+                       "rounds": " / ".join(f"{t:.1f}" for t in runs),
+                       "wikitext2_ppl": ort_perplexity(model, native, wins) if ppl and wins is not None else None,
+                       "note": note if name.startswith("onnxruntime-genai") else ""})
+        print(decode[-1], flush=True)
+    if path is None:
+        decode.append({"graph": "onnxruntime-genai int4", "ops": "stock ORT", "note": note, "tokens_per_s": None})
     env = machine()
     text = [f"# Export benchmark\n\n{env} · `python benchmarks/export.py{' --quick' if args.quick else ''}` · "
             f"1 intra-op thread for decode · prompt 16 tokens, {tokens} new tokens\n",
             "## Export (one process each; validation included)\n",
             md_table(rows, ["export", "seconds", "peak_rss_mb", "bytes_total", "bytes_dense", "bytes_mlp",
                             "bits_per_weight_mlp", "tokens_match_stock", "tokens_match_native", "max_abs_diff",
-                            "max_abs_diff_native", "tolerance", "steps_above_1e2_native", "error"]),
+                            "max_abs_diff_native", "tolerance", "steps_above_1e2_native", "level4_tokens_agree",
+                            "level4_max_abs_diff", "error"]),
             "\n## Files (bytes)\n"]
     for name, files in sizes.items():
         text.append(f"- {name}: " + ", ".join(f"{k} {v:,}" for k, v in files.items()))
-    text += ["\n## Decode tokens/s (plain ORT, model.onnx)\n", md_table(decode, ["graph", "ops", "tokens_per_s", "note"])]
+    text += [f"\n## Decode tokens/s (plain ORT, model.onnx; median of {rounds} round-robin rounds) and WikiText-2 "
+             f"perplexity ({n_windows} × 256 tokens, same graph)\n",
+             md_table(decode, ["graph", "ops", "tokens_per_s", "rounds", "wikitext2_ppl", "note"])]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "export.md").write_text("\n".join(text) + "\n")
     write_rows_json([{"machine": env}, *rows, *decode], args.json)

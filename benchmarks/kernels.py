@@ -130,7 +130,11 @@ def stack_layers(models: list, shared: set[str]):
 
 
 def session(model_bytes: bytes, threads: int, native: bool) -> ort.InferenceSession:
-    return ort.InferenceSession(model_bytes, session_options(threads, native), providers=["CPUExecutionProvider"])
+    """No spinning: the cases run round-robin, and a 2-thread session's pool spinning after its run would
+    take the core from the next case (seen: load average 8 on 2 cores, 1-thread ratios moved by 1.7×)."""
+    so = session_options(threads, native)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
 
 class Bound:
@@ -382,7 +386,7 @@ def write_markdown(rows: list[Row], info: dict, path: Path, quick: bool) -> None
     lines = [
         "# SparseGatherMatMul kernels (benchmarks/kernels.py)",
         "",
-        f"Machine: {info['cpu']}, {info['cores']} cores (shared with other jobs: timings may be disturbed); "
+        f"Machine: {info['cpu']}, {info['cores']} cores; "
         f"onnxruntime {info['onnxruntime']}; native kernel set: {info['native_isa']}. "
         f"Load average before/after: {info['load_before'][0]:.2f} / {info['load_after'][0]:.2f}. "
         f"N = 1 token, intra-op threads as listed. Mode: {'--quick' if quick else 'full'}.",
