@@ -155,7 +155,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--work", default=None, help="where bundles go (default: a temp dir, removed)")
     ap.add_argument("--genai-path", default=None)
-    ap.add_argument("--genai-model", default=None, help="an existing onnxruntime-genai int4 model.onnx (skips the build)")
+    ap.add_argument("--genai-model", default=None,
+                    help="an existing onnxruntime-genai int4 model.onnx (skips the build)")
     ap.add_argument("--rounds", type=int, default=None, help="round-robin decode rounds (default 3, --quick 2)")
     ap.add_argument("--ppl-windows", type=int, default=None, help="WikiText-2 windows (default 4, --quick 1; 0 = none)")
     ap.add_argument("--json", default=None)

@@ -36,7 +36,8 @@ def export_cmd(
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate`"),
     quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3"),
     lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),
-    accuracy_level: Optional[int] = typer.Option(None, help="0 = fp32; 4 = int8 activations (MatMulNBits) and int8 coefficients (BQ4 SparseGatherMatMul)"),
+    accuracy_level: Optional[int] = typer.Option(None, help="0 = fp32; 4 = int8 activations (MatMulNBits) and "
+                                                 "int8 coefficients (BQ4 SparseGatherMatMul)"),
     attention: Optional[str] = typer.Option(None, help="standard (opset 21) | gqa (com.microsoft GroupQueryAttention)"),
     per_layer: Optional[bool] = typer.Option(None, "--per-layer/--no-per-layer",
                                              help="also write the per-layer graphs for the host runtime"),

@@ -42,8 +42,8 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         from dipdeploy.trace import Trace
 
         counts = Trace.load(pin_from).row_counts()
-    cfg = EngineConfig(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
-                       flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
+    cfg = EngineConfig(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level,
+                       native=native, flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
                        io=io, context=context, threads=threads, verify=verify, pinned_counts=counts)
     return Engine(bundle, cfg)
 

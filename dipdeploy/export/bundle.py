@@ -51,7 +51,7 @@ class ExportResult:
                 "attention": m.export_config.get("attention"),
                 **m.sizes, **{k: m.validation.get(k) for k in (
                     "tokens_match_stock", "tokens_match_native", "max_abs_diff", "max_abs_diff_native", "tolerance",
-                    "steps_above_1e2_stock", "steps_above_1e2_native")},
+                    "steps_above_1e2_stock", "steps_above_1e2_native", "level4")},
                 "bits_per_weight_mlp": (m.quant or {}).get("bits_per_weight_mlp", 32.0),
                 "bits_per_weight_dense": (m.quant or {}).get("bits_per_weight_dense", 32.0),
                 "seconds": round(self.seconds, 2), "steps_s": self.steps}

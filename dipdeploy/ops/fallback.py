@@ -24,6 +24,7 @@ import onnx
 from onnx import AttributeProto, FunctionProto, NodeProto, TensorProto, helper
 
 from dipdeploy.ops.formats import FORMATS, weight_format
+from dipdeploy.ops.reference import I8_ROWS
 from dipdeploy.ops.schemas import DOMAIN, ONNX_OPSET, SCORES, SGMM_OP, TOPK_OP
 
 TOPK_INPUTS = ("X", "K", "C", "colnorm")
@@ -176,9 +177,9 @@ def _bq4_codes(b: _Body, rows: str, w: list[str]) -> tuple[str, str]:
     return b.op("Sub", [q, z]), s
 
 
-def _cut_cols(b: _Body, y: str) -> str:
-    """[..., nb, B] → [..., cols]: merge the blocks, drop the padding past attribute ``cols``."""
-    flat = b.op("Reshape", [y, b.const([0, 0, -1], np.int64)])
+def _cut_cols(b: _Body, y: str, lead: int = 2) -> str:
+    """[``lead`` dims, nb, B] → [``lead`` dims, cols]: merge the blocks, drop the padding past ``cols``."""
+    flat = b.op("Reshape", [y, b.const([0] * lead + [-1], np.int64)])
     cols = b.op("Reshape", [b.const_from_attr("cols", "value_int"), b.const([1], np.int64)])
     return b.op("Slice", [flat, b.const([0], np.int64), cols, b.const([-1], np.int64)])
 
@@ -190,7 +191,7 @@ def _rows_bq4(b: _Body, rows: str, w: list[str]) -> str:
 
 
 def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
-    """BQ4 at accuracy level 4 (``reference.int8_coefficients``): Y [N, cols].
+    """BQ4 at accuracy level 4 (``reference.int8_coefficients``, chunks of I8_ROWS = 32): Y [N, cols].
 
         c = x_j · s_j,b [N,k,nb] ─Pad k to G·32─Reshape [N,G,32,nb]
         σ = max|c| / 127,  cq = Clip(Round(c · 127/max|c|), ±127)        (per chunk g and block b)
@@ -201,12 +202,12 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
     qz, s = _bq4_codes(b, rows, w)
     c = b.op("Mul", [b.op("Unsqueeze", [xs, i64([-1, -2])]), s])  # [N,k,nb,1]
     k = b.op("Shape", ["indices"], start=1, end=2)
-    groups = b.op("Div", [b.op("Add", [k, i64([31])]), i64([32])])
-    pad_k = b.op("Sub", [b.op("Mul", [groups, i64([32])]), k])
+    groups = b.op("Div", [b.op("Add", [k, i64([I8_ROWS - 1])]), i64([I8_ROWS])])
+    pad_k = b.op("Sub", [b.op("Mul", [groups, i64([I8_ROWS])]), k])
     pads4 = b.op("Concat", [i64([0, 0, 0, 0, 0]), pad_k, i64([0, 0])], axis=0)  # [N,k,nb,·]: k's end
     nb = b.op("Shape", [qz], start=2, end=3)
     block = b.op("Shape", [qz], start=3, end=4)
-    head = [i64([0]), groups, i64([32]), nb]
+    head = [i64([0]), groups, i64([I8_ROWS]), nb]
     c = b.op("Reshape", [b.op("Pad", [c, pads4]), b.op("Concat", [*head, i64([1])], axis=0)])  # [N,G,32,nb,1]
     qz = b.op("Reshape", [b.op("Pad", [qz, pads4]), b.op("Concat", [*head, block], axis=0)])  # [N,G,32,nb,B]
     amax = b.op("ReduceMax", [b.op("Abs", [c]), i64([2])], keepdims=1)  # [N,G,1,nb,1]
@@ -214,9 +215,7 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
     cq = b.op("Clip", [b.op("Round", [b.op("Mul", [c, inv])]), b.const(-127.0), b.const(127.0)])
     acc = b.op("ReduceSum", [b.op("Mul", [cq, qz]), i64([2])], keepdims=0)  # [N,G,nb,B]
     sigma = b.op("Squeeze", [b.op("Div", [amax, b.const(127.0)]), i64([2])])  # [N,G,nb,1]
-    y = b.op("ReduceSum", [b.op("Mul", [acc, sigma]), i64([1])], keepdims=0)  # [N,nb,B]
-    cols = b.op("Reshape", [b.const_from_attr("cols", "value_int"), i64([1])])
-    return b.op("Slice", [b.op("Reshape", [y, i64([0, -1])]), i64([0]), cols, i64([-1])])
+    return _cut_cols(b, b.op("ReduceSum", [b.op("Mul", [acc, sigma]), i64([1])], keepdims=0), lead=1)  # [N,nb,B]
 
 
 def _rows_vq3(b: _Body, rows: str, w: list[str], *, original: str) -> str:
