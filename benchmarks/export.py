@@ -5,7 +5,8 @@ Part 1, export: wall time, peak RSS and bundle bytes per file for SmolLM2-135M (
 of ≈1 B parameters (d 2048, F 5632, 16 layers, GQA 32/4, vocab 32000; fp32). Each export runs in its own
 process (peak RSS = that process's ru_maxrss), with validation on (32 tokens), except the random 1 B model:
 random weights give near-flat logits, so one top-K near-tie flip changes a greedy token (seen: stock ORT
-differed at 4 tokens, max diff 1.2 of 4.4, native matched); its row times export without validation.
+differed at 4 tokens, max diff 1.2 of 4.4, native matched); its rows time export without validation,
+loading the whole model and streaming it one layer at a time (``stream``: the peak-memory comparison).
 
 Part 2, decode: tokens/s of greedy decoding with plain ORT on `model.onnx` (prompt of 16 tokens, then
 ``--tokens`` new tokens, 1 intra-op thread, one `run` per token with the KV cache fed back), for the
@@ -186,10 +187,11 @@ def main() -> None:
     if not args.quick:
         hf = work / "llama-1b-random-hf"
         subprocess.run([PY, "-c", _RANDOM_1B, str(hf)], check=True)
-        r = run_export({"model": str(hf), "method": "dip", "rho_in": 0.55, "density": 0.5, "validate_tokens": 0},
-                       work / "llama-1b-dip-fp32")
-        rows.append({"export": "llama-1b-random dip fp32 (no validation)", **r})
-        print("1b", r.get("seconds"), r.get("error", ""), flush=True)
+        for stream in (False, True):
+            r = run_export({"model": str(hf), "method": "dip", "rho_in": 0.55, "density": 0.5, "validate_tokens": 0,
+                            "stream": stream}, work / "llama-1b-dip-fp32")
+            rows.append({"export": f"llama-1b-random dip fp32 ({'streamed, ' if stream else ''}no validation)", **r})
+            print("1b", "streamed" if stream else "", r.get("seconds"), r.get("error", ""), flush=True)
     graphs = []  # (row name, ops, model.onnx, native, with perplexity)
     for name, native, ppl in (("smollm2 dense fp32", False, True), ("smollm2 dip fp32", False, False),
                               ("smollm2 dip fp32", True, False), ("smollm2 dip bq4", False, False),

@@ -36,10 +36,65 @@ class LoadedModel:
     name: str
     mlp_layout: str  # "split" or "fused_gate_up"
     path: Path | None = None
+    checkpoint: "StreamedCheckpoint | None" = None  # set when the weights stay on disk (``stream=True``)
 
     @property
     def config(self):
         return self.model.config
+
+
+class StreamedCheckpoint:
+    """A safetensors checkpoint read one module at a time, for models larger than memory.
+
+    ``load_model(..., stream=True)`` builds the model on the ``meta`` device (shapes, no storage);
+    :meth:`materialise` reads one module's tensors from the checkpoint files (memory-mapped) as fp32
+    parameters and :meth:`release` returns them to ``meta``, so an export holds one decoder layer at a
+    time: peak memory ≈ one fp32 layer plus the embedding, not the whole model (issue 5; Mistral-7B is
+    29 GB in fp32). Tensor names are the checkpoint's, which are the HF module paths.
+    """
+
+    def __init__(self, directory: Path):
+        from safetensors import safe_open
+
+        index = directory / "model.safetensors.index.json"
+        if index.is_file():
+            files = json.loads(index.read_text())["weight_map"]
+        elif (directory / "model.safetensors").is_file():
+            with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
+                files = {k: "model.safetensors" for k in f.keys()}
+        else:
+            raise FileNotFoundError(
+                f"{directory}: no model.safetensors(.index.json); streaming reads safetensors checkpoints "
+                f"(convert others with save_pretrained, or export without --stream)")
+        self.directory = directory
+        self.files = files
+
+    def has(self, name: str) -> bool:
+        return name in self.files
+
+    def _read(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if name not in self.files:
+            raise KeyError(f"{self.directory}: tensor {name!r} is not in the checkpoint")
+        with safe_open(str(self.directory / self.files[name]), framework="pt") as f:
+            return f.get_tensor(name).to(torch.float32)
+
+    def materialise(self, module: torch.nn.Module, prefix: str) -> None:
+        """Give every parameter of ``module`` (named ``prefix`` + its path) its checkpoint values."""
+        for path, param in list(module.named_parameters()):
+            if param.device.type == "meta":
+                owner, _, leaf = path.rpartition(".")
+                sub = module.get_submodule(owner) if owner else module
+                setattr(sub, leaf, torch.nn.Parameter(self._read(prefix + path), requires_grad=False))
+
+    @staticmethod
+    def release(module: torch.nn.Module) -> None:
+        """Return ``module``'s parameters to ``meta`` (their memory is freed)."""
+        for path, param in list(module.named_parameters()):
+            owner, _, leaf = path.rpartition(".")
+            sub = module.get_submodule(owner) if owner else module
+            setattr(sub, leaf, torch.nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False))
 
 
 def _check_architecture(config, where: str) -> str:
@@ -157,8 +212,21 @@ def resolve(name_or_path: str) -> tuple[Path | str, str]:
     )
 
 
-def load_model(name_or_path: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a causal LM with a SwiGLU MLP and its tokenizer, in eval mode."""
+def fp32_bytes(name_or_path: str) -> int:
+    """Bytes of the model's parameters in fp32, from its config alone (built on ``meta``)."""
+    where, _ = resolve(name_or_path)
+    config = AutoConfig.from_pretrained(where)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return 4 * sum(p.numel() for p in model.parameters())
+
+
+def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bool = False) -> LoadedModel:
+    """Load a causal LM with a SwiGLU MLP and its tokenizer, in eval mode.
+
+    ``stream``: build the model without its weights and read them per module later
+    (:class:`StreamedCheckpoint`); needs a local safetensors checkpoint. Only export uses this.
+    """
     where, name = resolve(name_or_path)
     try:
         config = AutoConfig.from_pretrained(where)
@@ -169,7 +237,30 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32) -> LoadedM
             f"directory, or a .gguf file"
         ) from err
     layout = _check_architecture(config, str(where))
+    local = Path(where) if Path(str(where)).exists() else None
+    if stream:
+        return _load_streamed(where, local, config, name, layout)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(where)
-    return LoadedModel(model, tokenizer, name, layout, Path(where) if Path(str(where)).exists() else None)
+    return LoadedModel(model, tokenizer, name, layout, local)
+
+
+def _load_streamed(where, local: Path | None, config, name: str, layout: str) -> LoadedModel:
+    if local is None:
+        raise FileNotFoundError(
+            f"streaming needs the checkpoint on disk; {where!r} is a hub id: download it "
+            f"(huggingface-cli download {where} --local-dir DIR) and pass DIR")
+    checkpoint = StreamedCheckpoint(local)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    # Computed buffers (RoPE's inv_freq) are built on meta too: rebuild the rotary module on the CPU.
+    rotary = model.model.rotary_emb
+    model.model.rotary_emb = type(rotary)(config=model.config)
+    # The embedding stays resident (the lm_head may share it); a tied head points at the loaded table.
+    checkpoint.materialise(model.get_input_embeddings(), "model.embed_tokens.")
+    if getattr(config, "tie_word_embeddings", False):
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    tokenizer = AutoTokenizer.from_pretrained(where)
+    return LoadedModel(model, tokenizer, name, layout, local, checkpoint)

@@ -8,7 +8,9 @@ directory, so there is never a half bundle.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -171,6 +173,9 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
     if cfg.validate_tokens > 0:
         steps("validate")
         validation = _validate(lm, cfg, plan, source.spec, tmp)
+    elif lm.checkpoint is not None:
+        validation = {"skipped": "streamed export (weights read one layer at a time): the torch reference "
+                                 "needs the whole model; check with `dipdeploy inspect BUNDLE --prompt TEXT`"}
     steps("manifest")
     manifest = _manifest(lm, cfg, plan, source, store, graphs, validation, tmp, extra, lib)
     (tmp / MANIFEST).write_text(manifest.to_json())
@@ -262,6 +267,35 @@ def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra
     )
 
 
+def _should_stream(cfg: ExportConfig) -> bool:
+    """cfg.stream, or (None) whether the fp32 model exceeds half of the available memory; checks what a
+    streamed export cannot do before anything is loaded."""
+    from dipdeploy.loading import fp32_bytes
+
+    stream = cfg.stream
+    if stream is None:
+        stream = fp32_bytes(cfg.model) > 0.5 * available_memory()
+    if stream:
+        if cfg.lora is not None:
+            raise ValueError("a streamed export cannot merge --lora (it needs the whole model): merge the "
+                             "adapter into the checkpoint first (peft merge_and_unload + save_pretrained)")
+        if cfg.plan is None and cfg.rho_in is None and cfg.method != "dense":
+            raise ValueError("a streamed export cannot calibrate a plan (it needs the whole model): pass "
+                             "--plan PLAN (from `dipdeploy calibrate` on a machine that holds the model) or --rho-in R")
+    return stream
+
+
+def available_memory() -> int:
+    """MemAvailable of /proc/meminfo (bytes); physical memory where that is missing."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def export_model(cfg: ExportConfig, out: Path, *, force: bool = False,
                  progress: Progress = lambda step: None) -> ExportResult:
     """The whole stage: load → merge LoRA → plan (given, uniform or calibrated) → :func:`export`."""
@@ -269,9 +303,13 @@ def export_model(cfg: ExportConfig, out: Path, *, force: bool = False,
     from dipdeploy.loading import load_model
 
     prepare_out(out, force)  # fail before minutes of work
-    progress("load")
-    lm = load_model(cfg.model)
+    stream = _should_stream(cfg)
+    progress("load (streamed: one layer at a time)" if stream else "load")
+    lm = load_model(cfg.model, stream=stream)
     extra = {}
+    if stream:
+        extra["streamed"] = True
+        cfg = dataclasses.replace(cfg, validate_tokens=0)  # no whole torch model to validate against
     if cfg.lora is not None:
         progress("merge LoRA")
         extra["lora"] = merge_lora(lm, cfg.lora)

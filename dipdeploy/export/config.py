@@ -29,6 +29,10 @@ class ExportConfig:
     BQ4 SparseGatherMatMul of the MLP: 0 keeps fp32 arithmetic, so the bundle matches the fake-quant
     torch reference to float rounding; 4 computes with int8 activations/coefficients (faster on x86
     with AVX2 or VNNI), validated through its level-0 twin and measured against the reference.
+    ``stream``: read the weights one decoder layer at a time from the safetensors checkpoint (peak
+    memory ≈ one fp32 layer plus the embedding); None = when the fp32 model would take more than half
+    of the available memory. A streamed export cannot calibrate, merge LoRA or validate against torch
+    (each needs the whole model): give ``plan`` or ``rho_in``, merge adapters beforehand.
     ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
     calibrated (kept small: export is not the place for a long calibration; use ``dipdeploy
     calibrate`` and ``--plan`` for a careful one).
@@ -51,6 +55,7 @@ class ExportConfig:
     calib_windows: int = 4
     calib_seqlen: int = 256
     per_layer: bool = True
+    stream: bool | None = None
     threads: int = 1
     data_dir: str | None = None
 

@@ -8,6 +8,7 @@ exactly the numbers the bundle decodes (the fake-quant of ``dipdeploy.quant.fake
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +53,7 @@ class ModelSource:
     def __init__(self, lm, quant: str = "none", wina: bool = False, max_length: int = 2048):
         self.lm = lm
         self.model = lm.model
+        self.checkpoint = lm.checkpoint  # streamed weights: read per module, released after use
         self.spec = ArchSpec.from_config(self.model.config.to_dict())
         self.mlp_cfg: QuantConfig | None = None if quant == "none" else quant_config_from_name(quant)
         self.dense_cfg: Block4QuantConfig | None = None
@@ -143,26 +145,39 @@ class ModelSource:
                      "colnorm_glu": np.sqrt(np.square(down).sum(1)).astype(np.float32)}
         return MlpWeights(ug, dn, **norms)
 
+    @contextmanager
+    def _resident(self, module: torch.nn.Module, prefix: str):
+        """``module``'s weights in memory for the block: streamed ones are read now, released after."""
+        if self.checkpoint is None:
+            yield module
+            return
+        self.checkpoint.materialise(module, prefix)
+        try:
+            yield module
+        finally:
+            self.checkpoint.release(module)
+
     def layer(self, i: int) -> LayerWeights:
-        layer = self.model.model.layers[i]
-        attn = layer.self_attn
-        return LayerWeights(
-            ln_attn=_np(layer.input_layernorm.weight),
-            attn=AttentionWeights(self._linear(self._attn_modules(attn)), self._linear([attn.o_proj])),
-            ln_mlp=_np(layer.post_attention_layernorm.weight),
-            mlp=self._mlp(layer.mlp),
-        )
+        with self._resident(self.model.model.layers[i], f"model.layers.{i}.") as layer:
+            attn = layer.self_attn
+            return LayerWeights(
+                ln_attn=_np(layer.input_layernorm.weight),
+                attn=AttentionWeights(self._linear(self._attn_modules(attn)), self._linear([attn.o_proj])),
+                ln_mlp=_np(layer.post_attention_layernorm.weight),
+                mlp=self._mlp(layer.mlp),
+            )
 
     def final_norm(self) -> np.ndarray:
-        return _np(self.model.model.norm.weight)
+        with self._resident(self.model.model.norm, "model.norm.") as norm:
+            return _np(norm.weight)
 
     def lm_head(self) -> Linear:
         """The lm_head, quantised once however often it is asked for (model.onnx and head.onnx)."""
         if self._head is None:
-            head = self.model.get_output_embeddings()
             if self.tied:
                 self._head = Linear("tied", self.spec.hidden_size, self.spec.vocab_size,
                                     tied_to="model.embed_tokens.weight")
             else:
-                self._head = self._linear([head])
+                with self._resident(self.model.get_output_embeddings(), "lm_head.") as head:
+                    self._head = self._linear([head])
         return self._head
