@@ -70,7 +70,7 @@ def export_cmd(
     summary = result.summary()
     table = Table("item", "value", title=f"bundle {out}")
     for k, v in summary.items():
-        if k != "steps_s":
+        if k != "steps_s" and v is not None:
             table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     console.print(table)
     console.print(f"steps (s): {summary['steps_s']}")

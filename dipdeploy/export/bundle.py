@@ -54,6 +54,7 @@ class ExportResult:
                 **m.sizes, **{k: m.validation.get(k) for k in (
                     "tokens_match_stock", "tokens_match_native", "max_abs_diff", "max_abs_diff_native", "tolerance",
                     "steps_above_1e2_stock", "steps_above_1e2_native", "level4")},
+                "validation_skipped": m.validation.get("skipped"),
                 "bits_per_weight_mlp": (m.quant or {}).get("bits_per_weight_mlp", 32.0),
                 "bits_per_weight_dense": (m.quant or {}).get("bits_per_weight_dense", 32.0),
                 "seconds": round(self.seconds, 2), "steps_s": self.steps}
@@ -274,7 +275,10 @@ def _should_stream(cfg: ExportConfig) -> bool:
 
     stream = cfg.stream
     if stream is None:
-        stream = fp32_bytes(cfg.model) > 0.5 * available_memory()
+        try:
+            stream = fp32_bytes(cfg.model) > 0.5 * available_memory()
+        except (OSError, ValueError):
+            stream = False  # load_model reports what is wrong with the model, with the fix
     if stream:
         if cfg.lora is not None:
             raise ValueError("a streamed export cannot merge --lora (it needs the whole model): merge the "
