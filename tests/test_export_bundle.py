@@ -134,3 +134,15 @@ def test_streamed_export_refuses_what_needs_the_whole_model(tmp_path):
     with pytest.raises(ValueError, match="cannot calibrate"):
         _export(tmp_path, model="tiny-llama", method="dip", rho_in=None, stream=True)
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_norms_fused_or_in_torch_order_both_validate(tmp_path, fuse):
+    res = _export(tmp_path, model="tiny-mistral", method="dip", quant="bq4", fuse_norms=fuse)
+    v = res.manifest.validation
+    assert v["tokens_match_stock"] and v["max_abs_diff"] <= v["tolerance"]
+    g = onnx.load(str(res.out / "model.onnx"), load_external_data=False).graph
+    fused = sum(n.op_type == "SkipSimplifiedLayerNormalization" for n in g.node)
+    # 2 layers: post-attention of both, input norm of the second, the final norm
+    assert fused == (4 if fuse else 0)
+    assert sum(n.op_type == "ReduceMean" for n in g.node) == (1 if fuse else 5)

@@ -41,6 +41,9 @@ def export_cmd(
     attention: Optional[str] = typer.Option(None, help="standard (opset 21) | gqa (com.microsoft GroupQueryAttention)"),
     per_layer: Optional[bool] = typer.Option(None, "--per-layer/--no-per-layer",
                                              help="also write the per-layer graphs for the host runtime"),
+    fuse_norms: Optional[bool] = typer.Option(None, "--fuse-norms/--no-fuse-norms",
+                                              help="residual add + RMSNorm as one com.microsoft::"
+                                                   "SkipSimplifiedLayerNormalization (default) or as standard ops"),
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream",
                                           help="read the weights one layer at a time (models larger than "
                                                "memory; no calibration, LoRA or validation); default: when "
@@ -61,7 +64,8 @@ def export_cmd(
     try:
         cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
                       plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
-                      accuracy_level=accuracy_level, attention=attention, per_layer=per_layer, stream=stream,
+                      accuracy_level=accuracy_level, attention=attention, per_layer=per_layer, fuse_norms=fuse_norms,
+                      stream=stream,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None)
         with console.status("export") as status:
             result = export_model(cfg, out, force=force, progress=lambda s: status.update(f"export: {s}"))

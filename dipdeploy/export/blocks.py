@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from dipdeploy.export.graph import MS_DOMAIN, Graph
 from dipdeploy.export.spec import ArchSpec
@@ -53,6 +53,20 @@ def rms_norm(g: Graph, store: WeightStore, prefix: str, x: str, weight: np.ndarr
     mean = g.op(f"{prefix}/ReduceMean", "ReduceMean", [sq, g.const([-1])], keepdims=1)
     root = g.op(f"{prefix}/Sqrt", "Sqrt", [g.op(f"{prefix}/Add", "Add", [mean, g.const(eps, np.float32)])])
     return g.op(f"{prefix}/Mul", "Mul", [g.op(f"{prefix}/Div", "Div", [x, root]), w])
+
+
+def skip_rms_norm(g: Graph, store: WeightStore, prefix: str, x: str, skip: str, weight: np.ndarray, eps: float,
+                  tensor: str) -> tuple[str, str]:
+    """(RMSNorm(x + skip), x + skip): a residual add and the next norm as one
+    com.microsoft::SkipSimplifiedLayerNormalization (what onnxruntime-genai's builder emits; one node
+    instead of seven per norm)."""
+    w = g.weight(store.add(tensor, weight.astype(np.float32), DENSE_FILE, "vector"))
+    name = f"{prefix}/SkipSimplifiedLayerNormalization"
+    normed, summed = f"{name}/output_0", f"{name}/output_3"
+    g.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, skip, w], [normed, "", "", summed],
+                                    name=name, domain=MS_DOMAIN, epsilon=float(eps)))
+    g.uses_ms = True
+    return normed, summed
 
 
 def linear(g: Graph, store: WeightStore, prefix: str, x: str, lin: Linear, tensor: str) -> str:

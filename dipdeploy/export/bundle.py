@@ -195,7 +195,8 @@ def _write_graphs(source, store: WeightStore, plan, cfg: ExportConfig, tmp: Path
     graphs: dict = {"model": MODEL_FILE}
     try:
         model = build_decoder(source, store, layer_ks(plan, spec.num_layers), cfg.accuracy_level,
-                              on_layer=per_layer.add_layer if per_layer else None, attention_op=cfg.attention)
+                              on_layer=per_layer.add_layer if per_layer else None, attention_op=cfg.attention,
+                              fuse_norms=cfg.fuse_norms)
         steps("write bundle")
         onnx.save_model(model, str(tmp / MODEL_FILE))
         del model

@@ -15,7 +15,7 @@ from typing import Callable
 
 from onnx import ModelProto, TensorProto
 
-from dipdeploy.export.blocks import (DENSE_FILE, attention, attention_gqa, gqa_shared, linear, rms_norm,
+from dipdeploy.export.blocks import (DENSE_FILE, attention, attention_gqa, gqa_shared, linear, rms_norm, skip_rms_norm,
                                      shared_values)
 from dipdeploy.export.graph import Graph
 from dipdeploy.export.mlp import MlpTensors, dense_mlp, sparse_mlp, write_mlp
@@ -42,10 +42,12 @@ def kv_names(i: int) -> tuple[str, str, str, str]:
 
 def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: int = 0,
                   on_layer: Callable[[int, object, MlpTensors], None] | None = None,
-                  attention_op: str = "standard") -> ModelProto:
+                  attention_op: str = "standard", fuse_norms: bool = True) -> ModelProto:
     """The decoder graph. ``on_layer(i, layer_weights, mlp_tensors)`` runs after each layer is written
     (the per-layer graphs hook in there, reusing the bytes already in the store). ``attention_op``:
     ``standard`` (opset-21 ops) or ``gqa`` (one com.microsoft::GroupQueryAttention per layer).
+    ``fuse_norms``: every residual add and the norm after it as one SkipSimplifiedLayerNormalization
+    (``blocks.skip_rms_norm``); the first norm, on the embedding alone, stays ``blocks.rms_norm``.
 
         input_ids ─Gather(embed)─► h ─┬─ for each layer i: h += attn(norm(h)); h += mlp(norm(h))
         position_ids, attention_mask ─┘  (RoPE rows and the mask bias built once)
@@ -71,18 +73,27 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
         attend = attention
     rot = cos.shape[-1]
     present_shape = ["batch_size", spec.num_kv_heads, "total_sequence_length", spec.head_dim]
+    m = None  # the previous layer's MLP output, not yet added to h when the norms are fused
     for i in range(spec.num_layers):
         lw = source.layer(i)
         p = f"/model/layers.{i}"
-        x = rms_norm(g, store, f"{p}/input_layernorm", h, lw.ln_attn, spec.rms_norm_eps,
-                     f"model.layers.{i}.input_layernorm.weight")
+        if fuse_norms and m is not None:
+            x, h = skip_rms_norm(g, store, f"{p}/input_layernorm", m, h, lw.ln_attn, spec.rms_norm_eps,
+                                 f"model.layers.{i}.input_layernorm.weight")
+        else:
+            x = rms_norm(g, store, f"{p}/input_layernorm", h, lw.ln_attn, spec.rms_norm_eps,
+                         f"model.layers.{i}.input_layernorm.weight")
         past_k, past_v, pres_k, pres_v = kv_names(i)
         a, k, v = attend(g, store, spec, i, x, lw.attn, shared, past_k, past_v, rot)
         g.output(k, pres_k, FLOAT, present_shape)
         g.output(v, pres_v, FLOAT, present_shape)
-        h = g.op(f"{p}/residual_attn/Add", "Add", [h, a])
-        x = rms_norm(g, store, f"{p}/post_attention_layernorm", h, lw.ln_mlp, spec.rms_norm_eps,
-                     f"model.layers.{i}.post_attention_layernorm.weight")
+        if fuse_norms:
+            x, h = skip_rms_norm(g, store, f"{p}/post_attention_layernorm", a, h, lw.ln_mlp, spec.rms_norm_eps,
+                                 f"model.layers.{i}.post_attention_layernorm.weight")
+        else:
+            h = g.op(f"{p}/residual_attn/Add", "Add", [h, a])
+            x = rms_norm(g, store, f"{p}/post_attention_layernorm", h, lw.ln_mlp, spec.rms_norm_eps,
+                         f"model.layers.{i}.post_attention_layernorm.weight")
         t = write_mlp(store, i, lw.mlp)
         if ks[i].dense and lw.mlp.format == "fp32":
             m = dense_mlp(g, store, i, x, t, spec.intermediate_size)
@@ -90,11 +101,16 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
             k_in = ks[i].k_in or spec.hidden_size
             k_glu = ks[i].k_glu or spec.intermediate_size
             m = sparse_mlp(g, store, i, x, t, k_in, k_glu, spec.hidden_size, spec.intermediate_size)
-        h = g.op(f"{p}/residual_mlp/Add", "Add", [h, m])
+        if not fuse_norms:
+            h = g.op(f"{p}/residual_mlp/Add", "Add", [h, m])
         if on_layer is not None:
             on_layer(i, lw, t)
         del lw
-    h = rms_norm(g, store, "/model/norm", h, source.final_norm(), spec.rms_norm_eps, "model.norm.weight")
+    if fuse_norms:
+        h, _ = skip_rms_norm(g, store, "/model/norm", m, h, source.final_norm(), spec.rms_norm_eps,
+                             "model.norm.weight")
+    else:
+        h = rms_norm(g, store, "/model/norm", h, source.final_norm(), spec.rms_norm_eps, "model.norm.weight")
     logits = linear(g, store, "/lm_head", h, source.lm_head(), "lm_head")
     g.output(logits, "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
     return g.model(doc="dipdeploy decoder: DIP sparse MLPs (ai.dipdeploy ops with fallback functions)")
