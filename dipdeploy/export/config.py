@@ -31,7 +31,7 @@ class ExportConfig:
     with AVX2 or VNNI), validated through its level-0 twin and measured against the reference.
     ``fuse_norms``: each residual add and the RMSNorm after it as one
     com.microsoft::SkipSimplifiedLayerNormalization in ``model.onnx`` (as onnxruntime-genai emits;
-    ~300 fewer nodes on SmolLM2); False writes them as standard ops in torch's order.
+    360 fewer nodes on SmolLM2); False writes them as standard ops in torch's order.
     ``stream``: read the weights one decoder layer at a time from the safetensors checkpoint (peak
     memory ≈ one fp32 layer plus the embedding); None = when the fp32 model would take more than half
     of the available memory. A streamed export cannot calibrate, merge LoRA or validate against torch
