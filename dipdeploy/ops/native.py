@@ -47,6 +47,19 @@ def library_path(arch: str | None = None) -> Path | None:
     return path if path.is_file() else None
 
 
+def kernel_set(path: Path | None = None) -> str | None:
+    """The kernel set the native library picks on this CPU (``avx512vnni``, ``avx2``, ``neon-dotprod``,
+    ``neon``, ``portable``), or None when no library is built."""
+    import ctypes
+
+    path = path or library_path()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(str(path))
+    lib.dd_ops_isa.restype = ctypes.c_char_p
+    return lib.dd_ops_isa().decode()
+
+
 def require_library(arch: str | None = None) -> Path:
     """Like :func:`library_path` but raises a clear error naming the fix when the library is absent."""
     path = library_path(arch)

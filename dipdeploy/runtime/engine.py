@@ -102,7 +102,7 @@ class Engine:
     def __init__(self, bundle: str | Path, config: EngineConfig | None = None, **overrides):
         import onnxruntime  # noqa: F401  (fail early with the import error, before any work)
 
-        from dipdeploy.ops.native import library_path, session_options
+        from dipdeploy.ops.native import kernel_set, library_path, session_options
 
         if config is not None and overrides:
             raise TypeError("give either an EngineConfig or keyword options, not both")
@@ -127,6 +127,9 @@ class Engine:
                 warnings.warn("the native op library is not built: running the ONNX fallback functions "
                               "(slower); `make ops` builds it", stacklevel=2)
         self.native = native
+        self.kernel_set = kernel_set() if native else None
+        baked = int((m.export_config or {}).get("accuracy_level", 0)) if m.quant else 0
+        self.accuracy_level = baked if self.cfg.accuracy_level is None else self.cfg.accuracy_level
         self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
         self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / "mlp.bin", io=self.cfg.io, cold=self.cfg.cold,

@@ -69,6 +69,8 @@ class RunStats:
     budget: str
     native: bool
     io: str
+    kernel_set: str | None = None  # the native library's kernel set on this CPU
+    accuracy_level: int = 0
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
@@ -99,6 +101,7 @@ class RunStats:
                                     "flash_emulated_wait": flash_prefill.emulated_wait + flash_decode.emulated_wait},
             flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
+            kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level,
         )
 
     def as_dict(self) -> dict:
@@ -128,5 +131,6 @@ class RunStats:
                           if k not in ("flash_io", "flash_emulated_wait"))
         rows.append(("time", f"{parts} (Flash reads {s.get('flash_io', 0):.3f} s, emulated wait "
                              f"{s.get('flash_emulated_wait', 0):.3f} s, inside cache)"))
-        rows.append(("kernels", "native library" if self.native else "ONNX fallback functions (stock ORT)"))
+        kernels = f"native library ({self.kernel_set})" if self.native else "ONNX fallback functions (stock ORT)"
+        rows.append(("kernels", f"{kernels}, accuracy level {self.accuracy_level}"))
         return rows
