@@ -80,21 +80,23 @@ class StreamedCheckpoint:
         with safe_open(str(self.directory / self.files[name]), framework="pt") as f:
             return f.get_tensor(name).to(torch.float32)
 
+    @staticmethod
+    def _replace(module: torch.nn.Module, path: str, value: torch.Tensor) -> None:
+        owner, _, leaf = path.rpartition(".")
+        sub = module.get_submodule(owner) if owner else module
+        setattr(sub, leaf, torch.nn.Parameter(value, requires_grad=False))
+
     def materialise(self, module: torch.nn.Module, prefix: str) -> None:
         """Give every parameter of ``module`` (named ``prefix`` + its path) its checkpoint values."""
         for path, param in list(module.named_parameters()):
             if param.device.type == "meta":
-                owner, _, leaf = path.rpartition(".")
-                sub = module.get_submodule(owner) if owner else module
-                setattr(sub, leaf, torch.nn.Parameter(self._read(prefix + path), requires_grad=False))
+                self._replace(module, path, self._read(prefix + path))
 
-    @staticmethod
-    def release(module: torch.nn.Module) -> None:
+    @classmethod
+    def release(cls, module: torch.nn.Module) -> None:
         """Return ``module``'s parameters to ``meta`` (their memory is freed)."""
         for path, param in list(module.named_parameters()):
-            owner, _, leaf = path.rpartition(".")
-            sub = module.get_submodule(owner) if owner else module
-            setattr(sub, leaf, torch.nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False))
+            cls._replace(module, path, torch.empty_like(param, device="meta"))
 
 
 def _check_architecture(config, where: str) -> str:
