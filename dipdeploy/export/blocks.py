@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from dipdeploy.export.graph import MS_DOMAIN, Graph
 from dipdeploy.export.spec import ArchSpec
@@ -61,11 +61,8 @@ def skip_rms_norm(g: Graph, store: WeightStore, prefix: str, x: str, skip: str, 
     com.microsoft::SkipSimplifiedLayerNormalization (what onnxruntime-genai's builder emits; one node
     instead of seven per norm)."""
     w = g.weight(store.add(tensor, weight.astype(np.float32), DENSE_FILE, "vector"))
-    name = f"{prefix}/SkipSimplifiedLayerNormalization"
-    normed, summed = f"{name}/output_0", f"{name}/output_3"
-    g.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, skip, w], [normed, "", "", summed],
-                                    name=name, domain=MS_DOMAIN, epsilon=float(eps)))
-    g.uses_ms = True
+    normed, _, _, summed = g.op(f"{prefix}/SkipSimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                                [x, skip, w], n_out=4, domain=MS_DOMAIN, unused=(1, 2), epsilon=float(eps))
     return normed, summed
 
 

@@ -30,9 +30,11 @@ class Graph:
         self._consts: dict[tuple, str] = {}
         self.uses_ms = False
 
-    def op(self, name: str, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs):
-        """Add node ``name`` (``/…/<Op>``); return its output name, or the list of them."""
-        outs = [f"{name}/output_{k}" for k in range(n_out)]
+    def op(self, name: str, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "",
+           unused: tuple[int, ...] = (), **attrs):
+        """Add node ``name`` (``/…/<Op>``); return its output name, or the list of them. Optional outputs
+        listed in ``unused`` are left unnamed (""), so the kernel need not produce them."""
+        outs = ["" if k in unused else f"{name}/output_{k}" for k in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain or None, **attrs))
         self.uses_ms |= domain == MS_DOMAIN
         return outs[0] if n_out == 1 else outs
