@@ -229,7 +229,7 @@ def main() -> None:
             f"1 intra-op thread for decode · prompt 16 tokens, {tokens} new tokens\n",
             "## Export (one process each; validation included)\n",
             md_table(rows, ["export", "seconds", "peak_rss_mb", "bytes_total", "bytes_dense", "bytes_mlp",
-                            "bits_per_weight_mlp", "tokens_match_stock", "tokens_match_native", "max_abs_diff",
+                            "bits_per_weight_mlp", "agrees_stock", "agrees_native", "near_ties_native", "max_abs_diff",
                             "max_abs_diff_native", "tolerance", "steps_above_1e2_native", "level4_tokens_agree",
                             "level4_max_abs_diff", "error"]),
             "\n## Files (bytes)\n"]

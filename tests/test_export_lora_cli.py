@@ -33,7 +33,7 @@ def test_lora_merged_before_quantising(tmp_path, model, targets):
     kw = dict(model=model, method="dip", rho_in=0.6, quant="bq4", validate_tokens=8)
     base = export_model(ExportConfig(**kw), tmp_path / "base")
     tuned = export_model(ExportConfig(lora=str(adapter), **kw), tmp_path / "tuned")
-    assert tuned.manifest.validation["tokens_match_stock"]
+    assert tuned.manifest.validation["agrees_stock"]
     assert tuned.manifest.source["lora"]["r"] == 4
     assert tuned.manifest.files["mlp.bin"]["sha256"] != base.manifest.files["mlp.bin"]["sha256"]
 
@@ -57,7 +57,7 @@ def test_cli_export_json_and_inspect_verify(tmp_path):
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     rec = json.loads(js.read_text())
-    for key in ("tokens_match_stock", "tokens_match_native", "max_abs_diff", "tolerance", "bytes_mlp",
+    for key in ("agrees_stock", "agrees_native", "near_ties_stock", "max_abs_diff", "tolerance", "bytes_mlp",
                 "bits_per_weight_mlp"):
         assert key in rec
     assert rec["validation"]["ok"]
@@ -85,5 +85,11 @@ def test_inspect_prompt_generates_the_validated_tokens(tmp_path):
     r = runner.invoke(app, ["inspect", str(out), "--prompt", "hello", "--max-new-tokens", "8", "--json", str(js)])
     assert r.exit_code == 0, r.output
     gen = json.loads(js.read_text())["generation"]
-    ref = res.manifest.validation["reference_tokens"]
-    assert gen["tokens"] == ref[: len(gen["tokens"])] and gen["tokens_per_s"] > 0
+    v = res.manifest.validation
+    ref, picks = v["reference_tokens"], v["picks_stock"]
+    # the reference's tokens up to the first step where stock ORT's own pick differs (a near-tie the
+    # validation accepted), then ORT's pick there: the same graph in the same loop, after that the
+    # contexts differ
+    part = next((t for t, (a, b) in enumerate(zip(ref, picks)) if a != b), len(ref))
+    n = min(len(gen["tokens"]), part + 1)
+    assert gen["tokens"][:n] == (ref[:part] + picks[part:part + 1])[:n] and gen["tokens_per_s"] > 0

@@ -77,23 +77,37 @@ def test_glu_side_methods_keep_k_columns_of_wd(tiny_llama, ids, method, knob):
 
 
 def test_dipca_forward_equals_token_by_token_decoding(tiny_llama):
-    """One causal forward (sequential loop inside each MLP) == decoding with a KV cache."""
+    """One causal forward (sequential loop inside each MLP) == decoding with a KV cache: fed one token at a
+    time, each layer's scores rank the forward's selections as its own top-K (up to near-ties: the two
+    paths multiply matrices of other shapes), and taking them gives the forward's logits."""
+    from dipdeploy.agreement import Tolerance, compare_logits
+    from dipdeploy.sparsity.twin import follow
+
     lm = tiny_llama
     plan = plan_for(lm, "dip-ca", 0.4, gamma=0.2, cache_frac=0.3, policy="lru")
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(3))
-    full = run(lm, plan, ids)
     sparsify_(lm.model, plan, lm.mlp_layout)
+    sel = [{} for _ in range(ids.shape[1])]
+
+    def keep(i, rec):
+        for group, key in (("in", "sel_in"), ("glu", "sel_glu")):
+            for p, row in enumerate(np.asarray(rec[key])[0]):
+                sel[p][(i, group)] = row
+
     try:
         reset_caches(lm.model)
-        past, steps = None, []
+        for m in sparse_mlps(lm.model):
+            m.recorder = keep
         with torch.no_grad():
-            for t in range(ids.shape[1]):
-                out = lm.model(ids[:, t : t + 1], past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                steps.append(out.logits)
+            full = lm.model(ids).logits[0].float().numpy()
+        for m in sparse_mlps(lm.model):
+            m.recorder = None
+        steps = follow(lm.model, ids[0].tolist(), [0], sel)
     finally:
         unsparsify_(lm.model)
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)
+    assert steps.ok and steps.topk_checked == 16 * 2 * 2, steps.as_dict()
+    res = compare_logits([full], steps.logits, Tolerance(1e-4, 1e-4))
+    assert res.ok, res.describe()
 
 
 def test_dipca_prefers_resident_rows(tiny_llama):

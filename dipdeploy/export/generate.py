@@ -30,6 +30,7 @@ class KVDecoder:
         self.past = {i.name: np.zeros(shape, np.float16 if "float16" in i.type else np.float32)
                      for i in inputs if i.name.startswith("past_key_values")}
         self.length = 0
+        self.last: dict = {}
 
     def feed(self, ids) -> np.ndarray:
         """Run ``ids`` ([S] or [1, S]) after what the cache holds; returns their logits [S, V]."""
@@ -39,6 +40,7 @@ class KVDecoder:
         if self.positions:
             feed["position_ids"] = np.arange(self.length, self.length + s, dtype=np.int64)[None]
         res = dict(zip(self.outputs, self.session.run(None, feed)))
+        self.last = res  # every output of the call (validation reads the exposed selections)
         self.past = {k: res[k.replace("past_key_values", "present")] for k in self.past}
         self.length += s
         return res["logits"][0]

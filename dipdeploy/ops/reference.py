@@ -21,13 +21,25 @@ def topk_column_mask_ref(
     colnorm: np.ndarray | None = None,
 ) -> np.ndarray:
     """indices [N, k] int64 of TopKColumnMask. ``colnorm`` given = WINA score |x|·‖W_{:,i}‖."""
+    return topk_indices(topk_column_mask_scores(x, resident, gamma, fixed_top_n, colnorm), k)
+
+
+def topk_column_mask_scores(
+    x: np.ndarray,
+    resident: np.ndarray | None = None,
+    gamma: float = 1.0,
+    fixed_top_n: int = 0,
+    colnorm: np.ndarray | None = None,
+) -> np.ndarray:
+    """The scores [N, R] TopKColumnMask ranks (what ``dipdeploy.agreement.compare_topk`` checks a
+    kernel's selection against)."""
     x = np.asarray(x, dtype=np.float32)
     x_abs = np.abs(x)
     if colnorm is not None:
         x_abs = x_abs * np.asarray(colnorm, dtype=np.float32)
     if resident is not None:
         resident = np.broadcast_to(np.asarray(resident, dtype=bool), x.shape)
-    return topk_indices(dipca_scores(x_abs, resident, gamma, fixed_top_n), k)
+    return dipca_scores(x_abs, resident, gamma, fixed_top_n)
 
 
 # Selected rows sharing one int8 coefficient scale at accuracy level 4 (DD_I8_ROWS in custom_ops).

@@ -347,6 +347,29 @@ class Engine:
         return self.extend(ids, max_new_tokens, sampler, on_token, trace, keep_logits, stop_at_eos,
                            prompt if isinstance(prompt, str) else None)
 
+    def teacher_forced(self, prompt: list[int], tokens: list[int]) -> tuple[list[np.ndarray], list[dict]]:
+        """A new sequence fed ``prompt`` then ``tokens[:-1]``: the next-token logits [V] after the prompt
+        and after each fed token, to compare with another implementation fed the same tokens
+        (``dipdeploy.agreement.compare_logits``), and the selections per fed position,
+        ``{(layer, "in" | "glu"): indices [K]}`` (what ``dipdeploy.sparsity.twin.follow`` takes)."""
+        if not prompt:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(prompt) + len(tokens) > self.cfg.context:
+            raise ValueError(f"{len(prompt) + len(tokens)} tokens exceed the context of {self.cfg.context}")
+        self.reset()
+        timer, sel = Timer(), []
+
+        def keep(i, s_in, s_glu, _h_in, _h_glu):
+            if i == 0:
+                sel.append({})
+            sel[-1][(i, "in")], sel[-1][(i, "glu")] = s_in, s_glu
+
+        for t in prompt[:-1]:
+            self.step(int(t), timer, keep)
+        out = [self.step(int(prompt[-1]), timer, keep)]
+        out += [self.step(int(t), timer, keep) for t in tokens[:-1]]
+        return out, sel
+
     def _record_future(self, ids, max_new_tokens, sampler, stop_at_eos):
         if self.gamma != 1.0:
             raise ValueError(f"policy 'belady' needs selections that do not depend on the cache (γ = 1), got "

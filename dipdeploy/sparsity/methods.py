@@ -42,9 +42,23 @@ def method(name: str):
 
 
 def topk_mask(score: torch.Tensor, k: int) -> torch.Tensor:
-    """Bool mask of the k largest entries along the last dim."""
-    idx = score.topk(k, dim=-1, sorted=False).indices
-    return torch.zeros_like(score, dtype=torch.bool).scatter_(-1, idx, True)
+    """Bool mask of the k largest entries along the last dim, ties to the lower index.
+
+    The project's one tie rule (``dipdeploy.cache.score``, ONNX ``TopK``): every entry above the K-th
+    value, then as many entries equal to it as are still wanted, lowest index first. ``torch.topk``
+    leaves ties to its kernel. Same arithmetic as ``topk_rows`` (numpy), without a full sort.
+    """
+    kth = score.topk(k, dim=-1, sorted=True).values[..., -1:]
+    above = score > kth
+    tied = score == kth
+    want = k - above.sum(-1, keepdim=True)
+    return above | (tied & (tied.cumsum(-1) <= want))
+
+
+def topk_indices(score: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries, largest first, ties to the lower index (a stable sort, as
+    ``dipdeploy.cache.score.topk_indices``); for traces, where the order is recorded."""
+    return score.sort(dim=-1, descending=True, stable=True).indices[..., :k]
 
 
 def mask_from_indices(idx: np.ndarray, shape: tuple[int, ...], device) -> torch.Tensor:
@@ -70,6 +84,7 @@ class SparseMLP(nn.Module):
         self.caches: tuple[RowCache, RowCache] | None = None
         self.recorder = None  # callable(index, record dict) while tracing
         self.observer = None  # callable(index, name, tensor) while calibrating
+        self.selector = None  # callable(index, group, scores [N, R] numpy, k) -> indices [N, k] (sparsity.twin)
         if plan.score == "wina":
             w_u, w_g = self.weights_in()
             self.register_buffer("norm_in", (w_u.square().sum(0) + w_g.square().sum(0)).sqrt().detach())
@@ -114,6 +129,13 @@ class SparseMLP(nn.Module):
     def record(self, **arrays) -> None:
         if self.recorder is not None:
             self.recorder(self.index, arrays)
+
+    def choose(self, group: str, scores: np.ndarray, k: int) -> np.ndarray | None:
+        """Another implementation's top-K for this call, when a ``selector`` is installed (the twin of
+        ``dipdeploy.sparsity.twin``, which checks it against ``scores`` first); else None."""
+        if self.selector is None:
+            return None
+        return self.selector(self.index, group, scores.reshape(-1, scores.shape[-1]), k)
 
     def reset(self) -> None:
         """Forget the DIP-CA cache state (a new sequence, or a new batch of windows)."""
@@ -189,25 +211,34 @@ def _teal(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
 def _dip(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
     """DIP: top-K_in of |x| (or WINA's |x_i|·‖W_{:,i}‖₂), then top-K_glu of |GLU~|."""
     s_in = m.score_in(x)
-    m_in = topk_mask(s_in, m.layer.k_in)
+    m_in = _dip_mask(m, "in", s_in, m.layer.k_in)
     gate, up = m.gate_up(x * m_in)
     g = m.act(gate) * up
     s_glu = m.score_glu(g)
-    m_glu = topk_mask(s_glu, m.layer.k_glu)
+    m_glu = _dip_mask(m, "glu", s_glu, m.layer.k_glu)
     if m.recorder is not None:
-        m.record(sel_in=s_in.topk(m.layer.k_in, dim=-1).indices, sel_glu=s_glu.topk(m.layer.k_glu, dim=-1).indices,
+        m.record(sel_in=topk_indices(s_in, m.layer.k_in), sel_glu=topk_indices(s_glu, m.layer.k_glu),
                  x_abs=s_in, glu_abs=s_glu)
     return m.down(g * m_glu)
 
 
-def _ca_select(cache: RowCache, scores: np.ndarray, k: int, plan: SparsityPlan) -> np.ndarray:
+def _dip_mask(m: SparseMLP, group: str, score: torch.Tensor, k: int) -> torch.Tensor:
+    if m.selector is None:
+        return topk_mask(score, k)
+    chosen = m.choose(group, score.detach().float().cpu().numpy(), k)
+    return mask_from_indices(chosen.reshape(*score.shape[:-1], k), score.shape, score.device)
+
+
+def _ca_select(m: SparseMLP, group: str, cache: RowCache, scores: np.ndarray, k: int) -> np.ndarray:
     """Token-sequential DIP-CA selection for scores [B, T, R] against one group's cache."""
     B, T, _ = scores.shape
+    plan = m.plan
     out = np.empty((B, T, k), dtype=np.int64)
     for t in range(T):
         g = gamma_at(plan.gamma, cache.step, plan.gamma_warmup)
         s = dipca_scores(scores[:, t], cache.resident, g, plan.fixed_top_n)
-        out[:, t] = topk_rows(s, k)
+        chosen = m.choose(group, s, k)
+        out[:, t] = topk_rows(s, k) if chosen is None else np.sort(chosen, axis=-1)
         cache.access(out[:, t])
     return out
 
@@ -221,11 +252,11 @@ def _dip_ca(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
         frac, pol = m.plan.cache_frac, m.plan.policy
         m.caches = (RowCache(d, round(frac * d), pol, batch=B), RowCache(F, round(frac * F), pol, batch=B))
     s_in = m.score_in(x)
-    sel_in = _ca_select(m.caches[0], s_in.detach().float().cpu().numpy(), m.layer.k_in, m.plan)
+    sel_in = _ca_select(m, "in", m.caches[0], s_in.detach().float().cpu().numpy(), m.layer.k_in)
     gate, up = m.gate_up(x * mask_from_indices(sel_in, x.shape, x.device))
     g = m.act(gate) * up
     s_glu = m.score_glu(g)
-    sel_glu = _ca_select(m.caches[1], s_glu.detach().float().cpu().numpy(), m.layer.k_glu, m.plan)
+    sel_glu = _ca_select(m, "glu", m.caches[1], s_glu.detach().float().cpu().numpy(), m.layer.k_glu)
     m.record(sel_in=sel_in, sel_glu=sel_glu, x_abs=s_in, glu_abs=s_glu)
     return m.down(g * mask_from_indices(sel_glu, g.shape, g.device))
 
