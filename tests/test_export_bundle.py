@@ -9,6 +9,9 @@ from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.manifest import read_manifest, verify
 
+# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
+pytestmark = pytest.mark.numerics
+
 TINY = ["tiny-llama", "tiny-mistral", "tiny-phi3", "tiny-qwen2"]
 
 

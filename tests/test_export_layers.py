@@ -13,6 +13,9 @@ from dipdeploy.export.decoder import kv_names
 from dipdeploy.export.manifest import open_tensor, read_manifest
 from twin_checks import assert_runs_agree, model_onnx_run
 
+# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
+pytestmark = pytest.mark.numerics
+
 
 class _Spec:
     num_kv_heads, head_dim = 2, 16

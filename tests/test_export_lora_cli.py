@@ -12,6 +12,9 @@ from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.manifest import read_manifest
 
+# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
+pytestmark = pytest.mark.numerics
+
 runner = CliRunner()
 
 

@@ -13,6 +13,9 @@ from dipdeploy.ops.reference import sparse_gather_matmul_ref
 from dipdeploy.quant.api import quantize
 from dipdeploy.quant.config import Block4QuantConfig
 
+# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
+pytestmark = pytest.mark.numerics
+
 
 def run_model(model, feeds, path):
     if path == "native" and library_path() is None:

@@ -29,6 +29,9 @@ from dipdeploy.ops.reference import sparse_gather_matmul_ref, topk_column_mask_r
 from dipdeploy.quant.api import quantize
 from dipdeploy.quant.config import Block4QuantConfig, VQ3QuantConfig
 
+# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
+pytestmark = pytest.mark.numerics
+
 PATHS = ("fallback", "native")
 NATIVE_MISSING = library_path() is None
 

@@ -18,6 +18,9 @@ from dipdeploy.runtime.budget import GroupShape, plan_residency
 from dipdeploy.sparsity.twin import compare_with_twin
 from twin_checks import assert_runs_agree, model_onnx_run
 
+# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
+pytestmark = pytest.mark.numerics
+
 PROMPT = [3, 14, 15, 92, 65, 35]
 
 

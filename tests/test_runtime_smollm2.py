@@ -1,4 +1,7 @@
 """The host runtime on the real embedded model (SmolLM2-135M, DIP-CA BQ4 bundle): equal to model.onnx
+
+# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
+pytestmark = pytest.mark.numerics
 with an unlimited budget and γ = 1, and to the torch DIP-CA reference under a 50 % LFU budget, by the
 project's agreement rule (near-ties of a top-K may go either way)."""
 
