@@ -17,10 +17,12 @@ build by accident. Without ``--native``, ORT inlines the stock fallback function
 bundle's per-layer graphs, DRAM slabs at ``--dram-budget`` over the mmap'ed ``mlp.bin``) on the same ids with
 greedy sampling, keeping the logits of each generated token; it needs a bundle with per-layer graphs.
 
-``compare`` takes the first file as the reference and checks every run against it: the prompt ids and the
-greedy tokens must be equal, and the largest |Δ logit| over all prefill positions and greedy steps must be
-≤ ``--tolerance``; the engine's tokens and logits (where a run has them) against the reference's greedy
-part, likewise. Prints a table; exits 1 on any mismatch.
+``compare`` takes the first file as the reference and checks every run against it by the project's
+agreement rule (``dipdeploy.agreement.compare_free_running``, docs/numerics.md): the prompt ids must be
+equal, the greedy tokens equal up to the first difference, which must be a near-tie of the reference's
+logits (within ``--tolerance``), and the largest |Δ logit| over the prefill positions and the greedy steps
+before that difference must be ≤ ``--tolerance``; the engine's tokens and logits (where a run has them)
+against the reference's greedy part, likewise. Prints a table; exits 1 on any mismatch.
 """
 
 from __future__ import annotations
@@ -160,34 +162,44 @@ def load(path: Path) -> dict:
 
 
 def compare(paths: list[Path], tolerance: float) -> int:
+    from dipdeploy.agreement import compare_free_running
+
     runs = [load(p) for p in paths]
     ref = runs[0]
     rm = ref["meta"]
     print(f"reference: {rm['arch']} native={'yes' if rm['native'] else 'no'} (ORT {rm['onnxruntime']}); "
           f"{len(ref['prompt_ids'])} teacher-forced positions + {len(ref['tokens'])} greedy tokens; "
           f"tolerance max |Δlogit| ≤ {tolerance:g} (max |logit| {np.abs(ref['logits']).max():.3f})")
-    header = ("arch", "cpu", "SIMD", "native", "ORT", "tokens equal", "max |Δlogit|", "min top-2 gap",
-              "engine tokens equal", "engine max |Δ|", "ok")
+    header = ("arch", "cpu", "SIMD", "native", "ORT", "tokens agree", "max |Δlogit|", "min top-2 gap",
+              "engine tokens agree", "engine max |Δ|", "ok")
     n, g = len(ref["prompt_ids"]), len(ref["tokens"])
     greedy_ref = ref["logits"][n - 1:n - 1 + g]  # the logits each greedy token was taken from
     rows, failed = [], False
+    def tokens_cell(agree) -> str:
+        if agree.first_difference is None:
+            return "yes"
+        return f"near-tie at {agree.first_difference}" if agree.ok else f"NO (from {agree.first_difference})"
+
     for r in runs:
         m = r["meta"]
         same_ids = np.array_equal(r["prompt_ids"], ref["prompt_ids"])
-        same_tok = same_ids and np.array_equal(r["tokens"], ref["tokens"])
-        diff = float(np.abs(r["logits"] - ref["logits"]).max()) if r["logits"].shape == ref["logits"].shape \
-            else float("inf")
-        ok = same_tok and diff <= tolerance
+        agree = compare_free_running(greedy_ref, ref["tokens"], r["tokens"], tolerance)
+        rows_same = n + (g if agree.first_difference is None else agree.first_difference)  # same context
+        diff = (float(np.abs(r["logits"][:rows_same] - ref["logits"][:rows_same]).max())
+                if r["logits"].shape == ref["logits"].shape else float("inf"))
+        ok = same_ids and agree.ok and diff <= tolerance
         e_tok = e_diff = "-"
         if r["engine_tokens"] is not None:
-            e_same = same_ids and np.array_equal(r["engine_tokens"], ref["tokens"])
+            e_agree = compare_free_running(greedy_ref, ref["tokens"], r["engine_tokens"], tolerance)
             el = r["engine_logits"]
-            e_max = float(np.abs(el - greedy_ref).max()) if el.shape == greedy_ref.shape else float("inf")
-            ok = ok and e_same and e_max <= tolerance
-            e_tok, e_diff = ("yes" if e_same else "NO"), f"{e_max:.3g}"
+            e_rows = g if e_agree.first_difference is None else e_agree.first_difference + 1
+            e_max = (float(np.abs(el[:e_rows] - greedy_ref[:e_rows]).max()) if el.shape == greedy_ref.shape
+                     else float("inf"))
+            ok = ok and e_agree.ok and e_max <= tolerance
+            e_tok, e_diff = tokens_cell(e_agree), f"{e_max:.3g}"
         failed |= not ok
         rows.append((m["arch"], m["cpu"], m["features"], "yes" if m["native"] else "no", m["onnxruntime"],
-                     "yes" if same_tok else ("NO (prompt ids differ)" if not same_ids else "NO"),
+                     tokens_cell(agree) if same_ids else "NO (prompt ids differ)",
                      f"{diff:.3g}", f"{m['min_greedy_margin']:.3g}", e_tok, e_diff, "ok" if ok else "MISMATCH"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
