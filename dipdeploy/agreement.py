@@ -226,3 +226,55 @@ def compare_topk(scores: np.ndarray, selected: np.ndarray, k: int | None = None,
         else:
             res.swaps += kept.size
     return res
+
+
+@dataclass
+class RunAgreement:
+    """Two runs of one sparse model (plain DIP, score |X|) with their selections: see :func:`compare_runs`."""
+
+    steps_compared: int
+    selection_parting: int | None    # first fed position whose selections differ (None: equal throughout)
+    parting_topk: TopKAgreement | None
+    tokens: FreeRunAgreement
+    logits: TokenAgreement
+
+    @property
+    def ok(self) -> bool:
+        return (self.parting_topk is None or self.parting_topk.ok) and self.tokens.ok and self.logits.ok
+
+    def describe(self) -> str:
+        part = ("selections equal throughout" if self.selection_parting is None else
+                f"selections part at position {self.selection_parting} ({self.parting_topk.describe()})")
+        return f"{part}; {self.tokens.describe()}; over {self.steps_compared} steps: {self.logits.describe()}"
+
+
+def _first_parting(ref_sel: Sequence[dict], got_sel: Sequence[dict]):
+    for p, (a, b) in enumerate(zip(ref_sel, got_sel)):
+        for key in sorted(k for k in a if len(k) == 2):
+            if set(np.asarray(a[key]).tolist()) != set(np.asarray(b[key]).tolist()):
+                return p, compare_topk(np.abs(np.asarray(a[key + ("x",)])), b[key], len(a[key]))
+    return None, None
+
+
+def compare_runs(ref_steps: Sequence[np.ndarray], ref_tokens: Sequence[int], ref_sel: Sequence[dict],
+                 got_steps: Sequence[np.ndarray], got_tokens: Sequence[int], got_sel: Sequence[dict],
+                 prompt_len: int, tol: Tolerance) -> RunAgreement:
+    """Two implementations of one plain-DIP model (two ORT graphs, two CPUs), each with its selections
+    per fed position (``{(layer, group): indices}``; the reference's also the scored input under
+    ``(layer, group, "x")``) and its logits per step (step 0: the prompt, then one per greedy token).
+
+    They compute the same function until their selections part; the parting must be a near-tie of the
+    reference's |X| (:func:`compare_topk`). Before it, the logits agree within ``tol`` and the tokens
+    by :func:`compare_free_running`; after it (or after the tokens part) the contexts differ and nothing
+    more is compared. Teacher-forced runs pass the same tokens twice; the shorter run's steps bound
+    the comparison (a generation loop keeps no logits after its last token).
+    """
+    part, topk = _first_parting(ref_sel, got_sel)
+    tok_part = next((t for t, (a, b) in enumerate(zip(ref_tokens, got_tokens)) if int(a) != int(b)), None)
+    bound = min(x for x in (part, None if tok_part is None else prompt_len + tok_part, 1 << 62) if x is not None)
+    # step 0 needs every prompt position, step j >= 1 position prompt_len - 1 + j
+    steps = 0 if bound < prompt_len else min(len(ref_steps), len(got_steps), bound - prompt_len + 1)
+    n_tok = len(ref_tokens) if part is None else max(0, part - prompt_len + 1)
+    tokens = compare_free_running(ref_steps, list(ref_tokens)[:n_tok], list(got_tokens)[:n_tok], tol.tie)
+    logits = compare_logits(ref_steps[:steps], got_steps[:steps], tol)
+    return RunAgreement(steps, part, topk, tokens, logits)

@@ -245,7 +245,8 @@ def test_twin_refuses_a_selection_beyond_the_near_ties(dip_bundle):
     import onnxruntime as ort
 
     from dipdeploy.agreement import tolerance_for
-    from dipdeploy.export.validate import ort_teacher_forced_selections, torch_greedy, with_selection_outputs
+    from dipdeploy.export.validate import ort_teacher_forced_selections, torch_greedy
+    from dipdeploy.ops.nodes import with_selection_outputs
     from dipdeploy.sparsity.twin import compare_with_twin
 
     out, lm, _ = dip_bundle
@@ -268,3 +269,27 @@ def test_twin_refuses_a_selection_beyond_the_near_ties(dip_bundle):
     _, twin = compare_with_twin(lm.model, PROMPT.tolist(), tokens, logits, bad, tol)
     # the first fault is where it was injected (later ones may follow from it: ORT's GLU came from other rows)
     assert not twin.ok and twin.topk_mismatches[0] == (7, 1, "in")
+
+
+def test_runs_may_part_only_at_a_near_tie_of_the_reference_scores():
+    """Two runs with selections: equal until a parting at a near-tie of |X| (then not compared further),
+    refused when the parting is beyond the near-ties."""
+    from dipdeploy.agreement import compare_runs
+
+    rng = np.random.default_rng(0)
+    k, r, prompt = 4, 16, 3
+    x = [rng.random(r) for _ in range(prompt + 2)]
+    sel = [{(0, "in"): np.argsort(-xi)[:k], (0, "in", "x"): xi} for xi in x]
+    steps = [rng.normal(0, 3, (prompt, V)), rng.normal(0, 3, V), rng.normal(0, 3, V)]
+    tol = Tolerance(1e-3, 1e-3)
+    assert compare_runs(steps, [], sel, steps, [], sel, prompt, tol).ok
+    tied = [dict(s) for s in sel]
+    order = np.argsort(-x[3])
+    x[3][order[k]] = x[3][order[k - 1]]  # an exact tie at the K-th score of position 3 (step 1)
+    tied[3] = {(0, "in"): np.r_[order[:k - 1], order[k]], (0, "in", "x"): x[3]}
+    moved = [steps[0], steps[1] + 1.0, steps[2] + 1.0]  # logits after the parting are not compared
+    res = compare_runs(steps, [], sel, moved, [], tied, prompt, tol)
+    assert res.ok and res.selection_parting == 3 and res.steps_compared == 1, res.describe()
+    wrong = [dict(s) for s in sel]
+    wrong[1] = {(0, "in"): np.argsort(x[1])[:k], (0, "in", "x"): x[1]}  # the k smallest: a real fault
+    assert not compare_runs(steps, [], sel, steps, [], wrong, prompt, tol).ok

@@ -1,5 +1,5 @@
-"""Checks the runtime tests share: two implementations fed the same tokens agree by the project's rule
-(``dipdeploy.agreement``), near-ties of the top-K allowed, nothing else."""
+"""Checks the runtime tests share: ``model.onnx`` teacher forced with its selections exposed, against
+which another ORT run (the host runtime's per-layer graphs) is judged by ``dipdeploy.agreement``."""
 
 from pathlib import Path
 
@@ -7,10 +7,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from dipdeploy.agreement import Tolerance, compare_logits, compare_topk
-from dipdeploy.export.validate import ort_teacher_forced_selections, with_selection_outputs
+from dipdeploy.agreement import Tolerance, compare_runs
+from dipdeploy.export.validate import ort_teacher_forced_selections
 from dipdeploy.ops.native import session_options
-from dipdeploy.ops.nodes import with_accuracy_level
+from dipdeploy.ops.nodes import with_accuracy_level, with_selection_outputs
 
 
 def model_onnx_run(path: Path, spec, prompt, tokens, native: bool = False, level: int | None = None):
@@ -29,23 +29,8 @@ def model_onnx_run(path: Path, spec, prompt, tokens, native: bool = False, level
     return logits, sel
 
 
-def assert_runs_agree(ref_logits, ref_sel, got_logits, got_sel, prompt_len: int, tol: Tolerance):
-    """Two ORT runs of plain DIP (γ = 1, score |X|) fed the same tokens: the same selections, and the
-    logits within ``tol``, up to the first position where a selection differs; that difference must be
-    a near-tie of the reference's |X| (``compare_topk``). After it the two compute different (equally
-    valid) sparse functions, so the logits of later steps are not compared. Returns that position."""
-    first = None
-    for p, (a, b) in enumerate(zip(ref_sel, got_sel)):
-        for key in [k for k in a if len(k) == 2]:
-            if set(np.asarray(a[key]).tolist()) != set(np.asarray(b[key]).tolist()):
-                res = compare_topk(np.abs(a[key + ("x",)]), b[key], len(a[key]))
-                assert res.ok, f"position {p}, layer {key[0]} {key[1]}: {res.describe()}"
-                first = p
-                break
-        if first is not None:
-            break
-    # step 0 holds every prompt position, step j >= 1 position prompt_len - 1 + j
-    steps = len(ref_logits) if first is None else max(0, first - prompt_len + 1)
-    res = compare_logits(ref_logits[:steps], got_logits[:steps], tol)
+def assert_runs_agree(ref_logits, ref_sel, got_logits, got_sel, prompt_len: int, tol: Tolerance, tokens=()):
+    """Both fed the same ``tokens``: ``dipdeploy.agreement.compare_runs`` must hold."""
+    res = compare_runs(ref_logits, tokens, ref_sel, got_logits, tokens, got_sel, prompt_len, tol)
     assert res.ok, res.describe()
-    return first
+    return res

@@ -28,6 +28,7 @@ import torch
 
 from dipdeploy.agreement import TokenAgreement, compare_logits, next_token_logits, tolerance_for
 from dipdeploy.export.generate import KVDecoder
+from dipdeploy.ops.nodes import with_selection_outputs
 from dipdeploy.sparsity.twin import TwinRun, compare_with_twin
 
 
@@ -118,7 +119,7 @@ def ort_teacher_forced(session, spec, prompt: np.ndarray, tokens: list[int]) -> 
 
 def ort_teacher_forced_selections(session, spec, prompt: np.ndarray, tokens: list[int], selection_outputs=None):
     """:func:`ort_teacher_forced`, plus the selections per fed position: ``selection_outputs`` maps
-    (layer, group) to a TopKColumnMask output name of the graph (see :func:`with_selection_outputs`);
+    (layer, group) to a TopKColumnMask output name of the graph (see ``dipdeploy.ops.nodes.with_selection_outputs``);
     the third result is ``sel[position][(layer, group)]`` = indices [K]."""
     kv = KVDecoder(session, spec.num_kv_heads, spec.head_dim)
     feed, logits, picks, sel = prompt, [], [], []
@@ -130,31 +131,6 @@ def ort_teacher_forced_selections(session, spec, prompt: np.ndarray, tokens: lis
             sel += [{key: r[p] for key, r in rows.items()} for p in range(len(feed))]
         feed = [tokens[step]]
     return picks, logits, sel
-
-
-def with_selection_outputs(model: onnx.ModelProto, scored: bool = False) -> tuple[onnx.ModelProto, dict]:
-    """``model`` with every TopKColumnMask output also a graph output, and their names by
-    (layer, group): "in" for the up|gate input columns, "glu" for the down columns (the node names of
-    ``dipdeploy.export.decoder``, ``/model/layers.{i}/mlp/{up_gate,down}_proj/TopKColumnMask``).
-    ``scored``: the nodes' inputs X too, under (layer, group, "x") (|X| is the score of plain DIP)."""
-    names = {}
-    existing = {o.name for o in model.graph.output}
-    for node in model.graph.node:
-        if node.op_type != "TopKColumnMask":
-            continue
-        parts = node.name.split("/")
-        layer = int(parts[2].split(".")[1])
-        group = {"up_gate_proj": "in", "down_proj": "glu"}[parts[4]]
-        names[(layer, group)] = node.output[0]
-        outs = [(node.output[0], onnx.TensorProto.INT64)]
-        if scored:
-            names[(layer, group, "x")] = node.input[0]
-            outs.append((node.input[0], onnx.TensorProto.FLOAT))
-        for name, dtype in outs:
-            if name not in existing:
-                model.graph.output.append(onnx.helper.make_tensor_value_info(name, dtype, None))
-                existing.add(name)
-    return model, names
 
 
 @dataclass

@@ -191,6 +191,31 @@ def with_accuracy_level(model: ModelProto, level: int) -> ModelProto:
 _MODEL_BUILDERS = {TOPK_OP: make_topk_model, SGMM_OP: make_sgmm_model}
 
 
+def with_selection_outputs(model: ModelProto, scored: bool = False) -> tuple[ModelProto, dict]:
+    """``model`` with every TopKColumnMask output also a graph output, and their names by
+    (layer, group): "in" for the up|gate input columns, "glu" for the down columns (the node names of
+    ``dipdeploy.export.decoder``, ``/model/layers.{i}/mlp/{up_gate,down}_proj/TopKColumnMask``).
+    ``scored``: the nodes' inputs X too, under (layer, group, "x") (|X| is the score of plain DIP)."""
+    names = {}
+    existing = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        if node.op_type != TOPK_OP:
+            continue
+        parts = node.name.split("/")
+        layer = int(parts[2].split(".")[1])
+        group = {"up_gate_proj": "in", "down_proj": "glu"}[parts[4]]
+        names[(layer, group)] = node.output[0]
+        outs = [(node.output[0], TensorProto.INT64)]
+        if scored:
+            names[(layer, group, "x")] = node.input[0]
+            outs.append((node.input[0], TensorProto.FLOAT))
+        for name, dtype in outs:
+            if name not in existing:
+                model.graph.output.append(helper.make_tensor_value_info(name, dtype, None))
+                existing.add(name)
+    return model, names
+
+
 def make_op_model(op: str, *args, **kwargs) -> ModelProto:
     """One-op model for ``op`` (``TopKColumnMask`` → :func:`make_topk_model`, else :func:`make_sgmm_model`)."""
     if op not in _MODEL_BUILDERS:
@@ -200,5 +225,5 @@ def make_op_model(op: str, *args, **kwargs) -> ModelProto:
 
 __all__ = [
     "make_op_model", "make_sgmm_model", "make_topk_model", "sparse_gather_matmul_node", "topk_column_mask_node",
-    "with_accuracy_level",
+    "with_accuracy_level", "with_selection_outputs",
 ]

@@ -98,6 +98,7 @@ for q in $quants; do
     die "export of the tiny bundle ($q) failed"
   fi
   echo "arm-check: exported tiny-llama dip ρ=0.5 $q -> $bundle ($(secs "$t") s)"
+  run_x86 expose --bundle "$bundle"  # the selections as graph outputs, for the near-tie-aware comparison
 
   t="$(now)"
   run_x86 run "${engine[@]}" --bundle "$bundle" --out "$out/$q-x86_64-stock.npz"

@@ -1,7 +1,12 @@
 """Runs a bundle's ``model.onnx`` on a fixed input and compares runs across architectures (scripts/arm/check.sh).
 
+    compare.py expose --bundle DIR
     compare.py run --bundle DIR --out RUN.npz [--native LIB] [--threads 1]
     compare.py compare [--tolerance 1e-3] REF.npz RUN.npz ...
+
+``expose`` (x86 side, it may import onnx) writes ``model.selections.onnx`` into the bundle: ``model.onnx``
+with every TopKColumnMask's selection and scored input X as graph outputs, named in
+``selections.json``; ``run`` uses it when present and keeps them per fed position.
 
 ``run`` is what both sides execute, the x86 venv and the aarch64 Python under qemu-user. It imports only
 numpy, onnxruntime, tokenizers and the torch-free ``dipdeploy.export.manifest`` / ``dipdeploy.ops.native``
@@ -18,11 +23,12 @@ bundle's per-layer graphs, DRAM slabs at ``--dram-budget`` over the mmap'ed ``ml
 greedy sampling, keeping the logits of each generated token; it needs a bundle with per-layer graphs.
 
 ``compare`` takes the first file as the reference and checks every run against it by the project's
-agreement rule (``dipdeploy.agreement.compare_free_running``, docs/numerics.md): the prompt ids must be
-equal, the greedy tokens equal up to the first difference, which must be a near-tie of the reference's
-logits (within ``--tolerance``), and the largest |Δ logit| over the prefill positions and the greedy steps
-before that difference must be ≤ ``--tolerance``; the engine's tokens and logits (where a run has them)
-against the reference's greedy part, likewise. Prints a table; exits 1 on any mismatch.
+agreement rule (``dipdeploy.agreement.compare_runs``, docs/numerics.md): the prompt ids must be equal; the
+two compute the same function until their selections part, which must be a near-tie of the reference's
+|X|; until then the greedy tokens are equal (or part at a near-tie of the reference's logits) and the
+logits agree within ``--tolerance``. The engine (where a run has it, its selections from
+``Engine.teacher_forced`` on its own tokens) against the reference likewise. Prints a table; exits 1 on
+any mismatch.
 """
 
 from __future__ import annotations
@@ -77,9 +83,40 @@ def run_engine(bundle: Path, ids: list[int], greedy: int, native: bool, threads:
     engine = Engine(bundle, EngineConfig(dram_budget=budget, native=native, threads=threads))
     try:
         g = engine.generate(ids, greedy, keep_logits=True, stop_at_eos=False)
+        _, sel = engine.teacher_forced(ids, g.tokens)  # the same engine: bit-equal to generate's run
     finally:
         engine.close()
-    return np.asarray(g.tokens, np.int64), np.stack(g.logits).astype(np.float32)
+    return np.asarray(g.tokens, np.int64), np.stack(g.logits).astype(np.float32), _stack(sel, "engine_sel")
+
+
+SELECTIONS = "selections.json"
+SELECTION_GRAPH = "model.selections.onnx"
+
+
+def _stack(sel: list[dict], prefix: str) -> dict:
+    """Per-position selections {(layer, group[, "x"]): array} as npz arrays [positions, ...]."""
+    return {f"{prefix}:" + ":".join(map(str, key)): np.stack([np.asarray(s[key]) for s in sel]) for key in sel[0]} \
+        if sel else {}
+
+
+def _unstack(z, prefix: str) -> list[dict]:
+    keys = [k for k in z.files if k.startswith(prefix + ":")]
+    if not keys:
+        return []
+    parts = {k: tuple(int(p) if p.isdigit() else p for p in k.split(":")[1:]) for k in keys}
+    return [{parts[k]: z[k][p] for k in keys} for p in range(len(z[keys[0]]))]
+
+
+def expose(bundle: Path) -> None:
+    import onnx
+
+    from dipdeploy.export.manifest import read_manifest
+    from dipdeploy.ops.nodes import with_selection_outputs
+
+    src = bundle / read_manifest(bundle).graphs["model"]
+    proto, names = with_selection_outputs(onnx.load(str(src), load_external_data=False), scored=True)
+    onnx.save(proto, str(bundle / SELECTION_GRAPH))
+    (bundle / SELECTIONS).write_text(json.dumps({name: list(key) for key, name in names.items()}))
 
 
 def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: int, greedy: int,
@@ -115,14 +152,19 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
     if native is not None and Path(loaded).resolve() != native:
         raise SystemExit(f"dipdeploy.ops.native would load {loaded}, not {native}")
     so = session_options(threads=threads, native=native is not None)
-    sess = ort.InferenceSession(str(bundle / manifest.graphs["model"]), so, providers=["CPUExecutionProvider"])
+    exposed = (bundle / SELECTIONS).is_file()
+    graph = SELECTION_GRAPH if exposed else manifest.graphs["model"]
+    keys = {name: tuple(key) for name, key in json.loads((bundle / SELECTIONS).read_text()).items()} if exposed else {}
+    sess = ort.InferenceSession(str(bundle / graph), so, providers=["CPUExecutionProvider"])
     t_session = time.perf_counter() - t0
 
     kv = KVDecoder(sess, dec["num_key_value_heads"], dec["head_size"])
-    x, logits, tokens = ids, [], []
+    x, logits, tokens, sel = ids, [], [], []
     t1 = time.perf_counter()
     for step in range(greedy + 1):  # step 0: the teacher-forced prefill; then one greedy token per step
         logits.append(kv.feed(x))
+        rows = {key: np.asarray(kv.last[name]).reshape(np.asarray(x).size, -1) for name, key in keys.items()}
+        sel += [{key: r[p] for key, r in rows.items()} for p in range(np.asarray(x).size)]
         if step < greedy:
             tokens.append(int(logits[-1][-1].argmax()))
             x = [tokens[-1]]
@@ -130,8 +172,9 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
     extra, t_engine = {}, 0.0
     if engine:
         t2 = time.perf_counter()
-        extra["engine_tokens"], extra["engine_logits"] = run_engine(bundle, ids[0].tolist(), greedy,
-                                                                    native is not None, threads, budget)
+        extra["engine_tokens"], extra["engine_logits"], engine_sel = run_engine(
+            bundle, ids[0].tolist(), greedy, native is not None, threads, budget)
+        extra.update(engine_sel)
         t_engine = time.perf_counter() - t2
 
     heavy = [m for m in HEAVY if m in sys.modules]
@@ -147,7 +190,7 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
             "engine": engine, "engine_budget": budget if engine else None, "seconds_engine": round(t_engine, 3)}
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez(out, prompt_ids=ids[0], logits=logits, tokens=np.asarray(tokens, np.int64), meta=json.dumps(meta),
-             **extra)
+             **extra, **_stack(sel, "sel"))
     print(f"{meta['arch']:8s} {cpu:15s} native={'yes' if meta['native'] else 'no ':3s} ORT {meta['onnxruntime']}: "
           f"tokens {tokens} {meta['text']!r}  (session {t_session:.2f} s, {greedy + 1} runs {t_run:.2f} s)"
           + (f"; engine tokens {extra['engine_tokens'].tolist()} ({t_engine:.2f} s)" if engine else ""))
@@ -158,11 +201,12 @@ def load(path: Path) -> dict:
         return {"path": path, "meta": json.loads(str(z["meta"])), "prompt_ids": z["prompt_ids"],
                 "logits": z["logits"], "tokens": z["tokens"],
                 "engine_tokens": z["engine_tokens"] if "engine_tokens" in z else None,
-                "engine_logits": z["engine_logits"] if "engine_logits" in z else None}
+                "engine_logits": z["engine_logits"] if "engine_logits" in z else None,
+                "sel": _unstack(z, "sel"), "engine_sel": _unstack(z, "engine_sel")}
 
 
 def compare(paths: list[Path], tolerance: float) -> int:
-    from dipdeploy.agreement import compare_free_running
+    from dipdeploy.agreement import Tolerance, compare_runs
 
     runs = [load(p) for p in paths]
     ref = runs[0]
@@ -173,34 +217,39 @@ def compare(paths: list[Path], tolerance: float) -> int:
     header = ("arch", "cpu", "SIMD", "native", "ORT", "tokens agree", "max |Δlogit|", "min top-2 gap",
               "engine tokens agree", "engine max |Δ|", "ok")
     n, g = len(ref["prompt_ids"]), len(ref["tokens"])
-    greedy_ref = ref["logits"][n - 1:n - 1 + g]  # the logits each greedy token was taken from
     rows, failed = [], False
-    def tokens_cell(agree) -> str:
-        if agree.first_difference is None:
-            return "yes"
-        return f"near-tie at {agree.first_difference}" if agree.ok else f"NO (from {agree.first_difference})"
 
+    def steps_of(logits: np.ndarray) -> list:  # step 0: the prefill (a row per prompt position), then a row per token
+        return [logits[:n]] + list(logits[n:n + g])
+
+    def tokens_cell(res) -> str:
+        t = res.tokens
+        if t.first_difference is None:
+            return "yes" if res.selection_parting is None else f"yes (to position {res.selection_parting})"
+        return f"near-tie at {t.first_difference}" if t.ok else f"NO (from {t.first_difference})"
+
+    tol = Tolerance(tolerance, tolerance)
+    ref_steps = steps_of(ref["logits"])
     for r in runs:
         m = r["meta"]
         same_ids = np.array_equal(r["prompt_ids"], ref["prompt_ids"])
-        agree = compare_free_running(greedy_ref, ref["tokens"], r["tokens"], tolerance)
-        rows_same = n + (g if agree.first_difference is None else agree.first_difference)  # same context
-        diff = (float(np.abs(r["logits"][:rows_same] - ref["logits"][:rows_same]).max())
-                if r["logits"].shape == ref["logits"].shape else float("inf"))
-        ok = same_ids and agree.ok and diff <= tolerance
+        res = compare_runs(ref_steps, ref["tokens"], ref["sel"], steps_of(r["logits"]), r["tokens"], r["sel"], n, tol)
+        ok = same_ids and res.ok
         e_tok = e_diff = "-"
         if r["engine_tokens"] is not None:
-            e_agree = compare_free_running(greedy_ref, ref["tokens"], r["engine_tokens"], tolerance)
-            el = r["engine_logits"]
-            e_rows = g if e_agree.first_difference is None else e_agree.first_difference + 1
-            e_max = (float(np.abs(el[:e_rows] - greedy_ref[:e_rows]).max()) if el.shape == greedy_ref.shape
-                     else float("inf"))
-            ok = ok and e_agree.ok and e_max <= tolerance
-            e_tok, e_diff = tokens_cell(e_agree), f"{e_max:.3g}"
+            e_res = compare_runs(ref_steps, ref["tokens"], ref["sel"], list(r["engine_logits"]), r["engine_tokens"],
+                                 r["engine_sel"], n, tol)
+            ok = ok and e_res.ok
+            e_tok, e_diff = tokens_cell(e_res), f"{e_res.logits.max_abs_diff:.3g}"
+            if not e_res.ok:
+                print(f"{m['arch']} engine: {e_res.describe()}")
+        if not res.ok:
+            print(f"{m['arch']} {'native' if m['native'] else 'stock'}: {res.describe()}")
         failed |= not ok
         rows.append((m["arch"], m["cpu"], m["features"], "yes" if m["native"] else "no", m["onnxruntime"],
-                     tokens_cell(agree) if same_ids else "NO (prompt ids differ)",
-                     f"{diff:.3g}", f"{m['min_greedy_margin']:.3g}", e_tok, e_diff, "ok" if ok else "MISMATCH"))
+                     tokens_cell(res) if same_ids else "NO (prompt ids differ)",
+                     f"{res.logits.max_abs_diff:.3g}", f"{m['min_greedy_margin']:.3g}", e_tok, e_diff,
+                     "ok" if ok else "MISMATCH"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     print(line(header))
@@ -231,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="compare npz runs against the first one")
     c.add_argument("--tolerance", type=float, default=1e-3)
     c.add_argument("runs", type=Path, nargs="+")
+    e = sub.add_parser("expose", help="write model.selections.onnx (selections as outputs) into a bundle")
+    e.add_argument("--bundle", type=Path, required=True)
     a = ap.parse_args(argv)
+    if a.cmd == "expose":
+        expose(a.bundle)
+        return 0
     if a.cmd == "run":
         run(a.bundle, a.out, a.native, a.threads, a.positions, a.greedy, a.cpu, a.engine, a.dram_budget)
         return 0
