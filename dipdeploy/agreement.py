@@ -26,8 +26,10 @@ score (a kept index at least ``s_K − tie``, a dropped one at most ``s_K + tie`
 
 The tolerances are :func:`tolerance_for` (logits) and :data:`TOPK_TIE` (scores); why each is what it
 is, is said there. A sparse model's logits are compared with a reference that made the same top-K
-choices where they were near-ties (``dipdeploy.sparsity.twin``), not with a looser tolerance. Exact equality stays where bit-equality is the contract: integer paths, the cache
-and slot rules, golden vectors, byte-identical bundles, and one implementation against itself.
+choices where they were near-ties (``dipdeploy.sparsity.twin``), not with a looser tolerance; two runs
+of one sparse model with their selections, by :func:`compare_runs`. Exact equality stays where
+bit-equality is the contract: integer paths, the cache and slot rules, golden vectors, byte-identical
+bundles, and one implementation against itself.
 """
 
 from __future__ import annotations

@@ -109,7 +109,8 @@ def inspect_cmd(
             "graphs": ", ".join([m.graphs["model"]] + ([f"{len(m.graphs['layers'])} per-layer"]
                                                        if m.graphs.get("layers") else [])),
             "tensors": len(m.tensors), "validation": json.dumps({k: m.validation.get(k) for k in (
-                "agrees_stock", "agrees_native", "near_ties_stock", "near_ties_native", "max_abs_diff", "tolerance", "level4")})}
+                "agrees_stock", "agrees_native", "near_ties_stock", "near_ties_native", "max_abs_diff", "tolerance",
+                "level4")})}
     table = Table("item", "value", title=f"bundle {bundle}")
     for k, v in rows.items():
         table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))

@@ -213,8 +213,9 @@ def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path) -> dict:
         path, level4 = tmp / "model.level0.onnx", tmp / MODEL_FILE
         onnx.save(with_accuracy_level(onnx.load(str(level4), load_external_data=False), 0), str(path))
     try:
-        v = validate(path, lm.model, spec, prompt, cfg.validate_tokens, sparse=plan is not None and plan.method != "dense",
-                     quantised=cfg.quantised, threads=cfg.threads, level4_path=level4)
+        sparse = plan is not None and plan.method != "dense"
+        v = validate(path, lm.model, spec, prompt, cfg.validate_tokens, sparse=sparse, quantised=cfg.quantised,
+                     threads=cfg.threads, level4_path=level4)
     finally:
         if level4 is not None:
             path.unlink(missing_ok=True)

@@ -47,8 +47,8 @@ class PathCheck:
 
     @classmethod
     def of(cls, token: TokenAgreement, picks: list[int], free: float, twin: TwinRun | None) -> "PathCheck":
-        return cls(token.ok and (twin is None or twin.ok), picks, token.near_ties, token.mismatches, token.max_abs_diff,
-                   free, None if twin is None else twin.as_dict())
+        return cls(token.ok and (twin is None or twin.ok), picks, token.near_ties, token.mismatches,
+                   token.max_abs_diff, free, None if twin is None else twin.as_dict())
 
 
 @dataclass
@@ -119,7 +119,7 @@ def ort_teacher_forced(session, spec, prompt: np.ndarray, tokens: list[int]) -> 
 
 def ort_teacher_forced_selections(session, spec, prompt: np.ndarray, tokens: list[int], selection_outputs=None):
     """:func:`ort_teacher_forced`, plus the selections per fed position: ``selection_outputs`` maps
-    (layer, group) to a TopKColumnMask output name of the graph (see ``dipdeploy.ops.nodes.with_selection_outputs``);
+    (layer, group) to a TopKColumnMask output name of the graph (``ops.nodes.with_selection_outputs``);
     the third result is ``sel[position][(layer, group)]`` = indices [K]."""
     kv = KVDecoder(session, spec.num_kv_heads, spec.head_dim)
     feed, logits, picks, sel = prompt, [], [], []
