@@ -1,4 +1,4 @@
-"""What every benchmark prints about the machine it ran on (style.md §15: claims carry their conditions)."""
+"""What every benchmark prints about the machine it ran on (docs/design.md §12: claims carry their conditions)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """SmolLM2-135M WikiText-2 perplexity of every sparse method at ρ ∈ {0.4, 0.5, 0.6, 0.75}.
 
-Protocol of method.md (seqlen 2048, ≥16 windows of the test split, calibration on validation).
+Protocol of docs/method.md (seqlen 2048, ≥16 windows of the test split, calibration on validation).
 Configurations run in priority order and each finished row is kept in a partial file, so an
 interrupted run resumes where it stopped and the table always shows what was measured so far.
 

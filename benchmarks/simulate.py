@@ -132,7 +132,7 @@ def markdown(args, trace_desc, summary, sanity, rows, elapsed, models, devices) 
         "",
         "The paper's headline (Phi-3-Medium, at ΔPPL < 0.1): DIP-CA needs 46 % less DRAM for dense's throughput, "
         "or gives +40 % tokens/s at equal DRAM. The rows below are at the trace's density (ρ = 0.5, where DIP "
-        "costs SmolLM2 about ×1.3–1.45 in perplexity, method.md) on an access pattern extrapolated from "
+        "costs SmolLM2 about ×1.3–1.45 in perplexity, docs/method.md) on an access pattern extrapolated from "
         "SmolLM2, so they are not the same operating point; accuracy is not part of the simulation.",
         "",
         "## Summary vs dense-static",

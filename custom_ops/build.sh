@@ -3,7 +3,7 @@
 #
 # 1. Fetches the ONNX Runtime 1.29 C headers once into a cache outside the repository
 #    ($DIPDEPLOY_CACHE, default ~/.cache/dipdeploy): no PyPI wheel or Debian package ships them; the npm
-#    package below holds them inside its Android AAR (docs: onnxruntime.md). Never commit them.
+#    package below holds them inside its Android AAR (docs/onnxruntime.md). Never commit them.
 # 2. Configures and builds with CMake into build/custom_ops/<arch>/libdipdeploy_ops.so (gitignored).
 #    aarch64 is cross-built when aarch64-linux-gnu-g++ is installed (apt-get install g++-aarch64-linux-gnu);
 #    with --arch all it is skipped with a message otherwise.

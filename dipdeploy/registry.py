@@ -1,6 +1,6 @@
 """The model registry: one declarative TOML file per model in the top-level ``models/`` folder.
 
-The registry is data (style.md §6): a file names the HF id, the architecture, the MLP layout and the
+The registry is data (docs/design.md §6): a file names the HF id, the architecture, the MLP layout and the
 shapes, plus the per-model defaults of the sparsity stage. Lookup is by exact name; an unknown name
 raises an error that lists what is known. Floor 1: no torch.
 """

@@ -1,7 +1,7 @@
 """The trace file: which weight rows each token selected, per layer — the interface between whatever ran
 the model (the torch reference's ``dipdeploy trace``, the host runtime's ``--trace``) and the simulator.
 
-Floor 1: numpy only. One definition, one reader, one writer (architecture.md: "files are the interfaces").
+Floor 1: numpy only. One definition, one reader, one writer (docs/design.md: "files are the interfaces").
 
 Format (version 1)
 ------------------
@@ -15,7 +15,7 @@ A single ``.npz`` archive (``np.savez_compressed``, written atomically: temp fil
          "model": "<registry name or path>",
          "hidden_size": d, "intermediate_size": F, "num_layers": L, "num_tokens": T,
          "method": "dense" | "dip" | "dip-ca" | ...,   # what produced the selections
-         "density": ρ,                                 # MLP density, method.md: ρ = (2·K_in/d + K_glu/F)/3
+         "density": ρ,                                 # MLP density, docs/method.md: ρ = (2·K_in/d + K_glu/F)/3
          "k_in": [K_in per layer], "k_glu": [K_glu per layer],
          "gamma": γ or null,                           # DIP-CA re-weighting used while tracing (null: none)
          "score": "abs" | "wina" | ...,                # what the magnitudes below measure
@@ -68,7 +68,7 @@ _HEADER_KEYS = (
 
 
 def mlp_density(k_in: int, k_glu: int, d: int, F: int) -> float:
-    """ρ = (2·K_in/d + K_glu/F) / 3: the fraction of MLP weight bytes one token reads (method.md)."""
+    """ρ = (2·K_in/d + K_glu/F) / 3: the fraction of MLP weight bytes one token reads (docs/method.md)."""
     return (2.0 * k_in / d + k_glu / F) / 3.0
 
 

@@ -1,6 +1,6 @@
 """Row caches: which weight rows of one matrix group are resident in DRAM, for B sequences at once.
 
-A *row* is the unit the sparse layout reads in one piece (method.md, Flash layout): input feature i of
+A *row* is the unit the sparse layout reads in one piece (docs/method.md, Flash layout): input feature i of
 the bundled [W_uᵀ | W_g ᵀ] (R = d rows) or GLU unit j of W_dᵀ (R = F rows). Each layer has one cache per
 group; B > 1 lets the evaluation run many windows side by side, each with its own state.
 

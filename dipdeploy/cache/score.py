@@ -1,4 +1,4 @@
-"""The mask rule of DIP and DIP-CA (method.md, "DIP-CA"), in numpy.
+"""The mask rule of DIP and DIP-CA (docs/method.md, "DIP-CA"), in numpy.
 
     s^(t) = |x^(t)| ⊙ (c^(t-1) + γ (1 − c^(t-1))) / ‖x^(t)‖∞          (DIP-CA score)
     mask  = top-K(s)                                                   (ties → lower index first)

@@ -97,7 +97,7 @@ def eval_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as a JSON list"),
     plot: Optional[Path] = typer.Option(None, help="save a PPL-vs-density Pareto plot (PNG)"),
 ) -> None:
-    """WikiText-2 perplexity of sparse methods (GPTQ-style protocol of method.md)."""
+    """WikiText-2 perplexity of sparse methods (GPTQ-style protocol of docs/method.md)."""
     from dipdeploy.eval import EvalConfig, evaluate
 
     try:

@@ -159,6 +159,6 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     combos = [(m, d) for m in cfg.method for d in cfg.density if reachable(m, d)]
     if not combos:
         raise ValueError(f"no reachable (method, density) among {cfg.method} × {cfg.density}; "
-                         f"see method.md's table of lowest densities")
+                         f"see docs/method.md's table of lowest densities")
     ev = Evaluator(cfg)
     return [ev.row(m, d) for m, d in combos]

@@ -4,7 +4,7 @@ WikiText-2 raw is found, in order, under ``--data-dir``, ``$DIPDEPLOY_DATA`` (CI
 or the Hugging Face ``datasets`` cache (when ``datasets`` is installed and has it cached). The *test*
 split is for evaluation only; calibration and LoRA training use *validation* or a user file.
 
-GPTQ/SparseGPT protocol (method.md): HF rows (blank lines → ""), joined by "\\n\\n", tokenised once,
+GPTQ/SparseGPT protocol (docs/method.md): HF rows (blank lines → ""), joined by "\\n\\n", tokenised once,
 cut into non-overlapping windows of ``seqlen`` tokens.
 """
 

@@ -1,4 +1,4 @@
-"""Perplexity under a sparsity plan (method.md, evaluation protocol).
+"""Perplexity under a sparsity plan (docs/method.md, evaluation protocol).
 
 Mean NLL over every predicted token of every window, PPL = exp(mean). Prefill and decode are both
 sparsified: every position's MLP runs with its own mask (unlike TEAL's protocol, which sparsifies only

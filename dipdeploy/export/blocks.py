@@ -2,7 +2,7 @@
 
 Weights arrive as numpy (:class:`Linear`), are written once to the bundle's dense file and referenced
 as external initializers. Standard ops only (opset 21), except ``com.microsoft::MatMulNBits`` for
-quantised linear layers (ORT prepacks it; onnxruntime.md). Torch-free.
+quantised linear layers (ORT prepacks it; docs/onnxruntime.md). Torch-free.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The export stage's one config: :class:`ExportConfig` (defaults defined here and only here).
 
 The CLI builds it from flags it was given (absent flags fall back to these defaults), so no default is
-written twice (style.md §1). Validation names the field, the bad value and the allowed values.
+written twice (docs/design.md §1). Validation names the field, the bad value and the allowed values.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 EXPORT_METHODS = ("dense", "dip", "dip-ca")
 #: MLP weight formats of the bundle (``none`` = fp32 rows).
 EXPORT_QUANTS = ("none", "bq4", "bq4-b32", "bq4-b64", "bq4-b128", "vq3")
-#: MatMulNBits accuracy levels (0 = fp32 compute, 4 = int8 activations; onnxruntime.md).
+#: MatMulNBits accuracy levels (0 = fp32 compute, 4 = int8 activations; docs/onnxruntime.md).
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 ALIGNMENTS = (4096, 65536)
 #: ``standard``: attention in opset-21 ops (runs on any ORT); ``gqa``: com.microsoft::GroupQueryAttention.

@@ -1,7 +1,7 @@
 """A small ONNX graph under construction: stable node names, output names, constants, model assembly.
 
 Nodes are named by their place in the model, ``/model/layers.{i}/mlp/down_proj/<Op>``, and a node's
-outputs are ``<node>/output_<k>`` (style.md §9). Weights are external TensorProtos from a
+outputs are ``<node>/output_<k>`` (docs/design.md §9). Weights are external TensorProtos from a
 :class:`~dipdeploy.export.weights.WeightStore`; small constants (shapes, axes) live in the graph.
 """
 

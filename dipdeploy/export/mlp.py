@@ -1,6 +1,6 @@
 """The SwiGLU MLP as ONNX nodes: dense (MatMul on the Flash-layout rows) and sparse (DIP).
 
-The MLP weights live in the bundle's MLP file in the Flash layout of method.md, one row per selectable
+The MLP weights live in the bundle's MLP file in the Flash layout of docs/method.md, one row per selectable
 unit: the up|gate group holds row i = [W_u[:, i] ; W_g[:, i]] (2F values) per input feature, the down
 group row j = W_d[:, j] (d values) per GLU unit. A dense MatMul reads the same rows as its B matrix
 (x·[W_uᵀ | W_gᵀ] = [up | gate]), so dense and sparse graphs share one copy on disk.

@@ -1,7 +1,7 @@
 """The steps before graphs: merge a LoRA adapter, and find or make the sparsity plan (torch side).
 
 Order matters (issue 5): the adapter is merged into the fp32 base weights first (``W + AB`` costs
-nothing at run time, method.md), the plan is calibrated on those weights, and only then are weights
+nothing at run time, docs/method.md), the plan is calibrated on those weights, and only then are weights
 quantised (``source``).
 """
 

@@ -1,6 +1,6 @@
 """What the graph builder needs to know about a decoder, read from the HF config (torch-free).
 
-One small table per architecture says what differs (style.md §6): whether q/k/v carry a bias (Qwen2),
+One small table per architecture says what differs (docs/design.md §6): whether q/k/v carry a bias (Qwen2),
 whether q/k/v and gate/up come fused in the checkpoint (Phi-3). Everything else is the same Llama-style
 block: RMSNorm → GQA attention with RoPE → residual → RMSNorm → SwiGLU MLP → residual.
 """

@@ -3,7 +3,7 @@
 Every graph of a bundle (the whole decoder and the per-layer graphs) refers to the same bytes by
 (file, offset, length), so nothing is duplicated on disk and ORT memory-maps the files. Tensors are
 streamed to disk as they are added, so a large model exports with one layer in memory at a time.
-``onnx.save_model(save_as_external_data=True)`` does not align (onnxruntime.md); we write the files
+``onnx.save_model(save_as_external_data=True)`` does not align (docs/onnxruntime.md); we write the files
 ourselves with every tensor starting at a multiple of ``alignment`` (4 KiB by default).
 
 Floor 3 but torch-free: numpy and onnx only.

@@ -1,4 +1,4 @@
-"""``LoraConfig``: what `dipdeploy finetune` trains (defaults are defined here only, style.md §1)."""
+"""``LoraConfig``: what `dipdeploy finetune` trains (defaults are defined here only, docs/design.md §1)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ SCHEDULERS = ("cosine", "linear", "constant")
 
 @dataclass
 class LoraConfig:
-    """LoRA recovery of a DIP/DIP-CA-sparsified model (method.md, LoRA section).
+    """LoRA recovery of a DIP/DIP-CA-sparsified model (docs/method.md, LoRA section).
 
     ``targets`` names projections by role (``up``, ``gate``, ``down``; ``attn`` adds every attention
     projection); :func:`dipdeploy.finetune.adapter.target_modules` maps roles to module names per layout.

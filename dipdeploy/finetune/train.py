@@ -23,7 +23,7 @@ and adapter-applied models can select slightly differently. The default ``abs`` 
 
 The masks: peft wraps the nn.Linear projections *inside* the SparseMLP, so a projection computes
 ``(W + s·B·A)(m_in ⊙ x)`` — the adapter acts on the full weight before column selection, as merging
-it later does (method.md). ``m_in``/``m_glu`` come from ``topk`` and enter as boolean multiplies, so
+it later does (docs/method.md). ``m_in``/``m_glu`` come from ``topk`` and enter as boolean multiplies, so
 gradients flow through the kept entries only and the masks are constants. The training text is WikiText-2
 *validation* or a user file, never the test split the evaluator reports.
 """

@@ -1,4 +1,4 @@
-"""Model-local ONNX functions for both ops, made only of standard ops (onnxruntime.md, "dual path").
+"""Model-local ONNX functions for both ops, made only of standard ops (docs/onnxruntime.md, "dual path").
 
 Stock ORT inlines a function node that no kernel claims, so a model carrying these functions runs on
 any ORT; with the native library registered ORT runs the kernel instead and ignores the body.

@@ -1,7 +1,7 @@
 """The weight formats SparseGatherMatMul accepts, and ``OpWeights``: one weight matrix in one of them.
 
 A weight matrix is a *row matrix* W [R, O]: row r is what selecting input column r of X multiplies
-(the sparse layout of method.md: bundled up|gate rows, or rows of W_dᵀ). Per format, the op's
+(the sparse layout of docs/method.md: bundled up|gate rows, or rows of W_dᵀ). Per format, the op's
 variadic ``weights`` inputs are, in this order:
 
 | format | inputs | dtypes | shapes |

@@ -1,6 +1,6 @@
 """Weight quantisation in the sparse row layout (floor 1, numpy only): BQ4, VQ3 and the RTN3 baseline.
 
-DIP reads only selected rows (method.md, Flash layout), so every format keeps each row self-contained:
+DIP reads only selected rows (docs/method.md, Flash layout), so every format keeps each row self-contained:
 ``quantize(rows, cfg)`` packs a row matrix [R, C]; ``dequantize_rows(packed, idx)`` decodes any subset
 of rows — the reference the ONNX ops and native kernels implement. Each packed layout is documented in
 its module: ``block`` (BQ4, RTN3), ``vq`` (VQ3), bit order in ``bits``. The torch fake-quant path for

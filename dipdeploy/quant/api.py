@@ -1,6 +1,6 @@
 """Format dispatch: ``quantize`` by config type, ``dequantize_rows`` by packed-tensor type.
 
-Formats register themselves with the decorators below (style.md §3): adding a format edits no ``if``.
+Formats register themselves with the decorators below (docs/design.md §3): adding a format edits no ``if``.
 Floor 1: numpy only.
 """
 

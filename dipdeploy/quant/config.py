@@ -1,6 +1,6 @@
 """The quantisation stage's configs: one frozen dataclass per format, validated in ``__post_init__``.
 
-Each config round-trips through JSON with its type name and a version (style.md §5), so a packed file
+Each config round-trips through JSON with its type name and a version (docs/design.md §5), so a packed file
 or an ONNX bundle can say exactly which format produced it. Defaults live here and only here; the CLI
 names (``bq4``, ``vq3``, ``rtn3``…) map onto these configs through :func:`quant_config_from_name`.
 
@@ -87,7 +87,7 @@ class _BlockIntConfig:
 @_register_config
 @dataclass(frozen=True)
 class Block4QuantConfig(_BlockIntConfig):
-    """BQ4: 4-bit block-wise integer weights along the sparse row (method.md, Quantisation)."""
+    """BQ4: 4-bit block-wise integer weights along the sparse row (docs/method.md, Quantisation)."""
 
     bits: ClassVar[int] = 4
     allowed_block_sizes: ClassVar[tuple[int, ...]] = (32, 64, 128)
@@ -110,7 +110,7 @@ class RTN3QuantConfig(_BlockIntConfig):
 @_register_config
 @dataclass(frozen=True)
 class VQ3QuantConfig:
-    """VQ3: GPTVQ-style 2-D vector quantisation, a 64-entry codebook per group (method.md, Quantisation).
+    """VQ3: GPTVQ-style 2-D vector quantisation, a 64-entry codebook per group (docs/method.md, Quantisation).
 
     A *group* is a rectangle of ``group_rows`` consecutive rows × ``group_cols`` consecutive columns of
     the row matrix; it is derived from the matrix (see ``vq.group_shape``): the row is cut into

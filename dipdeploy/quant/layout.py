@@ -1,4 +1,4 @@
-"""The sparse row layout of a SwiGLU MLP (method.md, Flash layout): the units DIP selects.
+"""The sparse row layout of a SwiGLU MLP (docs/method.md, Flash layout): the units DIP selects.
 
 - up|gate group: row i = [W_u[:, i] ; W_g[:, i]] — the bundled row of [W_uᵀ | W_gᵀ], 2F values
   (first F = up, last F = gate), one row per input feature i ∈ [0, d).

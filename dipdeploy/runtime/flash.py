@@ -1,6 +1,6 @@
 """The Flash store: the bundle's MLP file, read row by row with positioned reads, every byte counted.
 
-The Flash layout (method.md) puts each selectable row of a group contiguously in every array of its
+The Flash layout (docs/method.md) puts each selectable row of a group contiguously in every array of its
 format (BQ4: ``qweight`` and ``scales`` rows), so a row is one read per array, and rows that are
 adjacent in the file coalesce into one request (``preadv`` scattering straight into the slab slots, no
 bounce buffer). Two read paths:

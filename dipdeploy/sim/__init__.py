@@ -1,5 +1,5 @@
 """The HW simulator (floor 3, numpy only): device profiles, memory placement, model-shape projection,
-trace replay through the shared cache policies, and the throughput-vs-DRAM sweep (method.md,
+trace replay through the shared cache policies, and the throughput-vs-DRAM sweep (docs/method.md,
 "The HW simulator")."""
 
 from dipdeploy.sim.config import SIM_METHODS, SimConfig

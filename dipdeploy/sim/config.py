@@ -1,4 +1,4 @@
-"""``SimConfig``: every knob of one simulation, with its default defined only here (style.md §1)."""
+"""``SimConfig``: every knob of one simulation, with its default defined only here (docs/design.md §1)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Device profiles: DRAM and Flash of NPU-class phones and a laptop, as data files (``devices/*.toml``).
 
-Flash cost model (ours, method.md "The HW simulator"): reading ``n`` requests totalling ``b`` bytes takes
+Flash cost model (ours, docs/method.md "The HW simulator"): reading ``n`` requests totalling ``b`` bytes takes
 
     t = n · request_s + b / seq_bandwidth
 

@@ -1,6 +1,6 @@
 """From missed rows to Flash reads: requests and bytes, given the row size and the device's read unit.
 
-Layout (method.md, "Flash layout"): the rows of one layer's group lie back to back (row r at bytes
+Layout (docs/method.md, "Flash layout"): the rows of one layer's group lie back to back (row r at bytes
 [r·row_bytes, (r+1)·row_bytes), unpadded; the group starts on a read-unit boundary). The device reads in
 units of ``unit`` bytes (its logical block: direct I/O and the page cache transfer whole blocks), so a
 missed row costs every block it overlaps, and two missed rows that share a block share its read.

@@ -1,4 +1,4 @@
-"""Where the DRAM budget goes (method.md, "The HW simulator"; paper Appendix A).
+"""Where the DRAM budget goes (docs/method.md, "The HW simulator"; paper Appendix A).
 
 1. Non-MLP weights (attention, norms, embeddings, lm_head) and the KV cache are placed first.
 2. The rest is split evenly across the per-layer MLP caches.

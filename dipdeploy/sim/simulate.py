@@ -1,7 +1,7 @@
 """The simulator's stage function: a trace (or only a shape, for dense) + a device + a ``SimConfig`` →
 tokens/s, DRAM and Flash bytes per token, hit rate and the memory breakdown.
 
-Cost per token (method.md, "The HW simulator"; compute is ignored — decoding is memory-bound):
+Cost per token (docs/method.md, "The HW simulator"; compute is ignored — decoding is memory-bound):
 
     dram_bytes  = non-MLP weights read + KV cache read + Σ_layers (K_in·row_in + K_glu·row_glu)
     flash_bytes = Σ_layers blocks touched by the missed rows × read unit   (= missed·row bytes when the

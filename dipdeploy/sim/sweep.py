@@ -1,4 +1,4 @@
-"""Throughput-vs-DRAM sweeps and the paper's two summary numbers (method.md, headline of the paper):
+"""Throughput-vs-DRAM sweeps and the paper's two summary numbers (docs/method.md, headline of the paper):
 
 * **DRAM reduction at equal throughput**: for a baseline point (D_b, tok/s_b), the smallest DRAM D_m at
   which the method's curve reaches tok/s_b (linear interpolation on the curve's running maximum);

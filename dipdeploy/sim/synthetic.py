@@ -2,7 +2,7 @@
 model was traced.
 
 Row popularity is Zipf-like, as in real SwiGLU activations (a few input features carry huge
-magnitudes, the mid-range is interchangeable, method.md "DIP-CA"): each layer draws a fixed per-row scale
+magnitudes, the mid-range is interchangeable, docs/method.md "DIP-CA"): each layer draws a fixed per-row scale
 ``w_r ∝ 1/(rank_r + 1)^zipf`` over a random permutation of the rows, and each token's magnitude is
 ``|x_r| = w_r · LogNormal(0, noise)``. The selection is top-K of those magnitudes (``topk_indices``), so
 the trace carries both the rows and the magnitudes DIP-CA needs for re-masking.

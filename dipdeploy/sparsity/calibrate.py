@@ -1,8 +1,8 @@
 """Calibration: turn a :class:`SparsityConfig` into a :class:`SparsityPlan` on calibration text.
 
-Named steps (style.md §4), each its own function:
+Named steps (docs/design.md §4), each its own function:
 
-1. ``search_split`` — the split between ρ_in and ρ_glu at the target ρ (method.md: the split matters a
+1. ``search_split`` — the split between ρ_in and ρ_glu at the target ρ (docs/method.md: the split matters a
    lot). A few candidate input shares are tried with plain DIP; the one with the lowest calibration NLL
    wins. ``rho_in`` given by the user skips this step.
 2. ``fit_thresholds`` — CATS / TEAL thresholds per layer: the (1−ρ) quantile of the observed magnitudes,

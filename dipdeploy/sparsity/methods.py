@@ -7,7 +7,7 @@ training, tracing and as the export reference.
 
 Masking an input feature is the same as not reading that column of W_u and W_g, so the dense matmul on a
 masked input *is* the sparse computation, numerically. LoRA adapters on the projections act on the full
-weight before this selection, as method.md requires (``W + AB``, then columns chosen).
+weight before this selection, as docs/method.md requires (``W + AB``, then columns chosen).
 
 DIP-CA's mask at token t depends on the layer's cache after token t−1. That cache depends only on the
 same layer's selections at earlier positions, which a causal forward pass computes before token t, so
@@ -245,7 +245,7 @@ def _ca_select(m: SparseMLP, group: str, cache: RowCache, scores: np.ndarray, k:
 
 @method("dip-ca")
 def _dip_ca(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
-    """DIP-CA: DIP with scores re-weighted by what the layer's cache holds (method.md)."""
+    """DIP-CA: DIP with scores re-weighted by what the layer's cache holds (docs/method.md)."""
     B, T, d = x.shape
     F = m.plan.intermediate_size
     if m.caches is None or m.caches[0].batch != B:

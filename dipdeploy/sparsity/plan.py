@@ -1,6 +1,6 @@
 """The sparsity plan: per-layer K_in, K_glu (and thresholds, γ, score) — the file every later stage reads.
 
-MLP density (method.md): the fraction of MLP weight bytes read per token,
+MLP density (docs/method.md): the fraction of MLP weight bytes read per token,
 
     ρ = (2·K_in/d + K_glu/F) / 3,       ρ_in = K_in/d,  ρ_glu = K_glu/F.            (eq. ρ)
 
@@ -61,7 +61,7 @@ class SparsityConfig:
         if self.density < lo - 1e-9:
             raise ValueError(
                 f"density {self.density} is unreachable for method {self.method!r}: it reads at least "
-                f"{lo:.3f} of the MLP (see method.md); choose density >= {lo:.3f} or another method"
+                f"{lo:.3f} of the MLP (see docs/method.md); choose density >= {lo:.3f} or another method"
             )
         if self.rho_in is not None and not 0.0 < self.rho_in <= 1.0:
             raise ValueError(f"rho_in must lie in (0, 1], got {self.rho_in}")
@@ -184,7 +184,7 @@ def split_for(method: str, rho: float, rho_in: float | None) -> tuple[float, flo
 
 def default_rho_in(rho: float) -> float:
     """Input share when nothing is calibrated: ρ_in = 1.1ρ, the split measured best on SmolLM2 at ρ=0.5
-    (method.md: 0.55/0.40 → ×1.33 of dense PPL, against ×1.45 for 0.5/0.5)."""
+    (docs/method.md: 0.55/0.40 → ×1.33 of dense PPL, against ×1.45 for 0.5/0.5)."""
     return min(1.0, 1.1 * rho)
 
 

@@ -9,7 +9,7 @@
 #                                       tokenizers; --no-deps: ORT's Python deps are not needed to run)
 #   proc/cpuinfo                        a Cortex-A76-like cpuinfo (see below)
 # Run it with: qemu-aarch64 -L SYSROOT SYSROOT/usr/bin/python3.11, PYTHONPATH=SYSROOT/site-packages
-# (scripts/arm/check.sh does). docs: ../shared/docs/onnxruntime.md, "ARM without an ARM machine".
+# (scripts/arm/check.sh does). See docs/onnxruntime.md, "ARM without an ARM machine".
 #
 # Idempotent: each part is built into a temporary directory, renamed into place, and stamped with what
 # it was built from; a rerun with the same inputs touches nothing and needs no network. The wheels are
