@@ -1,4 +1,4 @@
-"""Benchmark of `dipdeploy export` and of decoding with the exported bundles (issue 5).
+"""Benchmark of `dipdeploy export` and of decoding with the exported bundles.
 
 Part 1, export: wall time, peak RSS and bundle bytes per file for SmolLM2-135M (fp32, BQ4, VQ3; DIP at
 ρ = 0.5 with the registry's ρ_in, so no calibration; BQ4 also with attention="gqa") and for a randomly initialised Llama-shaped model

@@ -1,4 +1,4 @@
-"""Benchmark: SparseGatherMatMul kernels vs stock-ORT fallback, dense fp32 MatMul and MatMulNBits (issue 4).
+"""Benchmark: SparseGatherMatMul kernels vs stock-ORT fallback, dense fp32 MatMul and MatMulNBits.
 
 At Mistral-7B MLP shapes (bundled up+gate rows [4096, 28672], down rows [14336, 4096]) and SmolLM2
 shapes ([576, 3072], [1536, 576]), N = 1 token, 1 and 2 intra-op threads, ρ_row ∈ {0.25, 0.5, 0.75}

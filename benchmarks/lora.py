@@ -104,8 +104,8 @@ def main() -> None:
 
 
 def goals(rows: list[dict]) -> str:
-    """The issue's goals, checked on the rows measured so far."""
-    out = ["Goals (issue 8):"]
+    """The goals of LoRA recovery (gap closed, merged = adapter), checked on the rows measured so far."""
+    out = ["Goals of LoRA recovery:"]
     for rho in sorted({r["target_density"] for r in rows if r["method"] == "dip"}):
         by = {r["lora"]: r for r in rows if r["method"] == "dip" and r["target_density"] == rho}
         if "adapter" in by and by["adapter"].get("gap_closed") is not None:

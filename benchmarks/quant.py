@@ -1,4 +1,4 @@
-"""Benchmark: BQ4 / VQ3 / RTN3 weight quantisation of SmolLM2-135M in the sparse row layout (issue 3).
+"""Benchmark: BQ4 / VQ3 / RTN3 weight quantisation of SmolLM2-135M in the sparse row layout.
 
 Two parts, both on the embedded SmolLM2-135M (GGUF Q4_1 weights, dequantised to fp32 by the loader):
 

@@ -1,4 +1,4 @@
-"""Benchmark: throughput-vs-DRAM of dense-static, DIP and DIP-CA on every device profile (issue 7).
+"""Benchmark: throughput-vs-DRAM of dense-static, DIP and DIP-CA on every device profile.
 
 A SmolLM2-135M DIP trace is replayed on its own shape and projected onto Phi-3-Medium and Mistral-7B
 shapes (extrapolated: see dipdeploy/sim/pattern.py). For each model and device the DRAM budget is swept

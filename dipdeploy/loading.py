@@ -49,7 +49,7 @@ class StreamedCheckpoint:
     ``load_model(..., stream=True)`` builds the model on the ``meta`` device (shapes, no storage);
     :meth:`materialise` reads one module's tensors from the checkpoint files (memory-mapped) as fp32
     parameters and :meth:`release` returns them to ``meta``, so an export holds one decoder layer at a
-    time: peak memory ≈ one fp32 layer plus the embedding, not the whole model (issue 5; Mistral-7B is
+    time: peak memory ≈ one fp32 layer plus the embedding, not the whole model (Mistral-7B is
     29 GB in fp32). Tensor names are the checkpoint's, which are the HF module paths.
     """
 

@@ -1,6 +1,6 @@
 """Per-layer graphs for the host runtime: the decoder cut where the host must act.
 
-A host runtime (issue 6) keeps a DRAM slab of MLP rows per layer and group, decides which selected
+A host runtime (``dipdeploy.runtime``) keeps a DRAM slab of MLP rows per layer and group, decides which selected
 rows are missing, reads them from ``mlp.bin`` (Flash layout, offsets in the manifest), and runs the
 sparse MLP on slab slots. So each layer is cut where indices leave the graph:
 

@@ -1,8 +1,8 @@
 """The steps before graphs: merge a LoRA adapter, and find or make the sparsity plan (torch side).
 
-Order matters (issue 5): the adapter is merged into the fp32 base weights first (``W + AB`` costs
-nothing at run time, docs/method.md), the plan is calibrated on those weights, and only then are weights
-quantised (``source``).
+Order matters, so that the plan and the quantiser see the weights the bundle runs: the adapter is merged
+into the fp32 base weights first (``W + AB`` costs nothing at run time, docs/method.md), the plan is
+calibrated on those weights, and only then are weights quantised (``source``).
 """
 
 from __future__ import annotations
