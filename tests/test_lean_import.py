@@ -1,4 +1,4 @@
-"""`import dipdeploy` and the torch-free floors must not import torch (architecture.md)."""
+"""`import dipdeploy` and the torch-free floors must not import torch (docs/design.md)."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""Simulator cases with answers in closed form (issue 7), and the paper's dense sanity figure."""
+"""Simulator cases with answers in closed form, and the paper's dense sanity figure."""
 
 import math
 
@@ -74,7 +74,7 @@ def test_paper_dense_sanity_phi3_medium():
     """Phi-3-Medium dense, 4.25 bits, A18 (paper profile), 4 GB DRAM → the paper's ≈0.29 tok/s."""
     r = simulate(None, SimConfig(device="a18-paper", model="phi-3-medium", method="dense", policy="static",
                                  precision="bq4", dram_budget=4e9))
-    assert r.dram_bytes_per_token == pytest.approx(7.33e9, rel=0.01)  # method.md: ≈7.3 GB read per token
+    assert r.dram_bytes_per_token == pytest.approx(7.33e9, rel=0.01)  # docs/method.md: ≈7.3 GB read per token
     assert r.tok_s == pytest.approx(0.283, abs=0.002)  # serial; the paper quotes ≈0.29
     assert r.tok_s_overlap == pytest.approx(0.293, abs=0.002)
 

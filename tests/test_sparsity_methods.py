@@ -1,4 +1,4 @@
-"""Each method's mask and density match their definitions (method.md), on tiny registry models."""
+"""Each method's mask and density match their definitions (docs/method.md), on tiny registry models."""
 
 import numpy as np
 import pytest
