@@ -227,3 +227,22 @@ def test_mutated_manifests_raise_bundle_error_only(tiny, tmp_path):
             assert "\n" not in str(err)
             refused += 1
     assert refused > 0
+    for text in (b"\xff\xfe", b"[" * 100000, b"[]", b'{"format": "dipdeploy-bundle", "version": 1}'):
+        (bundle / MANIFEST).write_bytes(text)
+        with pytest.raises(BundleError, match="dipdeploy export"):
+            read_manifest(bundle)
+
+
+@pytest.mark.parametrize("args", [["inspect"], ["run", "-p", "Hi", "-n", "2", "--no-native"]], ids=" ".join)
+def test_mutated_manifests_never_give_a_traceback(tiny, tmp_path, args):
+    """What the reader lets through, the commands present or refuse with their one line (exit 0 or 2)."""
+    raw = json.loads((tiny / MANIFEST).read_text())
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny, bundle)
+    codes = set()
+    for r in _mutations(raw, random.Random(1), 60):
+        (bundle / MANIFEST).write_text(json.dumps(r))
+        res = runner.invoke(app, [args[0], str(bundle), *args[1:]])
+        assert res.exit_code in (0, 2) and isinstance(res.exception, (SystemExit, type(None))), res.output
+        codes.add(res.exit_code)
+    assert codes == {0, 2}

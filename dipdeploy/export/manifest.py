@@ -80,7 +80,7 @@ class Manifest:
         list where a table belongs); any other content raises :class:`BundleError`."""
         try:
             raw = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise BundleError(f"manifest.json is not valid JSON ({exc}); {REGENERATE}") from None
         if not isinstance(raw, dict):
             raise BundleError(f"manifest.json holds a {type(raw).__name__}, not a table; {REGENERATE}")
@@ -121,7 +121,11 @@ def parse_manifest(bundle: str | Path) -> Manifest:
         raise BundleError(f"{path} is a symbolic link; a bundle holds plain files; {REGENERATE}")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {bundle} is not a dipdeploy bundle; {REGENERATE}")
-    return Manifest.from_json(path.read_text())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {REGENERATE}") from None
+    return Manifest.from_json(text)
 
 
 def check_structure(bundle: str | Path, manifest: Manifest, checksums: str = "small") -> None:
@@ -175,7 +179,7 @@ def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str 
     problems += _path_problems(manifest)
     for name, t in manifest.tensors.items():
         problems += _tensor_problems(manifest, name, t)
-    return problems + _plan_problems(manifest)
+    return problems + _plan_problems(manifest) + _sizes_problems(manifest)
 
 
 def _name_problem(name) -> str | None:
@@ -254,6 +258,19 @@ def _tensor_problems(manifest: Manifest, name: str, t) -> list[str]:
     want = math.prod(shape) * DTYPES[t["dtype"]]
     if t["length"] != want:
         problems.append(f"tensor {name}: length {t['length']} != {want} (shape {shape} of {t['dtype']})")
+    return problems
+
+
+def _sizes_problems(manifest: Manifest) -> list[str]:
+    """``sizes`` (what the runtime budgets dense memory from) must be byte counts; ``bytes_<f>`` that of
+    ``<f>.bin``."""
+    problems = []
+    for key, value in manifest.sizes.items():
+        rec = manifest.files.get(key.removeprefix("bytes_") + ".bin")
+        if not _is_count(value):
+            problems.append(f"sizes.{key}: {value!r} is not a byte count")
+        elif isinstance(rec, dict) and _is_count(rec.get("size")) and value != rec["size"]:
+            problems.append(f"sizes.{key}: {value} != the size of {key.removeprefix('bytes_')}.bin, {rec['size']}")
     return problems
 
 

@@ -83,7 +83,22 @@ def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
     if "layers" not in manifest.graphs:
         raise BundleError(f"{path} has no per-layer graphs (exported with --no-per-layer or as dense); "
                           "export it again with `dipdeploy export --method dip|dip-ca` (per-layer graphs are the default)")
+    problems = _settings_problems(manifest)
+    if problems:
+        raise BundleError(f"bundle {path}: {'; '.join(problems)}; {REGENERATE}")
     return manifest
+
+
+def _settings_problems(m: Manifest) -> list[str]:
+    """The manifest values the engine computes with (beyond ``verify``'s structure) have their types."""
+    def number(v, lo, hi):
+        return type(v) in (int, float) and lo <= v <= hi
+
+    dipca, level = m.dipca or {}, (m.export_config or {}).get("accuracy_level", 0)
+    checks = [(number(dipca.get("gamma", 1.0), 0, 1), "dipca.gamma must be a number in [0, 1]"),
+              (number(dipca.get("gamma_warmup", 0) or 0, 0, float("inf")), "dipca.gamma_warmup must be >= 0"),
+              (level in (0, 4) and type(level) is int, "export_config.accuracy_level must be 0 or 4")]
+    return [message for ok, message in checks if not ok]
 
 
 class Engine:

@@ -51,6 +51,23 @@ final class BundleCheck {
         out.addAll(pathProblems(m, files));
         for (Manifest.Tensor t : m.tensors.values()) out.addAll(tensorProblems(m, files, t));
         out.addAll(planProblems(m));
+        out.addAll(sizesProblems(m, files));
+        return out;
+    }
+
+    /** {@code sizes} must be byte counts; {@code bytes_<f>} that of {@code <f>.bin}. */
+    private static List<String> sizesProblems(Manifest m, Map<String, Object> files) {
+        List<String> out = new ArrayList<>();
+        Object sizesObj = m.raw.get("sizes");
+        if (sizesObj == null) return out;
+        for (Map.Entry<String, Object> e : Json.obj(sizesObj, "sizes").entrySet()) {
+            String key = e.getKey(), stem = key.startsWith("bytes_") ? key.substring(6) : key;
+            Object v = e.getValue(), rec = files.get(stem + ".bin");
+            Object size = rec instanceof Map ? ((Map<?, ?>) rec).get("size") : null;
+            if (!isCount(v)) out.add("sizes." + key + ": " + Manifest.pyRepr(v) + " is not a byte count");
+            else if (isCount(size) && !v.equals(size))
+                out.add("sizes." + key + ": " + v + " != the size of " + stem + ".bin, " + size);
+        }
         return out;
     }
 
