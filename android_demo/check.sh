@@ -85,7 +85,7 @@ mkdir -p "$out/classes" "$out/test-classes"
 mapfile -t main_src < <(find "$src/main/java" -name '*.java' | sort)
 mapfile -t test_src < <(find "$src/test/java" -name '*.java' | sort)
 nice -n 10 javac --release 17 -Xlint:all,-try -encoding UTF-8 -d "$out/classes" -cp "$jar" "${main_src[@]}"
-nice -n 10 javac --release 17 -encoding UTF-8 -d "$out/test-classes" -cp "$out/classes:$junit:$hamcrest" "${test_src[@]}"
+nice -n 10 javac --release 17 -encoding UTF-8 -d "$out/test-classes" -cp "$out/classes:$jar:$junit:$hamcrest" "${test_src[@]}"
 echo "android-check: compiled ${#main_src[@]} engine sources against $(basename "$jar") and ${#test_src[@]} test sources" >&2
 
 # ---- 3b. the Activity cannot be compiled without android.jar: parse it, so syntax errors still show here

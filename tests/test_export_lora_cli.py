@@ -69,10 +69,15 @@ def test_cli_export_json_and_inspect_verify(tmp_path):
     res = runner.invoke(app, ["inspect", str(out), "--verify", "--json", str(tmp_path / "i.json")])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "i.json").read_text())["problems"] == []
-    (out / "dense.bin").write_bytes(b"x")
+    data = bytearray((out / "dense.bin").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the full checksum of a data file sees it
+    (out / "dense.bin").write_bytes(bytes(data))
     res = runner.invoke(app, ["inspect", str(out), "--verify"])
-    assert res.exit_code == 1
+    assert res.exit_code == 1 and "dense.bin: sha256 mismatch" in res.output
     assert read_manifest(out).method == "dip-ca"
+    (out / "dense.bin").write_bytes(b"x")  # a wrong size is a structural error: refused on open
+    res = runner.invoke(app, ["inspect", str(out)])
+    assert res.exit_code == 2 and "dense.bin: size 1 != " in res.output
 
 
 def test_cli_bad_flag_is_a_clear_error(tmp_path):

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dipdeploy.cli._app import app
@@ -18,8 +19,8 @@ console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes 
 
 
 def fail(err: Exception) -> None:
-    """Print a clear one-line error (no traceback) and exit 2."""
-    console.print(f"[bold red]error:[/] {err}")
+    """Print a clear one-line error (no traceback, never wrapped, the message's brackets kept) and exit 2."""
+    console.print(f"[bold red]error:[/] {escape(' '.join(str(err).split()))}", soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
 
-_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError)
+_ERRORS = (ValueError, OSError, KeyError, RuntimeError)
 
 
 def _config(**given):
@@ -86,13 +86,14 @@ def export_cmd(
 @app.command("inspect")
 def inspect_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
-    verify: bool = typer.Option(False, "--verify", help="check every file's size and sha256"),
+    verify: bool = typer.Option(False, "--verify", help="also check the sha256 of the tensor data files (the "
+                                "structure, sizes and the other files' sha256 are always checked)"),
     prompt: Optional[str] = typer.Option(None, help="also generate greedily from this prompt (plain ORT)"),
     max_new_tokens: int = typer.Option(32, help="tokens to generate with --prompt"),
     native: bool = typer.Option(False, "--native", help="with --prompt: register the native op library"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the manifest summary as JSON"),
 ) -> None:
-    """Print a bundle's manifest as a readable summary; --verify checks the checksums."""
+    """Print a bundle's manifest as a readable summary (after the structure checks); --verify checks every checksum."""
     from dipdeploy.export.manifest import read_manifest, verify as verify_bundle
 
     try:
@@ -123,7 +124,7 @@ def inspect_cmd(
         console.print("K_in/K_glu per layer: " + " ".join(f"{lp['k_in']}/{lp['k_glu']}" for lp in plan["layers"]))
     problems = []
     if verify:
-        problems = verify_bundle(bundle, m)
+        problems = verify_bundle(bundle, m, checksums="all")
         console.print("verify: [green]ok[/]" if not problems else "verify: [red]" + "; ".join(problems) + "[/]")
     gen = None
     if prompt is not None:

@@ -30,7 +30,8 @@ IO = typer.Option("mmap", "--io", help="Flash reads: mmap (MADV_RANDOM gathers) 
 CONTEXT = typer.Option(1024, "--context", help="KV-cache length reserved in the budget (tokens)")
 THREADS = typer.Option(1, "--threads", help="ORT intra-op threads per session")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
-VERIFY = typer.Option(False, "--verify", help="check every bundle file's sha256 first (sizes are always checked)")
+VERIFY = typer.Option(False, "--verify", help="also check the sha256 of the tensor data files first (the structure, "
+                      "sizes and the other files' sha256 are always checked)")
 
 
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,

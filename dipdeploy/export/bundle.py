@@ -24,7 +24,7 @@ import onnx
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.decoder import LayerK, build_decoder
 from dipdeploy.export.graph import check_model
-from dipdeploy.export.manifest import MANIFEST, Manifest, file_record
+from dipdeploy.export.manifest import MANIFEST, Manifest, check_structure, file_record
 from dipdeploy.export.weights import WeightStore
 from dipdeploy.paths import atomic_dir
 from dipdeploy.ops.schemas import DOMAIN, OPSET_VERSION
@@ -165,6 +165,7 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
     steps("manifest")
     manifest = _manifest(lm, cfg, plan, source, store, graphs, validation, tmp, extra, lib)
     (tmp / MANIFEST).write_text(manifest.to_json())
+    check_structure(tmp, manifest, "none")  # what every reader will check: fail here, not on the user's machine
     steps()
     return manifest
 

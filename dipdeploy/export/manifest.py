@@ -9,23 +9,44 @@ A bundle is a directory::
                          mlp.bin holds the MLP in the Flash layout (see ``tensors[*].layout``)
     genai_config.json, tokenizer files
 
-The reader rejects another ``format`` or an unknown ``version`` with the command that regenerates it.
+A bundle is a sandbox: the reader rejects another ``format`` or an unknown ``version``, and
+``read_manifest`` checks the structure (:func:`verify`) before anything is opened, so a hostile or
+damaged manifest cannot make a reader open a file outside the bundle, follow a symbolic link, slice
+past a file's ends or run another model than the graphs. Every error is a :class:`BundleError` whose
+one line names the problem and the fix.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 BUNDLE_FORMAT = "dipdeploy-bundle"
 BUNDLE_VERSION = 1
 MANIFEST = "manifest.json"
+MLP_FILE = "mlp.bin"  # the MLP rows in the Flash layout: the one file a runtime streams from
 # First dim of the per-layer MLP graphs' per-row weight inputs (the host binds a slab of that many rows);
 # shared tables (VQ3 codebooks) keep fixed shapes. The runtime reads this dim to know what it streams.
 SLAB_DIM = "slab_rows"
 REGENERATE = "regenerate the bundle with `dipdeploy export`"
+# Files the readers open by their fixed names (the runtime's decoder settings, the tokenizer).
+READ_BY_NAME = ("genai_config.json", "tokenizer.json")
+# Item sizes of the dtypes a tensor may have (numpy names; ``open_tensor`` maps them with numpy).
+DTYPES = {"float64": 8, "float32": 4, "float16": 2, "int64": 8, "uint64": 8, "int32": 4, "uint32": 4,
+          "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1}
+# How much of the bundle ``verify`` hashes: nothing, every file except the tensor data files, everything.
+CHECKSUMS = ("none", "small", "all")
+_FIELD_TYPES = {"source": dict, "method": str, "plan": (dict, type(None)), "quant": (dict, type(None)),
+                "ops": dict, "onnxruntime": dict, "graphs": dict, "tensors": dict, "files": dict,
+                "dipca": (dict, type(None)), "sizes": dict, "validation": dict, "export_config": dict,
+                "alignment": int}
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be used as it is; the message is one line naming the problem and the fix."""
 
 
 @dataclass
@@ -55,24 +76,66 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
-        raw = json.loads(text)
+        """The manifest, its top-level fields type-checked (so later checks and readers never meet a
+        list where a table belongs); any other content raises :class:`BundleError`."""
+        try:
+            raw = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise BundleError(f"manifest.json is not valid JSON ({exc}); {REGENERATE}") from None
+        if not isinstance(raw, dict):
+            raise BundleError(f"manifest.json holds a {type(raw).__name__}, not a table; {REGENERATE}")
         if raw.get("format") != BUNDLE_FORMAT:
-            raise ValueError(f"not a dipdeploy bundle manifest (format {raw.get('format')!r}); {REGENERATE}")
+            raise BundleError(f"not a dipdeploy bundle manifest (format {raw.get('format')!r}); {REGENERATE}")
         if raw.get("version") != BUNDLE_VERSION:
-            raise ValueError(f"bundle version {raw.get('version')!r} is not supported (this dipdeploy reads "
-                             f"{BUNDLE_VERSION}); {REGENERATE}")
+            raise BundleError(f"bundle version {raw.get('version')!r} is not supported (this dipdeploy reads "
+                              f"{BUNDLE_VERSION}); {REGENERATE}")
         known = set(cls.__dataclass_fields__)
         unknown = set(raw) - known
         if unknown:
-            raise ValueError(f"manifest has unknown fields {sorted(unknown)}; {REGENERATE}")
+            raise BundleError(f"manifest has unknown fields {sorted(unknown)}; {REGENERATE}")
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+                   and f.name not in raw]
+        if missing:
+            raise BundleError(f"manifest lacks the fields {missing}; {REGENERATE}")
+        for name, kind in _FIELD_TYPES.items():
+            if name in raw and (not isinstance(raw[name], kind) or isinstance(raw[name], bool)):
+                raise BundleError(f"manifest field {name!r} has the wrong type ({type(raw[name]).__name__}); "
+                                  f"{REGENERATE}")
+        if raw.get("alignment", 1) < 1:
+            raise BundleError(f"manifest alignment {raw['alignment']} is not positive; {REGENERATE}")
         return cls(**raw)
 
 
-def read_manifest(bundle: str | Path) -> Manifest:
+def read_manifest(bundle: str | Path, checksums: str = "small") -> Manifest:
+    """The manifest of ``bundle`` after :func:`check_structure`: what every command that opens a bundle
+    calls first, so no file is opened on the manifest's word before its paths and ranges are checked."""
+    manifest = parse_manifest(bundle)
+    check_structure(bundle, manifest, checksums)
+    return manifest
+
+
+def parse_manifest(bundle: str | Path) -> Manifest:
+    """The manifest of ``bundle``, parsed but not checked against the files (what :func:`verify` reports on)."""
     path = Path(bundle) / MANIFEST
+    if path.is_symlink():
+        raise BundleError(f"{path} is a symbolic link; a bundle holds plain files; {REGENERATE}")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {bundle} is not a dipdeploy bundle; {REGENERATE}")
-    return Manifest.from_json(path.read_text())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {REGENERATE}") from None
+    return Manifest.from_json(text)
+
+
+def check_structure(bundle: str | Path, manifest: Manifest, checksums: str = "small") -> None:
+    """Raise :class:`BundleError` (one line: the first problems and the fix) unless :func:`verify` finds
+    the bundle intact at the given ``checksums`` level."""
+    problems = verify(bundle, manifest, checksums)
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise BundleError(f"bundle {bundle} is damaged: {'; '.join(problems[:5])}{more}; files truncated or "
+                          f"altered since export; {REGENERATE}")
 
 
 def open_tensor(bundle: str | Path, manifest: Manifest, name: str):
@@ -82,6 +145,8 @@ def open_tensor(bundle: str | Path, manifest: Manifest, name: str):
     if name not in manifest.tensors:
         raise KeyError(f"tensor {name!r} is not in the bundle; it has {len(manifest.tensors)} tensors")
     t = manifest.tensors[name]
+    if t["length"] == 0:  # np.memmap cannot map zero bytes
+        return np.zeros(tuple(t["shape"]), dtype=np.dtype(t["dtype"]))
     return np.memmap(Path(bundle) / t["file"], dtype=np.dtype(t["dtype"]), mode="r", offset=t["offset"],
                      shape=tuple(t["shape"]))
 
@@ -94,28 +159,147 @@ def file_record(path: Path) -> dict:
     return {"size": path.stat().st_size, "sha256": h.hexdigest()}
 
 
-def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: bool = True) -> list[str]:
-    """Problems found (empty = intact): missing files, wrong sizes or checksums, tensors out of bounds
-    or misaligned. ``checksums=False`` skips reading every byte (what a runtime checks at each start)."""
+def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str = "all") -> list[str]:
+    """Problems found (empty = intact). Structure, always: every path the manifest names is a plain file
+    name of a regular file in the bundle (no separator, no '..', no symbolic link) listed in ``files``
+    with its size; every tensor lies inside its file with the length its dtype and shape give; the plan
+    has the model's layer count and the per-layer graphs match it. ``checksums`` (see ``CHECKSUMS``):
+    which files' sha256 are compared too; "small" skips the tensor data files, whose full read is what
+    a streaming runtime avoids at start (README, "The bundle")."""
+    if checksums not in CHECKSUMS:
+        raise ValueError(f"checksums={checksums!r}: choose one of {', '.join(CHECKSUMS)}")
     bundle = Path(bundle)
-    manifest = manifest or read_manifest(bundle)
+    manifest = manifest or parse_manifest(bundle)
+    data = {t.get("file") for t in manifest.tensors.values() if isinstance(t, dict) and isinstance(t.get("file"), str)}
     problems = []
     for name, rec in manifest.files.items():
-        path = bundle / name
-        if not path.is_file():
-            problems.append(f"{name}: missing")
-            continue
-        size = path.stat().st_size
-        if size != rec["size"]:
-            problems.append(f"{name}: size {size} != {rec['size']}")
-        elif checksums and file_record(path)["sha256"] != rec["sha256"]:
-            problems.append(f"{name}: sha256 mismatch")
+        problem = _file_problem(bundle, name, rec, checksums == "all" or (checksums == "small" and name not in data))
+        if problem:
+            problems.append(problem)
+    problems += _path_problems(manifest)
     for name, t in manifest.tensors.items():
-        size = manifest.files.get(t["file"], {}).get("size")
-        if size is None:
-            problems.append(f"tensor {name}: file {t['file']} not in the manifest")
-        elif t["offset"] + t["length"] > size:
-            problems.append(f"tensor {name}: bytes [{t['offset']}, {t['offset'] + t['length']}) beyond {size}")
-        if t["offset"] % manifest.alignment:
-            problems.append(f"tensor {name}: offset {t['offset']} not aligned to {manifest.alignment}")
+        problems += _tensor_problems(manifest, name, t)
+    return problems + _plan_problems(manifest) + _sizes_problems(manifest)
+
+
+def _name_problem(name) -> str | None:
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        return f"{name!r} is not a plain file name inside the bundle (no directories, '..' or absolute paths)"
+    return None
+
+
+def _is_count(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _file_problem(bundle: Path, name: str, rec, hash_it: bool) -> str | None:
+    bad = _name_problem(name)
+    if bad:
+        return f"files: {bad}"
+    path = bundle / name
+    if path.is_symlink():
+        return f"{name}: a symbolic link (a bundle holds plain files)"
+    if not path.is_file():
+        return f"{name}: missing"
+    if path.resolve().parent != bundle.resolve():
+        return f"{name}: resolves outside the bundle"
+    if not isinstance(rec, dict) or not _is_count(rec.get("size")) or not isinstance(rec.get("sha256"), str):
+        return f"{name}: no size and sha256 in the manifest"
+    size = path.stat().st_size
+    if size != rec["size"]:
+        return f"{name}: size {size} != {rec['size']}"
+    if hash_it and file_record(path)["sha256"] != rec["sha256"]:
+        return f"{name}: sha256 mismatch"
+    return None
+
+
+def _path_problems(manifest: Manifest) -> list[str]:
+    """The graphs, the native library and the files read by name must be plain names listed in ``files``."""
+    if "model" not in manifest.graphs:
+        return ["graphs.model: missing"]
+    named = [("graphs." + role, v) for role, v in manifest.graphs.items() if not isinstance(v, list)]
+    named += [(f"graphs.{role}[{i}]", n) for role, v in manifest.graphs.items() if isinstance(v, list)
+              for i, n in enumerate(v)]
+    if manifest.ops.get("native_library") is not None:
+        named.append(("ops.native_library", manifest.ops["native_library"]))
+    named += [(name, name) for name in READ_BY_NAME]
+    problems = []
+    for where, name in named:
+        bad = _name_problem(name)
+        if bad:
+            problems.append(f"{where}: {bad}")
+        elif name not in manifest.files:
+            problems.append(f"{where}: {name} is not one of the bundle's files")
+    return problems
+
+
+def _tensor_problems(manifest: Manifest, name: str, t) -> list[str]:
+    keys = ("file", "offset", "length", "dtype", "shape")
+    if not isinstance(t, dict) or any(k not in t for k in keys):
+        return [f"tensor {name}: lacks one of {', '.join(keys)}"]
+    bad = _name_problem(t["file"])
+    if bad:
+        return [f"tensor {name}: file {bad}"]
+    shape = t["shape"]
+    if not (_is_count(t["offset"]) and _is_count(t["length"]) and isinstance(shape, list)
+            and all(_is_count(s) for s in shape)):
+        return [f"tensor {name}: offset, length and shape must be non-negative integers"]
+    if not isinstance(t["dtype"], str) or t["dtype"] not in DTYPES:
+        return [f"tensor {name}: dtype {t['dtype']!r} is not one of {', '.join(DTYPES)}"]
+    problems = []
+    rec = manifest.files.get(t["file"])
+    size = rec.get("size") if isinstance(rec, dict) else None
+    if rec is None:
+        problems.append(f"tensor {name}: file {t['file']} not in the manifest")
+    elif _is_count(size) and t["offset"] + t["length"] > size:  # a malformed size is the files check's problem
+        problems.append(f"tensor {name}: bytes [{t['offset']}, {t['offset'] + t['length']}) beyond {size}")
+    if t["offset"] % manifest.alignment:
+        problems.append(f"tensor {name}: offset {t['offset']} not aligned to {manifest.alignment}")
+    want = math.prod(shape) * DTYPES[t["dtype"]]
+    if t["length"] != want:
+        problems.append(f"tensor {name}: length {t['length']} != {want} (shape {shape} of {t['dtype']})")
+    return problems
+
+
+def _sizes_problems(manifest: Manifest) -> list[str]:
+    """``sizes`` (what the runtime budgets dense memory from) must be byte counts; ``bytes_<f>`` that of
+    ``<f>.bin``."""
+    problems = []
+    for key, value in manifest.sizes.items():
+        rec = manifest.files.get(key.removeprefix("bytes_") + ".bin")
+        if not _is_count(value):
+            problems.append(f"sizes.{key}: {value!r} is not a byte count")
+        elif isinstance(rec, dict) and _is_count(rec.get("size")) and value != rec["size"]:
+            problems.append(f"sizes.{key}: {value} != the size of {key.removeprefix('bytes_')}.bin, {rec['size']}")
+    return problems
+
+
+def layer_graph_names(num_layers: int) -> list[str]:
+    """The per-layer graphs of a bundle with ``num_layers`` layers, in the order export lists them."""
+    return [f"layer.{i}.{part}.onnx" for i in range(num_layers) for part in ("attn", "mlp_up", "mlp_down")] + [
+        "embed.onnx", "head.onnx"]
+
+
+def _plan_problems(manifest: Manifest) -> list[str]:
+    """The plan must describe the model the graphs were built for: its layer count and K ranges."""
+    plan, cfg = manifest.plan, manifest.source.get("config")
+    if plan is None:
+        return []
+    layers = plan.get("layers")
+    if not isinstance(layers, list) or not all(isinstance(lp, dict) for lp in layers):
+        return ["plan.layers: not a list of per-layer tables"]
+    n = len(layers)
+    problems = []
+    want = cfg.get("num_hidden_layers") if isinstance(cfg, dict) else None
+    if type(want) is not int or want != n:
+        problems.append(f"plan.layers: {n} layers but source.config.num_hidden_layers is {want!r}")
+    for key, width in (("k_in", "hidden_size"), ("k_glu", "intermediate_size")):
+        top = plan.get(width)
+        if not all(_is_count(lp.get(key)) and type(top) is int and 0 < lp[key] <= top for lp in layers):
+            problems.append(f"plan.layers: every {key} must be an integer in [1, plan.{width} = {top!r}]")
+    listed = manifest.graphs.get("layers")
+    if listed is not None and listed != layer_graph_names(n):
+        count = len(listed) if isinstance(listed, list) else listed
+        problems.append(f"graphs.layers: {count} graphs do not match the plan's {n} layers "
+                        f"(3 per layer + embed + head = {3 * n + 2})")
     return problems

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from dipdeploy.export.graph import Graph
+from dipdeploy.export.manifest import MLP_FILE
 from dipdeploy.export.weights import WeightStore
 from dipdeploy.ops.formats import OpWeights
 from dipdeploy.ops.nodes import sparse_gather_matmul_node, topk_column_mask_node
 
-MLP_FILE = "mlp.bin"
 GROUP_LAYOUT = {"up_gate": "flash_rows[d,2F]=[W_u^T|W_g^T]", "down": "flash_rows[F,d]=W_d^T"}
 
 

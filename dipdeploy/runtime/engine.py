@@ -26,17 +26,13 @@ from typing import Callable
 import numpy as np
 
 from dipdeploy.cache import POLICIES, static_rows
-from dipdeploy.export.manifest import REGENERATE, Manifest, read_manifest, verify
+from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.runtime.budget import DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.sessions import Bound, open_session
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
-
-class BundleError(ValueError):
-    """A bundle the runtime cannot use; the message names the problem and the fix."""
-
 
 @dataclass
 class EngineConfig:
@@ -80,20 +76,29 @@ class Generation:
 
 
 def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
-    """The manifest, after checking every file is present with its size (and checksum if asked)."""
+    """The manifest, after ``read_manifest``'s structure checks (paths inside the bundle, tensor ranges,
+    plan against graphs, sizes, the small files' checksums) and, if asked, every file's checksum."""
     path = Path(path)
-    try:
-        manifest = read_manifest(path)
-    except ValueError as exc:
-        raise BundleError(str(exc)) from exc
+    manifest = read_manifest(path, checksums="all" if full_verify else "small")
     if "layers" not in manifest.graphs:
         raise BundleError(f"{path} has no per-layer graphs (exported with --no-per-layer or as dense); "
                           "export it again with `dipdeploy export --method dip|dip-ca` (per-layer graphs are the default)")
-    problems = verify(path, manifest, checksums=full_verify)
+    problems = _settings_problems(manifest)
     if problems:
-        raise BundleError(f"bundle {path} is damaged: {'; '.join(problems[:5])}; files truncated or altered "
-                          f"since export; {REGENERATE}")
+        raise BundleError(f"bundle {path}: {'; '.join(problems)}; {REGENERATE}")
     return manifest
+
+
+def _settings_problems(m: Manifest) -> list[str]:
+    """The manifest values the engine computes with (beyond ``verify``'s structure) have their types."""
+    def number(v, lo, hi):
+        return type(v) in (int, float) and lo <= v <= hi
+
+    dipca, level = m.dipca or {}, (m.export_config or {}).get("accuracy_level", 0)
+    checks = [(number(dipca.get("gamma", 1.0), 0, 1), "dipca.gamma must be a number in [0, 1]"),
+              (number(dipca.get("gamma_warmup", 0) or 0, 0, float("inf")), "dipca.gamma_warmup must be >= 0"),
+              (level in (0, 4) and type(level) is int, "export_config.accuracy_level must be 0 or 4")]
+    return [message for ok, message in checks if not ok]
 
 
 class Engine:
@@ -132,7 +137,7 @@ class Engine:
         self.accuracy_level = baked if self.cfg.accuracy_level is None else self.cfg.accuracy_level
         self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
         self._open_sessions(session_options, native)
-        self.flash = FlashStore(self.path / "mlp.bin", io=self.cfg.io, cold=self.cfg.cold,
+        self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
                                 bandwidth=self.cfg.flash_bandwidth)
         self._build_slabs()
         self._tokenizer = None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dipdeploy.cache import RowCache, SlotStep, SlotTable
-from dipdeploy.export.manifest import SLAB_DIM, open_tensor
+from dipdeploy.export.manifest import MLP_FILE, REGENERATE, SLAB_DIM, BundleError, open_tensor
 from dipdeploy.runtime.flash import FlashStore, RowArray
 
 
@@ -44,9 +44,14 @@ def group_arrays(manifest, bundle, layer: int, group: str, inputs: list) -> Grou
         name = arg.name
         label = name.split(".", 1)[1]
         tensor = f"model.layers.{layer}.mlp.{group}.{label}"
+        if tensor not in manifest.tensors:
+            raise BundleError(f"{bundle}: graph input {name} has no tensor {tensor} in the manifest; {REGENERATE}")
         t = manifest.tensors[tensor]
         shape = tuple(t["shape"])
         if arg.shape and arg.shape[0] == SLAB_DIM:
+            if t["file"] != MLP_FILE:  # rows are streamed from the Flash file only
+                raise BundleError(f"{bundle}: per-row tensor {tensor} lies in {t['file']}, not {MLP_FILE}; "
+                                  f"{REGENERATE}")
             item = np.dtype(t["dtype"]).itemsize
             row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * item
             per_row.append(RowArray(name, t["offset"], shape[0], row_bytes, t["dtype"], shape[1:]))

@@ -90,7 +90,7 @@ public final class Engine implements AutoCloseable {
     @SuppressWarnings("unchecked")
     public Engine(Path bundle, Options opt) throws IOException, OrtException {
         this.bundle = bundle;
-        this.manifest = Manifest.read(bundle);
+        this.manifest = Manifest.open(bundle, "small");
         this.tokenizer = Bpe.fromFile(bundle.resolve("tokenizer.json"));
         this.layers = manifest.numLayers();
         this.d = manifest.hiddenSize();

@@ -88,6 +88,8 @@ public final class Manifest {
         this.method = Json.str(raw.get("method"), "method");
         Object al = raw.get("alignment");
         this.alignment = al == null ? 4096 : Math.toIntExact(Json.lng(al, "alignment"));
+        if (alignment < 1)
+            throw new IllegalArgumentException("manifest alignment " + alignment + " is not positive; " + REGENERATE);
         for (Map.Entry<String, Object> e : Json.obj(raw.get("tensors"), "tensors").entrySet())
             tensors.put(e.getKey(), new Tensor(e.getKey(), Json.obj(e.getValue(), "tensors." + e.getKey())));
         Map<String, Object> src = Json.obj(raw.get("source"), "source");
@@ -126,6 +128,8 @@ public final class Manifest {
 
     public static Manifest read(Path bundle) throws IOException {
         Path p = bundle.resolve(FILE);
+        if (Files.isSymbolicLink(p))
+            throw new IllegalArgumentException(p + " is a symbolic link; a bundle holds plain files; " + REGENERATE);
         if (!Files.isRegularFile(p))
             throw new IOException(p + " not found: " + bundle + " is not a dipdeploy bundle; " + REGENERATE);
         return fromJson(new String(Files.readAllBytes(p), StandardCharsets.UTF_8));
@@ -215,37 +219,31 @@ public final class Manifest {
         return out;
     }
 
-    /** Problems found (empty = intact), the same strings as {@code manifest.verify} in Python. */
+    /** Problems found (empty = intact), the same strings as {@code manifest.verify} in Python (every checksum). */
     public List<String> verify(Path bundle) throws IOException {
-        List<String> problems = new ArrayList<>();
-        Map<String, Object> files = Json.obj(raw.get("files"), "files");
-        for (Map.Entry<String, Object> e : files.entrySet()) {
-            String name = e.getKey();
-            Map<String, Object> rec = Json.obj(e.getValue(), "files." + name);
-            Path p = bundle.resolve(name);
-            if (!Files.isRegularFile(p)) {
-                problems.add(name + ": missing");
-                continue;
-            }
-            long size = Files.size(p);
-            long want = Json.lng(rec.get("size"), "files." + name + ".size");
-            if (size != want) problems.add(name + ": size " + size + " != " + want);
-            else if (!sha256(p).equals(Json.str(rec.get("sha256"), "files." + name + ".sha256")))
-                problems.add(name + ": sha256 mismatch");
+        return verify(bundle, "all");
+    }
+
+    /** {@link BundleCheck}: structure always; {@code checksums} "none", "small" (not the tensor data files) or "all". */
+    public List<String> verify(Path bundle, String checksums) throws IOException {
+        return BundleCheck.problems(this, bundle, checksums);
+    }
+
+    /**
+     * The manifest of {@code bundle} after the structure checks (Python's {@code read_manifest}): what the engine
+     * opens a bundle with, so no file is opened on the manifest's word before its paths and ranges are checked.
+     * Problems raise one line naming the first of them and the fix.
+     */
+    public static Manifest open(Path bundle, String checksums) throws IOException {
+        Manifest m = read(bundle);
+        List<String> problems = m.verify(bundle, checksums);
+        if (!problems.isEmpty()) {
+            String more = problems.size() > 5 ? " (and " + (problems.size() - 5) + " more)" : "";
+            throw new IllegalArgumentException("bundle " + bundle + " is damaged: "
+                    + String.join("; ", problems.subList(0, Math.min(5, problems.size()))) + more
+                    + "; files truncated or altered since export; " + REGENERATE);
         }
-        for (Tensor t : tensors.values()) {
-            Object rec = files.get(t.file);
-            if (rec == null) problems.add("tensor " + t.name + ": file " + t.file + " not in the manifest");
-            else {
-                long size = Json.lng(Json.obj(rec, "files").get("size"), "size");
-                if (t.offset + t.length > size)
-                    problems.add("tensor " + t.name + ": bytes [" + t.offset + ", " + (t.offset + t.length)
-                            + ") beyond " + size);
-            }
-            if (t.offset % alignment != 0)
-                problems.add("tensor " + t.name + ": offset " + t.offset + " not aligned to " + alignment);
-        }
-        return problems;
+        return m;
     }
 
     static String sha256(Path p) throws IOException {

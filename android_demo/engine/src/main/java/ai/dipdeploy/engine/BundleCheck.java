@@ -1,0 +1,220 @@
+package ai.dipdeploy.engine;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.LinkOption;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashSet;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+/**
+ * The structure checks of {@code dipdeploy.export.manifest.verify}, with its problem strings: a bundle is a
+ * sandbox, so no path the manifest names may leave the bundle folder or be a symbolic link, no tensor may lie
+ * outside its file or disagree with its dtype and shape, and the plan must have the model's layer count and
+ * the per-layer graphs that go with it. Run before any file the manifest names is opened.
+ */
+final class BundleCheck {
+    private BundleCheck() {}
+
+    /** Files the readers open by fixed names (Python's {@code READ_BY_NAME}). */
+    static final List<String> READ_BY_NAME = Arrays.asList("genai_config.json", "tokenizer.json");
+    /** Item sizes of the dtypes a tensor may have (Python's {@code DTYPES}, in its order). */
+    static final Map<String, Integer> DTYPES = new LinkedHashMap<>();
+
+    static {
+        String[] names = {"float64", "float32", "float16", "int64", "uint64", "int32", "uint32", "int16", "uint16",
+                "int8", "uint8", "bool"};
+        int[] sizes = {8, 4, 2, 8, 8, 4, 4, 2, 2, 1, 1, 1};
+        for (int k = 0; k < names.length; k++) DTYPES.put(names[k], sizes[k]);
+    }
+
+    /** How much {@code problems} hashes: nothing, every file except the tensor data files, everything. */
+    static final List<String> CHECKSUMS = Arrays.asList("none", "small", "all");
+
+    static List<String> problems(Manifest m, Path bundle, String checksums) throws IOException {
+        if (!CHECKSUMS.contains(checksums))
+            throw new IllegalArgumentException("checksums=" + checksums + ": choose one of " + CHECKSUMS);
+        Map<String, Object> files = Json.obj(m.raw.get("files"), "files");
+        Set<String> data = new HashSet<>();
+        for (Manifest.Tensor t : m.tensors.values()) data.add(t.file);
+        List<String> out = new ArrayList<>();
+        for (Map.Entry<String, Object> e : files.entrySet()) {
+            boolean hash = checksums.equals("all") || (checksums.equals("small") && !data.contains(e.getKey()));
+            String p = fileProblem(bundle, e.getKey(), e.getValue(), hash);
+            if (p != null) out.add(p);
+        }
+        out.addAll(pathProblems(m, files));
+        for (Manifest.Tensor t : m.tensors.values()) out.addAll(tensorProblems(m, files, t));
+        out.addAll(planProblems(m));
+        out.addAll(sizesProblems(m, files));
+        return out;
+    }
+
+    /** {@code sizes} must be byte counts; {@code bytes_<f>} that of {@code <f>.bin}. */
+    private static List<String> sizesProblems(Manifest m, Map<String, Object> files) {
+        List<String> out = new ArrayList<>();
+        Object sizesObj = m.raw.get("sizes");
+        if (sizesObj == null) return out;
+        for (Map.Entry<String, Object> e : Json.obj(sizesObj, "sizes").entrySet()) {
+            String key = e.getKey(), stem = key.startsWith("bytes_") ? key.substring(6) : key;
+            Object v = e.getValue(), rec = files.get(stem + ".bin");
+            Object size = rec instanceof Map ? ((Map<?, ?>) rec).get("size") : null;
+            if (!isCount(v)) out.add("sizes." + key + ": " + Manifest.pyRepr(v) + " is not a byte count");
+            else if (isCount(size) && !v.equals(size))
+                out.add("sizes." + key + ": " + v + " != the size of " + stem + ".bin, " + size);
+        }
+        return out;
+    }
+
+    static String nameProblem(Object name) {
+        if (!(name instanceof String)) return Manifest.pyRepr(name) + " is not a plain file name inside the bundle "
+                + "(no directories, '..' or absolute paths)";
+        String s = (String) name;
+        if (s.isEmpty() || s.equals(".") || s.equals("..") || s.indexOf('/') >= 0 || s.indexOf('\\') >= 0
+                || s.indexOf('\0') >= 0)
+            return Manifest.pyRepr(s) + " is not a plain file name inside the bundle (no directories, '..' or "
+                    + "absolute paths)";
+        return null;
+    }
+
+    private static boolean isCount(Object v) {
+        return v instanceof Long && (Long) v >= 0;
+    }
+
+    private static String fileProblem(Path bundle, String name, Object rec, boolean hash) throws IOException {
+        String bad = nameProblem(name);
+        if (bad != null) return "files: " + bad;
+        Path p = bundle.resolve(name);
+        if (Files.isSymbolicLink(p)) return name + ": a symbolic link (a bundle holds plain files)";
+        if (!Files.isRegularFile(p, LinkOption.NOFOLLOW_LINKS)) return name + ": missing";
+        if (!p.toRealPath().getParent().equals(bundle.toRealPath())) return name + ": resolves outside the bundle";
+        if (!(rec instanceof Map) || !isCount(((Map<?, ?>) rec).get("size"))
+                || !(((Map<?, ?>) rec).get("sha256") instanceof String))
+            return name + ": no size and sha256 in the manifest";
+        long size = Files.size(p), want = (Long) ((Map<?, ?>) rec).get("size");
+        if (size != want) return name + ": size " + size + " != " + want;
+        if (hash && !Manifest.sha256(p).equals(((Map<?, ?>) rec).get("sha256"))) return name + ": sha256 mismatch";
+        return null;
+    }
+
+    private static List<String> pathProblems(Manifest m, Map<String, Object> files) {
+        Map<String, Object> graphs = Json.obj(m.raw.get("graphs"), "graphs");
+        List<String> out = new ArrayList<>();
+        if (!graphs.containsKey("model")) {
+            out.add("graphs.model: missing");
+            return out;
+        }
+        List<String[]> named = new ArrayList<>();
+        List<Object> values = new ArrayList<>();
+        for (Map.Entry<String, Object> e : graphs.entrySet())
+            if (!(e.getValue() instanceof List)) {
+                named.add(new String[] {"graphs." + e.getKey()});
+                values.add(e.getValue());
+            }
+        for (Map.Entry<String, Object> e : graphs.entrySet())
+            if (e.getValue() instanceof List) {
+                List<?> l = (List<?>) e.getValue();
+                for (int i = 0; i < l.size(); i++) {
+                    named.add(new String[] {"graphs." + e.getKey() + "[" + i + "]"});
+                    values.add(l.get(i));
+                }
+            }
+        Map<String, Object> ops = Json.obj(m.raw.get("ops"), "ops");
+        if (ops.get("native_library") != null) {
+            named.add(new String[] {"ops.native_library"});
+            values.add(ops.get("native_library"));
+        }
+        for (String n : READ_BY_NAME) {
+            named.add(new String[] {n});
+            values.add(n);
+        }
+        for (int k = 0; k < named.size(); k++) {
+            String where = named.get(k)[0], bad = nameProblem(values.get(k));
+            if (bad != null) out.add(where + ": " + bad);
+            else if (!files.containsKey(values.get(k)))
+                out.add(where + ": " + values.get(k) + " is not one of the bundle's files");
+        }
+        return out;
+    }
+
+    private static List<String> tensorProblems(Manifest m, Map<String, Object> files, Manifest.Tensor t) {
+        List<String> out = new ArrayList<>();
+        String bad = nameProblem(t.file);
+        if (bad != null) {
+            out.add("tensor " + t.name + ": file " + bad);
+            return out;
+        }
+        boolean counts = t.offset >= 0 && t.length >= 0;
+        for (long s : t.shape) counts &= s >= 0;
+        if (!counts) {
+            out.add("tensor " + t.name + ": offset, length and shape must be non-negative integers");
+            return out;
+        }
+        if (!DTYPES.containsKey(t.dtype)) {
+            out.add("tensor " + t.name + ": dtype " + Manifest.pyRepr(t.dtype) + " is not one of "
+                    + String.join(", ", DTYPES.keySet()));
+            return out;
+        }
+        Object rec = files.get(t.file);
+        Object size = rec instanceof Map ? ((Map<?, ?>) rec).get("size") : null;
+        if (rec == null) out.add("tensor " + t.name + ": file " + t.file + " not in the manifest");
+        else if (isCount(size) && (t.offset + t.length > (Long) size || t.offset + t.length < 0))
+            out.add("tensor " + t.name + ": bytes [" + t.offset + ", " + (t.offset + t.length) + ") beyond " + size);
+        if (t.offset % m.alignment != 0)
+            out.add("tensor " + t.name + ": offset " + t.offset + " not aligned to " + m.alignment);
+        long want = DTYPES.get(t.dtype);
+        for (long s : t.shape) want = Math.multiplyExact(want, s);
+        if (t.length != want)
+            out.add("tensor " + t.name + ": length " + t.length + " != " + want + " (shape "
+                    + Arrays.toString(t.shape) + " of " + t.dtype + ")");
+        return out;
+    }
+
+    /** Python's {@code layer_graph_names}: 3 graphs per layer, then embed and head. */
+    static List<String> layerGraphNames(int layers) {
+        List<String> out = new ArrayList<>();
+        for (int i = 0; i < layers; i++) {
+            out.add(GraphNames.attnFile(i));
+            out.add(GraphNames.mlpUpFile(i));
+            out.add(GraphNames.mlpDownFile(i));
+        }
+        out.add(GraphNames.EMBED);
+        out.add(GraphNames.HEAD);
+        return out;
+    }
+
+    private static List<String> planProblems(Manifest m) {
+        List<String> out = new ArrayList<>();
+        Object planObj = m.raw.get("plan");
+        if (planObj == null) return out;
+        Map<String, Object> plan = Json.obj(planObj, "plan");
+        int n = m.layers.size();
+        Object want = m.config.get("num_hidden_layers");
+        if (!(want instanceof Long) || (Long) want != n)
+            out.add("plan.layers: " + n + " layers but source.config.num_hidden_layers is " + Manifest.pyRepr(want));
+        String[][] keys = {{"k_in", "hidden_size"}, {"k_glu", "intermediate_size"}};
+        for (String[] kw : keys) {
+            Object top = plan.get(kw[1]);
+            boolean ok = true;
+            for (Manifest.LayerPlan lp : m.layers) {
+                long k = kw[0].equals("k_in") ? lp.kIn : lp.kGlu;
+                ok &= top instanceof Long && k > 0 && k <= (Long) top;
+            }
+            if (!ok)
+                out.add("plan.layers: every " + kw[0] + " must be an integer in [1, plan." + kw[1] + " = "
+                        + Manifest.pyRepr(top) + "]");
+        }
+        Object listed = Json.obj(m.raw.get("graphs"), "graphs").get("layers");
+        if (listed != null && !layerGraphNames(n).equals(listed)) {
+            Object count = listed instanceof List ? (Object) (long) ((List<?>) listed).size() : listed;
+            out.add("graphs.layers: " + count + " graphs do not match the plan's " + n + " layers "
+                    + "(3 per layer + embed + head = " + (3 * n + 2) + ")");
+        }
+        return out;
+    }
+}

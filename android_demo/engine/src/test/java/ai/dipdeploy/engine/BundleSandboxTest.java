@@ -1,0 +1,197 @@
+package ai.dipdeploy.engine;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertTrue;
+import static org.junit.Assert.fail;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.function.Consumer;
+import org.junit.Rule;
+import org.junit.Test;
+import org.junit.rules.TemporaryFolder;
+
+/**
+ * The engine opens a bundle as a sandbox, like the Python reader: each hostile manifest edit (a path out of the
+ * bundle, an absolute path, a symbolic link, a tensor range outside its file or not matching its shape, a plan
+ * with another layer count) is refused by {@link Manifest#open} and by the {@link Engine} constructor before
+ * ONNX Runtime or any named file is touched, with one line that names the fix. A small synthetic bundle (one
+ * layer) keeps the test independent of the golden vectors; the exported golden bundle is the control.
+ */
+public class BundleSandboxTest {
+    @Rule public TemporaryFolder tmp = new TemporaryFolder();
+
+    private static final int ALIGN = 4096;
+
+    private Path bundle, canary;
+
+    /** One layer, hidden 4, intermediate 8: an up|gate rows tensor in mlp.bin and an embedding in dense.bin. */
+    private Map<String, Object> write(Consumer<Map<String, Object>> edit) throws IOException {
+        Path root = tmp.newFolder().toPath();
+        bundle = Files.createDirectory(root.resolve("bundle"));
+        canary = root.resolve("canary.bin");
+        Files.write(canary, new byte[2 * ALIGN]);
+        Map<String, Object> tensors = new LinkedHashMap<>();
+        tensors.put("model.layers.0.mlp.up_gate.rows", tensor("mlp.bin", 0, "float32", 4, 16));
+        tensors.put("model.layers.0.mlp.down.rows", tensor("mlp.bin", ALIGN, "float32", 8, 4));
+        tensors.put("model.embed_tokens.weight", tensor("dense.bin", 0, "float16", 32, 4));
+        Map<String, Object> files = new LinkedHashMap<>();
+        List<String> layerGraphs = BundleCheck.layerGraphNames(1);
+        List<String> names = new ArrayList<>(layerGraphs);
+        names.addAll(Arrays.asList("model.onnx", "genai_config.json", "tokenizer.json"));
+        for (String n : names) files.put(n, file(n, n.getBytes(StandardCharsets.UTF_8)));
+        files.put("mlp.bin", file("mlp.bin", new byte[2 * ALIGN]));
+        files.put("dense.bin", file("dense.bin", new byte[ALIGN]));
+        Map<String, Object> raw = new LinkedHashMap<>();
+        raw.put("source", map("model", "synthetic", "config", map("num_hidden_layers", 1L, "hidden_size", 4L,
+                "intermediate_size", 8L)));
+        raw.put("method", "dip");
+        raw.put("plan", map("hidden_size", 4L, "intermediate_size", 8L, "layers",
+                new ArrayList<>(Arrays.asList(map("k_in", 2L, "k_glu", 4L)))));
+        raw.put("quant", null);
+        raw.put("ops", map("domain", "ai.dipdeploy", "version", 1L, "native_library", null));
+        raw.put("onnxruntime", map("min", "1.29"));
+        raw.put("graphs", map("model", "model.onnx", "layers", layerGraphs));
+        raw.put("tensors", tensors);
+        raw.put("files", files);
+        raw.put("alignment", (long) ALIGN);
+        raw.put("format", Manifest.FORMAT);
+        raw.put("version", (long) Manifest.VERSION);
+        edit.accept(raw);
+        Files.write(bundle.resolve(Manifest.FILE), toJson(raw).getBytes(StandardCharsets.UTF_8));
+        return raw;
+    }
+
+    private Map<String, Object> file(String name, byte[] bytes) throws IOException {
+        Path p = bundle.resolve(name);
+        Files.write(p, bytes);
+        return map("size", (long) bytes.length, "sha256", Manifest.sha256(p));
+    }
+
+    private static Map<String, Object> tensor(String file, long offset, String dtype, long rows, long cols) {
+        long length = rows * cols * BundleCheck.DTYPES.get(dtype);
+        return map("file", file, "offset", offset, "length", length, "dtype", dtype,
+                "shape", new ArrayList<>(Arrays.asList(rows, cols)));
+    }
+
+    @SuppressWarnings("unchecked")
+    private static Map<String, Object> sub(Map<String, Object> raw, String... keys) {
+        Map<String, Object> m = raw;
+        for (String k : keys) m = (Map<String, Object>) m.get(k);
+        return m;
+    }
+
+    private static Map<String, Object> map(Object... kv) {
+        Map<String, Object> m = new LinkedHashMap<>();
+        for (int k = 0; k < kv.length; k += 2) m.put((String) kv[k], kv[k + 1]);
+        return m;
+    }
+
+    private static String toJson(Object o) {
+        if (o == null) return "null";
+        if (o instanceof String) return "\"" + ((String) o).replace("\\", "\\\\").replace("\"", "\\\"") + "\"";
+        if (o instanceof Number || o instanceof Boolean) return String.valueOf(o);
+        StringBuilder b = new StringBuilder();
+        if (o instanceof Map) {
+            for (Map.Entry<?, ?> e : ((Map<?, ?>) o).entrySet())
+                b.append(b.length() == 0 ? "" : ",").append(toJson(e.getKey())).append(":").append(toJson(e.getValue()));
+            return "{" + b + "}";
+        }
+        for (Object x : (List<?>) o) b.append(b.length() == 0 ? "" : ",").append(toJson(x));
+        return "[" + b + "]";
+    }
+
+    private static final String UP = "model.layers.0.mlp.up_gate.rows";
+
+    private void refused(Consumer<Map<String, Object>> edit, String message) throws Exception {
+        write(edit);
+        for (int way = 0; way < 2; way++) {
+            try {
+                if (way == 0) Manifest.open(bundle, "small");
+                else new Engine(bundle, new Engine.Options());
+                fail("accepted: " + message);
+            } catch (IllegalArgumentException ex) {
+                String msg = ex.getMessage();
+                assertTrue(msg, msg.contains(message) && msg.contains("dipdeploy export") && !msg.contains("\n"));
+            }
+        }
+    }
+
+    @Test
+    public void theSyntheticBundleIsIntact() throws Exception {
+        write(raw -> {});
+        assertEquals(new ArrayList<String>(), Manifest.open(bundle, "all").verify(bundle));
+    }
+
+    @Test
+    public void pathsMustStayInsideTheBundle() throws Exception {
+        refused(raw -> sub(raw, "tensors", UP).put("file", "../canary.bin"), "not a plain file name");
+        refused(raw -> sub(raw, "tensors", UP).put("file", canary.toString()), "not a plain file name");
+        refused(raw -> sub(raw, "graphs").put("model", "/etc/passwd"), "graphs.model");
+        refused(raw -> sub(raw, "files").put("../canary.bin", sub(raw, "files").remove("dense.bin")),
+                "not a plain file name");
+    }
+
+    @Test
+    public void symbolicLinksAreRefused() throws Exception {
+        write(raw -> {});
+        Files.copy(bundle.resolve("mlp.bin"), canary, java.nio.file.StandardCopyOption.REPLACE_EXISTING);
+        Files.delete(bundle.resolve("mlp.bin"));
+        Files.createSymbolicLink(bundle.resolve("mlp.bin"), canary);
+        try {
+            Manifest.open(bundle, "small");
+            fail();
+        } catch (IllegalArgumentException ex) {
+            assertTrue(ex.getMessage(), ex.getMessage().contains("mlp.bin: a symbolic link"));
+        }
+    }
+
+    @Test
+    public void rangesMustLieInsideTheFileAndMatchTheShape() throws Exception {
+        refused(raw -> sub(raw, "tensors", UP).put("offset", -(long) ALIGN), "non-negative");
+        refused(raw -> sub(raw, "tensors", UP).put("offset", 2L * ALIGN), "beyond");
+        refused(raw -> sub(raw, "tensors", UP).put("length", 8L), "length 8 != 256");
+        refused(raw -> sub(raw, "tensors", UP).put("dtype", "object"), "dtype 'object'");
+    }
+
+    @Test
+    public void thePlanMustMatchTheGraphs() throws Exception {
+        refused(raw -> sub(raw, "plan").put("layers", new ArrayList<>()), "num_hidden_layers");
+        refused(raw -> sub(raw, "graphs").put("layers", BundleCheck.layerGraphNames(2)), "graphs.layers");
+        refused(raw -> sub(raw, "plan").put("hidden_size", 1L), "k_in");
+    }
+
+    @Test
+    public void smallFilesAreHashedByDefaultDataFilesOnRequest() throws Exception {
+        write(raw -> {});
+        Files.write(bundle.resolve("mlp.bin"), new byte[2 * ALIGN - 1]);
+        Files.write(bundle.resolve("mlp.bin"), new byte[] {1}, java.nio.file.StandardOpenOption.APPEND);
+        Manifest.open(bundle, "small");
+        assertFalse(Manifest.read(bundle).verify(bundle, "all").isEmpty());
+        byte[] g = Files.readAllBytes(bundle.resolve("head.onnx"));
+        g[0] ^= 1;
+        Files.write(bundle.resolve("head.onnx"), g);
+        try {
+            Manifest.open(bundle, "small");
+            fail();
+        } catch (IllegalArgumentException ex) {
+            assertTrue(ex.getMessage(), ex.getMessage().contains("head.onnx: sha256 mismatch"));
+        }
+    }
+
+    @Test
+    public void theExportedBundleOpens() throws Exception {
+        Map<String, Object> g = Golden.load("bundle.json");
+        Path exported = Paths.get((String) g.get("bundle"));
+        assertEquals(new ArrayList<String>(), Manifest.open(exported, "all").verify(exported));
+    }
+}
