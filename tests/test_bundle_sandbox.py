@@ -86,6 +86,7 @@ HOSTILE = {
         "layers", r["plan"]["layers"][:-1])), "num_hidden_layers"),
     "graphs.model absolute": (lambda b: _edit_manifest(b, lambda r: r["graphs"].__setitem__(
         "model", str(b.parent / CANARY))), "graphs.model"),
+    "tensor moved onto another": (lambda b: _edit_manifest(b, lambda r: _codebook(r).update(offset=0)), "overlap"),
 }
 
 

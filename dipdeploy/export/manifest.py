@@ -179,7 +179,7 @@ def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str 
     problems += _path_problems(manifest)
     for name, t in manifest.tensors.items():
         problems += _tensor_problems(manifest, name, t)
-    return problems + _plan_problems(manifest) + _sizes_problems(manifest)
+    return problems + _overlap_problems(manifest) + _plan_problems(manifest) + _sizes_problems(manifest)
 
 
 def _name_problem(name) -> str | None:
@@ -259,6 +259,16 @@ def _tensor_problems(manifest: Manifest, name: str, t) -> list[str]:
     if t["length"] != want:
         problems.append(f"tensor {name}: length {t['length']} != {want} (shape {shape} of {t['dtype']})")
     return problems
+
+
+def _overlap_problems(manifest: Manifest) -> list[str]:
+    """Export writes every tensor once (README, "The bundle"): two tensors sharing bytes mean an edited
+    manifest that would read one tensor's weights as another's."""
+    spans = sorted((t["file"], t["offset"], t["offset"] + t["length"], name) for name, t in manifest.tensors.items()
+                   if isinstance(t, dict) and isinstance(t.get("file"), str) and _is_count(t.get("offset"))
+                   and _is_count(t.get("length")) and t["length"] > 0)
+    return [f"tensor {b[3]}: bytes [{b[1]}, {b[2]}) of {b[0]} overlap tensor {a[3]}"
+            for a, b in zip(spans, spans[1:]) if a[0] == b[0] and b[1] < a[2]]
 
 
 def _sizes_problems(manifest: Manifest) -> list[str]:
