@@ -40,6 +40,9 @@ struct dd_sgmm_params {
     const int8_t * cb;
     const uint16_t * cb_scales;
     int64_t group_rows, group_cols, ngc;
+    // bq4 at level 4: level0_rows[n] != 0 sends row n to the level-0 float path (its coefficients are
+    // not all finite, see dd_sgmm_row_finite); null = every row takes the int8 path.
+    const uint8_t * level0_rows;
 };
 
 // Selected rows that share one int8 coefficient scale at accuracy level 4; row groups split across
@@ -55,15 +58,23 @@ constexpr int64_t DD_CHUNK_ALIGN = 128;
 void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1, int64_t j0, int64_t j1,
                    float * y);
 
+// Whether every level-4 coefficient c = s[row_j, b] * X[n, idx_j] of output row n is finite (bq4; other
+// formats: true). The int8 path cannot carry NaN or Inf (a scale of Inf would quantise every other
+// coefficient of its chunk to 0), so such a row is computed at level 0, which propagates them
+// (custom_ops/README.md, "accuracy level").
+bool dd_sgmm_row_finite(const dd_sgmm_params * p, int64_t n);
+
 // Name of the kernel set picked for this CPU ("avx512vnni", "avx2", "portable", "neon-dotprod" or "neon").
 const char * dd_kernels_isa();
 
 // One TopKColumnMask row: the DIP-CA score of dipdeploy/cache/score.py, then top-k (largest first,
-// ties to the lower index, NaN last). resident (bool[d]) and colnorm (float[d]) may be null.
+// ties to the lower index, NaN last). resident (the bytes of a bool[d] tensor: nonzero = resident) and
+// colnorm (float[d]) may be null. resident is read as bytes because ORT hands a bool tensor's bytes over
+// as they were fed, and a byte other than 0 or 1 read as a C++ bool is undefined behaviour.
 struct dd_topk_params {
     int64_t d, k;
     float gamma;
     int64_t fixed_top_n;
 };
-void dd_topk_row(const dd_topk_params * p, const float * x, const bool * resident, const float * colnorm,
+void dd_topk_row(const dd_topk_params * p, const float * x, const uint8_t * resident, const float * colnorm,
                  int64_t * out);

@@ -179,13 +179,66 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
     return ok;
 }
 
+// Level 4 on a row whose coefficients are not all finite (an activation of +Inf or NaN, a scale of Inf or
+// NaN): dd_sgmm_row_finite flags it and dd_sgmm_chunk then computes it bit for bit as level 0, NaN and
+// the signs of infinities included; a finite row is not flagged.
+bool run_level4_nonfinite(std::mt19937 & rng) {
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> byte(0, 255);
+    const int64_t D = 100, O = 256, B = 32, nb = O / B, k = 40;
+    std::vector<float> x(D);
+    std::vector<uint8_t> q(D * O / 2);
+    std::vector<uint16_t> scales(D * nb);
+    std::vector<int64_t> idx(D);
+    for (auto & v : x) v = uni(rng);
+    for (auto & v : q) v = (uint8_t) byte(rng);
+    for (auto & v : scales) v = float_to_half(0.01f + 0.01f * uni(rng));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::shuffle(idx.begin(), idx.end(), rng);
+    dd_sgmm_params p{};
+    p.format = DD_FORMAT_BQ4;
+    p.n = 1; p.d = D; p.k = k; p.o = O;
+    p.x = x.data(); p.idx = idx.data(); p.rows = idx.data();
+    p.q = q.data(); p.q_stride = O / 2; p.scales = scales.data(); p.nb = nb; p.block = B;
+    bool ok = dd_sgmm_row_finite(&p, 0);
+    const uint8_t flag = 1;
+    const struct { float x; uint16_t scale; const char * what; } cases[] = {
+        {INFINITY, 0, "x=+inf"}, {-INFINITY, 0, "x=-inf"}, {NAN, 0, "x=nan"},
+        {0.0f, 0x7C00, "scale=+inf"}, {0.0f, 0x7E00, "scale=nan"}, {1e35f, 0x7BFF, "x=1e35 * scale=65504 overflows"}};
+    for (const auto & c : cases) {
+        std::vector<float> xc = x;
+        std::vector<uint16_t> sc = scales;
+        if (c.scale) {
+            sc[idx[7] * nb + 3] = c.scale;
+        }
+        if (c.x != 0.0f) {
+            xc[idx[7]] = c.x;
+        }
+        p.x = xc.data(); p.scales = sc.data();
+        const bool flagged = !dd_sgmm_row_finite(&p, 0);
+        std::vector<float> y4(O, 0.0f), y0(O, 0.0f);
+        p.accuracy_level = 4; p.level0_rows = &flag;
+        dd_sgmm_chunk(&p, 0, 0, O, 0, k, y4.data());
+        p.accuracy_level = 0; p.level0_rows = nullptr;
+        dd_sgmm_chunk(&p, 0, 0, O, 0, k, y0.data());
+        const bool same = std::memcmp(y4.data(), y0.data(), O * sizeof(float)) == 0;
+        int64_t non_finite = 0;
+        for (float v : y0) non_finite += !std::isfinite(v);
+        const bool case_ok = flagged && same && non_finite > 0;
+        std::printf("%s level4 non-finite %s: flagged=%d same-as-level-0=%d non-finite outputs=%lld\n",
+                    case_ok ? "ok  " : "FAIL", c.what, (int) flagged, (int) same, (long long) non_finite);
+        ok = case_ok && ok;
+    }
+    return ok;
+}
+
 bool run_topk(int64_t d, int64_t k, float gamma, int64_t fixed, bool cache, std::mt19937 & rng) {
     std::vector<float> x(d);
-    std::unique_ptr<bool[]> res(new bool[d]);
+    std::vector<uint8_t> res(d);
     std::uniform_int_distribution<int> small(-4, 4);
     for (int64_t i = 0; i < d; ++i) {
         x[i] = 0.5f * (float) small(rng);  // many ties
-        res[i] = (rng() & 1) != 0;
+        res[i] = (rng() & 1) ? (uint8_t) (1 + rng() % 255) : 0;  // any nonzero byte is resident
     }
     std::vector<float> m(d), s(d);
     float peak = 0.0f;
@@ -204,7 +257,7 @@ bool run_topk(int64_t d, int64_t k, float gamma, int64_t fixed, bool cache, std:
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return s[a] > s[b]; });
     std::vector<int64_t> out(k);
     const dd_topk_params tp{d, k, gamma, fixed};
-    dd_topk_row(&tp, x.data(), cache ? res.get() : nullptr, nullptr, out.data());
+    dd_topk_row(&tp, x.data(), cache ? res.data() : nullptr, nullptr, out.data());
     const bool ok = std::equal(out.begin(), out.end(), order.begin());
     std::printf("%s topk d=%lld k=%lld gamma=%g fixed=%lld cache=%d\n", ok ? "ok  " : "FAIL", (long long) d,
                 (long long) k, (double) gamma, (long long) fixed, (int) cache);
@@ -232,6 +285,7 @@ int main() {
     };
     bool ok = true;
     for (const auto & tc : cases) ok = run_sgmm(tc, rng) && ok;
+    ok = run_level4_nonfinite(rng) && ok;
     ok = run_topk(300, 50, 1.0f, 0, false, rng) && ok;
     ok = run_topk(300, 100, 0.2f, 3, true, rng) && ok;
     ok = run_topk(4096, 1024, 0.3f, 0, true, rng) && ok;
