@@ -115,7 +115,7 @@ def topk_column_mask_function(variant: TopKVariant) -> FunctionProto:
     """TopKColumnMask body; mirrors ``dipca_scores`` then ``topk_indices`` op for op (float32).
 
         X ─Abs─(·colnorm)─► A ─ReduceMax─► P ─(P>0 ? P : 1)─► A/P = S
-        C ─Where(C, 1, γ)─Expand─► w ─ScatterElements(1 at TopK(A, min(n, D)))─► w    (cache only)
+        C ─Cast uint8─(>0)─Where(·, 1, γ)─Expand─► w ─ScatterElements(1 at TopK(A, min(n, D)))─► w    (cache only)
         S·w ─TopK(k, largest, sorted)─► indices
     """
     b = _Body()
@@ -128,7 +128,10 @@ def topk_column_mask_function(variant: TopKVariant) -> FunctionProto:
     if variant.cache:
         shape = b.op("Shape", ["X"])
         gamma = b.const_from_attr("gamma", "value_float")
-        w = b.op("Expand", [b.op("Where", ["C", b.const(1.0), gamma]), shape])
+        # C's bytes as uint8, nonzero = resident (README): ORT hands a bool tensor's bytes over as fed,
+        # and its Where reads a byte other than 0 or 1 as neither.
+        resident = b.op("Greater", [b.op("Cast", ["C"], to=TensorProto.UINT8), b.const(0, np.uint8)])
+        w = b.op("Expand", [b.op("Where", [resident, b.const(1.0), gamma]), shape])
         n_top = b.op("Reshape", [b.const_from_attr("fixed_top_n", "value_int"), b.const([1], np.int64)])
         d = b.op("Slice", [shape, b.const([-1], np.int64), b.const([2], np.int64)])
         _, top = b.op("TopK", [a, b.op("Min", [n_top, d])], n_out=2, axis=-1, largest=1, sorted=1)
@@ -196,11 +199,20 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
         c = x_j · s_j,b [N,k,nb] ─Pad k to G·32─Reshape [N,G,32,nb]
         σ = max|c| / 127,  cq = Clip(Round(c · 127/max|c|), ±127)        (per chunk g and block b)
         acc = Σ_j cq · (q − z)   [N,G,nb,B]   (integers below 2^24: exact in float32)
-        Y = Σ_g σ · acc ─Reshape─Slice cols
+        Y4 = Σ_g σ · acc ─Reshape─Slice cols
+        Y = Where(row has a non-finite c, Σ_j c · (q − z), Y4)   (``reference.level4_row_finite``)
+
+    The level-0 term Σ_j c · (q − z) is the native level-0 kernel's product order; it is formed for
+    every row (a function body cannot skip work per row), so this variant costs one more elementwise
+    product and sum than the int8 path alone.
     """
     i64 = lambda v: b.const(v, np.int64)  # noqa: E731
     qz, s = _bq4_codes(b, rows, w)
     c = b.op("Mul", [b.op("Unsqueeze", [xs, i64([-1, -2])]), s])  # [N,k,nb,1]
+    bad = b.op("Cast", [b.op("Or", [b.op("IsInf", [c]), b.op("IsNaN", [c])])], to=TensorProto.FLOAT)
+    bad = b.op("Greater", [b.op("ReduceSum", [bad, i64([1, 2, 3])], keepdims=0), b.const(0.0)])  # [N]
+    bad = b.op("Unsqueeze", [bad, i64([-1])])  # [N,1]
+    y0 = _cut_cols(b, b.op("ReduceSum", [b.op("Mul", [c, qz]), i64([1])], keepdims=0), lead=1)  # [N,cols]
     k = b.op("Shape", ["indices"], start=1, end=2)
     groups = b.op("Div", [b.op("Add", [k, i64([I8_ROWS - 1])]), i64([I8_ROWS])])
     pad_k = b.op("Sub", [b.op("Mul", [groups, i64([I8_ROWS])]), k])
@@ -215,7 +227,8 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
     cq = b.op("Clip", [b.op("Round", [b.op("Mul", [c, inv])]), b.const(-127.0), b.const(127.0)])
     acc = b.op("ReduceSum", [b.op("Mul", [cq, qz]), i64([2])], keepdims=0)  # [N,G,nb,B]
     sigma = b.op("Squeeze", [b.op("Div", [amax, b.const(127.0)]), i64([2])])  # [N,G,nb,1]
-    return _cut_cols(b, b.op("ReduceSum", [b.op("Mul", [acc, sigma]), i64([1])], keepdims=0), lead=1)  # [N,nb,B]
+    y4 = _cut_cols(b, b.op("ReduceSum", [b.op("Mul", [acc, sigma]), i64([1])], keepdims=0), lead=1)  # [N,cols]
+    return b.op("Where", [bad, y0, y4])
 
 
 def _rows_vq3(b: _Body, rows: str, w: list[str], *, original: str) -> str:
