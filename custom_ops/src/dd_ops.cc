@@ -239,7 +239,7 @@ OrtStatus * ORT_API_CALL dd_topk_create(const OrtCustomOp *, const OrtApi * api,
     const bool wina = score == "wina";
     if (!wina && score != "abs") {
         return dd_error(api, ORT_INVALID_ARGUMENT,
-                        "%s: attribute score='%.64s' (%zu bytes) is not allowed; use 'abs' or 'wina'", op,
+                        "%s: attribute score='%.64s' is not allowed (%zu bytes); use 'abs' or 'wina'", op,
                         score.c_str(), score.size());
     }
     *kernel = new (std::nothrow) dd_topk_kernel{api, k, gamma, fixed, wina};
@@ -348,7 +348,7 @@ OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api,
         }
     }
     return dd_error(api, ORT_INVALID_ARGUMENT,
-                    "%s: attribute format='%.64s' (%zu bytes) is not allowed; use fp32, fp16, bq4 or vq3", op,
+                    "%s: attribute format='%.64s' is not allowed (%zu bytes); use fp32, fp16, bq4 or vq3", op,
                     fmt.c_str(), fmt.size());
 }
 
