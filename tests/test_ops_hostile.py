@@ -38,8 +38,11 @@ def isolated(case: str, *args) -> None:
     kernel set and sanitizer settings); a crash or sanitizer report fails the calling test."""
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_ops_hostile as t; t.{case}(*{args!r})"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # A sanitizer report starts with its one-line summary, then a long stack: keep those lines whole.
+    reports = [ln for ln in done.stderr.splitlines() if "runtime error:" in ln or "Sanitizer" in ln]
     assert done.returncode == 0, (
-        f"{case}{args} ended with status {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
+        f"{case}{args} ended with status {done.returncode}:\n" + "\n".join(reports[:20])
+        + f"\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     )
 
 
