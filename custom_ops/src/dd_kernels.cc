@@ -102,66 +102,7 @@ static dd_chunk_fn dd_pick_chunk_fn() {
 void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1, int64_t j0, int64_t j1,
                    float * y) {
     static const dd_chunk_fn fn = dd_pick_chunk_fn();
-    if (p->level0_rows != nullptr && p->level0_rows[n_row] != 0) {
-        dd_sgmm_params q = *p;
-        q.accuracy_level = 0;
-        q.level0_rows = nullptr;
-        fn(&q, n_row, o0, o1, j0, j1, y);
-        return;
-    }
     fn(p, n_row, o0, o1, j0, j1, y);
-}
-
-// IEEE half -> float by bits (subnormals included), for the rare exact check below.
-static float dd_half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t) (h & 0x8000u) << 16;
-    const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-    float v;
-    if (exp == 0x1F) {
-        v = man ? NAN : INFINITY;
-    } else if (exp == 0) {
-        v = std::ldexp((float) man, -24);
-    } else {
-        v = std::ldexp((float) (man | 0x400u), (int) exp - 25);
-    }
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    bits |= sign;
-    std::memcpy(&v, &bits, 4);
-    return v;
-}
-
-bool dd_sgmm_row_finite(const dd_sgmm_params * p, int64_t n) {
-    if (p->format != DD_FORMAT_BQ4) {
-        return true;
-    }
-    // |x| <= 1e33 times a finite half (|s| <= 65504) cannot overflow float32, so for such x only the
-    // scales' exponent bits are checked (all ones = Inf or NaN); larger or non-finite x get the exact
-    // float32 products, as the kernels form them.
-    constexpr float x_safe = 1e33f;
-    const float * x = p->x + n * p->d;
-    const int64_t * idx = p->idx + n * p->k;
-    const int64_t * rows = p->rows + n * p->k;
-    for (int64_t j = 0; j < p->k; ++j) {
-        const float xv = x[idx[j]];
-        const uint16_t * s = p->scales + rows[j] * p->nb;
-        if (std::fabs(xv) <= x_safe) {
-            unsigned bad = 0;
-            for (int64_t b = 0; b < p->nb; ++b) {
-                bad |= (s[b] & 0x7C00u) == 0x7C00u;
-            }
-            if (bad) {
-                return false;
-            }
-            continue;
-        }
-        for (int64_t b = 0; b < p->nb; ++b) {
-            if (!std::isfinite(dd_half_to_float(s[b]) * xv)) {
-                return false;
-            }
-        }
-    }
-    return true;
 }
 
 const char * dd_kernels_isa() {

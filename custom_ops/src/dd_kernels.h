@@ -40,9 +40,11 @@ struct dd_sgmm_params {
     const int8_t * cb;
     const uint16_t * cb_scales;
     int64_t group_rows, group_cols, ngc;
-    // bq4 at level 4: level0_rows[n] != 0 sends row n to the level-0 float path (its coefficients are
-    // not all finite, see dd_sgmm_row_finite); null = every row takes the int8 path.
-    const uint8_t * level0_rows;
+    // bq4 at level 4, may be null: the int8 kernels set nonfinite_rows[n] = 1 (a relaxed atomic store,
+    // tasks of one row may run at once) when a coefficient c = s[row_j, b] * X[n, idx_j] of row n is
+    // NaN or ±Inf. int8 cannot carry those, so the caller recomputes such rows at level 0
+    // (custom_ops/README.md, "accuracy level"); their level-4 output is meaningless.
+    uint8_t * nonfinite_rows;
 };
 
 // Selected rows that share one int8 coefficient scale at accuracy level 4; row groups split across
@@ -57,12 +59,6 @@ constexpr int64_t DD_CHUNK_ALIGN = 128;
 // selected rows are split across tasks). o0 is a multiple of DD_CHUNK_ALIGN.
 void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t o1, int64_t j0, int64_t j1,
                    float * y);
-
-// Whether every level-4 coefficient c = s[row_j, b] * X[n, idx_j] of output row n is finite (bq4; other
-// formats: true). The int8 path cannot carry NaN or Inf (a scale of Inf would quantise every other
-// coefficient of its chunk to 0), so such a row is computed at level 0, which propagates them
-// (custom_ops/README.md, "accuracy level").
-bool dd_sgmm_row_finite(const dd_sgmm_params * p, int64_t n);
 
 // Name of the kernel set picked for this CPU ("avx512vnni", "avx2", "portable", "neon-dotprod" or "neon").
 const char * dd_kernels_isa();

@@ -570,22 +570,19 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
     p.rows = slots.present ? static_cast<const int64_t *>(slots.data) : p.idx;
     p.y = static_cast<float *>(out_data);
     if (p.format == DD_FORMAT_BQ4 && p.accuracy_level >= 4) {
-        // Rows whose coefficients are not all finite take the level-0 path (README, "accuracy level"),
-        // decided here once per row for the whole row, so no split of the work changes the rule.
-        thread_local std::vector<uint8_t> level0;
+        // The int8 kernels flag rows with a non-finite coefficient; those are recomputed at level 0
+        // below (README, "accuracy level"). Every task covers its own coefficients, so the flag is
+        // the whole row's, whatever the split.
+        thread_local std::vector<uint8_t> nonfinite;
         try {
-            if ((int64_t) level0.size() < n) {
-                level0.resize((size_t) n);
+            if ((int64_t) nonfinite.size() < n) {
+                nonfinite.resize((size_t) n);
             }
         } catch (const std::exception &) {
             return dd_error(api, ORT_FAIL, "%s: out of memory (%lld row flags)", op, (long long) n);
         }
-        bool any = false;
-        for (int64_t r = 0; r < n; ++r) {
-            level0[r] = !dd_sgmm_row_finite(&p, r);
-            any = any || level0[r] != 0;
-        }
-        p.level0_rows = any ? level0.data() : nullptr;
+        std::memset(nonfinite.data(), 0, (size_t) n);
+        p.nonfinite_rows = nonfinite.data();
     }
     dd_sgmm_job job{};
     job.params = p;
@@ -612,6 +609,21 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
         dd_sgmm_task(&job, 0);
     } else {
         DD_TRY(api->KernelContext_ParallelFor(ctx, dd_sgmm_task, (size_t) total, 0, &job));
+    }
+    if (p.nonfinite_rows != nullptr) {
+        // Flagged rows again at level 0, on this thread: only rows holding NaN/Inf get here.
+        dd_sgmm_job job0 = job;
+        job0.params.accuracy_level = 0;
+        job0.params.nonfinite_rows = nullptr;
+        const int64_t per_row = job.n_chunks * job.n_groups;
+        for (int64_t r = 0; r < n; ++r) {
+            if (p.nonfinite_rows[r] == 0) {
+                continue;
+            }
+            for (int64_t t = 0; t < per_row; ++t) {
+                dd_sgmm_task(&job0, (size_t) (r * per_row + t));
+            }
+        }
     }
     if (job.n_groups > 1) {
         for (int64_t r = 0; r < n; ++r) {

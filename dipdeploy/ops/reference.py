@@ -67,7 +67,8 @@ def level4_row_finite(x_sel: np.ndarray, scales: np.ndarray) -> bool:
     A row where one is not (an activation or a scale of NaN or ±Inf, or a product that overflows) is
     computed at level 0, so NaN and ±Inf reach Y as they do at level 0; quantised, a NaN would become
     a finite code and an infinite max|c| would zero every other coefficient of its chunk. The native
-    kernels (``dd_sgmm_row_finite``) and the ``_a4`` fallback apply the same rule per row.
+    kernels (the int8 kernels flag such a row, ``dd_ops.cc`` recomputes it at level 0) and the ``_a4``
+    fallback apply the same rule per row.
     """
     with np.errstate(over="ignore", invalid="ignore"):
         c = np.asarray(scales, np.float32) * np.asarray(x_sel, np.float32)[:, None]
