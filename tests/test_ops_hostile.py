@@ -23,7 +23,7 @@ import pytest
 from dipdeploy.ops.formats import OpWeights
 from dipdeploy.ops.native import library_path, session_options
 from dipdeploy.ops.nodes import make_sgmm_model, make_topk_model
-from dipdeploy.ops.reference import sparse_gather_matmul_ref, topk_column_mask_ref
+from dipdeploy.ops.reference import level4_takes_int8, sparse_gather_matmul_ref, topk_column_mask_ref
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -207,7 +207,7 @@ def test_bool_bytes_above_one_are_true(path, run, per_row) -> None:
 
 # --- accuracy level 4 with NaN / ±Inf: such rows are computed as at level 0 ------------------------
 
-HOSTILE = ["x=+inf", "x=-inf", "x=nan", "scale=+inf", "scale=nan", "overflow"]
+HOSTILE = ["x=+inf", "x=-inf", "x=nan", "scale=+inf", "scale=nan", "overflow", "tiny"]
 
 
 def level4_case(kind: str):
@@ -219,7 +219,9 @@ def level4_case(kind: str):
     x = rng.standard_normal((2, 120)).astype(np.float32)
     idx = np.stack([rng.permutation(120)[:70] for _ in range(2)]).astype(np.int64)
     row = next(int(r) for r in idx[1] if r not in idx[0])  # selected by output row 1 only
-    if kind.startswith("x="):
+    if kind == "tiny":
+        x[1] *= np.float32(1e-38)  # every |c| of row 1 below 127 / FLT_MAX: 127 / max|c| overflows
+    elif kind.startswith("x="):
         x[1, row] = np.float32(kind[2:])
     else:
         packed.scales[row, 2] = {"scale=+inf": np.inf, "scale=nan": np.nan, "overflow": 65504.0}[kind]
@@ -233,13 +235,21 @@ def case_level4_non_finite(path: str, kind: str) -> None:
     y = session(make_sgmm_model(w, 120, accuracy_level=4), path).run(None, {"X": x, "indices": idx})[0]
     ref0 = sparse_gather_matmul_ref(x, idx, w, accuracy_level=0)
     ref4 = sparse_gather_matmul_ref(x, idx, w, accuracy_level=4)
-    assert not np.isfinite(ref4[1]).all(), "the hostile value must reach row 1"
-    # Row 1 as at level 0: NaN where level 0 has NaN, infinities of the same sign, finite values close.
-    np.testing.assert_allclose(y[1], ref4[1], rtol=1e-4, atol=1e-4)
-    if kind != "overflow":
-        # Level 0 proper (x · w): the same. With x · s overflowing, the coefficient order gives NaN
-        # where (q − z) = 0 and x · w gives 0 (README, "accuracy level").
-        np.testing.assert_allclose(ref4[1], ref0[1], rtol=1e-5, atol=1e-5)
+    assert not level4_takes_int8(x[1, idx[1]], w.packed.codes_rows(idx[1])[1])
+    assert level4_takes_int8(x[0, idx[0]], w.packed.codes_rows(idx[0])[1])
+    if kind == "tiny":
+        assert np.isfinite(ref4[1]).all() and 0 < np.abs(ref4[1]).max() < 1e-30
+    else:
+        assert not np.isfinite(ref4[1]).all(), "the hostile value must reach row 1"
+    # Row 1 as at level 0: NaN where level 0 has NaN, infinities of the same sign, finite values close
+    # (relative to the row's finite values: "tiny" is ~1e-37 throughout).
+    atol = 1e-5 * np.abs(ref4[1][np.isfinite(ref4[1])]).max(initial=0.0)
+    np.testing.assert_allclose(y[1], ref4[1], rtol=1e-4, atol=atol)
+    if kind not in ("overflow", "tiny"):
+        # Level 0 proper (x · w): the same. Not for "overflow": in the coefficient order x · s is Inf
+        # and gives NaN where (q − z) = 0, x · w gives 0 there (README, "accuracy level"); not for
+        # "tiny": x · s is subnormal in float32 and loses digits that x · w keeps.
+        np.testing.assert_allclose(ref4[1], ref0[1], rtol=1e-5, atol=atol)
     # Row 0 is finite and stays on the int8 path (it differs from level 0 by the int8 rounding).
     err = float(((y[0].astype(np.float64) - ref4[0]) ** 2).sum() / (ref4[0].astype(np.float64) ** 2).sum())
     assert np.isfinite(y[0]).all() and err <= 1e-10

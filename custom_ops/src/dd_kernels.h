@@ -42,8 +42,9 @@ struct dd_sgmm_params {
     int64_t group_rows, group_cols, ngc;
     // bq4 at level 4, may be null: the int8 kernels set nonfinite_rows[n] = 1 (a relaxed atomic store,
     // tasks of one row may run at once) when a coefficient c = s[row_j, b] * X[n, idx_j] of row n is
-    // NaN or ±Inf. int8 cannot carry those, so the caller recomputes such rows at level 0
-    // (custom_ops/README.md, "accuracy level"); their level-4 output is meaningless.
+    // NaN or ±Inf, or a chunk's 127 / max|c| overflows. int8 cannot represent those, so the caller
+    // recomputes such rows at level 0 (custom_ops/README.md, "accuracy level"); their level-4 output
+    // is meaningless.
     uint8_t * nonfinite_rows;
 };
 

@@ -231,6 +231,15 @@ bool run_level4_nonfinite(std::mt19937 & rng) {
         std::printf("%s level4 non-finite %s flagged\n", case_ok ? "ok  " : "FAIL", c.what);
         ok = case_ok && ok;
     }
+    // A whole row of tiny activations: max|c| < 127 / FLT_MAX, so 127 / max|c| overflows (flagged);
+    // 1e6 times larger it does not.
+    for (const float scale : {1e-36f, 1e-30f}) {
+        std::vector<float> xc = x;
+        for (auto & v : xc) v *= scale;
+        const bool want = scale < 1e-33f, case_ok = flagged(xc, scales) == want;
+        std::printf("%s level4 x*%g %s\n", case_ok ? "ok  " : "FAIL", (double) scale, want ? "flagged" : "not flagged");
+        ok = case_ok && ok;
+    }
     return ok;
 }
 

@@ -200,7 +200,7 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
         σ = max|c| / 127,  cq = Clip(Round(c · 127/max|c|), ±127)        (per chunk g and block b)
         acc = Σ_j cq · (q − z)   [N,G,nb,B]   (integers below 2^24: exact in float32)
         Y4 = Σ_g σ · acc ─Reshape─Slice cols
-        Y = Where(row has a non-finite c, Σ_j c · (q − z), Y4)   (``reference.level4_row_finite``)
+        Y = Where(row has a non-finite c or 127/max|c|, Σ_j c · (q − z), Y4)   (``reference.level4_takes_int8``)
 
     The level-0 term Σ_j c · (q − z) is the native level-0 kernel's product order; it is formed for
     every row (a function body cannot skip work per row), so this variant costs one more elementwise
@@ -224,6 +224,9 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
     qz = b.op("Reshape", [b.op("Pad", [qz, pads4]), b.op("Concat", [*head, block], axis=0)])  # [N,G,32,nb,B]
     amax = b.op("ReduceMax", [b.op("Abs", [c]), i64([2])], keepdims=1)  # [N,G,1,nb,1]
     inv = b.op("Where", [b.op("Greater", [amax, b.const(0.0)]), b.op("Div", [b.const(127.0), amax]), b.const(0.0)])
+    tiny = b.op("Cast", [b.op("IsInf", [inv])], to=TensorProto.FLOAT)  # max|c| < 127 / FLT_MAX
+    tiny = b.op("Greater", [b.op("ReduceSum", [tiny, i64([1, 2, 3, 4])], keepdims=0), b.const(0.0)])  # [N]
+    bad = b.op("Or", [bad, b.op("Unsqueeze", [tiny, i64([-1])])])  # [N,1]
     cq = b.op("Clip", [b.op("Round", [b.op("Mul", [c, inv])]), b.const(-127.0), b.const(127.0)])
     acc = b.op("ReduceSum", [b.op("Mul", [cq, qz]), i64([2])], keepdims=0)  # [N,G,nb,B]
     sigma = b.op("Squeeze", [b.op("Div", [amax, b.const(127.0)]), i64([2])])  # [N,G,nb,1]
