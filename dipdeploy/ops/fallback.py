@@ -78,15 +78,17 @@ class SgmmVariant:
 
 
 class _Body:
-    """Collects the nodes of one function body with unique value names."""
+    """Collects the nodes of one function body with unique value names (``prefix`` keeps a subgraph's
+    names apart from its parent's, which it may read but not redefine)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
         self.nodes: list[NodeProto] = []
         self._n = 0
+        self._prefix = prefix
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs) -> str | list[str]:
         self._n += 1
-        outs = [f"_{op_type.lower()}{self._n}_{i}" for i in range(n_out)]
+        outs = [f"_{self._prefix}{op_type.lower()}{self._n}_{i}" for i in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
         return outs[0] if n_out == 1 else outs
 
@@ -200,11 +202,11 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
         σ = max|c| / 127,  cq = Clip(Round(c · 127/max|c|), ±127)        (per chunk g and block b)
         acc = Σ_j cq · (q − z)   [N,G,nb,B]   (integers below 2^24: exact in float32)
         Y4 = Σ_g σ · acc ─Reshape─Slice cols
-        Y = Where(row has a non-finite c or 127/max|c|, Σ_j c · (q − z), Y4)   (``reference.level4_takes_int8``)
+        Y = If(any row has a non-finite c or 127/max|c|:                  (``reference.level4_takes_int8``)
+               Where(that row, Σ_j c · (q − z) ─Reshape─Slice cols, Y4),  else: Y4)
 
-    The level-0 term Σ_j c · (q − z) is the native level-0 kernel's product order; it is formed for
-    every row (a function body cannot skip work per row), so this variant costs one more elementwise
-    product and sum than the int8 path alone.
+    The level-0 term Σ_j c · (q − z) is the native level-0 kernel's product order. It sits in an
+    ``If`` branch, so a call whose rows are all finite does not pay for it.
     """
     i64 = lambda v: b.const(v, np.int64)  # noqa: E731
     qz, s = _bq4_codes(b, rows, w)
@@ -212,7 +214,7 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
     bad = b.op("Cast", [b.op("Or", [b.op("IsInf", [c]), b.op("IsNaN", [c])])], to=TensorProto.FLOAT)
     bad = b.op("Greater", [b.op("ReduceSum", [bad, i64([1, 2, 3])], keepdims=0), b.const(0.0)])  # [N]
     bad = b.op("Unsqueeze", [bad, i64([-1])])  # [N,1]
-    y0 = _cut_cols(b, b.op("ReduceSum", [b.op("Mul", [c, qz]), i64([1])], keepdims=0), lead=1)  # [N,cols]
+    cols = b.op("Reshape", [b.const_from_attr("cols", "value_int"), i64([1])])  # read here: outer scope
     k = b.op("Shape", ["indices"], start=1, end=2)
     groups = b.op("Div", [b.op("Add", [k, i64([I8_ROWS - 1])]), i64([I8_ROWS])])
     pad_k = b.op("Sub", [b.op("Mul", [groups, i64([I8_ROWS])]), k])
@@ -222,6 +224,7 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
     head = [i64([0]), groups, i64([I8_ROWS]), nb]
     c = b.op("Reshape", [b.op("Pad", [c, pads4]), b.op("Concat", [*head, i64([1])], axis=0)])  # [N,G,32,nb,1]
     qz = b.op("Reshape", [b.op("Pad", [qz, pads4]), b.op("Concat", [*head, block], axis=0)])  # [N,G,32,nb,B]
+    c_pad = c
     amax = b.op("ReduceMax", [b.op("Abs", [c]), i64([2])], keepdims=1)  # [N,G,1,nb,1]
     inv = b.op("Where", [b.op("Greater", [amax, b.const(0.0)]), b.op("Div", [b.const(127.0), amax]), b.const(0.0)])
     tiny = b.op("Cast", [b.op("IsInf", [inv])], to=TensorProto.FLOAT)  # max|c| < 127 / FLT_MAX
@@ -231,7 +234,21 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
     acc = b.op("ReduceSum", [b.op("Mul", [cq, qz]), i64([2])], keepdims=0)  # [N,G,nb,B]
     sigma = b.op("Squeeze", [b.op("Div", [amax, b.const(127.0)]), i64([2])])  # [N,G,nb,1]
     y4 = _cut_cols(b, b.op("ReduceSum", [b.op("Mul", [acc, sigma]), i64([1])], keepdims=0), lead=1)  # [N,cols]
-    return b.op("Where", [bad, y0, y4])
+    level0 = _Body("level0_")
+    c = level0.const
+    # over the padded chunks [N,G,32,nb,·]: the padding adds 0 · 0
+    y0 = level0.op("ReduceSum", [level0.op("Mul", [c_pad, qz]), c([1, 2], np.int64)], keepdims=0)  # [N,nb,B]
+    y0 = level0.op("Reshape", [y0, c([0, -1], np.int64)])
+    y0 = level0.op("Slice", [y0, c([0], np.int64), cols, c([-1], np.int64)])
+    y_fix = level0.op("Where", [bad, y0, y4])
+    keep = _Body("int8_")
+    y_keep = keep.op("Identity", [y4])
+    vi = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, None)  # noqa: E731
+    any_bad = b.op("Greater", [b.op("ReduceSum", [b.op("Cast", [bad], to=TensorProto.FLOAT)], keepdims=0),
+                               b.const(0.0)])
+    return b.op("If", [any_bad],
+                then_branch=helper.make_graph(level0.nodes, "level0_rows", [], [vi(y_fix)]),
+                else_branch=helper.make_graph(keep.nodes, "int8_rows", [], [vi(y_keep)]))
 
 
 def _rows_vq3(b: _Body, rows: str, w: list[str], *, original: str) -> str:
