@@ -35,9 +35,9 @@ OrtStatus * dd_error(const OrtApi * api, OrtErrorCode code, const char * fmt, ..
 }
 
 // Checked int64 arithmetic where shapes and attributes combine: attributes come from the model file
-// and dims from the caller, so a product of them may not fit in int64; these return false instead of
-// wrapping (signed overflow is undefined behaviour, and a wrapped size
-// would let a short tensor pass a shape check).
+// and dims from the caller, so a product of them may not fit in int64; this returns false instead of
+// wrapping (signed overflow is undefined behaviour, and a wrapped size would let a short tensor pass a
+// shape check).
 bool dd_i64_mul(int64_t a, int64_t b, int64_t * out) {
     return !__builtin_mul_overflow(a, b, out);
 }
@@ -570,8 +570,8 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
     p.rows = slots.present ? static_cast<const int64_t *>(slots.data) : p.idx;
     p.y = static_cast<float *>(out_data);
     if (p.format == DD_FORMAT_BQ4 && p.accuracy_level >= 4) {
-        // The int8 kernels flag rows with a non-finite coefficient; those are recomputed at level 0
-        // below (README, "accuracy level"). Every task covers its own coefficients, so the flag is
+        // The int8 kernels flag rows whose coefficients they cannot quantise (NaN, ±Inf, or a chunk's
+        // 127 / max|c| overflowing); those are recomputed at level 0 below (README, "accuracy level"). Every task covers its own coefficients, so the flag is
         // the whole row's, whatever the split.
         thread_local std::vector<uint8_t> nonfinite;
         try {
@@ -611,7 +611,7 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
         DD_TRY(api->KernelContext_ParallelFor(ctx, dd_sgmm_task, (size_t) total, 0, &job));
     }
     if (p.nonfinite_rows != nullptr) {
-        // Flagged rows again at level 0, on this thread: only rows holding NaN/Inf get here.
+        // Flagged rows again at level 0, on this thread: only hostile rows (NaN, ±Inf, ~1e-37) get here.
         dd_sgmm_job job0 = job;
         job0.params.accuracy_level = 0;
         job0.params.nonfinite_rows = nullptr;
