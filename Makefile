@@ -62,6 +62,13 @@ clean:
 ops:
 	bash custom_ops/build.sh --arch all
 
+# The op library under AddressSanitizer + UBSan (custom_ops/sanitize.sh): builds build/custom_ops-asan/, runs
+# dd_test_kernels and the op tests that feed it bad and hostile input, under every kernel set; fails on any
+# sanitizer report. Needs the compiler's libasan/libubsan (gcc ships them).
+.PHONY: ops-sanitize
+ops-sanitize: setup
+	bash custom_ops/sanitize.sh $(BIN)/python
+
 # ARM Linux check without an ARM machine (scripts/arm/check.sh, docs/arm.md): a tiny bundle run by an
 # aarch64 Python under qemu-user, stock and with the NEON library, compared with x86-64. Needs qemu-user
 # and g++-aarch64-linux-gnu (apt-get), network once for the cached aarch64 sysroot.

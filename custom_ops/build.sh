@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the dipdeploy custom-op library: custom_ops/build.sh [--arch x86_64|aarch64|all] [--force]
+# Builds the dipdeploy custom-op library: custom_ops/build.sh [--arch x86_64|aarch64|all] [--force] [--sanitize]
 #
 # 1. Fetches the ONNX Runtime 1.29 C headers once into a cache outside the repository
 #    ($DIPDEPLOY_CACHE, default ~/.cache/dipdeploy): no PyPI wheel or Debian package ships them; the npm
@@ -7,6 +7,8 @@
 # 2. Configures and builds with CMake into build/custom_ops/<arch>/libdipdeploy_ops.so (gitignored).
 #    aarch64 is cross-built when aarch64-linux-gnu-g++ is installed (apt-get install g++-aarch64-linux-gnu);
 #    with --arch all it is skipped with a message otherwise.
+# 3. --sanitize: this machine's arch only, with ASan + UBSan (CMake DD_SANITIZE), into
+#    build/custom_ops-asan/ instead; custom_ops/sanitize.sh (`make ops-sanitize`) builds and runs it.
 set -euo pipefail
 
 ORT_NPM_PACKAGE="com.github.asus4.onnxruntime@0.4.9"
@@ -18,17 +20,23 @@ cache="${DIPDEPLOY_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/dipdeploy}"
 headers="$cache/ort-headers/$ORT_VERSION/headers"
 arch="$(uname -m)"
 force=0
+sanitize=0
 
-usage() { echo "usage: $0 [--arch x86_64|aarch64|all] [--force]" >&2; exit 2; }
+usage() { echo "usage: $0 [--arch x86_64|aarch64|all] [--force] [--sanitize]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) [ $# -ge 2 ] || usage; arch="$2"; shift 2 ;;
     --force) force=1; shift ;;
+    --sanitize) sanitize=1; shift ;;
     -h|--help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
   esac
 done
 case "$arch" in x86_64|aarch64|all) ;; *) echo "--arch must be x86_64, aarch64 or all, got '$arch'" >&2; exit 2 ;; esac
+if [ "$sanitize" = 1 ] && [ "$arch" != "$(uname -m)" ]; then
+  echo "--sanitize builds for this machine only ($(uname -m)), not --arch $arch: the sanitized build runs here" >&2
+  exit 2
+fi
 
 fetch_headers() {
   if [ -f "$headers/onnxruntime_c_api.h" ]; then return 0; fi
@@ -54,10 +62,14 @@ PY
 build_one() {
   local a="$1" out="$root/build/custom_ops/$1"
   local extra=()
+  if [ "$sanitize" = 1 ]; then
+    out="$root/build/custom_ops-asan"
+    extra=(-DDD_SANITIZE=ON)
+  fi
   if [ "$a" != "$(uname -m)" ]; then
     local cxx="$a-linux-gnu-g++"
     command -v "$cxx" >/dev/null || return 3
-    extra=(-DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR="$a" -DCMAKE_CXX_COMPILER="$cxx")
+    extra+=(-DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR="$a" -DCMAKE_CXX_COMPILER="$cxx")
   fi
   if [ "$force" = 1 ]; then rm -rf "$out"; fi
   cmake -S "$root/custom_ops" -B "$out" -DORT_INCLUDE_DIR="$headers" "${extra[@]}" >/dev/null || return 1

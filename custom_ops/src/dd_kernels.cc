@@ -191,7 +191,7 @@ static void dd_select(const float * s, int64_t d, int64_t k, dd_topk_scratch & s
     std::copy(iin, iin + k, out);
 }
 
-void dd_topk_row(const dd_topk_params * p, const float * x, const bool * resident, const float * colnorm,
+void dd_topk_row(const dd_topk_params * p, const float * x, const uint8_t * resident, const float * colnorm,
                  int64_t * out) {
     // Per-thread scratch: grows to the largest d seen, then no allocation per call.
     thread_local std::vector<float> mag, score;
@@ -227,7 +227,7 @@ void dd_topk_row(const dd_topk_params * p, const float * x, const bool * residen
     if (resident && p->gamma != 1.0f) {
         const float gamma = p->gamma;
         for (int64_t i = 0; i < d; ++i) {
-            s[i] = resident[i] ? s[i] : s[i] * gamma;
+            s[i] = resident[i] != 0 ? s[i] : s[i] * gamma;
         }
         const int64_t n_top = std::min(p->fixed_top_n, d);
         if (n_top > 0) {

@@ -40,6 +40,12 @@ struct dd_sgmm_params {
     const int8_t * cb;
     const uint16_t * cb_scales;
     int64_t group_rows, group_cols, ngc;
+    // bq4 at level 4, may be null: the int8 kernels set nonfinite_rows[n] = 1 (a relaxed atomic store,
+    // tasks of one row may run at once) when a coefficient c = s[row_j, b] * X[n, idx_j] of row n is
+    // NaN or ±Inf, or a chunk's 127 / max|c| overflows. int8 cannot represent those, so the caller
+    // recomputes such rows at level 0 (custom_ops/README.md, "accuracy level"); their level-4 output
+    // is meaningless.
+    uint8_t * nonfinite_rows;
 };
 
 // Selected rows that share one int8 coefficient scale at accuracy level 4; row groups split across
@@ -59,11 +65,13 @@ void dd_sgmm_chunk(const dd_sgmm_params * p, int64_t n_row, int64_t o0, int64_t 
 const char * dd_kernels_isa();
 
 // One TopKColumnMask row: the DIP-CA score of dipdeploy/cache/score.py, then top-k (largest first,
-// ties to the lower index, NaN last). resident (bool[d]) and colnorm (float[d]) may be null.
+// ties to the lower index, NaN last). resident (the bytes of a bool[d] tensor: nonzero = resident) and
+// colnorm (float[d]) may be null. resident is read as bytes because ORT hands a bool tensor's bytes over
+// as they were fed, and a byte other than 0 or 1 read as a C++ bool is undefined behaviour.
 struct dd_topk_params {
     int64_t d, k;
     float gamma;
     int64_t fixed_top_n;
 };
-void dd_topk_row(const dd_topk_params * p, const float * x, const bool * resident, const float * colnorm,
+void dd_topk_row(const dd_topk_params * p, const float * x, const uint8_t * resident, const float * colnorm,
                  int64_t * out);

@@ -15,7 +15,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <new>
+#include <string>
 #include <vector>
 
 namespace {
@@ -30,6 +32,19 @@ OrtStatus * dd_error(const OrtApi * api, OrtErrorCode code, const char * fmt, ..
     std::vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     return api->CreateStatus(code, msg);
+}
+
+// Checked int64 arithmetic where shapes and attributes combine: attributes come from the model file
+// and dims from the caller, so a product of them may not fit in int64; this returns false instead of
+// wrapping (signed overflow is undefined behaviour, and a wrapped size would let a short tensor pass a
+// shape check).
+bool dd_i64_mul(int64_t a, int64_t b, int64_t * out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+// ceil(a / b) for a >= 0 and b >= 1, without forming a + b - 1 (which overflows for b near INT64_MAX).
+int64_t dd_ceil_div(int64_t a, int64_t b) {
+    return a / b + (a % b != 0);
 }
 
 #define DD_TRY(expr)                     \
@@ -100,7 +115,9 @@ OrtStatus * dd_input(const OrtApi * api, OrtKernelContext * ctx, size_t i, dd_vi
     v->data = data;
     v->numel = 1;
     for (size_t d = 0; d < v->rank; ++d) {
-        v->numel *= v->dims[d];
+        if (v->dims[d] < 0 || !dd_i64_mul(v->numel, v->dims[d], &v->numel)) {
+            return dd_error(api, ORT_INVALID_ARGUMENT, "input %zu has a shape whose element count does not fit in int64", i);
+        }
     }
     v->present = true;
     return nullptr;
@@ -135,8 +152,7 @@ OrtStatus * dd_check_range(const OrtApi * api, const char * op, const char * wha
     return nullptr;
 }
 
-// Attribute readers: an absent attribute (or, for strings, one longer than `cap`) gives the default;
-// the values are then validated by the caller.
+// Attribute readers: an absent attribute gives the default; the values are then validated by the caller.
 int64_t dd_attr_int(const OrtApi * api, const OrtKernelInfo * info, const char * name, int64_t dflt) {
     int64_t out = dflt;
     OrtStatus * st = api->KernelInfoGetAttribute_int64(info, name, &out);
@@ -157,14 +173,25 @@ float dd_attr_float(const OrtApi * api, const OrtKernelInfo * info, const char *
     return out;
 }
 
-void dd_attr_string(const OrtApi * api, const OrtKernelInfo * info, const char * name, const char * dflt, char * out,
-                    size_t cap) {
-    size_t size = cap;
-    OrtStatus * st = api->KernelInfoGetAttribute_string(info, name, out, &size);
+// The whole value, whatever its length (asked for its size first), so the caller compares it exactly:
+// a value read into a fixed buffer would be cut, or mistaken for an absent attribute.
+OrtStatus * dd_attr_string(const OrtApi * api, const OrtKernelInfo * info, const char * name, const char * dflt,
+                           std::string * out) {
+    size_t size = 0;
+    OrtStatus * st = api->KernelInfoGetAttribute_string(info, name, nullptr, &size);
     if (st != nullptr) {
         api->ReleaseStatus(st);
-        std::snprintf(out, cap, "%s", dflt);
+        *out = dflt;
+        return nullptr;
     }
+    try {
+        out->assign(size, '\0');
+    } catch (const std::exception &) {
+        return dd_error(api, ORT_FAIL, "out of memory reading string attribute '%s' (%zu bytes)", name, size);
+    }
+    DD_TRY(api->KernelInfoGetAttribute_string(info, name, &(*out)[0], &size));
+    out->resize(size > 0 ? size - 1 : 0);  // ORT's size counts the terminating NUL
+    return nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -181,7 +208,7 @@ struct dd_topk_kernel {
 struct dd_topk_job {
     dd_topk_params params;
     const float * x;
-    const bool * resident;
+    const uint8_t * resident;  // C's bytes, nonzero = resident (dd_topk_row)
     int64_t resident_stride;
     const float * colnorm;
     int64_t * out;
@@ -190,7 +217,7 @@ struct dd_topk_job {
 void dd_topk_task(void * user, size_t n) {
     const dd_topk_job * job = static_cast<const dd_topk_job *>(user);
     const int64_t d = job->params.d;
-    const bool * res = job->resident ? job->resident + (int64_t) n * job->resident_stride : nullptr;
+    const uint8_t * res = job->resident ? job->resident + (int64_t) n * job->resident_stride : nullptr;
     dd_topk_row(&job->params, job->x + (int64_t) n * d, res, job->colnorm, job->out + (int64_t) n * job->params.k);
 }
 
@@ -200,8 +227,8 @@ OrtStatus * ORT_API_CALL dd_topk_create(const OrtCustomOp *, const OrtApi * api,
     const int64_t k = dd_attr_int(api, info, "k", 0);
     const int64_t fixed = dd_attr_int(api, info, "fixed_top_n", 0);
     const float gamma = dd_attr_float(api, info, "gamma", 1.0f);
-    char score[32];
-    dd_attr_string(api, info, "score", "abs", score, sizeof(score));
+    std::string score;
+    DD_TRY(dd_attr_string(api, info, "score", "abs", &score));
     if (!(gamma >= 0.0f && gamma <= 1.0f)) {
         return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute gamma=%g must lie in [0, 1]", op, (double) gamma);
     }
@@ -209,10 +236,11 @@ OrtStatus * ORT_API_CALL dd_topk_create(const OrtCustomOp *, const OrtApi * api,
         return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attributes k=%lld and fixed_top_n=%lld must be >= 0", op,
                         (long long) k, (long long) fixed);
     }
-    const bool wina = std::strcmp(score, "wina") == 0;
-    if (!wina && std::strcmp(score, "abs") != 0) {
-        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute score='%s' is not allowed; use 'abs' or 'wina'", op,
-                        score);
+    const bool wina = score == "wina";
+    if (!wina && score != "abs") {
+        return dd_error(api, ORT_INVALID_ARGUMENT,
+                        "%s: attribute score='%.64s' is not allowed (%zu bytes); use 'abs' or 'wina'", op,
+                        score.c_str(), score.size());
     }
     *kernel = new (std::nothrow) dd_topk_kernel{api, k, gamma, fixed, wina};
     return *kernel ? nullptr : dd_error(api, ORT_FAIL, "%s: out of memory", op);
@@ -272,7 +300,7 @@ OrtStatus * ORT_API_CALL dd_topk_compute(void * kernel_ptr, OrtKernelContext * c
         return nullptr;
     }
     dd_topk_job job{{d, k, kn->gamma, kn->fixed_top_n}, static_cast<const float *>(x.data),
-                    c.present ? static_cast<const bool *>(c.data) : nullptr, res_stride,
+                    c.present ? static_cast<const uint8_t *>(c.data) : nullptr, res_stride,
                     cn.present ? static_cast<const float *>(cn.data) : nullptr, static_cast<int64_t *>(out_data)};
     if (n == 1) {
         dd_topk_task(&job, 0);
@@ -296,8 +324,8 @@ struct dd_sgmm_kernel {
 OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo * info,
                                         void ** kernel) {
     const char * op = "SparseGatherMatMul";
-    char fmt[32];
-    dd_attr_string(api, info, "format", "", fmt, sizeof(fmt));
+    std::string fmt;
+    DD_TRY(dd_attr_string(api, info, "format", "", &fmt));
     const int64_t cols = dd_attr_int(api, info, "cols", 0);
     const int64_t gr = dd_attr_int(api, info, "group_rows", 0);
     const int64_t gc = dd_attr_int(api, info, "group_cols", 0);
@@ -309,7 +337,7 @@ OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api,
     static const struct { const char * name; dd_format format; } formats[] = {
         {"fp32", DD_FORMAT_FP32}, {"fp16", DD_FORMAT_FP16}, {"bq4", DD_FORMAT_BQ4}, {"vq3", DD_FORMAT_VQ3}};
     for (const auto & f : formats) {
-        if (std::strcmp(fmt, f.name) == 0) {
+        if (fmt == f.name) {
             if (f.format == DD_FORMAT_VQ3 && (gr < 1 || gc < 2 || gc % 2 != 0)) {
                 return dd_error(api, ORT_INVALID_ARGUMENT,
                                 "%s: format 'vq3' needs attributes group_rows >= 1 and an even group_cols >= 2, got %lld, %lld",
@@ -319,11 +347,9 @@ OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api,
             return *kernel ? nullptr : dd_error(api, ORT_FAIL, "%s: out of memory", op);
         }
     }
-    return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute format='%s' is not allowed; use fp32, fp16, bq4 or vq3", op, fmt);
-}
-
-int64_t dd_ceil_div(int64_t a, int64_t b) {
-    return (a + b - 1) / b;
+    return dd_error(api, ORT_INVALID_ARGUMENT,
+                    "%s: attribute format='%.64s' is not allowed (%zu bytes); use fp32, fp16, bq4 or vq3", op,
+                    fmt.c_str(), fmt.size());
 }
 
 // Work split: the output row is cut into column chunks, and when there are few chunks the selected
@@ -368,7 +394,11 @@ void dd_sgmm_plan(dd_sgmm_job * job) {
     chunk = std::min(std::max(dd_ceil_div(chunk, DD_CHUNK_ALIGN) * DD_CHUNK_ALIGN, DD_CHUNK_ALIGN), max_chunk);
     job->chunk = std::min(chunk, dd_ceil_div(p.o, DD_CHUNK_ALIGN) * DD_CHUNK_ALIGN);
     job->n_chunks = dd_ceil_div(p.o, job->chunk);
-    const int64_t want = dd_ceil_div(target_tasks, job->n_chunks * p.n);
+    int64_t visits = 0;  // row visits already available; saturates instead of wrapping
+    if (!dd_i64_mul(job->n_chunks, p.n, &visits)) {
+        visits = INT64_MAX;
+    }
+    const int64_t want = dd_ceil_div(target_tasks, visits);
     job->n_groups = std::max<int64_t>(1, std::min(want, p.k / min_group));
     job->group = dd_ceil_div(dd_ceil_div(std::max<int64_t>(p.k, 1), job->n_groups), DD_I8_ROWS) * DD_I8_ROWS;
     job->n_groups = dd_ceil_div(std::max<int64_t>(p.k, 1), job->group);
@@ -449,7 +479,8 @@ OrtStatus * dd_sgmm_weights(const dd_sgmm_kernel * kn, const dd_view * w, size_t
             DD_TRY(dd_expect(api, w[1], op, "codebooks", I8, 4));
             DD_TRY(dd_expect(api, w[2], op, "codebook_scales", F16, 2));
             const int64_t R = w[0].dims[0], C = kn->cols;
-            if (C < 2 || C % 2 != 0 || w[0].dims[1] != dd_ceil_div(6 * (C / 2), 8)) {
+            int64_t code_bits = 0;  // 6 bits per pair of columns
+            if (C < 2 || C % 2 != 0 || !dd_i64_mul(6, C / 2, &code_bits) || w[0].dims[1] != dd_ceil_div(code_bits, 8)) {
                 return dd_error(api, ORT_INVALID_ARGUMENT, "%s: vq3 codes [%lld, %lld] do not fit cols=%lld (even)", op,
                                 (long long) R, (long long) w[0].dims[1], (long long) C);
             }
@@ -538,23 +569,61 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
     p.idx = static_cast<const int64_t *>(idx.data);
     p.rows = slots.present ? static_cast<const int64_t *>(slots.data) : p.idx;
     p.y = static_cast<float *>(out_data);
+    if (p.format == DD_FORMAT_BQ4 && p.accuracy_level >= 4) {
+        // The int8 kernels flag rows whose coefficients they cannot quantise (NaN, ±Inf, or a chunk's
+        // 127 / max|c| overflowing); those are recomputed at level 0 below (README, "accuracy level"). Every task covers its own coefficients, so the flag is
+        // the whole row's, whatever the split.
+        thread_local std::vector<uint8_t> nonfinite;
+        try {
+            if ((int64_t) nonfinite.size() < n) {
+                nonfinite.resize((size_t) n);
+            }
+        } catch (const std::exception &) {
+            return dd_error(api, ORT_FAIL, "%s: out of memory (%lld row flags)", op, (long long) n);
+        }
+        std::memset(nonfinite.data(), 0, (size_t) n);
+        p.nonfinite_rows = nonfinite.data();
+    }
     dd_sgmm_job job{};
     job.params = p;
     dd_sgmm_plan(&job);
+    int64_t total = 0, need = 0;
+    if (!dd_i64_mul(n, job.n_chunks, &total) || !dd_i64_mul(total, job.n_groups, &total) ||
+        !dd_i64_mul(n, job.n_groups, &need) || !dd_i64_mul(need, p.o, &need)) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: N=%lld x cols=%lld is too large to split", op, (long long) n,
+                        (long long) p.o);
+    }
     if (job.n_groups > 1) {
         // Partial sums live in per-thread scratch that only grows: no allocation once warmed up.
         thread_local std::vector<float> scratch;
-        const size_t need = (size_t) (n * job.n_groups * p.o);
-        if (scratch.size() < need) {
-            scratch.resize(need);
+        try {
+            if (scratch.size() < (size_t) need) {
+                scratch.resize((size_t) need);
+            }
+        } catch (const std::exception &) {
+            return dd_error(api, ORT_FAIL, "%s: out of memory (%lld partial sums)", op, (long long) need);
         }
         job.partial = scratch.data();
     }
-    const size_t total = (size_t) (n * job.n_chunks * job.n_groups);
     if (total == 1) {
         dd_sgmm_task(&job, 0);
     } else {
-        DD_TRY(api->KernelContext_ParallelFor(ctx, dd_sgmm_task, total, 0, &job));
+        DD_TRY(api->KernelContext_ParallelFor(ctx, dd_sgmm_task, (size_t) total, 0, &job));
+    }
+    if (p.nonfinite_rows != nullptr) {
+        // Flagged rows again at level 0, on this thread: only hostile rows (NaN, ±Inf, ~1e-37) get here.
+        dd_sgmm_job job0 = job;
+        job0.params.accuracy_level = 0;
+        job0.params.nonfinite_rows = nullptr;
+        const int64_t per_row = job.n_chunks * job.n_groups;
+        for (int64_t r = 0; r < n; ++r) {
+            if (p.nonfinite_rows[r] == 0) {
+                continue;
+            }
+            for (int64_t t = 0; t < per_row; ++t) {
+                dd_sgmm_task(&job0, (size_t) (r * per_row + t));
+            }
+        }
     }
     if (job.n_groups > 1) {
         for (int64_t r = 0; r < n; ++r) {

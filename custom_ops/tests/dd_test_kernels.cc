@@ -179,13 +179,77 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
     return ok;
 }
 
+// Level 4 on a row with a coefficient of NaN or ±Inf (from an activation, a scale, or a product that
+// overflows): the int8 kernels flag the row, whichever task (column chunk, row group) holds that
+// coefficient, so dd_ops.cc recomputes it at level 0; a finite row stays unflagged.
+bool run_level4_nonfinite(std::mt19937 & rng) {
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> byte(0, 255);
+    const int64_t D = 100, O = 1000, B = 64, nb = (O + B - 1) / B, k = 70;
+    std::vector<float> x(D);
+    std::vector<uint8_t> q(D * nb * B / 2);
+    std::vector<uint16_t> scales(D * nb);
+    std::vector<int64_t> idx(D);
+    for (auto & v : x) v = uni(rng);
+    for (auto & v : q) v = (uint8_t) byte(rng);
+    for (auto & v : scales) v = float_to_half(0.01f + 0.01f * uni(rng));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::shuffle(idx.begin(), idx.end(), rng);
+    dd_sgmm_params p{};
+    p.format = DD_FORMAT_BQ4;
+    p.accuracy_level = 4;
+    p.n = 1; p.d = D; p.k = k; p.o = O;
+    p.idx = idx.data(); p.rows = idx.data();
+    p.q = q.data(); p.q_stride = nb * B / 2; p.nb = nb; p.block = B;
+    std::vector<float> y(O), part(O);
+    // Split like dd_ops.cc: column chunks of 256, two row groups at a multiple of DD_I8_ROWS.
+    auto flagged = [&](const std::vector<float> & xc, const std::vector<uint16_t> & sc) {
+        uint8_t flag = 0;
+        p.x = xc.data(); p.scales = sc.data(); p.nonfinite_rows = &flag;
+        for (int64_t o0 = 0; o0 < O; o0 += 256) {
+            dd_sgmm_chunk(&p, 0, o0, std::min(O, o0 + 256), 0, DD_I8_ROWS, y.data());
+            dd_sgmm_chunk(&p, 0, o0, std::min(O, o0 + 256), DD_I8_ROWS, k, part.data());
+        }
+        return flag != 0;
+    };
+    bool ok = !flagged(x, scales);
+    std::printf("%s level4 finite row not flagged\n", ok ? "ok  " : "FAIL");
+    const struct { float x; uint16_t scale; int64_t j, b; const char * what; } cases[] = {
+        {INFINITY, 0, 3, 0, "x=+inf"}, {-INFINITY, 0, 40, 0, "x=-inf"}, {NAN, 0, 69, 0, "x=nan"},
+        {0.0f, 0x7C00, 5, nb - 1, "scale=+inf (last block)"}, {0.0f, 0xFE00, 50, 6, "scale=nan"},
+        {1e35f, 0x7BFF, 33, 9, "x=1e35 * scale=65504 overflows"}};
+    for (const auto & c : cases) {
+        std::vector<float> xc = x;
+        std::vector<uint16_t> sc = scales;
+        if (c.scale) {
+            sc[idx[c.j] * nb + c.b] = c.scale;
+        }
+        if (c.x != 0.0f) {
+            xc[idx[c.j]] = c.x;
+        }
+        const bool case_ok = flagged(xc, sc);
+        std::printf("%s level4 non-finite %s flagged\n", case_ok ? "ok  " : "FAIL", c.what);
+        ok = case_ok && ok;
+    }
+    // A whole row of tiny activations: max|c| < 127 / FLT_MAX, so 127 / max|c| overflows (flagged);
+    // 1e6 times larger it does not.
+    for (const float scale : {1e-36f, 1e-30f}) {
+        std::vector<float> xc = x;
+        for (auto & v : xc) v *= scale;
+        const bool want = scale < 1e-33f, case_ok = flagged(xc, scales) == want;
+        std::printf("%s level4 x*%g %s\n", case_ok ? "ok  " : "FAIL", (double) scale, want ? "flagged" : "not flagged");
+        ok = case_ok && ok;
+    }
+    return ok;
+}
+
 bool run_topk(int64_t d, int64_t k, float gamma, int64_t fixed, bool cache, std::mt19937 & rng) {
     std::vector<float> x(d);
-    std::unique_ptr<bool[]> res(new bool[d]);
+    std::vector<uint8_t> res(d);
     std::uniform_int_distribution<int> small(-4, 4);
     for (int64_t i = 0; i < d; ++i) {
         x[i] = 0.5f * (float) small(rng);  // many ties
-        res[i] = (rng() & 1) != 0;
+        res[i] = (rng() & 1) ? (uint8_t) (1 + rng() % 255) : 0;  // any nonzero byte is resident
     }
     std::vector<float> m(d), s(d);
     float peak = 0.0f;
@@ -204,7 +268,7 @@ bool run_topk(int64_t d, int64_t k, float gamma, int64_t fixed, bool cache, std:
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return s[a] > s[b]; });
     std::vector<int64_t> out(k);
     const dd_topk_params tp{d, k, gamma, fixed};
-    dd_topk_row(&tp, x.data(), cache ? res.get() : nullptr, nullptr, out.data());
+    dd_topk_row(&tp, x.data(), cache ? res.data() : nullptr, nullptr, out.data());
     const bool ok = std::equal(out.begin(), out.end(), order.begin());
     std::printf("%s topk d=%lld k=%lld gamma=%g fixed=%lld cache=%d\n", ok ? "ok  " : "FAIL", (long long) d,
                 (long long) k, (double) gamma, (long long) fixed, (int) cache);
@@ -232,6 +296,7 @@ int main() {
     };
     bool ok = true;
     for (const auto & tc : cases) ok = run_sgmm(tc, rng) && ok;
+    ok = run_level4_nonfinite(rng) && ok;
     ok = run_topk(300, 50, 1.0f, 0, false, rng) && ok;
     ok = run_topk(300, 100, 0.2f, 3, true, rng) && ok;
     ok = run_topk(4096, 1024, 0.3f, 0, true, rng) && ok;

@@ -78,15 +78,17 @@ class SgmmVariant:
 
 
 class _Body:
-    """Collects the nodes of one function body with unique value names."""
+    """Collects the nodes of one function body with unique value names (``prefix`` keeps a subgraph's
+    names apart from its parent's, which it may read but not redefine)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
         self.nodes: list[NodeProto] = []
         self._n = 0
+        self._prefix = prefix
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs) -> str | list[str]:
         self._n += 1
-        outs = [f"_{op_type.lower()}{self._n}_{i}" for i in range(n_out)]
+        outs = [f"_{self._prefix}{op_type.lower()}{self._n}_{i}" for i in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
         return outs[0] if n_out == 1 else outs
 
@@ -115,7 +117,7 @@ def topk_column_mask_function(variant: TopKVariant) -> FunctionProto:
     """TopKColumnMask body; mirrors ``dipca_scores`` then ``topk_indices`` op for op (float32).
 
         X ─Abs─(·colnorm)─► A ─ReduceMax─► P ─(P>0 ? P : 1)─► A/P = S
-        C ─Where(C, 1, γ)─Expand─► w ─ScatterElements(1 at TopK(A, min(n, D)))─► w    (cache only)
+        C ─Cast uint8─(>0)─Where(·, 1, γ)─Expand─► w ─ScatterElements(1 at TopK(A, min(n, D)))─► w    (cache only)
         S·w ─TopK(k, largest, sorted)─► indices
     """
     b = _Body()
@@ -128,7 +130,10 @@ def topk_column_mask_function(variant: TopKVariant) -> FunctionProto:
     if variant.cache:
         shape = b.op("Shape", ["X"])
         gamma = b.const_from_attr("gamma", "value_float")
-        w = b.op("Expand", [b.op("Where", ["C", b.const(1.0), gamma]), shape])
+        # C's bytes as uint8, nonzero = resident (README): ORT hands a bool tensor's bytes over as fed,
+        # and its Where reads a byte other than 0 or 1 as neither.
+        resident = b.op("Greater", [b.op("Cast", ["C"], to=TensorProto.UINT8), b.const(0, np.uint8)])
+        w = b.op("Expand", [b.op("Where", [resident, b.const(1.0), gamma]), shape])
         n_top = b.op("Reshape", [b.const_from_attr("fixed_top_n", "value_int"), b.const([1], np.int64)])
         d = b.op("Slice", [shape, b.const([-1], np.int64), b.const([2], np.int64)])
         _, top = b.op("TopK", [a, b.op("Min", [n_top, d])], n_out=2, axis=-1, largest=1, sorted=1)
@@ -196,11 +201,20 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
         c = x_j · s_j,b [N,k,nb] ─Pad k to G·32─Reshape [N,G,32,nb]
         σ = max|c| / 127,  cq = Clip(Round(c · 127/max|c|), ±127)        (per chunk g and block b)
         acc = Σ_j cq · (q − z)   [N,G,nb,B]   (integers below 2^24: exact in float32)
-        Y = Σ_g σ · acc ─Reshape─Slice cols
+        Y4 = Σ_g σ · acc ─Reshape─Slice cols
+        Y = If(any row has a non-finite c or 127/max|c|:                  (``reference.level4_takes_int8``)
+               Where(that row, Σ_j c · (q − z) ─Reshape─Slice cols, Y4),  else: Y4)
+
+    The level-0 term Σ_j c · (q − z) is the native level-0 kernel's product order. It sits in an
+    ``If`` branch, so a call whose rows are all finite does not pay for it.
     """
     i64 = lambda v: b.const(v, np.int64)  # noqa: E731
     qz, s = _bq4_codes(b, rows, w)
     c = b.op("Mul", [b.op("Unsqueeze", [xs, i64([-1, -2])]), s])  # [N,k,nb,1]
+    bad = b.op("Cast", [b.op("Or", [b.op("IsInf", [c]), b.op("IsNaN", [c])])], to=TensorProto.FLOAT)
+    bad = b.op("Greater", [b.op("ReduceSum", [bad, i64([1, 2, 3])], keepdims=0), b.const(0.0)])  # [N]
+    bad = b.op("Unsqueeze", [bad, i64([-1])])  # [N,1]
+    cols = b.op("Reshape", [b.const_from_attr("cols", "value_int"), i64([1])])  # read here: outer scope
     k = b.op("Shape", ["indices"], start=1, end=2)
     groups = b.op("Div", [b.op("Add", [k, i64([I8_ROWS - 1])]), i64([I8_ROWS])])
     pad_k = b.op("Sub", [b.op("Mul", [groups, i64([I8_ROWS])]), k])
@@ -210,12 +224,31 @@ def _sgmm_bq4_int8(b: _Body, xs: str, rows: str, w: list[str]) -> str:
     head = [i64([0]), groups, i64([I8_ROWS]), nb]
     c = b.op("Reshape", [b.op("Pad", [c, pads4]), b.op("Concat", [*head, i64([1])], axis=0)])  # [N,G,32,nb,1]
     qz = b.op("Reshape", [b.op("Pad", [qz, pads4]), b.op("Concat", [*head, block], axis=0)])  # [N,G,32,nb,B]
+    c_pad = c
     amax = b.op("ReduceMax", [b.op("Abs", [c]), i64([2])], keepdims=1)  # [N,G,1,nb,1]
     inv = b.op("Where", [b.op("Greater", [amax, b.const(0.0)]), b.op("Div", [b.const(127.0), amax]), b.const(0.0)])
+    tiny = b.op("Cast", [b.op("IsInf", [inv])], to=TensorProto.FLOAT)  # max|c| < 127 / FLT_MAX
+    tiny = b.op("Greater", [b.op("ReduceSum", [tiny, i64([1, 2, 3, 4])], keepdims=0), b.const(0.0)])  # [N]
+    bad = b.op("Or", [bad, b.op("Unsqueeze", [tiny, i64([-1])])])  # [N,1]
     cq = b.op("Clip", [b.op("Round", [b.op("Mul", [c, inv])]), b.const(-127.0), b.const(127.0)])
     acc = b.op("ReduceSum", [b.op("Mul", [cq, qz]), i64([2])], keepdims=0)  # [N,G,nb,B]
     sigma = b.op("Squeeze", [b.op("Div", [amax, b.const(127.0)]), i64([2])])  # [N,G,nb,1]
-    return _cut_cols(b, b.op("ReduceSum", [b.op("Mul", [acc, sigma]), i64([1])], keepdims=0), lead=1)  # [N,nb,B]
+    y4 = _cut_cols(b, b.op("ReduceSum", [b.op("Mul", [acc, sigma]), i64([1])], keepdims=0), lead=1)  # [N,cols]
+    level0 = _Body("level0_")
+    c = level0.const
+    # over the padded chunks [N,G,32,nb,·]: the padding adds 0 · 0
+    y0 = level0.op("ReduceSum", [level0.op("Mul", [c_pad, qz]), c([1, 2], np.int64)], keepdims=0)  # [N,nb,B]
+    y0 = level0.op("Reshape", [y0, c([0, -1], np.int64)])
+    y0 = level0.op("Slice", [y0, c([0], np.int64), cols, c([-1], np.int64)])
+    y_fix = level0.op("Where", [bad, y0, y4])
+    keep = _Body("int8_")
+    y_keep = keep.op("Identity", [y4])
+    vi = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, None)  # noqa: E731
+    any_bad = b.op("Greater", [b.op("ReduceSum", [b.op("Cast", [bad], to=TensorProto.FLOAT)], keepdims=0),
+                               b.const(0.0)])
+    return b.op("If", [any_bad],
+                then_branch=helper.make_graph(level0.nodes, "level0_rows", [], [vi(y_fix)]),
+                else_branch=helper.make_graph(keep.nodes, "int8_rows", [], [vi(y_keep)]))
 
 
 def _rows_vq3(b: _Body, rows: str, w: list[str], *, original: str) -> str:

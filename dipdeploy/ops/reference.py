@@ -51,12 +51,36 @@ def int8_coefficients(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Per output block b, one scale over the chunk's rows: σ = max|c|/127, cq = rint(c · 127/max|c|)
     clipped to ±127, all in float32 (the native kernels do the same operations, so cq is bit-equal).
+    ``c`` must be finite: int8 cannot carry NaN or ±Inf, so such rows take the level-0 path instead
+    (:func:`level4_takes_int8`).
     """
     c = np.asarray(c, dtype=np.float32)
     amax = np.abs(c).max(axis=0) if len(c) else np.zeros(c.shape[1], np.float32)
     inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
     cq = np.clip(np.rint(c * inv), -127, 127).astype(np.int32)
     return cq, (amax / np.float32(127)).astype(np.float32)
+
+
+def level4_takes_int8(x_sel: np.ndarray, scales: np.ndarray) -> bool:
+    """Whether one output row's level-4 coefficients c = s[row_j, b] · x_j (float32) can be quantised:
+    all finite, and in every chunk of :data:`I8_ROWS` rows and every block 127 / max|c| finite too.
+
+    A row where they cannot (an activation or a scale of NaN or ±Inf, a product that overflows, or a
+    chunk with max|c| below 127 / FLT_MAX) is computed at level 0, so NaN and ±Inf reach Y as they
+    do at level 0; quantised, a NaN would become a finite code and an infinite max|c| or 127 / max|c|
+    would turn the chunk's codes into NaN or ±127. The native kernels (the int8 kernels flag such a
+    row, ``dd_ops.cc`` recomputes it at level 0) and the ``_a4`` fallback apply the same rule per row.
+    """
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        c = np.asarray(scales, np.float32) * np.asarray(x_sel, np.float32)[:, None]
+        if not np.isfinite(c).all():
+            return False
+        for g0 in range(0, len(c), I8_ROWS):
+            amax = np.abs(c[g0 : g0 + I8_ROWS]).max(axis=0)
+            inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+            if not np.isfinite(inv).all():
+                return False
+    return True
 
 
 def _sgmm_int8_row(x_sel: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -68,6 +92,16 @@ def _sgmm_int8_row(x_sel: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> 
         acc = np.einsum("jb,jbc->bc", cq.astype(np.int64), codes[g0 : g0 + I8_ROWS].astype(np.int64))
         y += sigma.astype(np.float64)[:, None] * acc
     return y.reshape(-1)
+
+
+def _sgmm_coef_row(x_sel: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """One output row at level 0 in the level-4 product order, Σ_j c_j,b · (q − z)_j with c = s · x in
+    float32 (float64 sums): the order of the native level-0 BQ4 kernel and of the ``_a4`` fallback's
+    level-0 term, so that a non-finite row agrees in all three, also where x · s overflows and
+    (q − z) = 0 makes it NaN (level 0 with x · ((q − z) · s) gives 0 there)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = (scales * x_sel[:, None]).astype(np.float64)
+        return np.einsum("jb,jbc->bc", c, codes.astype(np.float64)).reshape(-1)
 
 
 def sparse_gather_matmul_ref(
@@ -83,7 +117,8 @@ def sparse_gather_matmul_ref(
     ``indices[n, j]`` (a slab keeps only codes per row). Accumulates in float64 so it is a reference
     for every kernel's summation order. ``accuracy_level`` ≥ 4 on BQ4 quantises the coefficients
     x·s to int8 in chunks of :data:`I8_ROWS` selected rows (:func:`int8_coefficients`); other
-    formats ignore it, like MatMulNBits ignores a level it has no kernel for.
+    formats ignore it, like MatMulNBits ignores a level it has no kernel for. At level 4 a row whose
+    coefficients cannot be quantised is computed as at level 0 (:func:`level4_takes_int8`, :func:`_sgmm_coef_row`).
     """
     x = np.asarray(x, dtype=np.float32)
     indices = np.asarray(indices, dtype=np.int64)
@@ -93,10 +128,12 @@ def sparse_gather_matmul_ref(
     for n in range(x.shape[0]):
         if int8:
             codes, scales = weights.packed.codes_rows(rows[n])
-            y[n] = _sgmm_int8_row(x[n, indices[n]], codes, scales)[: weights.cols]
+            row = _sgmm_int8_row if level4_takes_int8(x[n, indices[n]], scales) else _sgmm_coef_row
+            y[n] = row(x[n, indices[n]], codes, scales)[: weights.cols]
             continue
         w = weights.rows_float32(rows[n], indices[n]).astype(np.float64)
-        y[n] = x[n, indices[n]].astype(np.float64) @ w
+        with np.errstate(over="ignore", invalid="ignore"):
+            y[n] = x[n, indices[n]].astype(np.float64) @ w
     return y
 
 
