@@ -69,10 +69,28 @@ class Manifest:
 
 
 def read_manifest(bundle: str | Path) -> Manifest:
+    """The manifest of ``bundle``; a bundle missing because an export was killed between its two
+    renames is restored first (:func:`restore_interrupted`)."""
+    restore_interrupted(Path(bundle))
     path = Path(bundle) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {bundle} is not a dipdeploy bundle; {REGENERATE}")
     return Manifest.from_json(path.read_text())
+
+
+def restore_interrupted(bundle: Path) -> bool:
+    """Put back the complete old bundle an export moved aside (``.<name>.old-*``) when ``bundle`` is
+    missing and no export holds its lock; leftovers are not removed here (the next export does that).
+    True when it restored one."""
+    from dipdeploy import dirswap
+
+    if bundle.exists() or not any(p.name.startswith(dirswap.old_prefix(bundle)) for p in dirswap.leftovers(bundle)):
+        return False
+    try:
+        with dirswap.hold(bundle, wait=False):
+            return bool(dirswap.recover(bundle, lambda p: (p / MANIFEST).is_file(), tidy=False))
+    except (dirswap.OutputBusy, OSError):
+        return False
 
 
 def open_tensor(bundle: str | Path, manifest: Manifest, name: str):
