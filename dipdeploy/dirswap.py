@@ -1,11 +1,13 @@
 """Replace a directory so that a crash at any point leaves a complete one at its path, or a state the
 next writer repairs.
 
-The swap is two renames in one parent directory: the old ``final`` moves aside to ``.<name>.old-*``,
-the new one (built in ``.<name>.tmp-*``) is renamed to ``final``, and only then is the old one removed.
-Between the two renames ``final`` is briefly absent; a crash there leaves the complete old directory
-in ``.<name>.old-*``, and :func:`recover` (run by the next writer, or by a reader that finds ``final``
-missing) renames it back. Writers hold an exclusive ``flock`` on ``.<name>.lock`` for the whole build,
+Where Linux's ``renameat2(RENAME_EXCHANGE)`` works, the new directory (built in ``.<name>.tmp-*``)
+and the old ``final`` trade places in one step, so ``final`` is always the old or the new directory;
+the old one, now at the temporary name, is removed after. Elsewhere the swap is two renames in one
+parent directory: the old ``final`` moves aside to ``.<name>.old-*``, the new one is renamed to
+``final``, and only then is the old one removed. Between those two renames ``final`` is briefly
+absent; a crash there leaves the complete old directory in ``.<name>.old-*``, and :func:`recover`
+(run by the next writer, or by a reader that finds ``final`` missing) renames it back. Writers hold an exclusive ``flock`` on ``.<name>.lock`` for the whole build,
 so leftovers seen under the lock belong to no live writer and can be removed. The holder unlinks the
 lock file before releasing it, and a process that locked an inode no longer at the path retries, so
 two processes never hold "the" lock on different inodes; a writer killed with SIGKILL leaves an
@@ -14,11 +16,14 @@ unlocked lock file, which the next holder reuses and removes. Floor 1: no torch.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
 import secrets
 import shutil
+import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -147,26 +152,81 @@ def _du(path: Path) -> int:
     return total
 
 
+#: Swap with one ``renameat2(RENAME_EXCHANGE)`` where the kernel and filesystem support it (Linux ≥ 3.15;
+#: ext4, xfs, btrfs, tmpfs): then ``final`` is never absent. False forces the two-rename swap.
+EXCHANGE = True
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two existing paths; False where that is not supported (nothing changed)."""
+    if not EXCHANGE or not sys.platform.startswith("linux"):
+        return False
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
 def replace_dir(tmp: Path, final: Path, hook: Hook | None = None) -> None:
     """Swap the complete directory ``tmp`` in at ``final`` (see the module docstring); the caller holds
-    the lock. An exception before the new directory is in puts the old one back.
+    the lock. An exception before the new directory is in leaves the old one at ``final``. Where
+    :func:`_exchange` works, the old directory ends at ``tmp`` (the caller's cleanup removes it even if
+    interrupted before ``drop``); otherwise it is moved aside to ``.<name>.old-*`` first.
 
     ``hook(step)`` runs before each of :data:`STEPS`; tests and benchmarks raise or signal there."""
     hook = hook or (lambda step: None)
     tmp, final = Path(tmp), Path(final)
     old = None
     hook("aside")
-    if final.exists():
-        old = final.parent / f"{old_prefix(final)}{secrets.token_hex(4)}"
-        os.rename(final, old)
-    try:
+    if not final.exists():
         hook("in")
         os.rename(tmp, final)
-    except BaseException:
-        if old is not None and not final.exists():
-            os.rename(old, final)
-        raise
-    hook("drop")
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    elif _can_exchange(final.parent):
+        hook("in")
+        if not _exchange(tmp, final):
+            raise OSError(errno.EINVAL, f"renameat2(RENAME_EXCHANGE) stopped working in {final.parent}")
+        old = tmp
+    else:
+        old = final.parent / f"{old_prefix(final)}{secrets.token_hex(4)}"
+        os.rename(final, old)
+        try:
+            hook("in")
+            os.rename(tmp, final)
+        except BaseException:
+            if not final.exists():
+                os.rename(old, final)
+            raise
+    try:
+        hook("drop")
+    finally:  # the new directory is in: the old one goes even when interrupted here
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     hook("done")
+
+
+_exchange_ok: dict[int, bool] = {}  # st_dev → whether RENAME_EXCHANGE works there
+
+
+def _can_exchange(parent: Path) -> bool:
+    """Whether :func:`_exchange` works on ``parent``'s filesystem (tried once per filesystem on two
+    empty scratch directories)."""
+    if not EXCHANGE:
+        return False
+    dev = os.stat(parent).st_dev
+    if dev not in _exchange_ok:
+        a = Path(tempfile.mkdtemp(prefix=".dirswap-probe-", dir=parent))
+        b = Path(tempfile.mkdtemp(prefix=".dirswap-probe-", dir=parent))
+        try:
+            _exchange_ok[dev] = _exchange(a, b)
+        finally:
+            a.rmdir()
+            b.rmdir()
+    return _exchange_ok[dev]
