@@ -7,11 +7,13 @@ the old one, now at the temporary name, is removed after. Elsewhere the swap is 
 parent directory: the old ``final`` moves aside to ``.<name>.old-*``, the new one is renamed to
 ``final``, and only then is the old one removed. Between those two renames ``final`` is briefly
 absent; a crash there leaves the complete old directory in ``.<name>.old-*``, and :func:`recover`
-(run by the next writer, or by a reader that finds ``final`` missing) renames it back. Writers hold an exclusive ``flock`` on ``.<name>.lock`` for the whole build,
-so leftovers seen under the lock belong to no live writer and can be removed. The holder unlinks the
-lock file before releasing it, and a process that locked an inode no longer at the path retries, so
-two processes never hold "the" lock on different inodes; a writer killed with SIGKILL leaves an
-unlocked lock file, which the next holder reuses and removes. Floor 1: no torch.
+(run by the next writer, or by a reader that finds ``final`` missing) renames it back.
+
+Writers hold an exclusive ``flock`` on ``.<name>.lock`` for the whole build, so leftovers seen under
+the lock belong to no live writer and can be removed. The holder unlinks the lock file before
+releasing it, and a process that locked an inode no longer at the path retries, so two processes
+never hold "the" lock on different inodes; a writer killed with SIGKILL leaves an unlocked lock file,
+which the next holder reuses and removes. Floor 1: no torch.
 """
 
 from __future__ import annotations
@@ -177,9 +179,9 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def replace_dir(tmp: Path, final: Path, hook: Hook | None = None) -> None:
     """Swap the complete directory ``tmp`` in at ``final`` (see the module docstring); the caller holds
-    the lock. An exception before the new directory is in leaves the old one at ``final``. Where
-    :func:`_exchange` works, the old directory ends at ``tmp`` (the caller's cleanup removes it even if
-    interrupted before ``drop``); otherwise it is moved aside to ``.<name>.old-*`` first.
+    the lock. An exception before the new directory is in leaves the old one at ``final``. The old
+    directory ends at ``tmp`` (at once where :func:`_exchange` works, else via ``.<name>.old-*``), so
+    the caller's cleanup of ``tmp`` removes it even when its removal here is interrupted.
 
     ``hook(step)`` runs before each of :data:`STEPS`; tests and benchmarks raise or signal there."""
     hook = hook or (lambda step: None)
@@ -204,6 +206,8 @@ def replace_dir(tmp: Path, final: Path, hook: Hook | None = None) -> None:
             if not final.exists():
                 os.rename(old, final)
             raise
+        os.rename(old, tmp)  # as after an exchange: the caller's cleanup of ``tmp`` finishes an interrupted drop
+        old = tmp
     try:
         hook("drop")
     finally:  # the new directory is in: the old one goes even when interrupted here

@@ -132,9 +132,9 @@ def test_partial_bundle_is_replaced_only_with_force(tmp_path):
     assert _complete(out)
 
 
-def _hold_lock_elsewhere(out: Path):
+def _hold_lock_elsewhere(out: Path, seconds: float = 60):
     code = ("import sys,time; from pathlib import Path; from dipdeploy import dirswap\n"
-            f"with dirswap.hold(Path({str(out)!r})):\n    print('held', flush=True); time.sleep(60)")
+            f"with dirswap.hold(Path({str(out)!r})):\n    print('held', flush=True); time.sleep({seconds})")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "held"
     return child
@@ -152,6 +152,20 @@ def test_concurrent_export_is_refused_in_one_line(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_atomic_dir_waits_for_the_lock(tmp_path):
+    """Cache builds and finetune outputs wait for the other writer instead of failing."""
+    from dipdeploy.paths import atomic_dir
+
+    final = tmp_path / "d"
+    child = _hold_lock_elsewhere(final, 1.0)
+    t0 = time.perf_counter()
+    with atomic_dir(final) as tmp:
+        (tmp / "f").write_text("x")
+    waited = time.perf_counter() - t0
+    child.wait()
+    assert (final / "f").read_text() == "x" and _siblings(final) == [] and waited > 0.5
 
 
 def test_race_of_two_exports_one_wins(tmp_path):
