@@ -4,8 +4,8 @@ the figures, not minutes later with a traceback.
 The estimate is an upper bound from the model's config (no weights are read): every weight at the
 larger of the MLP's and the dense layers' bits per weight, the embedding in fp32 (the bundle keeps it
 so), a quantised lm_head of its own when the checkpoint ties it to the embedding (the bundle stores
-it separately; unquantised, the two stay one tensor), one alignment gap per tensor, and a margin for the tokenizer, the graphs and the native
-library. The old bundle stays on disk until the new one is in place, so the whole estimate is needed
+it separately; unquantised, the two stay one tensor), one alignment gap per tensor, and a margin for
+the tokenizer, the graphs and the native library. The old bundle stays on disk until the new one is in place, so the whole estimate is needed
 even when replacing.
 """
 
