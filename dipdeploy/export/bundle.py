@@ -1,8 +1,8 @@
 """``export``: a loaded model + an :class:`ExportConfig` → a bundle directory, validated.
 
 Safety (``dipdeploy.export.outdir``, ``dipdeploy.dirswap``): ``out`` is locked for the whole export;
-everything is built in a temporary sibling (``.<name>.tmp-*``) and swapped in by two renames at the
-end, the old bundle removed only after the new one is in place; an existing ``out`` is refused
+everything is built in a temporary sibling (``.<name>.tmp-*``) and swapped in at the end (one
+``RENAME_EXCHANGE`` or two renames), the old bundle removed only after the new one is in place; an existing ``out`` is refused
 without ``force``; any error or Ctrl-C removes the temporary directory, and what SIGKILL leaves is
 repaired by the next export, so ``out`` never holds a half bundle and a bundle is never lost.
 """
@@ -22,14 +22,14 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from dipdeploy.dirswap import Hook
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.decoder import LayerK, build_decoder
 from dipdeploy.export.graph import check_model
 from dipdeploy.export.manifest import MANIFEST, Manifest, file_record
-from dipdeploy.export.weights import WeightStore
-from dipdeploy.dirswap import Hook
 from dipdeploy.export.outdir import Notice, claim, is_bundle, prepare_out
 from dipdeploy.export.space import check_space_for
+from dipdeploy.export.weights import WeightStore
 from dipdeploy.paths import atomic_dir
 from dipdeploy.ops.schemas import DOMAIN, OPSET_VERSION
 from dipdeploy.sparsity.plan import SparsityPlan
