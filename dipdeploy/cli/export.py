@@ -13,7 +13,8 @@ from rich.table import Table
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
 
-_ERRORS = (ValueError, OSError, KeyError, RuntimeError)
+# OSError covers FileNotFoundError, FileExistsError, PermissionError and a full disk.
+_ERRORS = (ValueError, KeyError, RuntimeError, OSError)
 
 
 def _config(**given):
@@ -68,7 +69,8 @@ def export_cmd(
                       stream=stream,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None)
         with console.status("export") as status:
-            result = export_model(cfg, out, force=force, progress=lambda s: status.update(f"export: {s}"))
+            result = export_model(cfg, out, force=force, progress=lambda s: status.update(f"export: {s}"),
+                                  notice=lambda line: console.print(f"[yellow]note:[/] {line}"))
     except _ERRORS as err:
         fail(err)
     summary = result.summary()

@@ -1,8 +1,10 @@
 """``export``: a loaded model + an :class:`ExportConfig` → a bundle directory, validated.
 
-Safety: everything is built in a temporary sibling of ``out`` (``.<name>.tmp-*``) and renamed at the
-end; an existing ``out`` is refused without ``force``; any error or Ctrl-C removes the temporary
-directory, so there is never a half bundle.
+Safety (``dipdeploy.export.outdir``, ``dipdeploy.dirswap``): ``out`` is locked for the whole export;
+everything is built in a temporary sibling (``.<name>.tmp-*``) and swapped in at the end (one
+``RENAME_EXCHANGE`` or two renames), the old bundle removed only after the new one is in place; an existing ``out`` is refused
+without ``force``; any error or Ctrl-C removes the temporary directory, and what SIGKILL leaves is
+repaired by the next export, so ``out`` never holds a half bundle and a bundle is never lost.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +22,13 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from dipdeploy.dirswap import Hook
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.decoder import LayerK, build_decoder
 from dipdeploy.export.graph import check_model
 from dipdeploy.export.manifest import MANIFEST, Manifest, check_structure, file_record
+from dipdeploy.export.outdir import Notice, claim, is_bundle, prepare_out
+from dipdeploy.export.space import check_space_for
 from dipdeploy.export.weights import WeightStore
 from dipdeploy.paths import atomic_dir
 from dipdeploy.ops.schemas import DOMAIN, OPSET_VERSION
@@ -98,31 +102,31 @@ def _genai_config(spec, tokenizer, max_length: int, lib_name: str | None) -> dic
         "search": {"do_sample": False, "max_length": max_length, "num_beams": 1, "top_k": 1}}
 
 
-def prepare_out(out: Path, force: bool) -> Path:
-    out = Path(out)
-    if out.exists() and not force:
-        raise FileExistsError(f"{out} exists; pass --force to replace it or choose another --out")
-    if out.exists() and not (out / MANIFEST).is_file() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not a dipdeploy bundle; refusing to replace it even with --force")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        probe = Path(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
-        probe.rmdir()
-    except OSError as err:
-        raise PermissionError(f"cannot write the bundle into {out.parent} ({err.strerror}); "
-                              "choose another --out") from err
-    return out
-
-
 def export(lm, cfg: ExportConfig, out: Path, plan: SparsityPlan | None, *, force: bool = False,
-           progress: Progress = lambda step: None, extra: dict | None = None) -> ExportResult:
+           progress: Progress = lambda step: None, extra: dict | None = None,
+           notice: Notice = lambda line: None, swap_hook: Hook | None = None) -> ExportResult:
     """Quantise (as asked), build the graphs, write the bundle, validate; ``lm`` is modified in place
-    (fake-quantised, sparsified) so it is the torch reference of the bundle."""
-    out = prepare_out(out, force)
+    (fake-quantised, sparsified) so it is the torch reference of the bundle. ``notice`` receives one
+    line per repair of what a killed export left; ``swap_hook`` is
+    :func:`dipdeploy.dirswap.replace_dir`'s."""
+    out = Path(out)
     t0, steps = time.perf_counter(), _Steps(progress)
-    with atomic_dir(out) as tmp:
-        manifest = _build(lm, cfg, tmp, plan, steps, extra or {})
+    with claim(out, notice):
+        prepare_out(out, force)
+        with atomic_dir(out, wait=False, complete=is_bundle, hook=swap_hook) as tmp:
+            try:
+                manifest = _build(lm, cfg, tmp, plan, steps, extra or {})
+            except OSError as err:
+                raise BundleWriteError(err.errno, f"writing the bundle failed: {err.strerror or err} "
+                                       f"({err.filename or tmp}); {out} is unchanged") from err
     return ExportResult(out, manifest, time.perf_counter() - t0, steps.seconds)
+
+
+class BundleWriteError(OSError):
+    """The disk refused a write (full, read-only, quota); the previous bundle is kept."""
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 class _Steps:
@@ -288,13 +292,23 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def export_model(cfg: ExportConfig, out: Path, *, force: bool = False,
-                 progress: Progress = lambda step: None) -> ExportResult:
-    """The whole stage: load → merge LoRA → plan (given, uniform or calibrated) → :func:`export`."""
+def export_model(cfg: ExportConfig, out: Path, *, force: bool = False, progress: Progress = lambda step: None,
+                 notice: Notice = lambda line: None, swap_hook: Hook | None = None) -> ExportResult:
+    """The whole stage: load → merge LoRA → plan (given, uniform or calibrated) → :func:`export`.
+
+    ``out`` is claimed (locked, checked, free space estimated) before minutes of work, and stays
+    claimed until the bundle is in place, so a second export to it cannot start meanwhile."""
+    with claim(Path(out), notice):
+        prepare_out(out, force)
+        check_space_for(cfg, Path(out))
+        return _export_model(cfg, Path(out), force, progress, notice, swap_hook)
+
+
+def _export_model(cfg: ExportConfig, out: Path, force: bool, progress: Progress, notice: Notice,
+                  swap_hook: Hook | None) -> ExportResult:
     from dipdeploy.export.prepare import make_plan, merge_lora
     from dipdeploy.loading import load_model
 
-    prepare_out(out, force)  # fail before minutes of work
     stream = _should_stream(cfg)
     progress("load (streamed: one layer at a time)" if stream else "load")
     lm = load_model(cfg.model, stream=stream)
@@ -307,4 +321,5 @@ def export_model(cfg: ExportConfig, out: Path, *, force: bool = False,
         extra["lora"] = merge_lora(lm, cfg.lora)
     progress("plan" if cfg.plan or cfg.rho_in is not None or cfg.method == "dense" else "calibrate")
     plan = make_plan(lm, cfg)
-    return export(lm, cfg, out, plan, force=force, progress=progress, extra=extra)
+    return export(lm, cfg, out, plan, force=force, progress=progress, extra=extra, notice=notice,
+                  swap_hook=swap_hook)

@@ -108,7 +108,10 @@ class Manifest:
 
 def read_manifest(bundle: str | Path, checksums: str = "small") -> Manifest:
     """The manifest of ``bundle`` after :func:`check_structure`: what every command that opens a bundle
-    calls first, so no file is opened on the manifest's word before its paths and ranges are checked."""
+    calls first, so no file is opened on the manifest's word before its paths and ranges are checked. A
+    bundle missing because an export was killed between its two renames is restored first
+    (:func:`restore_interrupted`)."""
+    restore_interrupted(Path(bundle))
     manifest = parse_manifest(bundle)
     check_structure(bundle, manifest, checksums)
     return manifest
@@ -136,6 +139,21 @@ def check_structure(bundle: str | Path, manifest: Manifest, checksums: str = "sm
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise BundleError(f"bundle {bundle} is damaged: {'; '.join(problems[:5])}{more}; files truncated or "
                           f"altered since export; {REGENERATE}")
+
+
+def restore_interrupted(bundle: Path) -> bool:
+    """Put back the complete old bundle an export moved aside (``.<name>.old-*``) when ``bundle`` is
+    missing and no export holds its lock; leftovers are not removed here (the next export does that).
+    True when it restored one."""
+    from dipdeploy import dirswap
+
+    if bundle.exists() or not any(p.name.startswith(dirswap.old_prefix(bundle)) for p in dirswap.leftovers(bundle)):
+        return False
+    try:
+        with dirswap.hold(bundle, wait=False):
+            return bool(dirswap.recover(bundle, lambda p: (p / MANIFEST).is_file(), tidy=False))
+    except (dirswap.OutputBusy, OSError):
+        return False
 
 
 def open_tensor(bundle: str | Path, manifest: Manifest, name: str):

@@ -28,6 +28,7 @@ import numpy as np
 from dipdeploy.cache import POLICIES, static_rows
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.runtime.budget import DramBudget, GroupShape, Residency, plan_residency
+from dipdeploy.runtime.cgroup import check_fits, memory_limit
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.sessions import Bound, open_session
@@ -136,6 +137,7 @@ class Engine:
         baked = int((m.export_config or {}).get("accuracy_level", 0)) if m.quant else 0
         self.accuracy_level = baked if self.cfg.accuracy_level is None else self.cfg.accuracy_level
         self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
+        self._check_memory_limit()
         self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
                                 bandwidth=self.cfg.flash_bandwidth)
@@ -144,6 +146,26 @@ class Engine:
         self._state = None
 
     # -- construction -------------------------------------------------------------------------
+    def _check_memory_limit(self) -> None:
+        """Refuse, before any session is opened, a budget that cannot fit under the cgroup memory limit.
+
+        Both figures are lower bounds from the manifest, so only what certainly cannot fit is refused:
+        the budget is the total given, or the dense bytes + the KV cache + the cached share of the MLP
+        bytes (staging excluded); the overhead is what this process holds now (interpreter and
+        libraries) plus the graph files the sessions will parse."""
+        limit = memory_limit()
+        if limit is None:
+            return
+        m, dec = self.manifest, self.decoder["decoder"]
+        budget = DramBudget.parse(self.cfg.dram_budget)
+        if budget.total_bytes is not None:
+            need = budget.total_bytes
+        else:
+            kv = 2 * self.num_layers * dec["num_key_value_heads"] * dec["head_size"] * 4 * self.cfg.context
+            need = int(m.sizes.get("bytes_dense", 0) + kv + budget.cache_frac * m.sizes.get("bytes_mlp", 0))
+        graphs = sum(m.files[name]["size"] for name in m.graphs["layers"] if name in m.files)
+        check_fits(need, memory_now().get("VmRSS", 0) + graphs, limit, str(self.cfg.dram_budget))
+
     def _open_sessions(self, session_options, native: bool) -> None:
         files = self.manifest.graphs["layers"]
         gamma = None if self.gamma == self.baked_gamma else self.gamma  # rewrite the graphs only when it differs

@@ -1,0 +1,89 @@
+"""The memory limit this process runs under (its cgroup), so a budget that cannot fit is refused with
+the figures instead of the kernel's OOM killer ending the run without a word.
+
+cgroup v2: ``memory.max`` (``max`` = unlimited) of the process's group and of every ancestor (the
+tightest applies). cgroup v1: ``memory.limit_in_bytes`` of the memory hierarchy, the same way; v1
+writes "unlimited" as a huge page-rounded number, so anything from :data:`V1_UNLIMITED` up counts as
+no limit. The group comes from ``/proc/self/cgroup``; inside a container its path is often not
+visible under the mount (cgroup namespace), and then the mount's root files are the process's own.
+``root`` re-roots every path (tests give a directory of fake files). Torch-free.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+#: v1's "no limit" is PAGE_COUNTER_MAX pages (about 2⁶³ bytes); no machine has 2⁶⁰ bytes.
+V1_UNLIMITED = 2**60
+
+
+def _groups(root: Path) -> dict[str, str]:
+    """controller ('' for v2) → group path, from ``/proc/self/cgroup``."""
+    out = {}
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            out[controller] = parts[2]
+    return out
+
+
+def _chain(mount: Path, group: str) -> list[Path]:
+    """The group's directory under ``mount`` and its ancestors up to the mount (the mount alone when
+    the group is not visible there)."""
+    rel = PurePosixPath(group or "/").relative_to("/")
+    here = mount / rel
+    if not here.is_dir():
+        return [mount]
+    dirs = [here]
+    while dirs[-1] != mount:
+        dirs.append(dirs[-1].parent)
+    return dirs
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def memory_limit(root: str | Path = "/") -> int | None:
+    """The tightest cgroup memory limit over the process's group and its ancestors, in bytes; None when
+    there is none (or no cgroup files to read)."""
+    root = Path(root)
+    groups = _groups(root)
+    limits = []
+    v2 = root / "sys/fs/cgroup"
+    if (v2 / "cgroup.controllers").is_file():
+        for d in _chain(v2, groups.get("", "/")):
+            value = _read(d / "memory.max")
+            if value and value != "max":
+                limits.append(int(value))
+    else:
+        v1 = root / "sys/fs/cgroup/memory"
+        for d in _chain(v1, groups.get("memory", "/")) if v1.is_dir() else []:
+            value = _read(d / "memory.limit_in_bytes")
+            if value and value.lstrip("-").isdigit() and 0 < int(value) < V1_UNLIMITED:
+                limits.append(int(value))
+    return min(limits) if limits else None
+
+
+class MemoryLimitError(ValueError):
+    """The DRAM budget plus the process's fixed overhead exceeds the cgroup memory limit."""
+
+
+def check_fits(budget_bytes: int, overhead_bytes: int, limit: int | None, budget_text: str) -> None:
+    """Refuse (one line, the three figures) when budget + overhead does not fit under ``limit``."""
+    if limit is None or budget_bytes + overhead_bytes <= limit:
+        return
+    raise MemoryLimitError(
+        f"DRAM budget {budget_text} ({budget_bytes / 1e6:.1f} MB resident) + fixed overhead "
+        f"{overhead_bytes / 1e6:.1f} MB (this process and its graphs) = {(budget_bytes + overhead_bytes) / 1e6:.1f} MB "
+        f"exceeds the cgroup memory limit of {limit / 1e6:.1f} MB; give a smaller --dram-budget, a smaller "
+        f"--context, or raise the limit")

@@ -1,0 +1,113 @@
+"""The runtime reads the cgroup memory limit it runs under (v1 and v2, from fake cgroup trees) and
+refuses a budget that cannot fit under it before opening any session, in one line with the figures."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dipdeploy.runtime import cgroup
+from dipdeploy.runtime.cgroup import MemoryLimitError, check_fits, memory_limit
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+V2 = {"sys/fs/cgroup/cgroup.controllers": "cpu memory", "proc/self/cgroup": "0::/user.slice/app\n"}
+
+
+def test_v2_own_group(tmp_path):
+    root = _tree(tmp_path, {**V2, "sys/fs/cgroup/user.slice/memory.max": "max",
+                            "sys/fs/cgroup/user.slice/app/memory.max": "500000000\n"})
+    assert memory_limit(root) == 500_000_000
+
+
+def test_v2_tightest_ancestor_applies(tmp_path):
+    root = _tree(tmp_path, {**V2, "sys/fs/cgroup/user.slice/memory.max": "300000000",
+                            "sys/fs/cgroup/user.slice/app/memory.max": "max"})
+    assert memory_limit(root) == 300_000_000
+
+
+def test_v2_max_is_unlimited(tmp_path):
+    root = _tree(tmp_path, {**V2, "sys/fs/cgroup/user.slice/app/memory.max": "max"})
+    assert memory_limit(root) is None
+
+
+def test_v2_group_not_visible_uses_the_mount(tmp_path):
+    """Inside a container (cgroup namespace) /proc/self/cgroup may name a path the mount does not show."""
+    root = _tree(tmp_path, {**V2, "sys/fs/cgroup/memory.max": "200000000"})
+    assert memory_limit(root) == 200_000_000
+
+
+@pytest.mark.parametrize("value,expected", [("268435456", 268435456), ("9223372036854771712", None)])
+def test_v1(tmp_path, value, expected):
+    """Also the hybrid layout (v1 memory controller, a v2 tree at unified/ without it)."""
+    root = _tree(tmp_path, {"proc/self/cgroup": "12:cpu,cpuacct:/docker/x\n4:memory:/docker/x\n0::/\n",
+                            "sys/fs/cgroup/unified/cgroup.controllers": "",
+                            "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712",
+                            "sys/fs/cgroup/memory/docker/x/memory.limit_in_bytes": value})
+    assert memory_limit(root) == expected
+
+
+def test_no_cgroup_files(tmp_path):
+    assert memory_limit(tmp_path) is None
+
+
+def test_check_fits_names_the_three_figures():
+    check_fits(100, 50, 150, "100B")
+    check_fits(100, 50, None, "100B")
+    with pytest.raises(MemoryLimitError, match=r"100B .* \+ fixed overhead .* exceeds the cgroup memory limit of 0\.0 MB"):
+        check_fits(100, 51, 150, "100B")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    from dipdeploy.export.bundle import export_model
+    from dipdeploy.export.config import ExportConfig
+
+    out = tmp_path_factory.mktemp("cg") / "b"
+    export_model(ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, validate_tokens=0), out)
+    return out
+
+
+def _limit(monkeypatch, tmp_path, limit: int) -> None:
+    root = _tree(tmp_path, {**V2, "sys/fs/cgroup/user.slice/app/memory.max": str(limit)})
+    from dipdeploy.runtime import engine
+
+    monkeypatch.setattr(engine, "memory_limit", lambda: cgroup.memory_limit(root))
+
+
+def _rss() -> int:
+    from dipdeploy.runtime.stats import memory_now
+
+    return memory_now()["VmRSS"]
+
+
+@pytest.mark.parametrize("budget", ["50%", "100MB"])
+def test_engine_refuses_before_opening_sessions(bundle, tmp_path, monkeypatch, budget):
+    from dipdeploy.runtime import Engine
+    from dipdeploy.runtime.engine import Engine as EngineCls
+
+    _limit(monkeypatch, tmp_path, _rss() // 2)  # below what this process already holds
+    monkeypatch.setattr(EngineCls, "_open_sessions", lambda *a: pytest.fail("opened sessions"))
+    with pytest.raises(MemoryLimitError, match=f"DRAM budget {budget} .*fixed overhead .*cgroup memory limit"):
+        Engine(bundle, dram_budget=budget)
+
+
+def test_engine_runs_under_a_limit_it_fits(bundle, tmp_path, monkeypatch):
+    from dipdeploy.runtime import Engine
+
+    _limit(monkeypatch, tmp_path, 4 * _rss())
+    Engine(bundle, dram_budget="50%").close()
+
+
+def test_run_cli_one_line(bundle, tmp_path, monkeypatch):
+    from dipdeploy.cli import app
+
+    _limit(monkeypatch, tmp_path, _rss() // 2)
+    res = CliRunner().invoke(app, ["run", str(bundle), "--prompt", "hi", "-n", "2"])
+    assert res.exit_code == 2 and "exceeds the cgroup memory limit" in res.output and "Traceback" not in res.output
