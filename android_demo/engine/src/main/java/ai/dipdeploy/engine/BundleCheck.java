@@ -50,6 +50,7 @@ final class BundleCheck {
         }
         out.addAll(pathProblems(m, files));
         for (Manifest.Tensor t : m.tensors.values()) out.addAll(tensorProblems(m, files, t));
+        out.addAll(overlapProblems(m));
         out.addAll(planProblems(m));
         out.addAll(sizesProblems(m, files));
         return out;
@@ -172,6 +173,29 @@ final class BundleCheck {
         if (t.length != want)
             out.add("tensor " + t.name + ": length " + t.length + " != " + want + " (shape "
                     + Arrays.toString(t.shape) + " of " + t.dtype + ")");
+        return out;
+    }
+
+    /** Python's {@code _overlap_problems}: export writes every tensor once, so two sharing bytes mean an edit. */
+    private static List<String> overlapProblems(Manifest m) {
+        List<Manifest.Tensor> spans = new ArrayList<>();
+        for (Manifest.Tensor t : m.tensors.values())
+            if (t.file != null && t.offset >= 0 && t.length > 0) spans.add(t);
+        spans.sort((a, b) -> {
+            int c = a.file.compareTo(b.file);
+            if (c != 0) return c;
+            if (a.offset != b.offset) return Long.compare(a.offset, b.offset);
+            long ea = a.offset + a.length, eb = b.offset + b.length;
+            if (ea != eb) return Long.compare(ea, eb);
+            return a.name.compareTo(b.name);
+        });
+        List<String> out = new ArrayList<>();
+        for (int k = 1; k < spans.size(); k++) {
+            Manifest.Tensor a = spans.get(k - 1), b = spans.get(k);
+            if (a.file.equals(b.file) && b.offset < a.offset + a.length)
+                out.add("tensor " + b.name + ": bytes [" + b.offset + ", " + (b.offset + b.length) + ") of " + b.file
+                        + " overlap tensor " + a.name);
+        }
         return out;
     }
 
