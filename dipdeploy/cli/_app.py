@@ -11,6 +11,15 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from dipdeploy import __version__
+
+        typer.echo(f"dipdeploy {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main() -> None:
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
     """dipdeploy: run large language models from phone-class memory with Dynamic Input Pruning."""

@@ -180,7 +180,7 @@ def trace_cmd(
     method: str = typer.Option("dip", help="dense | dip | dip-ca"),
     density: float = typer.Option(0.5, help="target MLP density ρ (ignored for dense)"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration)"),
-    tokens: int = typer.Option(512, help="tokens to trace"),
+    tokens: int = typer.Option(512, min=1, help="tokens to trace"),
     split: str = typer.Option("test", help="WikiText-2 split to trace (test | validation)"),
     text_file: Optional[Path] = typer.Option(None, help="trace this UTF-8 text instead"),
     data_dir: Optional[Path] = DATA,

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
+
 #: Methods the exported graph can run. Other plan methods (glu, gate, up, cats, teal) have no
 #: TopKColumnMask form in this bundle format and are refused by name.
 EXPORT_METHODS = ("dense", "dip", "dip-ca")
 #: MLP weight formats of the bundle (``none`` = fp32 rows).
 EXPORT_QUANTS = ("none", "bq4", "bq4-b32", "bq4-b64", "bq4-b128", "vq3")
-#: MatMulNBits accuracy levels (0 = fp32 compute, 4 = int8 activations; docs/onnxruntime.md).
-ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+#: Accuracy levels of a bundle (0 = fp32 compute, 4 = int8 activations; docs/onnxruntime.md).
+ACCURACY_LEVELS = BUNDLE_ACCURACY_LEVELS
 ALIGNMENTS = (4096, 65536)
 #: ``standard``: attention in opset-21 ops (runs on any ORT); ``gqa``: com.microsoft::GroupQueryAttention.
 ATTENTION_OPS = ("standard", "gqa")

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 DOMAIN = "ai.dipdeploy"
 OPSET_VERSION = 1
+#: The accuracy levels a bundle runs at: 0 (float32 arithmetic) and 4 (int8 activations and
+#: coefficients). MatMulNBits also names 1–3 (fp32, fp16, bf16 compute), but SparseGatherMatMul has no
+#: kernel for them and on CPU they compute as level 0, so export and the runtime refuse them rather than
+#: run level 0 under another name.
+BUNDLE_ACCURACY_LEVELS = (0, 4)
 TOPK_OP = "TopKColumnMask"
 SGMM_OP = "SparseGatherMatMul"
 # The standard-op opset the fallback function bodies and the test models use.

@@ -58,6 +58,9 @@ class DramBudget:
             return cls(cache_frac=_frac(share, t))
         if t in ("inf", "unlimited"):
             return cls(cache_frac=1.0)
+        if re.fullmatch(r"[0-9]*\.?[0-9]+", t):  # 50 or 0.5: a share or a size? say which
+            raise ValueError(f"DRAM budget {text!r} needs a unit: a share of the MLP rows such as 50%, or a size "
+                             "such as 200MB")
         return cls(total_bytes=parse_bytes(t, "DRAM budget"))
 
     def __str__(self) -> str:

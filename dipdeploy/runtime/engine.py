@@ -27,6 +27,7 @@ import numpy as np
 
 from dipdeploy.cache import POLICIES, static_rows
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifest, read_manifest
+from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime.budget import DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
 from dipdeploy.runtime.flash import FlashStore
@@ -63,8 +64,9 @@ class EngineConfig:
             raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
         if self.context < 1:
             raise ValueError(f"context must be >= 1 token, got {self.context}")
-        if self.accuracy_level not in (None, 0, 4):
+        if self.accuracy_level is not None and self.accuracy_level not in BUNDLE_ACCURACY_LEVELS:
             raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
+        DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
 
 
 @dataclass
