@@ -34,7 +34,7 @@ bundles, and one implementation against itself.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -98,12 +98,6 @@ class TokenAgreement:
     def tokens_agree(self) -> int:
         """Steps whose top-1 are equal."""
         return self.steps - len(self.near_ties) - len(self.mismatches)
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["tolerance"] = self.tolerance.logits
-        d["tie_margin"] = self.tolerance.tie
-        return {**d, "ok": self.ok}
 
     def describe(self) -> str:
         """One line for an assertion or an error message."""
@@ -272,11 +266,15 @@ def compare_runs(ref_steps: Sequence[np.ndarray], ref_tokens: Sequence[int], ref
     the comparison (a generation loop keeps no logits after its last token).
     """
     part, topk = _first_parting(ref_sel, got_sel)
-    tok_part = next((t for t, (a, b) in enumerate(zip(ref_tokens, got_tokens)) if int(a) != int(b)), None)
-    bound = min(x for x in (part, None if tok_part is None else prompt_len + tok_part, 1 << 62) if x is not None)
-    # step 0 needs every prompt position, step j >= 1 position prompt_len - 1 + j
-    steps = 0 if bound < prompt_len else min(len(ref_steps), len(got_steps), bound - prompt_len + 1)
+    # token t is the argmax of step t, which sees positions up to prompt_len - 1 + t
     n_tok = len(ref_tokens) if part is None else max(0, part - prompt_len + 1)
     tokens = compare_free_running(ref_steps, list(ref_tokens)[:n_tok], list(got_tokens)[:n_tok], tol.tie)
+    # the first fed position where the two differ: selections parted, or another token fed
+    fed_part = None if tokens.first_difference is None else prompt_len + tokens.first_difference
+    bound = min((b for b in (part, fed_part) if b is not None), default=None)
+    # step 0 needs every prompt position, step j >= 1 position prompt_len - 1 + j
+    steps = min(len(ref_steps), len(got_steps))
+    if bound is not None:
+        steps = 0 if bound < prompt_len else min(steps, bound - prompt_len + 1)
     logits = compare_logits(ref_steps[:steps], got_steps[:steps], tol)
     return RunAgreement(steps, part, topk, tokens, logits)

@@ -31,6 +31,7 @@ class KVDecoder:
                      for i in inputs if i.name.startswith("past_key_values")}
         self.length = 0
         self.last: dict = {}
+        self._fed = 0
 
     def feed(self, ids) -> np.ndarray:
         """Run ``ids`` ([S] or [1, S]) after what the cache holds; returns their logits [S, V]."""
@@ -40,10 +41,18 @@ class KVDecoder:
         if self.positions:
             feed["position_ids"] = np.arange(self.length, self.length + s, dtype=np.int64)[None]
         res = dict(zip(self.outputs, self.session.run(None, feed)))
-        self.last = res  # every output of the call (validation reads the exposed selections)
+        self.last = res  # every output of the call (see selections)
+        self._fed = s
         self.past = {k: res[k.replace("past_key_values", "present")] for k in self.past}
         self.length += s
         return res["logits"][0]
+
+    def selections(self, outputs: dict) -> list[dict]:
+        """Per position fed in the last call, ``{key: that position's row}`` of the graph outputs that
+        ``outputs`` maps key → name (the TopKColumnMask results exposed by
+        ``dipdeploy.ops.nodes.with_selection_outputs``)."""
+        rows = {key: np.asarray(self.last[name]).reshape(self._fed, -1) for key, name in outputs.items()}
+        return [{key: r[p] for key, r in rows.items()} for p in range(self._fed)]
 
 
 @dataclass

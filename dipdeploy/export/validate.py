@@ -127,8 +127,7 @@ def ort_teacher_forced_selections(session, spec, prompt: np.ndarray, tokens: lis
         logits.append(kv.feed(feed))
         picks.append(int(logits[-1][-1].argmax()))
         if selection_outputs:
-            rows = {key: np.asarray(kv.last[name]).reshape(len(feed), -1) for key, name in selection_outputs.items()}
-            sel += [{key: r[p] for key, r in rows.items()} for p in range(len(feed))]
+            sel += kv.selections(selection_outputs)
         feed = [tokens[step]]
     return picks, logits, sel
 

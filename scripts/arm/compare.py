@@ -154,7 +154,7 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
     so = session_options(threads=threads, native=native is not None)
     exposed = (bundle / SELECTIONS).is_file()
     graph = SELECTION_GRAPH if exposed else manifest.graphs["model"]
-    keys = {name: tuple(key) for name, key in json.loads((bundle / SELECTIONS).read_text()).items()} if exposed else {}
+    outputs = {tuple(key): name for name, key in json.loads((bundle / SELECTIONS).read_text()).items()} if exposed else {}
     sess = ort.InferenceSession(str(bundle / graph), so, providers=["CPUExecutionProvider"])
     t_session = time.perf_counter() - t0
 
@@ -163,8 +163,7 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
     t1 = time.perf_counter()
     for step in range(greedy + 1):  # step 0: the teacher-forced prefill; then one greedy token per step
         logits.append(kv.feed(x))
-        rows = {key: np.asarray(kv.last[name]).reshape(np.asarray(x).size, -1) for name, key in keys.items()}
-        sel += [{key: r[p] for key, r in rows.items()} for p in range(np.asarray(x).size)]
+        sel += kv.selections(outputs)
         if step < greedy:
             tokens.append(int(logits[-1][-1].argmax()))
             x = [tokens[-1]]
