@@ -193,7 +193,7 @@ def resolve(name_or_path: str) -> tuple[Path | str, str]:
             return (out if (out / "config.json").is_file() else build_tiny(spec, out)), spec.name
         if spec.source and "gguf" in spec.source:
             return _from_gguf(_embedded_gguf(spec)), spec.name
-        return spec.hf_id, spec.name
+        return hub_snapshot(spec.hf_id), spec.name
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -207,11 +207,25 @@ def resolve(name_or_path: str) -> tuple[Path | str, str]:
             )
         return path, path.name
     if "/" in name_or_path and not name_or_path.startswith((".", "/")):
-        return name_or_path, name_or_path.split("/")[-1]
+        return hub_snapshot(name_or_path), name_or_path.split("/")[-1]
     raise FileNotFoundError(
         f"model {name_or_path!r} is neither a registry name (see `dipdeploy models`), an existing path, "
         f"a .gguf file nor a hub id of the form owner/name"
     )
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local HF-cache snapshot of a hub id. Nothing is downloaded at run time (a missing model would
+    otherwise cost half a minute of HTTP retries before its error): an uncached id fails at once."""
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as err:  # noqa: BLE001 — not cached, or not a valid id: both get the same fix
+        raise FileNotFoundError(
+            f"model {repo_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}; "
+            f"{err.__class__.__name__}) and nothing is downloaded at run time; download it where you have "
+            f"network (hf download {repo_id} --local-dir DIR) and pass --model DIR, or a .gguf file") from None
 
 
 def fp32_bytes(name_or_path: str) -> int:
@@ -233,13 +247,10 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bo
     try:
         config = AutoConfig.from_pretrained(where)
     except OSError as err:
-        raise FileNotFoundError(
-            f"could not load {where!r} ({err.__class__.__name__}); offline and not in the HF cache? "
-            f"Download it where you have network (huggingface-cli download {where}) and pass the local "
-            f"directory, or a .gguf file"
-        ) from err
+        raise FileNotFoundError(f"could not read the model config in {where} ({err.__class__.__name__}: {err}); "
+                                f"pass a complete Hugging Face model directory or a .gguf file") from err
     layout = _check_architecture(config, str(where))
-    local = Path(where) if Path(str(where)).exists() else None
+    local = Path(where)
     if stream:
         return _load_streamed(where, local, config, name, layout)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
@@ -248,11 +259,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bo
     return LoadedModel(model, tokenizer, name, layout, local)
 
 
-def _load_streamed(where, local: Path | None, config, name: str, layout: str) -> LoadedModel:
-    if local is None:
-        raise FileNotFoundError(
-            f"streaming needs the checkpoint on disk; {where!r} is a hub id: download it "
-            f"(huggingface-cli download {where} --local-dir DIR) and pass DIR")
+def _load_streamed(where, local: Path, config, name: str, layout: str) -> LoadedModel:
     checkpoint = StreamedCheckpoint(local)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

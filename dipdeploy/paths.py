@@ -50,20 +50,75 @@ def atomic_dir(final: Path, *, wait: bool = True, tidy: bool = False,
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_output(path: Path, force: bool) -> Path:
-    """Refuse to clobber an existing output unless ``force``: nothing is lost by accident."""
+def check_output(path: Path, force: bool, *, directory: bool = False, flag: str = "") -> Path:
+    """Refuse, before any work, an output that cannot be written or would clobber an existing one.
+
+    One rule for every output of every command (``--json``, ``--out``, ``--plot``, ``--trace``): an
+    existing path is replaced only with ``force``; a file output must not be a directory (a directory
+    output, ``directory``, must not be a file); the nearest existing ancestor must be a writable
+    directory (missing folders in between are created when writing). Checked up front so that minutes
+    of work are never lost to a typo in an output path. ``flag`` names the option in the message."""
     path = Path(path)
+    name = f"{flag} {path}" if flag else str(path)
+    if path.is_dir() and not directory:
+        raise IsADirectoryError(f"{name} is a directory; give a file path")
+    if path.exists() and directory and not path.is_dir():
+        raise FileExistsError(f"{name} is a file, not a directory; give a directory path")
     if path.exists() and not force:
-        raise FileExistsError(f"{path} exists; pass --force to overwrite it or choose another path")
+        raise FileExistsError(f"{name} exists; pass --force to overwrite it or choose another path")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(f"{name}: {parent} is not a directory; choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{name}: {parent} is not writable; choose another path")
+    return path
+
+
+def check_outputs(force: bool, outputs: dict[str, Path | None]) -> None:
+    """:func:`check_output` for each given file output, keyed by its option (``{"--json": path}``)."""
+    for flag, path in outputs.items():
+        if path is not None:
+            check_output(path, force, flag=flag)
+
+
+def check_input_dir(path: Path | str | None, flag: str) -> Path | None:
+    """An input folder the user named must exist: a typo must not fall back silently to a default."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{flag} {path} is not an existing directory; give the folder that holds the "
+                                f"files (or leave {flag} out)")
     return path
 
 
 def write_atomic(path: Path, data: bytes | str, force: bool = False) -> Path:
-    """Write ``data`` to ``path`` via a temporary file and a rename."""
+    """Write ``data`` to ``path`` via a temporary sibling and a rename (a kill never leaves half a file);
+    the overwrite rule is :func:`check_output`'s."""
     path = check_output(Path(path), force)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the result is an ordinary file
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def check_input_file(path: Path | str | None, flag: str) -> Path | None:
+    """An input file the user named must exist before any work starts (not after the model loaded)."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{flag} {path} {what}; give an existing file")
     return path

@@ -1,8 +1,40 @@
 """The typer application object; command modules register on it (one module per stage)."""
 
+import sys
+
 import typer
+from typer._click import exceptions as click  # typer vendors click: its usage errors are these classes
+from typer.core import TyperGroup
+
+
+class _Group(TyperGroup):
+    """Usage errors (an unknown option, a value of the wrong type, a missing option) end like every other
+    refusal of bad input: one line naming the problem and where the fix is, exit code 2, instead of
+    click's usage block."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.NoArgsIsHelpError as err:
+            err.show()
+            sys.exit(err.exit_code)
+        except click.UsageError as err:
+            where = err.ctx.command_path if err.ctx is not None else "dipdeploy"
+            typer.echo(f"error: {' '.join(err.format_message().split()).rstrip('.')}; see `{where} --help`", err=True)
+            sys.exit(2)
+        except click.ClickException as err:
+            err.show()
+            sys.exit(err.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
+    cls=_Group,
     name="dipdeploy",
     help="Dynamic Input Pruning (DIP / DIP-CA) for SwiGLU LLMs: calibrate, evaluate, quantise, export, run, simulate.",
     no_args_is_help=True,
@@ -23,3 +55,6 @@ def _version(value: bool) -> None:
 def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="print the version and exit")) -> None:
     """dipdeploy: run large language models from phone-class memory with Dynamic Input Pruning."""
+    from dipdeploy.progress import quiet_libraries
+
+    quiet_libraries()

@@ -20,7 +20,8 @@ console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes 
 
 def fail(err: Exception) -> None:
     """Print a clear one-line error (no traceback, never wrapped, the message's brackets kept) and exit 2."""
-    console.print(f"[bold red]error:[/] {escape(' '.join(str(err).split()))}", soft_wrap=True)
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)  # KeyError quotes its str
+    console.print(f"[bold red]error:[/] {escape(' '.join(text.split()))}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -56,7 +57,7 @@ def print_rows(rows: list[dict], title: str) -> None:
     console.print(table)
 
 
-def write_json(rows, path: Optional[Path], force: bool = True) -> None:
+def write_json(rows, path: Optional[Path], force: bool) -> None:
     if path is not None:
         from dipdeploy.paths import write_atomic
 
@@ -75,6 +76,33 @@ CACHE = typer.Option(0.5, "--cache-frac", help="DIP-CA cache capacity, fraction 
 TOPN = typer.Option(0, "--fixed-top-n", help="DIP-CA: exempt the n largest |x| from re-weighting")
 WARM = typer.Option(0, "--gamma-warmup", help="DIP-CA: tokens over which γ goes from 1 to --gamma")
 DATA = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/ (default: $DIPDEPLOY_DATA)")
+FORCE = typer.Option(False, "--force", help="overwrite existing output files")
+
+
+def check_inputs(*, data_dir: Optional[Path] = None, files: dict[str, Optional[Path]] | None = None,
+                 outputs: dict[str, Optional[Path]] | None = None, force: bool = False,
+                 model: Optional[str] = None) -> None:
+    """The checks every command runs before any work: named input folders and files exist, every output
+    can be written (``dipdeploy.paths.check_output``: one overwrite rule, ``--force``), and ``model``
+    names something loadable (a hub id only from the local cache), so a typo fails before any stage."""
+    from dipdeploy.paths import check_input_dir, check_input_file, check_outputs
+
+    check_input_dir(data_dir, "--data-dir")
+    for flag, path in (files or {}).items():
+        check_input_file(path, flag)
+    check_outputs(force, outputs or {})
+    if model is not None:
+        from dipdeploy.loading import resolve
+
+        resolve(model)
+
+
+def floats(text: str, flag: str) -> list[float]:
+    """A comma list of numbers (``--density 0.4,0.5``); a typo is named with the option."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r} is not a comma list of numbers (e.g. 0.4,0.5)") from None
 
 
 @app.command("eval")
@@ -97,28 +125,36 @@ def eval_cmd(
     lora_merge: bool = typer.Option(True, "--lora-merge/--lora-live", help="merge the adapter or keep it live"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as a JSON list"),
     plot: Optional[Path] = typer.Option(None, help="save a PPL-vs-density Pareto plot (PNG)"),
+    force: bool = FORCE,
 ) -> None:
     """WikiText-2 perplexity of sparse methods (GPTQ-style protocol of docs/method.md)."""
     from dipdeploy.eval import EvalConfig, evaluate
+    from dipdeploy.progress import Progress
 
     try:
-        first_density = float(density.split(",")[0])
-        sp = _sparsity_options(method.split(",")[0], first_density if first_density <= 1 else 0.5, rho_in,
+        check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file},
+                     outputs={"--json": json_out, "--plot": plot}, force=force)
+        floats(density, "--density")
+        if lora is not None and not lora.is_dir():
+            raise FileNotFoundError(f"--lora {lora} is not an adapter directory; give one from `dipdeploy finetune`")
+        first_density = floats(density, "--density")[0]
+        sp = _sparsity_options(method.split(",")[0], first_density if 0 < first_density <= 1 else 0.5, rho_in,
                                allocation, score, gamma, policy, cache_frac, fixed_top_n, gamma_warmup)
         cfg = EvalConfig(model=model, method=method, density=density, plan=str(plan) if plan else None,
                          seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
                          text_file=str(text_file) if text_file else None, data_dir=str(data_dir) if data_dir else None,
                          batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope,
                          lora=str(lora) if lora else None, lora_merge=lora_merge)
-        rows = evaluate(cfg)
-    except (ValueError, FileNotFoundError, KeyError, FileExistsError) as err:
+        check_inputs(model=model)
+        rows = evaluate(cfg, Progress())
+    except (ValueError, OSError, KeyError) as err:
         fail(err)
     print_rows(rows, f"{rows[0]['model']} · WikiText-2 · seqlen {seqlen} · {rows[0]['windows']} windows")
-    write_json(rows, json_out)
+    write_json(rows, json_out, force)
     if plot is not None:
         from dipdeploy.eval.plot import plot_pareto
 
-        console.print(f"wrote {plot_pareto(rows, plot, rows[0]['model'])}")
+        console.print(f"wrote {plot_pareto(rows, plot, rows[0]['model'], force=force)}")
 
 
 @app.command("calibrate")
@@ -136,20 +172,29 @@ def calibrate_cmd(
     force: bool = typer.Option(False, "--force", help="overwrite an existing plan"),
 ) -> None:
     """Calibrate a sparsity plan (split, thresholds, per-layer allocation) on calibration text."""
-    from dipdeploy.eval.data import load_text, windows as make_windows
-    from dipdeploy.loading import load_model
-    from dipdeploy.paths import check_output
-    from dipdeploy.sparsity.calibrate import calibrate
+    from dipdeploy.progress import Progress
 
     try:
-        check_output(out, force)
+        check_inputs(data_dir=data_dir, files={"--text-file": text_file}, outputs={"--out": out}, force=force)
+        if windows < 1 or seqlen < 16:
+            raise ValueError(f"--windows {windows} --seqlen {seqlen}: give at least 1 window of 16 tokens")
         cfg = _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac,
                                 fixed_top_n, gamma_warmup)
-        lm = load_model(model)
-        text = load_text("wikitext2", "validation", text_file, data_dir)
-        plan = calibrate(lm, cfg, make_windows(lm.tokenizer, text, seqlen, windows))
+        check_inputs(model=model)
+        from dipdeploy.eval.data import load_text, windows as make_windows
+        from dipdeploy.loading import load_model
+        from dipdeploy.sparsity.calibrate import calibrate
+
+        progress = Progress()
+        with progress.stage(f"load {model}"):
+            lm = load_model(model)
+        with progress.stage("tokenise the calibration text"):
+            text = load_text("wikitext2", "validation", text_file, data_dir)
+            calib = make_windows(lm.tokenizer, text, seqlen, windows)
+        with progress.stage(f"calibrate {method} ρ={density:g} on {calib.shape[0]}×{seqlen} tokens"):
+            plan = calibrate(lm, cfg, calib)
         plan.save(out, force=force)
-    except (ValueError, FileNotFoundError, KeyError, FileExistsError) as err:
+    except (ValueError, OSError, KeyError) as err:
         fail(err)
     console.print(f"plan for {plan.model}: {plan.method}, density {plan.density:.4f} "
                   f"(ρ_in {plan.rho_in}, {plan.allocation}) → {out}")
@@ -164,11 +209,12 @@ def demo_cmd(
 ) -> None:
     """The main job on the embedded default model: dense vs DIP, DIP-CA and two peers, a few windows."""
     from dipdeploy.eval import EvalConfig, Evaluator
+    from dipdeploy.progress import Progress
 
     try:
-        ev = Evaluator(EvalConfig(model=model, seqlen=seqlen, max_windows=windows))
+        ev = Evaluator(EvalConfig(model=model, seqlen=seqlen, max_windows=windows), Progress())
         rows = [ev.row("dense", 1.0)] + [ev.row(m, density) for m in ("cats", "teal", "dip", "dip-ca")]
-    except (ValueError, FileNotFoundError, KeyError) as err:
+    except (ValueError, OSError, KeyError) as err:
         fail(err)
     print_rows(rows, f"{rows[0]['model']} · WikiText-2 test · {windows}×{seqlen} tokens · calibrated on validation")
 
@@ -180,7 +226,7 @@ def trace_cmd(
     method: str = typer.Option("dip", help="dense | dip | dip-ca"),
     density: float = typer.Option(0.5, help="target MLP density ρ (ignored for dense)"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration)"),
-    tokens: int = typer.Option(512, min=1, help="tokens to trace"),
+    tokens: int = typer.Option(512, help="tokens to trace"),
     split: str = typer.Option("test", help="WikiText-2 split to trace (test | validation)"),
     text_file: Optional[Path] = typer.Option(None, help="trace this UTF-8 text instead"),
     data_dir: Optional[Path] = DATA,
@@ -188,31 +234,44 @@ def trace_cmd(
     force: bool = typer.Option(False, "--force", help="overwrite an existing trace"),
 ) -> None:
     """Record per-token, per-layer selected rows (and magnitudes) from the torch reference, for `simulate`."""
-    from dipdeploy.eval.data import load_text, windows as make_windows
-    from dipdeploy.loading import load_model
-    from dipdeploy.paths import check_output
-    from dipdeploy.sparsity.calibrate import calibrate
-    from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan, uniform_plan
-    from dipdeploy.sparsity.trace import record_trace
+    from dipdeploy.progress import Progress
+    from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
 
     try:
-        check_output(out, force)
-        lm = load_model(model)
+        check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file}, outputs={"--out": out},
+                     force=force)
+        if tokens < 1:
+            raise ValueError(f"--tokens {tokens}: give at least 1 token to trace")
+        if method not in ("dense", "dip", "dip-ca"):
+            raise ValueError(f"--method {method!r}: tracing records dense, dip or dip-ca")
+        if split not in ("test", "validation"):
+            raise ValueError(f"--split {split!r} unknown; choose test or validation")
+        p = SparsityPlan.load(plan) if plan is not None else None
+        cfg = None if p is not None or method == "dense" else SparsityConfig(
+            method=method, density=density, rho_in=rho_in, gamma=gamma, policy=policy, cache_frac=cache_frac)
+        check_inputs(model=model)
+        from dipdeploy.eval.data import load_text, windows as make_windows
+        from dipdeploy.loading import load_model
+        from dipdeploy.sparsity.calibrate import calibrate
+        from dipdeploy.sparsity.plan import uniform_plan
+        from dipdeploy.sparsity.trace import record_trace
+
+        progress = Progress()
+        with progress.stage(f"load {model}"):
+            lm = load_model(model)
         c = lm.model.config
-        if plan is not None:
-            p = SparsityPlan.load(plan)
-        elif method == "dense":
+        if p is None and cfg is None:
             p = uniform_plan(SparsityConfig(method="dip", density=1.0), lm.name, c.num_hidden_layers,
                              c.hidden_size, c.intermediate_size)
-        else:
-            cfg = SparsityConfig(method=method, density=density, rho_in=rho_in, gamma=gamma, policy=policy,
-                                 cache_frac=cache_frac)
-            calib = make_windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), 512, 4)
-            p = calibrate(lm, cfg, calib)
-        ids = make_windows(lm.tokenizer, load_text("wikitext2", split, text_file, data_dir), tokens, 1)
-        trace = record_trace(lm, p, ids, meta={"text": str(text_file) if text_file else f"wikitext2/{split}"})
+        elif p is None:
+            with progress.stage(f"calibrate {method} ρ={density:g}"):
+                calib = make_windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), 512, 4)
+                p = calibrate(lm, cfg, calib)
+        with progress.stage(f"trace {tokens} tokens"):
+            ids = make_windows(lm.tokenizer, load_text("wikitext2", split, text_file, data_dir), tokens, 1)
+            trace = record_trace(lm, p, ids, meta={"text": str(text_file) if text_file else f"wikitext2/{split}"})
         trace.save(out, force=force)
-    except (ValueError, FileNotFoundError, KeyError, FileExistsError) as err:
+    except (ValueError, OSError, KeyError) as err:
         fail(err)
     console.print(f"trace of {trace.num_tokens} tokens × {trace.num_layers} layers ({trace.method}, "
                   f"ρ={trace.density:.3f}) → {out}")

@@ -25,6 +25,18 @@ def _config(**given):
     return ExportConfig(**{k: v for k, v in given.items() if v is not None and k in fields})
 
 
+def _check_per_layer(asked: Optional[bool], cfg) -> None:
+    """The per-layer graphs run DIP's sparse MLPs for the host runtime; a dense export has none, and an
+    explicit ``--per-layer`` must not be dropped silently."""
+    from dipdeploy.sparsity.plan import SparsityPlan
+
+    method = SparsityPlan.load(cfg.plan).method if cfg.plan else cfg.method
+    if asked and method == "dense":
+        raise ValueError("--per-layer with a dense export: the per-layer graphs run DIP's sparse MLPs and a dense "
+                         "model has none; drop --per-layer, or export --method dip --rho-in 1 --density 1 for a "
+                         "dense baseline that `dipdeploy run` can stream")
+
+
 @app.command("export")
 def export_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="bundle directory to create"),
@@ -58,19 +70,30 @@ def export_cmd(
     """Export a model with DIP sparse MLPs as a validated ONNX bundle (see the README, 'The bundle')."""
     import signal
 
-    from dipdeploy.export.bundle import export_model
+    from dipdeploy.cli.core import check_inputs
+    from dipdeploy.progress import Progress
 
     # `kill` (SIGTERM) cleans up like Ctrl-C: the temporary bundle directory is removed.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
+        check_inputs(data_dir=data_dir, files={"--plan": plan}, outputs={"--json": json_out}, force=force)
+        if lora is not None and not lora.is_dir():
+            raise FileNotFoundError(f"--lora {lora} is not an adapter directory; give one from `dipdeploy finetune`")
         cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
                       plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
                       accuracy_level=accuracy_level, attention=attention, per_layer=per_layer, fuse_norms=fuse_norms,
                       stream=stream,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None)
-        with console.status("export") as status:
-            result = export_model(cfg, out, force=force, progress=lambda s: status.update(f"export: {s}"),
+        _check_per_layer(per_layer, cfg)
+        check_inputs(model=cfg.model)
+        from dipdeploy.export.bundle import export_model
+
+        steps = Progress().steps()
+        try:
+            result = export_model(cfg, out, force=force, progress=steps,
                                   notice=lambda line: console.print(f"[yellow]note:[/] {line}"))
+        finally:
+            steps()
     except _ERRORS as err:
         fail(err)
     summary = result.summary()
@@ -79,10 +102,10 @@ def export_cmd(
         if k != "steps_s" and v is not None:
             table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     console.print(table)
-    console.print(f"steps (s): {summary['steps_s']}")
+    console.print(f"{summary['seconds']} s in all; steps (s): {summary['steps_s']}")
     console.print(f"run it: dipdeploy inspect {out} --prompt TEXT [--native]  (in your own ORT code, register "
                   f"{out}/libdipdeploy_ops.so with SessionOptions.register_custom_ops_library for the native kernels)")
-    write_json({**summary, "validation": result.manifest.validation}, json_out)
+    write_json({**summary, "validation": result.manifest.validation}, json_out, force)
 
 
 @app.command("inspect")
@@ -94,11 +117,16 @@ def inspect_cmd(
     max_new_tokens: int = typer.Option(32, help="tokens to generate with --prompt"),
     native: bool = typer.Option(False, "--native", help="with --prompt: register the native op library"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the manifest summary as JSON"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing --json file"),
 ) -> None:
     """Print a bundle's manifest as a readable summary (after the structure checks); --verify checks every checksum."""
+    from dipdeploy.cli.core import check_inputs
     from dipdeploy.export.manifest import read_manifest, verify as verify_bundle
 
     try:
+        check_inputs(outputs={"--json": json_out}, force=force)
+        if max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens {max_new_tokens}: give at least 1")
         m = read_manifest(bundle)
     except _ERRORS as err:
         fail(err)
@@ -140,6 +168,6 @@ def inspect_cmd(
         console.print(f"{len(g.tokens)} tokens, {g.tokens_per_s:.1f} tok/s, "
                       f"{'native library' if g.native else 'stock ORT'}, 1 thread, {m.method} {rows['quant']}")
         gen = {"text": g.text, "tokens": g.tokens, "tokens_per_s": g.tokens_per_s, "native": g.native}
-    write_json({**rows, "problems": problems, "generation": gen}, json_out)
+    write_json({**rows, "problems": problems, "generation": gen}, json_out, force)
     if problems:
         raise typer.Exit(1)

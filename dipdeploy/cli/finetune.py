@@ -51,36 +51,62 @@ def finetune_cmd(
     """Train LoRA adapters with the DIP masks active; save a peft adapter plus the plan it was trained for."""
     import torch
 
+    from dipdeploy.cli.core import check_inputs
     from dipdeploy.eval import EvalConfig
-    from dipdeploy.eval.data import load_text, windows
-    from dipdeploy.finetune import LoraConfig, finetune
-    from dipdeploy.loading import load_model
+    from dipdeploy.finetune import LoraConfig
     from dipdeploy.paths import check_output
-    from dipdeploy.sparsity.calibrate import calibrate
+    from dipdeploy.progress import Progress
     from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
 
     try:
-        check_output(out, force)
+        check_output(out, force, directory=True, flag="--out")
+        check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file})
         cfg = LoraConfig(**_given(rank=rank, alpha=alpha, targets=targets, steps=steps, tokens=tokens, lr=lr,
                                   seqlen=seqlen, batch_size=batch_size, save_steps=save_steps, bf16=bf16,
                                   data=data, text_file=str(text_file) if text_file else None))
-        if threads is not None:
-            torch.set_num_threads(threads)
-        lm = load_model(model)
-        if plan is not None:
-            p = SparsityPlan.load(plan)
-        else:
+        if threads is not None and threads < 1:
+            raise ValueError(f"--threads {threads}: give at least 1")
+        p = SparsityPlan.load(plan) if plan is not None else None
+        sp = None
+        if p is None:
             sp = SparsityConfig(**_given(method=method, density=density, rho_in=rho_in, gamma=gamma))
             if sp.method not in ("dip", "dip-ca"):
-                raise ValueError(f"method {sp.method!r}: finetune trains under dip or dip-ca")
-            ec = EvalConfig()
-            calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
-                            ec.calib_seqlen, ec.calib_windows)
-            p = calibrate(lm, sp, calib)
+                raise ValueError(f"--method {sp.method}: finetune trains under dip or dip-ca")
+        check_inputs(model=model)
+        from dipdeploy.eval.data import load_text, windows
+        from dipdeploy.finetune import finetune
+        from dipdeploy.loading import load_model
+        from dipdeploy.sparsity.calibrate import calibrate
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        progress = Progress()
+        with progress.stage(f"load {model}"):
+            lm = load_model(model)
+        if p is None:
+            with progress.stage(f"calibrate {sp.method} ρ={sp.density:g}"):
+                ec = EvalConfig()
+                calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
+                                ec.calib_seqlen, ec.calib_windows)
+                p = calibrate(lm, sp, calib)
         console.print(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}) on {lm.name} under "
                       f"{p.method} ρ={p.density:.4f}: {cfg.total_steps} steps × {cfg.tokens_per_step} tokens")
-        res = finetune(lm, p, cfg, out, data_dir=data_dir, resume=resume, force=force)
-    except (ValueError, FileNotFoundError, KeyError, FileExistsError) as err:
+        with progress.stage("train LoRA, steps", total=cfg.total_steps) as stage:
+            res = finetune(lm, p, cfg, out, data_dir=data_dir, resume=resume, force=force, progress=False,
+                           callbacks=(_step_counter(stage),))
+    except (ValueError, OSError, KeyError) as err:
         fail(err)
     console.print(f"adapter → {res.out_dir}: {res.steps} steps, {res.train_tokens} tokens, "
                   f"loss {res.first_loss:.4f} → {res.last_loss:.4f}, {res.wall_s} s")
+
+
+def _step_counter(stage):
+    """A TrainerCallback that advances ``stage`` per optimizer step (the Trainer's own tqdm bar is off:
+    it would interleave with ours, dipdeploy/progress.py)."""
+    from transformers import TrainerCallback
+
+    class StepCounter(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stage.advance()
+
+    return StepCounter()

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 
 from dipdeploy.cli._app import app
-
-console = Console()
+from dipdeploy.cli.core import console, fail
 
 
 @app.command("build-ops")
@@ -20,7 +18,9 @@ def build_ops_cmd(
 
     try:
         path = build_ops(arch, force=force)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
+    except (ValueError, FileNotFoundError) as err:  # refused before anything is built
+        fail(err)
+    except RuntimeError as err:  # the compiler or npm failed: not the user's input, so not exit 2
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(1) from err
     console.print(f"built {path}")

@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from dipdeploy.cli._app import app
+from dipdeploy.cli.core import check_inputs, console, fail
 from dipdeploy.quant.config import QUANT_PRESETS
-
-console = Console()
 
 
 @app.command("quantize")
@@ -21,28 +19,37 @@ def quantize_cmd(
     force: bool = typer.Option(False, "--force", help="overwrite an existing --out"),
     calib_windows: int = typer.Option(16, "--calib-windows", help="-gptq formats: calibration windows (validation split)"),
     calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="-gptq formats: tokens per calibration window"),
-    data_dir: str | None = typer.Option(None, "--data-dir", help="folder holding wikitext-2-raw/ (else $DIPDEPLOY_DATA)"),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="folder holding wikitext-2-raw/ (else $DIPDEPLOY_DATA)"),
 ) -> None:
     """Quantise the MLP weights in the sparse row layout and write them (with their config) to one file."""
+    from dipdeploy.progress import Progress
     from dipdeploy.quant.config import quant_config_from_name
 
     try:
         cfg = quant_config_from_name(quant)
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--quant") from err
-    if out.exists() and not force:
-        raise typer.BadParameter(f"{out} exists; pass --force to overwrite it", param_hint="--out")
-    from dipdeploy.loading import load_model
-    from dipdeploy.quant.fake import write_packed_mlp
-    from dipdeploy.quant.io import bits_per_weight, read_header
+        check_inputs(data_dir=data_dir, outputs={"--out": out}, force=force)
+        if cfg.error_feedback and (calib_windows < 1 or calib_seqlen < 16):
+            raise ValueError(f"--calib-windows {calib_windows} --calib-seqlen {calib_seqlen}: give at least 1 "
+                             f"window of 16 tokens")
+        check_inputs(model=model)
+        from dipdeploy.loading import load_model
+        from dipdeploy.quant.fake import write_packed_mlp
+        from dipdeploy.quant.io import bits_per_weight, read_header
 
-    lm = load_model(model)
-    calib = None
-    if cfg.error_feedback:
-        from dipdeploy.eval.data import load_text, windows
+        progress = Progress()
+        with progress.stage(f"load {model}"):
+            lm = load_model(model)
+        calib = None
+        if cfg.error_feedback:
+            from dipdeploy.eval.data import load_text, windows
 
-        calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), calib_seqlen, calib_windows)
-    path = write_packed_mlp(lm.model, cfg, out, model_name=lm.name, force=force, calib_ids=calib)
+            calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), calib_seqlen,
+                            calib_windows)
+        with progress.stage(f"quantise the MLP ({quant})"):
+            path = write_packed_mlp(lm.model, cfg, out, model_name=lm.name, force=force, calib_ids=calib,
+                                    progress=False)
+    except (ValueError, OSError, KeyError) as err:
+        fail(err)
     header = read_header(path)
     console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, {len(header['tensors'])} tensors, "
                   f"{type(cfg).__name__}, {bits_per_weight(header):.4f} bits/weight)")

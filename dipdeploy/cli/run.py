@@ -27,7 +27,9 @@ FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at
 COLD = typer.Option(False, "--cold", help="drop the MLP file from the OS page cache before the run (real disk reads)")
 IO = typer.Option("mmap", "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
                   "one per run of adjacent rows; slower in Python)")
-CONTEXT = typer.Option(1024, "--context", help="KV-cache length reserved in the budget (tokens)")
+CONTEXT = typer.Option(None, "--context", help="KV-cache length reserved in the budget (tokens; default 1024, or "
+                       "the bundle's positions if fewer; more than the bundle's positions is refused)")
+PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (fed one token at a time)
 THREADS = typer.Option(1, "--threads", help="ORT intra-op threads per session")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
 VERIFY = typer.Option(False, "--verify", help="also check the sha256 of the tensor data files first (the structure, "
@@ -49,6 +51,30 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
     return Engine(bundle, cfg)
 
 
+class _Prefill:
+    """A long prompt's prefill as a progress stage (``dipdeploy.progress``), and the prompt printed once,
+    when its prefill is done, so the stage's line or bar never lands inside the streamed text."""
+
+    def __init__(self):
+        from dipdeploy.progress import Progress
+
+        self.progress, self.stage, self.printed = Progress(), None, False
+
+    def on_prefill(self, done: int, total: int) -> None:
+        if self.stage is None and total >= PREFILL_PROGRESS:
+            self.stage = self.progress.start(f"prefill {total} prompt tokens", total=total)
+        if self.stage is not None:
+            self.stage.advance()
+            if done == total:
+                self.stage.finish()
+                self.stage = None
+
+    def prompt(self, text: str | None) -> None:
+        if not self.printed and text is not None:
+            console.print(f"[bold]{text}[/]", end="", markup=True, highlight=False)
+        self.printed = True
+
+
 @app.command("run")
 def run_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
@@ -67,19 +93,19 @@ def run_cmd(
     force: bool = typer.Option(False, "--force", help="overwrite existing --trace/--json files"),
 ) -> None:
     """Generate from a bundle under a DRAM budget, MLP rows streamed from its weight file; print the stats."""
-    from dipdeploy.paths import check_output
+    from dipdeploy.cli.core import check_inputs
     from dipdeploy.runtime import Sampler
 
     try:
-        for out in (trace, json_out):
-            if out is not None:
-                check_output(out, force)
+        check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
                          pin_from, verify, accuracy_level)
         recorder = engine.trace_recorder() if trace is not None else None
-        console.print(f"[bold]{prompt}[/]", end="")
+        shown = _Prefill()
         g = engine.generate(prompt, max_new_tokens, sampler=Sampler(temperature, top_p, seed), trace=recorder,
-                            on_token=lambda _t, piece: console.print(piece, end="", markup=False, highlight=False))
+                            on_prefill=shown.on_prefill, on_token=lambda _t, piece: (
+                                shown.prompt(prompt), console.print(piece, end="", markup=False, highlight=False)))
+        shown.prompt(prompt)
         console.print()
     except _ERRORS as err:
         fail(err)
@@ -101,7 +127,8 @@ def chat_cmd(
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     io: str = IO,
-    context: int = typer.Option(2048, "--context", help="conversation length (tokens)"), threads: int = THREADS,
+    context: Optional[int] = typer.Option(None, "--context", help="conversation length (tokens; default 2048, or "
+                                          "the bundle's positions if fewer)"), threads: int = THREADS,
     temperature: float = typer.Option(0.0, help="0 = greedy"), top_p: float = typer.Option(1.0, "--top-p"),
     seed: int = typer.Option(0, help="sampling seed"),
 ) -> None:
@@ -109,7 +136,12 @@ def chat_cmd(
     from dipdeploy.runtime import Sampler
     from dipdeploy.runtime.chat import Chat
 
+    from dipdeploy.runtime.budget import CHAT_CONTEXT
+    from dipdeploy.runtime.engine import bundle_positions
+
     try:
+        if context is None:
+            context = min(CHAT_CONTEXT, bundle_positions(bundle))
         engine = _engine(bundle, dram_budget, "lfu" if policy == "belady" else policy, gamma, native,
                          flash_bandwidth, False, io, context, threads, None, False, accuracy_level)
         chat = Chat(engine, Sampler(temperature, top_p, seed))
@@ -125,7 +157,7 @@ def chat_cmd(
         if not user.strip():
             break
         try:
-            s = chat.say(user, max_new_tokens,
+            s = chat.say(user, max_new_tokens, on_prefill=_Prefill().on_prefill,
                          on_token=lambda _t, piece: (sys.stdout.write(piece), sys.stdout.flush()))
         except _ERRORS as err:
             fail(err)

@@ -10,12 +10,12 @@ from dataclasses import fields
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from dipdeploy.cli._app import app
+from dipdeploy.cli.core import check_inputs, console, fail
 
-console = Console()
+_ERRORS = (ValueError, OSError, KeyError)
 
 
 def _csv(text: str | None) -> list[str] | None:
@@ -69,40 +69,55 @@ def simulate_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite existing --json/--plot outputs."),
 ) -> None:
     """Project a trace onto a device profile: tokens/s, DRAM and Flash bytes per token, hit rate, memory."""
+    from dipdeploy.cli.core import floats
+    from dipdeploy.progress import Progress
     from dipdeploy.sim import SimConfig
     from dipdeploy.sim.plot import label, plot_curves
     from dipdeploy.sim.report import write_json
-    from dipdeploy.sim.sweep import auto_budgets, compare, expand_variants, sweep
+    from dipdeploy.sim.devices import get_device
+    from dipdeploy.sim.sweep import auto_budgets, compare, expand_variants, resolve_shape, sweep
     from dipdeploy.sim.units import parse_range, parse_size
     from dipdeploy.trace import Trace
 
-    if dram and sweep_dram:
-        raise typer.BadParameter("give --dram or --sweep-dram, not both")
-    for out in (plot, json_out):
-        if out is not None and out.exists() and not force:
-            raise typer.BadParameter(f"{out} exists; pass --force to overwrite it")
-    given = {"device": device, "model": model, "precision": precision, "context": context, "warmup": warmup,
-             "preload": False if cold else None, "gamma_warmup": gamma_warmup, "fixed_top_n": fixed_top_n}
-    base = SimConfig(**{k: v for k, v in given.items() if v is not None})
-    defaults = {f.name: f.default for f in fields(SimConfig)}
-    methods = _csv(method) or [base.method]
-    policies = _csv(policy) or [base.policy]
-    gammas = [float(g) for g in (_csv(gamma) or [defaults["gamma"]])]
-    tr = Trace.load(trace) if trace is not None else None
-    if tr is not None and tokens:
-        tr = tr.head(tokens)
-    cfgs = expand_variants(base, methods, policies, gammas)
-    if sweep_dram:
-        budgets = auto_budgets(tr, base, steps) if sweep_dram == "auto" else parse_range(sweep_dram, steps)
-    else:
-        budgets = [parse_size(dram)] if dram else [None]
-    if budgets == [None]:
-        from dipdeploy.sim.simulate import simulate
+    try:
+        check_inputs(files={"--trace": trace}, outputs={"--json": json_out, "--plot": plot}, force=force)
+        if dram and sweep_dram:
+            raise ValueError("give --dram or --sweep-dram, not both")
+        if steps < 2 and sweep_dram:
+            raise ValueError(f"--steps {steps}: a sweep needs at least 2 points")
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"--tokens {tokens}: give at least 1 token (or leave --tokens out for all)")
+        given = {"device": device, "model": model, "precision": precision, "context": context, "warmup": warmup,
+                 "preload": False if cold else None, "gamma_warmup": gamma_warmup, "fixed_top_n": fixed_top_n}
+        base = SimConfig(**{k: v for k, v in given.items() if v is not None})
+        defaults = {f.name: f.default for f in fields(SimConfig)}
+        methods = _csv(method) or [base.method]
+        policies = _csv(policy) or [base.policy]
+        gammas = floats(gamma, "--gamma") if gamma is not None else [defaults["gamma"]]
+        tr = Trace.load(trace) if trace is not None else None
+        if tr is not None and tokens:
+            tr = tr.head(tokens)
+        cfgs = expand_variants(base, methods, policies, gammas)
+        if sweep_dram:
+            budgets = auto_budgets(tr, base, steps) if sweep_dram == "auto" else parse_range(sweep_dram, steps)
+        else:
+            budgets = [parse_size(dram)] if dram else [None]
+        for c in cfgs:  # unknown devices and models are refused before the stage starts
+            get_device(c.device)
+            resolve_shape(tr, c.model)
+        with Progress().stage(f"simulate {len(cfgs)} configuration(s) × {len(budgets)} budget(s)",
+                              total=len(cfgs) * len(budgets)) as stage:
+            if budgets == [None]:
+                from dipdeploy.sim.simulate import simulate
 
-        rows = [simulate(tr, c) for c in cfgs]
-    else:
-        with console.status(f"simulating {len(cfgs)} configuration(s) × {len(budgets)} budget(s)"):
-            rows = sweep(tr, cfgs, budgets)
+                rows = []
+                for c in cfgs:
+                    rows.append(simulate(tr, c))
+                    stage.advance()
+            else:
+                rows = sweep(tr, cfgs, budgets, progress=stage.advance)
+    except _ERRORS as err:
+        fail(err)
 
     table = Table("device", "model", "method / policy", "DRAM GB", "tok/s", "tok/s ovl", "DRAM GB/tok",
                   "Flash MB/tok", "req/tok", "hit rate", "ρ")
@@ -139,10 +154,13 @@ def simulate_cmd(
                 summary.add_row(name, f"{c.dram_bytes / 1e9:.2f}", f"{c.base_tok_s:.3f}", f"{c.tok_s:.3f}",
                                 f"{100 * c.gain:+.0f} %", need, red)
         console.print(summary)
-    if json_out is not None:
-        write_json([r.row() for r in rows], json_out, force=force)
-        console.print(f"wrote {json_out}")
-    if plot is not None:
-        title = f"{rows[0].model} on {rows[0].device}, {rows[0].precision}"
-        plot_curves(rows, plot, title=title, overlap=overlap, force=force)
-        console.print(f"wrote {plot}")
+    try:
+        if json_out is not None:
+            write_json([r.row() for r in rows], json_out, force=force)
+            console.print(f"wrote {json_out}")
+        if plot is not None:
+            title = f"{rows[0].model} on {rows[0].device}, {rows[0].precision}"
+            plot_curves(rows, plot, title=title, overlap=overlap, force=force)
+            console.print(f"wrote {plot}")
+    except _ERRORS as err:
+        fail(err)

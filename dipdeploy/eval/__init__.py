@@ -7,8 +7,10 @@ on the *validation* split (or uses a given plan), and returns one row per result
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from dipdeploy.progress import Progress
 from dipdeploy.sparsity.plan import METHODS, SparsityConfig
 
 ROW_KEYS = ("model", "method", "density", "ppl", "tokens", "seqlen")
@@ -41,7 +43,7 @@ class EvalConfig:
     quant_scope: str = "mlp"
     lora: str | None = None  # a peft adapter from `dipdeploy finetune`, applied before quantisation
     lora_merge: bool = True  # merge_and_unload (what export does) or keep live adapter layers
-    progress: bool = True
+    progress: bool = True  # report stages (dipdeploy.progress) when the Evaluator is given no Progress
 
     def __post_init__(self) -> None:
         self.method = _as_tuple(self.method, str)
@@ -66,7 +68,7 @@ def _quantize(lm, cfg: EvalConfig) -> dict:
     from dipdeploy.quant.config import quant_config_from_name
     from dipdeploy.quant.fake import quantize_model_  # export-time, imports torch lazily
 
-    report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope)
+    report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope, progress=False)
     return {"quant": cfg.quant, "quant_scope": cfg.quant_scope,
             "bits_per_weight": float(report.bits_per_weight), "quant_seconds": float(report.seconds)}
 
@@ -81,21 +83,25 @@ class Evaluator:
     """Holds what every row of one evaluation shares: the (quantised) model, the test windows, the
     calibration windows and the memoised split searches. ``row(method, density)`` evaluates one."""
 
-    def __init__(self, cfg: EvalConfig):
+    def __init__(self, cfg: EvalConfig, progress: Progress | None = None):
         from dipdeploy.eval.data import load_text, windows
         from dipdeploy.loading import load_model
 
         self.cfg = cfg
-        self.lm = load_model(cfg.model)
+        self.progress = progress or Progress(quiet=not cfg.progress)
+        with self.progress.stage(f"load {cfg.model}"):
+            self.lm = load_model(cfg.model)
         self.lora = "none"
         if cfg.lora is not None:
             from dipdeploy.finetune.adapter import apply_lora
 
             self.lm = apply_lora(self.lm, cfg.lora, merge=cfg.lora_merge)
             self.lora = "merged" if cfg.lora_merge else "adapter"
-        self.qinfo = _quantize(self.lm, cfg)
-        text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
-        self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows)
+        with self.progress.stage(f"quantise ({cfg.quant})") if cfg.quant else nullcontext():
+            self.qinfo = _quantize(self.lm, cfg)
+        with self.progress.stage("tokenise the test text"):
+            text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
+            self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows)
         self._calib = None
         self.splits: dict = {}
 
@@ -122,7 +128,8 @@ class Evaluator:
             trained = adapter_plan(self.cfg.lora)
             if trained.method == sparsity.method and abs(trained.density - sparsity.density) < 0.01:
                 return trained
-        return calibrate(self.lm, sparsity, self.calib, self.splits)
+        with self.progress.stage(f"calibrate {sparsity.method} ρ={sparsity.density:g}"):
+            return calibrate(self.lm, sparsity, self.calib, self.splits)
 
     def row(self, method: str, density: float, **overrides) -> dict:
         from dataclasses import replace
@@ -138,7 +145,9 @@ class Evaluator:
         t1 = time.time()
         batch = cfg.batch_size or (16 if method == "dip-ca" else 1)
         try:
-            ppl, tokens = perplexity(self.lm.model, self.test, batch, cfg.progress, desc=f"{method} ρ={density}")
+            n = int(self.test.shape[0])
+            with self.progress.stage(f"eval {method} ρ={density:g}, windows", total=n) as stage:
+                ppl, tokens = perplexity(self.lm.model, self.test, batch, on_batch=stage.advance)
         finally:
             unsparsify_(self.lm.model)
         ca = plan is not None and method == "dip-ca"
@@ -154,11 +163,11 @@ class Evaluator:
         }
 
 
-def evaluate(cfg: EvalConfig) -> list[dict]:
+def evaluate(cfg: EvalConfig, progress: Progress | None = None) -> list[dict]:
     """One row per reachable (method, density): the realised density, PPL and how it was obtained."""
     combos = [(m, d) for m in cfg.method for d in cfg.density if reachable(m, d)]
     if not combos:
         raise ValueError(f"no reachable (method, density) among {cfg.method} × {cfg.density}; "
                          f"see docs/method.md's table of lowest densities")
-    ev = Evaluator(cfg)
+    ev = Evaluator(cfg, progress)
     return [ev.row(m, d) for m, d in combos]

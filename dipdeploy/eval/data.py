@@ -15,12 +15,15 @@ from pathlib import Path
 
 import torch
 
+from dipdeploy.paths import check_input_dir
+
 SPLITS = {"test": "wiki.test.raw", "validation": "wiki.valid.raw"}
 
 
 def find_wikitext(split: str, data_dir: str | Path | None = None) -> Path:
     if split not in SPLITS:
         raise ValueError(f"split {split!r} unknown; choose one of {', '.join(SPLITS)}")
+    check_input_dir(data_dir, "--data-dir")
     roots = [Path(p) for p in (data_dir, os.environ.get("DIPDEPLOY_DATA")) if p]
     for root in roots:
         for cand in (root / "wikitext-2-raw" / SPLITS[split], root / SPLITS[split]):
@@ -34,6 +37,7 @@ def find_wikitext(split: str, data_dir: str | Path | None = None) -> Path:
 
 
 def wikitext_text(split: str, data_dir: str | Path | None = None) -> str:
+    check_input_dir(data_dir, "--data-dir")  # a named folder that is missing never falls back to a cache
     try:
         path = find_wikitext(split, data_dir)
     except FileNotFoundError:

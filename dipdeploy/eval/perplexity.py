@@ -9,10 +9,10 @@ and starts cold.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from dipdeploy.sparsity.methods import reset_caches
 
@@ -34,12 +34,14 @@ def window_nll(model, batch: torch.Tensor) -> tuple[float, int]:
     return nll, target.numel()
 
 
-def perplexity(model, windows: torch.Tensor, batch_size: int = 1, progress: bool = True,
-               desc: str = "eval") -> tuple[float, int]:
-    """(PPL, predicted tokens) of ``model`` on ``windows`` [N, T]."""
+def perplexity(model, windows: torch.Tensor, batch_size: int = 1,
+               on_batch: Callable[[int], None] | None = None) -> tuple[float, int]:
+    """(PPL, predicted tokens) of ``model`` on ``windows`` [N, T]; ``on_batch(windows done)`` after each
+    batch (the CLI's progress, ``dipdeploy.progress``)."""
     total, count = 0.0, 0
-    batches = windows.split(batch_size)
-    for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+    for batch in windows.split(batch_size):
         nll, n = window_nll(model, batch)
         total, count = total + nll, count + n
+        if on_batch is not None:
+            on_batch(batch.shape[0])
     return math.exp(total / count), count

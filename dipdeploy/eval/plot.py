@@ -5,8 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_pareto(rows: list[dict], out: Path, title: str = "") -> Path:
+def plot_pareto(rows: list[dict], out: Path, title: str = "", force: bool = False) -> Path:
+    """PPL against density, one line per method; written atomically, never over a file without ``force``."""
     import matplotlib
+
+    from dipdeploy.paths import check_output
+
+    out = check_output(Path(out), force, flag="--plot")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -22,7 +27,6 @@ def plot_pareto(rows: list[dict], out: Path, title: str = "") -> Path:
     ax.legend()
     ax.set_title(title)
     fig.tight_layout()
-    out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp.png")
     fig.savefig(tmp)
     plt.close(fig)

@@ -119,6 +119,8 @@ def export(lm, cfg: ExportConfig, out: Path, plan: SparsityPlan | None, *, force
             except OSError as err:
                 raise BundleWriteError(err.errno, f"writing the bundle failed: {err.strerror or err} "
                                        f"({err.filename or tmp}); {out} is unchanged") from err
+            steps("swap into place")
+        steps()
     return ExportResult(out, manifest, time.perf_counter() - t0, steps.seconds)
 
 
@@ -170,7 +172,6 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
     manifest = _manifest(lm, cfg, plan, source, store, graphs, validation, tmp, extra, lib)
     (tmp / MANIFEST).write_text(manifest.to_json())
     check_structure(tmp, manifest, "none")  # what every reader will check: fail here, not on the user's machine
-    steps()
     return manifest
 
 
@@ -306,20 +307,25 @@ def export_model(cfg: ExportConfig, out: Path, *, force: bool = False, progress:
 
 def _export_model(cfg: ExportConfig, out: Path, force: bool, progress: Progress, notice: Notice,
                   swap_hook: Hook | None) -> ExportResult:
+    """The result's seconds and steps cover the whole stage, loading and calibration included (they are
+    most of it), not only the graphs."""
     from dipdeploy.export.prepare import make_plan, merge_lora
     from dipdeploy.loading import load_model
 
+    t0, steps = time.perf_counter(), _Steps(progress)
     stream = _should_stream(cfg)
-    progress("load (streamed: one layer at a time)" if stream else "load")
+    steps("load (streamed: one layer at a time)" if stream else "load")
     lm = load_model(cfg.model, stream=stream)
     extra = {}
     if stream:
         extra["streamed"] = True
         cfg = dataclasses.replace(cfg, validate_tokens=0)  # no whole torch model to validate against
     if cfg.lora is not None:
-        progress("merge LoRA")
+        steps("merge LoRA")
         extra["lora"] = merge_lora(lm, cfg.lora)
-    progress("plan" if cfg.plan or cfg.rho_in is not None or cfg.method == "dense" else "calibrate")
+    steps("plan" if cfg.plan or cfg.rho_in is not None or cfg.method == "dense" else "calibrate")
     plan = make_plan(lm, cfg)
-    return export(lm, cfg, out, plan, force=force, progress=progress, extra=extra, notice=notice,
-                  swap_hook=swap_hook)
+    steps()
+    result = export(lm, cfg, out, plan, force=force, progress=progress, extra=extra, notice=notice,
+                    swap_hook=swap_hook)
+    return dataclasses.replace(result, seconds=time.perf_counter() - t0, steps={**steps.seconds, **result.steps})

@@ -144,7 +144,7 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
     """
     import peft
 
-    out = check_output(Path(out_dir), force)
+    out = check_output(Path(out_dir), force, directory=True)
     ckpt = _prepare_checkpoints(out, resume, force)
     data = WindowDataset(training_windows(lm, cfg, data_dir))
     base_fp = fingerprint(lm.model)

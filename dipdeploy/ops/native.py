@@ -27,7 +27,7 @@ def host_arch() -> str:
 
 def _check_arch(arch: str) -> str:
     if arch not in ARCHES:
-        raise ValueError(f"arch={arch!r} is not supported; allowed: {ARCHES}")
+        raise ValueError(f"arch {arch!r} is not supported; choose one of {', '.join(ARCHES)}")
     return arch
 
 

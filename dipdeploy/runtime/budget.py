@@ -13,9 +13,13 @@ Torch-free (floor 4).
 
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import dataclass
 
+DEFAULT_CONTEXT = 1024  # `run`: KV-cache tokens reserved in the budget, when the bundle has that many positions
+CHAT_CONTEXT = 2048  # `chat`: a conversation keeps every turn, so it reserves more
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
@@ -117,10 +121,11 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
         cap = [[round(frac * g.rows) for g in layer] for layer in groups]
     else:
         if budget.total_bytes < fixed:
+            least = math.ceil(fixed / 1e5) / 10  # rounded up: the figure given back must itself be accepted
             raise ValueError(
-                f"DRAM budget {budget} is below the resident minimum of {fixed / 1e6:.1f} MB (dense weights "
+                f"DRAM budget {budget} is below the resident minimum of {least:.1f} MB (dense weights "
                 f"{dense_bytes / 1e6:.1f} MB + KV cache {kv_bytes / 1e6:.1f} MB + staging {staging / 1e6:.1f} MB); "
-                f"give at least {fixed / 1e6:.1f}MB, a smaller --context, or a percentage such as 25%")
+                f"give at least {least:.1f}MB, a smaller --context, or a percentage such as 25%")
         frac = min(1.0, (budget.total_bytes - fixed) / mlp) if mlp else 0.0
         cap = [[int(frac * g.rows) for g in layer] for layer in groups]
     if policy == "none":

@@ -23,9 +23,9 @@ class Chat:
             return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
         return f"User: {text}\nAssistant:"
 
-    def say(self, text: str, max_new_tokens: int = 128, on_token=None) -> RunStats:
+    def say(self, text: str, max_new_tokens: int = 128, on_token=None, on_prefill=None) -> RunStats:
         """One turn: feed the user's words, stream the answer; returns the turn's stats."""
         ids = self.pending + self.engine.encode(self.frame(text))
-        g = self.engine.extend(ids, max_new_tokens, self.sampler, on_token=on_token)
+        g = self.engine.extend(ids, max_new_tokens, self.sampler, on_token=on_token, on_prefill=on_prefill)
         self.pending = g.tokens[-1:]
         return g.stats

@@ -16,6 +16,7 @@ reference and the simulator). Torch-free (floor 4).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import warnings
@@ -28,7 +29,7 @@ import numpy as np
 from dipdeploy.cache import POLICIES, static_rows
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
-from dipdeploy.runtime.budget import DramBudget, GroupShape, Residency, plan_residency
+from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.sampler import Sampler
@@ -42,7 +43,8 @@ class EngineConfig:
     ``accuracy_level`` None keeps the bundle's (0 or 4, see custom_ops/README.md).
     ``pinned_counts``: per layer, (up|gate, down) row-use counts from calibration for ``static``
     (``--pin-from TRACE``); without them ``static`` pins the lowest-index rows, which is what the
-    uniform counts of a ρ = 1 (dense) bundle give anyway."""
+    uniform counts of a ρ = 1 (dense) bundle give anyway. ``context`` None: ``DEFAULT_CONTEXT``, or the
+    bundle's positions (:func:`bundle_positions`) if fewer; a larger one is refused when the bundle opens."""
 
     dram_budget: str | float = "50%"
     policy: str = "lfu"
@@ -53,7 +55,7 @@ class EngineConfig:
     flash_bandwidth: float | None = None
     cold: bool = False
     io: str = "mmap"
-    context: int = 1024
+    context: int | None = None
     verify: bool = False
     pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
 
@@ -62,7 +64,7 @@ class EngineConfig:
             raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
         if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
-        if self.context < 1:
+        if self.context is not None and self.context < 1:
             raise ValueError(f"context must be >= 1 token, got {self.context}")
         if self.accuracy_level is not None and self.accuracy_level not in BUNDLE_ACCURACY_LEVELS:
             raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
@@ -90,6 +92,22 @@ def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
     if problems:
         raise BundleError(f"bundle {path}: {'; '.join(problems)}; {REGENERATE}")
     return manifest
+
+
+def bundle_positions(path: str | Path, manifest: Manifest | None = None) -> int:
+    """Positions the bundle can run: the model's ``max_position_embeddings`` (the manifest's config), or
+    fewer when the export built a shorter RoPE table (``context_length`` of genai_config.json). A longer
+    context would fail inside onnxruntime at that position, after minutes of work."""
+    path = Path(path)
+    m = manifest or read_manifest(path)
+    found = [(m.source.get("config") or {}).get("max_position_embeddings")]
+    genai = path / "genai_config.json"
+    if genai.is_file():
+        found.append(json.loads(genai.read_text()).get("model", {}).get("context_length"))
+    found = [int(n) for n in found if isinstance(n, int) and n > 0]
+    if not found:
+        raise BundleError(f"{path}: the manifest's config has no max_position_embeddings; {REGENERATE}")
+    return min(found)
 
 
 def _settings_problems(m: Manifest) -> list[str]:
@@ -139,6 +157,13 @@ class Engine:
         baked = int((m.export_config or {}).get("accuracy_level", 0)) if m.quant else 0
         self.accuracy_level = baked if self.cfg.accuracy_level is None else self.cfg.accuracy_level
         self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
+        limit = bundle_positions(self.path, m)
+        if self.cfg.context is None:
+            self.cfg = dataclasses.replace(self.cfg, context=min(DEFAULT_CONTEXT, limit))
+        elif self.cfg.context > limit:
+            raise ValueError(f"--context {self.cfg.context} exceeds the {limit} positions of {self.path.name}'s "
+                             f"model (max_position_embeddings, or the bundle's RoPE table); give --context {limit} "
+                             f"or less")
         self._check_memory_limit()
         self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
@@ -350,10 +375,11 @@ class Engine:
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 32, *, sampler: Sampler | None = None,
                  on_token: Callable[[int, str], None] | None = None, trace=None, keep_logits: bool = False,
-                 stop_at_eos: bool = True) -> Generation:
+                 stop_at_eos: bool = True, on_prefill: Callable[[int, int], None] | None = None) -> Generation:
         """Feed ``prompt`` token by token, then sample ``max_new_tokens`` (stop at EOS).
 
         ``trace``: a ``dipdeploy.trace.TraceRecorder`` that receives every token's selections and hits.
+        ``on_prefill(done, total)`` follows the prompt, fed one token at a time (a long prompt takes a while).
         Policy ``belady`` runs the sequence twice: once with no cache to record the selections (DIP's
         selection does not depend on the cache when γ = 1), then with Belady over that future.
         """
@@ -374,7 +400,7 @@ class Engine:
         sampler.reset()
         self.reset(future)
         return self.extend(ids, max_new_tokens, sampler, on_token, trace, keep_logits, stop_at_eos,
-                           prompt if isinstance(prompt, str) else None)
+                           prompt if isinstance(prompt, str) else None, on_prefill=on_prefill)
 
     def teacher_forced(self, prompt: list[int], tokens: list[int]) -> tuple[list[np.ndarray], list[dict]]:
         """A new sequence fed ``prompt`` then ``tokens[:-1]``: the next-token logits [V] after the prompt
@@ -416,7 +442,7 @@ class Engine:
         return [(np.stack(a), np.stack(b)) for a, b in sel]
 
     def extend(self, ids, max_new_tokens, sampler, on_token=None, trace=None, keep_logits=False,
-               stop_at_eos=True, prompt=None, record=None) -> Generation:
+               stop_at_eos=True, prompt=None, record=None, on_prefill=None) -> Generation:
         """Feed ``ids`` after what the sequence holds (no reset: the KV cache and the caches continue),
         then sample. The last sampled token is not fed; a caller that continues feeds it first."""
         timer = Timer()
@@ -433,9 +459,13 @@ class Engine:
                 record(i, s_in, s_glu, h_in, h_glu)
 
         t0, flash0 = time.perf_counter(), self.flash.counters.snapshot()
-        for t in ids[:-1]:
+        for n, t in enumerate(ids[:-1]):
             self.step(t, timer, note)
+            if on_prefill is not None:
+                on_prefill(n + 1, len(ids))
         logits = self.step(ids[-1], timer, note)
+        if on_prefill is not None:
+            on_prefill(len(ids), len(ids))
         t1, flash1 = time.perf_counter(), self.flash.counters.snapshot()
         hits_prefill = hits.copy()
         new, kept = [], []

@@ -7,6 +7,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from dipdeploy.paths import check_output
 from dipdeploy.sim.simulate import SimResult
 
 
@@ -23,9 +24,7 @@ def plot_curves(rows: list[SimResult], out: str | os.PathLike, title: str = "", 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out)
-    if out.exists() and not force:
-        raise FileExistsError(f"{out} exists; pass --force to overwrite it")
+    out = check_output(Path(out), force, flag="--plot")
     curves = defaultdict(list)
     for r in rows:
         curves[label(r)].append(r)

@@ -1,0 +1,162 @@
+"""Progress of long stages: a live bar on a terminal, one plain line per stage in a log or a pipe.
+
+Why one helper: calibration, tracing, export, evaluation and fine-tuning run for minutes, and a user
+reading a log (``dipdeploy export ... > log 2>&1``) must see which stage runs and how long each took,
+while a terminal gets a live bar that does not fill a log with carriage returns. Progress goes to
+stderr, so stdout keeps only the command's results (tables, generated text).
+
+Log mode writes, per stage, ``what …`` when it starts (flushed, so a log shows the stage at work) and
+`` 12.3 s`` on the same line when it ends; a stage started inside another first ends the open line, and
+the outer stage then ends on a line of its own (``what: 12.3 s``). Floor 1: no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, TextIO
+
+
+def quiet_libraries() -> None:
+    """Silence transformers' and huggingface_hub's own bars and advisory warnings (ours report the
+    stages instead; their tqdm bars would interleave with ours). Sets the environment both libraries read
+    at import, and, when transformers is imported already, its logging switches too."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
+
+        logging.set_verbosity_error()
+        logging.disable_progress_bar()
+
+
+def _is_terminal(*streams: TextIO) -> bool:
+    return all(getattr(s, "isatty", lambda: False)() for s in streams)
+
+
+@dataclass
+class Stage:
+    """One running stage; ``advance`` counts its items (windows, steps, tokens)."""
+
+    what: str
+    total: int | None
+    progress: "Progress"
+    done: int = 0
+    start: float = field(default_factory=time.perf_counter)
+    _task: object = None
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self._task is not None:
+            self.progress._bar.update(self._task, advance=n)
+
+    def finish(self) -> float:
+        """End the stage; returns and records its seconds (``Progress.seconds[what]``)."""
+        return self.progress._finish(self)
+
+
+@dataclass
+class Progress:
+    """Reports stages on ``stream`` (default stderr); ``live`` None: a live bar only when both stdout and
+    stderr are terminals (a pipe or a log on either side gets plain lines). ``quiet`` reports nothing
+    (library callers and tests) but still times the stages."""
+
+    stream: TextIO | None = None
+    live: bool | None = None
+    quiet: bool = False
+    seconds: dict[str, float] = field(default_factory=dict)
+    _open: Stage | None = None
+    _bar: object = None
+    _running: int = 0
+
+    def __post_init__(self) -> None:
+        if self.live is None:
+            self.live = not self.quiet and _is_terminal(sys.stdout, sys.stderr)
+
+    @property
+    def out(self) -> TextIO:
+        return self.stream or sys.stderr
+
+    def start(self, what: str, total: int | None = None) -> Stage:
+        stage = Stage(what, total, self)
+        self._running += 1
+        if self.quiet:
+            return stage
+        if self.live:
+            if self._bar is None:
+                from rich.console import Console
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, SpinnerColumn,
+                                           TextColumn, TimeElapsedColumn)
+
+                self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=Console(file=self.out), transient=True)
+                self._bar.start()
+            stage._task = self._bar.add_task(what, total=total)
+            return stage
+        self._end_open_line()
+        of = f" ({total})" if total else ""
+        self.out.write(f"{what}{of} …")
+        self.out.flush()
+        self._open = stage
+        return stage
+
+    def _end_open_line(self) -> None:
+        if self._open is not None:
+            self.out.write("\n")
+            self._open = None
+
+    def _finish(self, stage: Stage) -> float:
+        secs = time.perf_counter() - stage.start
+        self.seconds[stage.what] = round(secs, 3)
+        self._running -= 1
+        if self.quiet:
+            return secs
+        count = f" {stage.done}/{stage.total}," if stage.total else ""
+        if self.live:
+            self._bar.remove_task(stage._task)
+            self._bar.console.print(f"{stage.what}:{count} {secs:.1f} s", markup=False, highlight=False)
+            if self._running == 0:
+                self._bar.stop()
+                self._bar = None
+        elif self._open is stage:
+            self.out.write(f"{count} {secs:.1f} s\n")
+            self._open = None
+        else:
+            self._end_open_line()
+            self.out.write(f"{stage.what}:{count} {secs:.1f} s\n")
+        self.out.flush()
+        return secs
+
+    @contextmanager
+    def stage(self, what: str, total: int | None = None) -> Iterator[Stage]:
+        """A stage around a block; it ends (and is timed) however the block ends."""
+        s = self.start(what, total)
+        try:
+            yield s
+        finally:
+            s.finish()
+
+    def steps(self) -> "Steps":
+        """Consecutive stages announced by name (each announcement ends the previous stage)."""
+        return Steps(self)
+
+
+@dataclass
+class Steps:
+    """``steps("load")``, ``steps("calibrate")``, …, ``steps()`` to end the last: for stage functions that
+    announce each step's start through a callback (``dipdeploy.export.bundle.Progress``)."""
+
+    progress: Progress
+    current: Stage | None = None
+
+    def __call__(self, name: str | None = None) -> None:
+        if self.current is not None:
+            self.current.finish()
+            self.current = None
+        if name:
+            self.current = self.progress.start(name)
