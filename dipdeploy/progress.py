@@ -15,15 +15,20 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, TextIO
 
 
 def quiet_libraries() -> None:
-    """Silence transformers' and huggingface_hub's own bars and advisory warnings (ours report the
-    stages instead; their tqdm bars would interleave with ours). Sets the environment both libraries read
-    at import, and, when transformers is imported already, its logging switches too."""
+    """Silence transformers' and huggingface_hub's own bars, advisory warnings and deprecation notices
+    (ours report the stages instead; their tqdm bars would interleave with ours). Sets the environment
+    both libraries read at import, and, when transformers is imported already, its logging switches too.
+    Called once, by the CLI's entry point: library users keep their own settings."""
+    for library in ("transformers", "huggingface_hub", "peft"):  # deprecation notices are for their callers' authors
+        warnings.filterwarnings("ignore", category=FutureWarning, module=library)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=library)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")

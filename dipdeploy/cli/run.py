@@ -62,7 +62,7 @@ class _Prefill:
 
     def on_prefill(self, done: int, total: int) -> None:
         if self.stage is None and total >= PREFILL_PROGRESS:
-            self.stage = self.progress.start(f"prefill {total} prompt tokens", total=total)
+            self.stage = self.progress.start("prefill the prompt, tokens", total=total)
         if self.stage is not None:
             self.stage.advance()
             if done == total:
