@@ -52,6 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dipdeploy.paths import check_output
+
 TRACE_FORMAT = "dipdeploy-trace"
 TRACE_VERSION = 1
 TRACE_SOURCES = ("torch", "runtime", "synthetic")
@@ -219,9 +221,7 @@ class Trace:
 
     def save(self, path: str | os.PathLike, force: bool = False) -> Path:
         """Write the trace atomically (temp file in the same folder, then rename)."""
-        path = Path(path)
-        if path.exists() and not force:
-            raise FileExistsError(f"{path} exists; pass force=True (CLI: --force) to overwrite it")
+        path = check_output(Path(path), force)
         arrays: dict[str, np.ndarray] = {"header": np.array(json.dumps(self.header()))}
         for name in ("sel_in", "sel_glu", "x_abs", "glu_abs", "hits_in", "hits_glu"):
             layers = getattr(self, name)

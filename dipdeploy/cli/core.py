@@ -212,6 +212,7 @@ def demo_cmd(
     from dipdeploy.progress import Progress
 
     try:
+        check_inputs(model=model)
         ev = Evaluator(EvalConfig(model=model, seqlen=seqlen, max_windows=windows), Progress())
         rows = [ev.row("dense", 1.0)] + [ev.row(m, density) for m in ("cats", "teal", "dip", "dip-ca")]
     except (ValueError, OSError, KeyError) as err:

@@ -159,6 +159,10 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
         trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress), train_dataset=data,
                                    callbacks=list(callbacks))
         trainer.hf_model = hf
+        if not progress:  # the caller reports (dipdeploy/progress.py): no per-log dicts on stdout either
+            from transformers.trainer_callback import PrinterCallback
+
+            trainer.remove_callback(PrinterCallback)
         t0 = time.time()
         has_ckpt = resume and any(ckpt.glob("checkpoint-*"))
         trainer.train(resume_from_checkpoint=True if has_ckpt else None)

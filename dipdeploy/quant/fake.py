@@ -244,9 +244,4 @@ def write_packed_mlp(model, cfg: QuantConfig, out, *, model_name: str = "", forc
             for group, p in packed.items():
                 yield f"layers.{i}.{group}", p
 
-    from pathlib import Path
-
-    out = Path(out)
-    if out.exists() and not force:
-        raise FileExistsError(f"{out} exists; pass --force to overwrite it")
     return save_packed(out, cfg, tensors(), model=model_name, force=force)

@@ -24,6 +24,7 @@ from typing import Iterable
 
 import numpy as np
 
+from dipdeploy.paths import check_output
 from dipdeploy.quant.api import PackedTensor, tensor_type_by_name
 from dipdeploy.quant.config import QuantConfig, config_from_dict, config_to_dict
 
@@ -40,9 +41,7 @@ def _write_array(zf: zipfile.ZipFile, name: str, arr: np.ndarray) -> None:
 def save_packed(path: str | Path, cfg: QuantConfig, tensors: Iterable[tuple[str, PackedTensor]], *,
                 model: str = "", force: bool = False) -> Path:
     """Stream (name, packed) pairs into ``path`` atomically; returns the path."""
-    path = Path(path)
-    if path.exists() and not force:
-        raise FileExistsError(f"{path} exists; pass --force to overwrite it")
+    path = check_output(Path(path), force)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = {"magic": MAGIC, "version": FILE_VERSION, "config": config_to_dict(cfg), "model": model, "tensors": {}}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
