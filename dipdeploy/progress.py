@@ -52,7 +52,7 @@ class Stage:
     progress: "Progress"
     done: int = 0
     start: float = field(default_factory=time.perf_counter)
-    _task: object = None
+    _task: object = field(default=None, init=False, repr=False)  # its row in the live bar
 
     def advance(self, n: int = 1) -> None:
         self.done += n
@@ -74,9 +74,9 @@ class Progress:
     live: bool | None = None
     quiet: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
-    _open: Stage | None = None
-    _bar: object = None
-    _running: int = 0
+    _open: Stage | None = field(default=None, init=False, repr=False)  # log mode: the stage whose line is open
+    _bar: object = field(default=None, init=False, repr=False)  # live mode: rich's Progress while stages run
+    _running: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.live is None:

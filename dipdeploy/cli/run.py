@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
+from dipdeploy.runtime.budget import CHAT_CONTEXT, DEFAULT_CONTEXT
 
 _ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
 
@@ -27,8 +29,8 @@ FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at
 COLD = typer.Option(False, "--cold", help="drop the MLP file from the OS page cache before the run (real disk reads)")
 IO = typer.Option("mmap", "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
                   "one per run of adjacent rows; slower in Python)")
-CONTEXT = typer.Option(None, "--context", help="KV-cache length reserved in the budget (tokens; default 1024, or "
-                       "the bundle's positions if fewer; more than the bundle's positions is refused)")
+CONTEXT = typer.Option(None, "--context", help=f"KV-cache length reserved in the budget (tokens; default "
+                       f"{DEFAULT_CONTEXT}, or the bundle's positions if fewer; more than those is refused)")
 PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (fed one token at a time)
 THREADS = typer.Option(1, "--threads", help="ORT intra-op threads per session")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
@@ -71,7 +73,7 @@ class _Prefill:
 
     def prompt(self, text: str | None) -> None:
         if not self.printed and text is not None:
-            console.print(f"[bold]{text}[/]", end="", markup=True, highlight=False)
+            console.print(f"[bold]{escape(text)}[/]", end="", highlight=False)
         self.printed = True
 
 
@@ -127,16 +129,14 @@ def chat_cmd(
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     io: str = IO,
-    context: Optional[int] = typer.Option(None, "--context", help="conversation length (tokens; default 2048, or "
-                                          "the bundle's positions if fewer)"), threads: int = THREADS,
+    context: Optional[int] = typer.Option(None, "--context", help=f"conversation length (tokens; default "
+                                          f"{CHAT_CONTEXT}, or the bundle's positions if fewer)"), threads: int = THREADS,
     temperature: float = typer.Option(0.0, help="0 = greedy"), top_p: float = typer.Option(1.0, "--top-p"),
     seed: int = typer.Option(0, help="sampling seed"),
 ) -> None:
     """Interactive chat: streams each answer, then one line of stats. Empty line or Ctrl-D quits."""
     from dipdeploy.runtime import Sampler
     from dipdeploy.runtime.chat import Chat
-
-    from dipdeploy.runtime.budget import CHAT_CONTEXT
     from dipdeploy.runtime.engine import bundle_positions
 
     try:
