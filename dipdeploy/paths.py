@@ -1,4 +1,5 @@
-"""Where dipdeploy keeps what it builds once and reuses (converted checkpoints, tiny models, headers).
+"""Where dipdeploy keeps what it builds once and reuses (converted checkpoints, tiny models, headers),
+and the one rule for the files a command reads and writes (checked before any work; written atomically).
 
 ``$DIPDEPLOY_CACHE`` if set, else ``~/.cache/dipdeploy``. Floor 1: no torch.
 """
@@ -94,6 +95,17 @@ def check_input_dir(path: Path | str | None, flag: str) -> Path | None:
     return path
 
 
+def check_input_file(path: Path | str | None, flag: str) -> Path | None:
+    """An input file the user named must exist before any work starts (not after the model loaded)."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{flag} {path} {what}; give an existing file")
+    return path
+
+
 def write_atomic(path: Path, data: bytes | str, force: bool = False) -> Path:
     """Write ``data`` to ``path`` via a temporary sibling and a rename (a kill never leaves half a file);
     the overwrite rule is :func:`check_output`'s."""
@@ -110,15 +122,4 @@ def write_atomic(path: Path, data: bytes | str, force: bool = False) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return path
-
-
-def check_input_file(path: Path | str | None, flag: str) -> Path | None:
-    """An input file the user named must exist before any work starts (not after the model loaded)."""
-    if path is None:
-        return None
-    path = Path(path)
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"{flag} {path} {what}; give an existing file")
     return path

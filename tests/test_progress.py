@@ -79,3 +79,21 @@ def test_export_json_seconds_include_load_and_calibration(tmp_path, data_dir):
     for stage in ("load …", "calibrate …", "swap into place …"):
         assert stage in res.output  # log mode: the stages were reported while they ran
     assert "\r" not in res.output
+
+
+def test_run_reports_a_long_prompts_prefill_then_prints_the_prompt(tmp_path):
+    """Prompt tokens are fed one at a time: a long prompt gets a stage, ended before the streamed text."""
+    from dipdeploy.cli.run import PREFILL_PROGRESS
+    from dipdeploy.export.bundle import export_model
+    from dipdeploy.export.config import ExportConfig
+
+    out = tmp_path / "b"
+    export_model(ExportConfig(model="tiny-llama", method="dip", rho_in=0.6, validate_tokens=0), out)
+    prompt = "a" * PREFILL_PROGRESS  # the tiny models' tokenizer is byte-level: one token per character
+    res = CliRunner().invoke(app, ["run", str(out), "-p", prompt, "-n", "2", "--no-native"])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("prefill the prompt"))
+    assert f"{PREFILL_PROGRESS}/{PREFILL_PROGRESS}," in line and line.endswith(" s")
+    assert res.output.index(line) < res.output.index(prompt)
+    short = CliRunner().invoke(app, ["run", str(out), "-p", "ab", "-n", "2", "--no-native"])
+    assert short.exit_code == 0 and "prefill" not in short.output

@@ -134,7 +134,6 @@ def eval_cmd(
     try:
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file},
                      outputs={"--json": json_out, "--plot": plot}, force=force)
-        floats(density, "--density")
         if lora is not None and not lora.is_dir():
             raise FileNotFoundError(f"--lora {lora} is not an adapter directory; give one from `dipdeploy finetune`")
         first_density = floats(density, "--density")[0]

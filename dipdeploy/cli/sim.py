@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import check_inputs, console, fail
+from dipdeploy.cli.core import check_inputs, console, fail, floats
 
 _ERRORS = (ValueError, OSError, KeyError)
 
@@ -69,12 +69,11 @@ def simulate_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite existing --json/--plot outputs."),
 ) -> None:
     """Project a trace onto a device profile: tokens/s, DRAM and Flash bytes per token, hit rate, memory."""
-    from dipdeploy.cli.core import floats
     from dipdeploy.progress import Progress
     from dipdeploy.sim import SimConfig
+    from dipdeploy.sim.devices import get_device
     from dipdeploy.sim.plot import label, plot_curves
     from dipdeploy.sim.report import write_json
-    from dipdeploy.sim.devices import get_device
     from dipdeploy.sim.sweep import auto_budgets, compare, expand_variants, resolve_shape, sweep
     from dipdeploy.sim.units import parse_range, parse_size
     from dipdeploy.trace import Trace
