@@ -13,5 +13,5 @@ def test_build_ops_is_registered() -> None:
 
 def test_build_ops_rejects_unknown_arch() -> None:
     result = CliRunner().invoke(app, ["build-ops", "--arch", "sparc"])
-    assert result.exit_code == 1
-    assert "arch='sparc' is not supported" in result.output
+    assert result.exit_code == 2  # bad input, refused before anything is built
+    assert "arch 'sparc' is not supported; choose one of x86_64, aarch64" in result.output
