@@ -12,6 +12,9 @@ from rich.table import Table
 
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
+from dipdeploy.export.config import ExportConfig
+
+_X = ExportConfig  # every default of export is ExportConfig's (docs/design.md §1)
 
 # OSError covers FileNotFoundError, FileExistsError, PermissionError and a full disk.
 _ERRORS = (ValueError, KeyError, RuntimeError, OSError)
@@ -19,8 +22,6 @@ _ERRORS = (ValueError, KeyError, RuntimeError, OSError)
 
 def _config(**given):
     """ExportConfig from the flags that were given; the rest keep the dataclass defaults."""
-    from dipdeploy.export.config import ExportConfig
-
     fields = {f.name for f in dataclasses.fields(ExportConfig)}
     return ExportConfig(**{k: v for k, v in given.items() if v is not None and k in fields})
 
@@ -29,11 +30,11 @@ def _config(**given):
 def export_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="bundle directory to create"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="registry name, HF dir, .gguf or hub id "
-                                        "(default: smollm2-135m)"),
-    method: Optional[str] = typer.Option(None, help="dense | dip | dip-ca (default: dip)"),
-    density: Optional[float] = typer.Option(None, help="MLP density ρ when no --plan (default 0.5)"),
+                                        f"(default: {_X.model})"),
+    method: Optional[str] = typer.Option(None, help=f"dense | dip | dip-ca (default: {_X.method})"),
+    density: Optional[float] = typer.Option(None, help=f"MLP density ρ when no --plan (default {_X.density:g})"),
     rho_in: Optional[float] = typer.Option(None, "--rho-in", help="input share; given = no calibration"),
-    gamma: Optional[float] = typer.Option(None, help="DIP-CA γ for the host runtime (default 0.5)"),
+    gamma: Optional[float] = typer.Option(None, help=f"DIP-CA γ for the host runtime (default {_X.gamma:g})"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate`"),
     quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3"),
     lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),
@@ -49,8 +50,8 @@ def export_cmd(
                                           help="read the weights one layer at a time (models larger than "
                                                "memory; no calibration, LoRA or validation); default: when "
                                                "the fp32 model exceeds half of the free memory"),
-    validate_tokens: Optional[int] = typer.Option(None, help="greedy tokens to validate (0 = skip; default 32)"),
-    prompt: Optional[str] = typer.Option(None, help="validation prompt"),
+    validate_tokens: Optional[int] = typer.Option(None, help=f"greedy tokens to validate (0 = skip; default {_X.validate_tokens})"),
+    prompt: Optional[str] = typer.Option(None, help=f"validation prompt (default {_X.prompt!r})"),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/"),
     force: bool = typer.Option(False, "--force", help="replace an existing bundle at --out"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the summary and validation as JSON"),
