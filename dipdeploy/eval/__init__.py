@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from dipdeploy import defaults
 from dipdeploy.sparsity.plan import METHODS, SparsityConfig
 
 ROW_KEYS = ("model", "method", "density", "ppl", "tokens", "seqlen")
@@ -24,9 +25,9 @@ def _as_tuple(v, cast):
 
 @dataclass
 class EvalConfig:
-    model: str = "smollm2-135m"
-    method: str | tuple[str, ...] = "dip"
-    density: float | tuple[float, ...] = 0.5
+    model: str = defaults.MODEL
+    method: str | tuple[str, ...] = SparsityConfig.method
+    density: float | tuple[float, ...] = SparsityConfig.density
     plan: str | None = None
     seqlen: int = 2048
     max_windows: int | None = 16
@@ -34,11 +35,12 @@ class EvalConfig:
     text_file: str | None = None
     data_dir: str | None = None
     batch_size: int | None = None  # windows side by side; None: 16 for dip-ca (its loop is per step), else 1
-    calib_windows: int = 4
-    calib_seqlen: int = 512
+    calib_windows: int = defaults.CALIB_WINDOWS
+    calib_seqlen: int = defaults.CALIB_SEQLEN
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
     quant: str | None = None
-    quant_scope: str = "mlp"
+    quant_scope: str = "all"
+    weights: str | None = None  # a `dipdeploy quantize` file: its MLP weights instead of quantising here
     lora: str | None = None  # a peft adapter from `dipdeploy finetune`, applied before quantisation
     lora_merge: bool = True  # merge_and_unload (what export does) or keep live adapter layers
     progress: bool = True
@@ -54,20 +56,31 @@ class EvalConfig:
                 raise ValueError(f"density must lie in (0, 1], got {d}")
         if self.seqlen < 2:
             raise ValueError(f"seqlen must be >= 2, got {self.seqlen}")
-        if self.quant_scope not in ("mlp", "all"):
-            raise ValueError(f"quant_scope {self.quant_scope!r} unknown; choose mlp or all")
+        from dipdeploy.quant.fake import SCOPES
+
+        if self.quant_scope not in SCOPES:
+            raise ValueError(f"quant_scope {self.quant_scope!r} unknown; choose one of {', '.join(SCOPES)}")
+        if self.quant is not None and self.weights is not None:
+            raise ValueError("--weights brings its own quantised MLP; drop --quant (or drop --weights)")
         if self.plan is not None and (len(self.method) > 1 or len(self.density) > 1):
             raise ValueError("--plan fixes method and density; pass a single method/density or drop --plan")
 
 
 def _quantize(lm, cfg: EvalConfig) -> dict:
-    if cfg.quant is None:
+    """Fake-quantise ``lm`` in place. The default scope ``all`` is what ``export --quant`` ships (MLP in the
+    format, attention and lm_head in the MatMulNBits blocks of ``quant.config.dense_config``)."""
+    if cfg.quant is None and cfg.weights is None:
         return {"quant": "none", "bits_per_weight": 32.0}
     from dipdeploy.quant.config import quant_config_from_name
-    from dipdeploy.quant.fake import quantize_model_  # export-time, imports torch lazily
+    from dipdeploy.quant.fake import load_mlp_weights_, quantize_model_  # export-time, imports torch lazily
 
-    report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope)
-    return {"quant": cfg.quant, "quant_scope": cfg.quant_scope,
+    if cfg.weights is not None:
+        report = load_mlp_weights_(lm.model, cfg.weights, scope=cfg.quant_scope, model_name=lm.name)
+        name = f"{report.format} ({cfg.weights})"
+    else:
+        report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope)
+        name = cfg.quant
+    return {"quant": name, "quant_scope": cfg.quant_scope,
             "bits_per_weight": float(report.bits_per_weight), "quant_seconds": float(report.seconds)}
 
 
@@ -154,9 +167,22 @@ class Evaluator:
         }
 
 
+def combinations(cfg: EvalConfig) -> list[tuple[str, float]]:
+    """The (method, density) rows of ``cfg``: each method at each density it can reach; ``dense`` once, at
+    ρ = 1 (so ``--method dense,dip --density 0.4,0.5`` is the dense baseline beside two DIP rows)."""
+    combos = []
+    for m in cfg.method:
+        if m == "dense":
+            combos.append(("dense", 1.0))
+        else:
+            combos += [(m, d) for d in cfg.density if reachable(m, d)]
+    return combos
+
+
 def evaluate(cfg: EvalConfig) -> list[dict]:
-    """One row per reachable (method, density): the realised density, PPL and how it was obtained."""
-    combos = [(m, d) for m in cfg.method for d in cfg.density if reachable(m, d)]
+    """One row per (method, density) of :func:`combinations`: the realised density, PPL and how it was
+    obtained."""
+    combos = combinations(cfg)
     if not combos:
         raise ValueError(f"no reachable (method, density) among {cfg.method} × {cfg.density}; "
                          f"see docs/method.md's table of lowest densities")
