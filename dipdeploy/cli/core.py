@@ -10,10 +10,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
+from dipdeploy.cli.tables import table as make_table
 from dipdeploy.eval import EvalConfig
 from dipdeploy.registry import list_models
 from dipdeploy.sparsity.plan import SparsityConfig
@@ -30,7 +30,7 @@ def fail(err: Exception) -> None:
 @app.command("models")
 def models_cmd() -> None:
     """List the model registry (models/*.toml)."""
-    table = Table("name", "architecture", "layout", "layers", "d", "F", "source")
+    table = make_table("name", "architecture", "layout", "layers", "d", "F", "source", wrap=("source",))
     for m in list_models():
         s = m.shape
         src = "tiny, seed %d" % m.tiny["seed"] if m.tiny else (
@@ -49,11 +49,14 @@ def _sparsity_options(method, density, rho_in, allocation, score, gamma, policy,
                           gamma_warmup=gamma_warmup)
 
 
+#: eval's table: row key → column header (short, so nine columns fit 80)
+_ROW_COLUMNS = {"method": "method", "density": "ρ", "rho_in": "ρ_in", "allocation": "alloc", "ppl": "PPL",
+                "quant": "quant", "bits_per_weight": "bits/\nweight", "tokens": "tokens", "eval_s": "eval s"}
+
+
 def print_rows(rows: list[dict], title: str) -> None:
-    table = Table(title=title)
-    cols = ["method", "density", "rho_in", "allocation", "ppl", "quant", "bits_per_weight", "tokens", "eval_s"]
-    for c in cols:
-        table.add_column(c, justify="right")
+    cols = list(_ROW_COLUMNS)
+    table = make_table(*_ROW_COLUMNS.values(), title=title, wrap=("quant",))
     for r in rows:
         table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols])
     console.print(table)

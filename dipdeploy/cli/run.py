@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
-
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
+from dipdeploy.cli.tables import table as make_table
 from dipdeploy.runtime.engine import EngineConfig
 from dipdeploy.runtime.sampler import Sampler
 
@@ -90,7 +89,7 @@ def run_cmd(
         console.print()
     except _ERRORS as err:
         fail(err)
-    table = Table("stat", "value", title=f"dipdeploy run {bundle.name}")
+    table = make_table("stat", "value", title=f"dipdeploy run {bundle.name}", wrap=("stat", "value"))
     for k, v in g.stats.table():
         table.add_row(k, v)
     console.print(table)
