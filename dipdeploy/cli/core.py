@@ -42,8 +42,6 @@ def models_cmd() -> None:
 
 def _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac, fixed_top_n,
                       gamma_warmup):
-    from dipdeploy.sparsity.plan import SparsityConfig
-
     return SparsityConfig(method=method, density=density, rho_in=rho_in, allocation=allocation, score=score,
                           gamma=gamma, policy=policy, cache_frac=cache_frac, fixed_top_n=fixed_top_n,
                           gamma_warmup=gamma_warmup)
