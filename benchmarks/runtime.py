@@ -136,7 +136,8 @@ def ppl_for(row: dict, windows: int, cache: dict, partial: Path) -> float:
         from dipdeploy.eval import EvalConfig, Evaluator
 
         ev = cache.setdefault("_evaluator", None) or Evaluator(EvalConfig(seqlen=2048, max_windows=windows,
-                                                                          quant="bq4", progress=True))
+                                                                          quant="bq4", quant_scope="mlp",
+                                                                          progress=True))
         cache["_evaluator"] = ev
         if row["method"].startswith("dense"):
             r = ev.row("dense", 1.0)

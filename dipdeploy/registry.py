@@ -54,7 +54,6 @@ class ModelShape:
 class ModelDefaults:
     density: float = 0.5
     rho_in: float = 0.55
-    gamma: float = 0.2
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,13 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from dipdeploy import defaults
 from dipdeploy.cli._app import app
+from dipdeploy.cli.tables import table as make_table
+from dipdeploy.eval import EvalConfig
 from dipdeploy.registry import list_models
+from dipdeploy.sparsity.plan import SparsityConfig
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
 
@@ -28,7 +31,7 @@ def fail(err: Exception) -> None:
 @app.command("models")
 def models_cmd() -> None:
     """List the model registry (models/*.toml)."""
-    table = Table("name", "architecture", "layout", "layers", "d", "F", "source")
+    table = make_table("name", "architecture", "layout", "layers", "d", "F", "source", wrap=("source",))
     for m in list_models():
         s = m.shape
         src = "tiny, seed %d" % m.tiny["seed"] if m.tiny else (
@@ -40,18 +43,19 @@ def models_cmd() -> None:
 
 def _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac, fixed_top_n,
                       gamma_warmup):
-    from dipdeploy.sparsity.plan import SparsityConfig
-
     return SparsityConfig(method=method, density=density, rho_in=rho_in, allocation=allocation, score=score,
                           gamma=gamma, policy=policy, cache_frac=cache_frac, fixed_top_n=fixed_top_n,
                           gamma_warmup=gamma_warmup)
 
 
+#: eval's table: row key → column header (short, so nine columns fit 80)
+_ROW_COLUMNS = {"method": "method", "density": "ρ", "rho_in": "ρ_in", "allocation": "alloc", "ppl": "PPL",
+                "quant": "quant", "bits_per_weight": "bits/\nweight", "tokens": "tokens", "eval_s": "eval s"}
+
+
 def print_rows(rows: list[dict], title: str) -> None:
-    table = Table(title=title)
-    cols = ["method", "density", "rho_in", "allocation", "ppl", "quant", "bits_per_weight", "tokens", "eval_s"]
-    for c in cols:
-        table.add_column(c, justify="right")
+    cols = list(_ROW_COLUMNS)
+    table = make_table(*_ROW_COLUMNS.values(), title=title, wrap=("quant",))
     for r in rows:
         table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols])
     console.print(table)
@@ -65,16 +69,18 @@ def write_json(rows, path: Optional[Path], force: bool) -> None:
         console.print(f"wrote {path}")
 
 
-# Options shared by eval and calibrate (typer wants them spelled out per command).
-MODEL = typer.Option("smollm2-135m", "--model", "-m", help="registry name, HF directory, .gguf file or hub id")
+# Options shared by eval and calibrate (typer wants them spelled out per command); every default is read
+# from the dataclass that owns it (docs/design.md §1): SparsityConfig, EvalConfig, dipdeploy.defaults.
+_S, _EV = SparsityConfig, EvalConfig
+MODEL = typer.Option(defaults.MODEL, "--model", "-m", help="registry name, HF directory, .gguf file or hub id")
 RHO_IN = typer.Option(None, "--rho-in", help="input share ρ_in for teal/dip/dip-ca; default: calibrated")
-ALLOC = typer.Option("uniform", "--allocation", help="per-layer allocation: uniform | greedy")
-SCORE = typer.Option("abs", "--score", help="DIP score: abs (|x|) | wina (|x_i|·‖W_:,i‖₂)")
-GAMMA = typer.Option(0.5, "--gamma", help="DIP-CA re-weighting of non-resident rows (1 = plain DIP)")
-POLICY = typer.Option("lfu", "--policy", help="DIP-CA cache policy in the torch reference: lru | lfu")
-CACHE = typer.Option(0.5, "--cache-frac", help="DIP-CA cache capacity, fraction of each group's rows")
-TOPN = typer.Option(0, "--fixed-top-n", help="DIP-CA: exempt the n largest |x| from re-weighting")
-WARM = typer.Option(0, "--gamma-warmup", help="DIP-CA: tokens over which γ goes from 1 to --gamma")
+ALLOC = typer.Option(_S.allocation, "--allocation", help="per-layer allocation: uniform | greedy")
+SCORE = typer.Option(_S.score, "--score", help="DIP score: abs (|x|) | wina (|x_i|·‖W_:,i‖₂)")
+GAMMA = typer.Option(_S.gamma, "--gamma", help="DIP-CA re-weighting of non-resident rows (1 = plain DIP)")
+POLICY = typer.Option(_S.policy, "--policy", help="DIP-CA cache policy in the torch reference: lru | lfu")
+CACHE = typer.Option(_S.cache_frac, "--cache-frac", help="DIP-CA cache capacity, fraction of each group's rows")
+TOPN = typer.Option(_S.fixed_top_n, "--fixed-top-n", help="DIP-CA: exempt the n largest |x| from re-weighting")
+WARM = typer.Option(_S.gamma_warmup, "--gamma-warmup", help="DIP-CA: tokens over which γ goes from 1 to --gamma")
 DATA = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/ (default: $DIPDEPLOY_DATA)")
 FORCE = typer.Option(False, "--force", help="overwrite existing output files")
 
@@ -108,19 +114,24 @@ def floats(text: str, flag: str) -> list[float]:
 @app.command("eval")
 def eval_cmd(
     model: str = MODEL,
-    method: str = typer.Option("dip", help="comma list of: dense, glu, gate, up, cats, teal, dip, dip-ca"),
-    density: str = typer.Option("0.5", help="comma list of MLP densities ρ in (0, 1]"),
+    method: str = typer.Option(_S.method, help="comma list of: dense, glu, gate, up, cats, teal, dip, dip-ca "
+                               "(dense is evaluated once, at ρ = 1)"),
+    density: str = typer.Option(f"{_S.density:g}", help="comma list of MLP densities ρ in (0, 1]"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration)"),
-    seqlen: int = typer.Option(2048, help="window length in tokens"),
-    max_windows: Optional[int] = typer.Option(16, help="evaluate at most this many windows (all: 0)"),
-    dataset: str = typer.Option("wikitext2", help="wikitext2 (test split) or use --text-file"),
+    seqlen: int = typer.Option(_EV.seqlen, help="window length in tokens"),
+    max_windows: Optional[int] = typer.Option(_EV.max_windows, help="evaluate at most this many windows (all: 0)"),
+    dataset: str = typer.Option(_EV.dataset, help="wikitext2 (test split) or use --text-file"),
     text_file: Optional[Path] = typer.Option(None, help="evaluate on this UTF-8 text instead"),
     data_dir: Optional[Path] = DATA,
     batch_size: Optional[int] = typer.Option(None, help="windows run side by side (default: 16 for dip-ca, else 1)"),
     rho_in: Optional[float] = RHO_IN, allocation: str = ALLOC, score: str = SCORE, gamma: float = GAMMA,
     policy: str = POLICY, cache_frac: float = CACHE, fixed_top_n: int = TOPN, gamma_warmup: int = WARM,
-    quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3"),
-    quant_scope: str = typer.Option("mlp", help="mlp | all (attention and lm_head too)"),
+    quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3 (and their "
+                                        "-gptq variants)"),
+    quant_scope: str = typer.Option(_EV.quant_scope, help="all: attention and lm_head in BQ4 blocks too, as "
+                                    "`export --quant` ships them | mlp: the MLP only"),
+    weights: Optional[Path] = typer.Option(None, help="MLP weights from `dipdeploy quantize` (.npz) instead of "
+                                           "quantising here; --quant-scope all adds attention and lm_head"),
     lora: Optional[Path] = typer.Option(None, help="a peft adapter from `dipdeploy finetune` (applied first)"),
     lora_merge: bool = typer.Option(True, "--lora-merge/--lora-live", help="merge the adapter or keep it live"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as a JSON list"),
@@ -136,13 +147,15 @@ def eval_cmd(
                      outputs={"--json": json_out, "--plot": plot}, force=force)
         if lora is not None and not lora.is_dir():
             raise FileNotFoundError(f"--lora {lora} is not an adapter directory; give one from `dipdeploy finetune`")
-        first_density = floats(density, "--density")[0]
-        sp = _sparsity_options(method.split(",")[0], first_density if 0 < first_density <= 1 else 0.5, rho_in,
-                               allocation, score, gamma, policy, cache_frac, fixed_top_n, gamma_warmup)
+        floats(density, "--density")
+        # the knobs every row shares; each row sets its own method and density (evaluate)
+        sp = _sparsity_options(_S.method, _S.density, rho_in, allocation, score, gamma, policy, cache_frac,
+                               fixed_top_n, gamma_warmup)
         cfg = EvalConfig(model=model, method=method, density=density, plan=str(plan) if plan else None,
                          seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
                          text_file=str(text_file) if text_file else None, data_dir=str(data_dir) if data_dir else None,
                          batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope,
+                         weights=str(weights) if weights else None,
                          lora=str(lora) if lora else None, lora_merge=lora_merge)
         check_inputs(model=model)
         rows = evaluate(cfg, Progress())
@@ -160,14 +173,14 @@ def eval_cmd(
 def calibrate_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="where to write the plan (JSON)"),
     model: str = MODEL,
-    method: str = typer.Option("dip", help="dense, glu, gate, up, cats, teal, dip, dip-ca"),
-    density: float = typer.Option(0.5, help="target MLP density ρ"),
+    method: str = typer.Option(_S.method, help="dense, glu, gate, up, cats, teal, dip, dip-ca"),
+    density: float = typer.Option(_S.density, help="target MLP density ρ"),
     rho_in: Optional[float] = RHO_IN, allocation: str = ALLOC, score: str = SCORE, gamma: float = GAMMA,
     policy: str = POLICY, cache_frac: float = CACHE, fixed_top_n: int = TOPN, gamma_warmup: int = WARM,
     text_file: Optional[Path] = typer.Option(None, help="calibration text (default: WikiText-2 validation)"),
     data_dir: Optional[Path] = DATA,
-    windows: int = typer.Option(8, help="calibration windows"),
-    seqlen: int = typer.Option(512, help="calibration window length"),
+    windows: int = typer.Option(defaults.CALIB_WINDOWS, help="calibration windows"),
+    seqlen: int = typer.Option(defaults.CALIB_SEQLEN, help="calibration window length"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing plan"),
 ) -> None:
     """Calibrate a sparsity plan (split, thresholds, per-layer allocation) on calibration text."""
@@ -204,7 +217,7 @@ def demo_cmd(
     model: str = MODEL,
     windows: int = typer.Option(4, help="WikiText-2 test windows"),
     seqlen: int = typer.Option(512, help="window length"),
-    density: float = typer.Option(0.5, help="MLP density of the sparse methods"),
+    density: float = typer.Option(_S.density, help="MLP density of the sparse methods"),
 ) -> None:
     """The main job on the embedded default model: dense vs DIP, DIP-CA and two peers, a few windows."""
     from dipdeploy.eval import EvalConfig, Evaluator
@@ -223,8 +236,8 @@ def demo_cmd(
 def trace_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="trace file to write (.npz)"),
     model: str = MODEL,
-    method: str = typer.Option("dip", help="dense | dip | dip-ca"),
-    density: float = typer.Option(0.5, help="target MLP density ρ (ignored for dense)"),
+    method: str = typer.Option(_S.method, help="dense | dip | dip-ca"),
+    density: float = typer.Option(_S.density, help="target MLP density ρ (ignored for dense)"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration)"),
     tokens: int = typer.Option(512, help="tokens to trace"),
     split: str = typer.Option("test", help="WikiText-2 split to trace (test | validation)"),
@@ -265,7 +278,8 @@ def trace_cmd(
                              c.hidden_size, c.intermediate_size)
         elif p is None:
             with progress.stage(f"calibrate {method} ρ={density:g}"):
-                calib = make_windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), 512, 4)
+                calib = make_windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
+                                     defaults.CALIB_SEQLEN, defaults.CALIB_WINDOWS)
                 p = calibrate(lm, cfg, calib)
         with progress.stage(f"trace {tokens} tokens"):
             ids = make_windows(lm.tokenizer, load_text("wikitext2", split, text_file, data_dir), tokens, 1)

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
-
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
+from dipdeploy.cli.tables import table as make_table
+from dipdeploy.export.config import ExportConfig
+
+_X = ExportConfig  # every default of export is ExportConfig's (docs/design.md §1)
 
 # OSError covers FileNotFoundError, FileExistsError, PermissionError and a full disk.
 _ERRORS = (ValueError, KeyError, RuntimeError, OSError)
@@ -19,8 +21,6 @@ _ERRORS = (ValueError, KeyError, RuntimeError, OSError)
 
 def _config(**given):
     """ExportConfig from the flags that were given; the rest keep the dataclass defaults."""
-    from dipdeploy.export.config import ExportConfig
-
     fields = {f.name for f in dataclasses.fields(ExportConfig)}
     return ExportConfig(**{k: v for k, v in given.items() if v is not None and k in fields})
 
@@ -41,11 +41,11 @@ def _check_per_layer(asked: Optional[bool], cfg) -> None:
 def export_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="bundle directory to create"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="registry name, HF dir, .gguf or hub id "
-                                        "(default: smollm2-135m)"),
-    method: Optional[str] = typer.Option(None, help="dense | dip | dip-ca (default: dip)"),
-    density: Optional[float] = typer.Option(None, help="MLP density ρ when no --plan (default 0.5)"),
+                                        f"(default: {_X.model})"),
+    method: Optional[str] = typer.Option(None, help=f"dense | dip | dip-ca (default: {_X.method})"),
+    density: Optional[float] = typer.Option(None, help=f"MLP density ρ when no --plan (default {_X.density:g})"),
     rho_in: Optional[float] = typer.Option(None, "--rho-in", help="input share; given = no calibration"),
-    gamma: Optional[float] = typer.Option(None, help="DIP-CA γ for the host runtime (default 0.5)"),
+    gamma: Optional[float] = typer.Option(None, help=f"DIP-CA γ for the host runtime (default {_X.gamma:g})"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate`"),
     quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3"),
     lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),
@@ -61,8 +61,8 @@ def export_cmd(
                                           help="read the weights one layer at a time (models larger than "
                                                "memory; no calibration, LoRA or validation); default: when "
                                                "the fp32 model exceeds half of the free memory"),
-    validate_tokens: Optional[int] = typer.Option(None, help="greedy tokens to validate (0 = skip; default 32)"),
-    prompt: Optional[str] = typer.Option(None, help="validation prompt"),
+    validate_tokens: Optional[int] = typer.Option(None, help=f"greedy tokens to validate (0 = skip; default {_X.validate_tokens})"),
+    prompt: Optional[str] = typer.Option(None, help=f"validation prompt (default {_X.prompt!r})"),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/"),
     force: bool = typer.Option(False, "--force", help="replace an existing bundle at --out"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the summary and validation as JSON"),
@@ -97,7 +97,7 @@ def export_cmd(
     except _ERRORS as err:
         fail(err)
     summary = result.summary()
-    table = Table("item", "value", title=f"bundle {out}")
+    table = make_table("item", "value", title=f"bundle {out}", wrap=("value",))
     for k, v in summary.items():
         if k != "steps_s" and v is not None:
             table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
@@ -108,18 +108,68 @@ def export_cmd(
     write_json({**summary, "validation": result.manifest.validation}, json_out, force)
 
 
+def _file_kind(name: str) -> str:
+    if name in ("mlp.bin", "dense.bin"):
+        return name
+    if name.endswith(".onnx"):
+        return "graphs (.onnx)"
+    if name.endswith((".so", ".dll", ".dylib")):
+        return "native library"
+    return "tokenizer+configs"
+
+
+def _sizes(files: dict) -> dict[str, int]:
+    """Bytes per kind of file: what a user asks first (how big, where the bytes are)."""
+    out: dict[str, int] = {}
+    for name, rec in files.items():
+        out[_file_kind(name)] = out.get(_file_kind(name), 0) + int(rec["size"])
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
+
+
+def _verdict(v: dict) -> str:
+    """One line from the validation record (README, "Validation")."""
+    if not v:
+        return "not run (exported with --validate-tokens 0)"
+    if v.get("skipped"):
+        return f"skipped: {v['skipped']}"
+    native = {True: "native agrees", False: "native DIFFERS", None: "native not run"}[v.get("agrees_native")]
+    stock = "stock ORT agrees" if v.get("agrees_stock") else "stock ORT DIFFERS"
+    ties = sum(v.get(k) or 0 for k in ("near_ties_stock", "near_ties_native"))
+    diff = v.get("max_abs_diff")
+    tail = f", max |Δlogit| {diff:.2g} (tolerance {v.get('tolerance'):g})" if diff is not None else ""
+    return (f"{'passed' if v.get('ok') else 'FAILED'}: {stock}, {native}, {ties} near-ties{tail}"
+            + (", level 4 measured (--json)" if v.get("level4") else ""))
+
+
+def _plan_line(plan: dict) -> str:
+    layers = plan.get("layers") or []
+    if not layers:
+        return f"density {plan.get('density', 1.0):.4g}"
+    k_in, k_glu = [lp["k_in"] for lp in layers], [lp["k_glu"] for lp in layers]
+    span = lambda ks: f"{min(ks)}" if min(ks) == max(ks) else f"{min(ks)}–{max(ks)}"  # noqa: E731
+    return (f"density {plan.get('density', 1.0):.4g}, {plan.get('allocation', 'uniform')}, {len(layers)} layers: "
+            f"K_in {span(k_in)}/{plan.get('hidden_size', '?')}, K_glu {span(k_glu)}/{plan.get('intermediate_size', '?')}"
+            f", γ {plan.get('gamma', 1.0):g}")
+
+
 @app.command("inspect")
 def inspect_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
     verify: bool = typer.Option(False, "--verify", help="also check the sha256 of the tensor data files (the "
                                 "structure, sizes and the other files' sha256 are always checked)"),
+    files: bool = typer.Option(False, "--files", help="also list every file (bytes, sha256) and each layer's K"),
     prompt: Optional[str] = typer.Option(None, help="also generate greedily from this prompt (plain ORT)"),
     max_new_tokens: int = typer.Option(32, help="tokens to generate with --prompt"),
     native: bool = typer.Option(False, "--native", help="with --prompt: register the native op library"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the manifest summary as JSON"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing --json file"),
 ) -> None:
-    """Print a bundle's manifest as a readable summary (after the structure checks); --verify checks every checksum."""
+    """A bundle's summary on one screen (after the structure checks); --files lists every file,
+    --verify checks every checksum."""
     from dipdeploy.cli.core import check_inputs
     from dipdeploy.export.manifest import read_manifest, verify as verify_bundle
 
@@ -131,27 +181,47 @@ def inspect_cmd(
     except _ERRORS as err:
         fail(err)
     plan = m.plan or {}
+    q = m.quant or {}
     rows = {"format": f"{m.format} v{m.version}", "model": m.source.get("model"),
             "architecture": m.source.get("architecture"), "method": m.method,
             "density": plan.get("density", 1.0), "score": plan.get("score", "-"),
-            "quant": (m.quant or {}).get("name", "none"),
-            "bits/weight (MLP)": (m.quant or {}).get("bits_per_weight_mlp", 32.0),
+            "quant": q.get("name", "none"),
+            "bits/weight (MLP)": q.get("bits_per_weight_mlp", 32.0),
             "ops": f"{m.ops['domain']} v{m.ops['version']}", "onnxruntime": f">= {m.onnxruntime['min']}",
             "graphs": ", ".join([m.graphs["model"]] + ([f"{len(m.graphs['layers'])} per-layer"]
                                                        if m.graphs.get("layers") else [])),
             "tensors": len(m.tensors), "validation": json.dumps({k: m.validation.get(k) for k in (
                 "agrees_stock", "agrees_native", "near_ties_stock", "near_ties_native", "max_abs_diff", "tolerance",
                 "level4")})}
-    table = Table("item", "value", title=f"bundle {bundle}")
-    for k, v in rows.items():
-        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    sizes = _sizes(m.files)
+    quant = "none (fp32)" if not q else (
+        f"{q.get('name')}: MLP {q.get('bits_per_weight_mlp', 32.0):.4g} bits/weight; attention and lm_head "
+        f"{q.get('attention_and_lm_head', '-')} ({q.get('bits_per_weight_dense', 32.0):.4g}); "
+        f"embedding {q.get('embedding', 'fp32')}")
+    exported = m.onnxruntime.get("exported_with")
+    summary = {
+        "model": f"{rows['model']} ({rows['architecture']})",
+        "method": f"{m.method}, score {rows['score']}",
+        "plan": _plan_line(plan),
+        "quant": quant,
+        "size": f"{_mb(sum(sizes.values()))}: " + ", ".join(f"{k} {_mb(v)}" for k, v in sizes.items()),
+        "graphs": f"{rows['graphs']}; {rows['tensors']} tensors",
+        "validation": _verdict(m.validation),
+        "runtime": f"onnxruntime {rows['onnxruntime']}" + (f" (exported with {exported})" if exported else "")
+                   + f"; ops {rows['ops']}" + (f", native {m.ops['native_library']}"
+                                               if m.ops.get("native_library") else ", no native library"),
+    }
+    table = make_table("item", "value", title=f"bundle {bundle} ({rows['format']})", wrap=("value",))
+    for k, v in summary.items():
+        table.add_row(k, v)
     console.print(table)
-    files = Table("file", "bytes", "sha256")
-    for name, rec in m.files.items():
-        files.add_row(name, str(rec["size"]), rec["sha256"][:16])
-    console.print(files)
-    if plan.get("layers"):
-        console.print("K_in/K_glu per layer: " + " ".join(f"{lp['k_in']}/{lp['k_glu']}" for lp in plan["layers"]))
+    if files:
+        listing = make_table("file", "bytes", "sha256", wrap=("file",))
+        for name, rec in m.files.items():
+            listing.add_row(name, str(rec["size"]), rec["sha256"][:16])
+        console.print(listing)
+        if plan.get("layers"):
+            console.print("K_in/K_glu per layer: " + " ".join(f"{lp['k_in']}/{lp['k_glu']}" for lp in plan["layers"]))
     problems = []
     if verify:
         problems = verify_bundle(bundle, m, checksums="all")
@@ -168,6 +238,7 @@ def inspect_cmd(
         console.print(f"{len(g.tokens)} tokens, {g.tokens_per_s:.1f} tok/s, "
                       f"{'native library' if g.native else 'stock ORT'}, 1 thread, {m.method} {rows['quant']}")
         gen = {"text": g.text, "tokens": g.tokens, "tokens_per_s": g.tokens_per_s, "native": g.native}
-    write_json({**rows, "problems": problems, "generation": gen}, json_out, force)
+    write_json({**rows, "summary": summary, "sizes": sizes, "problems": problems, "generation": gen}, json_out,
+               force)
     if problems:
         raise typer.Exit(1)

@@ -12,10 +12,12 @@ from typing import Optional
 
 import typer
 
+from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import DATA, MODEL, console, fail
+from dipdeploy.finetune.config import LoraConfig
 
-_D = "default: LoraConfig"
+_L = LoraConfig
 
 
 def _given(**kw) -> dict:
@@ -31,17 +33,17 @@ def finetune_cmd(
     plan: Optional[Path] = typer.Option(None, help="train under this plan (default: calibrate one on validation)"),
     rho_in: Optional[float] = typer.Option(None, "--rho-in", help="input share ρ_in; default: calibrated"),
     gamma: Optional[float] = typer.Option(None, help="DIP-CA re-weighting of non-resident rows"),
-    rank: Optional[int] = typer.Option(None, help=f"LoRA rank ({_D}: 16)"),
-    alpha: Optional[float] = typer.Option(None, help=f"LoRA α ({_D}: 2·rank)"),
-    targets: Optional[str] = typer.Option(None, help=f"comma list of up, gate, down, attn ({_D}: up,gate,down)"),
-    steps: Optional[int] = typer.Option(None, help=f"optimizer steps ({_D})"),
+    rank: Optional[int] = typer.Option(None, help=f"LoRA rank (default {_L.rank})"),
+    alpha: Optional[float] = typer.Option(None, help="LoRA α (default 2·rank)"),
+    targets: Optional[str] = typer.Option(None, help=f"comma list of up, gate, down, attn (default {','.join(_L.targets)})"),
+    steps: Optional[int] = typer.Option(None, help=f"optimizer steps (default {_L.steps})"),
     tokens: Optional[int] = typer.Option(None, help="training tokens (overrides --steps)"),
-    lr: Optional[float] = typer.Option(None, help=f"peak learning rate ({_D})"),
-    seqlen: Optional[int] = typer.Option(None, help=f"training window length ({_D})"),
-    batch_size: Optional[int] = typer.Option(None, help=f"windows per step per process ({_D})"),
-    save_steps: Optional[int] = typer.Option(None, help=f"checkpoint every N steps ({_D})"),
+    lr: Optional[float] = typer.Option(None, help=f"peak learning rate (default {_L.lr:g})"),
+    seqlen: Optional[int] = typer.Option(None, help=f"training window length (default {_L.seqlen})"),
+    batch_size: Optional[int] = typer.Option(None, help=f"windows per step per process (default {_L.batch_size})"),
+    save_steps: Optional[int] = typer.Option(None, help=f"checkpoint every N steps (default {_L.save_steps})"),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast forward (GPU or AVX512-BF16 CPU)"),
-    data: Optional[str] = typer.Option(None, help="wikitext2-valid (never the test split); or --text-file"),
+    data: Optional[str] = typer.Option(None, help=f"{_L.data} (never the test split); or --text-file"),
     text_file: Optional[Path] = typer.Option(None, help="train on this UTF-8 text instead"),
     data_dir: Optional[Path] = DATA,
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (1 is fastest on a busy machine)"),
@@ -52,8 +54,6 @@ def finetune_cmd(
     import torch
 
     from dipdeploy.cli.core import check_inputs
-    from dipdeploy.eval import EvalConfig
-    from dipdeploy.finetune import LoraConfig
     from dipdeploy.paths import check_output
     from dipdeploy.progress import Progress
     from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
@@ -85,9 +85,8 @@ def finetune_cmd(
             lm = load_model(model)
         if p is None:
             with progress.stage(f"calibrate {sp.method} ρ={sp.density:g}"):
-                ec = EvalConfig()
                 calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
-                                ec.calib_seqlen, ec.calib_windows)
+                                defaults.CALIB_SEQLEN, defaults.CALIB_WINDOWS)
                 p = calibrate(lm, sp, calib)
         console.print(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}) on {lm.name} under "
                       f"{p.method} ρ={p.density:.4f}: {cfg.total_steps} steps × {cfg.tokens_per_step} tokens")

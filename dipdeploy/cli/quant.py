@@ -1,4 +1,4 @@
-"""CLI commands of the quant stage: ``dipdeploy quantize`` (packed MLP weights for later export)."""
+"""CLI commands of the quant stage: ``dipdeploy quantize`` (packed MLP weights for ``dipdeploy eval --weights``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import check_inputs, console, fail
 from dipdeploy.quant.config import QUANT_PRESETS
@@ -13,7 +14,8 @@ from dipdeploy.quant.config import QUANT_PRESETS
 
 @app.command("quantize")
 def quantize_cmd(
-    model: str = typer.Option(..., "--model", help="registry name (see `dipdeploy models`), HF directory or .gguf"),
+    model: str = typer.Option(defaults.MODEL, "--model", "-m", help="registry name (see `dipdeploy models`), HF "
+                              "directory or .gguf"),
     quant: str = typer.Option(..., "--quant", help=f"format: {', '.join(QUANT_PRESETS)}"),
     out: Path = typer.Option(..., "--out", help="packed-weights file to write (.npz)"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing --out"),
@@ -21,7 +23,8 @@ def quantize_cmd(
     calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="-gptq formats: tokens per calibration window"),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="folder holding wikitext-2-raw/ (else $DIPDEPLOY_DATA)"),
 ) -> None:
-    """Quantise the MLP weights in the sparse row layout and write them (with their config) to one file."""
+    """Quantise the MLP weights in the sparse row layout and write them (with their config) to one file,
+    for `dipdeploy eval --weights FILE` (a -gptq format is calibrated once, not at every evaluation)."""
     from dipdeploy.progress import Progress
     from dipdeploy.quant.config import quant_config_from_name
 

@@ -8,17 +8,22 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
-from dipdeploy.runtime.budget import CHAT_CONTEXT, DEFAULT_CONTEXT
+from dipdeploy.cli.tables import table as make_table
+from dipdeploy.runtime.budget import DEFAULT_CONTEXT
+from dipdeploy.runtime.engine import EngineConfig
+from dipdeploy.runtime.sampler import Sampler
+
+# Defaults are EngineConfig's and Sampler's (docs/design.md §1); run and chat share every option below.
+_E = EngineConfig
 
 _ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
 
-BUDGET = typer.Option("50%", "--dram-budget", help="DRAM for the MLP caches: a share of the MLP bytes (50%) or "
-                      "a total for everything resident (120MB, 1.5GiB); dense weights and the KV cache come first")
-POLICY = typer.Option("lfu", "--policy", help="cache policy: lfu | lru | belady (offline bound, γ = 1) | "
+BUDGET = typer.Option(_E.dram_budget, "--dram-budget", help="DRAM for the MLP caches: a share of the MLP bytes "
+                      "(50%) or a total for everything resident (120MB, 1.5GiB); dense weights and the KV cache come first")
+POLICY = typer.Option(_E.policy, "--policy", help="cache policy: lfu | lru | belady (offline bound, γ = 1) | "
                       "static (pinned rows: the dense baseline) | none")
 GAMMA = typer.Option(None, "--gamma", help="DIP-CA γ in [0, 1] (1 = plain DIP); default: the bundle's")
 LEVEL = typer.Option(None, "--accuracy-level", help="0 = fp32; 4 = int8 activations/coefficients in MatMulNBits and "
@@ -26,30 +31,35 @@ LEVEL = typer.Option(None, "--accuracy-level", help="0 = fp32; 4 = int8 activati
 NATIVE = typer.Option(None, "--native/--no-native", help="native kernels (default: when built) or the ONNX "
                       "fallback functions")
 FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s")
-COLD = typer.Option(False, "--cold", help="drop the MLP file from the OS page cache before the run (real disk reads)")
-IO = typer.Option("mmap", "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
+COLD = typer.Option(_E.cold, "--cold", help="drop the MLP file from the OS page cache before the run (real disk "
+                    "reads)")
+IO = typer.Option(_E.io, "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
                   "one per run of adjacent rows; slower in Python)")
-CONTEXT = typer.Option(None, "--context", help=f"KV-cache length reserved in the budget (tokens; default "
-                       f"{DEFAULT_CONTEXT}, or the bundle's positions if fewer; more than those is refused)")
+CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved in the budget (tokens): "
+                       f"prompt plus answer (run), the whole conversation (chat); default {DEFAULT_CONTEXT}, or "
+                       f"the bundle's positions if fewer; more than those is refused")
 PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (fed one token at a time)
-THREADS = typer.Option(1, "--threads", help="ORT intra-op threads per session")
+THREADS = typer.Option(_E.threads, "--threads", help="ORT intra-op threads per session")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
-VERIFY = typer.Option(False, "--verify", help="also check the sha256 of the tensor data files first (the structure, "
-                      "sizes and the other files' sha256 are always checked)")
+TEMPERATURE = typer.Option(Sampler.temperature, "--temperature", help="0 = greedy")
+TOP_P = typer.Option(Sampler.top_p, "--top-p", help="keep the smallest set of tokens whose probability reaches p")
+SEED = typer.Option(Sampler.seed, "--seed", help="sampling seed")
+VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
+                      "structure, sizes and the other files' sha256 are always checked)")
 
 
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
             pin_from, verify, accuracy_level=None):
-    from dipdeploy.runtime import Engine, EngineConfig, parse_bandwidth
+    from dipdeploy.runtime import Engine, parse_bandwidth
 
     counts = None
     if pin_from is not None:
         from dipdeploy.trace import Trace
 
         counts = Trace.load(pin_from).row_counts()
-    cfg = EngineConfig(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level,
-                       native=native, flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
-                       io=io, context=context, threads=threads, verify=verify, pinned_counts=counts)
+    cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
+             flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
+             io=io, context=context, threads=threads, verify=verify, pinned_counts=counts)
     return Engine(bundle, cfg)
 
 
@@ -85,10 +95,8 @@ def run_cmd(
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     cold: bool = COLD, io: str = IO,
-    context: int = CONTEXT, threads: int = THREADS, pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
-    temperature: float = typer.Option(0.0, help="0 = greedy"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    seed: int = typer.Option(0, help="sampling seed"),
+    context: Optional[int] = CONTEXT, threads: int = THREADS, pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
+    temperature: float = TEMPERATURE, top_p: float = TOP_P, seed: int = SEED,
     trace: Optional[Path] = typer.Option(None, "--trace", help="record every token's selected rows and hits "
                                          "(a dipdeploy trace, for `dipdeploy simulate`)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the text and the stats as JSON"),
@@ -96,7 +104,6 @@ def run_cmd(
 ) -> None:
     """Generate from a bundle under a DRAM budget, MLP rows streamed from its weight file; print the stats."""
     from dipdeploy.cli.core import check_inputs
-    from dipdeploy.runtime import Sampler
 
     try:
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
@@ -111,7 +118,7 @@ def run_cmd(
         console.print()
     except _ERRORS as err:
         fail(err)
-    table = Table("stat", "value", title=f"dipdeploy run {bundle.name}")
+    table = make_table("stat", "value", title=f"dipdeploy run {bundle.name}", wrap=("stat", "value"))
     for k, v in g.stats.table():
         table.add_row(k, v)
     console.print(table)
@@ -129,19 +136,13 @@ def chat_cmd(
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     io: str = IO,
-    context: Optional[int] = typer.Option(None, "--context", help=f"conversation length (tokens; default "
-                                          f"{CHAT_CONTEXT}, or the bundle's positions if fewer)"), threads: int = THREADS,
-    temperature: float = typer.Option(0.0, help="0 = greedy"), top_p: float = typer.Option(1.0, "--top-p"),
-    seed: int = typer.Option(0, help="sampling seed"),
+    context: Optional[int] = CONTEXT, threads: int = THREADS,
+    temperature: float = TEMPERATURE, top_p: float = TOP_P, seed: int = SEED,
 ) -> None:
     """Interactive chat: streams each answer, then one line of stats. Empty line or Ctrl-D quits."""
-    from dipdeploy.runtime import Sampler
     from dipdeploy.runtime.chat import Chat
-    from dipdeploy.runtime.engine import bundle_positions
 
     try:
-        if context is None:
-            context = min(CHAT_CONTEXT, bundle_positions(bundle))
         engine = _engine(bundle, dram_budget, "lfu" if policy == "belady" else policy, gamma, native,
                          flash_bandwidth, False, io, context, threads, None, False, accuracy_level)
         chat = Chat(engine, Sampler(temperature, top_p, seed))

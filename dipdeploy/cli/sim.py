@@ -10,10 +10,9 @@ from dataclasses import fields
 from pathlib import Path
 
 import typer
-from rich.table import Table
-
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import check_inputs, console, fail, floats
+from dipdeploy.cli.tables import table as make_table
 
 _ERRORS = (ValueError, OSError, KeyError)
 
@@ -27,8 +26,8 @@ def devices_cmd() -> None:
     """List the device profiles (dipdeploy/sim/devices/*.toml) with their Flash read-size curve."""
     from dipdeploy.sim.devices import list_devices
 
-    table = Table("name", "DRAM GB/s", "DRAM GB", "Flash seq GB/s", "µs/request", "4 KiB", "64 KiB", "1 MiB",
-                  "assumed")
+    table = make_table("name", "DRAM\nGB/s", "DRAM\nGB", "Flash\nGB/s", "µs/\nreq", "4 KiB", "64 KiB", "1 MiB",
+                       "assumed", wrap=("assumed",))
     for d in list_devices():
         eff = [f"{d.flash.effective_bandwidth(s) / 1e9:.2f}" for s in (4096, 65536, 1 << 20)]
         table.add_row(d.name, f"{d.dram_bandwidth / 1e9:g}", f"{d.dram_capacity / 1e9:g}",
@@ -37,8 +36,9 @@ def devices_cmd() -> None:
     console.print(table)
     for d in list_devices():
         console.print(f"{d.name}: {d.description}")
-    console.print("Flash columns 4 KiB / 64 KiB / 1 MiB: effective GB/s at that request size "
-                  "(t = request cost + bytes / sequential bandwidth). Sources: each profile's *_source fields.")
+    console.print("Flash GB/s: sequential read rate; µs/req: the cost of one request. Columns 4 KiB / 64 KiB / "
+                  "1 MiB: effective GB/s at that request size (t = request cost + bytes / sequential bandwidth). "
+                  "Sources: each profile's *_source fields.")
 
 
 @app.command("simulate")
@@ -118,10 +118,15 @@ def simulate_cmd(
     except _ERRORS as err:
         fail(err)
 
-    table = Table("device", "model", "method / policy", "DRAM GB", "tok/s", "tok/s ovl", "DRAM GB/tok",
-                  "Flash MB/tok", "req/tok", "hit rate", "ρ")
+    # device and model go to the title when every row shares them (the usual case): 80 columns suffice
+    shared = {k: {getattr(r, k) for r in rows} for k in ("device", "model")}
+    lead = [k for k, v in shared.items() if len(v) > 1]
+    title = " · ".join(next(iter(v)) for k, v in shared.items() if len(v) == 1) or None
+    table = make_table(*lead, "method /\npolicy", "DRAM\nGB", "tok/s", "tok/s\novl", "DRAM\nGB/tok",
+                       "Flash\nMB/tok", "req/\ntok", "hit\nrate", "ρ", title=title,
+                       wrap=(*lead, "method /\npolicy"))
     for r in rows:
-        table.add_row(r.device, r.model, label(r), f"{r.dram_bytes / 1e9:.3f}", f"{r.tok_s:.3f}",
+        table.add_row(*[getattr(r, k) for k in lead], label(r), f"{r.dram_bytes / 1e9:.3f}", f"{r.tok_s:.3f}",
                       f"{r.tok_s_overlap:.3f}", f"{r.dram_bytes_per_token / 1e9:.3f}",
                       f"{r.flash_bytes_per_token / 1e6:.1f}", f"{r.flash_requests_per_token:.0f}",
                       f"{r.hit_rate:.3f}", f"{r.density:.3f}")
@@ -144,15 +149,16 @@ def simulate_cmd(
         for r in rows:
             if r.method != "dense":
                 others.setdefault(label(r), []).append(r)
-        summary = Table("vs dense-static", "DRAM GB", "dense tok/s", "tok/s", "gain at equal DRAM",
-                        "DRAM for dense tok/s", "DRAM reduction")
+        summary = make_table("vs dense-static", "DRAM\nGB", "dense\ntok/s", "tok/s", "gain at\nequal DRAM",
+                             "DRAM GB for\ndense tok/s", "DRAM\nreduction", wrap=("vs dense-static",))
         for name, rs in others.items():
             for c in compare(dense, rs, overlap=overlap):
                 red = "-" if c.dram_reduction is None else f"{'≥' if c.bound else ''}{100 * c.dram_reduction:.0f} %"
                 need = "-" if c.dram_for_base_tok_s is None else f"{c.dram_for_base_tok_s / 1e9:.2f}"
                 summary.add_row(name, f"{c.dram_bytes / 1e9:.2f}", f"{c.base_tok_s:.3f}", f"{c.tok_s:.3f}",
                                 f"{100 * c.gain:+.0f} %", need, red)
-        console.print(summary)
+        if summary.row_count:
+            console.print(summary)
     try:
         if json_out is not None:
             write_json([r.row() for r in rows], json_out, force=force)

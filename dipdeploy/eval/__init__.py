@@ -10,6 +10,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from dipdeploy import defaults
 from dipdeploy.progress import Progress
 from dipdeploy.sparsity.plan import METHODS, SparsityConfig
 
@@ -26,9 +27,9 @@ def _as_tuple(v, cast):
 
 @dataclass
 class EvalConfig:
-    model: str = "smollm2-135m"
-    method: str | tuple[str, ...] = "dip"
-    density: float | tuple[float, ...] = 0.5
+    model: str = defaults.MODEL
+    method: str | tuple[str, ...] = SparsityConfig.method
+    density: float | tuple[float, ...] = SparsityConfig.density
     plan: str | None = None
     seqlen: int = 2048
     max_windows: int | None = 16
@@ -36,11 +37,12 @@ class EvalConfig:
     text_file: str | None = None
     data_dir: str | None = None
     batch_size: int | None = None  # windows side by side; None: 16 for dip-ca (its loop is per step), else 1
-    calib_windows: int = 4
-    calib_seqlen: int = 512
+    calib_windows: int = defaults.CALIB_WINDOWS
+    calib_seqlen: int = defaults.CALIB_SEQLEN
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
     quant: str | None = None
-    quant_scope: str = "mlp"
+    quant_scope: str = "all"
+    weights: str | None = None  # a `dipdeploy quantize` file: its MLP weights instead of quantising here
     lora: str | None = None  # a peft adapter from `dipdeploy finetune`, applied before quantisation
     lora_merge: bool = True  # merge_and_unload (what export does) or keep live adapter layers
     progress: bool = True  # report stages (dipdeploy.progress) when the Evaluator is given no Progress
@@ -56,20 +58,31 @@ class EvalConfig:
                 raise ValueError(f"density must lie in (0, 1], got {d}")
         if self.seqlen < 2:
             raise ValueError(f"seqlen must be >= 2, got {self.seqlen}")
-        if self.quant_scope not in ("mlp", "all"):
-            raise ValueError(f"quant_scope {self.quant_scope!r} unknown; choose mlp or all")
+        from dipdeploy.quant.fake import SCOPES
+
+        if self.quant_scope not in SCOPES:
+            raise ValueError(f"quant_scope {self.quant_scope!r} unknown; choose one of {', '.join(SCOPES)}")
+        if self.quant is not None and self.weights is not None:
+            raise ValueError("--weights brings its own quantised MLP; drop --quant (or drop --weights)")
         if self.plan is not None and (len(self.method) > 1 or len(self.density) > 1):
             raise ValueError("--plan fixes method and density; pass a single method/density or drop --plan")
 
 
 def _quantize(lm, cfg: EvalConfig) -> dict:
-    if cfg.quant is None:
+    """Fake-quantise ``lm`` in place. The default scope ``all`` is what ``export --quant`` ships (MLP in the
+    format, attention and lm_head in the MatMulNBits blocks of ``quant.config.dense_config``)."""
+    if cfg.quant is None and cfg.weights is None:
         return {"quant": "none", "bits_per_weight": 32.0}
     from dipdeploy.quant.config import quant_config_from_name
-    from dipdeploy.quant.fake import quantize_model_  # export-time, imports torch lazily
+    from dipdeploy.quant.fake import load_mlp_weights_, quantize_model_  # export-time, imports torch lazily
 
-    report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope, progress=False)
-    return {"quant": cfg.quant, "quant_scope": cfg.quant_scope,
+    if cfg.weights is not None:
+        report = load_mlp_weights_(lm.model, cfg.weights, scope=cfg.quant_scope, model_name=lm.name)
+        name = f"{report.format} ({cfg.weights})"
+    else:
+        report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope, progress=False)
+        name = cfg.quant
+    return {"quant": name, "quant_scope": cfg.quant_scope,
             "bits_per_weight": float(report.bits_per_weight), "quant_seconds": float(report.seconds)}
 
 
@@ -97,7 +110,7 @@ class Evaluator:
 
             self.lm = apply_lora(self.lm, cfg.lora, merge=cfg.lora_merge)
             self.lora = "merged" if cfg.lora_merge else "adapter"
-        with self.progress.stage(f"quantise ({cfg.quant})") if cfg.quant else nullcontext():
+        with self.progress.stage(f"quantise ({cfg.quant or cfg.weights})") if cfg.quant or cfg.weights else nullcontext():
             self.qinfo = _quantize(self.lm, cfg)
         with self.progress.stage("tokenise the test text"):
             text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
@@ -163,9 +176,22 @@ class Evaluator:
         }
 
 
+def combinations(cfg: EvalConfig) -> list[tuple[str, float]]:
+    """The (method, density) rows of ``cfg``: each method at each density it can reach; ``dense`` once, at
+    ρ = 1 (so ``--method dense,dip --density 0.4,0.5`` is the dense baseline beside two DIP rows)."""
+    combos = []
+    for m in cfg.method:
+        if m == "dense":
+            combos.append(("dense", 1.0))
+        else:
+            combos += [(m, d) for d in cfg.density if reachable(m, d)]
+    return combos
+
+
 def evaluate(cfg: EvalConfig, progress: Progress | None = None) -> list[dict]:
-    """One row per reachable (method, density): the realised density, PPL and how it was obtained."""
-    combos = [(m, d) for m in cfg.method for d in cfg.density if reachable(m, d)]
+    """One row per (method, density) of :func:`combinations`: the realised density, PPL and how it was
+    obtained."""
+    combos = combinations(cfg)
     if not combos:
         raise ValueError(f"no reachable (method, density) among {cfg.method} × {cfg.density}; "
                          f"see docs/method.md's table of lowest densities")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from dipdeploy import defaults
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
+from dipdeploy.sparsity.plan import SparsityConfig
 
 #: Methods the exported graph can run. Other plan methods (glu, gate, up, cats, teal) have no
 #: TopKColumnMask form in this bundle format and are refused by name.
@@ -39,15 +41,17 @@ class ExportConfig:
     of the available memory. A streamed export cannot calibrate, merge LoRA or validate against torch
     (each needs the whole model): give ``plan`` or ``rho_in``, merge adapters beforehand.
     ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
-    calibrated (kept small: export is not the place for a long calibration; use ``dipdeploy
-    calibrate`` and ``--plan`` for a careful one).
+    calibrated, the same as ``eval``'s and ``calibrate``'s (``dipdeploy.defaults``), so an export
+    without ``--plan`` runs the plan ``eval`` measured; ``dipdeploy calibrate --windows N`` and
+    ``--plan`` for a longer calibration. ``method``, ``density`` and ``gamma`` default to
+    ``SparsityConfig``'s.
     """
 
-    model: str = "smollm2-135m"
-    method: str = "dip"
-    density: float = 0.5
+    model: str = defaults.MODEL
+    method: str = SparsityConfig.method
+    density: float = SparsityConfig.density
     rho_in: float | None = None
-    gamma: float = 0.5
+    gamma: float = SparsityConfig.gamma
     plan: str | None = None
     quant: str = "none"
     lora: str | None = None
@@ -57,8 +61,8 @@ class ExportConfig:
     max_length: int = 2048
     validate_tokens: int = 32
     prompt: str = "The capital of France is"
-    calib_windows: int = 4
-    calib_seqlen: int = 256
+    calib_windows: int = defaults.CALIB_WINDOWS
+    calib_seqlen: int = defaults.CALIB_SEQLEN
     per_layer: bool = True
     fuse_norms: bool = True
     stream: bool | None = None

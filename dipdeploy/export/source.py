@@ -18,8 +18,8 @@ from dipdeploy.export.blocks import AttentionWeights, Linear
 from dipdeploy.export.mlp import MlpWeights
 from dipdeploy.export.spec import ArchSpec
 from dipdeploy.ops.formats import OpWeights
-from dipdeploy.quant.api import dequantize_rows, quantize
-from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, quant_config_from_name
+from dipdeploy.quant.api import dequantize_rows, quantize, quantize_dense
+from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, dense_config, quant_config_from_name
 from dipdeploy.quant.fake import mlp_weights, set_mlp_weights
 from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
 
@@ -58,7 +58,7 @@ class ModelSource:
         self.mlp_cfg: QuantConfig | None = None if quant == "none" else quant_config_from_name(quant)
         self.dense_cfg: Block4QuantConfig | None = None
         if self.mlp_cfg is not None:
-            self.dense_cfg = self.mlp_cfg if isinstance(self.mlp_cfg, Block4QuantConfig) else Block4QuantConfig()
+            self.dense_cfg = dense_config(self.mlp_cfg)
         self.wina = wina
         self.max_length = min(max_length, self.spec.max_position_embeddings)
         self.stats = QuantState()
@@ -102,7 +102,7 @@ class ModelSource:
         out_f, in_f = w.shape
         if self.dense_cfg is None:
             return Linear("fp32", in_f, out_f, {"weight": np.ascontiguousarray(w.T)}, bias)
-        packed = quantize(w, self.dense_cfg)
+        packed = quantize_dense(w, self.mlp_cfg)
         self._assign(weights, dequantize_rows(packed))
         self.stats.dense_bits += 8 * packed.nbytes
         self.stats.dense_params += w.size

@@ -2,10 +2,22 @@
 
     finetune(lm, plan, LoraConfig(...), out_dir)   → a peft adapter + the plan it was trained for
     apply_lora(lm, adapter_dir, merge=True)         → the base with W + (α/r)·B·A (what export uses)
+
+``LoraConfig`` imports without torch (the CLI reads its defaults for ``--help``); the torch parts load on
+first use.
 """
 
-from dipdeploy.finetune.adapter import adapter_plan, apply_lora, read_metadata
+from importlib import import_module
+
 from dipdeploy.finetune.config import LoraConfig
-from dipdeploy.finetune.train import FinetuneResult, finetune
+
+_LAZY = {"adapter_plan": "adapter", "apply_lora": "adapter", "read_metadata": "adapter",
+         "FinetuneResult": "train", "finetune": "train"}
 
 __all__ = ["LoraConfig", "FinetuneResult", "finetune", "apply_lora", "adapter_plan", "read_metadata"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f"dipdeploy.finetune.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'dipdeploy.finetune' has no attribute {name!r}")

@@ -10,6 +10,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from dipdeploy.quant.config import dense_config
+
 
 class PackedTensor(Protocol):
     """What every packed row matrix offers (see ``block.BlockQuantTensor`` and ``vq.VQTensor``)."""
@@ -124,3 +126,10 @@ def fake_quantize(rows: np.ndarray, cfg, *, row_weight: np.ndarray | None = None
     """Quantise then dequantise (numpy): the values a deployed model computes with, and the packing."""
     packed = quantize(rows, cfg, row_weight=row_weight, hessian=hessian)
     return dequantize_rows(packed), packed
+
+
+def quantize_dense(weight: np.ndarray, mlp_cfg) -> PackedTensor:
+    """An attention or lm_head weight [out, in] in the BQ4 blocks of :func:`dense_config` (rows = output
+    features, blocks along the input): the one quantiser of these weights, for export's MatMulNBits and
+    for the torch fake-quant alike, so both hold the same numbers."""
+    return quantize(weight, dense_config(mlp_cfg))

@@ -214,3 +214,14 @@ def quant_config_from_name(name: str, **overrides: Any) -> QuantConfig:
         raise ValueError(f"--quant {name!r} unknown; choose one of {', '.join(QUANT_PRESETS)}")
     cls, preset = QUANT_PRESETS[name]
     return cls(**{**preset, **overrides})
+
+
+def dense_config(mlp: QuantConfig) -> Block4QuantConfig:
+    """The format of attention and lm_head beside the MLP format ``mlp``: BQ4 blocks along each weight's
+    input dimension, which is what ``com.microsoft::MatMulNBits`` reads. The MLP's own config when it is
+    BQ4 (round-to-nearest: no calibration for these), else the default BQ4. Export and
+    ``eval --quant-scope all`` both quantise through it (``api.quantize_dense``), so eval measures the
+    weights a bundle ships (README, "The bundle")."""
+    if isinstance(mlp, Block4QuantConfig):
+        return dataclasses.replace(mlp, error_feedback=False)
+    return Block4QuantConfig()

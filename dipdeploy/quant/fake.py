@@ -10,26 +10,29 @@ MLP layouts understood (matched by module attributes, not by names of architectu
 - fused: ``mlp.gate_up_proj`` [2F, d] whose first F output rows are the gate and last F the up
   (transformers' ``Phi3MLP``: ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``), plus ``mlp.down_proj``.
 
-``scope="all"`` also quantises every ``nn.Linear`` of the attention blocks and the lm_head with BQ4
-(blocks along the input dimension, like MatMulNBits; the MLP format's config if it is BQ4, else the
-default ``Block4QuantConfig()``); a tied lm_head is untied first so the embedding table stays as it was.
+``scope="all"`` also quantises every ``nn.Linear`` of the attention blocks and the lm_head with
+``api.quantize_dense`` (BQ4 blocks along the input dimension, ``config.dense_config``), the function the
+exporter packs into MatMulNBits, so the values equal a bundle's; a tied lm_head is untied first so the
+embedding table stays as it was. ``load_mlp_weights_`` puts the MLP weights of a ``dipdeploy quantize``
+file into a model instead of quantising them again (a ``-gptq`` format is calibrated once).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 
-from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize
-from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, quant_config_from_name
-from dipdeploy.quant.io import save_packed
+from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize, quantize_dense
+from dipdeploy.quant.config import QuantConfig, config_to_dict, dense_config, quant_config_from_name
+from dipdeploy.quant.io import load_packed, save_packed
 from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
 
 SCOPES = ("mlp", "all")
-__all__ = ["QuantReport", "iter_packed_mlp", "quant_config_from_name", "quantize_model_", "write_packed_mlp"]
+__all__ = ["QuantReport", "iter_packed_mlp", "load_mlp_weights_", "quant_config_from_name", "quantize_model_",
+           "write_packed_mlp"]
 
 
 @dataclass
@@ -208,15 +211,20 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
         for p in packed.values():
             mlp_bits += 8 * p.nbytes
             mlp_params += p.rows * p.cols
+    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, notes)
+
+
+def _dense_and_report(model, cfg: QuantConfig, scope: str, mlp_bits: int, mlp_params: int, t0: float,
+            notes: list[str]) -> QuantReport:
+    """Quantise attention and lm_head too when ``scope`` is ``all``; the report over everything."""
     bits, params = mlp_bits, mlp_params
     if scope == "all":
-        # attention and lm_head: BQ4 (the MLP's config if it is BQ4), round-to-nearest, no calibration
-        dense_cfg = replace(cfg, error_feedback=False) if isinstance(cfg, Block4QuantConfig) else Block4QuantConfig()
-        if dense_cfg != cfg:
-            notes.append(f"attention and lm_head use {dense_cfg} (blocks along the input dimension)")
+        dense = dense_config(cfg)
+        if dense != cfg:
+            notes.append(f"attention and lm_head use {dense} (blocks along the input dimension)")
         _untie_head(model, notes)
         for _name, linear in _dense_linears(model):
-            packed = quantize(_np(linear.weight), dense_cfg)
+            packed = quantize_dense(_np(linear.weight), cfg)
             _assign(linear, dequantize_rows(packed))
             bits += 8 * packed.nbytes
             params += packed.rows * packed.cols
@@ -224,8 +232,37 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
         format=type(cfg).__name__, config=config_to_dict(cfg), scope=scope,
         bits_per_weight_mlp=mlp_bits / mlp_params, bits_per_weight=bits / params,
         n_params_mlp=mlp_params, n_params=params, seconds=time.perf_counter() - t0,
-        layers=len(layers), notes=notes,
+        layers=len(_layers(model)), notes=notes,
     )
+
+
+def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "") -> QuantReport:
+    """Replace every MLP's weights in place by those of a ``dipdeploy quantize`` file (dequantised);
+    with ``scope="all"`` quantise attention and lm_head as :func:`quantize_model_` does, in the file's
+    format. Refuses a file made for another model or shape, naming both."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope={scope!r} is not allowed; choose one of {SCOPES}")
+    t0 = time.perf_counter()
+    cfg, tensors, header = load_packed(path)
+    made_for = header.get("model") or "?"
+    if model_name and made_for not in ("?", model_name):
+        raise ValueError(f"{path} holds the MLP weights of {made_for!r}, not {model_name!r}; pass --model "
+                         f"{made_for} or re-run `dipdeploy quantize --model {model_name}`")
+    mlp_bits = mlp_params = 0
+    for i, layer in enumerate(_layers(model)):
+        up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp))
+        packed = {g: tensors.get(f"layers.{i}.{g}") for g in ("up_gate", "down")}
+        for group, want in (("up_gate", up_gate.shape), ("down", down.shape)):
+            p = packed[group]
+            if p is None or (p.rows, p.cols) != want:
+                got = "missing" if p is None else f"[{p.rows}, {p.cols}]"
+                raise ValueError(f"{path}: layers.{i}.{group} is {got}, the model needs {list(want)}; the file "
+                                 f"was made for {made_for!r} (re-run `dipdeploy quantize` for this model)")
+        set_mlp_weights(layer.mlp, *rows_to_mlp(dequantize_rows(packed["up_gate"]), dequantize_rows(packed["down"])))
+        for p in packed.values():
+            mlp_bits += 8 * p.nbytes
+            mlp_params += p.rows * p.cols
+    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, [f"MLP weights from {path}"])
 
 
 def write_packed_mlp(model, cfg: QuantConfig, out, *, model_name: str = "", force: bool = False,

@@ -1,4 +1,4 @@
-"""The packed-weights file written by ``dipdeploy quantize`` and read by the exporter.
+"""The packed-weights file written by ``dipdeploy quantize`` and read by ``dipdeploy eval --weights``.
 
 A ``.npz`` (zip of ``.npy`` arrays, readable by ``numpy.load``) written entry by entry, so a 7 B model
 streams through with one layer in memory. Entries:

@@ -18,8 +18,7 @@ import math
 import re
 from dataclasses import dataclass
 
-DEFAULT_CONTEXT = 1024  # `run`: KV-cache tokens reserved in the budget, when the bundle has that many positions
-CHAT_CONTEXT = 2048  # `chat`: a conversation keeps every turn, so it reserves more
+DEFAULT_CONTEXT = 1024  # `run` and `chat`: KV-cache tokens reserved in the budget, when the bundle has that many positions
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 

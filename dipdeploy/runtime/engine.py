@@ -36,6 +36,7 @@ from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.sessions import Bound, open_session
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
+from dipdeploy.sparsity.plan import SparsityConfig
 
 @dataclass
 class EngineConfig:
@@ -43,11 +44,15 @@ class EngineConfig:
     ``accuracy_level`` None keeps the bundle's (0 or 4, see custom_ops/README.md).
     ``pinned_counts``: per layer, (up|gate, down) row-use counts from calibration for ``static``
     (``--pin-from TRACE``); without them ``static`` pins the lowest-index rows, which is what the
-    uniform counts of a ρ = 1 (dense) bundle give anyway. ``context`` None: ``DEFAULT_CONTEXT``, or the
-    bundle's positions (:func:`bundle_positions`) if fewer; a larger one is refused when the bundle opens."""
+    uniform counts of a ρ = 1 (dense) bundle give anyway.
+    ``context``: the KV-cache tokens reserved in the budget, so the longest prompt plus answer of
+    ``run`` and the longest conversation of ``chat`` (one default for both); None: ``DEFAULT_CONTEXT``, or
+    the bundle's positions (:func:`bundle_positions`) if fewer; a larger one is refused when the bundle opens.
+    ``dram_budget`` and ``policy`` default to the torch DIP-CA reference's ``cache_frac`` and ``policy``
+    (``SparsityConfig``), so a bundle run as it comes matches what ``eval`` measured (README, "Budget")."""
 
-    dram_budget: str | float = "50%"
-    policy: str = "lfu"
+    dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
+    policy: str = SparsityConfig.policy
     gamma: float | None = None
     accuracy_level: int | None = None
     native: bool | None = None

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from dipdeploy.cache import POLICIES
 from dipdeploy.sim.precision import PRECISIONS
+from dipdeploy.sparsity.plan import SparsityConfig
 
 #: How the simulator obtains each token's selected rows.
 #:   traced  replay the trace's selections as recorded
@@ -34,8 +35,8 @@ class SimConfig:
     dram_budget: float | None = None
     precision: str = "bq4"
     method: str = "traced"
-    policy: str = "lfu"
-    gamma: float = 0.5
+    policy: str = SparsityConfig.policy  # γ and policy: the torch reference's (one definition)
+    gamma: float = SparsityConfig.gamma
     gamma_warmup: int = 0
     fixed_top_n: int = 0
     context: int = 0

@@ -1,0 +1,15 @@
+"""The few defaults that several stages' configs share, each written once here (docs/design.md §1).
+
+Every other default lives in the dataclass of the stage that owns the concept (``SparsityConfig``:
+density, γ, policy, cache fraction; ``EngineConfig``: DRAM budget, context; ``LoraConfig``: rank; …) and
+is read from there by the CLI and by other configs. Only what no single stage owns is here: the model
+every command loads when none is named, and the calibration text a plan is fitted on, which ``eval``,
+``calibrate``, ``trace``, ``finetune`` and ``export`` all use, so that ``calibrate`` then ``eval --plan``
+gives the plan ``eval`` calibrates itself. Floor 1: no imports.
+"""
+
+#: The embedded default model (a registry name; README "Quickstart").
+MODEL = "smollm2-135m"
+#: Calibration text: this many windows of this many tokens of the WikiText-2 validation split.
+CALIB_WINDOWS = 4
+CALIB_SEQLEN = 512

@@ -1,0 +1,67 @@
+"""Every table of the CLI fits 80 columns: long cells wrap, none is cut to "…" (dipdeploy/cli/tables.py)."""
+
+import pytest
+from typer.testing import CliRunner
+
+from dipdeploy.cli import app, core, sim
+from dipdeploy.export.bundle import export_model
+from dipdeploy.export.config import ExportConfig
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def narrow(monkeypatch):
+    for console in (core.console, sim.console):
+        monkeypatch.setattr(console, "width", 80)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tables") / "b"
+    export_model(ExportConfig(model="tiny-llama", quant="bq4", rho_in=0.6, validate_tokens=4), out)
+    return out
+
+
+def _fits(output: str) -> None:
+    assert "…" not in output, output
+    too_long = [line for line in output.splitlines() if len(line) > 80]
+    assert not too_long, too_long
+
+
+@pytest.mark.parametrize("args", [["models"], ["devices"],
+                                  ["simulate", "--method", "dense", "--policy", "static", "--model", "phi-3-medium",
+                                   "--sweep-dram", "auto", "--steps", "3"]], ids=lambda a: a[0])
+def test_listing_tables_fit_80_columns(narrow, args):
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    _fits(res.output)
+    if args[0] == "devices":  # every profile's assumptions are shown, wrapped, not cut
+        from dipdeploy.sim.devices import list_devices
+
+        flat = "".join(res.output.split())
+        assert all("".join(", ".join(d.assumptions).split()) in flat for d in list_devices())
+
+
+def test_inspect_is_a_short_summary_and_files_lists_every_file(narrow, bundle):
+    res = runner.invoke(app, ["inspect", str(bundle)])
+    assert res.exit_code == 0, res.output
+    _fits(res.output)
+    assert "passed" in res.output and "mlp.bin" in res.output and "sha256" not in res.output
+    assert len(res.output.splitlines()) <= 24  # one screen
+    full = runner.invoke(app, ["inspect", str(bundle), "--files"])
+    assert full.exit_code == 0, full.output
+    _fits(full.output)
+    assert "sha256" in full.output and "layer.1.mlp_down.onnx" in full.output
+
+
+def test_run_stats_and_eval_rows_fit_80_columns(narrow, bundle):
+    res = runner.invoke(app, ["run", str(bundle), "-p", "Hi", "-n", "2", "--no-native"])
+    assert res.exit_code == 0, res.output
+    _fits(res.output.split("\n", 1)[1])  # after the generated text, which may be any characters
+    row = {"method": "dip-ca", "density": 0.4948, "rho_in": 0.55, "allocation": "greedy", "ppl": 1234.5678,
+           "quant": "VQ3QuantConfig (a-long-folder-name/smollm2-vq3-gptq.npz)", "bits_per_weight": 3.1289,
+           "tokens": 2047 * 16, "eval_s": 1234.5}
+    with core.console.capture() as cap:
+        core.print_rows([row, {**row, "method": "dense"}], "smollm2-135m · WikiText-2 · seqlen 2048 · 16 windows")
+    _fits(cap.get())
