@@ -24,6 +24,7 @@ def bundle(tmp_path_factory):
 
 
 def _fits(output: str) -> None:
+    """The tables are stdout; progress lines (stderr, ``what … done``) are not tables."""
     assert "…" not in output, output
     too_long = [line for line in output.splitlines() if len(line) > 80]
     assert not too_long, too_long
@@ -35,7 +36,7 @@ def _fits(output: str) -> None:
 def test_listing_tables_fit_80_columns(narrow, args):
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    _fits(res.output)
+    _fits(res.stdout)
     if args[0] == "devices":  # every profile's assumptions are shown, wrapped, not cut
         from dipdeploy.sim.devices import list_devices
 
@@ -46,7 +47,7 @@ def test_listing_tables_fit_80_columns(narrow, args):
 def test_inspect_is_a_short_summary_and_files_lists_every_file(narrow, bundle):
     res = runner.invoke(app, ["inspect", str(bundle)])
     assert res.exit_code == 0, res.output
-    _fits(res.output)
+    _fits(res.stdout)
     assert "passed" in res.output and "mlp.bin" in res.output and "sha256" not in res.output
     assert len(res.output.splitlines()) <= 24  # one screen
     full = runner.invoke(app, ["inspect", str(bundle), "--files"])
