@@ -104,6 +104,16 @@ def test_streaming_never_prints_a_broken_character_smollm2_bpe():
     _utf8_safe(Tokenizer.from_file(str(where / "tokenizer.json")))
 
 
+def test_streamed_text_is_the_decoded_text_also_for_invalid_utf8(chat_bundle):
+    """Random byte tokens (broken and stray UTF-8 sequences included) stream to what one decode gives."""
+    tok = Tokenizer.from_file(str(chat_bundle / "tokenizer.json"))
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        ids = rng.integers(1, tok.get_vocab_size(), size=int(rng.integers(1, 30))).tolist()
+        s, pieces = _stream_all(tok, ids)
+        assert "".join(pieces) == s.text == tok.decode(ids)
+
+
 def test_stop_strings_cut_the_text_and_are_never_printed(chat_bundle):
     tok = Tokenizer.from_file(str(chat_bundle / "tokenizer.json"))
     ids = tok.encode("The answer: 42.\nUser: more", add_special_tokens=False).ids
