@@ -193,9 +193,12 @@ def demo_cmd(
 
 def _demo_screen(cfg, rows, native: bool) -> None:
     """One screen for someone who has never heard of DIP: what ρ is, the figures, the answers."""
+    from dipdeploy.registry import get_model, is_registered
+
     dense = rows[0]
+    name = (get_model(cfg.model).hf_id or cfg.model) if is_registered(cfg.model) else cfg.model
     console.print()
-    console.print(f"[bold]Dynamic Input Pruning on {escape(cfg.model)}[/] ({cfg.quant.upper()} weights, "
+    console.print(f"[bold]Dynamic Input Pruning on {escape(name)}[/] ({cfg.quant.upper()} weights, "
                   f"run by the dipdeploy host runtime, {'native kernels' if native else 'ONNX fallback kernels'})")
     console.print("ρ (MLP density) = the share of MLP weights a token reads. DIP picks them per token from the "
                   "largest inputs; DIP-CA (cache-aware) prefers the weight rows already in DRAM.")
