@@ -156,7 +156,9 @@ def chat_cmd(
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)
-    console.print(f"[dim]{bundle.name}: {engine.manifest.method}, budget {dram_budget}, policy {engine.cfg.policy}, "
+    density = (engine.manifest.plan or {}).get("density", 1.0)
+    console.print(f"[dim]{bundle.name}: {engine.manifest.method} at MLP density ρ {density:.2f} (`dipdeploy demo` shows "
+                  f"what ρ costs), budget {dram_budget}, policy {engine.cfg.policy}, "
                   f"γ {engine.gamma:g}; Ctrl-C stops an answer, Ctrl-D or Ctrl-C at the prompt quits[/]")
     interrupt = Interrupt()
 
@@ -173,7 +175,7 @@ def chat_cmd(
         sys.stdout.flush()
 
     try:
-        repl(chat, input, write, lambda line: console.print(f"[dim]{escape(line)}[/]"), max_new_tokens, interrupt,
-             answering)
+        repl(chat, input, write, lambda line: console.print(f"[dim]{escape(line)}[/]", highlight=False),
+             max_new_tokens, interrupt, answering)
     except _ERRORS as err:
         fail(err)
