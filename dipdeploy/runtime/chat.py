@@ -1,10 +1,11 @@
 """A multi-turn conversation over one engine, and the interactive loop of ``dipdeploy chat``.
 
 Every turn renders the whole conversation with the bundle's chat template (``template.py``) and feeds
-only the tokens after the longest prefix the KV cache already holds, as llama.cpp's server does: the
-cache stays valid across turns, and when the history changes (an interrupted answer, the oldest turns
-dropped for a full context) the engine truncates its KV cache to the common prefix and re-reads the rest.
-The DRAM row caches simply continue. Torch-free.
+only the tokens after the longest prefix the KV cache already holds: the template, not the tokens
+sampled, decides what a past turn looks like, so the model always reads the format it was tuned on.
+When the history changes (an interrupted answer, the oldest turns dropped for a full context) the
+engine truncates its KV cache to the common prefix and re-reads the rest. The DRAM row caches simply
+continue. Torch-free.
 """
 
 from __future__ import annotations

@@ -69,14 +69,11 @@ class EngineConfig:
         DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
 
 
-# Why a generation ended (the names of onnxruntime-genai / OpenAI's finish_reason, plus the two a host adds).
-FINISH_REASONS = ("eos", "stop", "length", "interrupted")
-
-
 @dataclass
 class Generation:
     """``text`` is what was streamed: complete characters, cut before a stop string, no EOS token.
-    ``finish``: one of ``FINISH_REASONS`` ("length" = ``max_new_tokens`` reached)."""
+    ``finish`` says why it ended: "eos", "stop" (a stop string), "length" (``max_new_tokens``) or
+    "interrupted" (``should_stop``), as a host reports it to its user."""
 
     prompt: str | None
     text: str

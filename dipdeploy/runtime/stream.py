@@ -2,8 +2,8 @@
 
 A byte-level BPE (SmolLM2, Llama 3, Qwen2) splits one multi-byte UTF-8 character (emoji, CJK) over
 several tokens, and decoding a token alone yields U+FFFD for each fragment. ``TextStream`` decodes a
-window of recent tokens and releases text only once it no longer ends in an incomplete character (the
-offsets scheme of Hugging Face's text-generation-inference), so every printed piece is final. It also
+window of recent tokens (from the last point where the text was whole) and releases text only once it no
+longer ends in an incomplete character, so every printed piece is final. It also
 holds back a tail that could be the start of a stop string, so a stop string is never printed, and
 cuts the answer where one appears. Torch-free.
 """
