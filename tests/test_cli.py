@@ -69,3 +69,27 @@ def test_eval_with_lora_adapter(tmp_path, data_dir, tiny_llama):
         ppl[row["lora"]] = row["ppl"]
     assert set(ppl) == {"merged", "adapter"}
     assert abs(ppl["merged"] - ppl["adapter"]) / ppl["adapter"] < 1e-3
+
+
+def test_demo_sets_dense_against_dip_ca_on_one_screen(data_dir, tmp_path):
+    """tiny-llama has no chat template: the demo says so and continues the question as raw text."""
+    out, js = tmp_path / "demo", tmp_path / "demo.json"
+    args = ["demo", "--model", "tiny-llama", "--density", "0.6", "--windows", "1", "--seqlen", "32", "-n", "4",
+            "--out", str(out), "--data-dir", str(data_dir), "--json", str(js)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(js.read_text())
+    assert [(r["label"], r["density"] == 1.0) for r in rows] == [("dense", True), ("DIP-CA", False)]
+    assert all(r["ppl"] > 1 and r["flash_mb_per_token"] >= 0 and r["new_tokens"] >= 1 for r in rows)
+    assert rows[1]["flash_mb_per_token"] < rows[0]["flash_mb_per_token"]  # fewer rows read at ρ 0.6
+    assert "perplexity" in res.output and "What is the capital of France?" in res.output
+    assert "raw text" in res.output and "[1/2] dense" in res.output
+    res = CliRunner().invoke(app, args[:-2])  # the bundles exist: replaced only with --force
+    assert res.exit_code == 2 and "--force" in res.output
+
+
+def test_demo_refuses_bad_densities_in_one_line():
+    res = CliRunner().invoke(app, ["demo", "--density", "0.7,x"])
+    assert res.exit_code == 2 and "--density" in res.output and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["demo", "--density", "1.2"])
+    assert res.exit_code == 2 and "--density" in res.output

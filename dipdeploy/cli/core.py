@@ -215,21 +215,69 @@ def calibrate_cmd(
 @app.command("demo")
 def demo_cmd(
     model: str = MODEL,
-    windows: int = typer.Option(4, help="WikiText-2 test windows"),
+    density: str = typer.Option("0.7,0.5", help="comma list of DIP-CA MLP densities ρ to set against dense"),
+    windows: int = typer.Option(2, help="WikiText-2 test windows for the perplexity"),
     seqlen: int = typer.Option(512, help="window length"),
-    density: float = typer.Option(_S.density, help="MLP density of the sparse methods"),
+    question: str = typer.Option("What is the capital of France?", help="asked through the chat template"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens", "-n", help="tokens per answer at most"),
+    out: Path = typer.Option(Path("build/demo"), "--out", help="folder for the bundles (one per row)"),
+    data_dir: Optional[Path] = DATA,
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as JSON"),
+    force: bool = typer.Option(False, "--force", help="replace the bundles of an earlier demo"),
 ) -> None:
-    """The main job on the embedded default model: dense vs DIP, DIP-CA and two peers, a few windows."""
-    from dipdeploy.eval import EvalConfig, Evaluator
-    from dipdeploy.progress import Progress
+    """Dense against DIP-CA, each a bundle run by the host runtime under the same DRAM budget: perplexity,
+    decode speed, Flash and DRAM per token, and each one's answer (dipdeploy/demo.py)."""
+    from dipdeploy.demo import DemoConfig, run_demo
 
     try:
-        check_inputs(model=model)
-        ev = Evaluator(EvalConfig(model=model, seqlen=seqlen, max_windows=windows), Progress())
-        rows = [ev.row("dense", 1.0)] + [ev.row(m, density) for m in ("cats", "teal", "dip", "dip-ca")]
+        try:
+            densities = tuple(float(d) for d in density.split(","))
+        except ValueError:
+            raise ValueError(f"--density takes a comma list of numbers such as 0.7,0.5, got {density!r}") from None
+        cfg = DemoConfig(model=model, densities=densities, windows=windows,
+                         seqlen=seqlen, question=question, max_new_tokens=max_new_tokens, out=str(out),
+                         data_dir=str(data_dir) if data_dir else None)
+        check_inputs(data_dir=data_dir, outputs={"--json": json_out}, force=force, model=model)
+        rows, native = run_demo(cfg, force, lambda line: console.print(f"[dim]{escape(line)}[/]", highlight=False))
     except (ValueError, OSError, KeyError) as err:
         fail(err)
-    print_rows(rows, f"{rows[0]['model']} · WikiText-2 test · {windows}×{seqlen} tokens · calibrated on validation")
+    _demo_screen(cfg, rows, native)
+    write_json([r.as_dict() for r in rows], json_out, force=force)
+
+
+def _demo_screen(cfg, rows, native: bool) -> None:
+    """One screen for someone who has never heard of DIP: what ρ is, the figures, the answers."""
+    from rich.table import Table
+
+    from dipdeploy.registry import get_model, is_registered
+
+    dense = rows[0]
+    name = (get_model(cfg.model).hf_id or cfg.model) if is_registered(cfg.model) else cfg.model
+    console.print()
+    console.print(f"[bold]Dynamic Input Pruning on {escape(name)}[/] ({cfg.quant.upper()} weights, "
+                  f"run by the dipdeploy host runtime, {'native kernels' if native else 'ONNX fallback kernels'})")
+    console.print("ρ (MLP density) = the share of MLP weights a token reads. DIP picks them per token from the "
+                  "largest inputs; DIP-CA (cache-aware) prefers the weight rows already in DRAM.")
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("", "ρ", "perplexity", "decode tok/s", "Flash MB/token", "DRAM MB"):
+        table.add_column(col, justify="left" if not col else "right")
+    for r in rows:
+        change = "" if r is dense else f" ({100 * (r.ppl / dense.ppl - 1):+.0f}%)"
+        table.add_row(r.label, f"{r.density:.2f}", f"{r.ppl:.1f}{change}", f"{r.decode_tok_s:.1f}",
+                      f"{r.flash_mb_per_token:.1f}", f"{r.dram_mb:.0f}")
+    console.print(table)
+    console.print(f"\n[bold]{escape(cfg.question)}[/]")
+    answers = Table(box=None, show_header=False, pad_edge=False)
+    answers.add_column(no_wrap=True)
+    answers.add_column()
+    for r in rows:
+        cut = f" [dim][… {r.new_tokens} tokens][/]" if r.finish == "length" else ""
+        answers.add_row(f"{r.label} {r.density:.2f}", escape(" ⏎ ".join(r.text.strip().splitlines())) + cut)
+    console.print(answers)
+    console.print(f"\n[dim]Every row has the same DRAM budget ({cfg.dram_budget} of the MLP rows cached; dense pins "
+                  f"its most used rows, DIP-CA caches with LFU) and reads the rest from Flash emulated at "
+                  f"{cfg.flash_bandwidth}. Perplexity: WikiText-2 test, {cfg.windows}×{cfg.seqlen} tokens, lower is "
+                  f"better. Greedy answers. Try: dipdeploy chat {escape(rows[1].bundle)}[/]")
 
 
 @app.command("trace")

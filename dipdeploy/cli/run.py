@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -41,11 +43,26 @@ CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved 
 PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (fed one token at a time)
 THREADS = typer.Option(_E.threads, "--threads", help="ORT intra-op threads per session")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
-TEMPERATURE = typer.Option(Sampler.temperature, "--temperature", help="0 = greedy")
-TOP_P = typer.Option(Sampler.top_p, "--top-p", help="keep the smallest set of tokens whose probability reaches p")
-SEED = typer.Option(Sampler.seed, "--seed", help="sampling seed")
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
                       "structure, sizes and the other files' sha256 are always checked)")
+
+
+# Generation options: the names of HF generate / llama.cpp; defaults are Sampler's (one definition).
+_GEN = Sampler()
+TEMPERATURE = typer.Option(_GEN.temperature, "--temperature", help="0 = greedy")
+TOP_K = typer.Option(_GEN.top_k, "--top-k", help="sample from the k most likely tokens (0 = off)")
+TOP_P = typer.Option(_GEN.top_p, "--top-p", help="sample from the smallest set of tokens reaching this probability")
+REP = typer.Option(_GEN.repetition_penalty, "--repetition-penalty", help="divide positive / multiply negative logits "
+                   "of tokens already in the context (HF semantics; 1 = off, 1.1-1.3 typical)")
+STOP = typer.Option(None, "--stop", help="end the answer at this string (not printed; repeatable); the model's EOS "
+                    "ends it too")
+SEED = typer.Option(_GEN.seed, "--seed", help="sampling seed")
+SYSTEM = typer.Option(None, "--system", help="system prompt (through the bundle's chat template)")
+
+
+def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampler:
+    return Sampler(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                   stop=tuple(stop or ()), seed=seed)
 
 
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
@@ -90,13 +107,17 @@ class _Prefill:
 @app.command("run")
 def run_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
-    prompt: str = typer.Option(..., "--prompt", "-p", help="text to continue"),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="text to continue (with --chat: the user's message)"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     cold: bool = COLD, io: str = IO,
     context: Optional[int] = CONTEXT, threads: int = THREADS, pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
-    temperature: float = TEMPERATURE, top_p: float = TOP_P, seed: int = SEED,
+    temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
+    stop: Optional[List[str]] = STOP, seed: int = SEED,
+    chat: bool = typer.Option(False, "--chat", help="format the prompt as one user turn with the bundle's chat "
+                              "template (default: raw completion)"),
+    system: Optional[str] = SYSTEM,
     trace: Optional[Path] = typer.Option(None, "--trace", help="record every token's selected rows and hits "
                                          "(a dipdeploy trace, for `dipdeploy simulate`)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the text and the stats as JSON"),
@@ -104,20 +125,33 @@ def run_cmd(
 ) -> None:
     """Generate from a bundle under a DRAM budget, MLP rows streamed from its weight file; print the stats."""
     from dipdeploy.cli.core import check_inputs
+    from dipdeploy.runtime.chat import length_mark
+    from dipdeploy.runtime.template import ChatTemplate, messages
 
     try:
+        if system is not None and not chat:
+            raise ValueError("--system needs --chat (the system prompt goes through the chat template)")
+        if max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
                          pin_from, verify, accuracy_level)
+        text = prompt
+        if chat:
+            text = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
         recorder = engine.trace_recorder() if trace is not None else None
         shown = _Prefill()
-        g = engine.generate(prompt, max_new_tokens, sampler=Sampler(temperature, top_p, seed), trace=recorder,
-                            on_prefill=shown.on_prefill, on_token=lambda _t, piece: (
-                                shown.prompt(prompt), console.print(piece, end="", markup=False, highlight=False)))
-        shown.prompt(prompt)
+        shown_prompt = prompt + ("\n" if chat else "")
+        g = engine.generate(text, max_new_tokens, sampler=sampler, trace=recorder, on_prefill=shown.on_prefill,
+                            on_text=lambda piece: (shown.prompt(shown_prompt),
+                                                   console.print(piece, end="", markup=False, highlight=False)))
+        shown.prompt(shown_prompt)
         console.print()
     except _ERRORS as err:
         fail(err)
+    if g.finish == "length":
+        console.print(f"[dim]{escape(length_mark(max_new_tokens))}[/]")
     table = make_table("stat", "value", title=f"dipdeploy run {bundle.name}", wrap=("stat", "value"))
     for k, v in g.stats.table():
         table.add_row(k, v)
@@ -126,42 +160,55 @@ def run_cmd(
         recorder.meta.update({"prompt": prompt, "bundle": str(bundle)})
         recorder.finish().save(trace, force=force)
         console.print(f"wrote {trace}")
-    write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, **g.stats.as_dict()}, json_out, force=force)
+    write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, "finish": g.finish, **g.stats.as_dict()},
+               json_out, force=force)
 
 
 @app.command("chat")
 def chat_cmd(
-    bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
+    bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export` (with a chat template)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     io: str = IO,
     context: Optional[int] = CONTEXT, threads: int = THREADS,
-    temperature: float = TEMPERATURE, top_p: float = TOP_P, seed: int = SEED,
+    temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
+    stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
 ) -> None:
-    """Interactive chat: streams each answer, then one line of stats. Empty line or Ctrl-D quits."""
-    from dipdeploy.runtime.chat import Chat
+    """Interactive chat through the bundle's chat template: streams each answer, then one line of stats.
+    Ctrl-C stops an answer (kept in the conversation); Ctrl-C or Ctrl-D at the prompt quits."""
+    from dipdeploy.runtime.chat import Chat, Interrupt, check_policy, repl
 
     try:
-        engine = _engine(bundle, dram_budget, "lfu" if policy == "belady" else policy, gamma, native,
-                         flash_bandwidth, False, io, context, threads, None, False, accuracy_level)
-        chat = Chat(engine, Sampler(temperature, top_p, seed))
+        if max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        check_policy(policy)
+        sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
+        engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, context, threads,
+                         None, False, accuracy_level)
+        chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)
-    console.print(f"[dim]{bundle.name}: {engine.manifest.method}, budget {dram_budget}, policy {engine.cfg.policy}, "
-                  f"γ {engine.gamma:g}; empty line quits[/]")
-    while True:
-        try:
-            user = input("> ")
-        except EOFError:
-            break
-        if not user.strip():
-            break
-        try:
-            s = chat.say(user, max_new_tokens, on_prefill=_Prefill().on_prefill,
-                         on_token=lambda _t, piece: (sys.stdout.write(piece), sys.stdout.flush()))
-        except _ERRORS as err:
-            fail(err)
-        console.print(f"\n[dim]{s.decode_tok_s:.1f} tok/s, hit rate {s.hit_rate:.2f}, "
-                      f"Flash {s.flash_mb_per_token:.2f} MB/token[/]")
+    density = (engine.manifest.plan or {}).get("density", 1.0)
+    console.print(f"[dim]{bundle.name}: {engine.manifest.method} at MLP density ρ {density:.2f} (`dipdeploy demo` shows "
+                  f"what ρ costs), budget {dram_budget}, policy {engine.cfg.policy}, "
+                  f"γ {engine.gamma:g}; Ctrl-C stops an answer, Ctrl-D or Ctrl-C at the prompt quits[/]")
+    interrupt = Interrupt()
 
+    @contextmanager
+    def answering():
+        previous = signal.signal(signal.SIGINT, lambda *_: setattr(interrupt, "requested", True))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def write(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    try:
+        repl(chat, input, write, lambda line: console.print(f"[dim]{escape(line)}[/]", highlight=False),
+             max_new_tokens, interrupt, answering, on_prefill=lambda: _Prefill().on_prefill)
+    except _ERRORS as err:
+        fail(err)

@@ -78,11 +78,16 @@ class EngineConfig:
 
 @dataclass
 class Generation:
+    """``text`` is what was streamed: complete characters, cut before a stop string, no EOS token.
+    ``finish`` says why it ended: "eos", "stop" (a stop string), "length" (``max_new_tokens``) or
+    "interrupted" (``should_stop``), as a host reports it to its user."""
+
     prompt: str | None
     text: str
     tokens: list[int]
     stats: RunStats
     logits: list[np.ndarray] = field(default_factory=list)
+    finish: str = "length"
 
 
 def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
@@ -308,8 +313,22 @@ class Engine:
                               else np.zeros(slab.rows))
                     pinned = static_rows(np.asarray(counts), slab.capacity)
                 slab.reset(policy, future=None if future is None else future[i][g], pinned=pinned)
-        self._state = {"pos": 0, "past": [(empty, empty) for _ in range(self.num_layers)]}
+        self._state = {"pos": 0, "past": [(empty, empty) for _ in range(self.num_layers)], "ids": []}
         self._mask = np.ones((1, self.cfg.context), np.int64)
+
+    @property
+    def sequence(self) -> list[int]:
+        """The token ids the KV cache holds, in order (a copy)."""
+        return list(self._state["ids"]) if self._state else []
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens of the sequence in the KV cache (a chat re-reads from there when its
+        history changes). The DRAM row caches keep their rows: they are a cache, not the sequence."""
+        st = self._state
+        if st is None or not 0 <= n <= st["pos"]:
+            raise ValueError(f"cannot keep {n} tokens of a sequence of {st['pos'] if st else 0}")
+        st["past"] = [(k[:, :, :n].copy(), v[:, :, :n].copy()) for k, v in st["past"]]
+        st["pos"], st["ids"] = n, st["ids"][:n]
 
     def step(self, token: int, timer: Timer, record=None) -> np.ndarray:
         """Feed one token; returns the logits [V] of the next one."""
@@ -359,6 +378,7 @@ class Engine:
         with timer("cache"):
             self.flash.settle()
         st["pos"] = pos + 1
+        st["ids"].append(int(token))
         return b["logits"][0, -1].copy()
 
     def trace_recorder(self):
@@ -379,9 +399,10 @@ class Engine:
         return self.tokenizer.encode(prompt, add_special_tokens=False).ids
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 32, *, sampler: Sampler | None = None,
-                 on_token: Callable[[int, str], None] | None = None, trace=None, keep_logits: bool = False,
-                 stop_at_eos: bool = True, on_prefill: Callable[[int, int], None] | None = None) -> Generation:
-        """Feed ``prompt`` token by token, then sample ``max_new_tokens`` (stop at EOS).
+                 on_text: Callable[[str], None] | None = None, trace=None, keep_logits: bool = False,
+                 stop_at_eos: bool = True, should_stop: Callable[[], bool] | None = None,
+                 on_prefill: Callable[[int, int], None] | None = None) -> Generation:
+        """Feed ``prompt`` token by token, then sample up to ``max_new_tokens`` (see ``extend``).
 
         ``trace``: a ``dipdeploy.trace.TraceRecorder`` that receives every token's selections and hits.
         ``on_prefill(done, total)`` follows the prompt, fed one token at a time (a long prompt takes a while).
@@ -404,8 +425,9 @@ class Engine:
         sampler = sampler or Sampler()
         sampler.reset()
         self.reset(future)
-        return self.extend(ids, max_new_tokens, sampler, on_token, trace, keep_logits, stop_at_eos,
-                           prompt if isinstance(prompt, str) else None, on_prefill=on_prefill)
+        return self.extend(ids, max_new_tokens, sampler, on_text, trace, keep_logits, stop_at_eos,
+                           prompt if isinstance(prompt, str) else None, should_stop=should_stop,
+                           on_prefill=on_prefill)
 
     def teacher_forced(self, prompt: list[int], tokens: list[int]) -> tuple[list[np.ndarray], list[dict]]:
         """A new sequence fed ``prompt`` then ``tokens[:-1]``: the next-token logits [V] after the prompt
@@ -446,14 +468,30 @@ class Engine:
         self.extend(ids, max_new_tokens, s, None, None, False, stop_at_eos, None, record=keep)
         return [(np.stack(a), np.stack(b)) for a, b in sel]
 
-    def extend(self, ids, max_new_tokens, sampler, on_token=None, trace=None, keep_logits=False,
-               stop_at_eos=True, prompt=None, record=None, on_prefill=None) -> Generation:
-        """Feed ``ids`` after what the sequence holds (no reset: the KV cache and the caches continue),
-        then sample. The last sampled token is not fed; a caller that continues feeds it first."""
-        timer = Timer()
+    def eos_ids(self) -> set[int]:
+        """The bundle's end-of-sequence ids (genai_config.json's ``eos_token_id``: one id or a list)."""
         eos = self.decoder.get("eos_token_id")
-        eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        return set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+
+    def extend(self, ids, max_new_tokens, sampler, on_text=None, trace=None, keep_logits=False,
+               stop_at_eos=True, prompt=None, record=None, should_stop=None, on_prefill=None) -> Generation:
+        """Feed ``ids`` after what the sequence holds (no reset: the KV cache and the caches continue),
+        then sample until EOS (``stop_at_eos``), one of ``sampler.stop``, ``max_new_tokens`` or
+        ``should_stop()`` (asked before every token: a host's Ctrl-C, which must not cut a token's
+        cache update in half). The last sampled token is not fed; a caller that continues feeds it first.
+
+        ``on_text(piece)`` receives the answer's text as it becomes final (``dipdeploy.runtime.stream``:
+        whole UTF-8 characters, never a stop string); ``on_prefill(done, total)`` follows ``ids``."""
+        from dipdeploy.runtime.stream import TextStream
+
+        timer = Timer()
+        eos = self.eos_ids() if stop_at_eos else set()
         hits = np.zeros((self.num_layers, 2, 2), np.int64)  # [layer, group, (hits, lookups)]
+        stopped = should_stop or (lambda: False)
+
+        def show(piece: str) -> None:
+            if piece and on_text is not None:
+                on_text(piece)
 
         def note(i, s_in, s_glu, h_in, h_glu):
             hits[i, 0] += (int(h_in.sum()), h_in.size)
@@ -463,32 +501,40 @@ class Engine:
             if record is not None:
                 record(i, s_in, s_glu, h_in, h_glu)
 
+        stream = TextStream(self.tokenizer, sampler.stop)
+        new, kept, finish = [], [], "length"
         t0, flash0 = time.perf_counter(), self.flash.counters.snapshot()
-        for n, t in enumerate(ids[:-1]):
-            self.step(t, timer, note)
+        logits = None
+        for n, t in enumerate(ids):
+            if stopped():
+                finish = "interrupted"
+                break
+            logits = self.step(int(t), timer, note)
             if on_prefill is not None:
                 on_prefill(n + 1, len(ids))
-        logits = self.step(ids[-1], timer, note)
-        if on_prefill is not None:
-            on_prefill(len(ids), len(ids))
         t1, flash1 = time.perf_counter(), self.flash.counters.snapshot()
         hits_prefill = hits.copy()
-        new, kept = [], []
-        for n in range(max_new_tokens):
+        for n in range(max_new_tokens if finish != "interrupted" else 0):
+            if stopped():
+                finish = "interrupted"
+                break
             if keep_logits:
                 kept.append(logits.copy())
-            tok = sampler(logits)
+            tok = sampler(logits, self._state["ids"])  # the sampled tokens before it are fed already
             new.append(tok)
-            if on_token is not None:
-                on_token(tok, self.tokenizer.decode([tok]))
-            if (stop_at_eos and tok in eos) or n == max_new_tokens - 1:
+            if tok not in eos:
+                show(stream.push(tok))
+            if tok in eos or stream.stopped is not None:
+                finish = "eos" if tok in eos else "stop"
+                break
+            if n == max_new_tokens - 1:
                 break
             logits = self.step(tok, timer, note)
+        show(stream.finish())
         t2 = time.perf_counter()
         stats = RunStats.collect(self, len(ids), len(new), t1 - t0, t2 - t1, timer, hits, hits_prefill,
                                  flash1 - flash0, self.flash.counters - flash1, memory_now())
-        text = self.tokenizer.decode(new) if new else ""
-        return Generation(prompt, text, new, stats, kept)
+        return Generation(prompt, stream.text, new, stats, kept, finish)
 
     def close(self) -> None:
         self.flash.close()
