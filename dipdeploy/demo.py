@@ -17,12 +17,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from dipdeploy import defaults
+
 Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    model: str = "smollm2-135m"
+    model: str = defaults.MODEL
     #: MLP densities of the DIP-CA bundles: one whose answers stay sane on SmolLM2-135M-Instruct (ρ = 0.7
     #: answers "Paris." like dense; 0.6 starts repeating itself) and the paper's ρ = 0.5.
     densities: tuple[float, ...] = (0.7, 0.5)
@@ -106,7 +108,7 @@ def _one(cfg: DemoConfig, label: str, density: float, native: bool, force: bool,
     unsparsify_(lm.model)  # export leaves it at plain DIP; the reference of a DIP-CA bundle has its cache
     sparsify_(lm.model, plan, lm.mlp_layout)
     test = windows(lm.tokenizer, text, cfg.seqlen, cfg.windows)
-    ppl, _ = perplexity(lm.model, test, 16 if method == "dip-ca" else 1, False)
+    ppl, _ = perplexity(lm.model, test, 16 if method == "dip-ca" else 1)
     del lm
     gc.collect()
     progress(f"answer through the chat template, DRAM budget {cfg.dram_budget}, Flash at {cfg.flash_bandwidth}")

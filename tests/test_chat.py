@@ -21,7 +21,7 @@ def _lines(*lines):
     return read
 
 
-def _chat(bundle, context=512, system=None):
+def _chat(bundle, context=256, system=None):
     return Chat(Engine(bundle, native=False, context=context), Sampler(), system)
 
 

@@ -8,6 +8,7 @@ import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli import app
+from dipdeploy.demo import DemoConfig
 from dipdeploy.eval import EvalConfig
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.finetune.config import LoraConfig
@@ -23,7 +24,7 @@ CONFIGS = {
     "eval": (EvalConfig, SparsityConfig),
     "calibrate": (SparsityConfig,),
     "trace": (SparsityConfig,),
-    "demo": (SparsityConfig,),
+    "demo": (DemoConfig,),
     "finetune": (LoraConfig, SparsityConfig),
     "export": (ExportConfig,),
     "run": (EngineConfig, Sampler),
@@ -32,7 +33,7 @@ CONFIGS = {
 }
 # Options named differently from the value they default to.
 RENAMED = {("calibrate", "windows"): defaults.CALIB_WINDOWS, ("calibrate", "seqlen"): defaults.CALIB_SEQLEN,
-           ("demo", "density"): SparsityConfig.density}
+           ("demo", "density"): ",".join(f"{d:g}" for d in DemoConfig.densities)}
 # Commands with no config dataclass of their own (their options are their own).
 NO_CONFIG = {"models", "inspect", "devices", "build-ops", "quantize"}
 

@@ -14,6 +14,7 @@ from rich.markup import escape
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.tables import table as make_table
+from dipdeploy.demo import DemoConfig
 from dipdeploy.eval import EvalConfig
 from dipdeploy.registry import list_models
 from dipdeploy.sparsity.plan import SparsityConfig
@@ -212,22 +213,26 @@ def calibrate_cmd(
                   f"(ρ_in {plan.rho_in}, {plan.allocation}) → {out}")
 
 
+_DEMO = DemoConfig  # the demo's defaults (dipdeploy/demo.py)
+
+
 @app.command("demo")
 def demo_cmd(
     model: str = MODEL,
-    density: str = typer.Option("0.7,0.5", help="comma list of DIP-CA MLP densities ρ to set against dense"),
-    windows: int = typer.Option(2, help="WikiText-2 test windows for the perplexity"),
-    seqlen: int = typer.Option(512, help="window length"),
-    question: str = typer.Option("What is the capital of France?", help="asked through the chat template"),
-    max_new_tokens: int = typer.Option(48, "--max-new-tokens", "-n", help="tokens per answer at most"),
-    out: Path = typer.Option(Path("build/demo"), "--out", help="folder for the bundles (one per row)"),
+    density: str = typer.Option(",".join(f"{d:g}" for d in _DEMO.densities),
+                                help="comma list of DIP-CA MLP densities ρ to set against dense"),
+    windows: int = typer.Option(_DEMO.windows, help="WikiText-2 test windows for the perplexity"),
+    seqlen: int = typer.Option(_DEMO.seqlen, help="window length"),
+    question: str = typer.Option(_DEMO.question, help="asked through the chat template"),
+    max_new_tokens: int = typer.Option(_DEMO.max_new_tokens, "--max-new-tokens", "-n", help="tokens per answer at most"),
+    out: Path = typer.Option(_DEMO.out, "--out", help="folder for the bundles (one per row)"),
     data_dir: Optional[Path] = DATA,
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as JSON"),
     force: bool = typer.Option(False, "--force", help="replace the bundles of an earlier demo"),
 ) -> None:
     """Dense against DIP-CA, each a bundle run by the host runtime under the same DRAM budget: perplexity,
     decode speed, Flash and DRAM per token, and each one's answer (dipdeploy/demo.py)."""
-    from dipdeploy.demo import DemoConfig, run_demo
+    from dipdeploy.demo import run_demo
 
     try:
         try:
