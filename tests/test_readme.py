@@ -15,6 +15,8 @@ from dipdeploy import defaults
 from dipdeploy.cli import app
 from dipdeploy.registry import get_model, is_registered
 
+from conftest import TINY_CHAT_TEMPLATE
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 TINY = "tiny-llama"
 # Options that set how much work a command does → a small value, applied to every command that has the
@@ -92,9 +94,29 @@ def test_readme_parser_handles_comments_continuations_and_new_options():
     assert get_model(TINY).is_tiny
 
 
+def _with_chat_template(load_model):
+    """The README's model is an instruct model whose bundle carries a chat template (`chat`, `run --chat`
+    need one); the tiny stand-in gets the test suite's template the same way ``chat_bundle`` does."""
+    import copy
+    import dataclasses
+
+    def load(name, *args, **kwargs):
+        lm = load_model(name, *args, **kwargs)
+        if getattr(lm.tokenizer, "chat_template", None):
+            return lm
+        tokenizer = copy.deepcopy(lm.tokenizer)
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
+        return dataclasses.replace(lm, tokenizer=tokenizer)
+
+    return load
+
+
 def test_every_readme_command_runs(tmp_path, monkeypatch, data_dir, capsys):
+    import dipdeploy.loading
+
     lines = readme_commands(README.read_text())
     assert len(lines) >= 10  # the parser found the blocks
+    monkeypatch.setattr(dipdeploy.loading, "load_model", _with_chat_template(dipdeploy.loading.load_model))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DIPDEPLOY_DATA", str(data_dir))
     runner = CliRunner()
