@@ -80,7 +80,8 @@ DATA = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/ (defau
 @app.command("eval")
 def eval_cmd(
     model: str = MODEL,
-    method: str = typer.Option("dip", help="comma list of: dense, glu, gate, up, cats, teal, dip, dip-ca"),
+    method: str = typer.Option("dip", help="comma list of: dense, glu, gate, up, cats, teal, dip, dip-ca "
+                               "(cats: threshold on |act(W_g x)|, act = SiLU, or GELU for GeGLU)"),
     density: str = typer.Option("0.5", help="comma list of MLP densities ρ in (0, 1]"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration)"),
     seqlen: int = typer.Option(2048, help="window length in tokens"),

@@ -90,7 +90,7 @@ def _genai_config(spec, tokenizer, max_length: int, lib_name: str | None) -> dic
         "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos,
         "context_length": max_length, "eos_token_id": eos,
         "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
-        "type": "llama", "vocab_size": spec.vocab_size,
+        "type": spec.arch.genai_type, "vocab_size": spec.vocab_size,
         "decoder": {"session_options": so, "filename": MODEL_FILE, "head_size": spec.head_dim,
                     "hidden_size": spec.hidden_size, "num_attention_heads": spec.num_heads,
                     "num_hidden_layers": spec.num_layers, "num_key_value_heads": spec.num_kv_heads,
@@ -205,7 +205,7 @@ def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path) -> dict:
 
     ref = reference_plan(plan)
     if ref is not None:
-        sparsify_(lm.model, ref, lm.mlp_layout)
+        sparsify_(lm.model, ref)
     prompt = np.asarray(lm.tokenizer(cfg.prompt, add_special_tokens=False).input_ids, dtype=np.int64)
     path, level4 = tmp / MODEL_FILE, None
     if cfg.quantised and cfg.accuracy_level > 0:

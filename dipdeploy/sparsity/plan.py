@@ -94,7 +94,7 @@ class LayerPlan:
     k_in: int
     k_glu: int
     thr_in: float | None = None  # teal: threshold on |x|
-    thr_glu: float | None = None  # teal: on |GLU~|; cats: on |SiLU(W_g x)|
+    thr_glu: float | None = None  # teal: on |GLU~|; cats: on |act(W_g x)|
 
 
 @dataclass
