@@ -210,6 +210,12 @@ def resolve(name_or_path: str) -> tuple[Path | str, str]:
     )
 
 
+def model_config(name_or_path: str) -> dict:
+    """The model's HF config as a dict, without reading any weight (what refusals are decided on)."""
+    where, _ = resolve(name_or_path)
+    return AutoConfig.from_pretrained(where).to_dict()
+
+
 def fp32_bytes(name_or_path: str) -> int:
     """Bytes of the model's parameters in fp32, from its config alone (built on ``meta``)."""
     where, _ = resolve(name_or_path)

@@ -8,11 +8,12 @@ import pytest
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.manifest import read_manifest, verify
+from tiny_models import EXPORTABLE
 
 # compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
 pytestmark = pytest.mark.numerics
 
-TINY = ["tiny-llama", "tiny-mistral", "tiny-phi3", "tiny-qwen2"]
+TINY = EXPORTABLE  # every tiny registry model of a family the export builds
 
 
 def _export(tmp_path, name="b", **kw):

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from dipdeploy.loading import load_model, resolve
-from dipdeploy.registry import get_model, list_models
-
-TINY = [m.name for m in list_models() if m.is_tiny]
+from dipdeploy.registry import get_model
+from tiny_models import TINY
 
 
 @pytest.mark.parametrize("name", TINY)

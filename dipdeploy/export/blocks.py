@@ -104,11 +104,6 @@ class RopeTable:
     def rot(self) -> int:
         return self.cos.shape[-1]
 
-    @property
-    def tag(self) -> str:
-        """Suffix of node names for this table ("" for the single table of most families)."""
-        return self.name.removeprefix("model.rope").replace(".", "_")
-
 
 @dataclass
 class Shared:
@@ -123,7 +118,7 @@ class Shared:
     rot: int
 
 
-def rope_tables(g: Graph, store: WeightStore, table: RopeTable, position_ids: str) -> list[str]:
+def rope_tables(g: Graph, store: WeightStore, table: RopeTable, position_ids: str, tag: str = "") -> list[str]:
     """Gather the precomputed cos/sin [max_len, r] rows at ``position_ids`` [B, S] → [B, S, r].
 
     The tables come from the HF model's own rotary module, so every RoPE variant it implements
@@ -132,24 +127,25 @@ def rope_tables(g: Graph, store: WeightStore, table: RopeTable, position_ids: st
     out = []
     for name, arr in (("cos", table.cos), ("sin", table.sin)):
         t = g.weight(store.add(f"{table.name}.{name}", arr.astype(np.float32), DENSE_FILE, "rope_table[pos,r]"))
-        out.append(g.op(f"/model/rope{table.tag}/{name}/Gather", "Gather", [t, position_ids], axis=0))
+        out.append(g.op(f"/model/rope{tag}/{name}/Gather", "Gather", [t, position_ids], axis=0))
     return out
 
 
 def shared_values(g: Graph, store: WeightStore, table: RopeTable, window: int | None,
-                  input_ids: str, attention_mask: str, position_ids: str) -> Shared:
-    """RoPE rows and the additive attention bias [B,1,1,S,T], built once per graph and layer type.
+                  input_ids: str, attention_mask: str, position_ids: str, tag: str = "") -> Shared:
+    """RoPE rows and the additive attention bias [B,1,1,S,T], built once per graph and layer type
+    (``tag`` tells the node names of one layer type from another's).
 
         T = len(attention_mask), S = len(input_ids), P = T − S
         k ∈ [0,T) ≤ q ∈ [P,T)  (and k > q − window)  ∧ attention_mask[b,k] ─Where(0, −max)─► bias
     """
-    c, s = rope_tables(g, store, table, position_ids)
-    r = f"/model/rope{table.tag}"
+    c, s = rope_tables(g, store, table, position_ids, tag)
+    r = f"/model/rope{tag}"
     cos_k = g.op(f"{r}/cos/Unsqueeze", "Unsqueeze", [c, g.const([1])])
     sin_k = g.op(f"{r}/sin/Unsqueeze", "Unsqueeze", [s, g.const([1])])
     cos_q = g.op(f"{r}/cos/Unsqueeze_1", "Unsqueeze", [cos_k, g.const([1])])
     sin_q = g.op(f"{r}/sin/Unsqueeze_1", "Unsqueeze", [sin_k, g.const([1])])
-    p = "/model/attn_mask" + (f"_window{window}" if window else "")
+    p = f"/model/attn_mask{tag}"
     total = g.op(f"{p}/Gather", "Gather", [g.op(f"{p}/Shape", "Shape", [attention_mask]), g.const(1)], axis=0)
     seq = g.op(f"{p}/Gather_1", "Gather", [g.op(f"{p}/Shape_1", "Shape", [input_ids]), g.const(1)], axis=0)
     past = g.op(f"{p}/Sub", "Sub", [total, seq])
@@ -253,12 +249,13 @@ class GqaShared:
     window: int | None = None
 
 
-def gqa_shared(g: Graph, store: WeightStore, table: RopeTable, window: int | None, attention_mask: str) -> GqaShared:
+def gqa_shared(g: Graph, store: WeightStore, table: RopeTable, window: int | None, attention_mask: str,
+               tag: str = "") -> GqaShared:
     """seqlens_k = Σ attention_mask − 1 (int32 [B]), total length (int32 scalar), cos/sin [max_len, r/2].
 
         attention_mask ─ReduceSum(1)─Sub(1)─Cast(int32)─► seqlens_k;  Shape[1]─Cast─► total_len
     """
-    p = "/model/attn_mask"
+    p = f"/model/attn_mask{tag}"
     total = g.op(f"{p}/ReduceSum", "ReduceSum", [attention_mask, g.const([1])], keepdims=0)
     seqlens = g.op(f"{p}/Cast_seqlens", "Cast", [g.op(f"{p}/Sub_seqlens", "Sub", [total, g.const(1)])],
                    to=TensorProto.INT32)
@@ -314,10 +311,12 @@ def shared_for_layers(g: Graph, store: WeightStore, spec: ArchSpec, rope: dict[s
                       layer_types: tuple[str, ...] | None = None) -> tuple[dict, Callable]:
     """Per layer type, the shared values (RoPE rows, mask bias or GQA inputs) of ``layer_types`` (all
     of the model's by default), and the attention builder that takes them."""
-    kinds = dict.fromkeys(layer_types or spec.layer_types)
+    kinds = list(dict.fromkeys(layer_types or spec.layer_types))
+    tag = {k: "" if len(kinds) == 1 else f"_{k}" for k in kinds}
     if attention_op == "gqa":
-        return ({k: gqa_shared(g, store, rope[k], spec.window(k), attention_mask) for k in kinds}, attention_gqa)
-    return ({k: shared_values(g, store, rope[k], spec.window(k), input_ids, attention_mask, position_ids)
+        return ({k: gqa_shared(g, store, rope[k], spec.window(k), attention_mask, tag[k]) for k in kinds},
+                attention_gqa)
+    return ({k: shared_values(g, store, rope[k], spec.window(k), input_ids, attention_mask, position_ids, tag[k])
              for k in kinds}, attention)
 
 

@@ -298,6 +298,10 @@ def export_model(cfg: ExportConfig, out: Path, *, force: bool = False, progress:
 
     ``out`` is claimed (locked, checked, free space estimated) before minutes of work, and stays
     claimed until the bundle is in place, so a second export to it cannot start meanwhile."""
+    from dipdeploy.export.spec import ArchSpec
+    from dipdeploy.loading import model_config
+
+    ArchSpec.from_config(model_config(cfg.model))  # a family the graphs cannot build: refused before any work
     with claim(Path(out), notice):
         prepare_out(out, force)
         check_space_for(cfg, Path(out))
