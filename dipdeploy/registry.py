@@ -95,7 +95,7 @@ def _parse(path: Path) -> ModelSpec:
         if "mlp_layout" in raw:
             raise ArchitectureError(f"mlp_layout is the family record's ({arch.name}: {arch.mlp_layout}); "
                                     f"remove it from the file")
-        shape = dict(raw["shape"])
+        shape = {"tie_word_embeddings": arch.tied_head_default, **raw["shape"]}
         shape["head_dim"] = arch.head_dim(shape)
     except ArchitectureError as err:
         raise ValueError(f"{path}: {err}") from err

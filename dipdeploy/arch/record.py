@@ -90,7 +90,7 @@ class Arch:
     genai_type: str = ""
     activation: str = "silu"
     head_dim_rule: str = "ratio"  # "config": an explicit head_dim (Qwen3, Gemma); "ratio": d / heads
-    qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qkv_bias: bool = False  # q/k/v always carry a bias (Qwen2); else config.attention_bias says
     norm_offset: float = 0.0  # RMSNorm scales by (offset + w): 1.0 for Gemma
     embedding_scale: str = "none"  # "sqrt_hidden": × √d (Gemma); "config": × embedding_multiplier (Granite)
     multipliers: bool = False  # Granite: residual_multiplier, attention_multiplier, logits_scaling
@@ -151,6 +151,11 @@ class Arch:
             raise ArchitectureError(f"{self.name}: config has no head_dim; this family states it explicitly "
                                     f"(add head_dim to the config / the registry shape)")
         return int(explicit or c["hidden_size"] // c["num_attention_heads"])
+
+    def attention_bias(self, config: Any) -> bool:
+        """Whether q/k/v carry a bias: always for Qwen2, else as ``config.attention_bias`` says (Llama,
+        Qwen3 and Granite configs have that switch, off by default)."""
+        return self.qkv_bias or bool(config_dict(config).get("attention_bias", False))
 
     def embedding_multiplier(self, config: Any) -> float:
         c = config_dict(config)

@@ -249,8 +249,10 @@ def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra
                  "gamma": plan.gamma, "policy": plan.policy, "cache_frac": plan.cache_frac,
                  "fixed_top_n": plan.fixed_top_n, "gamma_warmup": plan.gamma_warmup}
     spec = source.spec
+    note = {"tokenizer_note": spec.arch.tokenizer_note} if spec.arch.tokenizer_note else {}
     return Manifest(
-        source={"model": lm.name, "architecture": spec.architecture, "config": lm.model.config.to_dict(), **extra},
+        source={"model": lm.name, "architecture": spec.architecture, "config": lm.model.config.to_dict(), **note,
+                **extra},
         method=plan.method if plan is not None else "dense",
         plan=json.loads(plan.to_json()) if plan is not None else None, quant=quant,
         ops={"domain": DOMAIN, "version": OPSET_VERSION, "native_library": lib.name if lib else None},

@@ -142,6 +142,10 @@ class ModelSource:
     def _attention(self, attn) -> AttentionWeights:
         names = self.spec.arch.attn
         qkv = [getattr(attn, n) for n in ((names.qkv,) if names.qkv else (names.q, names.k, names.v))]
+        want = self.spec.arch.attention_bias(self.model.config)
+        if any((m.bias is not None) != want for m in qkv):
+            raise ValueError(f"{self.spec.arch.name}: the checkpoint's q/k/v biases disagree with the family record "
+                             f"(bias expected: {want}); the record in dipdeploy/arch/ is wrong for this checkpoint")
         norms = [self._norm(getattr(attn, n)) if n else None for n in (names.q_norm, names.k_norm)]
         return AttentionWeights(self._linear(qkv), self._linear([getattr(attn, names.o)]), *norms)
 
