@@ -152,3 +152,38 @@ def test_perplexity_applies_the_family_logit_transform(name):
     with torch.no_grad():
         ref = lm.model(ids, labels=ids).loss
     assert nll / n == pytest.approx(float(ref), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_registry_shape_counts_the_real_model(name):
+    """The simulator's sizes come from the registry shape (head_dim by the family's rule): they match the
+    built model (norm vectors aside: within 1 %)."""
+    from dipdeploy.loading import load_model
+
+    lm = load_model(name)
+    shape = get_model(name).shape
+    layers = lm.model.model.layers
+    mlp = sum(p.numel() for p in layers[0].mlp.parameters())
+    assert shape.mlp_params_per_layer() == mlp
+    rest = sum(p.numel() for p in lm.model.parameters()) - mlp * len(layers)
+    assert shape.non_mlp_params() == pytest.approx(rest, rel=0.01)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_lora_targets_and_fake_quant_find_the_modules(name):
+    """The record's module names are what peft and the fake quantiser look for."""
+    from peft import LoraConfig, get_peft_model
+
+    from dipdeploy.finetune.adapter import target_modules
+    from dipdeploy.loading import load_model
+    from dipdeploy.quant.fake import quant_config_from_name, quantize_model_
+
+    lm = load_model(name)
+    names = target_modules(lm.arch, ("up", "gate", "down", "attn"))
+    present = {n.rsplit(".", 1)[-1] for n, _ in lm.model.model.layers[0].named_modules()}
+    assert set(names) <= present
+    peft_model = get_peft_model(lm.model, LoraConfig(r=2, target_modules=names))
+    assert peft_model.get_nb_trainable_parameters()[0] > 0
+    model = peft_model.unload()
+    report = quantize_model_(model, quant_config_from_name("bq4"), "all", progress=False)
+    assert report.layers == 2 and report.bits_per_weight_mlp == pytest.approx(4.25)
