@@ -38,7 +38,7 @@ class ModelShape:
                              "dipdeploy.arch.get_arch(architecture).head_dim(shape)")
 
     def mlp_params_per_layer(self) -> int:
-        """Weights of one SwiGLU MLP: W_u, W_g ∈ R^{F×d} and W_d ∈ R^{d×F}."""
+        """Weights of one gated MLP: W_u, W_g ∈ R^{F×d} and W_d ∈ R^{d×F}."""
         return 3 * self.hidden_size * self.intermediate_size
 
     def non_mlp_params(self) -> int:
