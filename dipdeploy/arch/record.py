@@ -21,7 +21,7 @@ ACTIVATIONS: dict[str, tuple[str, ...]] = {
 HEAD_DIM_RULES = ("config", "ratio")
 EMBEDDING_SCALES = ("none", "sqrt_hidden", "config")
 ROPE_KINDS = ("config", "per_layer_type")
-SLIDING_WINDOWS = ("none", "all", "layer_types")
+SLIDING_WINDOWS = ("none", "all", "layer_types", "config")
 
 
 class ArchitectureError(ValueError):
@@ -96,8 +96,9 @@ class Arch:
     multipliers: bool = False  # Granite: residual_multiplier, attention_multiplier, logits_scaling
     softcapping: bool = False  # configs may set attn_logit_softcapping / final_logit_softcapping
     rope: str = "config"  # "config": one table from rope_parameters (default, llama3, …); "per_layer_type"
-    sliding_window: str = "none"  # "all": every layer when config.sliding_window is set; "layer_types"
-    nope_layers: bool = False  # some layers use no RoPE (SmolLM3's no_rope_layers)
+    sliding_window: str = "none"  # "all": every layer when config.sliding_window is set; "layer_types";
+    # "config": config.layer_types when config.use_sliding_window is on (Qwen2/3, SmolLM3 switches)
+    nope_layers: bool = False  # some layers use no RoPE: config.no_rope_layers[i] == 0 (SmolLM3)
     tied_head_default: bool = False
     mlp: MlpModules = field(default_factory=MlpModules)
     attn: AttnModules = field(default_factory=AttnModules)
@@ -119,10 +120,6 @@ class Arch:
     def mlp_layout(self) -> str:
         """``fused_gate_up`` (one [2F, d] matrix) or ``split`` (gate, up, down)."""
         return "fused_gate_up" if self.mlp.gate_up else "split"
-
-    @property
-    def qk_norm(self) -> bool:
-        return self.attn.q_norm is not None
 
     def lora_modules(self, role: str) -> tuple[str, ...]:
         """peft target module names of a role (up, gate, down, attn). With a fused gate_up, up and
@@ -194,9 +191,17 @@ class Arch:
         n = c["num_hidden_layers"]
         if self.sliding_window == "layer_types":
             return list(c.get("layer_types") or ["full_attention"] * n)
+        if self.sliding_window == "config" and c.get("use_sliding_window") and c.get("layer_types"):
+            return list(c["layer_types"])
         if self.sliding_window == "all" and c.get("sliding_window"):
             return ["sliding_attention"] * n
         return ["full_attention"] * n
+
+    def rope_layers(self, config: Any) -> list[bool]:
+        """Per layer, whether attention applies RoPE (SmolLM3 leaves it out where no_rope_layers[i] == 0)."""
+        c = config_dict(config)
+        flags = c.get("no_rope_layers") if self.nope_layers else None
+        return [bool(f) for f in flags] if flags else [True] * c["num_hidden_layers"]
 
     def window(self, config: Any) -> int | None:
         """The sliding window in tokens, when any layer uses one."""

@@ -199,12 +199,13 @@ def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: A
               past_k: str, past_v: str) -> tuple[str, str, str]:
     """GQA self-attention with a KV cache; returns (output [B,S,d], present key, present value).
 
-        x ─qkv─Split─► q ─Reshape[B,S,Hkv,rep,Dh]─[q_norm]─Transpose─► [B,Hkv,rep,S,Dh] ─RoPE─► q
-                       k ─Reshape[B,S,Hkv,Dh]─[k_norm]─Transpose─RoPE─Concat(past_k)─► K [B,Hkv,T,Dh] = present.key
+        x ─qkv─Split─► q ─Reshape[B,S,Hkv,rep,Dh]─[q_norm]─Transpose─► [B,Hkv,rep,S,Dh] ─[RoPE]─► q
+                       k ─Reshape[B,S,Hkv,Dh]─[k_norm]─Transpose─[RoPE]─Concat(past_k)─► K [B,Hkv,T,Dh] = present.key
                        v ─Reshape─Transpose─Concat(past_v)─► V = present.value
         softmax(q·Kᵀ·scale + bias) · V ─Transpose─Reshape[B,S,H·Dh]─o_proj─► y
     K and V are broadcast over the ``rep`` axis by MatMul: no copies for GQA. ``scale`` is the
-    family's (Dh^-½, Granite's attention_multiplier, Gemma's query_pre_attn_scalar^-½).
+    family's (Dh^-½, Granite's attention_multiplier, Gemma's query_pre_attn_scalar^-½); RoPE is left
+    out on the layers the family runs without it (SmolLM3's NoPE layers).
     """
     p = f"/model/layers.{i}/attn"
     hkv, rep, dh, rot = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads, spec.head_dim, shared.rot
@@ -214,11 +215,13 @@ def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: A
     q = g.op(f"{p}/q/Reshape", "Reshape", [q, g.const([0, 0, hkv, rep, dh])])
     q = _head_norm(g, store, spec, f"{p}/q_norm", q, w.q_norm, f"model.layers.{i}.self_attn.{names.q_norm}.weight")
     q = g.op(f"{p}/q/Transpose", "Transpose", [q], perm=[0, 2, 3, 1, 4])
-    q = apply_rope(g, f"{p}/q/rope", q, shared.cos_q, shared.sin_q, rot, dh)
+    if spec.rope_layers[i]:
+        q = apply_rope(g, f"{p}/q/rope", q, shared.cos_q, shared.sin_q, rot, dh)
     k = g.op(f"{p}/k/Reshape", "Reshape", [k, g.const([0, 0, hkv, dh])])
     k = _head_norm(g, store, spec, f"{p}/k_norm", k, w.k_norm, f"model.layers.{i}.self_attn.{names.k_norm}.weight")
     k = g.op(f"{p}/k/Transpose", "Transpose", [k], perm=[0, 2, 1, 3])
-    k = apply_rope(g, f"{p}/k/rope", k, shared.cos_k, shared.sin_k, rot, dh)
+    if spec.rope_layers[i]:
+        k = apply_rope(g, f"{p}/k/rope", k, shared.cos_k, shared.sin_k, rot, dh)
     v = g.op(f"{p}/v/Reshape", "Reshape", [v, g.const([0, 0, hkv, dh])])
     v = g.op(f"{p}/v/Transpose", "Transpose", [v], perm=[0, 2, 1, 3])
     present_k = g.op(f"{p}/k/Concat", "Concat", [past_k, k], axis=2)
@@ -277,9 +280,11 @@ def attention_gqa(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, 
 
         x ─qkv_proj─► [q|k|v] ─GroupQueryAttention(past kv, seqlens_k, total, cos/sin halves)─► ctx, K, V
         ctx ─o_proj─► y
-    With per-head q/k norms, q and k are normalised first and passed as separate inputs.
+    With per-head q/k norms, q and k are normalised first and passed as separate inputs; a layer
+    without RoPE sets do_rotary=0 and passes no tables.
     """
-    if shared.rot != spec.head_dim:
+    rotary = spec.rope_layers[i]
+    if rotary and shared.rot != spec.head_dim:
         raise ValueError(f"attention='gqa' needs full-width RoPE (rotary dims {shared.rot} != head_dim "
                          f"{spec.head_dim}); use attention='standard'")
     p = f"/model/layers.{i}/attn"
@@ -297,9 +302,10 @@ def attention_gqa(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, 
             normed.append(g.op(f"{p}/{tag}/Reshape_1", "Reshape", [t, g.const([0, 0, heads * dh])]))
         inputs = [*normed, v]
     ctx, k, v = g.op(f"{p}/GroupQueryAttention", "GroupQueryAttention",
-                     [*inputs, past_k, past_v, shared.seqlens_k, shared.total_len, shared.cos_half,
-                      shared.sin_half], n_out=3, domain=MS_DOMAIN, num_heads=spec.num_heads,
-                     kv_num_heads=spec.num_kv_heads, do_rotary=1, rotary_interleaved=0,
+                     [*inputs, past_k, past_v, shared.seqlens_k, shared.total_len,
+                      *((shared.cos_half, shared.sin_half) if rotary else ())], n_out=3, domain=MS_DOMAIN,
+                     num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, do_rotary=int(rotary),
+                     rotary_interleaved=0,
                      local_window_size=shared.window or -1, scale=float(spec.attention_scale))
     y = linear(g, store, f"{p}/o_proj", ctx, w.o, f"model.layers.{i}.attn.o_proj")
     return y, k, v

@@ -31,6 +31,7 @@ class ArchSpec:
     tie_word_embeddings: bool
     max_position_embeddings: int
     layer_types: tuple[str, ...]  # per layer "full_attention" or "sliding_attention"
+    rope_layers: tuple[bool, ...]  # per layer, whether attention applies RoPE (False: SmolLM3's NoPE layers)
     sliding_window: int | None = None
     attention_scale: float = 1.0
     embedding_multiplier: float = 1.0
@@ -66,7 +67,8 @@ class ArchSpec:
             rms_norm_eps=float(config["rms_norm_eps"]),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
-            layer_types=tuple(arch.layer_types(config)), sliding_window=arch.window(config),
+            layer_types=tuple(arch.layer_types(config)), rope_layers=tuple(arch.rope_layers(config)),
+            sliding_window=arch.window(config),
             attention_scale=arch.attention_scale(config), embedding_multiplier=arch.embedding_multiplier(config),
             residual_multiplier=arch.residual_multiplier(config), logits_multiplier=arch.logits_multiplier(config),
         )
@@ -78,8 +80,6 @@ def _refusal(arch: Arch, config: dict) -> str:
         return arch.export_refusal
     if arch.norms.attn_in is None or arch.norms.mlp_in is None:
         return "the graphs need a norm before attention and before the MLP"
-    if arch.nope_layers:
-        return "layers without RoPE are not built by the graphs"
     if any(cap is not None for cap in arch.softcaps(config)):
         return ("soft-capping (attn_logit_softcapping / final_logit_softcapping) is not built by the graphs; "
                 "set them to null in config.json only if the checkpoint was trained without them")
