@@ -39,12 +39,20 @@ def test_config_level_refusals():
         arch_of({"model_type": "llama"})
 
 
-def test_export_refusal_is_one_line_before_any_weight(tmp_path):
+def test_export_refusal_comes_before_any_weight(tmp_path):
+    """A feature the graphs do not build (here a Gemma 3 config with final-logit soft-capping) is refused
+    from config.json alone: the directory has no weights at all."""
     from dipdeploy.export.bundle import export_model
     from dipdeploy.export.config import ExportConfig
+    from dipdeploy.loading import resolve
 
-    with pytest.raises(ArchitectureError, match="cannot export Olmo2ForCausalLM: .*whole projection"):
-        export_model(ExportConfig(model="tiny-olmo2", rho_in=0.6), tmp_path / "b")
+    src, _ = resolve("tiny-gemma3")
+    config = json.loads((src / "config.json").read_text())
+    config["final_logit_softcapping"] = 30.0
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ArchitectureError, match="cannot export Gemma3ForCausalLM: soft-capping"):
+        export_model(ExportConfig(model=str(tmp_path / "m"), rho_in=0.6), tmp_path / "b")
     assert not (tmp_path / "b").exists()
 
 

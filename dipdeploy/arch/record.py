@@ -21,6 +21,7 @@ ACTIVATIONS: dict[str, tuple[str, ...]] = {
 HEAD_DIM_RULES = ("config", "ratio")
 EMBEDDING_SCALES = ("none", "sqrt_hidden", "config")
 ROPE_KINDS = ("config", "per_layer_type")
+QK_NORM_SPANS = ("head", "projection")
 SLIDING_WINDOWS = ("none", "all", "layer_types", "config")
 
 
@@ -47,7 +48,8 @@ class MlpModules:
 @dataclass(frozen=True)
 class AttnModules:
     """Module names inside ``layers[i].self_attn``. ``qkv`` set: one fused [q; k; v] matrix (Phi-3).
-    ``q_norm``/``k_norm`` set: an RMSNorm over each head's Dh values of q and k before RoPE."""
+    ``q_norm``/``k_norm`` set: an RMSNorm of q and k before RoPE (over each head or the whole
+    projection: ``Arch.qk_norm_span``)."""
 
     q: str = "q_proj"
     k: str = "k_proj"
@@ -98,6 +100,7 @@ class Arch:
     rope: str = "config"  # "config": one table from rope_parameters (default, llama3, …); "per_layer_type"
     sliding_window: str = "none"  # "all": every layer when config.sliding_window is set; "layer_types";
     # "config": config.layer_types when config.use_sliding_window is on (Qwen2/3, SmolLM3 switches)
+    qk_norm_span: str = "head"  # q/k norms (attn.q_norm set) over each head's Dh, or the whole projection (OLMo2)
     nope_layers: bool = False  # some layers use no RoPE: config.no_rope_layers[i] == 0 (SmolLM3)
     tied_head_default: bool = False
     mlp: MlpModules = field(default_factory=MlpModules)
@@ -111,6 +114,7 @@ class Arch:
                                      (self.head_dim_rule, HEAD_DIM_RULES, "head_dim_rule"),
                                      (self.embedding_scale, EMBEDDING_SCALES, "embedding_scale"),
                                      (self.rope, ROPE_KINDS, "rope"),
+                                     (self.qk_norm_span, QK_NORM_SPANS, "qk_norm_span"),
                                      (self.sliding_window, SLIDING_WINDOWS, "sliding_window")):
             if value not in allowed:
                 raise ValueError(f"architecture record {self.name}: {what}={value!r} not in {allowed}")

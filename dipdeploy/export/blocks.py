@@ -67,6 +67,18 @@ def skip_rms_norm(g: Graph, store: WeightStore, prefix: str, x: str, skip: str, 
     return normed, summed
 
 
+def residual_then_norm(g: Graph, store: WeightStore, eps: float, prefix: str, add_name: str, pending: str | None,
+                       h: str, weight: np.ndarray | None, tensor: str, fuse: bool) -> tuple[str, str]:
+    """(input of the next sub-layer, residual): ``pending`` (a sub-layer output not yet added, or None)
+    is added to ``h``, then normalised by ``weight``; fused into one SkipSimplifiedLayerNormalization
+    when asked; with no norm there (OLMo2 normalises outputs only) the input is the residual itself."""
+    if pending is not None and weight is not None and fuse:
+        return skip_rms_norm(g, store, prefix, pending, h, weight, eps, tensor)
+    if pending is not None:
+        h = g.op(add_name, "Add", [h, pending])
+    return (h if weight is None else rms_norm(g, store, prefix, h, weight, eps, tensor)), h
+
+
 def linear(g: Graph, store: WeightStore, prefix: str, x: str, lin: Linear, tensor: str) -> str:
     """x [.., in] → [.., out]: MatMul (fp32), MatMulNBits (int4) or Gemm on a tied table; then + bias."""
     if lin.kind == "fp32":
@@ -195,6 +207,14 @@ def _head_norm(g: Graph, store: WeightStore, spec: ArchSpec, p: str, x: str, wei
     return x if weight is None else rms_norm(g, store, p, x, weight, spec.rms_norm_eps, tensor)
 
 
+def _qk_norms(g: Graph, store: WeightStore, spec: ArchSpec, i: int, p: str, q: str, k: str,
+              w: AttentionWeights) -> tuple[str, str]:
+    """q [.., H·Dh] and k [.., Hkv·Dh] each normalised over the whole projection (OLMo2)."""
+    names = spec.arch.attn
+    return (_head_norm(g, store, spec, f"{p}/q_norm", q, w.q_norm, f"model.layers.{i}.self_attn.{names.q_norm}.weight"),
+            _head_norm(g, store, spec, f"{p}/k_norm", k, w.k_norm, f"model.layers.{i}.self_attn.{names.k_norm}.weight"))
+
+
 def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: AttentionWeights, shared: Shared,
               past_k: str, past_v: str) -> tuple[str, str, str]:
     """GQA self-attention with a KV cache; returns (output [B,S,d], present key, present value).
@@ -212,13 +232,18 @@ def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: A
     names = spec.arch.attn
     qkv = linear(g, store, f"{p}/qkv_proj", x, w.qkv, f"model.layers.{i}.attn.qkv_proj")
     q, k, v = g.op(f"{p}/Split", "Split", [qkv, g.const([spec.q_size, spec.kv_size, spec.kv_size])], n_out=3, axis=-1)
+    wide = spec.arch.qk_norm_span == "projection"
+    if wide:
+        q, k = _qk_norms(g, store, spec, i, p, q, k, w)
     q = g.op(f"{p}/q/Reshape", "Reshape", [q, g.const([0, 0, hkv, rep, dh])])
-    q = _head_norm(g, store, spec, f"{p}/q_norm", q, w.q_norm, f"model.layers.{i}.self_attn.{names.q_norm}.weight")
+    if not wide:
+        q = _head_norm(g, store, spec, f"{p}/q_norm", q, w.q_norm, f"model.layers.{i}.self_attn.{names.q_norm}.weight")
     q = g.op(f"{p}/q/Transpose", "Transpose", [q], perm=[0, 2, 3, 1, 4])
     if spec.rope_layers[i]:
         q = apply_rope(g, f"{p}/q/rope", q, shared.cos_q, shared.sin_q, rot, dh)
     k = g.op(f"{p}/k/Reshape", "Reshape", [k, g.const([0, 0, hkv, dh])])
-    k = _head_norm(g, store, spec, f"{p}/k_norm", k, w.k_norm, f"model.layers.{i}.self_attn.{names.k_norm}.weight")
+    if not wide:
+        k = _head_norm(g, store, spec, f"{p}/k_norm", k, w.k_norm, f"model.layers.{i}.self_attn.{names.k_norm}.weight")
     k = g.op(f"{p}/k/Transpose", "Transpose", [k], perm=[0, 2, 1, 3])
     if spec.rope_layers[i]:
         k = apply_rope(g, f"{p}/k/rope", k, shared.cos_k, shared.sin_k, rot, dh)
@@ -290,7 +315,11 @@ def attention_gqa(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, 
     p = f"/model/layers.{i}/attn"
     qkv = linear(g, store, f"{p}/qkv_proj", x, w.qkv, f"model.layers.{i}.attn.qkv_proj")
     inputs = [qkv, "", ""]
-    if w.q_norm is not None:
+    if w.q_norm is not None and spec.arch.qk_norm_span == "projection":
+        q, k, v = g.op(f"{p}/Split", "Split", [qkv, g.const([spec.q_size, spec.kv_size, spec.kv_size])], n_out=3,
+                       axis=-1)
+        inputs = [*_qk_norms(g, store, spec, i, p, q, k, w), v]
+    elif w.q_norm is not None:
         names, dh = spec.arch.attn, spec.head_dim
         q, k, v = g.op(f"{p}/Split", "Split", [qkv, g.const([spec.q_size, spec.kv_size, spec.kv_size])], n_out=3,
                        axis=-1)

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from dipdeploy.export.blocks import embed, logits, rms_norm, shared_for_layers, sublayer_output
+from dipdeploy.export.blocks import embed, logits, residual_then_norm, rms_norm, shared_for_layers, sublayer_output
 from dipdeploy.export.decoder import kv_names
 from dipdeploy.export.graph import Graph
 from dipdeploy.export.manifest import SLAB_DIM
@@ -73,14 +73,14 @@ class LayerGraphs:
         kind = spec.layer_types[i]
         shared, attend = shared_for_layers(g, st, spec, self.rope, self.attention_op, h, mask, pos, (kind,))
         p, norms = f"/model/layers.{i}", spec.arch.norms
-        x = rms_norm(g, st, f"{p}/{norms.attn_in}", h, lw.ln_attn, spec.rms_norm_eps,
-                     f"model.layers.{i}.{norms.attn_in}.weight")
+        eps = spec.rms_norm_eps
+        x, _ = residual_then_norm(g, st, eps, f"{p}/{norms.attn_in}", "", None, h, lw.ln_attn,
+                                  f"model.layers.{i}.{norms.attn_in}.weight", False)
         a, k, v = attend(g, st, spec, i, x, lw.attn, shared[kind], past_k, past_v)
         a = sublayer_output(g, st, spec, f"{p}/{norms.attn_out or 'attn_out'}", a, lw.ln_attn_out,
                             f"model.layers.{i}.{norms.attn_out}.weight")
-        h2 = g.op(f"{p}/residual_attn/Add", "Add", [h, a])
-        x = rms_norm(g, st, f"{p}/{norms.mlp_in}", h2, lw.ln_mlp, spec.rms_norm_eps,
-                     f"model.layers.{i}.{norms.mlp_in}.weight")
+        x, h2 = residual_then_norm(g, st, eps, f"{p}/{norms.mlp_in}", f"{p}/residual_attn/Add", a, h, lw.ln_mlp,
+                                   f"model.layers.{i}.{norms.mlp_in}.weight", False)
         x2 = g.op(f"{p}/mlp/Reshape", "Reshape", [x, g.const([-1, spec.hidden_size])])
         from dipdeploy.ops.nodes import topk_column_mask_node
 

@@ -32,9 +32,9 @@ def _np(t: torch.Tensor) -> np.ndarray:
 class LayerWeights:
     """One decoder layer; norm weights already include the family's offset ((1 + w) for Gemma)."""
 
-    ln_attn: np.ndarray
+    ln_attn: np.ndarray | None  # None: no norm before the sub-layer (OLMo2)
     attn: AttentionWeights
-    ln_mlp: np.ndarray
+    ln_mlp: np.ndarray | None
     mlp: MlpWeights
     ln_attn_out: np.ndarray | None = None  # sandwich norms (Gemma): on a sub-layer's output
     ln_mlp_out: np.ndarray | None = None

@@ -78,8 +78,6 @@ def _refusal(arch: Arch, config: dict) -> str:
     """Why the graphs cannot express this checkpoint, or "" (they can)."""
     if arch.export_refusal:
         return arch.export_refusal
-    if arch.norms.attn_in is None or arch.norms.mlp_in is None:
-        return "the graphs need a norm before attention and before the MLP"
     if any(cap is not None for cap in arch.softcaps(config)):
         return ("soft-capping (attn_logit_softcapping / final_logit_softcapping) is not built by the graphs; "
                 "set them to null in config.json only if the checkpoint was trained without them")
