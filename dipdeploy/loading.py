@@ -210,10 +210,21 @@ def resolve(name_or_path: str) -> tuple[Path | str, str]:
     )
 
 
+def _config(where):
+    try:
+        return AutoConfig.from_pretrained(where)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"could not load {where!r} ({err.__class__.__name__}); offline and not in the HF cache? "
+            f"Download it where you have network (huggingface-cli download {where}) and pass the local "
+            f"directory, or a .gguf file"
+        ) from err
+
+
 def model_config(name_or_path: str) -> dict:
     """The model's HF config as a dict, without reading any weight (what refusals are decided on)."""
     where, _ = resolve(name_or_path)
-    return AutoConfig.from_pretrained(where).to_dict()
+    return _config(where).to_dict()
 
 
 def fp32_bytes(name_or_path: str) -> int:
@@ -233,14 +244,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bo
     (:class:`StreamedCheckpoint`); needs a local safetensors checkpoint. Only export uses this.
     """
     where, name = resolve(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(where)
-    except OSError as err:
-        raise FileNotFoundError(
-            f"could not load {where!r} ({err.__class__.__name__}); offline and not in the HF cache? "
-            f"Download it where you have network (huggingface-cli download {where}) and pass the local "
-            f"directory, or a .gguf file"
-        ) from err
+    config = _config(where)
     arch = _check_architecture(config, str(where))
     local = Path(where) if Path(str(where)).exists() else None
     if stream:

@@ -195,3 +195,17 @@ def test_lora_targets_and_fake_quant_find_the_modules(name):
     model = peft_model.unload()
     report = quantize_model_(model, quant_config_from_name("bq4"), "all", progress=False)
     assert report.layers == 2 and report.bits_per_weight_mlp == pytest.approx(4.25)
+
+
+def test_a_record_registered_for_a_block_only():
+    from dataclasses import replace
+
+    from dipdeploy.arch import register, registered
+
+    alias = replace(get_arch("LlamaForCausalLM"), name="BlockOnlyForCausalLM")
+    with registered(alias):
+        assert arch_of({"architectures": ["BlockOnlyForCausalLM"]}) is alias
+        with pytest.raises(ValueError, match="registered already"):
+            register(alias)
+    with pytest.raises(ArchitectureError, match="has no family record"):
+        get_arch("BlockOnlyForCausalLM")
