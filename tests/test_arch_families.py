@@ -209,3 +209,22 @@ def test_a_record_registered_for_a_block_only():
             register(alias)
     with pytest.raises(ArchitectureError, match="has no family record"):
         get_arch("BlockOnlyForCausalLM")
+
+
+@pytest.mark.parametrize("command", [["eval", "--method", "dense", "--density", "1"],
+                                     ["export", "--rho-in", "0.6", "--out", "OUT"]])
+def test_cli_refuses_a_model_without_a_gated_mlp_in_one_line(tmp_path, command):
+    """A GPT-2 checkpoint: exit code 2, one line saying why, no traceback, nothing written."""
+    from typer.testing import CliRunner
+
+    from dipdeploy.cli import app
+
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
+                                                               "model_type": "gpt2"}))
+    args = [str(tmp_path / "b") if a == "OUT" else a for a in command]
+    res = CliRunner().invoke(app, [args[0], "--model", str(tmp_path / "gpt2"), *args[1:]])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "GPT2LMHeadModel has no gated MLP (GLU)" in lines[0]
+    assert "Traceback" not in res.output and not (tmp_path / "b").exists()
