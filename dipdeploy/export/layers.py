@@ -54,7 +54,7 @@ class LayerGraphs:
         self.files.append(name)
 
     def add_layer(self, i: int, lw, t: MlpTensors) -> None:
-        spec, lp = self.spec, self.plan.layers[i]
+        lp = self.plan.layers[i]
         self._attn(i, lw, lp.k_in)
         self._mlp_up(i, t, lp.k_glu)
         self._mlp_down(i, lw, t)
