@@ -66,7 +66,7 @@ def reconstruction(layers_to_use: int | None, done: list[dict]) -> list[dict]:
 
     lm = load_model(MODEL)
     layers = lm.model.model.layers[:layers_to_use]
-    weights = [mlp_weights(layer.mlp) for layer in layers]
+    weights = [mlp_weights(layer.mlp, lm.arch) for layer in layers]
     rows = [r for r in done if r.get("kind") == "reconstruction"]
     have = {r["format"] for r in rows}
     num = den = 0.0
@@ -120,7 +120,7 @@ def feedback_rows(data_dir: str | None, layers=(0, 10, 20, 29)) -> list[dict]:
         mlp = lm.model.model.layers[i].mlp
         handles.append(mlp.register_forward_pre_hook(
             lambda _m, a, i=i: acts.__setitem__((i, "up_gate"), a[0].reshape(-1, a[0].shape[-1]).numpy().copy())))
-        handles.append(mlp.down_proj.register_forward_pre_hook(
+        handles.append(getattr(mlp, lm.arch.mlp.down).register_forward_pre_hook(
             lambda _m, a, i=i: acts.__setitem__((i, "down"), a[0].reshape(-1, a[0].shape[-1]).numpy().copy())))
     with torch.no_grad():
         lm.model(input_ids=test)
@@ -133,7 +133,7 @@ def feedback_rows(data_dir: str | None, layers=(0, 10, 20, 29)) -> list[dict]:
             num = den = 0.0
             t0 = time.perf_counter()
             for i in layers:
-                for key, rows in zip(("up_gate", "down"), mlp_to_rows(*mlp_weights(lm.model.model.layers[i].mlp))):
+                for key, rows in zip(("up_gate", "down"), mlp_to_rows(*mlp_weights(lm.model.model.layers[i].mlp, lm.arch))):
                     deq = dequantize_rows(quantize(rows, cfg, hessian=hess[i][key] if fb else None))
                     x = acts[(i, key)]
                     num += float(((x @ (deq - rows)) ** 2).sum())

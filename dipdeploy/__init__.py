@@ -1,4 +1,4 @@
-"""dipdeploy: Dynamic Input Pruning (DIP, DIP-CA; arXiv 2412.01380) for SwiGLU LLMs, deployed with ONNX Runtime.
+"""dipdeploy: Dynamic Input Pruning (DIP, DIP-CA; arXiv 2412.01380) for gated-MLP (SwiGLU, GeGLU) LLMs, deployed with ONNX Runtime.
 
 Importing the package has no side effects: no torch import, no native library load, no file access.
 Each stage lives in its own module (the floors of ``docs/design.md``):

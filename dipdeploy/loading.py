@@ -17,16 +17,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from dipdeploy.arch import Arch, ArchitectureError, arch_of
 from dipdeploy.paths import atomic_dir, cache_dir
-from dipdeploy.registry import SUPPORTED_ARCHITECTURES, ModelSpec, get_model, is_registered
-
-_MODEL_TYPES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Phi3ForCausalLM": "phi3",
-    "Qwen2ForCausalLM": "qwen2",
-}
-_LAYOUT = {"phi3": "fused_gate_up"}
+from dipdeploy.registry import ModelSpec, get_model, is_registered
 
 
 @dataclass
@@ -34,13 +27,18 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     name: str
-    mlp_layout: str  # "split" or "fused_gate_up"
+    arch: Arch  # the family record (dipdeploy.arch)
     path: Path | None = None
     checkpoint: "StreamedCheckpoint | None" = None  # set when the weights stay on disk (``stream=True``)
 
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def mlp_layout(self) -> str:
+        """``split`` or ``fused_gate_up``, from the family record."""
+        return self.arch.mlp_layout
 
 
 class StreamedCheckpoint:
@@ -99,15 +97,11 @@ class StreamedCheckpoint:
             cls._replace(module, path, torch.empty_like(param, device="meta"))
 
 
-def _check_architecture(config, where: str) -> str:
-    archs = getattr(config, "architectures", None) or [config.__class__.__name__]
-    arch = archs[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"{where}: architecture {arch!r} has no SwiGLU MLP that DIP can prune; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    return _LAYOUT.get(config.model_type, "split")
+def _check_architecture(config, where: str) -> Arch:
+    try:
+        return arch_of(config)
+    except ArchitectureError as err:
+        raise ArchitectureError(f"{where}: {err}") from err
 
 
 def _byte_tokenizer() -> PreTrainedTokenizerFast:
@@ -127,8 +121,9 @@ def build_tiny(spec: ModelSpec, out: Path) -> Path:
     """Write the tiny random model of ``spec`` as an HF directory (deterministic in its seed)."""
     s = spec.shape
     config = AutoConfig.for_model(
-        _MODEL_TYPES[spec.architecture],
+        spec.arch.model_type,
         hidden_size=s.hidden_size,
+        head_dim=s.head_dim,
         intermediate_size=s.intermediate_size,
         num_hidden_layers=s.num_hidden_layers,
         num_attention_heads=s.num_attention_heads,
@@ -140,6 +135,7 @@ def build_tiny(spec: ModelSpec, out: Path) -> Path:
         eos_token_id=0,
         pad_token_id=0,
         architectures=[spec.architecture],
+        **spec.config,
     )
     torch.manual_seed(spec.tiny["seed"])
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -228,6 +224,20 @@ def hub_snapshot(repo_id: str) -> Path:
             f"network (hf download {repo_id} --local-dir DIR) and pass --model DIR, or a .gguf file") from None
 
 
+def _config(where):
+    try:
+        return AutoConfig.from_pretrained(where)
+    except OSError as err:
+        raise FileNotFoundError(f"could not read the model config in {where} ({err.__class__.__name__}: {err}); "
+                                f"pass a complete Hugging Face model directory or a .gguf file") from err
+
+
+def model_config(name_or_path: str) -> dict:
+    """The model's HF config as a dict, without reading any weight (what refusals are decided on)."""
+    where, _ = resolve(name_or_path)
+    return _config(where).to_dict()
+
+
 def fp32_bytes(name_or_path: str) -> int:
     """Bytes of the model's parameters in fp32, from its config alone (built on ``meta``)."""
     where, _ = resolve(name_or_path)
@@ -238,28 +248,25 @@ def fp32_bytes(name_or_path: str) -> int:
 
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bool = False) -> LoadedModel:
-    """Load a causal LM with a SwiGLU MLP and its tokenizer, in eval mode.
+    """Load a causal LM with a gated MLP and its tokenizer, in eval mode (its family record checked
+    before any weight is read).
 
     ``stream``: build the model without its weights and read them per module later
     (:class:`StreamedCheckpoint`); needs a local safetensors checkpoint. Only export uses this.
     """
     where, name = resolve(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(where)
-    except OSError as err:
-        raise FileNotFoundError(f"could not read the model config in {where} ({err.__class__.__name__}: {err}); "
-                                f"pass a complete Hugging Face model directory or a .gguf file") from err
-    layout = _check_architecture(config, str(where))
+    config = _config(where)
+    arch = _check_architecture(config, str(where))
     local = Path(where)
     if stream:
-        return _load_streamed(where, local, config, name, layout)
+        return _load_streamed(where, local, config, name, arch)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(where)
-    return LoadedModel(model, tokenizer, name, layout, local)
+    return LoadedModel(model, tokenizer, name, arch, local)
 
 
-def _load_streamed(where, local: Path, config, name: str, layout: str) -> LoadedModel:
+def _load_streamed(where, local: Path, config, name: str, arch: Arch) -> LoadedModel:
     checkpoint = StreamedCheckpoint(local)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -272,4 +279,4 @@ def _load_streamed(where, local: Path, config, name: str, layout: str) -> Loaded
     if getattr(config, "tie_word_embeddings", False):
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     tokenizer = AutoTokenizer.from_pretrained(where)
-    return LoadedModel(model, tokenizer, name, layout, local, checkpoint)
+    return LoadedModel(model, tokenizer, name, arch, local, checkpoint)

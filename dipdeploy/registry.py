@@ -1,8 +1,10 @@
-"""The model registry: one declarative TOML file per model in the top-level ``models/`` folder.
+"""The model registry: one declarative TOML file per model in ``dipdeploy/models/`` (shipped in the wheel).
 
-The registry is data (docs/design.md §6): a file names the HF id, the architecture, the MLP layout and the
-shapes, plus the per-model defaults of the sparsity stage. Lookup is by exact name; an unknown name
-raises an error that lists what is known. Floor 1: no torch.
+The registry is data (docs/design.md §6): a file names the HF id, the architecture (its family record in
+:mod:`dipdeploy.arch` gives the MLP layout, the head_dim rule and everything else about the family), the
+shapes, extra HF config entries of a tiny model (``[config]``), plus the per-model defaults of the sparsity
+stage. ``$DIPDEPLOY_MODELS`` names further folders (``os.pathsep``-separated), searched before the shipped
+one. Lookup is by exact name; an unknown name raises an error that lists what is known. Floor 1: no torch.
 """
 
 from __future__ import annotations
@@ -12,14 +14,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Architectures with a SwiGLU MLP that the sparse methods understand, by HF class name.
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Phi3ForCausalLM",
-    "Qwen2ForCausalLM",
-)
-MLP_LAYOUTS = ("split", "fused_gate_up")
+from dipdeploy.arch import Arch, ArchitectureError, get_arch
+
+#: The folder of the shipped registry, inside the package (``package-data`` in pyproject.toml covers it).
+PACKAGED_MODELS = Path(__file__).resolve().parent / "models"
 
 
 @dataclass(frozen=True)
@@ -32,20 +30,22 @@ class ModelShape:
     vocab_size: int
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
+    head_dim: int = 0  # from the family's rule (``Arch.head_dim``), never assumed to be d / heads
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def __post_init__(self) -> None:
+        if self.head_dim <= 0:
+            raise ValueError("ModelShape needs head_dim: take it from the family record, "
+                             "dipdeploy.arch.get_arch(architecture).head_dim(shape)")
 
     def mlp_params_per_layer(self) -> int:
-        """Weights of one SwiGLU MLP: W_u, W_g ∈ R^{F×d} and W_d ∈ R^{d×F}."""
+        """Weights of one gated MLP: W_u, W_g ∈ R^{F×d} and W_d ∈ R^{d×F}."""
         return 3 * self.hidden_size * self.intermediate_size
 
     def non_mlp_params(self) -> int:
         """Attention, norms, embeddings and lm_head: what the simulator places in DRAM first."""
         d, L = self.hidden_size, self.num_hidden_layers
-        kv = self.num_key_value_heads * self.head_dim
-        attn = d * d * 2 + d * kv * 2  # q, o and k, v
+        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        attn = d * q * 2 + d * kv * 2  # q, o and k, v
         emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return L * (attn + 2 * d) + emb + d
 
@@ -60,63 +60,73 @@ class ModelDefaults:
 class ModelSpec:
     name: str
     architecture: str
-    mlp_layout: str
     shape: ModelShape
     defaults: ModelDefaults = field(default_factory=ModelDefaults)
     hf_id: str | None = None
     source: dict | None = None  # e.g. {pypi, module, gguf} for a model shipped inside a wheel
     tiny: dict | None = None  # {seed}: built locally, randomly initialised
+    config: dict = field(default_factory=dict)  # extra HF config entries of a tiny model (rope_parameters, …)
     note: str = ""
 
-    def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"model {self.name!r}: architecture {self.architecture!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        if self.mlp_layout not in MLP_LAYOUTS:
-            raise ValueError(f"model {self.name!r}: mlp_layout {self.mlp_layout!r} not in {MLP_LAYOUTS}")
+    @property
+    def arch(self) -> Arch:
+        return get_arch(self.architecture)
+
+    @property
+    def mlp_layout(self) -> str:
+        return self.arch.mlp_layout
 
     @property
     def is_tiny(self) -> bool:
         return self.tiny is not None
 
 
-def models_dir() -> Path:
-    """The registry folder: ``$DIPDEPLOY_MODELS`` if set, else ``models/`` beside the package."""
-    env = os.environ.get("DIPDEPLOY_MODELS")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "models"
+def models_dirs() -> list[Path]:
+    """Where registry files are looked up, in order: ``$DIPDEPLOY_MODELS`` folders, then the shipped one."""
+    extra = [Path(p) for p in os.environ.get("DIPDEPLOY_MODELS", "").split(os.pathsep) if p]
+    return [*extra, PACKAGED_MODELS]
 
 
 def _parse(path: Path) -> ModelSpec:
     raw = tomllib.loads(path.read_text())
+    try:
+        arch = get_arch(raw["architecture"])
+        if "mlp_layout" in raw:
+            raise ArchitectureError(f"mlp_layout is the family record's ({arch.name}: {arch.mlp_layout}); "
+                                    f"remove it from the file")
+        shape = {"tie_word_embeddings": arch.tied_head_default, **raw["shape"]}
+        shape["head_dim"] = arch.head_dim(shape)
+    except ArchitectureError as err:
+        raise ValueError(f"{path}: {err}") from err
     return ModelSpec(
         name=raw["name"],
         architecture=raw["architecture"],
-        mlp_layout=raw.get("mlp_layout", "split"),
-        shape=ModelShape(**raw["shape"]),
+        shape=ModelShape(**shape),
         defaults=ModelDefaults(**raw.get("defaults", {})),
         hf_id=raw.get("hf_id"),
         source=raw.get("source"),
         tiny=raw.get("tiny"),
+        config=raw.get("config", {}),
         note=raw.get("note", ""),
     )
 
 
+def _path(name: str) -> Path | None:
+    return next((d / f"{name}.toml" for d in models_dirs() if (d / f"{name}.toml").is_file()), None)
+
+
 def list_models() -> list[ModelSpec]:
-    folder = models_dir()
-    if not folder.is_dir():
-        raise FileNotFoundError(f"model registry folder {folder} not found; set DIPDEPLOY_MODELS to it")
-    return [_parse(p) for p in sorted(folder.glob("*.toml"))]
+    names = sorted({p.stem for d in models_dirs() if d.is_dir() for p in d.glob("*.toml")})
+    return [_parse(_path(n)) for n in names]
 
 
 def get_model(name: str) -> ModelSpec:
-    path = models_dir() / f"{name}.toml"
-    if not path.is_file():
+    path = _path(name)
+    if path is None:
         known = ", ".join(m.name for m in list_models())
         raise KeyError(f"unknown model {name!r}; registry names: {known} (or pass a local HF dir / .gguf)")
     return _parse(path)
 
 
 def is_registered(name: str) -> bool:
-    return (models_dir() / f"{name}.toml").is_file()
+    return _path(name) is not None

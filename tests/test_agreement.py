@@ -163,7 +163,7 @@ def dip_bundle(tmp_path_factory):
     plan = make_plan(lm, cfg)
     out = tmp_path_factory.mktemp("agree") / "bundle"
     export(lm, cfg, out, plan)
-    sparsify_(lm.model, reference_plan(plan), lm.mlp_layout)
+    sparsify_(lm.model, reference_plan(plan))
     return out, lm, plan
 
 

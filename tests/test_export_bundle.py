@@ -8,11 +8,12 @@ import pytest
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.manifest import read_manifest, verify
+from tiny_models import EXPORTABLE
 
 # compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
 pytestmark = pytest.mark.numerics
 
-TINY = ["tiny-llama", "tiny-mistral", "tiny-phi3", "tiny-qwen2"]
+TINY = EXPORTABLE  # every tiny registry model of a family the export builds
 
 
 def _export(tmp_path, name="b", **kw):
@@ -121,7 +122,8 @@ def test_accuracy_level_4_validates_its_level0_twin_and_reports_itself(tmp_path)
     assert all(n.overload.endswith("_a4") for n in g.node if n.op_type == "SparseGatherMatMul")
 
 
-@pytest.mark.parametrize("model,quant", [("tiny-llama", "bq4"), ("tiny-phi3", "none"), ("tiny-qwen2", "bq4")])
+@pytest.mark.parametrize("model,quant", [("tiny-llama", "bq4"), ("tiny-phi3", "none"), ("tiny-qwen2", "bq4"), ("tiny-qwen3", "bq4"),
+                                         ("tiny-gemma3", "none"), ("tiny-granite", "bq4")])
 def test_streamed_export_writes_the_same_bundle(tmp_path, model, quant):
     """--stream reads one layer at a time from the checkpoint: the same weight files and graphs."""
     eager = _export(tmp_path, "eager", model=model, method="dip", quant=quant, stream=False, validate_tokens=0)

@@ -91,7 +91,7 @@ def test_merged_equals_adapter_applied_under_dip(trained):
     logits = []
     for merge in (False, True):
         m = apply_lora(load_model("tiny-llama"), out, merge=merge, plan=plan)
-        sparsify_(m.model, plan, m.mlp_layout)
+        sparsify_(m.model, plan)
         with torch.no_grad():
             logits.append(m.model(ids).logits)
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)

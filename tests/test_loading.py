@@ -4,16 +4,18 @@ import pytest
 import torch
 
 from dipdeploy.loading import load_model, resolve
-
-TINY = ["tiny-llama", "tiny-mistral", "tiny-phi3", "tiny-qwen2"]
+from dipdeploy.registry import get_model
+from tiny_models import TINY
 
 
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_models_load_from_real_hf_dirs(name):
     lm = load_model(name)
     path, _ = resolve(name)
+    spec = get_model(name)
     assert (path / "config.json").is_file() and list(path.glob("*.safetensors"))
-    assert lm.model.config.architectures[0] in ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM")
+    assert lm.model.config.architectures[0] == spec.architecture == lm.arch.name
+    assert lm.arch.head_dim(lm.model.config) == spec.shape.head_dim == lm.model.model.layers[0].self_attn.head_dim
     assert lm.mlp_layout == ("fused_gate_up" if name == "tiny-phi3" else "split")
     ids = lm.tokenizer("hello", return_tensors="pt").input_ids
     assert lm.tokenizer.decode(ids[0]) == "hello"

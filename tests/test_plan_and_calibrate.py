@@ -48,7 +48,7 @@ def test_cats_and_teal_thresholds_hit_density(tiny_llama):
     w = calib(tiny_llama)
     plan = calibrate(tiny_llama, SparsityConfig(method="teal", density=0.5, rho_in=0.55), w)
     seen = {}
-    sparsify_(tiny_llama.model, plan, tiny_llama.mlp_layout)
+    sparsify_(tiny_llama.model, plan)
     try:
         mlp = tiny_llama.model.model.layers[0].mlp
         h = mlp.base.down_proj.register_forward_pre_hook(lambda m, a: seen.setdefault("h", a[0]))

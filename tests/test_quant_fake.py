@@ -7,6 +7,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from dipdeploy.quant import Block4QuantConfig, VQ3QuantConfig, dequantize_rows, mlp_to_rows, quantize  # noqa: E402
+from dipdeploy.arch import arch_of_model  # noqa: E402
 from dipdeploy.quant.fake import mlp_weights, quant_config_from_name, quantize_model_, write_packed_mlp  # noqa: E402
 from dipdeploy.quant.io import bits_per_weight, load_packed, read_header, save_packed  # noqa: E402
 
@@ -32,12 +33,12 @@ def _phi3():
 def test_quantize_model_matches_numpy_rows(build, name):
     model = build()
     cfg = quant_config_from_name(name)
-    before = [mlp_weights(layer.mlp) for layer in model.model.layers]
+    before = [mlp_weights(layer.mlp, arch_of_model(model)) for layer in model.model.layers]
     report = quantize_model_(model, cfg, "mlp", progress=False)
     for (wu, wg, wd), layer in zip(before, model.model.layers):
         ug, down = mlp_to_rows(wu, wg, wd)
         exp_u, exp_g = np.split(dequantize_rows(quantize(ug, cfg)), 2, axis=1)
-        got_u, got_g, got_d = mlp_weights(layer.mlp)
+        got_u, got_g, got_d = mlp_weights(layer.mlp, arch_of_model(model))
         np.testing.assert_allclose(got_u, exp_u.T, atol=1e-7)
         np.testing.assert_allclose(got_g, exp_g.T, atol=1e-7)
         np.testing.assert_allclose(got_d, dequantize_rows(quantize(down, cfg)).T, atol=1e-7)
@@ -53,7 +54,7 @@ def test_quantize_model_matches_numpy_rows(build, name):
 def test_phi3_gate_is_first_half():
     model = _phi3()
     w = model.model.layers[0].mlp.gate_up_proj.weight.detach().numpy()
-    wu, wg, _ = mlp_weights(model.model.layers[0].mlp)
+    wu, wg, _ = mlp_weights(model.model.layers[0].mlp, arch_of_model(model))
     np.testing.assert_array_equal(wg, w[:128])
     np.testing.assert_array_equal(wu, w[128:])
 
@@ -89,7 +90,7 @@ def test_packed_file_roundtrip(tmp_path):
     loaded_cfg, tensors, header = load_packed(out)
     assert loaded_cfg == cfg and header["model"] == "tiny"
     assert sorted(tensors) == ["layers.0.down", "layers.0.up_gate", "layers.1.down", "layers.1.up_gate"]
-    ug, _ = mlp_to_rows(*mlp_weights(model.model.layers[1].mlp))
+    ug, _ = mlp_to_rows(*mlp_weights(model.model.layers[1].mlp, arch_of_model(model)))
     np.testing.assert_array_equal(dequantize_rows(tensors["layers.1.up_gate"]), dequantize_rows(quantize(ug, cfg)))
     assert bits_per_weight(header) == pytest.approx(4 + 20 / 32)
     with pytest.raises(FileExistsError, match="--force"):

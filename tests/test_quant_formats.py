@@ -217,7 +217,7 @@ def test_mlp_row_layout_roundtrip():
     np.testing.assert_array_equal(down[5], wd[:, 5])
     for a, b in zip(rows_to_mlp(ug, down), (wu, wg, wd)):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(ValueError, match="SwiGLU shapes"):
+    with pytest.raises(ValueError, match="gated MLP shapes"):
         mlp_to_rows(wu, wg, wd.T)
 
 

@@ -88,7 +88,7 @@ def test_dipca_equals_torch_reference_under_a_budget(dipca_bundle, policy, budge
     if policy == "none":
         ref_plan.cache_frac = 0.0
     model = copy.deepcopy(lm.model)
-    sparsify_(model, ref_plan, lm.mlp_layout)
+    sparsify_(model, ref_plan)
     reset_caches(model)
     ref_tokens, _ = torch_greedy(model, np.array(PROMPT), 10)
     eng = Engine(out, dram_budget=budget, policy=policy, native=False)

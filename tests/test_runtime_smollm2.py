@@ -59,7 +59,7 @@ def test_smollm2_dipca_equals_torch_reference(smol_bundle):
     ref_plan = copy.deepcopy(plan)
     ref_plan.method, ref_plan.gamma, ref_plan.policy, ref_plan.cache_frac = "dip-ca", 0.3, "lfu", 0.5
     model = copy.deepcopy(lm.model)
-    sparsify_(model, ref_plan, lm.mlp_layout)
+    sparsify_(model, ref_plan)
     reset_caches(model)
     ref_tokens, _ = torch_greedy(model, ids, 12)
     eng = Engine(out, dram_budget="50%", policy="lfu")

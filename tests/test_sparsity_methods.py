@@ -16,7 +16,7 @@ def plan_for(lm, method, density=0.5, **kw):
 
 
 def run(lm, plan, ids):
-    sparsify_(lm.model, plan, lm.mlp_layout)
+    sparsify_(lm.model, plan)
     try:
         reset_caches(lm.model)
         with torch.no_grad():
@@ -40,7 +40,7 @@ def test_dip_at_full_density_equals_dense(tiny_llama, ids):
 
 def capture(lm, plan, ids):
     """Run one layer-0 SparseMLP and return (x, GLU input to W_d, output) via the record hook."""
-    mlp = SparseMLP(lm.model.model.layers[0].mlp, lm.mlp_layout, plan, 0)
+    mlp = SparseMLP(lm.model.model.layers[0].mlp, lm.arch, plan, 0)
     seen = {}
     mlp.recorder = lambda i, arrays: seen.update(arrays)
     x = torch.randn(2, 5, lm.model.config.hidden_size, generator=torch.Generator().manual_seed(1))
@@ -86,7 +86,7 @@ def test_dipca_forward_equals_token_by_token_decoding(tiny_llama):
     lm = tiny_llama
     plan = plan_for(lm, "dip-ca", 0.4, gamma=0.2, cache_frac=0.3, policy="lru")
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(3))
-    sparsify_(lm.model, plan, lm.mlp_layout)
+    sparsify_(lm.model, plan)
     sel = [{} for _ in range(ids.shape[1])]
 
     def keep(i, rec):
@@ -117,7 +117,7 @@ def test_dipca_prefers_resident_rows(tiny_llama):
 
     def overlap(plan):
         sel = []
-        sparsify_(lm.model, plan, lm.mlp_layout)
+        sparsify_(lm.model, plan)
         try:
             sparse_mlps(lm.model)[1].recorder = lambda i, a: sel.append(np.asarray(a["sel_in"])[0])
             reset_caches(lm.model)
@@ -145,7 +145,7 @@ def test_every_architecture_sparsifies(name):
 
 def test_wina_scores_use_column_norms(tiny_llama):
     plan = plan_for(tiny_llama, "dip", 0.5, score="wina")
-    mlp = SparseMLP(tiny_llama.model.model.layers[0].mlp, "split", plan, 0)
+    mlp = SparseMLP(tiny_llama.model.model.layers[0].mlp, tiny_llama.arch, plan, 0)
     w_u, w_g = mlp.weights_in()
     expect = torch.sqrt((w_u**2).sum(0) + (w_g**2).sum(0))
     torch.testing.assert_close(mlp.norm_in, expect)
@@ -160,4 +160,4 @@ def test_thresholds_required_for_cats(tiny_llama, ids):
 def test_plan_mismatch_is_clear(tiny_llama):
     plan = SparsityPlan("x", "dip", 0.5, 32, 64, [LayerPlan(16, 32)])
     with pytest.raises(ValueError, match="dipdeploy calibrate"):
-        sparsify_(tiny_llama.model, plan, "split")
+        sparsify_(tiny_llama.model, plan)

@@ -31,7 +31,7 @@ def fail(err: Exception) -> None:
 
 @app.command("models")
 def models_cmd() -> None:
-    """List the model registry (models/*.toml)."""
+    """List the model registry (dipdeploy/models/*.toml)."""
     table = make_table("name", "architecture", "layout", "layers", "d", "F", "source", wrap=("source",))
     for m in list_models():
         s = m.shape
@@ -116,7 +116,8 @@ def floats(text: str, flag: str) -> list[float]:
 def eval_cmd(
     model: str = MODEL,
     method: str = typer.Option(_S.method, help="comma list of: dense, glu, gate, up, cats, teal, dip, dip-ca "
-                               "(dense is evaluated once, at ρ = 1)"),
+                               "(dense is evaluated once, at ρ = 1; cats: threshold on |act(W_g x)|, act = SiLU, "
+                               "or GELU for GeGLU)"),
     density: str = typer.Option(f"{_S.density:g}", help="comma list of MLP densities ρ in (0, 1]"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration)"),
     seqlen: int = typer.Option(_EV.seqlen, help="window length in tokens"),

@@ -154,7 +154,7 @@ class Evaluator:
         t0 = time.time()
         plan = self.plan_for(replace(cfg.sparsity, method=method, density=density, **overrides))
         if plan is not None:
-            sparsify_(self.lm.model, plan, self.lm.mlp_layout)
+            sparsify_(self.lm.model, plan)
         t1 = time.time()
         batch = cfg.batch_size or (16 if method == "dip-ca" else 1)
         try:

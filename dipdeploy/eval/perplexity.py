@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from dipdeploy.arch import arch_of_model
 from dipdeploy.sparsity.methods import reset_caches
 
 
@@ -22,13 +23,20 @@ _LOGIT_CHUNK = 512  # positions per lm_head chunk: B×T×vocab fp32 logits would
 
 @torch.no_grad()
 def window_nll(model, batch: torch.Tensor) -> tuple[float, int]:
-    """Summed NLL and number of predicted tokens for a batch of windows [B, T]."""
+    """Summed NLL and number of predicted tokens for a batch of windows [B, T].
+
+    The head is applied here in chunks (not by the HF forward), so the family record's logit transform
+    is applied here too: Granite's 1 / logits_scaling, a final soft-cap where a config sets one."""
+    arch = arch_of_model(model)
+    scale, (_, cap) = arch.logits_multiplier(model.config), arch.softcaps(model.config)
     reset_caches(model)
     hidden = model.model(batch, use_cache=False).last_hidden_state[:, :-1]  # [B, T-1, d]
     target = batch[:, 1:]
     nll = 0.0
     for start in range(0, hidden.shape[1], _LOGIT_CHUNK):
-        logits = model.lm_head(hidden[:, start : start + _LOGIT_CHUNK]).float()
+        logits = model.lm_head(hidden[:, start : start + _LOGIT_CHUNK]).float() * scale
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
         tgt = target[:, start : start + _LOGIT_CHUNK]
         nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum"))
     return nll, target.numel()

@@ -8,6 +8,7 @@ quantised linear layers (ORT prepacks it; docs/onnxruntime.md). Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from onnx import TensorProto
@@ -66,6 +67,18 @@ def skip_rms_norm(g: Graph, store: WeightStore, prefix: str, x: str, skip: str, 
     return normed, summed
 
 
+def residual_then_norm(g: Graph, store: WeightStore, eps: float, prefix: str, add_name: str, pending: str | None,
+                       h: str, weight: np.ndarray | None, tensor: str, fuse: bool) -> tuple[str, str]:
+    """(input of the next sub-layer, residual): ``pending`` (a sub-layer output not yet added, or None)
+    is added to ``h``, then normalised by ``weight``; fused into one SkipSimplifiedLayerNormalization
+    when asked; with no norm there (OLMo2 normalises outputs only) the input is the residual itself."""
+    if pending is not None and weight is not None and fuse:
+        return skip_rms_norm(g, store, prefix, pending, h, weight, eps, tensor)
+    if pending is not None:
+        h = g.op(add_name, "Add", [h, pending])
+    return (h if weight is None else rms_norm(g, store, prefix, h, weight, eps, tensor)), h
+
+
 def linear(g: Graph, store: WeightStore, prefix: str, x: str, lin: Linear, tensor: str) -> str:
     """x [.., in] → [.., out]: MatMul (fp32), MatMulNBits (int4) or Gemm on a tied table; then + bias."""
     if lin.kind == "fp32":
@@ -91,43 +104,60 @@ def linear(g: Graph, store: WeightStore, prefix: str, x: str, lin: Linear, tenso
     return y
 
 
+@dataclass(frozen=True)
+class RopeTable:
+    """Precomputed RoPE cos/sin [max_len, r] of one layer type, stored as ``{name}.cos``/``{name}.sin``."""
+
+    name: str
+    cos: np.ndarray
+    sin: np.ndarray
+
+    @property
+    def rot(self) -> int:
+        return self.cos.shape[-1]
+
+
 @dataclass
 class Shared:
-    """Per-graph values every layer reuses: RoPE cos/sin (for q [B,Hkv,rep,S,r] and k [B,Hkv,S,r]), mask bias."""
+    """Per-graph values every layer of one type reuses: RoPE cos/sin (for q [B,Hkv,rep,S,r] and k
+    [B,Hkv,S,r]), mask bias, the rotary width."""
 
     cos_q: str
     sin_q: str
     cos_k: str
     sin_k: str
     bias: str
+    rot: int
 
 
-def rope_tables(g: Graph, store: WeightStore, cos: np.ndarray, sin: np.ndarray, position_ids: str) -> list[str]:
+def rope_tables(g: Graph, store: WeightStore, table: RopeTable, position_ids: str, tag: str = "") -> list[str]:
     """Gather the precomputed cos/sin [max_len, r] rows at ``position_ids`` [B, S] → [B, S, r].
 
     The tables come from the HF model's own rotary module, so every RoPE variant it implements
-    (default, llama3, linear, yarn's static scaling) is exported exactly.
+    (default, llama3, linear, yarn's static scaling, Gemma's per-layer-type bases) is exported exactly.
     """
     out = []
-    for name, table in (("cos", cos), ("sin", sin)):
-        t = g.weight(store.add(f"model.rope.{name}", table.astype(np.float32), DENSE_FILE, "rope_table[pos,r]"))
-        out.append(g.op(f"/model/rope/{name}/Gather", "Gather", [t, position_ids], axis=0))
+    for name, arr in (("cos", table.cos), ("sin", table.sin)):
+        t = g.weight(store.add(f"{table.name}.{name}", arr.astype(np.float32), DENSE_FILE, "rope_table[pos,r]"))
+        out.append(g.op(f"/model/rope{tag}/{name}/Gather", "Gather", [t, position_ids], axis=0))
     return out
 
 
-def shared_values(g: Graph, store: WeightStore, spec: ArchSpec, cos: np.ndarray, sin: np.ndarray,
-                  input_ids: str, attention_mask: str, position_ids: str) -> Shared:
-    """RoPE rows and the additive attention bias [B,1,1,S,T], built once per graph.
+def shared_values(g: Graph, store: WeightStore, table: RopeTable, window: int | None,
+                  input_ids: str, attention_mask: str, position_ids: str, tag: str = "") -> Shared:
+    """RoPE rows and the additive attention bias [B,1,1,S,T], built once per graph and layer type
+    (``tag`` tells the node names of one layer type from another's).
 
         T = len(attention_mask), S = len(input_ids), P = T − S
         k ∈ [0,T) ≤ q ∈ [P,T)  (and k > q − window)  ∧ attention_mask[b,k] ─Where(0, −max)─► bias
     """
-    c, s = rope_tables(g, store, cos, sin, position_ids)
-    cos_k = g.op("/model/rope/cos/Unsqueeze", "Unsqueeze", [c, g.const([1])])
-    sin_k = g.op("/model/rope/sin/Unsqueeze", "Unsqueeze", [s, g.const([1])])
-    cos_q = g.op("/model/rope/cos/Unsqueeze_1", "Unsqueeze", [cos_k, g.const([1])])
-    sin_q = g.op("/model/rope/sin/Unsqueeze_1", "Unsqueeze", [sin_k, g.const([1])])
-    p = "/model/attn_mask"
+    c, s = rope_tables(g, store, table, position_ids, tag)
+    r = f"/model/rope{tag}"
+    cos_k = g.op(f"{r}/cos/Unsqueeze", "Unsqueeze", [c, g.const([1])])
+    sin_k = g.op(f"{r}/sin/Unsqueeze", "Unsqueeze", [s, g.const([1])])
+    cos_q = g.op(f"{r}/cos/Unsqueeze_1", "Unsqueeze", [cos_k, g.const([1])])
+    sin_q = g.op(f"{r}/sin/Unsqueeze_1", "Unsqueeze", [sin_k, g.const([1])])
+    p = f"/model/attn_mask{tag}"
     total = g.op(f"{p}/Gather", "Gather", [g.op(f"{p}/Shape", "Shape", [attention_mask]), g.const(1)], axis=0)
     seq = g.op(f"{p}/Gather_1", "Gather", [g.op(f"{p}/Shape_1", "Shape", [input_ids]), g.const(1)], axis=0)
     past = g.op(f"{p}/Sub", "Sub", [total, seq])
@@ -136,14 +166,14 @@ def shared_values(g: Graph, store: WeightStore, spec: ArchSpec, cos: np.ndarray,
     qpos = g.op(f"{p}/Range_1", "Range", [past, total, g.const(1)])
     qpos = g.op(f"{p}/Unsqueeze_1", "Unsqueeze", [qpos, g.const([1])])  # [S, 1]
     allowed = g.op(f"{p}/LessOrEqual", "LessOrEqual", [kpos, qpos])  # [S, T]
-    if spec.sliding_window:
-        lo = g.op(f"{p}/Sub_1", "Sub", [qpos, g.const(spec.sliding_window)])
+    if window:
+        lo = g.op(f"{p}/Sub_1", "Sub", [qpos, g.const(window)])
         allowed = g.op(f"{p}/And", "And", [allowed, g.op(f"{p}/Greater", "Greater", [kpos, lo])])
     pad = g.op(f"{p}/Cast", "Cast", [attention_mask], to=TensorProto.BOOL)
     pad = g.op(f"{p}/Unsqueeze_2", "Unsqueeze", [pad, g.const([1, 2, 3])])  # [B,1,1,1,T]
     both = g.op(f"{p}/And_1", "And", [allowed, pad])  # [B,1,1,S,T]
     bias = g.op(f"{p}/Where", "Where", [both, g.const(0.0, np.float32), g.const(NEG, np.float32)])
-    return Shared(cos_q, sin_q, cos_k, sin_k, bias)
+    return Shared(cos_q, sin_q, cos_k, sin_k, bias, table.rot)
 
 
 def apply_rope(g: Graph, prefix: str, x: str, cos: str, sin: str, rot: int, head_dim: int) -> str:
@@ -167,28 +197,56 @@ def apply_rope(g: Graph, prefix: str, x: str, cos: str, sin: str, rot: int, head
 class AttentionWeights:
     qkv: Linear  # fused [q | k | v] outputs
     o: Linear
+    q_norm: np.ndarray | None = None  # per-head RMSNorm scale [Dh] (Qwen3, Gemma 3)
+    k_norm: np.ndarray | None = None
+
+
+def _head_norm(g: Graph, store: WeightStore, spec: ArchSpec, p: str, x: str, weight: np.ndarray | None,
+               tensor: str) -> str:
+    """RMSNorm over the last axis (one head's Dh values) when the family has q/k norms."""
+    return x if weight is None else rms_norm(g, store, p, x, weight, spec.rms_norm_eps, tensor)
+
+
+def _qk_norms(g: Graph, store: WeightStore, spec: ArchSpec, i: int, p: str, q: str, k: str,
+              w: AttentionWeights) -> tuple[str, str]:
+    """q [.., H·Dh] and k [.., Hkv·Dh] each normalised over the whole projection (OLMo2)."""
+    names = spec.arch.attn
+    return (_head_norm(g, store, spec, f"{p}/q_norm", q, w.q_norm, f"model.layers.{i}.self_attn.{names.q_norm}.weight"),
+            _head_norm(g, store, spec, f"{p}/k_norm", k, w.k_norm, f"model.layers.{i}.self_attn.{names.k_norm}.weight"))
 
 
 def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: AttentionWeights, shared: Shared,
-              past_k: str, past_v: str, rot: int) -> tuple[str, str, str]:
+              past_k: str, past_v: str) -> tuple[str, str, str]:
     """GQA self-attention with a KV cache; returns (output [B,S,d], present key, present value).
 
-        x ─qkv─Split─► q ─Reshape[B,S,Hkv,rep,Dh]─Transpose─► [B,Hkv,rep,S,Dh] ─RoPE─► q
-                       k ─Reshape[B,S,Hkv,Dh]─Transpose─RoPE─Concat(past_k)─► K [B,Hkv,T,Dh] = present.key
+        x ─qkv─Split─► q ─Reshape[B,S,Hkv,rep,Dh]─[q_norm]─Transpose─► [B,Hkv,rep,S,Dh] ─[RoPE]─► q
+                       k ─Reshape[B,S,Hkv,Dh]─[k_norm]─Transpose─[RoPE]─Concat(past_k)─► K [B,Hkv,T,Dh] = present.key
                        v ─Reshape─Transpose─Concat(past_v)─► V = present.value
-        softmax(q·Kᵀ/√Dh + bias) · V ─Transpose─Reshape[B,S,H·Dh]─o_proj─► y
-    K and V are broadcast over the ``rep`` axis by MatMul: no copies for GQA.
+        softmax(q·Kᵀ·scale + bias) · V ─Transpose─Reshape[B,S,H·Dh]─o_proj─► y
+    K and V are broadcast over the ``rep`` axis by MatMul: no copies for GQA. ``scale`` is the
+    family's (Dh^-½, Granite's attention_multiplier, Gemma's query_pre_attn_scalar^-½); RoPE is left
+    out on the layers the family runs without it (SmolLM3's NoPE layers).
     """
     p = f"/model/layers.{i}/attn"
-    hkv, rep, dh = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads, spec.head_dim
+    hkv, rep, dh, rot = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads, spec.head_dim, shared.rot
+    names = spec.arch.attn
     qkv = linear(g, store, f"{p}/qkv_proj", x, w.qkv, f"model.layers.{i}.attn.qkv_proj")
     q, k, v = g.op(f"{p}/Split", "Split", [qkv, g.const([spec.q_size, spec.kv_size, spec.kv_size])], n_out=3, axis=-1)
+    wide = spec.arch.qk_norm_span == "projection"
+    if wide:
+        q, k = _qk_norms(g, store, spec, i, p, q, k, w)
     q = g.op(f"{p}/q/Reshape", "Reshape", [q, g.const([0, 0, hkv, rep, dh])])
+    if not wide:
+        q = _head_norm(g, store, spec, f"{p}/q_norm", q, w.q_norm, f"model.layers.{i}.self_attn.{names.q_norm}.weight")
     q = g.op(f"{p}/q/Transpose", "Transpose", [q], perm=[0, 2, 3, 1, 4])
-    q = apply_rope(g, f"{p}/q/rope", q, shared.cos_q, shared.sin_q, rot, dh)
+    if spec.rope_layers[i]:
+        q = apply_rope(g, f"{p}/q/rope", q, shared.cos_q, shared.sin_q, rot, dh)
     k = g.op(f"{p}/k/Reshape", "Reshape", [k, g.const([0, 0, hkv, dh])])
+    if not wide:
+        k = _head_norm(g, store, spec, f"{p}/k_norm", k, w.k_norm, f"model.layers.{i}.self_attn.{names.k_norm}.weight")
     k = g.op(f"{p}/k/Transpose", "Transpose", [k], perm=[0, 2, 1, 3])
-    k = apply_rope(g, f"{p}/k/rope", k, shared.cos_k, shared.sin_k, rot, dh)
+    if spec.rope_layers[i]:
+        k = apply_rope(g, f"{p}/k/rope", k, shared.cos_k, shared.sin_k, rot, dh)
     v = g.op(f"{p}/v/Reshape", "Reshape", [v, g.const([0, 0, hkv, dh])])
     v = g.op(f"{p}/v/Transpose", "Transpose", [v], perm=[0, 2, 1, 3])
     present_k = g.op(f"{p}/k/Concat", "Concat", [past_k, k], axis=2)
@@ -196,7 +254,7 @@ def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: A
     kt = g.op(f"{p}/k/Transpose_1", "Transpose", [g.op(f"{p}/k/Unsqueeze", "Unsqueeze", [present_k, g.const([2])])],
               perm=[0, 1, 2, 4, 3])  # [B,Hkv,1,Dh,T]
     scores = g.op(f"{p}/MatMul", "MatMul", [q, kt])
-    scores = g.op(f"{p}/Mul", "Mul", [scores, g.const(dh ** -0.5, np.float32)])
+    scores = g.op(f"{p}/Mul", "Mul", [scores, g.const(spec.attention_scale, np.float32)])
     probs = g.op(f"{p}/Softmax", "Softmax", [g.op(f"{p}/Add", "Add", [scores, shared.bias])], axis=-1)
     vv = g.op(f"{p}/v/Unsqueeze", "Unsqueeze", [present_v, g.const([2])])
     ctx = g.op(f"{p}/MatMul_1", "MatMul", [probs, vv])  # [B,Hkv,rep,S,Dh]
@@ -208,51 +266,118 @@ def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: A
 
 @dataclass
 class GqaShared:
-    """Per-graph inputs of com.microsoft GroupQueryAttention: past lengths and the RoPE half tables."""
+    """Per-graph inputs of com.microsoft GroupQueryAttention for one layer type: past lengths, the RoPE
+    half tables, the rotary width and the sliding window (None: full attention)."""
 
     seqlens_k: str
     total_len: str
     cos_half: str
     sin_half: str
+    rot: int
+    window: int | None = None
 
 
-def gqa_shared(g: Graph, store: WeightStore, cos: np.ndarray, sin: np.ndarray, attention_mask: str) -> GqaShared:
+def gqa_shared(g: Graph, store: WeightStore, table: RopeTable, window: int | None, attention_mask: str,
+               tag: str = "") -> GqaShared:
     """seqlens_k = Σ attention_mask − 1 (int32 [B]), total length (int32 scalar), cos/sin [max_len, r/2].
 
         attention_mask ─ReduceSum(1)─Sub(1)─Cast(int32)─► seqlens_k;  Shape[1]─Cast─► total_len
     """
-    p = "/model/attn_mask"
+    p = f"/model/attn_mask{tag}"
     total = g.op(f"{p}/ReduceSum", "ReduceSum", [attention_mask, g.const([1])], keepdims=0)
     seqlens = g.op(f"{p}/Cast_seqlens", "Cast", [g.op(f"{p}/Sub_seqlens", "Sub", [total, g.const(1)])],
                    to=TensorProto.INT32)
     shape = g.op(f"{p}/Shape_total", "Shape", [attention_mask])
     t = g.op(f"{p}/Gather_total", "Gather", [shape, g.const(1)], axis=0)
     t = g.op(f"{p}/Cast_total", "Cast", [t], to=TensorProto.INT32)
-    half = cos.shape[-1] // 2
+    half = table.rot // 2
     names = []
-    for name, table in (("cos", cos), ("sin", sin)):
-        arr = np.ascontiguousarray(table[:, :half], dtype=np.float32)
-        names.append(g.weight(store.add(f"model.rope.{name}_half", arr, DENSE_FILE, "rope_table[pos,r/2]")))
-    return GqaShared(seqlens, t, *names)
+    for name, arr in (("cos", table.cos), ("sin", table.sin)):
+        arr = np.ascontiguousarray(arr[:, :half], dtype=np.float32)
+        names.append(g.weight(store.add(f"{table.name}.{name}_half", arr, DENSE_FILE, "rope_table[pos,r/2]")))
+    return GqaShared(seqlens, t, *names, table.rot, window)
 
 
 def attention_gqa(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: AttentionWeights,
-                  shared: GqaShared, past_k: str, past_v: str, rot: int) -> tuple[str, str, str]:
+                  shared: GqaShared, past_k: str, past_v: str) -> tuple[str, str, str]:
     """GQA self-attention as one com.microsoft::GroupQueryAttention node (RoPE inside, KV cache
     [B,Hkv,T,Dh] as in the standard-op version; ORT's fused CPU kernel, far fewer nodes per layer).
 
         x ─qkv_proj─► [q|k|v] ─GroupQueryAttention(past kv, seqlens_k, total, cos/sin halves)─► ctx, K, V
         ctx ─o_proj─► y
+    With per-head q/k norms, q and k are normalised first and passed as separate inputs; a layer
+    without RoPE sets do_rotary=0 and passes no tables.
     """
-    if rot != spec.head_dim:
-        raise ValueError(f"attention='gqa' needs full-width RoPE (rotary dims {rot} != head_dim {spec.head_dim}); "
-                         "use attention='standard'")
+    rotary = spec.rope_layers[i]
+    if rotary and shared.rot != spec.head_dim:
+        raise ValueError(f"attention='gqa' needs full-width RoPE (rotary dims {shared.rot} != head_dim "
+                         f"{spec.head_dim}); use attention='standard'")
     p = f"/model/layers.{i}/attn"
     qkv = linear(g, store, f"{p}/qkv_proj", x, w.qkv, f"model.layers.{i}.attn.qkv_proj")
+    inputs = [qkv, "", ""]
+    if w.q_norm is not None and spec.arch.qk_norm_span == "projection":
+        q, k, v = g.op(f"{p}/Split", "Split", [qkv, g.const([spec.q_size, spec.kv_size, spec.kv_size])], n_out=3,
+                       axis=-1)
+        inputs = [*_qk_norms(g, store, spec, i, p, q, k, w), v]
+    elif w.q_norm is not None:
+        names, dh = spec.arch.attn, spec.head_dim
+        q, k, v = g.op(f"{p}/Split", "Split", [qkv, g.const([spec.q_size, spec.kv_size, spec.kv_size])], n_out=3,
+                       axis=-1)
+        normed = []
+        for tag, t, heads, wt, mod in (("q", q, spec.num_heads, w.q_norm, names.q_norm),
+                                       ("k", k, spec.num_kv_heads, w.k_norm, names.k_norm)):
+            t = g.op(f"{p}/{tag}/Reshape", "Reshape", [t, g.const([0, 0, heads, dh])])
+            t = _head_norm(g, store, spec, f"{p}/{tag}_norm", t, wt, f"model.layers.{i}.self_attn.{mod}.weight")
+            normed.append(g.op(f"{p}/{tag}/Reshape_1", "Reshape", [t, g.const([0, 0, heads * dh])]))
+        inputs = [*normed, v]
     ctx, k, v = g.op(f"{p}/GroupQueryAttention", "GroupQueryAttention",
-                     [qkv, "", "", past_k, past_v, shared.seqlens_k, shared.total_len, shared.cos_half,
-                      shared.sin_half], n_out=3, domain=MS_DOMAIN, num_heads=spec.num_heads,
-                     kv_num_heads=spec.num_kv_heads, do_rotary=1, rotary_interleaved=0,
-                     local_window_size=spec.sliding_window or -1, scale=float(spec.head_dim ** -0.5))
+                     [*inputs, past_k, past_v, shared.seqlens_k, shared.total_len,
+                      *((shared.cos_half, shared.sin_half) if rotary else ())], n_out=3, domain=MS_DOMAIN,
+                     num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, do_rotary=int(rotary),
+                     rotary_interleaved=0,
+                     local_window_size=shared.window or -1, scale=float(spec.attention_scale))
     y = linear(g, store, f"{p}/o_proj", ctx, w.o, f"model.layers.{i}.attn.o_proj")
     return y, k, v
+
+
+# -- the pieces every graph of a decoder shares (model.onnx and the per-layer graphs) -------------------
+def shared_for_layers(g: Graph, store: WeightStore, spec: ArchSpec, rope: dict[str, RopeTable], attention_op: str,
+                      input_ids: str, attention_mask: str, position_ids: str,
+                      layer_types: tuple[str, ...] | None = None) -> tuple[dict, Callable]:
+    """Per layer type, the shared values (RoPE rows, mask bias or GQA inputs) of ``layer_types`` (all
+    of the model's by default), and the attention builder that takes them."""
+    kinds = list(dict.fromkeys(layer_types or spec.layer_types))
+    tag = {k: "" if len(kinds) == 1 else f"_{k}" for k in kinds}
+    if attention_op == "gqa":
+        return ({k: gqa_shared(g, store, rope[k], spec.window(k), attention_mask, tag[k]) for k in kinds},
+                attention_gqa)
+    return ({k: shared_values(g, store, rope[k], spec.window(k), input_ids, attention_mask, position_ids, tag[k])
+             for k in kinds}, attention)
+
+
+def embed(g: Graph, store: WeightStore, spec: ArchSpec, input_ids: str) -> str:
+    """input_ids ─Gather(embedding)─[×embedding multiplier: √d Gemma, Granite's]─► hidden."""
+    h = g.op("/model/embed_tokens/Gather", "Gather", [g.weight(store.proto("model.embed_tokens.weight")), input_ids],
+             axis=0)
+    if spec.embedding_multiplier != 1.0:
+        h = g.op("/model/embed_tokens/Mul", "Mul", [h, g.const(spec.embedding_multiplier, np.float32)])
+    return h
+
+
+def sublayer_output(g: Graph, store: WeightStore, spec: ArchSpec, prefix: str, y: str, norm: np.ndarray | None,
+                    tensor: str) -> str:
+    """What a sub-layer adds to the residual: [RMSNorm (Gemma's sandwich norm)] then [× residual
+    multiplier (Granite)]; y itself for most families."""
+    if norm is not None:
+        y = rms_norm(g, store, prefix, y, norm, spec.rms_norm_eps, tensor)
+    if spec.residual_multiplier != 1.0:
+        y = g.op(f"{prefix}/residual_multiplier/Mul", "Mul", [y, g.const(spec.residual_multiplier, np.float32)])
+    return y
+
+
+def logits(g: Graph, store: WeightStore, spec: ArchSpec, h: str, head: Linear) -> str:
+    """normed hidden ─lm_head─[× 1/logits_scaling (Granite)]─► logits."""
+    y = linear(g, store, "/lm_head", h, head, "lm_head")
+    if spec.logits_multiplier != 1.0:
+        y = g.op("/lm_head/Mul", "Mul", [y, g.const(spec.logits_multiplier, np.float32)])
+    return y

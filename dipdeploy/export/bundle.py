@@ -90,7 +90,7 @@ def _genai_config(spec, tokenizer, max_length: int, lib_name: str | None) -> dic
         "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos,
         "context_length": max_length, "eos_token_id": eos,
         "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
-        "type": "llama", "vocab_size": spec.vocab_size,
+        "type": spec.arch.genai_type, "vocab_size": spec.vocab_size,
         "decoder": {"session_options": so, "filename": MODEL_FILE, "head_size": spec.head_dim,
                     "hidden_size": spec.hidden_size, "num_attention_heads": spec.num_heads,
                     "num_hidden_layers": spec.num_layers, "num_key_value_heads": spec.num_kv_heads,
@@ -206,7 +206,7 @@ def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path) -> dict:
 
     ref = reference_plan(plan)
     if ref is not None:
-        sparsify_(lm.model, ref, lm.mlp_layout)
+        sparsify_(lm.model, ref)
     prompt = np.asarray(lm.tokenizer(cfg.prompt, add_special_tokens=False).input_ids, dtype=np.int64)
     path, level4 = tmp / MODEL_FILE, None
     if cfg.quantised and cfg.accuracy_level > 0:
@@ -250,8 +250,10 @@ def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra
                  "gamma": plan.gamma, "policy": plan.policy, "cache_frac": plan.cache_frac,
                  "fixed_top_n": plan.fixed_top_n, "gamma_warmup": plan.gamma_warmup}
     spec = source.spec
+    note = {"tokenizer_note": spec.arch.tokenizer_note} if spec.arch.tokenizer_note else {}
     return Manifest(
-        source={"model": lm.name, "architecture": spec.architecture, "config": lm.model.config.to_dict(), **extra},
+        source={"model": lm.name, "architecture": spec.architecture, "config": lm.model.config.to_dict(), **note,
+                **extra},
         method=plan.method if plan is not None else "dense",
         plan=json.loads(plan.to_json()) if plan is not None else None, quant=quant,
         ops={"domain": DOMAIN, "version": OPSET_VERSION, "native_library": lib.name if lib else None},
@@ -299,6 +301,10 @@ def export_model(cfg: ExportConfig, out: Path, *, force: bool = False, progress:
 
     ``out`` is claimed (locked, checked, free space estimated) before minutes of work, and stays
     claimed until the bundle is in place, so a second export to it cannot start meanwhile."""
+    from dipdeploy.export.spec import ArchSpec
+    from dipdeploy.loading import model_config
+
+    ArchSpec.from_config(model_config(cfg.model))  # a family the graphs cannot build: refused before any work
     with claim(Path(out), notice):
         prepare_out(out, force)
         check_space_for(cfg, Path(out))

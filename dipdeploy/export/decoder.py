@@ -15,8 +15,7 @@ from typing import Callable
 
 from onnx import ModelProto, TensorProto
 
-from dipdeploy.export.blocks import (DENSE_FILE, attention, attention_gqa, gqa_shared, linear, rms_norm, skip_rms_norm,
-                                     shared_values)
+from dipdeploy.export.blocks import DENSE_FILE, embed, logits, residual_then_norm, shared_for_layers, sublayer_output
 from dipdeploy.export.graph import Graph
 from dipdeploy.export.mlp import MlpTensors, dense_mlp, sparse_mlp, write_mlp
 from dipdeploy.export.weights import WeightStore
@@ -49,9 +48,10 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
     ``fuse_norms``: every residual add and the norm after it as one SkipSimplifiedLayerNormalization
     (``blocks.skip_rms_norm``); the first norm, on the embedding alone, stays ``blocks.rms_norm``.
 
-        input_ids ─Gather(embed)─► h ─┬─ for each layer i: h += attn(norm(h)); h += mlp(norm(h))
-        position_ids, attention_mask ─┘  (RoPE rows and the mask bias built once)
+        input_ids ─Gather(embed)─► h ─┬─ for each layer i: h += out(attn(norm(h))); h += out(mlp(norm(h)))
+        position_ids, attention_mask ─┘  (RoPE rows and the mask bias built once per layer type)
         h ─norm─lm_head─► logits
+    ``out`` is ``blocks.sublayer_output`` (the family's sandwich norm and residual multiplier, if any).
     """
     spec = source.spec
     g = Graph("dipdeploy_decoder", accuracy_level)
@@ -62,55 +62,43 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
     for i in range(spec.num_layers):
         g.input(kv_names(i)[0], FLOAT, kv_shape)
         g.input(kv_names(i)[1], FLOAT, kv_shape)
-    emb = store.add("model.embed_tokens.weight", source.embedding(), DENSE_FILE, "embedding[vocab,d]")
-    h = g.op("/model/embed_tokens/Gather", "Gather", [g.weight(emb), ids], axis=0)
-    cos, sin = source.rope()
-    if attention_op == "gqa":
-        shared = gqa_shared(g, store, cos, sin, mask)
-        attend = attention_gqa
-    else:
-        shared = shared_values(g, store, spec, cos, sin, ids, mask, pos)
-        attend = attention
-    rot = cos.shape[-1]
+    store.add("model.embed_tokens.weight", source.embedding(), DENSE_FILE, "embedding[vocab,d]")
+    h = embed(g, store, spec, ids)
+    shared, attend = shared_for_layers(g, store, spec, source.rope(), attention_op, ids, mask, pos)
+    norms = spec.arch.norms
     present_shape = ["batch_size", spec.num_kv_heads, "total_sequence_length", spec.head_dim]
-    m = None  # the previous layer's MLP output, not yet added to h when the norms are fused
+    eps, fuse = spec.rms_norm_eps, fuse_norms
+    pending = None  # a sub-layer output not yet added to h (fused norms add it inside the next norm)
     for i in range(spec.num_layers):
         lw = source.layer(i)
         p = f"/model/layers.{i}"
-        if fuse_norms and m is not None:
-            x, h = skip_rms_norm(g, store, f"{p}/input_layernorm", m, h, lw.ln_attn, spec.rms_norm_eps,
-                                 f"model.layers.{i}.input_layernorm.weight")
-        else:
-            x = rms_norm(g, store, f"{p}/input_layernorm", h, lw.ln_attn, spec.rms_norm_eps,
-                         f"model.layers.{i}.input_layernorm.weight")
+        x, h = residual_then_norm(g, store, eps, f"{p}/{norms.attn_in}", f"/model/layers.{i - 1}/residual_mlp/Add",
+                                  pending, h, lw.ln_attn, f"model.layers.{i}.{norms.attn_in}.weight", fuse)
         past_k, past_v, pres_k, pres_v = kv_names(i)
-        a, k, v = attend(g, store, spec, i, x, lw.attn, shared, past_k, past_v, rot)
+        a, k, v = attend(g, store, spec, i, x, lw.attn, shared[spec.layer_types[i]], past_k, past_v)
         g.output(k, pres_k, FLOAT, present_shape)
         g.output(v, pres_v, FLOAT, present_shape)
-        if fuse_norms:
-            x, h = skip_rms_norm(g, store, f"{p}/post_attention_layernorm", a, h, lw.ln_mlp, spec.rms_norm_eps,
-                                 f"model.layers.{i}.post_attention_layernorm.weight")
-        else:
-            h = g.op(f"{p}/residual_attn/Add", "Add", [h, a])
-            x = rms_norm(g, store, f"{p}/post_attention_layernorm", h, lw.ln_mlp, spec.rms_norm_eps,
-                         f"model.layers.{i}.post_attention_layernorm.weight")
+        a = sublayer_output(g, store, spec, f"{p}/{norms.attn_out or 'attn_out'}", a, lw.ln_attn_out,
+                            f"model.layers.{i}.{norms.attn_out}.weight")
+        x, h = residual_then_norm(g, store, eps, f"{p}/{norms.mlp_in}", f"{p}/residual_attn/Add", a, h, lw.ln_mlp,
+                                  f"model.layers.{i}.{norms.mlp_in}.weight", fuse)
         t = write_mlp(store, i, lw.mlp)
         if ks[i].dense and lw.mlp.format == "fp32":
-            m = dense_mlp(g, store, i, x, t, spec.intermediate_size)
+            m = dense_mlp(g, store, i, x, t, spec.intermediate_size, spec.arch.activation)
         else:
             k_in = ks[i].k_in or spec.hidden_size
             k_glu = ks[i].k_glu or spec.intermediate_size
-            m = sparse_mlp(g, store, i, x, t, k_in, k_glu, spec.hidden_size, spec.intermediate_size)
-        if not fuse_norms:
-            h = g.op(f"{p}/residual_mlp/Add", "Add", [h, m])
+            m = sparse_mlp(g, store, i, x, t, k_in, k_glu, spec.hidden_size, spec.intermediate_size,
+                           spec.arch.activation)
+        pending = sublayer_output(g, store, spec, f"{p}/{norms.mlp_out or 'mlp_out'}", m, lw.ln_mlp_out,
+                                  f"model.layers.{i}.{norms.mlp_out}.weight")
+        if not fuse:
+            h, pending = g.op(f"{p}/residual_mlp/Add", "Add", [h, pending]), None
         if on_layer is not None:
             on_layer(i, lw, t)
         del lw
-    if fuse_norms:
-        h, _ = skip_rms_norm(g, store, "/model/norm", m, h, source.final_norm(), spec.rms_norm_eps,
-                             "model.norm.weight")
-    else:
-        h = rms_norm(g, store, "/model/norm", h, source.final_norm(), spec.rms_norm_eps, "model.norm.weight")
-    logits = linear(g, store, "/lm_head", h, source.lm_head(), "lm_head")
-    g.output(logits, "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
+    h, _ = residual_then_norm(g, store, eps, "/model/norm", f"/model/layers.{spec.num_layers - 1}/residual_mlp/Add",
+                              pending, h, source.final_norm(), "model.norm.weight", fuse)
+    out = logits(g, store, spec, h, source.lm_head())
+    g.output(out, "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
     return g.model(doc="dipdeploy decoder: DIP sparse MLPs (ai.dipdeploy ops with fallback functions)")

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from dipdeploy.export.blocks import attention, attention_gqa, gqa_shared, linear, rms_norm, shared_values
+from dipdeploy.export.blocks import embed, logits, residual_then_norm, rms_norm, shared_for_layers, sublayer_output
 from dipdeploy.export.decoder import kv_names
 from dipdeploy.export.graph import Graph
 from dipdeploy.export.manifest import SLAB_DIM
@@ -45,7 +45,7 @@ class LayerGraphs:
         self.spec, self.store, self.plan, self.acc = spec, store, plan, accuracy_level
         self.attention_op = attention_op
         self.dir = Path(root)
-        self.cos, self.sin = rope
+        self.rope = rope  # per layer type: blocks.RopeTable
         self.files: list[str] = []
         self.gamma = plan.gamma if plan.method == "dip-ca" else 1.0
 
@@ -54,10 +54,10 @@ class LayerGraphs:
         self.files.append(name)
 
     def add_layer(self, i: int, lw, t: MlpTensors) -> None:
-        spec, lp = self.spec, self.plan.layers[i]
+        lp = self.plan.layers[i]
         self._attn(i, lw, lp.k_in)
         self._mlp_up(i, t, lp.k_glu)
-        self._mlp_down(i, t)
+        self._mlp_down(i, lw, t)
 
     def _attn(self, i: int, lw, k_in: int) -> None:
         spec, st = self.spec, self.store
@@ -70,17 +70,17 @@ class LayerGraphs:
         g.input(past_k, FLOAT, kv)
         g.input(past_v, FLOAT, kv)
         cache = g.input("cache_in", BOOL, [spec.hidden_size])
-        if self.attention_op == "gqa":
-            shared, attend = gqa_shared(g, st, self.cos, self.sin, mask), attention_gqa
-        else:
-            shared, attend = shared_values(g, st, spec, self.cos, self.sin, h, mask, pos), attention
-        p = f"/model/layers.{i}"
-        x = rms_norm(g, st, f"{p}/input_layernorm", h, lw.ln_attn, spec.rms_norm_eps,
-                     f"model.layers.{i}.input_layernorm.weight")
-        a, k, v = attend(g, st, spec, i, x, lw.attn, shared, past_k, past_v, self.cos.shape[-1])
-        h2 = g.op(f"{p}/residual_attn/Add", "Add", [h, a])
-        x = rms_norm(g, st, f"{p}/post_attention_layernorm", h2, lw.ln_mlp, spec.rms_norm_eps,
-                     f"model.layers.{i}.post_attention_layernorm.weight")
+        kind = spec.layer_types[i]
+        shared, attend = shared_for_layers(g, st, spec, self.rope, self.attention_op, h, mask, pos, (kind,))
+        p, norms = f"/model/layers.{i}", spec.arch.norms
+        eps = spec.rms_norm_eps
+        x, _ = residual_then_norm(g, st, eps, f"{p}/{norms.attn_in}", "", None, h, lw.ln_attn,
+                                  f"model.layers.{i}.{norms.attn_in}.weight", False)
+        a, k, v = attend(g, st, spec, i, x, lw.attn, shared[kind], past_k, past_v)
+        a = sublayer_output(g, st, spec, f"{p}/{norms.attn_out or 'attn_out'}", a, lw.ln_attn_out,
+                            f"model.layers.{i}.{norms.attn_out}.weight")
+        x, h2 = residual_then_norm(g, st, eps, f"{p}/{norms.mlp_in}", f"{p}/residual_attn/Add", a, h, lw.ln_mlp,
+                                   f"model.layers.{i}.{norms.mlp_in}.weight", False)
         x2 = g.op(f"{p}/mlp/Reshape", "Reshape", [x, g.const([-1, spec.hidden_size])])
         from dipdeploy.ops.nodes import topk_column_mask_node
 
@@ -132,7 +132,7 @@ class LayerGraphs:
                                                     f"{p}/up_gate_proj/SparseGatherMatMul/output_0", slots=slots,
                                                     accuracy_level=g.accuracy_level, **t.up_gate_attrs))
         f = spec.intermediate_size
-        g_out = glu(g, p, ug, f)
+        g_out = glu(g, p, ug, f, spec.arch.activation)
         gidx = g.add_custom(topk_column_mask_node(
             f"{p}/down_proj/TopKColumnMask", g_out, f"{p}/down_proj/TopKColumnMask/output_0", k=k_glu, cache=cache,
             colnorm=self._norm(g, i, "colnorm_glu"), gamma=self.gamma, fixed_top_n=self.plan.fixed_top_n))
@@ -140,7 +140,7 @@ class LayerGraphs:
         g.output(gidx, "glu_indices", INT64, ["N", k_glu])
         self._save(g, f"layer.{i}.mlp_up.onnx")
 
-    def _mlp_down(self, i: int, t: MlpTensors) -> None:
+    def _mlp_down(self, i: int, lw, t: MlpTensors) -> None:
         spec = self.spec
         g = Graph(f"layer{i}_mlp_down", self.acc)
         k_glu = self.plan.layers[i].k_glu
@@ -156,6 +156,9 @@ class LayerGraphs:
                                                    f"{p}/down_proj/SparseGatherMatMul/output_0", slots=slots,
                                                    accuracy_level=g.accuracy_level, **t.down_attrs))
         y = g.op(f"{p}/Reshape_1", "Reshape", [y, g.op(f"{p}/Shape", "Shape", [h])])
+        out = spec.arch.norms.mlp_out
+        y = sublayer_output(g, self.store, spec, f"/model/layers.{i}/{out or 'mlp_out'}", y, lw.ln_mlp_out,
+                            f"model.layers.{i}.{out}.weight")
         g.output(g.op(f"/model/layers.{i}/residual_mlp/Add", "Add", [h, y]), "hidden", FLOAT,
                  ["batch_size", "sequence_length", spec.hidden_size])
         self._save(g, f"layer.{i}.mlp_down.onnx")
@@ -165,13 +168,12 @@ class LayerGraphs:
         spec, st = self.spec, self.store
         g = Graph("embed", self.acc)
         ids = g.input("input_ids", INT64, ["batch_size", "sequence_length"])
-        h = g.op("/model/embed_tokens/Gather", "Gather", [g.weight(st.proto("model.embed_tokens.weight")), ids], axis=0)
+        h = embed(g, st, spec, ids)
         g.output(h, "hidden", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
         self._save(g, "embed.onnx")
         g = Graph("head", self.acc)
         h = g.input("hidden", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
         h = rms_norm(g, st, "/model/norm", h, source.final_norm(), spec.rms_norm_eps, "model.norm.weight")
-        logits = linear(g, st, "/lm_head", h, source.lm_head(), "lm_head")
-        g.output(logits, "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
+        g.output(logits(g, st, spec, h, source.lm_head()), "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
         self._save(g, "head.onnx")
         return list(self.files)

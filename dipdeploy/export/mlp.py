@@ -1,4 +1,5 @@
-"""The SwiGLU MLP as ONNX nodes: dense (MatMul on the Flash-layout rows) and sparse (DIP).
+"""The gated MLP as ONNX nodes: dense (MatMul on the Flash-layout rows) and sparse (DIP); the
+activation is the family record's (SiLU for SwiGLU, tanh-GELU for Gemma's GeGLU).
 
 The MLP weights live in the bundle's MLP file in the Flash layout of docs/method.md, one row per selectable
 unit: the up|gate group holds row i = [W_u[:, i] ; W_g[:, i]] (2F values) per input feature, the down
@@ -75,31 +76,39 @@ def _attrs(ow: OpWeights) -> dict:
     return {"fmt": ow.format, "cols": ow.cols, **dict(ow.attrs)}
 
 
-def glu(g: Graph, p: str, up_gate: str, f: int) -> str:
-    """[.., 2F] up|gate → SiLU(gate)·up [.., F]."""
+def activation(g: Graph, p: str, gate: str, kind: str) -> str:
+    """act(gate) for an activation named by a family record (dipdeploy.arch.ACTIVATIONS)."""
+    if kind == "silu":
+        return g.op(f"{p}/act_fn/Mul", "Mul", [gate, g.op(f"{p}/act_fn/Sigmoid", "Sigmoid", [gate])])
+    if kind == "gelu_tanh":
+        return g.op(f"{p}/act_fn/Gelu", "Gelu", [gate], approximate="tanh")
+    raise ValueError(f"activation {kind!r} has no ONNX form here; known: silu, gelu_tanh")
+
+
+def glu(g: Graph, p: str, up_gate: str, f: int, act: str) -> str:
+    """[.., 2F] up|gate → act(gate)·up [.., F]."""
     up, gate = g.op(f"{p}/Split", "Split", [up_gate, g.const([f, f])], n_out=2, axis=-1)
-    act = g.op(f"{p}/act_fn/Mul", "Mul", [gate, g.op(f"{p}/act_fn/Sigmoid", "Sigmoid", [gate])])
-    return g.op(f"{p}/Mul", "Mul", [act, up])
+    return g.op(f"{p}/Mul", "Mul", [activation(g, p, gate, act), up])
 
 
-def dense_mlp(g: Graph, store: WeightStore, i: int, x: str, t: MlpTensors, f: int) -> str:
-    """fp32 dense SwiGLU on the Flash-layout rows.
+def dense_mlp(g: Graph, store: WeightStore, i: int, x: str, t: MlpTensors, f: int, act: str) -> str:
+    """fp32 dense gated MLP on the Flash-layout rows.
 
-        x ─MatMul([W_uᵀ|W_gᵀ])─Split─► up, gate;  SiLU(gate)·up ─MatMul(W_dᵀ)─► y
+        x ─MatMul([W_uᵀ|W_gᵀ])─Split─► up, gate;  act(gate)·up ─MatMul(W_dᵀ)─► y
     """
     p = f"/model/layers.{i}/mlp"
     up_gate = g.op(f"{p}/up_gate_proj/MatMul", "MatMul", [x, g.weight(store.proto(t.up_gate[0]))])
-    h = glu(g, p, up_gate, f)
+    h = glu(g, p, up_gate, f, act)
     return g.op(f"{p}/down_proj/MatMul", "MatMul", [h, g.weight(store.proto(t.down[0]))])
 
 
-def sparse_up_gate(g: Graph, i: int, x2: str, k_in: int, weights: list[str], attrs: dict, f: int, *,
+def sparse_up_gate(g: Graph, i: int, x2: str, k_in: int, weights: list[str], attrs: dict, f: int, act: str, *,
                    colnorm: str | None = None, cache: str | None = None, gamma: float = 1.0,
                    slots: str | None = None) -> tuple[str, str]:
     """DIP's first half on X [N, d]: returns (GLU~ [N, F], selected input columns [N, k_in]).
 
         X ─TopKColumnMask(k_in; C, γ)─► idx ─SparseGatherMatMul(up|gate rows[, slots])─► [N, 2F]
-          ─Split─► up, gate;  SiLU(gate)·up ─► GLU~
+          ─Split─► up, gate;  act(gate)·up ─► GLU~
     """
     p = f"/model/layers.{i}/mlp"
     idx = g.add_custom(topk_column_mask_node(f"{p}/up_gate_proj/TopKColumnMask", x2,
@@ -108,7 +117,7 @@ def sparse_up_gate(g: Graph, i: int, x2: str, k_in: int, weights: list[str], att
     ug = g.add_custom(sparse_gather_matmul_node(f"{p}/up_gate_proj/SparseGatherMatMul", x2, idx, weights,
                                                 f"{p}/up_gate_proj/SparseGatherMatMul/output_0", slots=slots,
                                                 accuracy_level=g.accuracy_level, **attrs))
-    return glu(g, p, ug, f), idx
+    return glu(g, p, ug, f, act), idx
 
 
 def sparse_down(g: Graph, i: int, glu: str, k_glu: int, weights: list[str], attrs: dict, *,
@@ -128,7 +137,7 @@ def sparse_down(g: Graph, i: int, glu: str, k_glu: int, weights: list[str], attr
 
 
 def sparse_mlp(g: Graph, store: WeightStore, i: int, x: str, t: MlpTensors, k_in: int, k_glu: int,
-               d: int, f: int) -> str:
+               d: int, f: int, act: str) -> str:
     """The whole DIP MLP inside the decoder graph (weights as initializers, full mode).
 
         x [B,S,d] ─Reshape[-1,d]─► X ─sparse_up_gate─► GLU~ ─sparse_down─► Y ─Reshape(Shape(x))─► y
@@ -139,6 +148,6 @@ def sparse_mlp(g: Graph, store: WeightStore, i: int, x: str, t: MlpTensors, k_in
     dn = [g.weight(store.proto(n)) for n in t.down]
     cn_in = g.weight(store.proto(t.colnorm_in)) if t.colnorm_in else None
     cn_glu = g.weight(store.proto(t.colnorm_glu)) if t.colnorm_glu else None
-    glu, _ = sparse_up_gate(g, i, x2, k_in, ug, t.up_gate_attrs, f, colnorm=cn_in)
+    glu, _ = sparse_up_gate(g, i, x2, k_in, ug, t.up_gate_attrs, f, act, colnorm=cn_in)
     y, _ = sparse_down(g, i, glu, k_glu, dn, t.down_attrs, colnorm=cn_glu)
     return g.op(f"{p}/Reshape_1", "Reshape", [y, g.op(f"{p}/Shape", "Shape", [x])])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dipdeploy.export.blocks import AttentionWeights, Linear
+from dipdeploy.export.blocks import AttentionWeights, Linear, RopeTable
 from dipdeploy.export.mlp import MlpWeights
 from dipdeploy.export.spec import ArchSpec
 from dipdeploy.ops.formats import OpWeights
@@ -30,10 +30,14 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 @dataclass
 class LayerWeights:
-    ln_attn: np.ndarray
+    """One decoder layer; norm weights already include the family's offset ((1 + w) for Gemma)."""
+
+    ln_attn: np.ndarray | None  # None: no norm before the sub-layer (OLMo2)
     attn: AttentionWeights
-    ln_mlp: np.ndarray
+    ln_mlp: np.ndarray | None
     mlp: MlpWeights
+    ln_attn_out: np.ndarray | None = None  # sandwich norms (Gemma): on a sub-layer's output
+    ln_mlp_out: np.ndarray | None = None
 
 
 @dataclass
@@ -83,13 +87,22 @@ class ModelSource:
 
     # -- pieces ------------------------------------------------------------------------------------
     @torch.no_grad()
-    def rope(self) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin [max_length, r] from the model's own rotary module (r = rotary dims)."""
+    def rope(self) -> dict[str, RopeTable]:
+        """Per layer type, cos/sin [max_length, r] from the model's own rotary module (r = rotary dims):
+        one table shared by every layer, or one per layer type (Gemma 3's local and global bases)."""
         rotary = self.model.model.rotary_emb
         pos = torch.arange(self.max_length)[None]
         x = torch.zeros(1, 1, self.spec.head_dim, dtype=torch.float32)
-        cos, sin = rotary(x, pos)
-        return _np(cos[0]), _np(sin[0])
+        kinds = sorted(set(self.spec.layer_types))
+        if self.spec.arch.rope != "per_layer_type":
+            cos, sin = rotary(x, pos)
+            table = RopeTable("model.rope", _np(cos[0]), _np(sin[0]))
+            return {kind: table for kind in kinds}
+        out = {}
+        for kind in kinds:
+            cos, sin = rotary(x, pos, kind)
+            out[kind] = RopeTable(f"model.rope.{kind}", _np(cos[0]), _np(sin[0]))
+        return out
 
     def embedding(self) -> np.ndarray:
         return _np(self.model.get_input_embeddings().weight)
@@ -122,19 +135,29 @@ class ModelSource:
             m.weight.copy_(torch.from_numpy(rows[start:start + n]).to(m.weight.dtype))
             start += n
 
-    def _attn_modules(self, attn) -> list[torch.nn.Linear]:
-        if self.spec.family.fused_qkv:
-            return [attn.qkv_proj]
-        return [attn.q_proj, attn.k_proj, attn.v_proj]
+    def _norm(self, module) -> np.ndarray:
+        """A norm's effective scale: w, or (offset + w) for families that scale by (1 + w)."""
+        return _np(module.weight) + np.float32(self.spec.arch.norm_offset)
+
+    def _attention(self, attn) -> AttentionWeights:
+        names = self.spec.arch.attn
+        qkv = [getattr(attn, n) for n in ((names.qkv,) if names.qkv else (names.q, names.k, names.v))]
+        want = self.spec.arch.attention_bias(self.model.config)
+        if any((m.bias is not None) != want for m in qkv):
+            raise ValueError(f"{self.spec.arch.name}: the checkpoint's q/k/v biases disagree with the family record "
+                             f"(bias expected: {want}); the record in dipdeploy/arch/ is wrong for this checkpoint")
+        norms = [self._norm(getattr(attn, n)) if n else None for n in (names.q_norm, names.k_norm)]
+        return AttentionWeights(self._linear(qkv), self._linear([getattr(attn, names.o)]), *norms)
 
     def _mlp(self, mlp) -> MlpWeights:
-        up_gate, down = mlp_to_rows(*mlp_weights(mlp))
+        arch = self.spec.arch
+        up_gate, down = mlp_to_rows(*mlp_weights(mlp, arch))
         if self.mlp_cfg is None:
             ug, dn = OpWeights.from_matrix(up_gate), OpWeights.from_matrix(down)
         else:
             p_ug, p_dn = quantize(up_gate, self.mlp_cfg), quantize(down, self.mlp_cfg)
             up_gate, down = dequantize_rows(p_ug), dequantize_rows(p_dn)
-            set_mlp_weights(mlp, *rows_to_mlp(up_gate, down))
+            set_mlp_weights(mlp, arch, *rows_to_mlp(up_gate, down))
             for p in (p_ug, p_dn):
                 self.stats.mlp_bits += 8 * p.nbytes
                 self.stats.mlp_params += p.rows * p.cols
@@ -158,18 +181,17 @@ class ModelSource:
             self.checkpoint.release(module)
 
     def layer(self, i: int) -> LayerWeights:
+        norms = self.spec.arch.norms
         with self._resident(self.model.model.layers[i], f"model.layers.{i}.") as layer:
-            attn = layer.self_attn
-            return LayerWeights(
-                ln_attn=_np(layer.input_layernorm.weight),
-                attn=AttentionWeights(self._linear(self._attn_modules(attn)), self._linear([attn.o_proj])),
-                ln_mlp=_np(layer.post_attention_layernorm.weight),
-                mlp=self._mlp(layer.mlp),
-            )
+            out = {k: self._norm(getattr(layer, n)) if n else None
+                   for k, n in (("ln_attn", norms.attn_in), ("ln_mlp", norms.mlp_in),
+                                ("ln_attn_out", norms.attn_out), ("ln_mlp_out", norms.mlp_out))}
+            return LayerWeights(attn=self._attention(layer.self_attn), mlp=self._mlp(layer.mlp), **out)
 
     def final_norm(self) -> np.ndarray:
-        with self._resident(self.model.model.norm, "model.norm.") as norm:
-            return _np(norm.weight)
+        name = self.spec.arch.norms.final
+        with self._resident(getattr(self.model.model, name), f"model.{name}.") as norm:
+            return self._norm(norm)
 
     def lm_head(self) -> Linear:
         """The lm_head, quantised once however often it is asked for (model.onnx and head.onnx)."""

@@ -1,39 +1,25 @@
-"""What the graph builder needs to know about a decoder, read from the HF config (torch-free).
+"""What the graph builder needs to know about a decoder: its family record plus the numbers of its
+``config.json`` (torch-free).
 
-One small table per architecture says what differs (docs/design.md §6): whether q/k/v carry a bias (Qwen2),
-whether q/k/v and gate/up come fused in the checkpoint (Phi-3). Everything else is the same Llama-style
-block: RMSNorm → GQA attention with RoPE → residual → RMSNorm → SwiGLU MLP → residual.
+Every family-level fact comes from the record (``dipdeploy.arch``); this module only resolves them for
+one checkpoint and refuses, with the reason, what the graphs do not build (dipdeploy/export/DESIGN.md,
+"How to add a model family"). The block is: [norm] → GQA attention with RoPE (optional per-head q/k
+norms) → [norm] → ×residual multiplier → residual → [norm] → gated MLP → [norm] → ×multiplier → residual.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Family:
-    """What one HF architecture does differently from Llama."""
-
-    qkv_bias: bool = False
-    fused_qkv: bool = False
-    fused_gate_up: bool = False
-    sliding_window: bool = False
-
-
-FAMILIES: dict[str, Family] = {
-    "LlamaForCausalLM": Family(),
-    "MistralForCausalLM": Family(sliding_window=True),
-    "Qwen2ForCausalLM": Family(qkv_bias=True),
-    "Phi3ForCausalLM": Family(fused_qkv=True, fused_gate_up=True),
-}
+from dipdeploy.arch import Arch, ArchitectureError, arch_of
 
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """Shapes and switches of one decoder, from its ``config.json``."""
+    """Shapes and switches of one decoder, from its ``config.json`` and its family record."""
 
     architecture: str
-    family: Family
+    arch: Arch
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -44,7 +30,13 @@ class ArchSpec:
     rms_norm_eps: float
     tie_word_embeddings: bool
     max_position_embeddings: int
+    layer_types: tuple[str, ...]  # per layer "full_attention" or "sliding_attention"
+    rope_layers: tuple[bool, ...]  # per layer, whether attention applies RoPE (False: SmolLM3's NoPE layers)
     sliding_window: int | None = None
+    attention_scale: float = 1.0
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_multiplier: float = 1.0
 
     @property
     def q_size(self) -> int:
@@ -54,25 +46,39 @@ class ArchSpec:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def window(self, layer_type: str) -> int | None:
+        return self.sliding_window if layer_type == "sliding_attention" else None
+
     @classmethod
     def from_config(cls, config: dict) -> "ArchSpec":
-        archs = config.get("architectures") or []
-        arch = archs[0] if archs else ""
-        if arch not in FAMILIES:
-            raise ValueError(
-                f"architecture {arch!r} cannot be exported; supported: {', '.join(FAMILIES)}"
-            )
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act={config.get('hidden_act')!r}: only SwiGLU (silu) MLPs are exported")
-        family = FAMILIES[arch]
+        try:
+            arch = arch_of(config)
+        except ArchitectureError as err:
+            raise ArchitectureError(f"cannot export: {err}") from err
+        why = _refusal(arch, config)
+        if why:
+            raise ArchitectureError(f"cannot export {arch.name}: {why}")
         heads = config["num_attention_heads"]
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        window = config.get("sliding_window") if family.sliding_window else None
         return cls(
-            architecture=arch, family=family, hidden_size=config["hidden_size"],
+            architecture=arch.name, arch=arch, hidden_size=config["hidden_size"],
             intermediate_size=config["intermediate_size"], num_layers=config["num_hidden_layers"],
-            num_heads=heads, num_kv_heads=config.get("num_key_value_heads") or heads, head_dim=head_dim,
-            vocab_size=config["vocab_size"], rms_norm_eps=float(config["rms_norm_eps"]),
+            num_heads=heads, num_kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=arch.head_dim(config), vocab_size=config["vocab_size"],
+            rms_norm_eps=float(config["rms_norm_eps"]),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(config.get("max_position_embeddings", 4096)), sliding_window=window,
+            max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+            layer_types=tuple(arch.layer_types(config)), rope_layers=tuple(arch.rope_layers(config)),
+            sliding_window=arch.window(config),
+            attention_scale=arch.attention_scale(config), embedding_multiplier=arch.embedding_multiplier(config),
+            residual_multiplier=arch.residual_multiplier(config), logits_multiplier=arch.logits_multiplier(config),
         )
+
+
+def _refusal(arch: Arch, config: dict) -> str:
+    """Why the graphs cannot express this checkpoint, or "" (they can)."""
+    if arch.export_refusal:
+        return arch.export_refusal
+    if any(cap is not None for cap in arch.softcaps(config)):
+        return ("soft-capping (attn_logit_softcapping / final_logit_softcapping) is not built by the graphs; "
+                "set them to null in config.json only if the checkpoint was trained without them")
+    return ""

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from dipdeploy.arch import Arch, arch_of_model
 from dipdeploy.finetune.config import LoraConfig
 from dipdeploy.sparsity.methods import SparseMLP, decoder_layers, sparse_mlps, sparsify_, unsparsify_
 from dipdeploy.sparsity.plan import SparsityPlan
@@ -32,20 +33,11 @@ META_NAME = "dipdeploy-lora.json"
 PLAN_NAME = "plan.json"
 _FINGERPRINT_RTOL = 1e-4
 
-# role → module names, per MLP layout; attention names cover Llama/Mistral/Qwen2 (split) and Phi-3 (fused).
-_ROLE_MODULES = {
-    "split": {"up": ("up_proj",), "gate": ("gate_proj",), "down": ("down_proj",),
-              "attn": ("q_proj", "k_proj", "v_proj", "o_proj")},
-    "fused_gate_up": {"up": ("gate_up_proj",), "gate": ("gate_up_proj",), "down": ("down_proj",),
-                      "attn": ("qkv_proj", "o_proj")},
-}
-
-
-def target_modules(layout: str, targets: tuple[str, ...]) -> list[str]:
-    """peft ``target_modules`` for the roles in ``targets``. With Phi-3's fused ``gate_up_proj``, up and
-    gate share one matrix, so asking for either adapts both (said here rather than silently)."""
-    roles = _ROLE_MODULES[layout]
-    return sorted({name for t in targets for name in roles[t]})
+def target_modules(arch: Arch, targets: tuple[str, ...]) -> list[str]:
+    """peft ``target_modules`` for the roles in ``targets``, by the family record's module names. With
+    Phi-3's fused ``gate_up_proj``, up and gate share one matrix, so asking for either adapts both (said
+    here rather than silently)."""
+    return sorted({name for t in targets for name in arch.lora_modules(t)})
 
 
 def _raw_weight(module: torch.nn.Module) -> torch.Tensor:
@@ -60,7 +52,8 @@ def fingerprint(model: torch.nn.Module) -> dict:
     for i in (0, len(layers) - 1):
         mlp = layers[i].mlp
         mlp = mlp.base if isinstance(mlp, SparseMLP) else mlp
-        out[f"layers.{i}.down_proj.mean_abs"] = float(_raw_weight(mlp.down_proj).detach().float().abs().mean())
+        down = getattr(mlp, arch_of_model(model).mlp.down)
+        out[f"layers.{i}.down_proj.mean_abs"] = float(_raw_weight(down).detach().float().abs().mean())
     return out
 
 
@@ -76,13 +69,13 @@ def dense_paths(model: torch.nn.Module):
     """Unwrap the SparseMLPs for the duration of the block (a save or a load), then wrap them again
     with the same plan, so adapter keys never contain the wrapper's ``.base``."""
     mlps = sparse_mlps(model)
-    plan, layout = (mlps[0].plan, mlps[0].layout) if mlps else (None, None)
+    plan = mlps[0].plan if mlps else None
     unsparsify_(model)
     try:
         yield model
     finally:
         if plan is not None:
-            sparsify_(model, plan, layout)
+            sparsify_(model, plan)
 
 
 def write_metadata(out: Path, lm, plan: SparsityPlan, cfg: LoraConfig, train: dict, base_fp: dict) -> None:

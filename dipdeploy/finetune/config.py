@@ -15,7 +15,7 @@ class LoraConfig:
     """LoRA recovery of a DIP/DIP-CA-sparsified model (docs/method.md, LoRA section).
 
     ``targets`` names projections by role (``up``, ``gate``, ``down``; ``attn`` adds every attention
-    projection); :func:`dipdeploy.finetune.adapter.target_modules` maps roles to module names per layout.
+    projection); :func:`dipdeploy.finetune.adapter.target_modules` maps roles to module names of the family record.
     ``tokens``, when set, overrides ``steps``: steps = ⌈tokens / (batch_size · grad_accum · seqlen)⌉.
     ``alpha=None`` means 2·rank, the usual LoRA scaling of 2.
     ``bf16`` runs the forward under bf16 autocast (GPU, or a CPU with AVX512-BF16: 1.5× faster on this

@@ -150,11 +150,11 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
     base_fp = fingerprint(lm.model)
     unsparsify_(lm.model)
     peft_cfg = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.dropout, bias="none",
-                               target_modules=target_modules(lm.mlp_layout, cfg.targets), task_type="CAUSAL_LM")
+                               target_modules=target_modules(lm.arch, cfg.targets), task_type="CAUSAL_LM")
     torch.manual_seed(cfg.seed)  # LoRA A init
     model = peft.get_peft_model(lm.model, peft_cfg)
     hf = model.get_base_model()
-    sparsify_(hf, plan, lm.mlp_layout)
+    sparsify_(hf, plan)
     try:
         trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress), train_dataset=data,
                                    callbacks=list(callbacks))

@@ -5,10 +5,10 @@ computed by the numpy formats in the sparse row layout (``layout.py``), so an ev
 the numbers a deployed model decodes. ``iter_packed_mlp`` streams the packed MLP weights layer by layer
 (bounded memory: one layer's rows at a time) for ``dipdeploy quantize``.
 
-MLP layouts understood (matched by module attributes, not by names of architectures):
-- split: ``mlp.up_proj``, ``mlp.gate_proj`` [F, d] and ``mlp.down_proj`` [d, F] (Llama, Mistral, Qwen2, SmolLM2);
-- fused: ``mlp.gate_up_proj`` [2F, d] whose first F output rows are the gate and last F the up
-  (transformers' ``Phi3MLP``: ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``), plus ``mlp.down_proj``.
+The MLP's modules are found by the model's family record (``dipdeploy.arch``, ``Arch.mlp``):
+- split: up and gate [F, d] and down [d, F] (Llama, Mistral, Qwen2/3, Gemma 3, Granite, SmolLM2);
+- fused: one gate_up [2F, d] whose first F output rows are the gate and last F the up
+  (transformers' ``Phi3MLP``: ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``), plus down.
 
 ``scope="all"`` also quantises every ``nn.Linear`` of the attention blocks and the lm_head with
 ``api.quantize_dense`` (BQ4 blocks along the input dimension, ``config.dense_config``), the function the
@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from dipdeploy.arch import Arch, arch_of_model
 from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize, quantize_dense
 from dipdeploy.quant.config import QuantConfig, config_to_dict, dense_config, quant_config_from_name
 from dipdeploy.quant.io import load_packed, save_packed
@@ -74,27 +75,31 @@ def _layers(model):
     return decoder.layers
 
 
-def mlp_weights(mlp) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _module(mlp, name: str, arch: Arch):
+    if not hasattr(mlp, name):
+        raise ValueError(f"{type(mlp).__name__} has no {name!r}, which the {arch.name} record names for its MLP")
+    return getattr(mlp, name)
+
+
+def mlp_weights(mlp, arch: Arch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(W_u, W_g [F, d], W_d [d, F]) as float32 numpy, for the split and fused layouts."""
-    if hasattr(mlp, "gate_up_proj"):
-        w = _np(mlp.gate_up_proj.weight)
+    m = arch.mlp
+    down = _np(_module(mlp, m.down, arch).weight)
+    if m.gate_up:
+        w = _np(_module(mlp, m.gate_up, arch).weight)
         F = w.shape[0] // 2
-        return w[F:], w[:F], _np(mlp.down_proj.weight)
-    if all(hasattr(mlp, n) for n in ("up_proj", "gate_proj", "down_proj")):
-        return _np(mlp.up_proj.weight), _np(mlp.gate_proj.weight), _np(mlp.down_proj.weight)
-    raise ValueError(
-        f"{type(mlp).__name__} is not a SwiGLU MLP this stage knows: expected up_proj/gate_proj/down_proj "
-        "or gate_up_proj/down_proj"
-    )
+        return w[F:], w[:F], down
+    return _np(_module(mlp, m.up, arch).weight), _np(_module(mlp, m.gate, arch).weight), down
 
 
-def set_mlp_weights(mlp, w_up: np.ndarray, w_gate: np.ndarray, w_down: np.ndarray) -> None:
-    if hasattr(mlp, "gate_up_proj"):
-        _assign(mlp.gate_up_proj, np.concatenate([w_gate, w_up], axis=0))
+def set_mlp_weights(mlp, arch: Arch, w_up: np.ndarray, w_gate: np.ndarray, w_down: np.ndarray) -> None:
+    m = arch.mlp
+    if m.gate_up:
+        _assign(_module(mlp, m.gate_up, arch), np.concatenate([w_gate, w_up], axis=0))
     else:
-        _assign(mlp.up_proj, w_up)
-        _assign(mlp.gate_proj, w_gate)
-    _assign(mlp.down_proj, w_down)
+        _assign(_module(mlp, m.up, arch), w_up)
+        _assign(_module(mlp, m.gate, arch), w_gate)
+    _assign(_module(mlp, m.down, arch), w_down)
 
 
 def mlp_hessians(model, calib_ids, full: bool = True, layers: tuple[int, ...] | None = None
@@ -110,6 +115,7 @@ def mlp_hessians(model, calib_ids, full: bool = True, layers: tuple[int, ...] | 
     import torch
 
     all_layers = _layers(model)
+    down = arch_of_model(model).mlp.down
     wanted = range(len(all_layers)) if layers is None else layers
     stats: list[dict[str, torch.Tensor | None]] = [{"up_gate": None, "down": None} for _ in all_layers]
     count = [0]
@@ -127,7 +133,7 @@ def mlp_hessians(model, calib_ids, full: bool = True, layers: tuple[int, ...] | 
     for i in wanted:
         layer = all_layers[i]
         handles.append(layer.mlp.register_forward_pre_hook(hook(i, "up_gate")))
-        handles.append(layer.mlp.down_proj.register_forward_pre_hook(hook(i, "down")))
+        handles.append(getattr(layer.mlp, down).register_forward_pre_hook(hook(i, "down")))
     try:
         with torch.no_grad():
             model(input_ids=calib_ids)
@@ -145,9 +151,9 @@ def iter_packed_mlp(model, cfg: QuantConfig, *, calib=None, progress: bool = Tru
     """
     from tqdm.auto import tqdm
 
-    layers = _layers(model)
+    layers, arch = _layers(model), arch_of_model(model)
     for i, layer in enumerate(tqdm(layers, desc=f"quantise MLP ({type(cfg).__name__})", disable=not progress)):
-        up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp))
+        up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp, arch))
         out = {}
         for key, rows in (("up_gate", up_gate), ("down", down)):
             h = None if calib is None else calib[i][key]
@@ -205,9 +211,9 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
         kind = "full Hessians (GPTQ-style error feedback)" if feedback else "Hessian-diagonal row weights"
         notes.append(f"{kind} from {int(np.prod(calib_ids.shape))} calibration tokens")
     mlp_bits = mlp_params = 0
-    layers = _layers(model)
+    layers, arch = _layers(model), arch_of_model(model)
     for i, packed in iter_packed_mlp(model, cfg, calib=calib, progress=progress):
-        set_mlp_weights(layers[i].mlp, *rows_to_mlp(dequantize_rows(packed["up_gate"]), dequantize_rows(packed["down"])))
+        set_mlp_weights(layers[i].mlp, arch, *rows_to_mlp(dequantize_rows(packed["up_gate"]), dequantize_rows(packed["down"])))
         for p in packed.values():
             mlp_bits += 8 * p.nbytes
             mlp_params += p.rows * p.cols

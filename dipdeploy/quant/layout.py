@@ -1,4 +1,4 @@
-"""The sparse row layout of a SwiGLU MLP (docs/method.md, Flash layout): the units DIP selects.
+"""The sparse row layout of a gated MLP (docs/method.md, Flash layout): the units DIP selects.
 
 - up|gate group: row i = [W_u[:, i] ; W_g[:, i]] — the bundled row of [W_uᵀ | W_gᵀ], 2F values
   (first F = up, last F = gate), one row per input feature i ∈ [0, d).
@@ -20,7 +20,7 @@ def mlp_to_rows(w_up: np.ndarray, w_gate: np.ndarray, w_down: np.ndarray) -> tup
     F, d = w_up.shape
     if w_gate.shape != (F, d) or w_down.shape != (d, F):
         raise ValueError(
-            f"SwiGLU shapes disagree: W_u {w_up.shape}, W_g {w_gate.shape} must be [F, d] and "
+            f"gated MLP shapes disagree: W_u {w_up.shape}, W_g {w_gate.shape} must be [F, d] and "
             f"W_d {w_down.shape} must be [d, F]"
         )
     return np.concatenate([w_up.T, w_gate.T], axis=1), np.ascontiguousarray(w_down.T)

@@ -64,7 +64,7 @@ def resolve_shape(trace: Trace | None, model: str | None) -> tuple[str, ModelSha
     if name is None:
         raise ValueError("no model shape: pass --model NAME (registry) or a --trace")
     if not is_registered(name):
-        raise ValueError(f"model {name!r} is not in the registry (models/*.toml), so its non-MLP size is "
+        raise ValueError(f"model {name!r} is not in the registry (`dipdeploy models`), so its non-MLP size is "
                          f"unknown; pass --model with a registered name whose shape to simulate")
     return name, get_model(name).shape
 

@@ -50,7 +50,7 @@ def search_split(lm, cfg: SparsityConfig, windows: torch.Tensor,
         if key in tried or rho_glu <= 0:
             continue
         probe = SparsityConfig(method="dip", density=rho, rho_in=rho_in, score=cfg.score)
-        sparsify_(lm.model, uniform_plan(probe, lm.name, L, d, f), lm.mlp_layout)
+        sparsify_(lm.model, uniform_plan(probe, lm.name, L, d, f))
         tried[key] = _nll(lm.model, windows)
     unsparsify_(lm.model)
     best = min(tried, key=tried.get)
@@ -80,8 +80,8 @@ def _observe(model, windows: torch.Tensor) -> dict[tuple[int, str], np.ndarray]:
 
 
 def fit_thresholds(lm, plan: SparsityPlan, windows: torch.Tensor, rho_in: float, rho_glu: float) -> SparsityPlan:
-    """Per-layer thresholds for CATS (on |SiLU(W_g x)|) and TEAL (on |x|, then |GLU~|)."""
-    sparsify_(lm.model, plan, lm.mlp_layout)
+    """Per-layer thresholds for CATS (on |act(W_g x)|) and TEAL (on |x|, then |GLU~|)."""
+    sparsify_(lm.model, plan)
     names = ("in", "glu") if plan.method == "teal" else ("gate",)
     for name in names:  # TEAL's GLU threshold is fitted with the input threshold already active
         obs = _observe(lm.model, windows)
@@ -153,7 +153,7 @@ def _sensitivity(lm, probe: SparsityPlan, x: torch.Tensor, ref: torch.Tensor, lo
     moved the KL by 0.01–0.02, within the noise of 4 × 256 tokens, while the floor probe separates the
     layers clearly (layer 0: +0.79, last: +0.18, the rest +0.025–0.08 on a base of 0.40)."""
     L, d, f = _shape(lm)
-    sparsify_(lm.model, probe, lm.mlp_layout)
+    sparsify_(lm.model, probe)
     suffix = _Suffix(lm.model, x)
     base = _kl_of(suffix.full, ref)
     rise = np.zeros(L)
@@ -238,7 +238,7 @@ def allocate_greedy(lm, plan: SparsityPlan, windows: torch.Tensor, tokens: int =
     tried = {}
     for strength in strengths:
         probe.layers = _layers_for(_densities(rise, strength, target, low), target, low, ratio, d, f)
-        sparsify_(lm.model, probe, lm.mlp_layout)
+        sparsify_(lm.model, probe)
         tried[strength] = (_kl(lm.model, held, ref_held), probe.layers)
     unsparsify_(lm.model)
     choice = min(tried, key=lambda k: (tried[k][0], k))

@@ -1,9 +1,13 @@
-"""The sparse SwiGLU MLP methods in torch: one definition each, used by evaluation, calibration, LoRA
+"""The sparse gated-MLP methods in torch: one definition each, used by evaluation, calibration, LoRA
 training, tracing and as the export reference.
 
-    MLP(x)  = W_d · (SiLU(W_g x) ⊙ (W_u x))                          x ∈ R^d, W_u, W_g ∈ R^{F×d}
-    DIP(x)  = W_d · (m_glu ⊙ GLU~),  GLU~ = SiLU(W_g (m_in ⊙ x)) ⊙ (W_u (m_in ⊙ x))
+    MLP(x)  = W_d · (act(W_g x) ⊙ (W_u x))                           x ∈ R^d, W_u, W_g ∈ R^{F×d}
+    DIP(x)  = W_d · (m_glu ⊙ GLU~),  GLU~ = act(W_g (m_in ⊙ x)) ⊙ (W_u (m_in ⊙ x))
               m_in = top-K_in(|x|),  m_glu = top-K_glu(|GLU~|)
+
+``act`` is the family record's activation (:mod:`dipdeploy.arch`): SiLU (SwiGLU: Llama, Qwen, Phi-3,
+Granite) or tanh-approximated GELU (GeGLU: Gemma). Every method is defined on act(W_g x), so under GeGLU
+CATS thresholds |GELU(W_g x)| and ``gate`` ranks it (docs/method.md).
 
 Masking an input feature is the same as not reading that column of W_u and W_g, so the dense matmul on a
 masked input *is* the sparse computation, numerically. LoRA adapters on the projections act on the full
@@ -24,11 +28,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from dipdeploy.arch import Arch, arch_of_model
 from dipdeploy.cache import RowCache, dipca_scores, gamma_at, topk_rows
 from dipdeploy.sparsity.plan import LayerPlan, SparsityPlan
 
 MethodFn = Callable[["SparseMLP", torch.Tensor], torch.Tensor]
 _METHODS: dict[str, MethodFn] = {}
+
+#: The torch function of each activation a family record may name (dipdeploy.arch.ACTIVATIONS).
+ACTIVATION_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": nn.functional.silu,
+    "gelu_tanh": lambda t: nn.functional.gelu(t, approximate="tanh"),
+}
 
 
 def method(name: str):
@@ -67,16 +78,18 @@ def mask_from_indices(idx: np.ndarray, shape: tuple[int, ...], device) -> torch.
 
 
 class SparseMLP(nn.Module):
-    """Wraps one HF SwiGLU MLP (``base``) and runs it with one layer of a sparsity plan.
+    """Wraps one HF gated MLP (``base``) and runs it with one layer of a sparsity plan.
 
-    The projections stay the base module's own ``nn.Linear`` objects (so peft's LoRA targets
-    ``gate_proj``/``up_proj``/``down_proj``/``gate_up_proj`` still find them).
+    The projections stay the base module's own ``nn.Linear`` objects, found by the family record's
+    module names (so peft's LoRA targets ``gate_proj``/``up_proj``/``down_proj``/``gate_up_proj`` still
+    find them).
     """
 
-    def __init__(self, base: nn.Module, layout: str, plan: SparsityPlan, index: int):
+    def __init__(self, base: nn.Module, arch: Arch, plan: SparsityPlan, index: int):
         super().__init__()
         self.base = base
-        self.layout = layout
+        self.arch = arch
+        self._act = ACTIVATION_FNS[arch.activation]
         self.method = plan.method
         self.layer: LayerPlan = plan.layers[index]
         self.index = index
@@ -94,27 +107,31 @@ class SparseMLP(nn.Module):
 
     # -- the dense pieces ---------------------------------------------------------------------------
     def act(self, t: torch.Tensor) -> torch.Tensor:
-        fn = getattr(self.base, "act_fn", None) or getattr(self.base, "activation_fn")
-        return fn(t)
+        return self._act(t)
+
+    def _proj(self, name: str) -> nn.Module:
+        return getattr(self.base, name)
 
     def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.layout == "fused_gate_up":
-            gate, up = self.base.gate_up_proj(x).chunk(2, dim=-1)  # [.., F] each
+        m = self.arch.mlp
+        if m.gate_up:
+            gate, up = self._proj(m.gate_up)(x).chunk(2, dim=-1)  # [.., F] each
             return gate, up
-        return self.base.gate_proj(x), self.base.up_proj(x)
+        return self._proj(m.gate)(x), self._proj(m.up)(x)
 
     def down(self, h: torch.Tensor) -> torch.Tensor:
-        return self.base.down_proj(h)
+        return self._proj(self.arch.mlp.down)(h)
 
     def weights_in(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_u, W_g), each [F, d]."""
-        if self.layout == "fused_gate_up":
-            gate, up = self.base.gate_up_proj.weight.chunk(2, dim=0)
+        m = self.arch.mlp
+        if m.gate_up:
+            gate, up = self._proj(m.gate_up).weight.chunk(2, dim=0)
             return up, gate
-        return self.base.up_proj.weight, self.base.gate_proj.weight
+        return self._proj(m.up).weight, self._proj(m.gate).weight
 
     def down_weight(self) -> torch.Tensor:
-        return self.base.down_proj.weight  # [d, F]
+        return self._proj(self.arch.mlp.down).weight  # [d, F]
 
     def score_in(self, x: torch.Tensor) -> torch.Tensor:
         return x.abs() if self.norm_in is None else x.abs() * self.norm_in
@@ -161,7 +178,7 @@ def _glu(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
 
 @method("gate")
 def _gate(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
-    """Gate pruning: top-K_glu of |SiLU(W_g x)| selects rows of W_u and columns of W_d."""
+    """Gate pruning: top-K_glu of |act(W_g x)| selects rows of W_u and columns of W_d."""
     gate, up = m.gate_up(x)
     a = m.act(gate)
     return m.down(a * up * topk_mask(a.abs(), m.layer.k_glu))
@@ -184,7 +201,7 @@ def _threshold(m: SparseMLP, name: str) -> float:
 
 @method("cats")
 def _cats(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
-    """CATS: a per-layer calibrated threshold on |SiLU(W_g x)|."""
+    """CATS: a per-layer calibrated threshold on |act(W_g x)| (|SiLU(W_g x)|; |GELU(W_g x)| under GeGLU)."""
     gate, up = m.gate_up(x)
     a = m.act(gate)
     m.observe("gate", a.abs())
@@ -265,13 +282,15 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return model.model.layers
 
 
-def sparsify_(model: nn.Module, plan: SparsityPlan, layout: str) -> nn.Module:
-    """Wrap every layer's MLP with the plan's method, in place. Undo with :func:`unsparsify_`."""
+def sparsify_(model: nn.Module, plan: SparsityPlan) -> nn.Module:
+    """Wrap every layer's MLP with the plan's method, in place (the model's family record says where
+    its projections are and which activation it uses). Undo with :func:`unsparsify_`."""
     unsparsify_(model)
     cfg = model.config
     plan.check_model(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size)
+    arch = arch_of_model(model)
     for i, layer in enumerate(decoder_layers(model)):
-        layer.mlp = SparseMLP(layer.mlp, layout, plan, i)
+        layer.mlp = SparseMLP(layer.mlp, arch, plan, i)
     return model
 
 

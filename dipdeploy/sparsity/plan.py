@@ -23,7 +23,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dipdeploy.cache.policies import POLICIES
 from dipdeploy.paths import write_atomic
 
 PLAN_VERSION = 1
@@ -94,7 +93,7 @@ class LayerPlan:
     k_in: int
     k_glu: int
     thr_in: float | None = None  # teal: threshold on |x|
-    thr_glu: float | None = None  # teal: on |GLU~|; cats: on |SiLU(W_g x)|
+    thr_glu: float | None = None  # teal: on |GLU~|; cats: on |act(W_g x)|
 
 
 @dataclass

@@ -40,7 +40,7 @@ def record_trace(lm, plan: SparsityPlan, ids: torch.Tensor, meta: dict | None = 
     def keep(i: int, arrays: dict) -> None:
         rec.record(i, **{k: _np(v)[0] for k, v in arrays.items()})
 
-    sparsify_(lm.model, plan, lm.mlp_layout)
+    sparsify_(lm.model, plan)
     try:
         for mlp in sparse_mlps(lm.model):
             mlp.recorder = keep
