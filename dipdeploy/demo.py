@@ -106,7 +106,7 @@ def _one(cfg: DemoConfig, label: str, density: float, native: bool, force: bool,
                             validate_tokens=0), out, plan, force=force)
     progress(f"perplexity on {cfg.windows}×{cfg.seqlen} WikiText-2 test tokens (torch reference of the bundle)")
     unsparsify_(lm.model)  # export leaves it at plain DIP; the reference of a DIP-CA bundle has its cache
-    sparsify_(lm.model, plan, lm.mlp_layout)
+    sparsify_(lm.model, plan)
     test = windows(lm.tokenizer, text, cfg.seqlen, cfg.windows)
     ppl, _ = perplexity(lm.model, test, 16 if method == "dip-ca" else 1)
     del lm

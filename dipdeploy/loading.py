@@ -238,6 +238,13 @@ def model_config(name_or_path: str) -> dict:
     return _config(where).to_dict()
 
 
+def check_model(name_or_path: str) -> Arch:
+    """The model's family record, from its config alone: an unloadable name or an architecture DIP cannot
+    prune is refused before any stage starts (the CLI's checks before work)."""
+    where, _ = resolve(name_or_path)
+    return _check_architecture(_config(where), str(where))
+
+
 def fp32_bytes(name_or_path: str) -> int:
     """Bytes of the model's parameters in fp32, from its config alone (built on ``meta``)."""
     where, _ = resolve(name_or_path)

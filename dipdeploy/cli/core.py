@@ -91,7 +91,8 @@ def check_inputs(*, data_dir: Optional[Path] = None, files: dict[str, Optional[P
                  model: Optional[str] = None) -> None:
     """The checks every command runs before any work: named input folders and files exist, every output
     can be written (``dipdeploy.paths.check_output``: one overwrite rule, ``--force``), and ``model``
-    names something loadable (a hub id only from the local cache), so a typo fails before any stage."""
+    names something loadable (a hub id only from the local cache) of a family DIP can prune, so a typo or an
+    unsupported architecture fails before any stage."""
     from dipdeploy.paths import check_input_dir, check_input_file, check_outputs
 
     check_input_dir(data_dir, "--data-dir")
@@ -99,9 +100,9 @@ def check_inputs(*, data_dir: Optional[Path] = None, files: dict[str, Optional[P
         check_input_file(path, flag)
     check_outputs(force, outputs or {})
     if model is not None:
-        from dipdeploy.loading import resolve
+        from dipdeploy.loading import check_model
 
-        resolve(model)
+        check_model(model)
 
 
 def floats(text: str, flag: str) -> list[float]:

@@ -254,9 +254,10 @@ def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "") 
     if model_name and made_for not in ("?", model_name):
         raise ValueError(f"{path} holds the MLP weights of {made_for!r}, not {model_name!r}; pass --model "
                          f"{made_for} or re-run `dipdeploy quantize --model {model_name}`")
+    arch = arch_of_model(model)
     mlp_bits = mlp_params = 0
     for i, layer in enumerate(_layers(model)):
-        up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp))
+        up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp, arch))
         packed = {g: tensors.get(f"layers.{i}.{g}") for g in ("up_gate", "down")}
         for group, want in (("up_gate", up_gate.shape), ("down", down.shape)):
             p = packed[group]
@@ -264,7 +265,8 @@ def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "") 
                 got = "missing" if p is None else f"[{p.rows}, {p.cols}]"
                 raise ValueError(f"{path}: layers.{i}.{group} is {got}, the model needs {list(want)}; the file "
                                  f"was made for {made_for!r} (re-run `dipdeploy quantize` for this model)")
-        set_mlp_weights(layer.mlp, *rows_to_mlp(dequantize_rows(packed["up_gate"]), dequantize_rows(packed["down"])))
+        set_mlp_weights(layer.mlp, arch, *rows_to_mlp(dequantize_rows(packed["up_gate"]),
+                                                      dequantize_rows(packed["down"])))
         for p in packed.values():
             mlp_bits += 8 * p.nbytes
             mlp_params += p.rows * p.cols
