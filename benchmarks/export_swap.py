@@ -1,4 +1,4 @@
-"""Benchmark of replacing a bundle under signals, and of concurrent exports to one --out (issue 20).
+"""Benchmark of replacing a bundle under signals, and of concurrent exports to one --out.
 
 Part 1, signal injection: a tiny-llama bundle (the "old" one, with a marker file) is replaced by
 ``export --force`` in a child process that sends itself SIGKILL or SIGINT at one point of the export:
@@ -172,7 +172,7 @@ def main() -> None:
     m = machine()
     cmd = "python benchmarks/export_swap.py" + (" --quick" if args.quick else "")
     md = [
-        "# Export under signals, and concurrent exports (issue 20)", "",
+        "# Export under signals, and concurrent exports", "",
         f"CPU {model}, {m['cores']} cores, Python {m['python']}, load (1 min) {m['load_1min']} · `{cmd}` · "
         f"tiny-llama (rho_in 0.6, no validation), the old bundle fp32, the new one BQ4 · "
         f"filesystem {fs or '?'} · {time.time() - t0:.0f} s in all", "",
