@@ -469,6 +469,9 @@ SP_STRINGS = [
     "🤗", "a🤗b 👍🏽!", "\x00\x01\x7f", "▁already▁metaspace", "<0x41> is not a byte here", "café 0.5 → γ",
     "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", "<bos>The capital<eos>",
     "I love New York", "New York", "NewYork and New  York", "x<start_of_turn> y", "1234567890",
+    # Phi-3's markers strip the whitespace after them (rstrip); <mask> before it (lstrip); "hello" is single_word
+    "<|user|>\nHi there<|end|>\n<|assistant|>  ok", "<|end|> \u3000\u00a0x", "a  <mask> b", "<mask>", " \t<mask>",
+    "say hello there", "sayhello", "hello", "hello_x hello-x hello2 (hello)", "<|end|><mask>",
 ]
 
 

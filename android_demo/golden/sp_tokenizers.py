@@ -9,6 +9,8 @@ own README and docs (text that is always present) and written with the component
   sp-metaspace  pre_tokenizer Metaspace(prepend_scheme "first", split false) — the current Llama/Mistral files
   sp-legacy     pre_tokenizer and decoder Metaspace in the older add_prefix_space form (prepend always, split)
   sp-unk        sp-gemma without byte_fallback: unknown characters become one fused <unk>
+  sp-phi3       sp-llama2 plus Phi-3's chat markers (<|user|>, <|assistant|>, <|end|>: rstrip), and an lstrip
+                and a single_word token, which change where added tokens match
 
 The vocab is laid out as Gemma's: <pad> <eos> <bos> <unk>, the 256 byte tokens <0x00>…<0xFF> (model vocab,
 not added tokens), then the trained pieces; 800 pieces, so CJK and emoji fall back to bytes. Added tokens: the
@@ -32,15 +34,21 @@ _DECODE = [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"
 _STRIP = {"type": "Strip", "content": " ", "start": 1, "stop": 0}
 _LEGACY_METASPACE = {"type": "Metaspace", "replacement": "▁", "add_prefix_space": True}
 
-# name → (normalizer, pre_tokenizer, decoder, bos first, byte_fallback)
+# (content, special, flags)
+_PHI3 = [("<|user|>", True, {"rstrip": True}), ("<|assistant|>", True, {"rstrip": True}),
+         ("<|end|>", True, {"rstrip": True}), ("<mask>", True, {"lstrip": True}), ("hello", False, {"single_word": True})]
+
+# name → (normalizer, pre_tokenizer, decoder, bos first, byte_fallback, extra added tokens)
 VARIANTS = {
-    "sp-gemma": (_REPLACE, None, {"type": "Sequence", "decoders": _DECODE}, True, True),
+    "sp-gemma": (_REPLACE, None, {"type": "Sequence", "decoders": _DECODE}, True, True, []),
     "sp-llama2": ({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"}, _REPLACE]}, None,
-                  {"type": "Sequence", "decoders": _DECODE + [_STRIP]}, True, True),
+                  {"type": "Sequence", "decoders": _DECODE + [_STRIP]}, True, True, []),
     "sp-metaspace": (None, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False},
-                     {"type": "Sequence", "decoders": _DECODE + [_STRIP]}, False, True),
-    "sp-legacy": (None, _LEGACY_METASPACE, _LEGACY_METASPACE, False, True),
-    "sp-unk": (_REPLACE, None, {"type": "Sequence", "decoders": _DECODE}, True, False),
+                     {"type": "Sequence", "decoders": _DECODE + [_STRIP]}, False, True, []),
+    "sp-legacy": (None, _LEGACY_METASPACE, _LEGACY_METASPACE, False, True, []),
+    "sp-unk": (_REPLACE, None, {"type": "Sequence", "decoders": _DECODE}, True, False, []),
+    "sp-phi3": ({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"}, _REPLACE]}, None,
+                {"type": "Sequence", "decoders": _DECODE + [_STRIP]}, True, True, _PHI3),
 }
 
 
@@ -65,22 +73,26 @@ def trained_base(root: Path) -> dict:
         vocab.setdefault(t, len(vocab))
     j["model"]["vocab"] = vocab
 
-    def added(content, idx, special, normalized):
-        return {"id": idx, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-                "normalized": normalized, "special": special}
-
-    j["added_tokens"] = ([added(t, vocab[t], True, False) for t in SPECIALS]
-                         + [added(t, len(vocab) + k, True, False) for k, t in enumerate(TURN)]
-                         + [added(NORMALIZED_TOKEN, len(vocab) + len(TURN), False, True)])
+    j["added_tokens"] = ([_added(t, vocab[t], True, False) for t in SPECIALS]
+                         + [_added(t, len(vocab) + k, True, False) for k, t in enumerate(TURN)]
+                         + [_added(NORMALIZED_TOKEN, len(vocab) + len(TURN), False, True)])
     return j
+
+
+def _added(content: str, idx: int, special: bool, normalized: bool, **flags) -> dict:
+    return {"id": idx, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": normalized, "special": special, **flags}
 
 
 def write_variants(root: Path, out: Path) -> dict[str, Path]:
     """Writes ``<name>.tokenizer.json`` for every variant into ``out``; returns name → path."""
     base = trained_base(root)
     paths = {}
-    for name, (norm, pre, dec, bos, fallback) in VARIANTS.items():
+    for name, (norm, pre, dec, bos, fallback, extra) in VARIANTS.items():
         j = copy.deepcopy(base)
+        for content, special, flags in extra:  # new ids after the vocab and the added tokens so far
+            idx = len(j["model"]["vocab"]) + len(j["added_tokens"]) - len(SPECIALS)
+            j["added_tokens"].append(_added(content, idx, special, False, **flags))
         j["normalizer"], j["pre_tokenizer"], j["decoder"] = norm, pre, dec
         j["model"]["byte_fallback"] = fallback
         j["post_processor"] = ({"type": "TemplateProcessing",

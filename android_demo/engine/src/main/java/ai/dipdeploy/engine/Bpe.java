@@ -33,9 +33,10 @@ import java.util.regex.Pattern;
  * text, then {@code normalized: true} ones in each normalized piece, as the crate's added vocabulary does), BPE
  * merges by rank (lowest rank first, leftmost on ties — the order of the {@code tokenizers} crate's priority
  * queue), model BPE (vocab, merges as "a b" strings or [a, b] pairs, ignore_merges, no dropout, no subword
- * prefix/suffix), post_processor TemplateProcessing (single) or ByteLevel. Anything else — another component,
- * a mix of the two families, an added token with {@code lstrip}/{@code rstrip}/{@code single_word} — is refused
- * with the component named, never encoded differently from the library (android_demo/README.md).
+ * prefix/suffix), post_processor TemplateProcessing (single) or ByteLevel; added tokens' {@code lstrip},
+ * {@code rstrip} (Phi-3's chat markers) and {@code single_word}. Anything else — another component or a mix of
+ * the two families — is refused with the component named, never encoded differently from the library
+ * (android_demo/README.md).
  */
 public final class Bpe {
     /** The tokenizer family, read from tokenizer.json (see the class comment). */
@@ -143,13 +144,11 @@ public final class Bpe {
             Map<String, Object> t = Json.obj(o, "added_tokens[]");
             String content = Json.str(t.get("content"), "content");
             int id = Math.toIntExact(Json.lng(t.get("id"), "id"));
-            for (String f : new String[] {"single_word", "lstrip", "rstrip"})
-                if (Boolean.TRUE.equals(t.get(f))) throw unsupported("added token " + content + " with " + f + "=true");
             boolean special = Boolean.TRUE.equals(t.get("special"));
             Object norm = t.get("normalized"); // absent: the crate's default, normalized unless special
             boolean normalized = norm == null ? !special : Json.bool(norm, "added_tokens[].normalized");
             if (normalized) normalizedList.add(t);
-            else rawAdded.add(content, id);
+            else rawAdded.add(content, id, t);
             added.add(content);
             addedIds.put(content, id);
             addedSpecial.put(id, special);
@@ -207,7 +206,7 @@ public final class Bpe {
         for (Map<String, Object> t : normalizedList) { // matched in the normalized text, so normalized themselves
             String content = (String) t.get("content"), normalized = normalizer == null ? content : normalizer.apply(content);
             int id = Math.toIntExact(Json.lng(t.get("id"), "id"));
-            normalizedAdded.add(normalized, id);
+            normalizedAdded.add(normalized, id, t);
             idToToken[id] = normalized; // the token string the decoder sees, as in the crate
         }
         // post-processor: ids added around a single sequence
@@ -266,7 +265,7 @@ public final class Bpe {
         if (addSpecial) for (long x : prefixIds) out.add(x);
         int start = 0;
         for (int[] m : rawAdded.matches(text)) {
-            encodePiece(text.substring(start, m[0]), start == 0, out);
+            if (m[0] > start) encodePiece(text.substring(start, m[0]), start == 0, out);
             out.add((long) m[2]);
             start = m[1];
         }
@@ -283,7 +282,7 @@ public final class Bpe {
         String text = normalizer == null ? raw : normalizer.apply(raw);
         int start = 0;
         for (int[] m : normalizedAdded.matches(text)) {
-            encodeWords(text.substring(start, m[0]), atStart && start == 0, out);
+            if (m[0] > start) encodeWords(text.substring(start, m[0]), atStart && start == 0, out);
             out.add((long) m[2]);
             start = m[1];
         }
@@ -519,30 +518,58 @@ public final class Bpe {
 
     public List<String> addedTokens() { return Collections.unmodifiableList(added); }
 
-    /** Added tokens of one kind (raw or normalized), found leftmost-longest and without overlap. */
+    /**
+     * Added tokens of one kind (raw or normalized), found as the crate's added vocabulary finds them: leftmost-
+     * longest without overlap (its Aho-Corasick scan resumes after each match); a {@code single_word} token is
+     * skipped where a word character (Unicode {@code \w}) touches it; {@code lstrip}/{@code rstrip} widen the
+     * match over the whitespace (Unicode White_Space) before/after it, never back over an earlier match.
+     */
     private static final class AddedTokens {
+        private static final Pattern WORD = Pattern.compile("\\w", Pattern.UNICODE_CHARACTER_CLASS);
+        private static final Pattern SPACE = Pattern.compile("\\s", Pattern.UNICODE_CHARACTER_CLASS);
         private final Map<Character, List<String>> byFirst = new HashMap<>(); // each list longest first
-        private final Map<String, Integer> ids = new HashMap<>();
+        private final Map<String, int[]> info = new HashMap<>(); // content → {id, single_word, lstrip, rstrip}
 
-        void add(String content, int id) {
+        void add(String content, int id, Map<String, Object> t) {
             if (content.isEmpty()) return;
-            ids.put(content, id);
+            info.put(content, new int[] {id, flag(t, "single_word"), flag(t, "lstrip"), flag(t, "rstrip")});
             List<String> l = byFirst.computeIfAbsent(content.charAt(0), c -> new ArrayList<>());
-            l.add(content);
+            if (!l.contains(content)) l.add(content);
             l.sort((x, y) -> Integer.compare(y.length(), x.length()));
         }
 
-        /** {start, end, id} of each match in {@code text}, in order. */
+        private static int flag(Map<String, Object> t, String name) {
+            return t.get(name) != null && Json.bool(t.get(name), "added_tokens[]." + name) ? 1 : 0;
+        }
+
+        private static boolean is(Pattern p, int cp) {
+            return p.matcher(new String(Character.toChars(cp))).matches();
+        }
+
+        /** {start, end, id} of each match in {@code text}, in order (an rstrip may reach past the next start). */
         List<int[]> matches(String text) {
             List<int[]> r = new ArrayList<>();
             if (byFirst.isEmpty()) return r;
+            int taken = 0; // end of the last emitted match
             for (int i = 0; i < text.length(); ) {
                 String hit = null;
                 List<String> c = byFirst.get(text.charAt(i));
                 if (c != null) for (String a : c) if (text.startsWith(a, i)) { hit = a; break; }
                 if (hit == null) { i++; continue; }
-                r.add(new int[] {i, i + hit.length(), ids.get(hit)});
-                i += hit.length();
+                int[] f = info.get(hit);
+                int start = i, stop = i + hit.length();
+                i = stop;
+                if (f[1] == 1 && (start > 0 && is(WORD, text.codePointBefore(start))
+                        || stop < text.length() && is(WORD, text.codePointAt(stop)))) continue;
+                if (f[2] == 1) {
+                    int s = start;
+                    while (s > 0 && is(SPACE, text.codePointBefore(s))) s -= Character.charCount(text.codePointBefore(s));
+                    start = Math.max(s, taken);
+                }
+                if (f[3] == 1)
+                    while (stop < text.length() && is(SPACE, text.codePointAt(stop))) stop += Character.charCount(text.codePointAt(stop));
+                r.add(new int[] {start, stop, f[0]});
+                taken = stop;
             }
             return r;
         }

@@ -48,7 +48,12 @@ public class BpeTest {
         }
         for (Object o : a(g.get("bytes"))) {
             Map<String, Object> c = m(o);
-            assertEquals(which + " lossy " + c.get("ids"), c.get("decode"), tok.decode(longs(c.get("ids"))));
+            long[] ids = longs(c.get("ids"));
+            assertEquals(which + " lossy " + c.get("ids"), c.get("decode"), tok.decode(ids));
+            Bpe.StreamDecoder sd = tok.new StreamDecoder(true); // invalid and unfinished bytes stream as decoded
+            StringBuilder sb = new StringBuilder();
+            for (long id : ids) sb.append(sd.push(id));
+            assertEquals(which + " stream lossy " + c.get("ids"), c.get("decode"), sb.append(sd.flush()).toString());
         }
         System.out.println("Bpe " + which + ": " + n + " strings encode/decode equal to the tokenizers library");
     }
@@ -63,10 +68,10 @@ public class BpeTest {
         check("tiny");
     }
 
-    /** SentencePiece-style files built by golden/sp_tokenizers.py: Gemma, Llama 2, Metaspace (two forms), unk. */
+    /** SentencePiece-style files built by golden/sp_tokenizers.py: Gemma, Llama 2, Metaspace (two forms), unk, Phi-3's lstrip/rstrip/single_word. */
     @Test
     public void sentencePieceStyleMatchesTokenizers() throws Exception {
-        for (String which : new String[] {"sp-gemma", "sp-llama2", "sp-metaspace", "sp-legacy", "sp-unk"}) {
+        for (String which : new String[] {"sp-gemma", "sp-llama2", "sp-metaspace", "sp-legacy", "sp-unk", "sp-phi3"}) {
             check(which);
             Bpe tok = Bpe.fromFile(Paths.get(s(m(Golden.load("tokenizer.json").get(which)).get("file"))));
             assertEquals(which, Bpe.Family.SENTENCEPIECE, tok.family());
@@ -143,8 +148,6 @@ public class BpeTest {
         assertRefused("model Unigram", () -> sp(GEMMA_NORM, "null", GEMMA_DEC, "\"Unigram\"", BOS));
         assertRefused("prepend_scheme sometimes", () -> sp("null", "{\"type\": \"Metaspace\", \"replacement\": \"\u2581\","
                 + " \"prepend_scheme\": \"sometimes\", \"split\": false}", GEMMA_DEC, "\"BPE\"", BOS));
-        assertRefused("added token <s> with rstrip=true", () -> sp(GEMMA_NORM, "null", GEMMA_DEC, "\"BPE\"",
-                BOS.replace("}", ", \"rstrip\": true}")));
     }
 
     @Test
