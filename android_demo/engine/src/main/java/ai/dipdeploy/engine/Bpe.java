@@ -90,6 +90,8 @@ public final class Bpe {
 
     @SuppressWarnings("unchecked")
     public Bpe(Map<String, Object> tj) {
+        for (String f : new String[] {"truncation", "padding"}) // the library would cut or pad every encoding
+            if (tj.get(f) != null) throw unsupported(f + " (it must be null)");
         Map<String, Object> model = Json.obj(tj.get("model"), "model");
         if (!"BPE".equals(model.get("type"))) throw unsupported("model " + model.get("type") + " (only BPE)");
         for (String f : new String[] {"continuing_subword_prefix", "end_of_word_suffix"}) {

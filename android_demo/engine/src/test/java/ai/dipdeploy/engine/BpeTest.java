@@ -145,6 +145,8 @@ public class BpeTest {
         assertRefused("decoder ByteLevel inside a decoder Sequence", () -> sp(GEMMA_NORM, "null",
                 GEMMA_DEC.replace("\"Fuse\"", "\"ByteLevel\""), "\"BPE\"", BOS));
         assertRefused("decoder null", () -> sp(GEMMA_NORM, "null", "null", "\"BPE\"", BOS));
+        assertRefused("truncation", () -> new Bpe(Json.obj(Json.parse(spJson(GEMMA_NORM, "null", GEMMA_DEC, "\"BPE\"", BOS)
+                .replaceFirst("\\{", "{\"truncation\": {\"max_length\": 4}, ")), "t")));
         assertRefused("model Unigram", () -> sp(GEMMA_NORM, "null", GEMMA_DEC, "\"Unigram\"", BOS));
         assertRefused("prepend_scheme sometimes", () -> sp("null", "{\"type\": \"Metaspace\", \"replacement\": \"\u2581\","
                 + " \"prepend_scheme\": \"sometimes\", \"split\": false}", GEMMA_DEC, "\"BPE\"", BOS));
