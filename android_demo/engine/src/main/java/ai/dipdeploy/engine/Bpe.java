@@ -362,19 +362,53 @@ public final class Bpe {
             pendingUnk = true;
         }
         if (pendingUnk) sym.add(unkId);
-        while (sym.size() > 1) {
-            int best = -1, bestRank = Integer.MAX_VALUE, bestId = -1;
-            for (int k = 0; k + 1 < sym.size(); k++) {
-                int[] mr = merges.get(pair(sym.get(k), sym.get(k + 1)));
-                if (mr != null && mr[0] < bestRank) { bestRank = mr[0]; best = k; bestId = mr[1]; }
-            }
-            if (best < 0) break;
-            sym.set(best, bestId);
-            sym.remove(best + 1);
+        long[] r = mergeAll(sym);
+        if (w.length() <= CACHED_WORD_CHARS && cache.size() < 100_000) cache.put(w, r);
+        return r;
+    }
+
+    /** Longer words (a whole Gemma prompt is one word: no pre-tokenizer) are not cached. */
+    private static final int CACHED_WORD_CHARS = 256;
+
+    /**
+     * Merges by rank, lowest first and leftmost on ties, with the crate's priority queue over a linked list of
+     * symbols (n log n: a SentencePiece-style word can be a whole prompt); a queued pair is stale once either
+     * side has been merged into something else.
+     */
+    private long[] mergeAll(List<Integer> sym) {
+        int n = sym.size();
+        int[] c = new int[n], prev = new int[n], next = new int[n];
+        boolean[] gone = new boolean[n];
+        for (int k = 0; k < n; k++) { c[k] = sym.get(k); prev[k] = k - 1; next[k] = k + 1 < n ? k + 1 : -1; }
+        java.util.PriorityQueue<int[]> queue = new java.util.PriorityQueue<>( // {rank, pos, merged id}
+                (x, y) -> x[0] != y[0] ? Integer.compare(x[0], y[0]) : Integer.compare(x[1], y[1]));
+        for (int k = 0; k + 1 < n; k++) {
+            int[] mr = merges.get(pair(c[k], c[k + 1]));
+            if (mr != null) queue.add(new int[] {mr[0], k, mr[1]});
         }
-        long[] r = new long[sym.size()];
-        for (int k = 0; k < r.length; k++) r[k] = sym.get(k);
-        if (cache.size() < 100_000) cache.put(w, r);
+        int left = n;
+        while (!queue.isEmpty()) {
+            int[] top = queue.poll();
+            int pos = top[1], nx = next[pos];
+            if (gone[pos] || nx < 0) continue;
+            int[] mr = merges.get(pair(c[pos], c[nx]));
+            if (mr == null || mr[1] != top[2]) continue;
+            c[pos] = top[2];
+            gone[nx] = true;
+            left--;
+            next[pos] = next[nx];
+            if (next[nx] >= 0) prev[next[nx]] = pos;
+            if (prev[pos] >= 0) {
+                int[] m = merges.get(pair(c[prev[pos]], c[pos]));
+                if (m != null) queue.add(new int[] {m[0], prev[pos], m[1]});
+            }
+            if (next[pos] >= 0) {
+                int[] m = merges.get(pair(c[pos], c[next[pos]]));
+                if (m != null) queue.add(new int[] {m[0], pos, m[1]});
+            }
+        }
+        long[] r = new long[left];
+        for (int k = 0, j = 0; k < n; k++) if (!gone[k]) r[j++] = c[k];
         return r;
     }
 
