@@ -80,4 +80,4 @@ arm-check: setup ops
 # vectors the Python code writes into build/android-golden/. Needs default-jdk-headless and junit4 (apt-get).
 .PHONY: android-check
 android-check: setup
-	bash android_demo/check.sh
+	PYTHON="$${PYTHON:-$(BIN)/python}" bash android_demo/check.sh

@@ -17,7 +17,17 @@ import java.nio.file.Paths;
 public final class Cli {
     private Cli() {}
 
+    /** Bad input (options, a bundle or tokenizer.json the engine refuses): one line on stderr, exit status 2. */
     public static void main(String[] args) throws Exception {
+        try {
+            run(args);
+        } catch (IllegalArgumentException e) {
+            System.err.println("error: " + e.getMessage());
+            System.exit(2);
+        }
+    }
+
+    private static void run(String[] args) throws Exception {
         if (args.length < 2) {
             System.err.println("usage: Cli BUNDLE PROMPT [--tokens N] [--policy P] [--cache-frac F] [--threads T] "
                     + "[--native LIB] [--temperature T] [--top-p P] [--seed S]");

@@ -33,6 +33,7 @@ public class BundleSandboxTest {
     private static final int ALIGN = 4096;
 
     private Path bundle, canary;
+    private String tokenizerJson; // the synthetic bundle's tokenizer.json; null: placeholder bytes
 
     /** One layer, hidden 4, intermediate 8: an up|gate rows tensor in mlp.bin and an embedding in dense.bin. */
     private Map<String, Object> write(Consumer<Map<String, Object>> edit) throws IOException {
@@ -48,7 +49,9 @@ public class BundleSandboxTest {
         List<String> layerGraphs = BundleCheck.layerGraphNames(1);
         List<String> names = new ArrayList<>(layerGraphs);
         names.addAll(Arrays.asList("model.onnx", "genai_config.json", "tokenizer.json"));
-        for (String n : names) files.put(n, file(n, n.getBytes(StandardCharsets.UTF_8)));
+        for (String n : names)
+            files.put(n, file(n, (n.equals("tokenizer.json") && tokenizerJson != null ? tokenizerJson : n)
+                    .getBytes(StandardCharsets.UTF_8)));
         files.put("mlp.bin", file("mlp.bin", new byte[2 * ALIGN]));
         files.put("dense.bin", file("dense.bin", new byte[ALIGN]));
         Map<String, Object> raw = new LinkedHashMap<>();
@@ -181,6 +184,39 @@ public class BundleSandboxTest {
         g[0] ^= 1;
         Files.write(bundle.resolve("head.onnx"), g);
         openRefused("head.onnx: sha256 mismatch");
+    }
+
+    /** A WordPiece decoder (a BERT-style file): a tokenizer the engine does not implement. */
+    private static final String REFUSED_TOKENIZER = "{\"added_tokens\": [], \"normalizer\": null, \"pre_tokenizer\": null,"
+            + " \"post_processor\": null, \"decoder\": {\"type\": \"WordPiece\", \"prefix\": \"##\"}, \"model\":"
+            + " {\"type\": \"BPE\", \"dropout\": null, \"vocab\": {\"a\": 0}, \"merges\": []}}";
+
+    @Test
+    public void anUnsupportedTokenizerIsRefusedBeforeOnnxRuntime() throws Exception {
+        tokenizerJson = REFUSED_TOKENIZER;
+        write(raw -> {});
+        Manifest.open(bundle, "all"); // the bundle itself is intact
+        try {
+            new Engine(bundle, new Engine.Options());
+            fail("accepted a WordPiece decoder");
+        } catch (IllegalArgumentException ex) {
+            String msg = ex.getMessage();
+            assertTrue(msg, msg.startsWith("tokenizer.json: decoder WordPiece is not supported") && !msg.contains("\n"));
+        }
+    }
+
+    /** The desktop Cli turns that refusal into one line on stderr and exit status 2 (no stack trace). */
+    @Test
+    public void theCliRefusesItWithOneLineAndStatus2() throws Exception {
+        tokenizerJson = REFUSED_TOKENIZER;
+        write(raw -> {});
+        Process p = new ProcessBuilder(Paths.get(System.getProperty("java.home"), "bin", "java").toString(), "-cp",
+                System.getProperty("java.class.path"), Cli.class.getName(), bundle.toString(), "Hello")
+                .redirectOutput(ProcessBuilder.Redirect.DISCARD).start();
+        String err = new String(p.getErrorStream().readAllBytes(), StandardCharsets.UTF_8).trim();
+        assertEquals(err, 2, p.waitFor());
+        assertFalse(err, err.contains("\n"));
+        assertTrue(err, err.startsWith("error: tokenizer.json: decoder WordPiece is not supported"));
     }
 
     @Test
