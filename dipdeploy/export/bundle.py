@@ -304,7 +304,8 @@ def export_model(cfg: ExportConfig, out: Path, *, force: bool = False, progress:
     from dipdeploy.export.spec import ArchSpec
     from dipdeploy.loading import model_config
 
-    ArchSpec.from_config(model_config(cfg.model))  # a family the graphs cannot build: refused before any work
+    # a family, or a context, the graphs cannot build: refused before any work
+    ArchSpec.from_config(model_config(cfg.model)).check_export(cfg.max_length, cfg.attention)
     with claim(Path(out), notice):
         prepare_out(out, force)
         check_space_for(cfg, Path(out))
