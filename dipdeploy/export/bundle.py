@@ -182,7 +182,8 @@ def _write_graphs(source, store: WeightStore, plan, cfg: ExportConfig, tmp: Path
     if cfg.per_layer and plan is not None:
         from dipdeploy.export.layers import LayerGraphs
 
-        per_layer = LayerGraphs(spec, store, plan, cfg.accuracy_level, tmp, source.rope(), cfg.attention)
+        per_layer = LayerGraphs(spec, store, plan, cfg.accuracy_level, tmp, source.rope(), cfg.attention,
+                                cfg.fuse_norms)
     graphs: dict = {"model": MODEL_FILE}
     try:
         model = build_decoder(source, store, layer_ks(plan, spec.num_layers), cfg.accuracy_level,
