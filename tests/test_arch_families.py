@@ -39,21 +39,65 @@ def test_config_level_refusals():
         arch_of({"model_type": "llama"})
 
 
-def test_export_refusal_comes_before_any_weight(tmp_path):
-    """A feature the graphs do not build (here a Gemma 3 config with final-logit soft-capping) is refused
-    from config.json alone: the directory has no weights at all."""
-    from dipdeploy.export.bundle import export_model
-    from dipdeploy.export.config import ExportConfig
+def _config_only(tmp_path, name: str, **changes) -> str:
+    """A model directory holding only ``name``'s config.json, with ``changes``: no weights at all."""
     from dipdeploy.loading import resolve
 
-    src, _ = resolve("tiny-gemma3")
-    config = json.loads((src / "config.json").read_text())
-    config["final_logit_softcapping"] = 30.0
+    src, _ = resolve(name)
+    config = {**json.loads((src / "config.json").read_text()), **changes}
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ArchitectureError, match="cannot export Gemma3ForCausalLM: soft-capping"):
-        export_model(ExportConfig(model=str(tmp_path / "m"), rho_in=0.6), tmp_path / "b")
+    return str(tmp_path / "m")
+
+
+def _phi4_rope(tmp_path, **rope_changes) -> str:
+    """tiny-phi4-mini's config alone with its RoPE changed (at the top level too, as Phi configs say it)."""
+    from dipdeploy.loading import resolve
+
+    src, _ = resolve("tiny-phi4-mini")
+    rope = {**json.loads((src / "config.json").read_text())["rope_parameters"], **rope_changes}
+    return _config_only(tmp_path, "tiny-phi4-mini", rope_parameters=rope, **rope_changes)
+
+
+def test_longrope_beyond_its_short_factors_is_refused_before_any_weight(tmp_path):
+    """Past original_max_position_embeddings longrope switches every position to its long factors; the
+    graphs carry one table (the short one), so a longer context is refused from config.json alone (the
+    directory has no weights) in one line naming the fix."""
+    from dipdeploy.export.bundle import export_model
+    from dipdeploy.export.config import ExportConfig
+    from dipdeploy.export.spec import ArchSpec
+    from dipdeploy.loading import model_config
+
+    model = _phi4_rope(tmp_path, original_max_position_embeddings=64)
+    with pytest.raises(ArchitectureError, match="cannot export Phi3ForCausalLM with max_length 256: its longrope "
+                       "RoPE switches to the long factors beyond original_max_position_embeddings=64.*"
+                       "pass --max-length 64 or less"):
+        export_model(ExportConfig(model=model, rho_in=0.6), tmp_path / "b")
     assert not (tmp_path / "b").exists()
+    spec = ArchSpec.from_config(model_config(model))  # the short factors' range itself is exported
+    assert spec.context_length(64) == 64
+    with pytest.raises(ArchitectureError, match="max_length 65"):
+        spec.context_length(65)
+
+
+def test_gqa_refuses_partial_rope_it_cannot_rotate_before_any_weight(tmp_path):
+    """GroupQueryAttention takes RoPE halves in multiples of 8 dims: 3/4 of a 64-dim head (24) runs
+    (the parametrised GQA export), 5/8 (20) is refused up front; the standard form builds either."""
+    from dipdeploy.export.bundle import export_model
+    from dipdeploy.export.config import ExportConfig
+    from dipdeploy.export.spec import ArchSpec
+    from dipdeploy.loading import model_config, resolve
+
+    src, _ = resolve("tiny-phi4-mini")
+    rope = json.loads((src / "config.json").read_text())["rope_parameters"]
+    model = _phi4_rope(tmp_path, partial_rotary_factor=0.625, short_factor=rope["short_factor"][:20],
+                       long_factor=rope["long_factor"][:20])
+    with pytest.raises(ArchitectureError, match="cannot export Phi3ForCausalLM: attention='gqa' cannot rotate 40 "
+                       "of 64 dims per head.*use --attention standard"):
+        export_model(ExportConfig(model=model, rho_in=0.6, attention="gqa"), tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+    assert ArchSpec.from_config(model_config(model)).rotary_dim == 40
+    assert ArchSpec.from_config(model_config("tiny-phi4-mini")).gqa_refusal() == ""
 
 
 def test_the_test_family_is_picked_up():

@@ -85,3 +85,27 @@ def test_layer_chain_equals_model_onnx(tmp_path, model, quant, attn):
         g = onnx.load(str(out / name), load_external_data=False).graph
         assert all(t.data_location == onnx.TensorProto.EXTERNAL or t.name.startswith("/const/")
                    for t in g.initializer)
+
+
+def _layer_nodes(path, i: int) -> set[tuple[str, str]]:
+    """(name, op) of the nodes of layer i in a graph file."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {(n.name, n.op_type) for n in graph.node if n.name.startswith(f"/model/layers.{i}/")}
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_per_layer_graphs_are_model_onnx_cut_at_the_host(tmp_path, fuse):
+    """One builder emits both: layer 1's nodes in model.onnx are exactly those of its three per-layer
+    graphs, fused norms included, except where the residual stream crosses a graph boundary (the per-layer
+    graphs add it in mlp_down and normalise the summed hidden; model.onnx, fused, adds it inside the norm)."""
+    out = tmp_path / "b"
+    export_model(ExportConfig(model="tiny-gemma3", method="dip-ca", rho_in=0.6, gamma=0.3, validate_tokens=0,
+                              fuse_norms=fuse), out)
+    whole = _layer_nodes(out / "model.onnx", 1)
+    cut = set().union(*(_layer_nodes(out / f"layer.1.{part}.onnx", 1) for part in ("attn", "mlp_up", "mlp_down")))
+    skip = "SkipSimplifiedLayerNormalization"
+    boundary = {n for n in whole ^ cut if n[0].startswith("/model/layers.1/input_layernorm/")}
+    boundary |= {("/model/layers.1/residual_mlp/Add", "Add")} if fuse else set()
+    assert whole ^ cut == boundary
+    assert any(op == skip for _, op in cut) == fuse  # the mid-layer norm: fused in the per-layer graph too
+    assert ((f"/model/layers.1/input_layernorm/{skip}", skip) in whole) == fuse

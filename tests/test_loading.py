@@ -16,7 +16,8 @@ def test_tiny_models_load_from_real_hf_dirs(name):
     assert (path / "config.json").is_file() and list(path.glob("*.safetensors"))
     assert lm.model.config.architectures[0] == spec.architecture == lm.arch.name
     assert lm.arch.head_dim(lm.model.config) == spec.shape.head_dim == lm.model.model.layers[0].self_attn.head_dim
-    assert lm.mlp_layout == ("fused_gate_up" if name == "tiny-phi3" else "split")
+    fused = hasattr(lm.model.model.layers[0].mlp, "gate_up_proj")  # the HF module itself (Phi-3, Phi-4-mini)
+    assert lm.mlp_layout == ("fused_gate_up" if fused else "split")
     ids = lm.tokenizer("hello", return_tensors="pt").input_ids
     assert lm.tokenizer.decode(ids[0]) == "hello"
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from dipdeploy.arch import gemma, gemma3, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, refused, smollm3
+from dipdeploy.arch import gemma, gemma2, gemma3, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, refused, smollm3
 from dipdeploy.arch.record import (ACTIVATIONS, Arch, ArchitectureError, AttnModules, MlpModules, NormModules,
                                    config_dict)
 
 __all__ = ["ACTIVATIONS", "Arch", "ArchitectureError", "AttnModules", "MlpModules", "NormModules", "arch_of",
            "arch_of_model", "families", "get_arch", "register", "registered", "unregister"]
 
-_FAMILIES: dict[str, Arch] = {m.RECORD.name: m.RECORD for m in (llama, mistral, qwen2, phi3, qwen3, gemma, gemma3,
-                                                               granite, smollm3, olmo2)}
+_FAMILIES: dict[str, Arch] = {m.RECORD.name: m.RECORD for m in (llama, mistral, qwen2, phi3, qwen3, gemma, gemma2,
+                                                               gemma3, granite, smollm3, olmo2)}
 
 
 def families() -> tuple[str, ...]:

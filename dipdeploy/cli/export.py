@@ -52,6 +52,9 @@ def export_cmd(
     accuracy_level: Optional[int] = typer.Option(None, help="0 = fp32; 4 = int8 activations (MatMulNBits) and "
                                                  "int8 coefficients (BQ4 SparseGatherMatMul)"),
     attention: Optional[str] = typer.Option(None, help="standard (opset 21) | gqa (com.microsoft GroupQueryAttention)"),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="positions the graphs cover (RoPE tables, "
+                                             f"genai_config's context_length; default {_X.max_length}, at most "
+                                             "the model's max_position_embeddings)"),
     per_layer: Optional[bool] = typer.Option(None, "--per-layer/--no-per-layer",
                                              help="also write the per-layer graphs for the host runtime"),
     fuse_norms: Optional[bool] = typer.Option(None, "--fuse-norms/--no-fuse-norms",
@@ -81,8 +84,8 @@ def export_cmd(
             raise FileNotFoundError(f"--lora {lora} is not an adapter directory; give one from `dipdeploy finetune`")
         cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
                       plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
-                      accuracy_level=accuracy_level, attention=attention, per_layer=per_layer, fuse_norms=fuse_norms,
-                      stream=stream,
+                      accuracy_level=accuracy_level, attention=attention, max_length=max_length, per_layer=per_layer,
+                      fuse_norms=fuse_norms, stream=stream,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None)
         _check_per_layer(per_layer, cfg)
         check_inputs(model=cfg.model)

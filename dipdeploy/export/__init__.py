@@ -7,7 +7,8 @@ Modules, one job each (see DESIGN.md beside this file):
 - ``weights``   aligned external-data files, each tensor written once (torch-free)
 - ``graph``     a graph under construction: stable names, constants, fallbacks attached (torch-free)
 - ``blocks``    RMSNorm, linear/MatMulNBits, RoPE, mask, GQA attention nodes (torch-free)
-- ``mlp``       dense and DIP MLP nodes over the Flash-layout rows (torch-free)
+- ``mlp``       the MLP's tensors, GLU and dense MLP over the Flash-layout rows (torch-free)
+- ``layer``     one decoder layer as its three segments, and the head, for both graph kinds (torch-free)
 - ``decoder``   the whole decoder with KV cache (torch-free)
 - ``source``    the torch side: numpy weights layer by layer, quantised as read
 - ``layers``    per-layer graphs for the host runtime (torch-free)

@@ -222,7 +222,7 @@ def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: A
         x ─qkv─Split─► q ─Reshape[B,S,Hkv,rep,Dh]─[q_norm]─Transpose─► [B,Hkv,rep,S,Dh] ─[RoPE]─► q
                        k ─Reshape[B,S,Hkv,Dh]─[k_norm]─Transpose─[RoPE]─Concat(past_k)─► K [B,Hkv,T,Dh] = present.key
                        v ─Reshape─Transpose─Concat(past_v)─► V = present.value
-        softmax(q·Kᵀ·scale + bias) · V ─Transpose─Reshape[B,S,H·Dh]─o_proj─► y
+        softmax([softcap](q·Kᵀ·scale) + bias) · V ─Transpose─Reshape[B,S,H·Dh]─o_proj─► y
     K and V are broadcast over the ``rep`` axis by MatMul: no copies for GQA. ``scale`` is the
     family's (Dh^-½, Granite's attention_multiplier, Gemma's query_pre_attn_scalar^-½); RoPE is left
     out on the layers the family runs without it (SmolLM3's NoPE layers).
@@ -255,6 +255,8 @@ def attention(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: A
               perm=[0, 1, 2, 4, 3])  # [B,Hkv,1,Dh,T]
     scores = g.op(f"{p}/MatMul", "MatMul", [q, kt])
     scores = g.op(f"{p}/Mul", "Mul", [scores, g.const(spec.attention_scale, np.float32)])
+    if spec.attn_softcap:
+        scores = softcap(g, f"{p}/softcap", scores, spec.attn_softcap)
     probs = g.op(f"{p}/Softmax", "Softmax", [g.op(f"{p}/Add", "Add", [scores, shared.bias])], axis=-1)
     vv = g.op(f"{p}/v/Unsqueeze", "Unsqueeze", [present_v, g.const([2])])
     ctx = g.op(f"{p}/MatMul_1", "MatMul", [probs, vv])  # [B,Hkv,rep,S,Dh]
@@ -306,12 +308,12 @@ def attention_gqa(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, 
         x ─qkv_proj─► [q|k|v] ─GroupQueryAttention(past kv, seqlens_k, total, cos/sin halves)─► ctx, K, V
         ctx ─o_proj─► y
     With per-head q/k norms, q and k are normalised first and passed as separate inputs; a layer
-    without RoPE sets do_rotary=0 and passes no tables.
+    without RoPE sets do_rotary=0 and passes no tables. Partial RoPE (Phi-4-mini) is the cos/sin halves'
+    width: ORT rotates that many dims of each head and passes the rest through.
     """
     rotary = spec.rope_layers[i]
-    if rotary and shared.rot != spec.head_dim:
-        raise ValueError(f"attention='gqa' needs full-width RoPE (rotary dims {shared.rot} != head_dim "
-                         f"{spec.head_dim}); use attention='standard'")
+    if spec.gqa_refusal() or (rotary and shared.rot != spec.rotary_dim):
+        raise ValueError(spec.gqa_refusal() or f"RoPE table of {shared.rot} dims, config says {spec.rotary_dim}")
     p = f"/model/layers.{i}/attn"
     qkv = linear(g, store, f"{p}/qkv_proj", x, w.qkv, f"model.layers.{i}.attn.qkv_proj")
     inputs = [qkv, "", ""]
@@ -335,7 +337,8 @@ def attention_gqa(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, 
                       *((shared.cos_half, shared.sin_half) if rotary else ())], n_out=3, domain=MS_DOMAIN,
                      num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, do_rotary=int(rotary),
                      rotary_interleaved=0,
-                     local_window_size=shared.window or -1, scale=float(spec.attention_scale))
+                     local_window_size=shared.window or -1, scale=float(spec.attention_scale),
+                     softcap=float(spec.attn_softcap or 0.0))
     y = linear(g, store, f"{p}/o_proj", ctx, w.o, f"model.layers.{i}.attn.o_proj")
     return y, k, v
 
@@ -375,9 +378,21 @@ def sublayer_output(g: Graph, store: WeightStore, spec: ArchSpec, prefix: str, y
     return y
 
 
+def softcap(g: Graph, prefix: str, x: str, cap: float) -> str:
+    """cap · tanh(x / cap), in HF's order (Div, Tanh, Mul): Gemma 2 bends attention scores and logits
+    smoothly into (−cap, cap).
+
+        x ─Div(cap)─Tanh─Mul(cap)─► y
+    """
+    c = g.const(cap, np.float32)
+    return g.op(f"{prefix}/Mul", "Mul", [g.op(f"{prefix}/Tanh", "Tanh", [g.op(f"{prefix}/Div", "Div", [x, c])]), c])
+
+
 def logits(g: Graph, store: WeightStore, spec: ArchSpec, h: str, head: Linear) -> str:
-    """normed hidden ─lm_head─[× 1/logits_scaling (Granite)]─► logits."""
+    """normed hidden ─lm_head─[× 1/logits_scaling (Granite)]─[soft-cap (Gemma 2)]─► logits."""
     y = linear(g, store, "/lm_head", h, head, "lm_head")
     if spec.logits_multiplier != 1.0:
         y = g.op("/lm_head/Mul", "Mul", [y, g.const(spec.logits_multiplier, np.float32)])
+    if spec.final_softcap:
+        y = softcap(g, "/lm_head/softcap", y, spec.final_softcap)
     return y

@@ -182,7 +182,8 @@ def _write_graphs(source, store: WeightStore, plan, cfg: ExportConfig, tmp: Path
     if cfg.per_layer and plan is not None:
         from dipdeploy.export.layers import LayerGraphs
 
-        per_layer = LayerGraphs(spec, store, plan, cfg.accuracy_level, tmp, source.rope(), cfg.attention)
+        per_layer = LayerGraphs(spec, store, plan, cfg.accuracy_level, tmp, source.rope(), cfg.attention,
+                                cfg.fuse_norms)
     graphs: dict = {"model": MODEL_FILE}
     try:
         model = build_decoder(source, store, layer_ks(plan, spec.num_layers), cfg.accuracy_level,
@@ -304,7 +305,8 @@ def export_model(cfg: ExportConfig, out: Path, *, force: bool = False, progress:
     from dipdeploy.export.spec import ArchSpec
     from dipdeploy.loading import model_config
 
-    ArchSpec.from_config(model_config(cfg.model))  # a family the graphs cannot build: refused before any work
+    # a family, or a context, the graphs cannot build: refused before any work
+    ArchSpec.from_config(model_config(cfg.model)).check_export(cfg.max_length, cfg.attention)
     with claim(Path(out), notice):
         prepare_out(out, force)
         check_space_for(cfg, Path(out))

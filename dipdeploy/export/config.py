@@ -36,6 +36,9 @@ class ExportConfig:
     ``fuse_norms``: each residual add and the RMSNorm after it as one
     com.microsoft::SkipSimplifiedLayerNormalization in ``model.onnx`` (as onnxruntime-genai emits;
     360 fewer nodes on SmolLM2); False writes them as standard ops in torch's order.
+    ``max_length``: the positions the graphs cover (RoPE tables, genai_config's context_length), capped at
+    the model's max_position_embeddings; a longrope model (Phi-3.5, Phi-4-mini) is refused beyond its
+    original_max_position_embeddings (``spec.ArchSpec.context_length``).
     ``stream``: read the weights one decoder layer at a time from the safetensors checkpoint (peak
     memory ≈ one fp32 layer plus the embedding); None = when the fp32 model would take more than half
     of the available memory. A streamed export cannot calibrate, merge LoRA or validate against torch

@@ -15,9 +15,11 @@ from typing import Callable
 
 from onnx import ModelProto, TensorProto
 
-from dipdeploy.export.blocks import DENSE_FILE, embed, logits, residual_then_norm, shared_for_layers, sublayer_output
+from dipdeploy.export.blocks import DENSE_FILE, embed, shared_for_layers
 from dipdeploy.export.graph import Graph
-from dipdeploy.export.mlp import MlpTensors, dense_mlp, sparse_mlp, write_mlp
+from dipdeploy.export.layer import (Rows, Selection, attention_segment, head_segment, mlp_down_segment, mlp_output,
+                                    mlp_up_segment, residual_add)
+from dipdeploy.export.mlp import MlpTensors, dense_mlp, write_mlp
 from dipdeploy.export.weights import WeightStore
 
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
@@ -39,6 +41,10 @@ def kv_names(i: int) -> tuple[str, str, str, str]:
     return (f"past_key_values.{i}.key", f"past_key_values.{i}.value", f"present.{i}.key", f"present.{i}.value")
 
 
+def _initializer(g: Graph, store: WeightStore, name: str | None) -> str | None:
+    return g.weight(store.proto(name)) if name else None
+
+
 def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: int = 0,
                   on_layer: Callable[[int, object, MlpTensors], None] | None = None,
                   attention_op: str = "standard", fuse_norms: bool = True) -> ModelProto:
@@ -51,7 +57,8 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
         input_ids ─Gather(embed)─► h ─┬─ for each layer i: h += out(attn(norm(h))); h += out(mlp(norm(h)))
         position_ids, attention_mask ─┘  (RoPE rows and the mask bias built once per layer type)
         h ─norm─lm_head─► logits
-    ``out`` is ``blocks.sublayer_output`` (the family's sandwich norm and residual multiplier, if any).
+    ``out`` is ``blocks.sublayer_output`` (the family's sandwich norm and residual multiplier, if any). A
+    layer is ``layer.py``'s three segments, as in the per-layer graphs; a dense fp32 MLP is one MatMul pair.
     """
     spec = source.spec
     g = Graph("dipdeploy_decoder", accuracy_level)
@@ -65,40 +72,34 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
     store.add("model.embed_tokens.weight", source.embedding(), DENSE_FILE, "embedding[vocab,d]")
     h = embed(g, store, spec, ids)
     shared, attend = shared_for_layers(g, store, spec, source.rope(), attention_op, ids, mask, pos)
-    norms = spec.arch.norms
     present_shape = ["batch_size", spec.num_kv_heads, "total_sequence_length", spec.head_dim]
-    eps, fuse = spec.rms_norm_eps, fuse_norms
     pending = None  # a sub-layer output not yet added to h (fused norms add it inside the next norm)
     for i in range(spec.num_layers):
         lw = source.layer(i)
-        p = f"/model/layers.{i}"
-        x, h = residual_then_norm(g, store, eps, f"{p}/{norms.attn_in}", f"/model/layers.{i - 1}/residual_mlp/Add",
-                                  pending, h, lw.ln_attn, f"model.layers.{i}.{norms.attn_in}.weight", fuse)
-        past_k, past_v, pres_k, pres_v = kv_names(i)
-        a, k, v = attend(g, store, spec, i, x, lw.attn, shared[spec.layer_types[i]], past_k, past_v)
-        g.output(k, pres_k, FLOAT, present_shape)
-        g.output(v, pres_v, FLOAT, present_shape)
-        a = sublayer_output(g, store, spec, f"{p}/{norms.attn_out or 'attn_out'}", a, lw.ln_attn_out,
-                            f"model.layers.{i}.{norms.attn_out}.weight")
-        x, h = residual_then_norm(g, store, eps, f"{p}/{norms.mlp_in}", f"{p}/residual_attn/Add", a, h, lw.ln_mlp,
-                                  f"model.layers.{i}.{norms.mlp_in}.weight", fuse)
         t = write_mlp(store, i, lw.mlp)
-        if ks[i].dense and lw.mlp.format == "fp32":
-            m = dense_mlp(g, store, i, x, t, spec.intermediate_size, spec.arch.activation)
+        dense = ks[i].dense and lw.mlp.format == "fp32"
+        past_k, past_v, pres_k, pres_v = kv_names(i)
+        seg = attention_segment(g, store, spec, i, lw, h, pending, shared[spec.layer_types[i]], attend, past_k,
+                                past_v, fuse_norms, None if dense else ks[i].k_in or spec.hidden_size,
+                                _initializer(g, store, t.colnorm_in), Selection())
+        g.output(seg.present_k, pres_k, FLOAT, present_shape)
+        g.output(seg.present_v, pres_v, FLOAT, present_shape)
+        h = seg.residual
+        if dense:
+            pending = mlp_output(g, store, spec, i, lw, dense_mlp(g, store, i, seg.x, t, spec.intermediate_size,
+                                                                   spec.arch.activation))
         else:
-            k_in = ks[i].k_in or spec.hidden_size
-            k_glu = ks[i].k_glu or spec.intermediate_size
-            m = sparse_mlp(g, store, i, x, t, k_in, k_glu, spec.hidden_size, spec.intermediate_size,
-                           spec.arch.activation)
-        pending = sublayer_output(g, store, spec, f"{p}/{norms.mlp_out or 'mlp_out'}", m, lw.ln_mlp_out,
-                                  f"model.layers.{i}.{norms.mlp_out}.weight")
-        if not fuse:
-            h, pending = g.op(f"{p}/residual_mlp/Add", "Add", [h, pending]), None
+            up = Rows([g.weight(store.proto(n)) for n in t.up_gate], t.up_gate_attrs)
+            down = Rows([g.weight(store.proto(n)) for n in t.down], t.down_attrs)
+            glu, glu_idx = mlp_up_segment(g, spec, i, seg.x, seg.in_indices, up,
+                                          ks[i].k_glu or spec.intermediate_size,
+                                          _initializer(g, store, t.colnorm_glu), Selection())
+            pending = mlp_down_segment(g, store, spec, i, lw, glu, glu_idx, down, h)
+        if not fuse_norms:
+            h, pending = residual_add(g, i, h, pending), None
         if on_layer is not None:
             on_layer(i, lw, t)
         del lw
-    h, _ = residual_then_norm(g, store, eps, "/model/norm", f"/model/layers.{spec.num_layers - 1}/residual_mlp/Add",
-                              pending, h, source.final_norm(), "model.norm.weight", fuse)
-    out = logits(g, store, spec, h, source.lm_head())
+    out = head_segment(g, store, spec, h, pending, source.final_norm(), source.lm_head(), fuse_norms)
     g.output(out, "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
     return g.model(doc="dipdeploy decoder: DIP sparse MLPs (ai.dipdeploy ops with fallback functions)")

@@ -12,6 +12,7 @@ sparse MLP on slab slots. So each layer is cut where indices leave the graph:
     layer.{i}.mlp_down.onnx glu, glu_indices, glu_slots, down slab arrays, hidden_attn ─► hidden
     head.onnx               hidden ─► logits
 
+Each layer's three graphs are the segments of ``layer.py``, which also builds ``model.onnx``'s layers.
 The TopKColumnMask nodes take the group's cache residency ``cache_in``/``cache_glu`` (bool [d]/[F])
 and the plan's γ and fixed_top_n: this is where DIP-CA happens (all-true residency = plain DIP).
 The slab arrays are graph *inputs* (the host binds its DRAM buffers), dense weights are the same
@@ -27,11 +28,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from dipdeploy.export.blocks import embed, logits, residual_then_norm, rms_norm, shared_for_layers, sublayer_output
+from dipdeploy.export.blocks import embed, shared_for_layers
 from dipdeploy.export.decoder import kv_names
 from dipdeploy.export.graph import Graph
+from dipdeploy.export.layer import Rows, Selection, attention_segment, head_segment, mlp_down_segment, mlp_up_segment, \
+    residual_add
 from dipdeploy.export.manifest import SLAB_DIM
-from dipdeploy.export.mlp import MlpTensors, glu
+from dipdeploy.export.mlp import MlpTensors
 from dipdeploy.export.weights import WeightStore
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -41,9 +44,9 @@ class LayerGraphs:
     """Builds and saves the per-layer graphs while the decoder is built (same weights, same store)."""
 
     def __init__(self, spec, store: WeightStore, plan, accuracy_level: int, root: Path, rope: tuple,
-                 attention_op: str = "standard"):
+                 attention_op: str = "standard", fuse_norms: bool = True):
         self.spec, self.store, self.plan, self.acc = spec, store, plan, accuracy_level
-        self.attention_op = attention_op
+        self.attention_op, self.fuse = attention_op, fuse_norms
         self.dir = Path(root)
         self.rope = rope  # per layer type: blocks.RopeTable
         self.files: list[str] = []
@@ -72,30 +75,18 @@ class LayerGraphs:
         cache = g.input("cache_in", BOOL, [spec.hidden_size])
         kind = spec.layer_types[i]
         shared, attend = shared_for_layers(g, st, spec, self.rope, self.attention_op, h, mask, pos, (kind,))
-        p, norms = f"/model/layers.{i}", spec.arch.norms
-        eps = spec.rms_norm_eps
-        x, _ = residual_then_norm(g, st, eps, f"{p}/{norms.attn_in}", "", None, h, lw.ln_attn,
-                                  f"model.layers.{i}.{norms.attn_in}.weight", False)
-        a, k, v = attend(g, st, spec, i, x, lw.attn, shared[kind], past_k, past_v)
-        a = sublayer_output(g, st, spec, f"{p}/{norms.attn_out or 'attn_out'}", a, lw.ln_attn_out,
-                            f"model.layers.{i}.{norms.attn_out}.weight")
-        x, h2 = residual_then_norm(g, st, eps, f"{p}/{norms.mlp_in}", f"{p}/residual_attn/Add", a, h, lw.ln_mlp,
-                                   f"model.layers.{i}.{norms.mlp_in}.weight", False)
-        x2 = g.op(f"{p}/mlp/Reshape", "Reshape", [x, g.const([-1, spec.hidden_size])])
-        from dipdeploy.ops.nodes import topk_column_mask_node
-
-        colnorm = f"model.layers.{i}.mlp.colnorm_in"
-        cn = g.weight(st.proto(colnorm)) if colnorm in st.entries else None
-        idx = g.add_custom(topk_column_mask_node(
-            f"{p}/mlp/up_gate_proj/TopKColumnMask", x2, f"{p}/mlp/up_gate_proj/TopKColumnMask/output_0", k=k_in,
-            cache=cache, colnorm=cn, gamma=self.gamma, fixed_top_n=self.plan.fixed_top_n))
+        seg = attention_segment(g, st, spec, i, lw, h, None, shared[kind], attend, past_k, past_v, self.fuse,
+                                k_in, self._norm(g, i, "colnorm_in"), self._selection(cache))
         present = ["batch_size", spec.num_kv_heads, "total_sequence_length", spec.head_dim]
-        g.output(h2, "hidden_attn", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
-        g.output(x2, "x", FLOAT, ["N", spec.hidden_size])
-        g.output(idx, "in_indices", INT64, ["N", k_in])
-        g.output(k, pres_k, FLOAT, present)
-        g.output(v, pres_v, FLOAT, present)
+        g.output(seg.residual, "hidden_attn", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
+        g.output(seg.x, "x", FLOAT, ["N", spec.hidden_size])
+        g.output(seg.in_indices, "in_indices", INT64, ["N", k_in])
+        g.output(seg.present_k, pres_k, FLOAT, present)
+        g.output(seg.present_v, pres_v, FLOAT, present)
         self._save(g, f"layer.{i}.attn.onnx")
+
+    def _selection(self, cache: str) -> Selection:
+        return Selection(cache, self.gamma, self.plan.fixed_top_n)
 
     def _slab_inputs(self, g: Graph, prefix: str, names: list[str], fmt: str) -> list[str]:
         """The group's arrays as graph inputs: per-row arrays get a free ``slab_rows`` first dim (the
@@ -123,20 +114,11 @@ class LayerGraphs:
         k_in = self.plan.layers[i].k_in
         idx = g.input("in_indices", INT64, ["N", k_in])
         slots = g.input("in_slots", INT64, ["N", k_in])
-        w = self._slab_inputs(g, "up_gate", t.up_gate, t.up_gate_attrs["fmt"])
+        rows = Rows(self._slab_inputs(g, "up_gate", t.up_gate, t.up_gate_attrs["fmt"]), t.up_gate_attrs, slots)
         cache = g.input("cache_glu", BOOL, [spec.intermediate_size])
-        p = f"/model/layers.{i}/mlp"
-        from dipdeploy.ops.nodes import sparse_gather_matmul_node, topk_column_mask_node
-
-        ug = g.add_custom(sparse_gather_matmul_node(f"{p}/up_gate_proj/SparseGatherMatMul", x, idx, w,
-                                                    f"{p}/up_gate_proj/SparseGatherMatMul/output_0", slots=slots,
-                                                    accuracy_level=g.accuracy_level, **t.up_gate_attrs))
-        f = spec.intermediate_size
-        g_out = glu(g, p, ug, f, spec.arch.activation)
-        gidx = g.add_custom(topk_column_mask_node(
-            f"{p}/down_proj/TopKColumnMask", g_out, f"{p}/down_proj/TopKColumnMask/output_0", k=k_glu, cache=cache,
-            colnorm=self._norm(g, i, "colnorm_glu"), gamma=self.gamma, fixed_top_n=self.plan.fixed_top_n))
-        g.output(g_out, "glu", FLOAT, ["N", f])
+        out, gidx = mlp_up_segment(g, spec, i, x, idx, rows, k_glu, self._norm(g, i, "colnorm_glu"),
+                                   self._selection(cache))
+        g.output(out, "glu", FLOAT, ["N", spec.intermediate_size])
         g.output(gidx, "glu_indices", INT64, ["N", k_glu])
         self._save(g, f"layer.{i}.mlp_up.onnx")
 
@@ -147,20 +129,10 @@ class LayerGraphs:
         glu = g.input("glu", FLOAT, ["N", spec.intermediate_size])
         idx = g.input("glu_indices", INT64, ["N", k_glu])
         slots = g.input("glu_slots", INT64, ["N", k_glu])
-        w = self._slab_inputs(g, "down", t.down, t.down_attrs["fmt"])
+        rows = Rows(self._slab_inputs(g, "down", t.down, t.down_attrs["fmt"]), t.down_attrs, slots)
         h = g.input("hidden_attn", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
-        p = f"/model/layers.{i}/mlp"
-        from dipdeploy.ops.nodes import sparse_gather_matmul_node
-
-        y = g.add_custom(sparse_gather_matmul_node(f"{p}/down_proj/SparseGatherMatMul", glu, idx, w,
-                                                   f"{p}/down_proj/SparseGatherMatMul/output_0", slots=slots,
-                                                   accuracy_level=g.accuracy_level, **t.down_attrs))
-        y = g.op(f"{p}/Reshape_1", "Reshape", [y, g.op(f"{p}/Shape", "Shape", [h])])
-        out = spec.arch.norms.mlp_out
-        y = sublayer_output(g, self.store, spec, f"/model/layers.{i}/{out or 'mlp_out'}", y, lw.ln_mlp_out,
-                            f"model.layers.{i}.{out}.weight")
-        g.output(g.op(f"/model/layers.{i}/residual_mlp/Add", "Add", [h, y]), "hidden", FLOAT,
-                 ["batch_size", "sequence_length", spec.hidden_size])
+        y = mlp_down_segment(g, self.store, spec, i, lw, glu, idx, rows, h)
+        g.output(residual_add(g, i, h, y), "hidden", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
         self._save(g, f"layer.{i}.mlp_down.onnx")
 
     def finish(self, source) -> list[str]:
@@ -173,7 +145,7 @@ class LayerGraphs:
         self._save(g, "embed.onnx")
         g = Graph("head", self.acc)
         h = g.input("hidden", FLOAT, ["batch_size", "sequence_length", spec.hidden_size])
-        h = rms_norm(g, st, "/model/norm", h, source.final_norm(), spec.rms_norm_eps, "model.norm.weight")
-        g.output(logits(g, st, spec, h, source.lm_head()), "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
+        out = head_segment(g, st, spec, h, None, source.final_norm(), source.lm_head(), self.fuse)
+        g.output(out, "logits", FLOAT, ["batch_size", "sequence_length", spec.vocab_size])
         self._save(g, "head.onnx")
         return list(self.files)

@@ -64,7 +64,7 @@ class ModelSource:
         if self.mlp_cfg is not None:
             self.dense_cfg = dense_config(self.mlp_cfg)
         self.wina = wina
-        self.max_length = min(max_length, self.spec.max_position_embeddings)
+        self.max_length = self.spec.context_length(max_length)
         self.stats = QuantState()
         self._head: Linear | None = None
         self._untie_if_quantised()

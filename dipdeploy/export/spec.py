@@ -4,7 +4,8 @@
 Every family-level fact comes from the record (``dipdeploy.arch``); this module only resolves them for
 one checkpoint and refuses, with the reason, what the graphs do not build (dipdeploy/export/DESIGN.md,
 "How to add a model family"). The block is: [norm] → GQA attention with RoPE (optional per-head q/k
-norms) → [norm] → ×residual multiplier → residual → [norm] → gated MLP → [norm] → ×multiplier → residual.
+norms, optional soft-capped scores) → [norm] → ×residual multiplier → residual → [norm] → gated MLP →
+[norm] → ×multiplier → residual; the head may soft-cap its logits.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class ArchSpec:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_multiplier: float = 1.0
+    attn_softcap: float | None = None  # scores = cap·tanh(scores / cap) before the mask (Gemma 2)
+    final_softcap: float | None = None  # logits = cap·tanh(logits / cap)
+    rotary_dim: int = 0  # dims of each head RoPE rotates: head_dim × partial_rotary_factor (Phi-4-mini: 3/4)
+    longrope_limit: int | None = None  # longrope: positions its short factors cover (original_max_position_embeddings)
 
     @property
     def q_size(self) -> int:
@@ -49,6 +54,34 @@ class ArchSpec:
     def window(self, layer_type: str) -> int | None:
         return self.sliding_window if layer_type == "sliding_attention" else None
 
+    def check_export(self, max_length: int, attention: str) -> None:
+        """Raise :class:`ArchitectureError` when an export's options ask what the graphs cannot build."""
+        self.context_length(max_length)
+        if attention == "gqa" and self.gqa_refusal():
+            raise ArchitectureError(f"cannot export {self.architecture}: {self.gqa_refusal()}")
+
+    def gqa_refusal(self) -> str:
+        """Why com.microsoft::GroupQueryAttention cannot build this model's attention, or "": its rotary
+        cos/sin cache must be a multiple of 8 dims wide (half the rotated dims; docs/onnxruntime.md)."""
+        if any(self.rope_layers) and (self.rotary_dim // 2) % 8:
+            return (f"attention='gqa' cannot rotate {self.rotary_dim} of {self.head_dim} dims per head "
+                    f"(GroupQueryAttention needs half the rotated dims to be a multiple of 8); "
+                    f"use --attention standard")
+        return ""
+
+    def context_length(self, max_length: int) -> int:
+        """The positions the graphs' RoPE tables cover for an export asked for ``max_length``: at most
+        max_position_embeddings. A longrope model (Phi-3.5/Phi-4-mini) uses its short factors up to
+        original_max_position_embeddings and its long factors for the whole sequence beyond: one table
+        cannot be both, so the graphs carry the short one and a longer context is refused."""
+        length = min(max_length, self.max_position_embeddings)
+        if self.longrope_limit is not None and length > self.longrope_limit:
+            raise ArchitectureError(
+                f"cannot export {self.architecture} with max_length {length}: its longrope RoPE switches to the "
+                f"long factors beyond original_max_position_embeddings={self.longrope_limit}, which the graphs do "
+                f"not build; pass --max-length {self.longrope_limit} or less")
+        return length
+
     @classmethod
     def from_config(cls, config: dict) -> "ArchSpec":
         try:
@@ -59,6 +92,7 @@ class ArchSpec:
         if why:
             raise ArchitectureError(f"cannot export {arch.name}: {why}")
         heads = config["num_attention_heads"]
+        attn_cap, final_cap = arch.softcaps(config)
         return cls(
             architecture=arch.name, arch=arch, hidden_size=config["hidden_size"],
             intermediate_size=config["intermediate_size"], num_layers=config["num_hidden_layers"],
@@ -71,14 +105,28 @@ class ArchSpec:
             sliding_window=arch.window(config),
             attention_scale=arch.attention_scale(config), embedding_multiplier=arch.embedding_multiplier(config),
             residual_multiplier=arch.residual_multiplier(config), logits_multiplier=arch.logits_multiplier(config),
+            attn_softcap=float(attn_cap) if attn_cap else None, final_softcap=float(final_cap) if final_cap else None,
+            rotary_dim=int(arch.head_dim(config) * _partial_rotary_factor(config)),
+            longrope_limit=_longrope_limit(config),
         )
 
 
 def _refusal(arch: Arch, config: dict) -> str:
     """Why the graphs cannot express this checkpoint, or "" (they can)."""
-    if arch.export_refusal:
-        return arch.export_refusal
-    if any(cap is not None for cap in arch.softcaps(config)):
-        return ("soft-capping (attn_logit_softcapping / final_logit_softcapping) is not built by the graphs; "
-                "set them to null in config.json only if the checkpoint was trained without them")
-    return ""
+    return arch.export_refusal
+
+
+def _partial_rotary_factor(config: dict) -> float:
+    """The fraction of each head RoPE rotates (Phi-4-mini 0.75; the rest passes through), from
+    rope_parameters, where transformers puts it, else the config's top level."""
+    rope = config.get("rope_parameters") or {}
+    return float(rope.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0)
+
+
+def _longrope_limit(config: dict) -> int | None:
+    """original_max_position_embeddings of a longrope checkpoint (from rope_parameters, where
+    transformers puts it, else the config's top level), None for any other RoPE."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type")) != "longrope":
+        return None
+    return int(rope.get("original_max_position_embeddings") or config["original_max_position_embeddings"])
