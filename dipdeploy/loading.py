@@ -9,6 +9,8 @@ through exactly the same ``from_pretrained`` path as a downloaded checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -180,12 +182,19 @@ def _from_gguf(gguf: Path) -> Path:
     return out if (out / "config.json").is_file() else _convert_gguf(gguf.resolve(), out)
 
 
+def _tiny_digest(spec: ModelSpec) -> str:
+    """What a tiny model is built from (architecture, shape, seed, extra config), hashed: its cache entry
+    is keyed by it, so an edited registry file builds a new model instead of silently reusing the old."""
+    what = [spec.architecture, dataclasses.asdict(spec.shape), spec.tiny, spec.config]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def resolve(name_or_path: str) -> tuple[Path | str, str]:
     """Map what the user typed to something ``from_pretrained`` loads, building caches as needed."""
     if is_registered(name_or_path):
         spec = get_model(name_or_path)
         if spec.is_tiny:
-            out = cache_dir("models", spec.name)
+            out = cache_dir("models", f"{spec.name}-{_tiny_digest(spec)}")
             return (out if (out / "config.json").is_file() else build_tiny(spec, out)), spec.name
         if spec.source and "gguf" in spec.source:
             return _from_gguf(_embedded_gguf(spec)), spec.name
