@@ -37,7 +37,7 @@ from dipdeploy.runtime.embedding import EmbeddingRows
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.sampler import Sampler
-from dipdeploy.runtime.sessions import Bound, open_session
+from dipdeploy.runtime.sessions import Bound, open_session, shared_arena
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 from dipdeploy.sparsity.plan import SparsityConfig
@@ -221,8 +221,8 @@ class Engine:
         def sess(name: str, g: float | None = None) -> Bound:
             if name not in files:
                 raise BundleError(f"{self.path}: graph {name} is missing from the manifest; {REGENERATE}")
-            return Bound(open_session(self.path / name, session_options(self.cfg.threads, native), g,
-                                      self.cfg.accuracy_level))
+            options = shared_arena(session_options(self.cfg.threads, native))
+            return Bound(open_session(self.path / name, options, g, self.cfg.accuracy_level))
 
         self.head = sess("head.onnx")
         self.attn = [sess(f"layer.{i}.attn.onnx", gamma) for i in range(self.num_layers)]

@@ -16,11 +16,34 @@ Torch-free (floor 4).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 
 from dipdeploy.ops.schemas import DOMAIN, TOPK_OP
+
+
+@functools.cache
+def _register_shared_arena() -> None:
+    """ORT's environment (one per process) gets one CPU arena, registered once."""
+    import onnxruntime as ort
+
+    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))  # no cap, extend by what is asked
+
+
+def shared_arena(options):
+    """``options`` with the sessions' CPU memory drawn from one arena for the whole process.
+
+    Each ORT session otherwise keeps its own arena at its peak: with 3 graphs per layer that is one
+    retained peak per graph, most of the stock-ORT fallback path's memory (its functions dequantise
+    the slab rows into fp32 intermediates, several MB per MLP graph), and ~25 MB with the native ops
+    (measured, benchmarks/results/memory.md). Sessions of one engine run one after another, so one
+    arena holds the largest single run."""
+    _register_shared_arena()
+    options.add_session_config_entry("session.use_env_allocators", "1")
+    return options
 
 
 def open_session(path: Path, options, gamma: float | None = None, accuracy_level: int | None = None):
