@@ -37,7 +37,7 @@ from dipdeploy.runtime.embedding import EmbeddingRows
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.sampler import Sampler
-from dipdeploy.runtime.sessions import Bound, open_session, shared_arena
+from dipdeploy.runtime.sessions import Bound, SharedInitializers, open_session, shared_arena
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 from dipdeploy.sparsity.plan import SparsityConfig
@@ -218,10 +218,12 @@ class Engine:
         files = self.manifest.graphs["layers"]
         gamma = None if self.gamma == self.baked_gamma else self.gamma  # rewrite the graphs only when it differs
 
+        self.shared = SharedInitializers(self.path, self.manifest)
+
         def sess(name: str, g: float | None = None) -> Bound:
             if name not in files:
                 raise BundleError(f"{self.path}: graph {name} is missing from the manifest; {REGENERATE}")
-            options = shared_arena(session_options(self.cfg.threads, native))
+            options = self.shared.apply(shared_arena(session_options(self.cfg.threads, native)))
             return Bound(open_session(self.path / name, options, g, self.cfg.accuracy_level))
 
         self.head = sess("head.onnx")

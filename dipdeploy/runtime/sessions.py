@@ -46,6 +46,36 @@ def shared_arena(options):
     return options
 
 
+#: tensors every attention graph of a layer type reads whole (``dipdeploy.export.blocks.rope_tables``)
+SHARED_LAYOUTS = ("rope_table",)
+
+
+class SharedInitializers:
+    """The bundle's tensors that many graphs hold (the RoPE tables), read once and given to every
+    session with ``SessionOptions.add_initializer``. Each session would otherwise map its own view of
+    them from ``dense.bin``, and every mapping's pages count in RSS again (30 layers × cos and sin on
+    SmolLM2: 30 MB, measured, benchmarks/results/memory.md)."""
+
+    def __init__(self, bundle: Path, manifest):
+        from onnxruntime import OrtValue
+
+        from dipdeploy.export.manifest import open_tensor
+
+        self.arrays = {name: np.ascontiguousarray(open_tensor(bundle, manifest, name))
+                       for name, t in manifest.tensors.items() if str(t.get("layout", "")).startswith(SHARED_LAYOUTS)}
+        self.values = {name: OrtValue.ortvalue_from_numpy(a) for name, a in self.arrays.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def apply(self, options):
+        """``options`` with these initializers (a name the graph does not have is ignored by ORT)."""
+        for name, value in self.values.items():
+            options.add_initializer(name, value)
+        return options
+
+
 def open_session(path: Path, options, gamma: float | None = None, accuracy_level: int | None = None):
     """An ORT CPU session for ``path``; with ``gamma`` every TopKColumnMask gets that γ, with
     ``accuracy_level`` every MatMulNBits and SparseGatherMatMul that level (``with_accuracy_level``)."""
