@@ -4,8 +4,9 @@ Each row is one fresh process (``dipdeploy.runtime.Engine`` imported from the ch
 opens the bundle under a DRAM budget, generates greedy tokens and reports its planned residency
 (``Engine.residency``) and ``/proc/self/status``: VmHWM (peak RSS), VmRSS, RssAnon, RssFile, also
 right after the imports (the interpreter, numpy, onnxruntime: part of the fixed overhead). Rows:
-budgets 25/50/75/100 % of the MLP rows (native op library and the stock-ORT fallback), and one
-long run of ``--long`` tokens at 50 %. ``--cgroup MB`` runs each checkout's 50 % row again inside a
+budgets 25/50/75/100 % of the MLP rows (native op library and the stock-ORT fallback), the 50 % row
+with the other ``--io`` (its Flash read time per token beside), and one long run of ``--long`` tokens
+at 50 %. ``--cgroup MB`` runs each checkout's long 50 % row (and a short fallback one) again inside a
 cgroup v1 memory group limited to its planned residency + MB (the limit counts the page cache too);
 the group is removed afterwards. ``--before`` is the reference checkout (default /work/main).
 
@@ -41,7 +42,8 @@ g = eng.generate(sys.argv[6], tokens, stop_at_eos=False)
 end = memory_now()
 print(json.dumps({"planned": eng.residency.total, "kv": eng.residency.kv, "dense": eng.residency.dense,
                   "imports": imports, "opened": opened, "end": end, "new_tokens": len(g.tokens),
-                  "decode_tok_s": g.stats.decode_tok_s}))
+                  "decode_tok_s": g.stats.decode_tok_s,
+                  "flash_io_ms": 1e3 * g.stats.seconds["flash_io"] / (len(g.tokens) + len(eng.encode(sys.argv[6])))}))
 """
 
 
@@ -62,7 +64,8 @@ def measure(checkout: Path, bundle: Path, budget: str, native: bool, io: str, to
             "imports_mb": r["imports"]["VmRSS"] / mb, "peak_rss_mb": r["end"]["VmHWM"] / mb,
             "rss_end_mb": r["end"]["VmRSS"] / mb, "anon_mb": r["end"]["RssAnon"] / mb,
             "file_mb": r["end"]["RssFile"] / mb, "ratio": r["end"]["VmHWM"] / r["planned"],
-            "over_plan_mb": (r["end"]["VmHWM"] - r["planned"]) / mb, "tok_s": r["decode_tok_s"]}
+            "over_plan_mb": (r["end"]["VmHWM"] - r["planned"]) / mb, "tok_s": r["decode_tok_s"],
+            "flash_io_ms_per_token": r["flash_io_ms"]}
 
 
 def in_cgroup(checkout: Path, bundle: Path, planned_mb: float, overhead_mb: float, native: bool, io: str,
@@ -103,6 +106,11 @@ def main() -> None:
                 r = measure(checkout, bundle, budget, native, a.io, tokens)
                 rows.append({"checkout": name, "native": native, "budget": budget, "io": a.io, "tokens": tokens, **r})
                 print(rows[-1], file=sys.stderr, flush=True)
+    other = "pread" if a.io == "mmap" else "mmap"
+    for name, checkout in (("before", a.before), ("after", a.after)):
+        r = measure(checkout, bundle, "50%", True, other, tokens)
+        rows.append({"checkout": name, "native": True, "budget": "50%", "io": other, "tokens": tokens, **r})
+        print(rows[-1], file=sys.stderr, flush=True)
     for name, checkout in (("before", a.before), ("after", a.after)):
         r = measure(checkout, bundle, "50%", True, a.io, long)
         rows.append({"checkout": name, "native": True, "budget": "50%", "io": a.io, "tokens": long, **r})
@@ -110,14 +118,15 @@ def main() -> None:
     if a.cgroup is not None:
         for name, checkout in (("before", a.before), ("after", a.after)):
             plan = next(r for r in rows if r["checkout"] == name and r["budget"] == "50%" and r.get("rc") == 0)
-            r = in_cgroup(checkout, bundle, plan["planned_mb"], a.cgroup, True, a.io, long)
-            rows.append({"checkout": name, "native": True, "budget": "50%", "io": a.io, "tokens": long,
-                         "cgroup": True, **r})
-            print(rows[-1], file=sys.stderr, flush=True)
+            for native, n in ((True, long), (False, tokens)):
+                r = in_cgroup(checkout, bundle, plan["planned_mb"], a.cgroup, native, a.io, n)
+                rows.append({"checkout": name, "native": native, "budget": "50%", "io": a.io, "tokens": n,
+                             "cgroup": True, **r})
+                print(rows[-1], file=sys.stderr, flush=True)
     print(json.dumps(machine()))
     print(md_table(rows, ["checkout", "native", "budget", "io", "tokens", "cgroup", "limit_mb", "planned_mb",
                           "peak_rss_mb", "ratio", "over_plan_mb", "anon_mb", "file_mb", "imports_mb",
-                          "cgroup_max_usage_mb", "oom_kills", "rc", "tok_s"]))
+                          "cgroup_max_usage_mb", "oom_kills", "rc", "tok_s", "flash_io_ms_per_token"]))
     write_rows_json(rows, a.json)
 
 
