@@ -135,3 +135,14 @@ def test_residency_plan_counts_one_embedding_row_not_the_table(bundle):
 def test_kv_layouts_refuse_unknown_attention():
     with pytest.raises(ValueError, match="attention 'flash' unknown"):
         KvCache(KvShape(1, 1, 4, 8), "flash")
+
+
+def test_rope_tables_are_read_once_and_shared_by_the_attention_sessions(bundle):
+    out, attention = bundle
+    eng = Engine(out, dram_budget="50%")
+    names = {"standard": {"model.rope.cos", "model.rope.sin"},
+             "gqa": {"model.rope.cos_half", "model.rope.sin_half"}}[attention]
+    assert set(eng.shared.arrays) == names
+    for name in names:
+        assert np.array_equal(eng.shared.arrays[name], np.asarray(open_tensor(out, eng.manifest, name)))
+    assert eng.shared.nbytes == sum(eng.manifest.tensors[n]["length"] for n in names)
