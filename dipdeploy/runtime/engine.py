@@ -1,7 +1,8 @@
 """The host engine: a bundle's per-layer graphs under a DRAM budget, MLP rows streamed from Flash.
 
 Per token (prompt tokens too, one at a time: DIP-CA's mask depends on the cache after the previous
-token, exactly as in the torch reference), per layer::
+token, exactly as in the torch reference), the token's embedding row is read from ``dense.bin``
+(``embedding.py``: the table is never resident), then per layer::
 
     layer.i.attn      hidden, KV, cache_in = up|gate residency ─► hidden_attn, x, in_indices
     host              RowCache.access → hits; SlotTable.assign → slots; Flash reads of the misses
@@ -9,7 +10,8 @@ token, exactly as in the torch reference), per layer::
     host              the same for the down rows
     layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► hidden
 
-then ``head.onnx`` → logits → the sampler. γ = 1 with an all-resident cache is plain DIP; the cache
+then ``head.onnx`` → logits → the sampler. The KV cache is allocated once for the context and written
+in place (``kv.py``). γ = 1 with an all-resident cache is plain DIP; the cache
 rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
 reference and the simulator). Torch-free (floor 4).
 """
@@ -31,9 +33,11 @@ from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifes
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
+from dipdeploy.runtime.embedding import EmbeddingRows
 from dipdeploy.runtime.flash import FlashStore
+from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.sampler import Sampler
-from dipdeploy.runtime.sessions import Bound, open_session
+from dipdeploy.runtime.sessions import Bound, SharedInitializers, open_session, shared_arena
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 from dipdeploy.sparsity.plan import SparsityConfig
@@ -174,7 +178,14 @@ class Engine:
             raise ValueError(f"--context {self.cfg.context} exceeds the {limit} positions of {self.path.name}'s "
                              f"model (max_position_embeddings, or the bundle's RoPE table); give --context {limit} "
                              f"or less")
+        dec = self.decoder["decoder"]
+        self.kv = KvCache(KvShape(self.num_layers, dec["num_key_value_heads"], dec["head_size"], self.cfg.context),
+                          (m.export_config or {}).get("attention", "standard"))
         self._check_memory_limit()
+        from dipdeploy.arch import arch_of
+
+        config = (m.source or {}).get("config") or {}
+        self.embedding = EmbeddingRows(self.path, m, arch_of(config).embedding_multiplier(config))
         self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
                                 bandwidth=self.cfg.flash_bandwidth)
@@ -187,19 +198,19 @@ class Engine:
         """Refuse, before any session is opened, a budget that cannot fit under the cgroup memory limit.
 
         Both figures are lower bounds from the manifest, so only what certainly cannot fit is refused:
-        the budget is the total given, or the dense bytes + the KV cache + the cached share of the MLP
-        bytes (staging excluded); the overhead is what this process holds now (interpreter and
+        the budget is the total given, or the dense bytes (the embedding table excluded: it is read
+        row by row) + the KV cache + the cached share of the MLP bytes (staging excluded); the overhead is what this process holds now (interpreter and
         libraries) plus the graph files the sessions will parse."""
         limit = memory_limit()
         if limit is None:
             return
-        m, dec = self.manifest, self.decoder["decoder"]
+        m = self.manifest
         budget = DramBudget.parse(self.cfg.dram_budget)
         if budget.total_bytes is not None:
             need = budget.total_bytes
         else:
-            kv = 2 * self.num_layers * dec["num_key_value_heads"] * dec["head_size"] * 4 * self.cfg.context
-            need = int(m.sizes.get("bytes_dense", 0) + kv + budget.cache_frac * m.sizes.get("bytes_mlp", 0))
+            dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
+            need = int(dense + self.kv.nbytes + budget.cache_frac * m.sizes.get("bytes_mlp", 0))
         graphs = sum(m.files[name]["size"] for name in m.graphs["layers"] if name in m.files)
         check_fits(need, memory_now().get("VmRSS", 0) + graphs, limit, str(self.cfg.dram_budget))
 
@@ -207,13 +218,15 @@ class Engine:
         files = self.manifest.graphs["layers"]
         gamma = None if self.gamma == self.baked_gamma else self.gamma  # rewrite the graphs only when it differs
 
+        self.shared = SharedInitializers(self.path, self.manifest)
+
         def sess(name: str, g: float | None = None) -> Bound:
             if name not in files:
                 raise BundleError(f"{self.path}: graph {name} is missing from the manifest; {REGENERATE}")
-            return Bound(open_session(self.path / name, session_options(self.cfg.threads, native), g,
-                                      self.cfg.accuracy_level))
+            options = self.shared.apply(shared_arena(session_options(self.cfg.threads, native)))
+            return Bound(open_session(self.path / name, options, g, self.cfg.accuracy_level))
 
-        self.embed, self.head = sess("embed.onnx"), sess("head.onnx")
+        self.head = sess("head.onnx")
         self.attn = [sess(f"layer.{i}.attn.onnx", gamma) for i in range(self.num_layers)]
         self.up = [sess(f"layer.{i}.mlp_up.onnx", gamma) for i in range(self.num_layers)]
         self.down = [sess(f"layer.{i}.mlp_down.onnx") for i in range(self.num_layers)]
@@ -229,11 +242,9 @@ class Engine:
         shapes = [[GroupShape(self.d, a.row_bytes, k_in), GroupShape(self.f, b.row_bytes, k_glu)]
                   for (a, b), (k_in, k_glu) in zip(arrays, self.k)]
         shared = sum(a.shared_bytes + b.shared_bytes for a, b in arrays)
-        dense = m.sizes.get("bytes_dense", 0) + shared
-        dec = self.decoder["decoder"]
-        self.kv_bytes_per_token = 2 * self.num_layers * dec["num_key_value_heads"] * dec["head_size"] * 4
+        dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes() + self.embedding.nbytes + shared
         self.residency: Residency = plan_residency(DramBudget.parse(cfg.dram_budget), shapes, dense,
-                                                   self.kv_bytes_per_token * cfg.context, cfg.policy)
+                                                   self.kv.nbytes, cfg.policy)
         self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash)
                             for arr, rows, k, cap in zip(pair, (self.d, self.f), k_pair, caps))
                       for pair, k_pair, caps in zip(arrays, self.k, self.residency.capacity)]
@@ -249,11 +260,9 @@ class Engine:
         """
         d, f = self.d, self.f
         vocab = self.decoder["vocab_size"]
-        self.buf = b = {"ids": np.zeros((1, 1), np.int64), "pos": np.zeros((1, 1), np.int64),
+        self.buf = b = {"pos": np.zeros((1, 1), np.int64),
                         "logits": np.zeros((1, 1, vocab), np.float32)}
-        h = np.zeros((1, 1, d), np.float32)
-        self.embed.input("input_ids", b["ids"])
-        self.embed.output("hidden", h)
+        self.embedded = h = np.zeros((1, 1, d), np.float32)
         self.layer_buf = []
         for i, ((ug, dn), (k_in, k_glu)) in enumerate(zip(self.slabs, self.k)):
             lb = {"cache_in": np.zeros(d, bool), "hidden_attn": np.zeros((1, 1, d), np.float32),
@@ -303,8 +312,6 @@ class Engine:
         if policy == "belady" and future is None:
             raise ValueError("policy 'belady' needs the future selections: use Engine.generate, which records "
                              "them in a first pass, or pass future=")
-        dec = self.decoder["decoder"]
-        empty = np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), np.float32)
         for i, pair in enumerate(self.slabs):
             for g, slab in enumerate(pair):
                 pinned = None
@@ -313,7 +320,8 @@ class Engine:
                               else np.zeros(slab.rows))
                     pinned = static_rows(np.asarray(counts), slab.capacity)
                 slab.reset(policy, future=None if future is None else future[i][g], pinned=pinned)
-        self._state = {"pos": 0, "past": [(empty, empty) for _ in range(self.num_layers)], "ids": []}
+        self.kv.reset()
+        self._state = {"pos": 0, "ids": []}
         self._mask = np.ones((1, self.cfg.context), np.int64)
 
     @property
@@ -327,7 +335,7 @@ class Engine:
         st = self._state
         if st is None or not 0 <= n <= st["pos"]:
             raise ValueError(f"cannot keep {n} tokens of a sequence of {st['pos'] if st else 0}")
-        st["past"] = [(k[:, :, :n].copy(), v[:, :, :n].copy()) for k, v in st["past"]]
+        self.kv.truncate(n)
         st["pos"], st["ids"] = n, st["ids"][:n]
 
     def step(self, token: int, timer: Timer, record=None) -> np.ndarray:
@@ -336,25 +344,19 @@ class Engine:
         pos = st["pos"]
         if pos >= self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
-        b["ids"][0, 0], b["pos"][0, 0] = token, pos
+        b["pos"][0, 0] = pos
         with timer("embed+head"):
-            self.embed.run()
+            self.embedding.read(int(token), self.embedded)
         mask = self._mask[:, : pos + 1]
         for i in range(self.num_layers):
             ug, dn = self.slabs[i]
             lb, a = self.layer_buf[i], self.attn[i]
-            past_k, past_v = st["past"][i]
-            present = (np.empty(past_k.shape[:2] + (pos + 1, past_k.shape[3]), np.float32),
-                       np.empty(past_v.shape[:2] + (pos + 1, past_v.shape[3]), np.float32))
             with timer("attention"):
                 np.copyto(lb["cache_in"], ug.resident)
                 a.input("attention_mask", mask)
-                a.input(f"past_key_values.{i}.key", past_k)
-                a.input(f"past_key_values.{i}.value", past_v)
-                a.output(f"present.{i}.key", present[0])
-                a.output(f"present.{i}.value", present[1])
+                self.kv.bind(a, i)
                 a.run()
-            st["past"][i] = present
+                self.kv.commit(i)
             sel_in = lb["in_indices"][0]
             with timer("cache"):
                 slots, hits_in = ug.select(sel_in)
@@ -377,6 +379,7 @@ class Engine:
             self.head.run()
         with timer("cache"):
             self.flash.settle()
+        self.kv.advance()
         st["pos"] = pos + 1
         st["ids"].append(int(token))
         return b["logits"][0, -1].copy()
@@ -538,3 +541,4 @@ class Engine:
 
     def close(self) -> None:
         self.flash.close()
+        self.embedding.close()

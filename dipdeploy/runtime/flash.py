@@ -141,6 +141,15 @@ class FlashStore:
     def _gather(self, arr: RowArray, slab: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> None:
         view = self._map[arr.offset: arr.offset + arr.rows * arr.row_bytes].reshape(arr.rows, arr.row_bytes)
         slab.reshape(slab.shape[0], -1).view(np.uint8)[slots] = view[rows]
+        self._unmap_pages(arr.offset + int(rows[0]) * arr.row_bytes, arr.offset + (int(rows[-1]) + 1) * arr.row_bytes)
+
+    def _unmap_pages(self, start: int, end: int) -> None:
+        """Drop the gathered span's pages from this process's mapping (``MADV_DONTNEED``; they stay in
+        the page cache): the rows now live in the slab, and mapped pages would otherwise stay in RSS
+        as file-backed memory, up to the whole file whatever the DRAM budget."""
+        if hasattr(self._mmap, "madvise"):
+            lo = start - start % mmap.PAGESIZE
+            self._mmap.madvise(mmap.MADV_DONTNEED, lo, end - lo)
 
     def _preadv(self, arr: RowArray, slab: np.ndarray, rows: np.ndarray, slots: np.ndarray,
                 starts: np.ndarray) -> None:

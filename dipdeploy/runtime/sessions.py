@@ -16,11 +16,64 @@ Torch-free (floor 4).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 
 from dipdeploy.ops.schemas import DOMAIN, TOPK_OP
+
+
+@functools.cache
+def _register_shared_arena() -> None:
+    """ORT's environment (one per process) gets one CPU arena, registered once."""
+    import onnxruntime as ort
+
+    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))  # no cap, extend by what is asked
+
+
+def shared_arena(options):
+    """``options`` with the sessions' CPU memory drawn from one arena for the whole process.
+
+    Each ORT session otherwise keeps its own arena at its peak: with 3 graphs per layer that is one
+    retained peak per graph, most of the stock-ORT fallback path's memory (its functions dequantise
+    the slab rows into fp32 intermediates, several MB per MLP graph), and ~25 MB with the native ops
+    (measured, benchmarks/results/memory.md). Sessions of one engine run one after another, so one
+    arena holds the largest single run."""
+    _register_shared_arena()
+    options.add_session_config_entry("session.use_env_allocators", "1")
+    return options
+
+
+#: tensors every attention graph of a layer type reads whole (``dipdeploy.export.blocks.rope_tables``)
+SHARED_LAYOUTS = ("rope_table",)
+
+
+class SharedInitializers:
+    """The bundle's tensors that many graphs hold (the RoPE tables), read once and given to every
+    session with ``SessionOptions.add_initializer``. Each session would otherwise map its own view of
+    them from ``dense.bin``, and every mapping's pages count in RSS again (30 layers × cos and sin on
+    SmolLM2: 30 MB, measured, benchmarks/results/memory.md)."""
+
+    def __init__(self, bundle: Path, manifest):
+        from onnxruntime import OrtValue
+
+        from dipdeploy.export.manifest import open_tensor
+
+        self.arrays = {name: np.ascontiguousarray(open_tensor(bundle, manifest, name))
+                       for name, t in manifest.tensors.items() if str(t.get("layout", "")).startswith(SHARED_LAYOUTS)}
+        self.values = {name: OrtValue.ortvalue_from_numpy(a) for name, a in self.arrays.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def apply(self, options):
+        """``options`` with these initializers (a name the graph does not have is ignored by ORT)."""
+        for name, value in self.values.items():
+            options.add_initializer(name, value)
+        return options
 
 
 def open_session(path: Path, options, gamma: float | None = None, accuracy_level: int | None = None):

@@ -1,0 +1,104 @@
+"""The KV cache: allocated once for the whole context, written in place, nothing allocated per token.
+
+Two layouts, one per attention variant of the per-layer graphs (``ExportConfig.attention``):
+
+* ``gqa`` (com.microsoft::GroupQueryAttention): one [1, Hkv, context, Dh] buffer per layer and K/V,
+  bound both as ``past_key_values.i.*`` and as ``present.i.*``. ORT's kernel then shares past and
+  present (past_present_share_buffer: the present length is the past buffer's, and ``seqlens_k``,
+  Σ attention_mask − 1, says how many positions are valid), writing the new position in place.
+* ``standard`` (opset ops): the graph's ``Concat(past, new)`` must write a buffer other than its
+  input, so each K/V of a layer is a contiguous [1, Hkv, n, Dh] view of a flat buffer of
+  Hkv·context·Dh floats, and the present of layer i is bound into a spare flat buffer; after the
+  run the spare becomes layer i's and layer i's old buffer the spare. L + 1 buffers per K and V,
+  rotated: the cache costs (L + 1)/L of the tokens it holds, no copies beyond the graph's Concat.
+
+``nbytes`` is what the residency plan counts (``dipdeploy.runtime.budget``). Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ATTENTION_LAYOUTS = ("standard", "gqa")
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """Per layer: ``heads`` KV heads of ``head_dim``; ``layers`` layers; ``context`` positions."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    context: int
+
+    @property
+    def layer_floats(self) -> int:
+        return self.heads * self.context * self.head_dim
+
+
+class KvCache:
+    """The preallocated KV storage of one sequence (see the module docstring); ``bind`` before each
+    layer's attention run, ``commit`` after it."""
+
+    def __init__(self, shape: KvShape, attention: str):
+        if attention not in ATTENTION_LAYOUTS:
+            raise ValueError(f"attention {attention!r} unknown; choose one of {', '.join(ATTENTION_LAYOUTS)}")
+        self.shape, self.attention = shape, attention
+        count = shape.layers if attention == "gqa" else shape.layers + 1
+        # [buffer, K|V, floats]: one allocation for the whole cache
+        self.storage = np.zeros((count, 2, shape.layer_floats), np.float32)
+        self._owner = list(range(shape.layers))  # layer -> its buffer index
+        self._spare = shape.layers if attention == "standard" else None
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.nbytes
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def _view(self, buffer: int, which: int, n: int) -> np.ndarray:
+        s = self.shape
+        flat = self.storage[buffer, which]
+        if self.attention == "gqa":
+            return flat.reshape(1, s.heads, s.context, s.head_dim)
+        return flat[: s.heads * n * s.head_dim].reshape(1, s.heads, n, s.head_dim)
+
+    def bind(self, session, layer: int) -> None:
+        """Bind layer ``layer``'s past (``length`` positions) and present (one more) to ``session``."""
+        own = self._owner[layer]
+        out = own if self.attention == "gqa" else self._spare
+        for which, kind in enumerate(("key", "value")):
+            session.input(f"past_key_values.{layer}.{kind}", self._view(own, which, self.length))
+            session.output(f"present.{layer}.{kind}", self._view(out, which, self.length + 1))
+
+    def commit(self, layer: int) -> None:
+        """After layer ``layer`` ran: its present is now its cache (the standard layout swaps buffers)."""
+        if self.attention == "standard":
+            self._owner[layer], self._spare = self._spare, self._owner[layer]
+
+    def advance(self) -> None:
+        """After every layer ran for one token: one more valid position."""
+        self.length += 1
+
+    def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer ``layer``'s valid K and V, [1, Hkv, length, Dh] (views, not copies)."""
+        own = self._owner[layer]
+        if self.attention == "gqa":
+            return tuple(self._view(own, w, 0)[:, :, : self.length] for w in (0, 1))
+        return tuple(self._view(own, w, self.length) for w in (0, 1))
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` positions. GQA: the length alone (later positions are overwritten);
+        standard: each layer's [Hkv, n, Dh] is repacked through the spare buffer."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot keep {n} positions of a KV cache holding {self.length}")
+        if self.attention == "standard":
+            for i in range(self.shape.layers):
+                for w in (0, 1):
+                    self._view(self._spare, w, n)[...] = self._view(self._owner[i], w, self.length)[:, :, :n]
+                self._owner[i], self._spare = self._spare, self._owner[i]
+        self.length = n
