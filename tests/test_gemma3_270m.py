@@ -70,10 +70,12 @@ def test_dequantised_weights_predict_english(gemma):
 @pytest.mark.slow
 @needs_packages
 def test_next_token_is_factual(gemma):
-    ids = gemma.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    """A base model this small continues "The capital of France is" with " the"; given one example of
+    the pattern it names the capital."""
+    ids = gemma.tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt").input_ids
     with torch.no_grad():
         nxt = gemma.model(ids).logits[0, -1].argmax().item()
-    assert gemma.tokenizer.decode([nxt]).strip() == "Paris"
+    assert gemma.tokenizer.decode([nxt]).strip() == "Berlin"
 
 
 # Stand-in chunk packages: the main package's assemble() imports its chunk modules, as the real one does.
