@@ -61,7 +61,7 @@ def test_dequantised_weights_predict_english(gemma):
     ids = gemma.tokenizer(SENTENCE, return_tensors="pt").input_ids
     assert ids[0, 0].item() == gemma.tokenizer.bos_token_id
     nll = _nll(gemma, ids)
-    assert torch.exp(torch.tensor(nll)).item() < 40
+    assert torch.exp(torch.tensor(nll)).item() < 20  # 8.1 measured on the dequantised Q4_K_M weights
     shuffled = torch.cat([ids[:, :1], ids[:, 1:][:, torch.randperm(ids.shape[1] - 1,
                                                                     generator=torch.Generator().manual_seed(0))]], 1)
     assert _nll(gemma, shuffled) > nll + 2  # e² ≈ 7× the perplexity: the model reads word order
