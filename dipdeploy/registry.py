@@ -63,7 +63,7 @@ class ModelSpec:
     shape: ModelShape
     defaults: ModelDefaults = field(default_factory=ModelDefaults)
     hf_id: str | None = None
-    source: dict | None = None  # e.g. {pypi, module, gguf} for a model shipped inside a wheel
+    source: dict | None = None  # {pypi, module, gguf[, chunks]} for a model shipped inside a wheel (or chunk wheels)
     tiny: dict | None = None  # {seed}: built locally, randomly initialised
     config: dict = field(default_factory=dict)  # extra HF config entries of a tiny model (rope_parameters, …)
     note: str = ""

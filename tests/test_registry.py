@@ -3,7 +3,7 @@ import pytest
 from dipdeploy.arch import ArchitectureError, families, get_arch
 from dipdeploy.registry import PACKAGED_MODELS, get_model, list_models
 
-REQUIRED = ["smollm2-135m", "mistral-7b", "llama-3-8b", "phi-3-mini", "phi-3-medium", "qwen2.5-0.5b",
+REQUIRED = ["smollm2-135m", "gemma3-270m", "mistral-7b", "llama-3-8b", "phi-3-mini", "phi-3-medium", "qwen2.5-0.5b",
             "tiny-llama", "tiny-mistral", "tiny-phi3", "tiny-qwen2"]
 
 

@@ -1,7 +1,4 @@
 """The host runtime on the real embedded model (SmolLM2-135M, DIP-CA BQ4 bundle): equal to model.onnx
-
-# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
-pytestmark = pytest.mark.numerics
 with an unlimited budget and γ = 1, and to the torch DIP-CA reference under a 50 % LFU budget, by the
 project's agreement rule (near-ties of a top-K may go either way)."""
 
@@ -18,6 +15,9 @@ from dipdeploy.export.validate import torch_greedy
 from dipdeploy.runtime import Engine
 from dipdeploy.sparsity.twin import compare_with_twin
 from twin_checks import assert_runs_agree, model_onnx_run
+
+# compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
+pytestmark = pytest.mark.numerics
 
 PROMPT = "The capital of France is"
 

@@ -1,0 +1,53 @@
+"""Greedy decode of a dipdeploy bundle in onnxruntime-genai's own loop: ``og.Model`` reads the bundle's
+``genai_config.json`` (which names ``model.onnx`` and, as ``custom_ops_library``, the bundle's native op
+library), so this is the bundle as an onnxruntime-genai user runs it (README, "The bundle").
+
+Run it with a Python that has onnxruntime-genai, in a venv of its own (its onnxruntime pin may differ
+from the one dipdeploy is installed with):
+
+    python3 -m venv venv-genai && venv-genai/bin/pip install onnxruntime-genai
+    venv-genai/bin/python scripts/genai_decode.py BUNDLE --prompt "The capital of France is" -n 64
+
+Prints the load and prefill seconds, decode tokens/s (the ``generate_next_token`` calls after the
+prompt), the peak RSS and the generated text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import onnxruntime_genai as og
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle")
+    ap.add_argument("--prompt", default="The capital of France is")
+    ap.add_argument("-n", "--new-tokens", type=int, default=64)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    model = og.Model(args.bundle)
+    tokenizer = og.Tokenizer(model)
+    load_s = time.perf_counter() - t0
+    ids = tokenizer.encode(args.prompt)
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(ids) + args.new_tokens)
+    generator = og.Generator(model, params)
+    t0 = time.perf_counter()
+    generator.append_tokens(ids)
+    prefill_s = time.perf_counter() - t0
+    out, t0 = [], time.perf_counter()
+    while not generator.is_done():
+        generator.generate_next_token()
+        out.append(int(generator.get_next_tokens()[0]))
+    decode_s = time.perf_counter() - t0
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"load {load_s:.1f} s, prompt {len(ids)} tokens, prefill {prefill_s:.2f} s")
+    print(f"decode {len(out)} tokens in {decode_s:.2f} s = {len(out) / decode_s:.2f} tok/s; peak RSS {rss_mb:.0f} MB")
+    print("text:", repr(tokenizer.decode(out)))
+
+
+if __name__ == "__main__":
+    main()
