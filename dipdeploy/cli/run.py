@@ -36,7 +36,8 @@ FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at
 COLD = typer.Option(_E.cold, "--cold", help="drop the MLP file from the OS page cache before the run (real disk "
                     "reads)")
 IO = typer.Option(_E.io, "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
-                  "one per run of adjacent rows; slower in Python)")
+                  "one per run of adjacent rows; slower in Python) | direct (O_DIRECT, block-aligned, many in "
+                  "flight: every miss from the device)")
 CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved in the budget (tokens): "
                        f"prompt plus answer (run), the whole conversation (chat); default {DEFAULT_CONTEXT}, or "
                        f"the bundle's positions if fewer; more than those is refused")
@@ -77,7 +78,10 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
     cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
              flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
              io=io, context=context, threads=threads, verify=verify, pinned_counts=counts)
-    return Engine(bundle, cfg)
+    engine = Engine(bundle, cfg)
+    if engine.flash.note:
+        typer.echo(f"note: {engine.flash.note}", err=True)
+    return engine
 
 
 class _Prefill:
