@@ -143,6 +143,19 @@ def test_refused_o_direct_falls_back_with_one_line(tmp_path, monkeypatch):
     store.close()
 
 
+def test_emulated_bandwidth_paces_the_device_bytes(tmp_path):
+    """On top of real reads, --flash-bandwidth owes the blocks read, not only the rows' bytes."""
+    path, _ = _file(tmp_path, FILE_SIZE)
+    store = FlashStore(path, io="direct", bandwidth=20e6, native=False)
+    rows = np.arange(0, 700, 14)  # one 306 B row per 4 KiB block: device bytes ≈ 13 × the rows'
+    store.read(ARRAYS, [np.zeros((len(rows), a.row_bytes), np.uint8) for a in ARRAYS], rows, np.arange(len(rows)))
+    store.settle()
+    c = store.counters
+    assert c.device_bytes > 5 * c.bytes
+    assert c.emulated_wait + c.io_seconds >= c.device_bytes / 20e6 * 0.999
+    store.close()
+
+
 def test_reader_choice(monkeypatch):
     import dipdeploy.ops.native as native
 
