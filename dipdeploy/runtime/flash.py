@@ -96,7 +96,7 @@ class FlashStore:
             raise ValueError(f"io={io!r}: choose one of {', '.join(IO_MODES)}")
         self.path, self.io, self.bandwidth = str(path), io, bandwidth
         self.note: str | None = None  # one line for the user when direct reads fell back to the page cache
-        self._reader = self._bounce = None
+        self._reader = self._bounce = self._mmap = self._map = None
         if io == "direct":
             self.fd, self.note = open_direct(self.path)
             self._reader, self._bounce = make_reader(io_threads, native), AlignedBuffer()
@@ -106,7 +106,6 @@ class FlashStore:
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         if cold:
             self.drop_page_cache()
-        self._mmap = self._map = None
         if io == "mmap":
             self._mmap = mmap.mmap(self.fd, 0, prot=mmap.PROT_READ)
             if hasattr(self._mmap, "madvise"):
@@ -116,7 +115,11 @@ class FlashStore:
         self._debt = 0.0
 
     def drop_page_cache(self) -> None:
-        """Ask the OS to forget the file's cached pages, so the next reads come from the disk."""
+        """Ask the OS to forget the file's cached pages, so the next reads come from the disk. With
+        ``mmap`` the pages this process has mapped are unmapped first: the page cache keeps mapped pages
+        whatever ``posix_fadvise`` says."""
+        if self._mmap is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED)
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
