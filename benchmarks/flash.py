@@ -4,8 +4,8 @@ each run in its own cgroup v1 memory group so the OS page cache cannot keep the 
 Every configuration runs in a child process moved into a fresh memory group under this process's own
 (``/sys/fs/cgroup/memory/<own group>/dipdeploy-flash-<pid>``, removed afterwards). The child builds the
 engine, warms it up (a few tokens), touches every page of its slabs (so the row caches are counted
-full), drops the MLP file from the page cache, and only then limits its group to what the group is
-charged (``memory.usage_in_bytes``) plus ``--slack``: v1 counts the page
+full), drops the MLP file from the page cache, and only then limits its group to its anonymous and
+mapped pages (``memory.stat`` ``rss`` + ``mapped_file``) plus ``--slack``: v1 counts the page
 cache in the group, so the kernel has to drop the MLP file's pages and every row the row cache does
 not hold comes from the disk again, in every io mode (without the limit ``mmap`` and ``pread`` re-read
 evicted rows from the page cache). The "unlimited" rows skip the limit. Each run starts cold (the
@@ -57,8 +57,8 @@ def storage(path: Path) -> str:
     dev, fs, _ = best
     name = Path(dev).name
     rot = Path(f"/sys/block/{name}/queue/rotational")
-    kind = ("rotational" if rot.read_text().strip() == "1" else "non-rotational") if rot.is_file() else "?"
-    return f"{dev} ({fs}, {kind} per /sys/block)"
+    flag = rot.read_text().strip() if rot.is_file() else "?"
+    return f"{dev} ({fs}; {rot} = {flag})"
 
 
 def lscpu() -> str:
@@ -118,8 +118,12 @@ def child(spec: dict) -> dict:
                 flat[::4096] |= 0  # a write per page: the slab counted in RSS, values unchanged
     eng.flash.drop_page_cache()
     limit = None
-    if spec["limited"]:  # the group's own charge (VmRSS also counts shared library pages charged elsewhere)
-        limit = int((group / "memory.usage_in_bytes").read_text()) + spec["slack"]
+    if spec["limited"]:
+        # The group's anonymous and mapped pages (VmRSS would also count shared library pages charged to
+        # other groups); the page cache of files read once at load (graphs, dense weights) is left out, or
+        # the kernel would evict it to make room for MLP pages and the limit would leak.
+        stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+        limit = int(stat["rss"]) + int(stat["mapped_file"]) + spec["slack"]
         (group / "memory.limit_in_bytes").write_text(str(limit))
     (group / "memory.max_usage_in_bytes").write_text("0")
     start = []  # read_bytes when the first token is out: the decode steps begin
@@ -194,6 +198,8 @@ def plot(rows: list[dict], path: Path) -> None:
             axes[1].plot(x, [r["device_mb"] for r in pts], style, label=f"{method} {io}")
     axes[0].set(xlabel="row-cache budget (% of MLP bytes), cgroup-limited", ylabel="decode tok/s")
     axes[1].set(xlabel="row-cache budget (% of MLP bytes), cgroup-limited", ylabel="MB read from the device / token")
+    axes[0].set_ylim(bottom=0)
+    axes[1].set_ylim(bottom=0)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -239,8 +245,8 @@ def main() -> None:
         f"\"{PROMPT}\", cold, native kernels, 1 ORT thread", "",
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",
-        f"- cgroup v1 memory limit (`limit_mb`): the child group's charge after warm-up, its slabs touched and the "
-        f"MLP file dropped from the page cache, + {args.slack >> 20} MiB; empty = unlimited (the page cache may "
+        f"- cgroup v1 memory limit (`limit_mb`): the child group's anonymous + mapped pages after warm-up, its slabs "
+        f"touched and the MLP file dropped from the page cache, + {args.slack >> 20} MiB; empty = unlimited (the page cache may "
         "keep the file). `peak_group_mb`: the group's peak charge (anonymous + page cache) while decoding",
         "- dip-ca: LFU, the bundle's γ; dense-static: a ρ = 1 bundle, its most used rows pinned", "",
         "Per decode token: `wanted_mb` the rows the caches missed; `device_mb` bytes read from the block device "
