@@ -1,11 +1,11 @@
-// Parallel positioned reads for the Flash store's `direct` path (dipdeploy/runtime/flash.py,
-// docs/onnxruntime.md "Flash reads"). Python plans the block-aligned requests (offsets, lengths and
-// places in an aligned bounce buffer) and copies the wanted rows out of the bounce buffer afterwards;
-// this file only keeps many preads in flight: a Flash device serves ~100k 4 KiB reads/s at queue
-// depth 32 but one at a time (~34 us each at queue depth 1), so one synchronous read after another
-// wastes most of it. A small persistent pool (threads created once per store, not per batch: creating
-// them per call would cost more than the reads) takes the requests in order from an atomic counter;
-// the calling thread works too. Plain C ABI for ctypes; no ORT types.
+// Parallel positioned reads for the Flash store's `direct` path (dipdeploy/runtime/blockio.py,
+// docs/method.md "Flash layout"). Python plans the block-aligned requests (offsets, lengths and places
+// in an aligned bounce buffer) and gathers the wanted rows out of the bounce buffer afterwards; this
+// file only keeps many preads in flight: a Flash device serves many requests at once, and one
+// synchronous read after another leaves it idle between them (benchmarks/results/flash.md, "reads in
+// flight"). A small persistent pool (threads created once per store, not per batch: a batch is a few
+// hundred microseconds of reads) takes the requests in order from an atomic counter; the calling
+// thread works too. Plain C ABI for ctypes; no ORT types.
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>

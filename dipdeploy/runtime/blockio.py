@@ -26,7 +26,7 @@ import numpy as np
 
 BLOCK = 4096  # bytes: the Flash page / filesystem block the reads are aligned to
 MAX_REQUEST = 128 * 1024  # bytes: longer coalesced ranges are split so several reads stay in flight
-IO_THREADS = 16  # reads in flight (a Flash device needs a queue depth of ~32 for its peak IOPS)
+IO_THREADS = 16  # reads in flight (benchmarks/results/flash.md measures 1, 4, 16 and 32)
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class NativeReader:
         lib.dd_io_pool_free.restype, lib.dd_io_pool_free.argtypes = None, [p]
         lib.dd_io_read.restype = ctypes.c_int64
         lib.dd_io_read.argtypes = [p, ctypes.c_int, ctypes.c_int64, p, p, p, p, p, ctypes.POINTER(ctypes.c_int64)]
-        self._lib, self._pool = lib, lib.dd_io_pool_new(threads)
+        self.threads, self._lib, self._pool = threads, lib, lib.dd_io_pool_new(threads)
         if not self._pool:
             raise RuntimeError(f"dd_io_pool_new({threads}) failed")
 
@@ -145,6 +145,7 @@ class PythonReader:
     kind = "python"
 
     def __init__(self, threads: int):
+        self.threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="dipdeploy-io")
 
     def read(self, fd: int, path: str, plan: BlockPlan, dest: np.ndarray) -> int:
