@@ -3,7 +3,7 @@
 The Flash layout (docs/method.md) puts each selectable row of a group contiguously in every array of its
 format (BQ4: ``qweight`` and ``scales`` rows), so a row is one read per array, and rows that are
 adjacent in the file coalesce into one request (``preadv`` scattering straight into the slab slots, no
-bounce buffer). Two read paths:
+bounce buffer). Three read paths:
 
 * ``mmap`` (default): the file mapped read-only with ``MADV_RANDOM`` (no read-ahead), each batch one
   vectorised numpy gather per array into the slab slots; the page cache as llama.cpp uses it.
@@ -23,7 +23,8 @@ benchmarks/flash.py).
 
 With ``cold`` the file is dropped from the OS page cache first (``posix_fadvise(DONTNEED)``) so the
 first reads reach the disk; ``POSIX_FADV_RANDOM`` keeps read-ahead from inflating them. Rows evicted
-from our cache and read again later may still come from the OS page cache; that is said, not hidden.
+from our cache and read again later may still come from the OS page cache (not with ``direct``; for
+the others a cgroup memory limit prevents it, benchmarks/flash.py); that is said, not hidden.
 
 ``bandwidth`` emulates a slower device (a phone's Flash) on top of the real reads: each batch owes
 ``bytes / bandwidth`` (``direct``: the device bytes) minus the time
