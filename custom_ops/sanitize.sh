@@ -10,6 +10,8 @@
 #    beside it: ASan's exception interceptor needs libstdc++'s __cxa_throw at start-up, and Python
 #    loads libstdc++ only later (with onnxruntime). Leak checking is off: the interpreter never frees
 #    some of its memory at exit.
+#    The Flash store's native reads (src/dd_io.cc, no kernel set involved) run once, through the native
+#    cases of IO_TESTS.
 # 3. Counts the distinct sanitizer reports in each stage's output; fails on any report or failed test.
 # Each stage's log is kept in build/custom_ops-asan/logs/.
 set -euo pipefail
@@ -18,6 +20,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 py="${1:-$root/.venv/bin/python}"
 out="$root/build/custom_ops-asan"
 ORT_TESTS=(tests/test_ops_harness.py tests/test_ops_errors.py tests/test_ops_hostile.py)
+IO_TESTS=(tests/test_flash_direct.py -k native)
 KERNEL_SETS=(portable avx2 default)
 # A report's first line (UBSan: file:line:col: runtime error: ...); a failing test may print it twice.
 REPORT='[^ ]+:[0-9]+:[0-9]+: runtime error: .*|ERROR: (Address|Leak)Sanitizer: .*|AddressSanitizer: CHECK failed: .*'
@@ -64,6 +67,9 @@ for isa in "${KERNEL_SETS[@]}"; do
     LD_PRELOAD="$libasan $libstdcxx" "$py" -m pytest -o addopts= -q --capture=sys -p no:cacheprovider "${ORT_TESTS[@]}"
   grep -hE '^kernel set: |[0-9]+ passed' "$logs/kernels-$isa.log" "$logs/ort-tests-$isa.log" | sed 's/^/    /'
 done
+stage "io-tests" env DIPDEPLOY_OPS_LIB="$out/libdipdeploy_ops.so" LD_PRELOAD="$libasan $libstdcxx" \
+  "$py" -m pytest -o addopts= -q --capture=sys -p no:cacheprovider "${IO_TESTS[@]}"
+grep -hE '[0-9]+ passed' "$logs/io-tests.log" | sed 's/^/    /'
 if [ "$failed" != 0 ]; then
   echo "ops-sanitize: FAILED (logs in $logs)" >&2
   exit 1

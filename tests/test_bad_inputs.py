@@ -141,6 +141,9 @@ CASES = [
     # run
     ("run-context-too-long", "run {bundle} -p hi --context 100000 --no-native", "exceeds the 256 positions"),
     ("run-context-zero", "run {bundle} -p hi --context 0", "context must be >= 1"),
+    ("run-io", "run {bundle} -p hi --io odirect", "choose one of mmap, pread, direct"),
+    ("run-io-threads", "run {bundle} -p hi --io direct --io-threads 0", "--io-threads must be >= 1"),
+    ("chat-io-threads", "chat {bundle} --io direct --io-threads 0", "--io-threads must be >= 1"),
     ("run-budget-no-unit", "run {bundle} -p hi --dram-budget 50", "needs a unit"),
     ("run-budget-fraction-no-unit", "run {bundle} -p hi --dram-budget 0.5", "needs a unit"),
     ("run-budget-too-small", "run {bundle} -p hi --dram-budget 1kB --no-native", "give at least"),

@@ -41,7 +41,7 @@ class _Spec:
     num_kv_heads, head_dim, num_layers = 2, 16, 2
 
 
-@pytest.mark.parametrize("io", ["pread", "mmap"])
+@pytest.mark.parametrize("io", ["pread", "mmap", "direct"])
 @pytest.mark.parametrize("native", [False, True])
 def test_unlimited_budget_and_gamma_1_equals_model_onnx(dipca_bundle, io, native):
     out, _, _ = dipca_bundle

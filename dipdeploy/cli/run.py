@@ -36,7 +36,10 @@ FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at
 COLD = typer.Option(_E.cold, "--cold", help="drop the MLP file from the OS page cache before the run (real disk "
                     "reads)")
 IO = typer.Option(_E.io, "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
-                  "one per run of adjacent rows; slower in Python)")
+                  "one per run of adjacent rows; slower in Python) | direct (O_DIRECT, block-aligned, many in "
+                  "flight: every miss from the device)")
+IO_THREADS = typer.Option(_E.io_threads, "--io-threads", help="--io direct: reads in flight (the op library's "
+                          "pread pool, or a Python thread pool without it)")
 CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved in the budget (tokens): "
                        f"prompt plus answer (run), the whole conversation (chat); default {DEFAULT_CONTEXT}, or "
                        f"the bundle's positions if fewer; more than those is refused")
@@ -65,9 +68,15 @@ def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampl
                    stop=tuple(stop or ()), seed=seed)
 
 
-def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
-            pin_from, verify, accuracy_level=None):
+def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
+            threads, pin_from, verify, accuracy_level=None):
     from dipdeploy.runtime import Engine, parse_bandwidth
+    from dipdeploy.runtime.flash import IO_MODES
+
+    if io not in IO_MODES:
+        raise ValueError(f"--io {io}: choose one of {', '.join(IO_MODES)}")
+    if io_threads < 1:
+        raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
 
     counts = None
     if pin_from is not None:
@@ -76,8 +85,11 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         counts = Trace.load(pin_from).row_counts()
     cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
              flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
-             io=io, context=context, threads=threads, verify=verify, pinned_counts=counts)
-    return Engine(bundle, cfg)
+             io=io, io_threads=io_threads, context=context, threads=threads, verify=verify, pinned_counts=counts)
+    engine = Engine(bundle, cfg)
+    if engine.flash.note:
+        typer.echo(f"note: {engine.flash.note}", err=True)
+    return engine
 
 
 class _Prefill:
@@ -111,7 +123,7 @@ def run_cmd(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    cold: bool = COLD, io: str = IO,
+    cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS,
     context: Optional[int] = CONTEXT, threads: int = THREADS, pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED,
@@ -135,8 +147,8 @@ def run_cmd(
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
-        engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, context, threads,
-                         pin_from, verify, accuracy_level)
+        engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
+                         threads, pin_from, verify, accuracy_level)
         text = prompt
         if chat:
             text = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -170,7 +182,7 @@ def chat_cmd(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    io: str = IO,
+    io: str = IO, io_threads: int = IO_THREADS,
     context: Optional[int] = CONTEXT, threads: int = THREADS,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
@@ -184,8 +196,8 @@ def chat_cmd(
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         check_policy(policy)
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
-        engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, context, threads,
-                         None, False, accuracy_level)
+        engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
+                         threads, None, False, accuracy_level)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

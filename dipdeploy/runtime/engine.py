@@ -33,6 +33,7 @@ from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifes
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
+from dipdeploy.runtime.blockio import IO_THREADS
 from dipdeploy.runtime.embedding import EmbeddingRows
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
@@ -64,6 +65,7 @@ class EngineConfig:
     flash_bandwidth: float | None = None
     cold: bool = False
     io: str = "mmap"
+    io_threads: int = IO_THREADS  # --io direct: reads in flight
     context: int | None = None
     verify: bool = False
     pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
@@ -188,7 +190,7 @@ class Engine:
         self.embedding = EmbeddingRows(self.path, m, arch_of(config).embedding_multiplier(config))
         self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
-                                bandwidth=self.cfg.flash_bandwidth)
+                                bandwidth=self.cfg.flash_bandwidth, io_threads=self.cfg.io_threads)
         self._build_slabs()
         self._tokenizer = None
         self._state = None

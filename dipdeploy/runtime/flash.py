@@ -3,19 +3,31 @@
 The Flash layout (docs/method.md) puts each selectable row of a group contiguously in every array of its
 format (BQ4: ``qweight`` and ``scales`` rows), so a row is one read per array, and rows that are
 adjacent in the file coalesce into one request (``preadv`` scattering straight into the slab slots, no
-bounce buffer). Two read paths:
+bounce buffer). Three read paths:
 
 * ``mmap`` (default): the file mapped read-only with ``MADV_RANDOM`` (no read-ahead), each batch one
   vectorised numpy gather per array into the slab slots; the page cache as llama.cpp uses it.
 * ``pread``: positioned reads, one ``preadv`` per run of adjacent rows and array, scattering straight
   into the slots. Same bytes; in Python the per-run loop costs ~3× the mmap path on SmolLM2 (8,000
   requests per token at ρ = 0.5, 50 % budget), which is why it is not the default.
+* ``direct``: ``O_DIRECT`` reads that bypass the page cache, so every miss really comes from the device:
+  block-aligned requests (the blocks holding the wanted rows, neighbours coalesced) read with many in
+  flight into a bounce buffer, then gathered into the slots (``dipdeploy/runtime/blockio.py``). Where
+  the filesystem refuses ``O_DIRECT`` the same requests go through the page cache and ``note`` says so.
+
+The counters hold the rows' bytes (``bytes``: what the cache asked for) and, for ``direct``, the bytes
+the device actually returned (``device_bytes``, whole blocks); their ratio is the waste of rows smaller
+than a block. ``mmap`` and ``pread`` leave ``device_bytes`` at 0: whether their pages came from the
+device or the page cache is the OS's business (``/proc/self/io`` ``read_bytes`` tells, see
+benchmarks/flash.py).
 
 With ``cold`` the file is dropped from the OS page cache first (``posix_fadvise(DONTNEED)``) so the
 first reads reach the disk; ``POSIX_FADV_RANDOM`` keeps read-ahead from inflating them. Rows evicted
-from our cache and read again later may still come from the OS page cache; that is said, not hidden.
+from our cache and read again later may still come from the OS page cache (not with ``direct``; for
+the others a cgroup memory limit prevents it, benchmarks/flash.py); that is said, not hidden.
 
-``bandwidth`` emulates a phone's Flash: each batch of reads owes ``bytes / bandwidth`` minus the time
+``bandwidth`` emulates a slower device (a phone's Flash) on top of the real reads: each batch owes
+``bytes / bandwidth`` (``direct``: the device bytes) minus the time
 the real read took (synchronous I/O, no overlap with compute); the debt is paid by sleeping once it
 passes 1 ms, and ``settle`` pays the rest at the end of each token. The measured sleep is what is
 deducted, so the OS's oversleep (≈70–100 µs per call here, measured) is credited to the next batch
@@ -33,6 +45,9 @@ from dataclasses import astuple, dataclass, replace
 
 import numpy as np
 
+from dipdeploy.runtime.blockio import IO_THREADS, AlignedBuffer, make_reader, open_direct, plan_reads
+
+IO_MODES = ("mmap", "pread", "direct")
 _IOV_MAX = 1024
 _SLEEP_SLICE = 1e-3  # pay emulated Flash time in sleeps of at least this
 _MAX_CREDIT = 2e-3  # oversleep credited to later reads, at most
@@ -56,6 +71,7 @@ class FlashCounters:
 
     bytes: int = 0
     requests: int = 0
+    device_bytes: int = 0
     io_seconds: float = 0.0
     emulated_wait: float = 0.0
 
@@ -76,16 +92,21 @@ class FlashStore:
     """Positioned, counted, optionally paced reads of rows from one file (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike, *, io: str = "mmap", cold: bool = False,
-                 bandwidth: float | None = None):
-        if io not in ("pread", "mmap"):
-            raise ValueError(f"io={io!r}: choose pread or mmap")
+                 bandwidth: float | None = None, io_threads: int = IO_THREADS, native: bool = True):
+        if io not in IO_MODES:
+            raise ValueError(f"io={io!r}: choose one of {', '.join(IO_MODES)}")
         self.path, self.io, self.bandwidth = str(path), io, bandwidth
-        self.fd = os.open(self.path, os.O_RDONLY)
+        self.note: str | None = None  # one line for the user when direct reads fell back to the page cache
+        self._reader = self._bounce = self._mmap = self._map = None
+        if io == "direct":
+            self.fd, self.note = open_direct(self.path)
+            self._reader, self._bounce = make_reader(io_threads, native), AlignedBuffer()
+        else:
+            self.fd = os.open(self.path, os.O_RDONLY)
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         if cold:
             self.drop_page_cache()
-        self._mmap = self._map = None
         if io == "mmap":
             self._mmap = mmap.mmap(self.fd, 0, prot=mmap.PROT_READ)
             if hasattr(self._mmap, "madvise"):
@@ -95,12 +116,19 @@ class FlashStore:
         self._debt = 0.0
 
     def drop_page_cache(self) -> None:
-        """Ask the OS to forget the file's cached pages, so the next reads come from the disk."""
+        """Ask the OS to forget the file's cached pages, so the next reads come from the disk. With
+        ``mmap`` the pages this process has mapped are unmapped first: the page cache keeps mapped pages
+        whatever ``posix_fadvise`` says."""
+        if self._mmap is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED)
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
         self._map = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._mmap is not None:
             self._mmap.close()
             self._mmap = None
@@ -113,19 +141,23 @@ class FlashStore:
         if len(rows) == 0:
             return
         t0 = time.perf_counter()
-        starts = runs(rows)
-        for arr, slab in zip(arrays, slabs):
-            if self.io == "mmap":
-                self._gather(arr, slab, rows, slots)
-            else:
-                self._preadv(arr, slab, rows, slots, starts)
-        elapsed = time.perf_counter() - t0
         nbytes = len(rows) * sum(a.row_bytes for a in arrays)
+        if self.io == "direct":
+            paced = self._direct(arrays, slabs, rows, slots)
+        else:
+            starts = runs(rows)
+            for arr, slab in zip(arrays, slabs):
+                if self.io == "mmap":
+                    self._gather(arr, slab, rows, slots)
+                else:
+                    self._preadv(arr, slab, rows, slots, starts)
+            self.counters.requests += (len(starts) - 1) * len(arrays)
+            paced = nbytes
+        elapsed = time.perf_counter() - t0
         self.counters.bytes += nbytes
-        self.counters.requests += (len(starts) - 1) * len(arrays)
         self.counters.io_seconds += elapsed
         if self.bandwidth:
-            self._debt = max(self._debt + nbytes / self.bandwidth - elapsed, -_MAX_CREDIT)
+            self._debt = max(self._debt + paced / self.bandwidth - elapsed, -_MAX_CREDIT)
             if self._debt > _SLEEP_SLICE:
                 self.settle()
 
@@ -137,6 +169,19 @@ class FlashStore:
             slept = time.perf_counter() - t0
             self._debt -= slept
             self.counters.emulated_wait += slept
+
+    def _direct(self, arrays: list[RowArray], slabs: list[np.ndarray], rows: np.ndarray, slots: np.ndarray) -> int:
+        """Block-aligned parallel reads into the bounce buffer, then one gather per array; returns the
+        bytes the device returned."""
+        plan = plan_reads([a.offset for a in arrays], [a.row_bytes for a in arrays], rows)
+        bounce = self._bounce.get(plan.total)
+        got = self._reader.read(self.fd, self.path, plan, bounce)
+        for arr, slab, src in zip(arrays, slabs, plan.src):
+            windows = np.lib.stride_tricks.sliding_window_view(bounce, arr.row_bytes)
+            slab.reshape(slab.shape[0], -1).view(np.uint8)[slots] = windows[src]
+        self.counters.requests += plan.requests
+        self.counters.device_bytes += got
+        return got
 
     def _gather(self, arr: RowArray, slab: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> None:
         view = self._map[arr.offset: arr.offset + arr.rows * arr.row_bytes].reshape(arr.rows, arr.row_bytes)

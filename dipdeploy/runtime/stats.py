@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from dipdeploy.runtime.blockio import BLOCK
+
 
 class Timer:
     """Accumulated wall time per named phase."""
@@ -59,6 +61,7 @@ class RunStats:
     layer_hit_rate: list[float]
     flash_mb_per_token: float
     flash_requests_per_token: float
+    flash_device_mb_per_token: float | None  # --io direct: the blocks read from the device; else None
     dram_mb_per_token: float
     resident: dict
     memory: dict
@@ -93,6 +96,7 @@ class RunStats:
             hit_rate=rate(dec), hit_rate_in=rate(dec[:, 0]), hit_rate_glu=rate(dec[:, 1]),
             layer_hit_rate=[rate(dec[i]) for i in range(dec.shape[0])],
             flash_mb_per_token=flash.bytes / per / 1e6, flash_requests_per_token=flash.requests / per,
+            flash_device_mb_per_token=flash.device_bytes / per / 1e6 if engine.cfg.io == "direct" else None,
             dram_mb_per_token=(sel_bytes + engine.dram_dense_per_token) / 1e6,
             resident={**engine.residency.as_dict(),
                       "slabs": sum(s.slab_bytes for pair in engine.slabs for s in pair)},
@@ -120,6 +124,12 @@ class RunStats:
             ("policy / γ / budget", f"{self.policy} / {self.gamma:g} / {self.budget}"),
             ("hit rate", f"{self.hit_rate:.3f} (up|gate {self.hit_rate_in:.3f}, down {self.hit_rate_glu:.3f})"),
             ("Flash per token", f"{self.flash_mb_per_token:.3f} MB in {self.flash_requests_per_token:.0f} requests ({bw})"),
+        ]
+        if self.flash_device_mb_per_token is not None:
+            waste = self.flash_device_mb_per_token / self.flash_mb_per_token if self.flash_mb_per_token else 0.0
+            rows.append(("read from device per token", f"{self.flash_device_mb_per_token:.3f} MB in {BLOCK // 1024} KiB "
+                                                       f"blocks ({waste:.2f}× the rows' bytes)"))
+        rows += [
             ("DRAM read per token", f"{self.dram_mb_per_token:.2f} MB"),
             ("resident (planned)", f"{r['total'] / mb:.1f} MB = dense {r['dense'] / mb:.1f} + KV {r['kv'] / mb:.1f} + "
                                    f"caches {r['caches'] / mb:.1f} + staging {r['staging'] / mb:.1f}"),

@@ -1,0 +1,210 @@
+"""Block-aligned reads of rows with many requests in flight: the Flash store's ``direct`` path.
+
+A Flash device reads whole blocks (4 KiB here), and with ``O_DIRECT`` the OS insists on block-aligned
+offsets, lengths and buffers. So a batch of wanted rows (every per-row array of a group, see
+docs/method.md "Flash layout") becomes a list of block ranges: each row covers the blocks containing
+its bytes, and rows that share or neighbour blocks coalesce into one range (a 306 B row of SmolLM2's
+down matrix costs a 4 KiB block, but ten neighbouring selected rows cost the same block or two). Long
+ranges are cut into requests of at most ``max_request`` bytes, so a batch of a few large ranges still
+keeps several reads in flight. The ranges land back to back in one aligned bounce buffer; the wanted
+rows are then gathered from it into their slab slots in one numpy step per array.
+
+The reads run in the native op library's pool (``dd_io_read`` in custom_ops/src/dd_io.cc, through
+ctypes) when it is built, else in a ``ThreadPoolExecutor`` of ``os.preadv`` calls: same requests, same
+bytes, slower per request. Torch-free (floor 4).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+BLOCK = 4096  # bytes: the Flash page / filesystem block the reads are aligned to
+MAX_REQUEST = 128 * 1024  # bytes: longer coalesced ranges are split so several reads stay in flight
+IO_THREADS = 16  # reads in flight (benchmarks/results/flash.md measures 1, 4, 16 and 32)
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """The requests of one batch and where each wanted row lies in the bounce buffer."""
+
+    offset: np.ndarray  # int64 [n]: block-aligned file offset of each request
+    length: np.ndarray  # int64 [n]: a multiple of the block
+    need: np.ndarray  # int64 [n]: bytes that must arrive (the wanted bytes end before the block does)
+    place: np.ndarray  # int64 [n]: where each request lands in the bounce buffer
+    total: int  # bounce bytes
+    src: list[np.ndarray]  # per array: the bounce position of each wanted row
+    wanted: int  # the rows' bytes
+
+    @property
+    def requests(self) -> int:
+        return len(self.offset)
+
+    @property
+    def device_bytes(self) -> int:
+        return int(self.length.sum())
+
+
+def plan_reads(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, block: int = BLOCK,
+               max_request: int = MAX_REQUEST) -> BlockPlan:
+    """The block-aligned requests that read ``rows`` (ascending) of every array (``offsets[a]`` +
+    ``row * row_bytes[a]`` in the file; arrays do not overlap)."""
+    if max_request < block or max_request % block:
+        raise ValueError(f"max_request={max_request} must be a positive multiple of the block ({block})")
+    rows = np.asarray(rows, dtype=np.int64)
+    n = len(rows)
+    starts = np.concatenate([off + rows * rb for off, rb in zip(offsets, row_bytes)])
+    ends = np.concatenate([off + (rows + 1) * rb for off, rb in zip(offsets, row_bytes)])
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    b0, b1 = s // block, np.maximum.accumulate(-(-e // block))
+    first = np.concatenate([[True], b0[1:] > b1[:-1]])  # a gap of at least one block starts a range
+    group = np.cumsum(first) - 1
+    g0 = b0[first]
+    g1 = np.concatenate([b1[np.flatnonzero(first)[1:] - 1], b1[-1:]])
+    gend = np.maximum.reduceat(e, np.flatnonzero(first))  # last wanted byte (+1) of each range
+    glen = (g1 - g0) * block
+    gplace = np.concatenate([[0], np.cumsum(glen)[:-1]])
+    src_sorted = gplace[group] + s - g0[group] * block
+    src = np.empty_like(src_sorted)
+    src[order] = src_sorted
+    # Split ranges into requests of at most max_request bytes (contiguous in the bounce buffer).
+    pieces = -(-glen // max_request)
+    owner = np.repeat(np.arange(len(glen)), pieces)
+    k = np.arange(len(owner)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    offset = g0[owner] * block + k * max_request
+    length = np.minimum(max_request, glen[owner] - k * max_request)
+    need = np.clip(gend[owner] - offset, 0, length)
+    place = gplace[owner] + k * max_request
+    return BlockPlan(offset, length, need, place, int(glen.sum()), [src[a * n:(a + 1) * n] for a in range(len(offsets))],
+                     n * int(sum(row_bytes)))
+
+
+class AlignedBuffer:
+    """A growable bounce buffer whose start is block-aligned (``O_DIRECT`` needs aligned memory)."""
+
+    def __init__(self, block: int = BLOCK):
+        self.block = block
+        self._raw = np.empty(0, dtype=np.uint8)
+        self.view = self._raw
+
+    def get(self, size: int) -> np.ndarray:
+        if len(self.view) < size:
+            self._raw = np.empty(size + self.block, dtype=np.uint8)
+            skip = -self._raw.ctypes.data % self.block
+            self.view = self._raw[skip:skip + size]
+        return self.view[:size]
+
+
+def _short(path: str, plan: BlockPlan, i: int, err: int) -> OSError:
+    if err == errno.EIO:
+        return OSError(f"{path}: short read at offset {int(plan.offset[i])} (wanted {int(plan.need[i])} bytes): the "
+                       "bundle's MLP file is truncated; re-export it or run `dipdeploy inspect --verify`")
+    return OSError(err, f"{path}: read at offset {int(plan.offset[i])} failed: {os.strerror(err)}")
+
+
+class NativeReader:
+    """The op library's pool of readers (custom_ops/src/dd_io.cc)."""
+
+    kind = "native"
+
+    def __init__(self, library: str, threads: int):
+        lib = ctypes.CDLL(library)
+        p = ctypes.c_void_p
+        lib.dd_io_pool_new.restype, lib.dd_io_pool_new.argtypes = p, [ctypes.c_int]
+        lib.dd_io_pool_free.restype, lib.dd_io_pool_free.argtypes = None, [p]
+        lib.dd_io_read.restype = ctypes.c_int64
+        lib.dd_io_read.argtypes = [p, ctypes.c_int, ctypes.c_int64, p, p, p, p, p, ctypes.POINTER(ctypes.c_int64)]
+        self.threads, self._lib, self._pool = threads, lib, lib.dd_io_pool_new(threads)
+        if not self._pool:
+            raise RuntimeError(f"dd_io_pool_new({threads}) failed")
+
+    def read(self, fd: int, path: str, plan: BlockPlan, dest: np.ndarray) -> int:
+        failed = ctypes.c_int64(-1)
+        got = self._lib.dd_io_read(self._pool, fd, plan.requests, plan.offset.ctypes.data, plan.length.ctypes.data,
+                                   plan.need.ctypes.data, dest.ctypes.data, plan.place.ctypes.data,
+                                   ctypes.byref(failed))
+        if got < 0:
+            raise _short(path, plan, failed.value, -got)
+        return int(got)
+
+    def close(self) -> None:
+        if self._pool:
+            self._lib.dd_io_pool_free(self._pool)
+            self._pool = None
+
+
+class PythonReader:
+    """``os.preadv`` calls from a thread pool: the same requests when the op library is not built."""
+
+    kind = "python"
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="dipdeploy-io")
+
+    def read(self, fd: int, path: str, plan: BlockPlan, dest: np.ndarray) -> int:
+        mv = memoryview(dest)
+
+        def one(i: int) -> int:
+            off, length, at = int(plan.offset[i]), int(plan.length[i]), int(plan.place[i])
+            done = 0
+            while done < length:
+                got = os.preadv(fd, [mv[at + done:at + length]], off + done)
+                if got == 0:
+                    break
+                done += got
+            if done < plan.need[i]:
+                raise _short(path, plan, i, errno.EIO)
+            return done
+
+        return sum(self._pool.map(one, range(plan.requests)))
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
+def make_reader(threads: int = IO_THREADS, native: bool = True):
+    """The native reader when the op library is built and has ``dd_io_read``, else the Python one."""
+    if threads < 1:
+        raise ValueError(f"io threads={threads} must be >= 1")
+    if native:
+        from dipdeploy.ops.native import library_path
+
+        lib = library_path()
+        if lib is not None:
+            try:
+                return NativeReader(str(lib), threads)
+            except AttributeError:  # a library built before dd_io.cc: no dd_io_read symbol
+                pass
+    return PythonReader(threads)
+
+
+def open_direct(path: str, block: int = BLOCK) -> tuple[int, str | None]:
+    """``path`` opened with ``O_DIRECT`` (probed with one aligned read), or, where the filesystem
+    refuses it (tmpfs, some overlay and network filesystems), opened plainly with a one-line note."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if flag:
+        try:
+            fd = os.open(path, os.O_RDONLY | flag)
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise
+        else:
+            probe = AlignedBuffer(block).get(block)
+            try:
+                os.preadv(fd, [memoryview(probe)], 0)
+                return fd, None
+            except OSError as err:
+                os.close(fd)
+                if err.errno != errno.EINVAL:
+                    raise
+    why = "this platform has no O_DIRECT" if not flag else "its filesystem refuses O_DIRECT"
+    note = (f"--io direct: {path}: {why}; reading the same block-aligned requests through the OS page cache "
+            "instead (put the bundle on a disk filesystem such as ext4 or xfs for reads from the device)")
+    return os.open(path, os.O_RDONLY), note

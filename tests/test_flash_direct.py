@@ -1,0 +1,217 @@
+"""The Flash store's ``direct`` path: block-aligned O_DIRECT reads, many in flight (native pool and the
+Python fallback), its counters, and the fall-back where O_DIRECT is refused."""
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from dipdeploy.runtime import blockio
+from dipdeploy.runtime.blockio import BLOCK, PythonReader, make_reader, plan_reads
+from dipdeploy.runtime.flash import FlashStore, RowArray
+
+
+def _native_built() -> bool:
+    from dipdeploy.ops.native import library_path
+
+    return library_path() is not None
+
+
+READERS = ["python", pytest.param("native", marks=pytest.mark.skipif(not _native_built(),
+                                                                     reason="native library not built (make ops)"))]
+
+
+def _file(tmp_path, size: int, seed: int = 0):
+    data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+    path = tmp_path / "mlp.bin"
+    path.write_bytes(data.tobytes())
+    return path, data
+
+
+# Two per-row arrays like BQ4's qweight and scales: row sizes that do not divide the block, the second
+# array starting mid-block, the file not ending on a block boundary.
+ARRAYS = [RowArray("q", 0, 700, 306, "uint8", (306,)), RowArray("s", 700 * 306 + 10, 700, 20, "uint8", (20,))]
+FILE_SIZE = 700 * 306 + 10 + 700 * 20 + 77
+
+
+def _store(path, reader: str, **kw) -> FlashStore:
+    store = FlashStore(path, io="direct", native=(reader == "native"), **kw)
+    assert store._reader.kind == reader
+    return store
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_direct_reads_are_the_bytes_of_the_file(tmp_path, reader):
+    path, data = _file(tmp_path, FILE_SIZE)
+    store = _store(path, reader)
+    assert store.note is None  # tmp_path is a disk filesystem here: O_DIRECT accepted
+    rng = np.random.default_rng(1)
+    for trial in range(20):
+        rows = np.sort(rng.choice(700, int(rng.integers(1, 300)), replace=False))
+        if trial == 0:
+            rows = np.array([0, 699])  # the file's first and last rows
+        slots = rng.permutation(400)[:len(rows)]
+        slabs = [np.zeros((400, a.row_bytes), np.uint8) for a in ARRAYS]
+        store.read(ARRAYS, slabs, rows, slots)
+        for a, slab in zip(ARRAYS, slabs):
+            want = data[a.offset: a.offset + a.rows * a.row_bytes].reshape(a.rows, a.row_bytes)[rows]
+            assert np.array_equal(slab[slots], want)  # bit-equal by contract
+    store.close()
+
+
+def _expected(rows: np.ndarray) -> tuple[int, int, int]:
+    """Requests, device bytes and wanted bytes computed the slow way: the set of blocks each row touches,
+    runs of consecutive blocks, each run cut at MAX_REQUEST."""
+    blocks = set()
+    for a in ARRAYS:
+        for r in rows.tolist():
+            lo, hi = a.offset + r * a.row_bytes, a.offset + (r + 1) * a.row_bytes
+            blocks.update(range(lo // BLOCK, (hi - 1) // BLOCK + 1))
+    blocks = sorted(blocks)
+    runs, start = [], blocks[0]
+    for prev, b in zip(blocks, blocks[1:] + [None]):
+        if b != prev + 1:
+            runs.append(prev + 1 - start)
+            start = b
+    per = blockio.MAX_REQUEST // BLOCK
+    requests = sum(-(-n // per) for n in runs)
+    device = sum(min(BLOCK, FILE_SIZE - b * BLOCK) for b in blocks)  # the last block ends with the file
+    return requests, device, len(rows) * sum(a.row_bytes for a in ARRAYS)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_counters_are_wanted_bytes_device_bytes_and_requests(tmp_path, reader):
+    path, _ = _file(tmp_path, FILE_SIZE)
+    store = _store(path, reader)
+    rng = np.random.default_rng(2)
+    for rows in (np.array([3]), np.array([0, 1, 2, 13, 14]), np.arange(700), np.sort(rng.choice(700, 50, replace=False))):
+        slabs = [np.zeros((700, a.row_bytes), np.uint8) for a in ARRAYS]
+        before = store.counters.snapshot()
+        store.read(ARRAYS, slabs, rows, np.arange(len(rows)))
+        got = store.counters - before
+        requests, device, wanted = _expected(rows)
+        assert (got.requests, got.device_bytes, got.bytes) == (requests, device, wanted)
+        assert got.device_bytes >= got.bytes
+    store.close()
+
+
+def test_plan_coalesces_rows_sharing_or_neighbouring_blocks():
+    # Rows of 1000 B: rows 0 and 3 share block 0; row 20 ([20000, 21000)) straddles blocks 4 and 5.
+    plan = plan_reads([0], [1000], np.array([0, 3, 20]))
+    assert plan.offset.tolist() == [0, 4 * BLOCK]
+    assert plan.length.tolist() == [BLOCK, 2 * BLOCK]
+    assert plan.need.tolist() == [4000, 21000 - 4 * BLOCK]  # up to the last wanted byte
+    assert plan.src[0].tolist() == [0, 3000, BLOCK + 20000 - 4 * BLOCK]
+    plan = plan_reads([0], [1000], np.array([0, 5]))  # blocks 0 and 1: neighbours, one request
+    assert plan.requests == 1 and plan.device_bytes == 2 * BLOCK
+    assert plan.src[0].tolist() == [0, 5000]
+    big = plan_reads([0], [BLOCK], np.arange(100), max_request=8 * BLOCK)  # one range, cut into 13 requests
+    assert big.requests == 13 and big.length.sum() == 100 * BLOCK and big.place.tolist() == big.offset.tolist()
+    with pytest.raises(ValueError, match="multiple of the block"):
+        plan_reads([0], [10], np.array([1]), max_request=1000)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_truncated_file_is_a_clear_error(tmp_path, reader):
+    path, _ = _file(tmp_path, 5 * BLOCK)
+    store = _store(path, reader)
+    arr = RowArray("q", 0, 100, BLOCK, "uint8", (BLOCK,))  # claims 100 blocks, the file has 5
+    with pytest.raises(OSError, match="truncated"):
+        store.read([arr], [np.zeros((10, BLOCK), np.uint8)], np.array([2, 7]), np.array([0, 1]))
+    store.close()
+
+
+def test_refused_o_direct_falls_back_with_one_line(tmp_path, monkeypatch):
+    path, data = _file(tmp_path, FILE_SIZE)
+    real_open = os.open
+
+    def refusing_open(p, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(p, flags, *a)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    store = FlashStore(path, io="direct", native=False)
+    assert store.note is not None and "\n" not in store.note
+    assert "refuses O_DIRECT" in store.note and "page cache" in store.note
+    rows = np.array([5, 6, 400])
+    slabs = [np.zeros((3, a.row_bytes), np.uint8) for a in ARRAYS]
+    store.read(ARRAYS, slabs, rows, np.arange(3))
+    a = ARRAYS[0]
+    assert np.array_equal(slabs[0], data[a.offset:a.offset + a.rows * a.row_bytes].reshape(a.rows, -1)[rows])
+    store.close()
+
+
+def test_emulated_bandwidth_paces_the_device_bytes(tmp_path):
+    """On top of real reads, --flash-bandwidth owes the blocks read, not only the rows' bytes."""
+    path, _ = _file(tmp_path, FILE_SIZE)
+    store = FlashStore(path, io="direct", bandwidth=20e6, native=False)
+    rows = np.arange(0, 700, 14)  # one 306 B row per 4 KiB block: device bytes ≈ 13 × the rows'
+    store.read(ARRAYS, [np.zeros((len(rows), a.row_bytes), np.uint8) for a in ARRAYS], rows, np.arange(len(rows)))
+    store.settle()
+    c = store.counters
+    assert c.device_bytes > 5 * c.bytes
+    assert c.emulated_wait + c.io_seconds >= c.device_bytes / 20e6 * 0.999
+    store.close()
+
+
+def test_reader_choice(monkeypatch):
+    import dipdeploy.ops.native as native
+
+    monkeypatch.setattr(native, "library_path", lambda arch=None: None)
+    reader = make_reader(4)
+    assert isinstance(reader, PythonReader)
+    reader.close()
+    with pytest.raises(ValueError, match="io threads"):
+        make_reader(0)
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory):
+    from dipdeploy.export.bundle import export
+    from dipdeploy.export.config import ExportConfig
+    from dipdeploy.export.prepare import make_plan
+    from dipdeploy.loading import load_model
+
+    lm = load_model("tiny-llama")
+    cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4", validate_tokens=2)
+    out = tmp_path_factory.mktemp("direct") / "bundle"
+    export(lm, cfg, out, make_plan(lm, cfg))
+    return out
+
+
+def test_run_with_direct_reads_equals_pread(tiny_bundle):
+    """Same rows bit for bit, so the same numerics: the tokens are equal, not merely close."""
+    from dipdeploy.runtime import Engine
+
+    prompt = [3, 14, 15, 92, 65, 35]
+    engines = {io: Engine(tiny_bundle, dram_budget="30%", policy="lfu", io=io, cold=True, native=False, io_threads=3)
+               for io in ("pread", "direct")}
+    assert engines["direct"].flash._reader.threads == 3
+    runs = {io: eng.generate(prompt, 10, stop_at_eos=False) for io, eng in engines.items()}
+    assert runs["direct"].tokens == runs["pread"].tokens
+    pread, direct = runs["pread"].stats, runs["direct"].stats
+    assert direct.flash_mb_per_token == pytest.approx(pread.flash_mb_per_token)  # the same misses
+    assert direct.flash_device_mb_per_token >= direct.flash_mb_per_token
+    assert pread.flash_device_mb_per_token is None
+
+
+def test_cli_run_reports_device_bytes(tiny_bundle, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dipdeploy.cli import app
+
+    js = tmp_path / "r.json"
+    args = ["run", str(tiny_bundle), "--prompt", "ab", "-n", "4", "--no-native", "--dram-budget", "50%",
+            "--io", "direct", "--cold", "--json", str(js)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "read from device per token" in res.output
+    row = json.loads(js.read_text())
+    assert row["io"] == "direct" and row["flash_device_mb_per_token"] >= row["flash_mb_per_token"] > 0
+    args[args.index("--json"):] = ["--io-threads", "3"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
