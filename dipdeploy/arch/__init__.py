@@ -8,22 +8,34 @@ block (tests; a plugin may call :func:`register`). Floor 1: no torch.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from dipdeploy.arch import gemma, gemma2, gemma3, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, refused, smollm3
+from dipdeploy.arch import refused
 from dipdeploy.arch.record import (ACTIVATIONS, Arch, ArchitectureError, AttnModules, MlpModules, NormModules,
                                    config_dict)
 
 __all__ = ["ACTIVATIONS", "Arch", "ArchitectureError", "AttnModules", "MlpModules", "NormModules", "arch_of",
            "arch_of_model", "families", "get_arch", "register", "registered", "unregister"]
 
-_FAMILIES: dict[str, Arch] = {m.RECORD.name: m.RECORD for m in (llama, mistral, qwen2, phi3, qwen3, gemma, gemma2,
-                                                               gemma3, granite, smollm3, olmo2)}
+
+def _packaged() -> dict[str, Arch]:
+    """Every module of this package that defines ``RECORD`` is a family (adding one is adding its file)."""
+    records = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        record = getattr(importlib.import_module(f"{__name__}.{info.name}"), "RECORD", None)
+        if isinstance(record, Arch):
+            records[record.name] = record
+    return records
+
+
+_FAMILIES: dict[str, Arch] = _packaged()
 
 
 def families() -> tuple[str, ...]:
-    """The registered HF class names, in registration order."""
+    """The registered HF class names: the packaged ones by module name, then those registered at run time."""
     return tuple(_FAMILIES)
 
 
