@@ -151,7 +151,8 @@ def run_cmd(
                          threads, pin_from, verify, accuracy_level)
         text = prompt
         if chat:
-            text = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
+            rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
+            text = engine.encode(rendered, special_tokens=False)  # the template writes its special tokens
         recorder = engine.trace_recorder() if trace is not None else None
         shown = _Prefill()
         shown_prompt = prompt + ("\n" if chat else "")

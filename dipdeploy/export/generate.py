@@ -79,7 +79,7 @@ def generate(bundle: str | Path, prompt: str, max_new_tokens: int = 32, *, nativ
     so = session_options(threads=threads, native=native)
     sess = ort.InferenceSession(str(bundle / manifest.graphs["model"]), so, providers=["CPUExecutionProvider"])
     kv = KVDecoder(sess, dec["decoder"]["num_key_value_heads"], dec["decoder"]["head_size"])
-    ids = tok.encode(prompt, add_special_tokens=False).ids
+    ids = tok.encode(prompt).ids  # with the tokenizer's special tokens, as `dipdeploy run` and HF do
     new, t0 = [], time.perf_counter()
     logits = kv.feed(ids) if max_new_tokens > 0 else None
     for n in range(max_new_tokens):

@@ -69,7 +69,8 @@ class Chat:
         user = {"role": "user", "content": text}
         context, dropped = self.engine.cfg.context, 0
         while True:
-            ids = self.engine.encode(self.template.render(self.history + [user], add_generation_prompt=True))
+            ids = self.engine.encode(self.template.render(self.history + [user], add_generation_prompt=True),
+                                     special_tokens=False)
             if len(ids) + max_new_tokens <= context:
                 break
             if not self.turns:

@@ -400,8 +400,11 @@ class Engine:
                              policy=self.cfg.policy, meta={"budget": str(self.cfg.dram_budget)})
 
     # -- generation -----------------------------------------------------------------------------
-    def encode(self, prompt: str) -> list[int]:
-        return self.tokenizer.encode(prompt, add_special_tokens=False).ids
+    def encode(self, prompt: str, special_tokens: bool = True) -> list[int]:
+        """Token ids of ``prompt`` as Hugging Face's tokenizer gives them: a raw prompt gets the tokenizer's
+        special tokens (Gemma's ``<bos>``; SmolLM2's tokenizer adds none), a rendered chat template does not
+        (it writes them itself, as ``apply_chat_template`` does: ``special_tokens=False``)."""
+        return self.tokenizer.encode(prompt, add_special_tokens=special_tokens).ids
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 32, *, sampler: Sampler | None = None,
                  on_text: Callable[[str], None] | None = None, trace=None, keep_logits: bool = False,
