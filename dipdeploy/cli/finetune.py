@@ -2,7 +2,8 @@
 
 Unset options fall through to :class:`dipdeploy.finetune.LoraConfig` and
 :class:`dipdeploy.sparsity.plan.SparsityConfig`, where every default is defined once.
-Scale-out: ``accelerate launch "$(which dipdeploy)" finetune ...`` (see dipdeploy/finetune/train.py).
+Scale-out: ``accelerate launch "$(which dipdeploy)" finetune ...`` (see dipdeploy/finetune/train.py): every
+process checks and trains, only process 0 prints and writes the adapter.
 """
 
 from __future__ import annotations
@@ -54,10 +55,13 @@ def finetune_cmd(
     import torch
 
     from dipdeploy.cli.core import check_inputs
+    from dipdeploy.finetune.launch import ProcessInfo
     from dipdeploy.paths import check_output
     from dipdeploy.progress import Progress
     from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
 
+    proc = ProcessInfo.from_env()
+    say = console.print if proc.is_main else (lambda *a, **k: None)
     try:
         check_output(out, force, directory=True, flag="--out")
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file})
@@ -80,7 +84,7 @@ def finetune_cmd(
 
         if threads is not None:
             torch.set_num_threads(threads)
-        progress = Progress()
+        progress = Progress(quiet=not proc.is_main)
         with progress.stage(f"load {model}"):
             lm = load_model(model)
         if p is None:
@@ -88,14 +92,17 @@ def finetune_cmd(
                 calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
                                 defaults.CALIB_SEQLEN, defaults.CALIB_WINDOWS)
                 p = calibrate(lm, sp, calib)
-        console.print(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}) on {lm.name} under "
-                      f"{p.method} ρ={p.density:.4f}: {cfg.total_steps} steps × {cfg.tokens_per_step} tokens")
+        say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}) on {lm.name} under {p.method} "
+            f"ρ={p.density:.4f}: {cfg.total_steps} steps × {cfg.tokens_per_step} tokens"
+            + (f" × {proc.world_size} processes" if proc.world_size > 1 else ""))
         with progress.stage("train LoRA, steps", total=cfg.total_steps) as stage:
             res = finetune(lm, p, cfg, out, data_dir=data_dir, resume=resume, force=force, progress=False,
                            callbacks=(_step_counter(stage),))
     except (ValueError, OSError, KeyError) as err:
+        if not proc.is_main:  # every process refuses; process 0 says why, once
+            raise typer.Exit(2)
         fail(err)
-    console.print(f"adapter → {res.out_dir}: {res.steps} steps, {res.train_tokens} tokens, "
+    say(f"adapter → {res.out_dir}: {res.steps} steps, {res.train_tokens} tokens, "
                   f"loss {res.first_loss:.4f} → {res.last_loss:.4f}, {res.wall_s} s")
 
 

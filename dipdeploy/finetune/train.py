@@ -7,8 +7,10 @@ and — unchanged — data-parallel training on several GPUs or machines:
     accelerate launch --num_processes 8 "$(which dipdeploy)" finetune --model mistral-7b --method dip \
         --density 0.5 --bf16 --out mistral-dip50-lora
 
-(each process trains on its shard of the windows; process 0 writes checkpoints and the adapter). Only
-the single-process path is tested here (2-core CPU machine).
+(each process trains on its shard of the windows; process 0 writes checkpoints and the adapter, the
+same adapter as one process writes; ``train.processes`` in its metadata says how many trained it). On a
+CPU-only machine the same launch with ``--multi_gpu`` and ``CUDA_VISIBLE_DEVICES=`` runs DDP over gloo;
+``tests/test_finetune_multiprocess.py`` runs two such processes.
 
 The Trainer needed two small overrides, not a different loop, because of the ``SparseMLP`` wrapper:
 
@@ -117,7 +119,7 @@ def _training_args(cfg: LoraConfig, ckpt: Path, progress: bool):
         logging_first_step=True, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2,
         seed=cfg.seed, data_seed=cfg.seed, report_to=[], remove_unused_columns=False,
         dataloader_num_workers=0, disable_tqdm=not progress, bf16=cfg.bf16,
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=not torch.cuda.is_available(), ddp_find_unused_parameters=False,
     )
 
 
@@ -128,7 +130,7 @@ def _prepare_checkpoints(out: Path, resume: bool, force: bool) -> Path:
             raise FileExistsError(
                 f"{ckpt} holds checkpoints of an earlier run; pass --resume to continue it or --force to start over"
             )
-        shutil.rmtree(ckpt)
+        shutil.rmtree(ckpt, ignore_errors=True)  # every process of a launch removes it: a race, not an error
     return ckpt
 
 
@@ -169,11 +171,13 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
         wall = time.time() - t0
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         steps = trainer.state.global_step
-        result = FinetuneResult(out, steps, steps * cfg.tokens_per_step, round(wall, 1),
+        processes = trainer.args.world_size
+        result = FinetuneResult(out, steps, steps * cfg.tokens_per_step * processes, round(wall, 1),
                                 losses[0] if losses else None, losses[-1] if losses else None,
                                 list(trainer.state.log_history))
         if trainer.args.should_save:
-            train = {"steps": steps, "train_tokens": result.train_tokens, "wall_s": result.wall_s,
+            train = {"steps": steps, "train_tokens": result.train_tokens, "processes": processes,
+                     "wall_s": result.wall_s,
                      "first_loss": result.first_loss, "last_loss": result.last_loss,
                      "windows": len(data), "resumed": bool(has_ckpt),
                      "text": cfg.text_file or "wikitext2/validation"}
