@@ -163,7 +163,7 @@ def test_lora_config_errors(bad, match):
 
 def test_tokens_override_steps_and_roundtrip():
     cfg = LoraConfig(tokens=5000, batch_size=2, seqlen=512, targets="up,down")
-    assert cfg.total_steps == 5 and cfg.targets == ("up", "down")
+    assert cfg.total_steps() == 5 and cfg.total_steps(processes=2) == 3 and cfg.targets == ("up", "down")
     assert LoraConfig.from_dict(json.loads(cfg.to_json())) == cfg
 
 

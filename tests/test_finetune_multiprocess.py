@@ -57,10 +57,11 @@ def test_finetune_two_processes(tmp_path, tiny_llama, data_dir):
                  c.intermediate_size).save(plan)
     text = tmp_path / "train.txt"
     text.write_text("a small training text for a tiny model, repeated. " * 40)
-    common = ["finetune", "--model", "tiny-llama", "--plan", str(plan), "--steps", "2", "--seqlen", "32",
-              "--batch-size", "2", "--rank", "2", "--text-file", str(text)]
+    common = ["finetune", "--model", "tiny-llama", "--plan", str(plan), "--seqlen", "32", "--batch-size", "2",
+              "--rank", "2", "--text-file", str(text)]
     out = tmp_path / "ddp"
-    res = _launch([*common, "--out", str(out)])
+    ddp = [*common, "--tokens", str(2 * 2 * 32 * 2), "--out", str(out)]  # 2 steps of 2 processes × 2 windows
+    res = _launch(ddp)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("adapter →") == 1 and "× 2 processes" in res.stdout, res.stdout
     train = read_metadata(out)["train"]
@@ -68,7 +69,7 @@ def test_finetune_two_processes(tmp_path, tiny_llama, data_dir):
     assert not list(tmp_path.glob(".ddp.*")) and not (tmp_path / "ddp.checkpoints").exists()
 
     single = tmp_path / "single"
-    res1 = runner.invoke(app, [*common, "--out", str(single)])
+    res1 = runner.invoke(app, [*common, "--steps", "2", "--out", str(single)])
     assert res1.exit_code == 0, res1.output
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in single.iterdir())
     assert _adapter_tensors(out) == _adapter_tensors(single)
@@ -77,7 +78,7 @@ def test_finetune_two_processes(tmp_path, tiny_llama, data_dir):
     assert read_metadata(single)["train"]["processes"] == 1
 
     before = (out / "adapter_model.safetensors").read_bytes()
-    again = _launch([*common, "--out", str(out)])
+    again = _launch(ddp)
     # each process exits 2 with no traceback of its own (the launcher then prints its ChildFailedError)
     assert again.returncode != 0 and f'File "{ROOT / "dipdeploy"}' not in again.stdout + again.stderr
     assert "exitcode  : 2" in again.stderr, again.stderr

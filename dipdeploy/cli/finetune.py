@@ -93,9 +93,9 @@ def finetune_cmd(
                                 defaults.CALIB_SEQLEN, defaults.CALIB_WINDOWS)
                 p = calibrate(lm, sp, calib)
         say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}) on {lm.name} under {p.method} "
-            f"ρ={p.density:.4f}: {cfg.total_steps} steps × {cfg.tokens_per_step} tokens"
+            f"ρ={p.density:.4f}: {cfg.total_steps(proc.world_size)} steps × {cfg.tokens_per_step} tokens"
             + (f" × {proc.world_size} processes" if proc.world_size > 1 else ""))
-        with progress.stage("train LoRA, steps", total=cfg.total_steps) as stage:
+        with progress.stage("train LoRA, steps", total=cfg.total_steps(proc.world_size)) as stage:
             res = finetune(lm, p, cfg, out, data_dir=data_dir, resume=resume, force=force, progress=False,
                            callbacks=(_step_counter(stage),))
     except (ValueError, OSError, KeyError) as err:

@@ -16,7 +16,8 @@ class LoraConfig:
 
     ``targets`` names projections by role (``up``, ``gate``, ``down``; ``attn`` adds every attention
     projection); :func:`dipdeploy.finetune.adapter.target_modules` maps roles to module names of the family record.
-    ``tokens``, when set, overrides ``steps``: steps = ⌈tokens / (batch_size · grad_accum · seqlen)⌉.
+    ``tokens``, when set, overrides ``steps``: steps = ⌈tokens / (batch_size · grad_accum · seqlen · processes)⌉,
+    since each data-parallel process trains ``batch_size`` windows per step (:meth:`total_steps`).
     ``alpha=None`` means 2·rank, the usual LoRA scaling of 2.
     ``bf16`` runs the forward under bf16 autocast (GPU, or a CPU with AVX512-BF16: 1.5× faster on this
     project's CPU); the LoRA weights and the optimizer stay fp32, and evaluation stays fp32.
@@ -80,11 +81,11 @@ class LoraConfig:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.grad_accum * self.seqlen
 
-    @property
-    def total_steps(self) -> int:
+    def total_steps(self, processes: int = 1) -> int:
+        """Optimizer steps of each of ``processes`` data-parallel processes (they step together)."""
         if self.tokens is None:
             return self.steps
-        return -(-self.tokens // self.tokens_per_step)
+        return -(-self.tokens // (self.tokens_per_step * processes))
 
     def to_dict(self) -> dict:
         return {"type": "LoraConfig", **asdict(self), "targets": list(self.targets)}

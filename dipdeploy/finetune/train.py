@@ -41,6 +41,7 @@ import torch
 
 from dipdeploy.finetune.adapter import dense_paths, fingerprint, target_modules, write_metadata
 from dipdeploy.finetune.config import LoraConfig
+from dipdeploy.finetune.launch import ProcessInfo
 from dipdeploy.paths import atomic_dir, check_output
 from dipdeploy.sparsity.methods import reset_caches, sparsify_, unsparsify_
 from dipdeploy.sparsity.plan import SparsityPlan
@@ -113,7 +114,8 @@ def _training_args(cfg: LoraConfig, ckpt: Path, progress: bool):
     from transformers import TrainingArguments
 
     return TrainingArguments(
-        output_dir=str(ckpt), max_steps=cfg.total_steps, per_device_train_batch_size=cfg.batch_size,
+        output_dir=str(ckpt), max_steps=cfg.total_steps(ProcessInfo.from_env().world_size),
+        per_device_train_batch_size=cfg.batch_size,
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.lr, lr_scheduler_type=cfg.scheduler,
         warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, logging_steps=cfg.logging_steps,
         logging_first_step=True, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2,
