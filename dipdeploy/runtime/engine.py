@@ -1,8 +1,8 @@
 """The host engine: a bundle's per-layer graphs under a DRAM budget, MLP rows streamed from Flash.
 
-Per token (prompt tokens too, one at a time: DIP-CA's mask depends on the cache after the previous
-token, exactly as in the torch reference), the token's embedding row is read from ``dense.bin``
-(``embedding.py``: the table is never resident), then per layer::
+Per decoded token (and per prompt token with ``prefill="token"``: DIP-CA's mask depends on the cache
+after the previous token, exactly as in the torch reference), the token's embedding row is read from
+``dense.bin`` (``embedding.py``: the table is never resident), then per layer::
 
     layer.i.attn      hidden, KV, cache_in = up|gate residency ─► hidden_attn, x, in_indices
     host              RowCache.access → hits; SlotTable.assign → slots; Flash reads of the misses
@@ -10,7 +10,9 @@ token, exactly as in the torch reference), the token's embedding row is read fro
     host              the same for the down rows
     layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► hidden
 
-then ``head.onnx`` → logits → the sampler. The KV cache is allocated once for the context and written
+then ``head.onnx`` → logits → the sampler. A batched prefill (``Engine.prefill``, the default) runs the
+same graphs on all the prompt's tokens at once (their inputs are symbolic in the sequence length).
+The KV cache is allocated once for the context and written
 in place (``kv.py``). γ = 1 with an all-resident cache is plain DIP; the cache
 rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
 reference and the simulator). Torch-free (floor 4).
@@ -529,10 +531,11 @@ class Engine:
                  on_text: Callable[[str], None] | None = None, trace=None, keep_logits: bool = False,
                  stop_at_eos: bool = True, should_stop: Callable[[], bool] | None = None,
                  on_prefill: Callable[[int, int], None] | None = None) -> Generation:
-        """Feed ``prompt`` token by token, then sample up to ``max_new_tokens`` (see ``extend``).
+        """Feed ``prompt`` (batched or token by token: ``EngineConfig.prefill``), then sample up to
+        ``max_new_tokens`` (see ``extend``).
 
         ``trace``: a ``dipdeploy.trace.TraceRecorder`` that receives every token's selections and hits.
-        ``on_prefill(done, total)`` follows the prompt, fed one token at a time (a long prompt takes a while).
+        ``on_prefill(done, total)`` follows the prompt (once per token in token mode, once in batch mode).
         Policy ``belady`` runs the sequence twice: once with no cache to record the selections (DIP's
         selection does not depend on the cache when γ = 1), then with Belady over that future.
         """
