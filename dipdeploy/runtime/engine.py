@@ -416,7 +416,8 @@ class Engine:
         graph run), the union of the batch's selected rows is placed once in a full-height buffer at
         their row index (rows the cache holds are copied from DRAM, the rest read from Flash), and the
         MLP graphs run on it. Then each group's cache takes the batch's selections in token order by its
-        policy's rule, as if decoded, and the slab gets the newly resident rows from the buffer
+        policy's rule, as if decoded, and the slab gets the newly resident rows from the buffer. A
+        token's hits are its rows the cache held before the batch: what the batch found in DRAM
         (README, "The host runtime": batched prefill)."""
         st, n = self._state, len(ids)
         pos = st["pos"]
@@ -499,9 +500,10 @@ class Engine:
 
     @staticmethod
     def _warm(slab: GroupSlab, selected: np.ndarray, bufs: dict[str, np.ndarray]) -> np.ndarray:
-        """``slab``'s cache takes ``selected`` [n, K] in token order by its policy's rule; the newly
-        resident rows are copied from the prefill buffers into their slots. Returns the hits [n, K]."""
-        hits = np.stack([slab.cache.access(s[None])[0] for s in selected])
+        """``slab``'s cache takes ``selected`` [n, K] in token order by its policy's rule
+        (``RowCache.access_steps``); the newly resident rows are copied from the prefill buffers into their
+        slots. Returns the hits [n, K]: the rows the cache held before the batch."""
+        hits = slab.cache.access_steps(selected)
         rows, slots = slab.table.rebase(slab.cache.resident[0])
         for a, s in zip(slab.arrays.per_row, slab.slabs):
             s[slots] = bufs[a.name][rows]
