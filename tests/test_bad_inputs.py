@@ -144,6 +144,8 @@ CASES = [
     ("run-io", "run {bundle} -p hi --io odirect", "choose one of mmap, pread, direct"),
     ("run-io-threads", "run {bundle} -p hi --io direct --io-threads 0", "--io-threads must be >= 1"),
     ("chat-io-threads", "chat {bundle} --io direct --io-threads 0", "--io-threads must be >= 1"),
+    ("run-prefill", "run {bundle} -p hi --prefill chunked", "--prefill chunked: choose one of batch, token"),
+    ("chat-prefill", "chat {bundle} --prefill chunked", "--prefill chunked: choose one of batch, token"),
     ("run-budget-no-unit", "run {bundle} -p hi --dram-budget 50", "needs a unit"),
     ("run-budget-fraction-no-unit", "run {bundle} -p hi --dram-budget 0.5", "needs a unit"),
     ("run-budget-too-small", "run {bundle} -p hi --dram-budget 1kB --no-native", "give at least"),
@@ -247,7 +249,7 @@ def _resident_minimum(bundle) -> int:
     eng = Engine(bundle, dram_budget="0%", native=False)
     r = eng.residency
     eng.close()
-    return r.dense + r.kv + r.staging
+    return r.total - r.caches  # dense, KV, staging and the prefill buffer
 
 
 def test_default_context_fits_the_bundle_and_an_explicit_one_is_checked(bundle):

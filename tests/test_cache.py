@@ -102,3 +102,29 @@ def test_topk_rows_is_the_set_of_topk_indices():
     s = np.round(rng.random((8, 300)), 2)  # many ties
     for k in (1, 7, 150, 300):
         assert (np.sort(topk_indices(s, k), axis=-1) == topk_rows(s, k)).all()
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "static", "none", "belady"])
+@pytest.mark.parametrize("capacity", [0, 5, 20, 64])
+def test_access_steps_equals_step_by_step(policy, capacity):
+    """A batched prefill's warm (``access_steps``) leaves the state of the same accesses one by one,
+    also after earlier steps (a chat turn after the first) and with rows re-selected after eviction."""
+    rng = np.random.default_rng(7)
+    rows, k = 64, 12
+    before = np.stack([rng.choice(rows, k, replace=False) for _ in range(5)])
+    batch = np.stack([rng.choice(rows // 2 if t % 3 else rows, k, replace=False) for t in range(40)])
+    extra = {"future": np.concatenate([before, batch])} if policy == "belady" else {}
+    if policy == "static":
+        extra = {"pinned": np.arange(rows) < capacity}
+    one, many = (RowCache(rows, capacity, policy, **extra) for _ in range(2))
+    for c in (one, many):
+        for s in before:
+            c.access(s[None])
+    held = one.resident[0].copy()
+    hits = many.access_steps(batch)
+    for s in batch:
+        one.access(s[None])
+    assert np.array_equal(hits, held[batch])
+    for name in ("resident", "last_use", "uses"):
+        assert np.array_equal(getattr(one, name), getattr(many, name)), name
+    assert one.step == many.step and one.hits + one.misses == many.hits + many.misses

@@ -50,7 +50,7 @@ def test_unlimited_budget_and_gamma_1_equals_model_onnx(dipca_bundle, io, native
 
         if library_path() is None:
             pytest.skip("native library not built (make ops)")
-    eng = Engine(out, dram_budget="100%", gamma=1.0, native=native, io=io)
+    eng = Engine(out, dram_budget="100%", gamma=1.0, native=native, io=io, prefill="token")
     g = eng.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     assert all(np.array_equal(a, b) for a, b in zip(logits, g.logits))  # one engine: bit-equal by contract

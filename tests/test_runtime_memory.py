@@ -67,7 +67,7 @@ def test_kv_storage_is_sized_to_the_context_and_never_reallocated(bundle):
 
 def test_tokens_and_logits_equal_model_onnx(bundle):
     out, _ = bundle
-    eng = Engine(out, dram_budget="100%", gamma=1.0, native=False)
+    eng = Engine(out, dram_budget="100%", gamma=1.0, native=False, prefill="token")
     g = eng.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     assert all(np.array_equal(a, b) for a, b in zip(logits, g.logits))  # a second sequence on the same storage

@@ -145,6 +145,44 @@ class RowCache:
             self.resident = cand
         return hit
 
+    def access_steps(self, selected: np.ndarray) -> np.ndarray:
+        """Record ``selected`` ([n, K] row indices of one sequence) as n steps at once, leaving the state
+        that n calls of ``access`` leave; returns the rows resident *before* the n steps ([n, K] bool):
+        what a batched prefill found in DRAM (README, "The host runtime").
+
+        For LRU and LFU every row's key only grows, so a row that falls out of the top-C stays out until
+        it is selected again: after the steps the residency is the top-C by key over the rows resident
+        before and the rows selected. Belady's key depends on the step, so it is stepped. A test holds
+        this equal to the step-by-step path."""
+        sel = np.asarray(selected, dtype=np.int64)
+        sel = sel.reshape(len(sel), -1)
+        if self.batch != 1 or self.policy == "belady":
+            before = self.resident[0].copy()
+            for s in sel:
+                self.access(s[None])
+            return before[sel]
+        if sel.size and (sel.min() < 0 or sel.max() >= self.rows):
+            raise IndexError(f"selected rows must lie in [0, {self.rows}), got [{sel.min()}, {sel.max()}]")
+        res = self.resident[0]
+        hit = res[sel]
+        self.hits += int(hit.sum())
+        self.misses += hit.size - int(hit.sum())
+        flat = sel.reshape(-1)
+        steps = np.repeat(np.arange(self.step + 1, self.step + len(sel) + 1, dtype=np.int64), sel.shape[1])
+        np.maximum.at(self.last_use[0], flat, steps)
+        self.uses[0] += np.bincount(flat, minlength=self.rows)
+        self.step += len(sel)
+        if self.policy not in ("static", "none") and self.capacity > 0:
+            res = res.copy()
+            res[flat] = True
+            cand = np.flatnonzero(res)
+            over = len(cand) - self.capacity
+            if over > 0:
+                key = self._key(cand)
+                res[cand[np.argpartition(key, over - 1)[:over]]] = False
+            self.resident = res[None]
+        return hit
+
     def _access_one(self, sel: np.ndarray) -> np.ndarray:
         """``access`` for one sequence (the runtime's case), the same rule computed on fewer rows.
 

@@ -83,6 +83,19 @@ class SlotTable:
         empty = np.empty(0, dtype=np.int64)
         return SlotStep(empty, rows, given, empty, empty, empty)
 
+    def rebase(self, resident: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Match the table to a residency set outside the per-token rule (a batched prefill warms the
+        cache from the prompt's selections at once): rows no longer resident free their slots, rows newly
+        resident take the lowest free ones. Returns (rows, slots) of the newly placed rows, whose data the
+        caller copies in."""
+        resident = np.asarray(resident, dtype=bool)
+        held = self.row_of[self.row_of >= 0]
+        self._release(held[~resident[held]])
+        new = np.flatnonzero(resident & (self.slot_of < 0))
+        if int(resident.sum()) > self.capacity:
+            raise ValueError(f"rebase: {int(resident.sum())} resident rows exceed the capacity of {self.capacity} slots")
+        return new, self._take(new)
+
     def assign(self, selected: np.ndarray, hits: np.ndarray, resident_after: np.ndarray) -> SlotStep:
         """Slots for one token's ``selected`` rows [K] (rule steps 1–3)."""
         sel = np.asarray(selected, dtype=np.int64).reshape(-1)

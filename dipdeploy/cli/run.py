@@ -43,7 +43,9 @@ IO_THREADS = typer.Option(_E.io_threads, "--io-threads", help="--io direct: read
 CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved in the budget (tokens): "
                        f"prompt plus answer (run), the whole conversation (chat); default {DEFAULT_CONTEXT}, or "
                        f"the bundle's positions if fewer; more than those is refused")
-PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (fed one token at a time)
+PREFILL = typer.Option(_E.prefill, "--prefill", help="prompt: batch (one batch per layer, plain DIP, caches warmed "
+                       "from its selections) | token (one at a time as decode: the exact DIP-CA reference)")
+PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (long with --prefill token)
 THREADS = typer.Option(_E.threads, "--threads", help="ORT intra-op threads per session")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
@@ -69,14 +71,17 @@ def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampl
 
 
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-            threads, pin_from, verify, accuracy_level=None):
+            threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill):
     from dipdeploy.runtime import Engine, parse_bandwidth
+    from dipdeploy.runtime.engine import PREFILL_MODES
     from dipdeploy.runtime.flash import IO_MODES
 
     if io not in IO_MODES:
         raise ValueError(f"--io {io}: choose one of {', '.join(IO_MODES)}")
     if io_threads < 1:
         raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
+    if prefill not in PREFILL_MODES:
+        raise ValueError(f"--prefill {prefill}: choose one of {', '.join(PREFILL_MODES)}")
 
     counts = None
     if pin_from is not None:
@@ -85,7 +90,8 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         counts = Trace.load(pin_from).row_counts()
     cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
              flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
-             io=io, io_threads=io_threads, context=context, threads=threads, verify=verify, pinned_counts=counts)
+             io=io, io_threads=io_threads, context=context, threads=threads, verify=verify, pinned_counts=counts,
+             prefill=prefill)
     engine = Engine(bundle, cfg)
     if engine.flash.note:
         typer.echo(f"note: {engine.flash.note}", err=True)
@@ -105,7 +111,7 @@ class _Prefill:
         if self.stage is None and total >= PREFILL_PROGRESS:
             self.stage = self.progress.start("prefill the prompt, tokens", total=total)
         if self.stage is not None:
-            self.stage.advance()
+            self.stage.advance(done - self.stage.done)
             if done == total:
                 self.stage.finish()
                 self.stage = None
@@ -123,7 +129,7 @@ def run_cmd(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS,
+    cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS, prefill: str = PREFILL,
     context: Optional[int] = CONTEXT, threads: int = THREADS, pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED,
@@ -148,7 +154,7 @@ def run_cmd(
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-                         threads, pin_from, verify, accuracy_level)
+                         threads, pin_from, verify, accuracy_level, prefill)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -183,7 +189,7 @@ def chat_cmd(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    io: str = IO, io_threads: int = IO_THREADS,
+    io: str = IO, io_threads: int = IO_THREADS, prefill: str = PREFILL,
     context: Optional[int] = CONTEXT, threads: int = THREADS,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
@@ -198,7 +204,7 @@ def chat_cmd(
         check_policy(policy)
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
-                         threads, None, False, accuracy_level)
+                         threads, None, False, accuracy_level, prefill)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

@@ -95,18 +95,19 @@ class Residency:
     caches: int
     cache_frac: float
     capacity: list[list[int]]
+    prefill: int = 0  # the batched prefill's buffer: one layer's MLP rows, shared by every layer
 
     @property
     def total(self) -> int:
-        return self.dense + self.kv + self.staging + self.caches
+        return self.dense + self.kv + self.staging + self.prefill + self.caches
 
     def as_dict(self) -> dict:
-        return {"dense": self.dense, "kv": self.kv, "staging": self.staging, "caches": self.caches,
-                "total": self.total, "cache_frac": self.cache_frac}
+        return {"dense": self.dense, "kv": self.kv, "staging": self.staging, "prefill": self.prefill,
+                "caches": self.caches, "total": self.total, "cache_frac": self.cache_frac}
 
 
 def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_bytes: int, kv_bytes: int,
-                   policy: str) -> Residency:
+                   policy: str, prefill_bytes: int = 0) -> Residency:
     """Cache capacities under ``budget``; raises with the minimum when the resident part does not fit.
 
     A fraction uses ``round(frac · rows)`` per group, exactly like ``RowCache`` in the torch reference.
@@ -114,7 +115,7 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
     """
     staging = sum(g.k * g.row_bytes for layer in groups for g in layer)
     mlp = sum(g.rows * g.row_bytes for layer in groups for g in layer)
-    fixed = dense_bytes + kv_bytes + staging
+    fixed = dense_bytes + kv_bytes + staging + prefill_bytes
     if budget.cache_frac is not None:
         frac = budget.cache_frac
         cap = [[round(frac * g.rows) for g in layer] for layer in groups]
@@ -123,11 +124,12 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
             least = math.ceil(fixed / 1e5) / 10  # rounded up: the figure given back must itself be accepted
             raise ValueError(
                 f"DRAM budget {budget} is below the resident minimum of {least:.1f} MB (dense weights "
-                f"{dense_bytes / 1e6:.1f} MB + KV cache {kv_bytes / 1e6:.1f} MB + staging {staging / 1e6:.1f} MB); "
+                f"{dense_bytes / 1e6:.1f} MB + KV cache {kv_bytes / 1e6:.1f} MB + staging {staging / 1e6:.1f} MB"
+                f"{f' + prefill buffer {prefill_bytes / 1e6:.1f} MB' if prefill_bytes else ''}); "
                 f"give at least {least:.1f}MB, a smaller --context, or a percentage such as 25%")
         frac = min(1.0, (budget.total_bytes - fixed) / mlp) if mlp else 0.0
         cap = [[int(frac * g.rows) for g in layer] for layer in groups]
     if policy == "none":
         cap = [[0 for _ in layer] for layer in cap]
     caches = sum(c * g.row_bytes for cl, gl in zip(cap, groups) for c, g in zip(cl, gl))
-    return Residency(dense_bytes, kv_bytes, staging, caches, frac, cap)
+    return Residency(dense_bytes, kv_bytes, staging, caches, frac, cap, prefill_bytes)

@@ -1,8 +1,8 @@
 """The host engine: a bundle's per-layer graphs under a DRAM budget, MLP rows streamed from Flash.
 
-Per token (prompt tokens too, one at a time: DIP-CA's mask depends on the cache after the previous
-token, exactly as in the torch reference), the token's embedding row is read from ``dense.bin``
-(``embedding.py``: the table is never resident), then per layer::
+Per decoded token (and per prompt token with ``prefill="token"``: DIP-CA's mask depends on the cache
+after the previous token, exactly as in the torch reference), the token's embedding row is read from
+``dense.bin`` (``embedding.py``: the table is never resident), then per layer::
 
     layer.i.attn      hidden, KV, cache_in = up|gate residency ─► hidden_attn, x, in_indices
     host              RowCache.access → hits; SlotTable.assign → slots; Flash reads of the misses
@@ -10,7 +10,9 @@ token, exactly as in the torch reference), the token's embedding row is read fro
     host              the same for the down rows
     layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► hidden
 
-then ``head.onnx`` → logits → the sampler. The KV cache is allocated once for the context and written
+then ``head.onnx`` → logits → the sampler. A batched prefill (``Engine.prefill``, the default) runs the
+same graphs on all the prompt's tokens at once (their inputs are symbolic in the sequence length).
+The KV cache is allocated once for the context and written
 in place (``kv.py``). γ = 1 with an all-resident cache is plain DIP; the cache
 rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
 reference and the simulator). Torch-free (floor 4).
@@ -43,6 +45,10 @@ from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 from dipdeploy.sparsity.plan import SparsityConfig
 
+#: how ``extend`` feeds the tokens it is given (README, "The host runtime": batched prefill)
+PREFILL_MODES = ("batch", "token")
+
+
 @dataclass
 class EngineConfig:
     """What ``dipdeploy run`` takes. ``gamma`` None keeps the bundle's γ (1 for a DIP bundle);
@@ -54,7 +60,11 @@ class EngineConfig:
     ``run`` and the longest conversation of ``chat`` (one default for both); None: ``DEFAULT_CONTEXT``, or
     the bundle's positions (:func:`bundle_positions`) if fewer; a larger one is refused when the bundle opens.
     ``dram_budget`` and ``policy`` default to the torch DIP-CA reference's ``cache_frac`` and ``policy``
-    (``SparsityConfig``), so a bundle run as it comes matches what ``eval`` measured (README, "Budget")."""
+    (``SparsityConfig``), so a bundle run as it comes matches what ``eval`` measured (README, "Budget").
+    ``prefill``: "batch" runs the tokens ``extend`` is given (a prompt, a chat turn) as one batch per
+    layer, plain DIP per token with the layer's selected rows read once, then warms the caches from those
+    selections in token order; "token" feeds them one by one as decode does, the exact torch DIP-CA
+    reference (README, "The host runtime")."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -68,9 +78,12 @@ class EngineConfig:
     io_threads: int = IO_THREADS  # --io direct: reads in flight
     context: int | None = None
     verify: bool = False
+    prefill: str = "batch"  # "batch": the prompt as one batch per layer; "token": one token at a time
     pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     def __post_init__(self) -> None:
+        if self.prefill not in PREFILL_MODES:
+            raise ValueError(f"prefill {self.prefill!r} unknown; choose one of {', '.join(PREFILL_MODES)}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
         if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
@@ -124,6 +137,13 @@ def bundle_positions(path: str | Path, manifest: Manifest | None = None) -> int:
     if not found:
         raise BundleError(f"{path}: the manifest's config has no max_position_embeddings; {REGENERATE}")
     return min(found)
+
+
+def _prefill_buffers(arrays, rows: tuple[int, int]) -> set[tuple[tuple, str]]:
+    """The (shape, dtype) of every buffer the batched prefill needs: each per-row array of a group at
+    full height, one buffer per distinct shape, shared by all layers (a layer runs after the other)."""
+    return {((n, *a.row_shape), str(np.dtype(a.dtype))) for pair in arrays
+            for group, n in zip(pair, rows) for a in group.per_row}
 
 
 def _settings_problems(m: Manifest) -> list[str]:
@@ -245,8 +265,11 @@ class Engine:
                   for (a, b), (k_in, k_glu) in zip(arrays, self.k)]
         shared = sum(a.shared_bytes + b.shared_bytes for a, b in arrays)
         dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes() + self.embedding.nbytes + shared
+        self._prefill_shapes = _prefill_buffers(arrays, (self.d, self.f)) if cfg.prefill == "batch" else {}
+        prefill = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._prefill_shapes)
         self.residency: Residency = plan_residency(DramBudget.parse(cfg.dram_budget), shapes, dense,
-                                                   self.kv.nbytes, cfg.policy)
+                                                   self.kv.nbytes, cfg.policy, prefill)
+        self._prefill_arrays: dict | None = None
         self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash)
                             for arr, rows, k, cap in zip(pair, (self.d, self.f), k_pair, caps))
                       for pair, k_pair, caps in zip(arrays, self.k, self.residency.capacity)]
@@ -386,6 +409,106 @@ class Engine:
         st["ids"].append(int(token))
         return b["logits"][0, -1].copy()
 
+    def prefill(self, ids: list[int], timer: Timer, record=None) -> np.ndarray:
+        """Feed ``ids`` as one batch per layer; returns the logits [V] after the last one.
+
+        Each token selects by plain DIP (every row counted resident: the cache cannot change inside one
+        graph run), the union of the batch's selected rows is placed once in a full-height buffer at
+        their row index (rows the cache holds are copied from DRAM, the rest read from Flash), and the
+        MLP graphs run on it. Then each group's cache takes the batch's selections in token order by its
+        policy's rule, as if decoded, and the slab gets the newly resident rows from the buffer. A
+        token's hits are its rows the cache held before the batch: what the batch found in DRAM
+        (README, "The host runtime": batched prefill)."""
+        st, n = self._state, len(ids)
+        pos = st["pos"]
+        if pos + n > self.cfg.context:
+            raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
+        if self._prefill_arrays is None:
+            self._prefill_arrays = {key: np.zeros(key[0], key[1]) for key in self._prefill_shapes}
+            self._prefill_bound = [tuple(Bound(s.session) for s in (self.attn[i], self.up[i], self.down[i]))
+                                   for i in range(self.num_layers)]
+        h = np.zeros((1, n, self.d), np.float32)
+        with timer("embed+head"):
+            for j, t in enumerate(ids):
+                self.embedding.read(int(t), h[0, j])
+        positions = np.arange(pos, pos + n, dtype=np.int64)[None]
+        mask = self._mask[:, : pos + n]
+        everything = (np.ones(self.d, bool), np.ones(self.f, bool))
+        for i in range(self.num_layers):
+            a, u, w = self._prefill_bound[i]
+            k_in, k_glu = self.k[i]
+            ug, dn = self.slabs[i]
+            hidden_attn, x = np.zeros((1, n, self.d), np.float32), np.zeros((n, self.d), np.float32)
+            sel_in, sel_glu = np.zeros((n, k_in), np.int64), np.zeros((n, k_glu), np.int64)
+            glu, out = np.zeros((n, self.f), np.float32), np.zeros((1, n, self.d), np.float32)
+            with timer("attention"):
+                for name, v in (("hidden", h), ("attention_mask", mask), ("position_ids", positions),
+                                ("cache_in", everything[0])):
+                    a.input(name, v)
+                for name, v in (("hidden_attn", hidden_attn), ("x", x), ("in_indices", sel_in)):
+                    a.output(name, v)
+                self.kv.bind(a, i, n)
+                a.run()
+                self.kv.commit(i)
+            with timer("cache"):
+                rows_ug = self._fill_prefill(ug, sel_in)
+            with timer("mlp"):
+                for name, v in (("x", x), ("in_indices", sel_in), ("in_slots", sel_in), ("cache_glu", everything[1]),
+                                *rows_ug.items()):
+                    u.input(name, v)
+                u.output("glu", glu)
+                u.output("glu_indices", sel_glu)
+                u.run()
+            with timer("cache"):
+                hits_in = self._warm(ug, sel_in, rows_ug)
+                rows_dn = self._fill_prefill(dn, sel_glu)
+            with timer("mlp"):
+                for name, v in (("glu", glu), ("glu_indices", sel_glu), ("glu_slots", sel_glu),
+                                ("hidden_attn", hidden_attn), *rows_dn.items()):
+                    w.input(name, v)
+                w.output("hidden", out)
+                w.run()
+            with timer("cache"):
+                hits_glu = self._warm(dn, sel_glu, rows_dn)
+            if record is not None:
+                for j in range(n):
+                    record(i, sel_in[j].copy(), sel_glu[j].copy(), hits_in[j], hits_glu[j])
+            h = out
+        with timer("embed+head"):
+            np.copyto(self.layer_buf[-1]["hidden"], h[:, -1:])
+            self.head.run()
+        with timer("cache"):
+            self.flash.settle()
+        self.kv.advance(n)
+        st["pos"] = pos + n
+        st["ids"].extend(int(t) for t in ids)
+        return self.buf["logits"][0, -1].copy()
+
+    def _fill_prefill(self, slab: GroupSlab, selected: np.ndarray) -> dict[str, np.ndarray]:
+        """The prefill buffers of ``slab``'s arrays, holding every row of ``selected`` at its row index:
+        rows resident in the slab copied from it, the others read from Flash (once, coalesced)."""
+        bufs = {a.name: self._prefill_arrays[((slab.rows, *a.row_shape), str(np.dtype(a.dtype)))]
+                for a in slab.arrays.per_row}
+        rows = np.unique(selected)
+        slots = slab.table.slot_of[rows]
+        held = slots >= 0
+        for a, s in zip(slab.arrays.per_row, slab.slabs):
+            bufs[a.name][rows[held]] = s[slots[held]]
+        missing = rows[~held]
+        self.flash.read(slab.arrays.per_row, list(bufs.values()), missing, missing)
+        return {**bufs, **slab.arrays.shared}
+
+    @staticmethod
+    def _warm(slab: GroupSlab, selected: np.ndarray, bufs: dict[str, np.ndarray]) -> np.ndarray:
+        """``slab``'s cache takes ``selected`` [n, K] in token order by its policy's rule
+        (``RowCache.access_steps``); the newly resident rows are copied from the prefill buffers into their
+        slots. Returns the hits [n, K]: the rows the cache held before the batch."""
+        hits = slab.cache.access_steps(selected)
+        rows, slots = slab.table.rebase(slab.cache.resident[0])
+        for a, s in zip(slab.arrays.per_row, slab.slabs):
+            s[slots] = bufs[a.name][rows]
+        return hits
+
     def trace_recorder(self):
         """A ``TraceRecorder`` for ``generate(trace=...)``: source "runtime", this bundle's shape and K,
         the run's γ and policy (the simulator reads the file)."""
@@ -410,10 +533,11 @@ class Engine:
                  on_text: Callable[[str], None] | None = None, trace=None, keep_logits: bool = False,
                  stop_at_eos: bool = True, should_stop: Callable[[], bool] | None = None,
                  on_prefill: Callable[[int, int], None] | None = None) -> Generation:
-        """Feed ``prompt`` token by token, then sample up to ``max_new_tokens`` (see ``extend``).
+        """Feed ``prompt`` (batched or token by token: ``EngineConfig.prefill``), then sample up to
+        ``max_new_tokens`` (see ``extend``).
 
         ``trace``: a ``dipdeploy.trace.TraceRecorder`` that receives every token's selections and hits.
-        ``on_prefill(done, total)`` follows the prompt, fed one token at a time (a long prompt takes a while).
+        ``on_prefill(done, total)`` follows the prompt (once per token in token mode, once in batch mode).
         Policy ``belady`` runs the sequence twice: once with no cache to record the selections (DIP's
         selection does not depend on the cache when γ = 1), then with Belady over that future.
         """
@@ -513,7 +637,14 @@ class Engine:
         new, kept, finish = [], [], "length"
         t0, flash0 = time.perf_counter(), self.flash.counters.snapshot()
         logits = None
-        for n, t in enumerate(ids):
+        if self.cfg.prefill == "batch" and ids:
+            if stopped():
+                finish = "interrupted"
+            else:
+                logits = self.prefill([int(t) for t in ids], timer, note)
+                if on_prefill is not None:
+                    on_prefill(len(ids), len(ids))
+        for n, t in enumerate(ids if self.cfg.prefill == "token" else []):
             if stopped():
                 finish = "interrupted"
                 break

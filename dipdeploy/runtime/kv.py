@@ -67,22 +67,23 @@ class KvCache:
             return flat.reshape(1, s.heads, s.context, s.head_dim)
         return flat[: s.heads * n * s.head_dim].reshape(1, s.heads, n, s.head_dim)
 
-    def bind(self, session, layer: int) -> None:
-        """Bind layer ``layer``'s past (``length`` positions) and present (one more) to ``session``."""
+    def bind(self, session, layer: int, new: int = 1) -> None:
+        """Bind layer ``layer``'s past (``length`` positions) and present (``new`` more: one per decoded
+        token, the prompt's length for a batched prefill) to ``session``."""
         own = self._owner[layer]
         out = own if self.attention == "gqa" else self._spare
         for which, kind in enumerate(("key", "value")):
             session.input(f"past_key_values.{layer}.{kind}", self._view(own, which, self.length))
-            session.output(f"present.{layer}.{kind}", self._view(out, which, self.length + 1))
+            session.output(f"present.{layer}.{kind}", self._view(out, which, self.length + new))
 
     def commit(self, layer: int) -> None:
         """After layer ``layer`` ran: its present is now its cache (the standard layout swaps buffers)."""
         if self.attention == "standard":
             self._owner[layer], self._spare = self._spare, self._owner[layer]
 
-    def advance(self) -> None:
-        """After every layer ran for one token: one more valid position."""
-        self.length += 1
+    def advance(self, new: int = 1) -> None:
+        """After every layer ran for ``new`` tokens: that many more valid positions."""
+        self.length += new
 
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer ``layer``'s valid K and V, [1, Hkv, length, Dh] (views, not copies)."""

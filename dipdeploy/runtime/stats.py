@@ -1,7 +1,7 @@
 """What a run measured: throughput, cache hits, Flash and DRAM traffic, residency and a time breakdown.
 
-Prompt tokens go through the same per-token path as generated ones (DIP-CA's mask depends on the
-previous token's cache), so "prefill" is the prompt processed token by token. Per-token figures of
+"Prefill" is the prompt: one batch per layer (``--prefill batch``) or token by token as decode
+(``--prefill token``), as ``prefill`` says; its Flash bytes are the prompt's. Per-token figures of
 the decode phase divide by the decode *steps* (generated tokens fed back: n_new − 1), the tokens/s
 convention of llama.cpp's eval timings. Torch-free.
 """
@@ -74,6 +74,7 @@ class RunStats:
     io: str
     kernel_set: str | None = None  # the native library's kernel set on this CPU
     accuracy_level: int = 0
+    prefill: str = "token"  # how the prompt was fed (EngineConfig.prefill)
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
@@ -105,7 +106,7 @@ class RunStats:
                                     "flash_emulated_wait": flash_prefill.emulated_wait + flash_decode.emulated_wait},
             flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
-            kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level,
+            kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level, prefill=engine.cfg.prefill,
         )
 
     def as_dict(self) -> dict:
@@ -119,7 +120,7 @@ class RunStats:
               else "unthrottled")
         total = sum(v for k, v in s.items() if k not in ("flash_io", "flash_emulated_wait")) or 1.0
         rows = [
-            ("prompt", f"{self.prompt_tokens} tokens, {self.prefill_tok_s:.1f} tok/s (token by token)"),
+            ("prompt", f"{self.prompt_tokens} tokens, {self.prefill_tok_s:.1f} tok/s ({'batched' if self.prefill == 'batch' else 'token by token'})"),
             ("decode", f"{self.new_tokens} tokens, {self.decode_tok_s:.1f} tok/s"),
             ("policy / γ / budget", f"{self.policy} / {self.gamma:g} / {self.budget}"),
             ("hit rate", f"{self.hit_rate:.3f} (up|gate {self.hit_rate_in:.3f}, down {self.hit_rate_glu:.3f})"),

@@ -1,0 +1,106 @@
+"""Prefill throughput of the host runtime: ``--prefill batch`` against ``--prefill token``, side by side.
+
+One SmolLM2-135M DIP-CA BQ4 bundle (``dipdeploy export --method dip-ca --quant bq4 --rho-in 0.55``,
+exported once under build/ unless ``--bundle`` names one), one prompt: the first N tokens of WikiText-2
+test (300; ``--quick`` 100), a DRAM budget of 50 % of the MLP bytes, LFU, the bundle's γ, Flash
+unthrottled (page cache). Each mode gets a fresh engine and runs the prompt (once to warm up), then
+the prompt and 16 greedy tokens, then the prompt alone for its time breakdown; the rows say prefill and
+decode tokens/s, the Flash MB the prompt read, and, for the batch, the share of each
+group's rows the prompt's tokens selected (the union the batch reads once: why a union read, not a
+dense one, README "The host runtime"). The resident plan is compared with what ``model.onnx`` (the whole
+decoder, any sequence length) would hold: all its weights.
+
+    python benchmarks/prefill.py --quick --json rows.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from _common import machine, md_table, write_rows_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+COLS = ["prefill", "threads", "prompt_tokens", "prefill_tok_s", "decode_tok_s", "prompt_flash_mb", "union_in", "union_glu",
+        "first_token", "resident_mb"]
+
+
+def bundle(path: Path | None) -> Path:
+    from dipdeploy.export.bundle import export_model
+    from dipdeploy.export.config import ExportConfig
+
+    out = path or ROOT / "build" / "pf-bundle"
+    if not (out / "manifest.json").is_file():
+        export_model(ExportConfig(method="dip-ca", quant="bq4", rho_in=0.55), out)
+    return out
+
+
+def prompt_ids(engine, n: int) -> list[int]:
+    from dipdeploy.eval.data import wikitext_text
+
+    text = wikitext_text("test")[: 40 * n]
+    ids = engine.encode(text)
+    if len(ids) < n:
+        raise SystemExit(f"only {len(ids)} prompt tokens; lower --tokens")
+    return ids[:n]
+
+
+def measure(path: Path, mode: str, n: int, new: int, threads: int) -> dict:
+    from dipdeploy.runtime import Engine, Sampler
+
+    eng = Engine(path, dram_budget="50%", policy="lfu", prefill=mode, threads=threads)
+    ids = prompt_ids(eng, n)
+    sel: dict[tuple[int, int], set] = {}
+
+    def keep(i, s_in, s_glu, _h1, _h2):
+        sel.setdefault((i, 0), set()).update(s_in.tolist())
+        sel.setdefault((i, 1), set()).update(s_glu.tolist())
+
+    eng.reset()
+    before = eng.flash.counters.snapshot()
+    eng.extend(ids, 0, Sampler(), record=keep)
+    flash = eng.flash.counters - before
+    g = eng.generate(ids, new, stop_at_eos=False)
+    eng.reset()
+    again = eng.extend(ids, 0, Sampler())  # the prompt alone, warm: its time breakdown
+    union = [np.mean([len(sel[(i, grp)]) / rows for i in range(eng.num_layers)]) for grp, rows in ((0, eng.d), (1, eng.f))]
+    row = {"prefill": mode, "threads": threads, "prompt_tokens": n, "prefill_tok_s": g.stats.prefill_tok_s,
+           "decode_tok_s": g.stats.decode_tok_s, "prompt_flash_mb": flash.bytes / 1e6,
+           "union_in": union[0], "union_glu": union[1], "first_token": g.tokens[0],
+           "resident_mb": eng.residency.total / 1e6, "prefill_seconds": again.stats.seconds}
+    m = eng.manifest.sizes
+    row["model_onnx_weights_mb"] = (m.get("bytes_dense", 0) + m.get("bytes_mlp", 0)) / 1e6
+    eng.close()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a 100-token prompt")
+    ap.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 300; --quick 100)")
+    ap.add_argument("--bundle", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=1, help="ORT intra-op threads per session")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    n = args.tokens or (100 if args.quick else 300)
+    path = bundle(args.bundle)
+    rows = [measure(path, mode, n, 16, args.threads) for mode in ("token", "batch")]
+    info = {**machine(), "lscpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()[:14]
+            if os.path.exists("/usr/bin/lscpu") else []}
+    print(json.dumps(info, indent=1))
+    print(md_table(rows, COLS))
+    speed = rows[1]["prefill_tok_s"] / rows[0]["prefill_tok_s"]
+    print(f"batch / token prefill: {speed:.1f}x; resident plan {rows[1]['resident_mb']:.1f} MB (batch) vs "
+          f"{rows[0]['resident_mb']:.1f} MB (token); model.onnx would hold {rows[0]['model_onnx_weights_mb']:.1f} MB "
+          f"of weights")
+    write_rows_json([{**r, "machine": info} for r in rows], args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Batched prefill (``EngineConfig.prefill = "batch"``, the default) against the token-by-token path.
+
+The batch selects by plain DIP (every row counted resident), so its contract is a token-mode run at
+γ = 1 under the same budget, whose selections do not depend on the cache either: the first generated
+token's logits agree within the sparse tolerance (``dipdeploy.agreement``), the KV cache within it,
+and each group's cache after the prompt is its policy's rule applied to the prompt's selections in
+token order, with every resident row's slot holding that row (README, "The host runtime")."""
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dipdeploy.agreement import compare_logits, tolerance_for
+from dipdeploy.cache import RowCache
+from dipdeploy.cli import app
+from dipdeploy.export.bundle import export
+from dipdeploy.export.config import ExportConfig
+from dipdeploy.export.prepare import make_plan
+from dipdeploy.runtime import Engine, Sampler
+from dipdeploy.runtime.chat import Chat
+
+pytestmark = pytest.mark.numerics
+
+PROMPT = [3, 14, 15, 92, 65, 35, 8, 97, 93, 23, 84, 62]
+TOL = tolerance_for(sparse=True, quantised=True)
+
+
+@pytest.fixture(scope="module", params=["standard", "gqa"])
+def bundle(request, tmp_path_factory):
+    """A tiny-llama DIP-CA BQ4 bundle (γ = 0.3) per attention variant: the KV layouts differ."""
+    from dipdeploy.loading import load_model
+
+    lm = load_model("tiny-llama")
+    cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4", validate_tokens=0,
+                       attention=request.param)
+    out = tmp_path_factory.mktemp(f"pf-{request.param}") / "bundle"
+    export(lm, cfg, out, make_plan(lm, cfg))
+    return out
+
+
+def _first(engine, prompt=PROMPT, n=1):
+    return engine.generate(prompt, n, keep_logits=True, stop_at_eos=False)
+
+
+def test_batch_first_token_agrees_with_token_mode_at_gamma_1(bundle):
+    batch = Engine(bundle, native=False, dram_budget="50%", policy="lfu")  # the bundle's γ = 0.3
+    token = Engine(bundle, native=False, dram_budget="50%", policy="lfu", gamma=1.0, prefill="token")
+    got, ref = _first(batch), _first(token)
+    agree = compare_logits(ref.logits, got.logits, TOL)
+    assert agree.ok, agree.describe()
+    assert batch.cfg.prefill == "batch" and got.stats.prefill == "batch"
+
+
+def test_kv_cache_after_batch_prefill_agrees_with_token_mode(bundle):
+    batch = Engine(bundle, native=False, dram_budget="100%", gamma=1.0)
+    token = Engine(bundle, native=False, dram_budget="100%", gamma=1.0, prefill="token")
+    _first(batch), _first(token)
+    assert batch.kv.length == token.kv.length == len(PROMPT)
+    for i in range(batch.num_layers):
+        for a, b in zip(batch.kv.layer(i), token.kv.layer(i)):
+            np.testing.assert_allclose(a, b, atol=TOL.logits, rtol=0)
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+def test_caches_are_warmed_by_the_policy_rule_in_token_order(bundle, policy):
+    eng = Engine(bundle, native=False, dram_budget="50%", policy=policy)
+    sel = {}
+
+    def keep(i, s_in, s_glu, _h_in, _h_glu):
+        sel.setdefault(i, []).append((s_in, s_glu))
+
+    eng.reset()
+    eng.extend(PROMPT, 0, Sampler(), record=keep)
+    assert all(len(v) == len(PROMPT) for v in sel.values())
+    for i, pair in enumerate(eng.slabs):
+        for g, slab in enumerate(pair):
+            ref = RowCache(slab.rows, slab.capacity, policy)
+            for step in sel[i]:
+                ref.access(step[g][None])
+            assert np.array_equal(ref.resident[0], slab.resident)
+            assert slab.resident.sum() == slab.capacity  # the prompt selected more rows than fit
+            rows = np.flatnonzero(slab.resident)
+            slots = slab.table.slot_of[rows]
+            for arr, data in zip(slab.arrays.per_row, slab.slabs):
+                want = np.zeros((len(rows), *arr.row_shape), arr.dtype)
+                eng.flash.read([arr], [want], rows, np.arange(len(rows)))
+                assert np.array_equal(data[slots], want)  # each resident slot holds its row's bytes
+
+
+def test_chat_continues_after_a_batched_prefill(chat_bundle):
+    """Two batched turns (the second extends the first's KV cache) hold the KV cache that token mode
+    builds over the same whole sequence (γ = 1, so decode's selections do not depend on the cache)."""
+    eng = Engine(chat_bundle, native=False, dram_budget="100%", gamma=1.0, context=256)
+    chat = Chat(eng, Sampler())
+    first = chat.say("hello", 4)
+    second = chat.say("and then?", 4)
+    assert first.generation.tokens and second.generation.tokens
+    seq = eng.sequence
+    assert eng.kv.length == len(seq) > len(first.generation.tokens) + 4
+    token = Engine(chat_bundle, native=False, dram_budget="100%", gamma=1.0, context=256, prefill="token")
+    token.reset()
+    token.extend(seq, 0, Sampler())
+    for i in range(eng.num_layers):
+        for a, b in zip(eng.kv.layer(i), token.kv.layer(i)):
+            np.testing.assert_allclose(a, b, atol=TOL.logits, rtol=0)
+
+
+def test_prefill_option_is_checked():
+    res = CliRunner().invoke(app, ["run", "nowhere", "-p", "x", "--prefill", "chunked"])
+    assert res.exit_code == 2
+    assert "--prefill" in res.output and "batch" in res.output and "Traceback" not in res.output
+
+
+def test_prefill_mode_is_refused_in_the_config():
+    from dipdeploy.runtime.engine import EngineConfig
+
+    with pytest.raises(ValueError, match="prefill"):
+        EngineConfig(prefill="chunked")
