@@ -172,15 +172,7 @@ class RowCache:
         np.maximum.at(self.last_use[0], flat, steps)
         self.uses[0] += np.bincount(flat, minlength=self.rows)
         self.step += len(sel)
-        if self.policy not in ("static", "none") and self.capacity > 0:
-            res = res.copy()
-            res[flat] = True
-            cand = np.flatnonzero(res)
-            over = len(cand) - self.capacity
-            if over > 0:
-                key = self._key(cand)
-                res[cand[np.argpartition(key, over - 1)[:over]]] = False
-            self.resident = res[None]
+        self._admit(res, flat)
         return hit
 
     def _access_one(self, sel: np.ndarray) -> np.ndarray:
@@ -198,16 +190,20 @@ class RowCache:
         self.step += 1
         self.last_use[0, sel] = self.step
         self.uses[0, sel] += 1
-        if self.policy not in ("static", "none") and self.capacity > 0:
-            res = res.copy()
-            res[sel] = True
-            cand = np.flatnonzero(res)
-            over = len(cand) - self.capacity
-            if over > 0:
-                key = self._key(cand)
-                res[cand[np.argpartition(key, over - 1)[:over]]] = False
-            self.resident = res[None]
+        self._admit(res, sel)
         return hit
+
+    def _admit(self, res: np.ndarray, rows: np.ndarray) -> None:
+        """The one cache rule on one sequence: resident ∪ ``rows``, minus the lowest keys beyond C."""
+        if self.policy in ("static", "none") or self.capacity <= 0:
+            return
+        res = res.copy()
+        res[rows] = True
+        cand = np.flatnonzero(res)
+        over = len(cand) - self.capacity
+        if over > 0:
+            res[cand[np.argpartition(self._key(cand), over - 1)[:over]]] = False
+        self.resident = res[None]
 
     @property
     def hit_rate(self) -> float:
