@@ -425,7 +425,8 @@ RUNTIME_PROMPT = "The capital of France is"
 
 
 def runtime_golden(bundle: Path) -> dict:
-    """What ``dipdeploy run`` does on the bundle: the Java MlpGroups fed the same selections must agree."""
+    """What ``dipdeploy run`` does on the bundle, token by token (``--prefill token``: the Java engine feeds
+    the prompt one token at a time): the Java MlpGroups fed the same selections must agree."""
     try:
         from dipdeploy.runtime.engine import Engine
     except ImportError as exc:
@@ -434,7 +435,7 @@ def runtime_golden(bundle: Path) -> dict:
 
     runs = []
     for policy in ("lfu", "lru", "none"):
-        eng = Engine(bundle, policy=policy, dram_budget="50%", threads=1)
+        eng = Engine(bundle, policy=policy, dram_budget="50%", threads=1, prefill="token")
         rec = TraceRecorder(source="runtime", model="tiny-llama", hidden_size=eng.d, intermediate_size=eng.f,
                             num_layers=eng.num_layers, method="dip-ca", density=0.5)
         gen = eng.generate(RUNTIME_PROMPT, 8, trace=rec, stop_at_eos=False)
