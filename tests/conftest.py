@@ -53,6 +53,21 @@ def tiny_llama():
     return load_model("tiny-llama")
 
 
+@pytest.fixture
+def finetune_inputs(tmp_path, tiny_llama):
+    """(plan, text file) for a `dipdeploy finetune` of tiny-llama: a uniform DIP ρ = 0.5 plan and a short
+    training text."""
+    from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
+
+    c = tiny_llama.model.config
+    plan = tmp_path / "plan.json"
+    uniform_plan(SparsityConfig(method="dip", density=0.5), "tiny-llama", c.num_hidden_layers, c.hidden_size,
+                 c.intermediate_size).save(plan)
+    text = tmp_path / "train.txt"
+    text.write_text("a small training text for a tiny model, repeated. " * 40)
+    return plan, text
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from dipdeploy.loading import load_model

@@ -5,18 +5,12 @@ from typer.testing import CliRunner
 
 from dipdeploy.cli import app
 from dipdeploy.finetune import adapter_plan, read_metadata
-from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
 
 runner = CliRunner()
 
 
-def test_finetune_cli(tmp_path, tiny_llama):
-    c = tiny_llama.model.config
-    plan = tmp_path / "plan.json"
-    uniform_plan(SparsityConfig(method="dip", density=0.5), "tiny-llama", c.num_hidden_layers, c.hidden_size,
-                 c.intermediate_size).save(plan)
-    text = tmp_path / "train.txt"
-    text.write_text("a small training text for a tiny model, repeated. " * 40)
+def test_finetune_cli(tmp_path, finetune_inputs):
+    plan, text = finetune_inputs
     out = tmp_path / "adapter"
     args = ["finetune", "--model", "tiny-llama", "--plan", str(plan), "--steps", "2",
             "--seqlen", "32", "--batch-size", "2", "--rank", "2", "--text-file", str(text), "--out", str(out)]

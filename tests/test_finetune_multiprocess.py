@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from dipdeploy.cli import app
 from dipdeploy.finetune import read_metadata
-from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -50,13 +49,8 @@ def _adapter_tensors(d: Path) -> dict:
         return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
 
 
-def test_finetune_two_processes(tmp_path, tiny_llama, data_dir):
-    c = tiny_llama.model.config
-    plan = tmp_path / "plan.json"
-    uniform_plan(SparsityConfig(method="dip", density=0.5), "tiny-llama", c.num_hidden_layers, c.hidden_size,
-                 c.intermediate_size).save(plan)
-    text = tmp_path / "train.txt"
-    text.write_text("a small training text for a tiny model, repeated. " * 40)
+def test_finetune_two_processes(tmp_path, finetune_inputs, data_dir):
+    plan, text = finetune_inputs
     common = ["finetune", "--model", "tiny-llama", "--plan", str(plan), "--seqlen", "32", "--batch-size", "2",
               "--rank", "2", "--text-file", str(text)]
     out = tmp_path / "ddp"

@@ -7,7 +7,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
 import typer
 from typer.testing import CliRunner
 
