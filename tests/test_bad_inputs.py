@@ -125,6 +125,8 @@ CASES = [
     ("export-accuracy-level-3", "export --model tiny-llama --rho-in 0.6 --quant bq4 --accuracy-level 3 --out {new}",
      "accuracy_level"),
     ("export-quant", "export --model tiny-llama --rho-in 0.6 --quant int2 --out {new}", "quant='int2'"),
+    ("export-embedding", "export --model tiny-llama --rho-in 0.6 --quant bq4 --embedding int8 --out {new}",
+     "embedding='int8'"),
     ("export-max-length", "export --model tiny-llama --rho-in 0.6 --max-length 8 --out {new}", "max_length=8"),
     ("export-plan-missing", "export --model tiny-llama --plan {missing} --out {new}", "--plan"),
     ("export-lora-missing", "export --model tiny-llama --rho-in 0.6 --lora {missing} --out {new}", "--lora"),

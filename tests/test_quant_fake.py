@@ -10,6 +10,7 @@ from dipdeploy.quant import Block4QuantConfig, VQ3QuantConfig, dequantize_rows, 
 from dipdeploy.arch import arch_of_model  # noqa: E402
 from dipdeploy.quant.fake import mlp_weights, quant_config_from_name, quantize_model_, write_packed_mlp  # noqa: E402
 from dipdeploy.quant.io import bits_per_weight, load_packed, read_header, save_packed  # noqa: E402
+from dipdeploy.quant.api import quantize_dense  # noqa: E402
 
 
 def _llama():
@@ -59,21 +60,32 @@ def test_phi3_gate_is_first_half():
     np.testing.assert_array_equal(wu, w[128:])
 
 
-def test_scope_all_unties_head_and_counts_everything():
+def test_scope_all_quantises_the_embedding_and_counts_everything():
+    """scope all = what a default quantised bundle ships: attention, lm_head and the int4 embedding."""
     model = _llama()
     emb = model.get_input_embeddings().weight.detach().clone()
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
     ref = model(input_ids=ids).logits
     report = quantize_model_(model, VQ3QuantConfig(), "all", progress=False)
-    assert torch.equal(model.get_input_embeddings().weight, emb)
-    assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
+    want = dequantize_rows(quantize_dense(emb.numpy(), VQ3QuantConfig()))
+    np.testing.assert_array_equal(model.get_input_embeddings().weight.detach().numpy(), want)
     attn = 2 * (64 * 64 * 2 + 64 * 32 * 2)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied: one table
     assert report.n_params == report.n_params_mlp + attn + 256 * 64
-    assert any("untied" in n for n in report.notes)
     out = model(input_ids=ids).logits
     assert torch.isfinite(out).all() and not torch.allclose(out, ref)
     with pytest.raises(ValueError, match="scope"):
         quantize_model_(model, VQ3QuantConfig(), "attn")
+
+
+def test_scope_all_quantises_an_untied_head_apart():
+    model = _llama()
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone() * 2)
+    report = quantize_model_(model, VQ3QuantConfig(), "all", progress=False)
+    attn = 2 * (64 * 64 * 2 + 64 * 32 * 2)
+    assert report.n_params == report.n_params_mlp + attn + 2 * 256 * 64
+    np.testing.assert_array_equal(model.lm_head.weight.detach().numpy(),
+                                  2 * model.get_input_embeddings().weight.detach().numpy())
 
 
 def test_calibration_row_weights_are_used():

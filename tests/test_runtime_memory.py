@@ -91,15 +91,22 @@ def test_truncate_then_refeed_equals_the_uncut_sequence(bundle):
 
 
 def test_embedding_rows_read_from_dense_bin_equal_the_table(bundle):
+    """fp32 rows are the table's; int4 rows (the quantised default) decode as embed.onnx's
+    GatherBlockQuantized does, bit for bit."""
+    import onnxruntime as ort
+
     out, _ = bundle
     eng = Engine(out, dram_budget="50%")
-    table = np.asarray(open_tensor(out, eng.manifest, "model.embed_tokens.weight"))
-    row = np.zeros((1, 1, table.shape[1]), np.float32)
-    for t in (0, 1, 92, table.shape[0] - 1):
-        eng.embedding.read(t, row)
-        assert np.array_equal(row[0, 0], table[t])
+    sess = ort.InferenceSession(str(out / "embed.onnx"), providers=["CPUExecutionProvider"])
+    vocab = eng.embedding.vocab
+    ids = np.array([[0, 1, 92, vocab - 1]], np.int64)
+    want = sess.run(None, {"input_ids": ids})[0]
+    row = np.zeros((1, 1, want.shape[-1]), np.float32)
+    for j, t in enumerate(ids[0]):
+        eng.embedding.read(int(t), row)
+        assert np.array_equal(row[0, 0], want[0, j])
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        eng.embedding.read(table.shape[0], row)
+        eng.embedding.read(vocab, row)
 
 
 def test_embedding_multiplier_applies_as_the_graph_does(tmp_path):
@@ -126,10 +133,13 @@ def test_residency_plan_counts_one_embedding_row_not_the_table(bundle):
     out, _ = bundle
     eng = Engine(out, dram_budget="50%")
     m = eng.manifest
-    table = m.tensors["model.embed_tokens.weight"]["length"]
+    names = ("model.embed_tokens.qweight", "model.embed_tokens.scales")  # the int4 table (untied tiny-llama)
+    table = sum(m.tensors[n]["length"] for n in names)
     shared = sum(s.arrays.shared_bytes for pair in eng.slabs for s in pair)
     assert eng.residency.dense == m.sizes["bytes_dense"] - table + eng.embedding.nbytes + shared
-    assert eng.embedding.nbytes == m.tensors["model.embed_tokens.weight"]["shape"][1] * 4
+    d = m.source["config"]["hidden_size"]
+    row = sum(m.tensors[n]["length"] // m.tensors[n]["shape"][0] for n in names)
+    assert row <= eng.embedding.nbytes <= row + 4 * 2 * d  # the int4 row and its decoded float32 blocks
 
 
 def test_kv_layouts_refuse_unknown_attention():

@@ -60,6 +60,9 @@ def export_cmd(
     fuse_norms: Optional[bool] = typer.Option(None, "--fuse-norms/--no-fuse-norms",
                                               help="residual add + RMSNorm as one com.microsoft::"
                                                    "SkipSimplifiedLayerNormalization (default) or as standard ops"),
+    embedding: Optional[str] = typer.Option(None, help="int4 | fp32: the token embedding of a quantised bundle "
+                                            "(int4: GatherBlockQuantized rows, shared with a tied lm_head; "
+                                            f"default {_X.embedding})"),
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream",
                                           help="read the weights one layer at a time (models larger than "
                                                "memory; no calibration, LoRA or validation); default: when "
@@ -85,7 +88,7 @@ def export_cmd(
         cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
                       plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
                       accuracy_level=accuracy_level, attention=attention, max_length=max_length, per_layer=per_layer,
-                      fuse_norms=fuse_norms, stream=stream,
+                      fuse_norms=fuse_norms, embedding=embedding, stream=stream,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None)
         _check_per_layer(per_layer, cfg)
         check_inputs(model=cfg.model)

@@ -152,7 +152,8 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
     from dipdeploy.ops.native import library_path
 
     steps("quantise + build graphs")
-    source = ModelSource(lm, cfg.quant, wina=plan is not None and plan.score == "wina", max_length=cfg.max_length)
+    source = ModelSource(lm, cfg.quant, wina=plan is not None and plan.score == "wina", max_length=cfg.max_length,
+                         embedding=cfg.embedding)
     store = WeightStore(tmp, cfg.alignment)
     graphs = _write_graphs(source, store, plan, cfg, tmp, steps)
     lm.tokenizer.save_pretrained(tmp)
@@ -241,7 +242,8 @@ def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra
                  "bits_per_weight_mlp": st.mlp_bits / st.mlp_params,
                  "bits_per_weight_dense": st.dense_bits / max(1, st.dense_params),
                  "bits_per_weight": (st.mlp_bits + st.dense_bits) / (st.mlp_params + st.dense_params),
-                 "attention_and_lm_head": "com.microsoft::MatMulNBits int4", "embedding": "fp32"}
+                 "attention_and_lm_head": "com.microsoft::MatMulNBits int4",
+                 "embedding": "com.microsoft::GatherBlockQuantized int4" if source.int4_embedding else "fp32"}
     sizes = {"bytes_total": sum(f["size"] for f in files.values()),
              **{f"bytes_{Path(n).stem}": f["size"] for n, f in files.items() if n.endswith(".bin")}}
     dipca = None

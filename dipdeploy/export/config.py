@@ -22,6 +22,7 @@ ACCURACY_LEVELS = BUNDLE_ACCURACY_LEVELS
 ALIGNMENTS = (4096, 65536)
 #: ``standard``: attention in opset-21 ops (runs on any ORT); ``gqa``: com.microsoft::GroupQueryAttention.
 ATTENTION_OPS = ("standard", "gqa")
+EMBEDDINGS = ("int4", "fp32")  # the token embedding in a quantised bundle (ExportConfig.embedding)
 
 
 @dataclass
@@ -39,6 +40,9 @@ class ExportConfig:
     ``max_length``: the positions the graphs cover (RoPE tables, genai_config's context_length), capped at
     the model's max_position_embeddings; a longrope model (Phi-3.5, Phi-4-mini) is refused beyond its
     original_max_position_embeddings (``spec.ArchSpec.context_length``).
+    ``embedding``: ``int4`` stores the token embedding in the BQ4 blocks of the dense weights (read
+    through com.microsoft::GatherBlockQuantized; a tied lm_head shares the same blocks) whenever
+    ``quant`` quantises; ``fp32`` keeps the table as the checkpoint has it. Without ``quant`` it is fp32.
     ``stream``: read the weights one decoder layer at a time from the safetensors checkpoint (peak
     memory ≈ one fp32 layer plus the embedding); None = when the fp32 model would take more than half
     of the available memory. A streamed export cannot calibrate, merge LoRA or validate against torch
@@ -68,13 +72,14 @@ class ExportConfig:
     calib_seqlen: int = defaults.CALIB_SEQLEN
     per_layer: bool = True
     fuse_norms: bool = True
+    embedding: str = "int4"
     stream: bool | None = None
     threads: int = 1
     data_dir: str | None = None
 
     def __post_init__(self) -> None:
         choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
-                   "alignment": ALIGNMENTS, "attention": ATTENTION_OPS}
+                   "alignment": ALIGNMENTS, "attention": ATTENTION_OPS, "embedding": EMBEDDINGS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ExportConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {allowed}")

@@ -15,7 +15,7 @@ from typing import Callable
 
 from onnx import ModelProto, TensorProto
 
-from dipdeploy.export.blocks import DENSE_FILE, embed, shared_for_layers
+from dipdeploy.export.blocks import embed, shared_for_layers, write_embedding
 from dipdeploy.export.graph import Graph
 from dipdeploy.export.layer import (Rows, Selection, attention_segment, head_segment, mlp_down_segment, mlp_output,
                                     mlp_up_segment, residual_add)
@@ -69,7 +69,7 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
     for i in range(spec.num_layers):
         g.input(kv_names(i)[0], FLOAT, kv_shape)
         g.input(kv_names(i)[1], FLOAT, kv_shape)
-    store.add("model.embed_tokens.weight", source.embedding(), DENSE_FILE, "embedding[vocab,d]")
+    write_embedding(store, source.embedding())
     h = embed(g, store, spec, ids)
     shared, attend = shared_for_layers(g, store, spec, source.rope(), attention_op, ids, mask, pos)
     present_shape = ["batch_size", spec.num_kv_heads, "total_sequence_length", spec.head_dim]

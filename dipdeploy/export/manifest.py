@@ -28,6 +28,7 @@ BUNDLE_FORMAT = "dipdeploy-bundle"
 BUNDLE_VERSION = 1
 MANIFEST = "manifest.json"
 MLP_FILE = "mlp.bin"  # the MLP rows in the Flash layout: the one file a runtime streams from
+EMBEDDING = "model.embed_tokens"  # the token table: ``.weight`` fp32, or ``.qweight`` + ``.scales`` int4
 # First dim of the per-layer MLP graphs' per-row weight inputs (the host binds a slab of that many rows);
 # shared tables (VQ3 codebooks) keep fixed shapes. The runtime reads this dim to know what it streams.
 SLAB_DIM = "slab_rows"
@@ -281,12 +282,25 @@ def _tensor_problems(manifest: Manifest, name: str, t) -> list[str]:
 
 def _overlap_problems(manifest: Manifest) -> list[str]:
     """Export writes every tensor once (README, "The bundle"): two tensors sharing bytes mean an edited
-    manifest that would read one tensor's weights as another's."""
-    spans = sorted((t["file"], t["offset"], t["offset"] + t["length"], name) for name, t in manifest.tensors.items()
-                   if isinstance(t, dict) and isinstance(t.get("file"), str) and _is_count(t.get("offset"))
-                   and _is_count(t.get("length")) and t["length"] > 0)
-    return [f"tensor {b[3]}: bytes [{b[1]}, {b[2]}) of {b[0]} overlap tensor {a[3]}"
-            for a, b in zip(spans, spans[1:]) if a[0] == b[0] and b[1] < a[2]]
+    manifest that would read one tensor's weights as another's. The one exception is a declared view
+    (``view_of``: a tied lm_head reading the int4 embedding's blocks), which must cover exactly the
+    bytes of the tensor it names."""
+    problems, spans = [], []
+    for name, t in manifest.tensors.items():
+        if not (isinstance(t, dict) and isinstance(t.get("file"), str) and _is_count(t.get("offset"))
+                and _is_count(t.get("length"))):
+            continue
+        if "view_of" in t:
+            src = manifest.tensors.get(t["view_of"]) if isinstance(t["view_of"], str) else None
+            if not (isinstance(src, dict) and "view_of" not in src
+                    and all(src.get(k) == t[k] for k in ("file", "offset", "length", "dtype"))):
+                problems.append(f"tensor {name}: view_of {t['view_of']!r} is not a tensor with the same file, "
+                                "offset, length and dtype")
+        elif t["length"] > 0:
+            spans.append((t["file"], t["offset"], t["offset"] + t["length"], name))
+    spans.sort()
+    return problems + [f"tensor {b[3]}: bytes [{b[1]}, {b[2]}) of {b[0]} overlap tensor {a[3]}"
+                       for a, b in zip(spans, spans[1:]) if a[0] == b[0] and b[1] < a[2]]
 
 
 def _sizes_problems(manifest: Manifest) -> list[str]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dipdeploy.export.blocks import AttentionWeights, Linear, RopeTable
+from dipdeploy.export.blocks import AttentionWeights, Embedding, Linear, RopeTable
+from dipdeploy.export.manifest import EMBEDDING
 from dipdeploy.export.mlp import MlpWeights
 from dipdeploy.export.spec import ArchSpec
 from dipdeploy.ops.formats import OpWeights
@@ -54,7 +55,8 @@ class ModelSource:
     """Numpy views of one HF decoder, layer by layer, optionally quantised (MLP in ``quant``,
     attention and lm_head in BQ4 → MatMulNBits)."""
 
-    def __init__(self, lm, quant: str = "none", wina: bool = False, max_length: int = 2048):
+    def __init__(self, lm, quant: str = "none", wina: bool = False, max_length: int = 2048,
+                 embedding: str = "int4"):
         self.lm = lm
         self.model = lm.model
         self.checkpoint = lm.checkpoint  # streamed weights: read per module, released after use
@@ -67,6 +69,9 @@ class ModelSource:
         self.max_length = self.spec.context_length(max_length)
         self.stats = QuantState()
         self._head: Linear | None = None
+        # int4 embedding rows (GatherBlockQuantized) whenever the dense weights are quantised and asked for
+        self.int4_embedding = self.dense_cfg is not None and embedding == "int4"
+        self._embedding: Embedding | None = None
         self._untie_if_quantised()
 
     def quant_dict(self) -> dict | None:
@@ -75,9 +80,10 @@ class ModelSource:
         return {"mlp": config_to_dict(self.mlp_cfg), "dense": config_to_dict(self.dense_cfg)}
 
     def _untie_if_quantised(self) -> None:
-        """A quantised lm_head must not change the embedding table: untie them (as quant.fake does)."""
+        """A quantised lm_head must not change an fp32 embedding table: untie them.
+        An int4 embedding stays tied: head and table are the same int4 blocks, stored once."""
         head, emb = self.model.get_output_embeddings(), self.model.get_input_embeddings()
-        if self.dense_cfg is not None and head.weight is emb.weight:
+        if self.dense_cfg is not None and not self.int4_embedding and head.weight is emb.weight:
             head.weight = torch.nn.Parameter(head.weight.detach().clone())
             self.model.config.tie_word_embeddings = False
 
@@ -104,8 +110,26 @@ class ModelSource:
             out[kind] = RopeTable(f"model.rope.{kind}", _np(cos[0]), _np(sin[0]))
         return out
 
-    def embedding(self) -> np.ndarray:
-        return _np(self.model.get_input_embeddings().weight)
+    def embedding(self) -> Embedding:
+        """The table as the bundle stores it (``blocks.Embedding``), quantised once: an int4 table's
+        dequantised rows are written back into the model (and so into a tied lm_head), as every other
+        quantised weight is."""
+        if self._embedding is None:
+            module = self.model.get_input_embeddings()
+            w = _np(module.weight)
+            vocab, dim = w.shape
+            if not self.int4_embedding:
+                self._embedding = Embedding("fp32", vocab, dim, {"weight": w})
+            else:
+                packed = quantize_dense(w, self.mlp_cfg)
+                with torch.no_grad():
+                    module.weight.copy_(torch.from_numpy(dequantize_rows(packed)).to(module.weight.dtype))
+                self.stats.dense_bits += 8 * packed.nbytes
+                self.stats.dense_params += w.size
+                self._embedding = Embedding("nbits", vocab, dim, {
+                    "qweight": packed.qweight.reshape(vocab, -1), "scales": packed.scales.astype(np.float32)},
+                    block_size=self.dense_cfg.block_size)
+        return self._embedding
 
     def _linear(self, weights: list[torch.nn.Linear]) -> Linear:
         """Rows of several nn.Linear stacked ([q; k; v]) as one Linear, quantised if asked."""
@@ -196,9 +220,15 @@ class ModelSource:
     def lm_head(self) -> Linear:
         """The lm_head, quantised once however often it is asked for (model.onnx and head.onnx)."""
         if self._head is None:
-            if self.tied:
+            if self.tied and self.int4_embedding:
+                emb = self.embedding()
+                B = emb.block_size
+                self._head = Linear("nbits", emb.dim, emb.vocab, {
+                    "qweight": emb.arrays["qweight"].reshape(emb.vocab, -1, B // 2),
+                    "scales": emb.arrays["scales"].reshape(-1)}, block_size=B, tied_to=EMBEDDING)
+            elif self.tied:
                 self._head = Linear("tied", self.spec.hidden_size, self.spec.vocab_size,
-                                    tied_to="model.embed_tokens.weight")
+                                    tied_to=f"{EMBEDDING}.weight")
             else:
                 with self._resident(self.model.get_output_embeddings(), "lm_head.") as head:
                     self._head = self._linear([head])

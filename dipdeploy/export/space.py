@@ -2,9 +2,10 @@
 the figures, not minutes later with a traceback.
 
 The estimate is an upper bound from the model's config (no weights are read): every weight at the
-larger of the MLP's and the dense layers' bits per weight, the embedding in fp32 (the bundle keeps it
-so), a quantised lm_head of its own when the checkpoint ties it to the embedding (the bundle stores
-it separately; unquantised, the two stay one tensor), one alignment gap per tensor, and a margin for
+larger of the MLP's and the dense layers' bits per weight; the embedding at the same bits with
+``--embedding int4`` (a tied lm_head shares its blocks), else in fp32 with, when the checkpoint ties
+them, a quantised lm_head of its own (unquantised, the two stay one tensor); one alignment gap per
+tensor, and a margin for
 the tokenizer, the graphs and the native library. The old bundle stays on disk until the new one is in place, so the whole estimate is needed
 even when replacing.
 """
@@ -64,9 +65,11 @@ def bits_per_weight(quant: str) -> float:
 
 def expected_bytes(shape: ModelShape, cfg: ExportConfig) -> int:
     bpw = bits_per_weight(cfg.quant)
-    lm_head = shape.embedding if shape.tied and cfg.quant != "none" else 0  # quantised apart from the embedding
-    rest = shape.params - shape.embedding + lm_head
-    weights = 4 * shape.embedding + rest * bpw / 8
+    if cfg.quant != "none" and cfg.embedding == "int4":
+        weights = shape.params * bpw / 8
+    else:
+        lm_head = shape.embedding if shape.tied and cfg.quant != "none" else 0  # quantised apart from the embedding
+        weights = 4 * shape.embedding + (shape.params - shape.embedding + lm_head) * bpw / 8
     gaps = cfg.alignment * (TENSORS_PER_LAYER * shape.layers + 4)
     return int(weights * (1 + MARGIN) + gaps + FIXED_BYTES)
 

@@ -30,10 +30,14 @@ class TensorEntry:
     dtype: str
     shape: tuple[int, ...]
     layout: str
+    view_of: str = ""  # the tensor whose bytes these are, read with another shape (``WeightStore.view``)
 
     def as_dict(self) -> dict:
-        return {"file": self.file, "offset": self.offset, "length": self.length, "dtype": self.dtype,
-                "shape": list(self.shape), "layout": self.layout}
+        out = {"file": self.file, "offset": self.offset, "length": self.length, "dtype": self.dtype,
+               "shape": list(self.shape), "layout": self.layout}
+        if self.view_of:
+            out["view_of"] = self.view_of
+        return out
 
 
 class WeightStore:
@@ -73,6 +77,22 @@ class WeightStore:
         f.write(array.tobytes())
         self.entries[name] = TensorEntry(name, file, offset, array.nbytes, array.dtype.name, tuple(array.shape), layout)
         self._protos[name] = external_tensor(name, array.dtype, array.shape, file, offset, array.nbytes)
+        return self.proto(name)
+
+    def view(self, name: str, of: str, shape: tuple[int, ...], layout: str) -> TensorProto:
+        """``of``'s bytes under another name and shape (same dtype and length), written nowhere: a tied
+        lm_head's MatMulNBits reads the int4 embedding table that GatherBlockQuantized gathers rows
+        from, and the two ops want different shapes of the same blocks (docs/onnxruntime.md)."""
+        src = self.entries[of]
+        shape = tuple(int(s) for s in shape)
+        if int(np.prod(shape)) * np.dtype(src.dtype).itemsize != src.length:
+            raise ValueError(f"view {name!r} of {of!r}: shape {list(shape)} does not hold its {src.length} bytes")
+        if name in self.entries:
+            if self.entries[name].view_of != of or self.entries[name].shape != shape:
+                raise ValueError(f"tensor {name!r} written twice as different tensors")
+            return self.proto(name)
+        self.entries[name] = TensorEntry(name, src.file, src.offset, src.length, src.dtype, shape, layout, of)
+        self._protos[name] = external_tensor(name, src.dtype, shape, src.file, src.offset, src.length)
         return self.proto(name)
 
     def proto(self, name: str) -> TensorProto:

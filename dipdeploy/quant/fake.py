@@ -12,8 +12,8 @@ The MLP's modules are found by the model's family record (``dipdeploy.arch``, ``
 
 ``scope="all"`` also quantises every ``nn.Linear`` of the attention blocks and the lm_head with
 ``api.quantize_dense`` (BQ4 blocks along the input dimension, ``config.dense_config``), the function the
-exporter packs into MatMulNBits, so the values equal a bundle's; a tied lm_head is untied first so the
-embedding table stays as it was. ``load_mlp_weights_`` puts the MLP weights of a ``dipdeploy quantize``
+exporter packs into MatMulNBits, so the values equal a bundle's; and the embedding table, as export's
+default int4 embedding stores it (a tied lm_head shares it, quantised once). ``load_mlp_weights_`` puts the MLP weights of a ``dipdeploy quantize``
 file into a model instead of quantising them again (a ``-gptq`` format is calibrated once).
 """
 
@@ -179,17 +179,6 @@ def _dense_linears(model) -> list[tuple[str, Any]]:
     return out
 
 
-def _untie_head(model, notes: list[str]) -> None:
-    import torch
-
-    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
-    if head is not None and emb is not None and head.weight is emb.weight:
-        head.weight = torch.nn.Parameter(head.weight.detach().clone())
-        if hasattr(model.config, "tie_word_embeddings"):
-            model.config.tie_word_embeddings = False
-        notes.append("lm_head untied from the embedding table (the embedding stays unquantised)")
-
-
 def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=None,
                     progress: bool = True) -> QuantReport:
     """Replace weights in place by their fake-quantised values; return what was done.
@@ -228,8 +217,14 @@ def _dense_and_report(model, cfg: QuantConfig, scope: str, mlp_bits: int, mlp_pa
         dense = dense_config(cfg)
         if dense != cfg:
             notes.append(f"attention and lm_head use {dense} (blocks along the input dimension)")
-        _untie_head(model, notes)
+        emb = model.get_input_embeddings()
+        packed = quantize_dense(_np(emb.weight), cfg)  # as export's default int4 table (GatherBlockQuantized)
+        _assign(emb, dequantize_rows(packed))
+        bits += 8 * packed.nbytes
+        params += packed.rows * packed.cols
         for _name, linear in _dense_linears(model):
+            if linear.weight is emb.weight:  # a tied lm_head: the same int4 blocks, quantised once
+                continue
             packed = quantize_dense(_np(linear.weight), cfg)
             _assign(linear, dequantize_rows(packed))
             bits += 8 * packed.nbytes

@@ -1,7 +1,9 @@
 """Embedding rows read from ``dense.bin`` per token, so the table never becomes resident.
 
-A token needs one row of the [vocab, d] table; ``embed.onnx`` (a Gather over the whole table) is what
-other hosts run, the host runtime does what it computes with one positioned read of d values into its
+A token needs one row of the [vocab, d] table; ``embed.onnx`` (a Gather, or a GatherBlockQuantized on an
+int4 table, over the whole table) is what other hosts run. The host runtime does what it computes with
+one positioned read per row: d float32 values, or an int4 row (d/2 bytes of codes and its block scales,
+decoded (q − 8)·s in float32 as GatherBlockQuantized and ``quant.block`` decode it, bit-equal) into its
 ``hidden`` buffer, then the family's embedding multiplier (Gemma's √d, Granite's; ``dipdeploy.arch``),
 in float32 as the graph's Mul does. The residency plan then counts one row, not the table
 (README, "Budget"). Torch-free.
@@ -14,41 +16,81 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.export.manifest import REGENERATE, BundleError, Manifest
+from dipdeploy.export.manifest import EMBEDDING, REGENERATE, BundleError, Manifest
 
-EMBEDDING = "model.embed_tokens.weight"
+_ZERO_POINT = 8  # int4 codes are stored offset by 8 (MatMulNBits' and GatherBlockQuantized's default)
+
+
+def embedding_tensors(manifest: Manifest) -> list[str]:
+    """The tensors of the embedding table in the bundle: ``.weight`` (fp32) or ``.qweight`` + ``.scales``."""
+    if f"{EMBEDDING}.qweight" in manifest.tensors:
+        return [f"{EMBEDDING}.qweight", f"{EMBEDDING}.scales"]
+    return [f"{EMBEDDING}.weight"]
+
+
+def embedding_table_bytes(manifest: Manifest) -> int:
+    """Bytes of the table that only the embedding reads (which the runtime reads row by row instead of
+    holding): 0 when a tied lm_head views them, since the head keeps them resident anyway."""
+    names = embedding_tensors(manifest)
+    viewed = {t.get("view_of") for t in manifest.tensors.values() if isinstance(t, dict)}
+    if viewed & set(names):
+        return 0
+    return sum(manifest.tensors[n]["length"] for n in names if n in manifest.tensors)
 
 
 class EmbeddingRows:
     """Positioned reads of single embedding rows (see the module docstring)."""
 
     def __init__(self, bundle: Path, manifest: Manifest, multiplier: float):
-        t = manifest.tensors.get(EMBEDDING)
-        if t is None or len(t["shape"]) != 2:
-            raise BundleError(f"{bundle}: the manifest has no [vocab, d] tensor {EMBEDDING}; {REGENERATE}")
-        self.vocab, self.d = (int(n) for n in t["shape"])
-        self.dtype = np.dtype(t["dtype"])
-        self.offset, self.row_bytes = int(t["offset"]), self.d * self.dtype.itemsize
+        names = embedding_tensors(manifest)
+        ts = [manifest.tensors.get(n) for n in names]
+        if any(t is None or len(t["shape"]) != 2 for t in ts) or len({t["file"] for t in ts}) != 1:
+            raise BundleError(f"{bundle}: the manifest has no [vocab, ·] embedding tensors {', '.join(names)} in one "
+                              f"file; {REGENERATE}")
+        self.vocab = int(ts[0]["shape"][0])
+        self.d = int(ts[0]["shape"][1]) if len(ts) == 1 else int((manifest.source.get("config") or {}).get("hidden_size") or 0)
+        self._parts = []  # (offset, row bytes, row buffer) per tensor
+        for t in ts:
+            row = np.empty(int(t["shape"][1]), np.dtype(t["dtype"]))
+            if int(t["shape"][0]) != self.vocab:
+                raise BundleError(f"{bundle}: the embedding tensors disagree on the vocabulary size; {REGENERATE}")
+            self._parts.append((int(t["offset"]), row.nbytes, row))
+        if len(ts) == 2:
+            codes, scales = self._parts[0][2], self._parts[1][2]
+            if codes.dtype != np.uint8 or scales.dtype != np.float32 or (2 * codes.size) % scales.size \
+                    or not 0 < self.d <= 2 * codes.size:
+                raise BundleError(f"{bundle}: the int4 embedding's codes {codes.dtype}[{codes.size}], scales "
+                                  f"{scales.dtype}[{scales.size}] and hidden size {self.d} do not fit; {REGENERATE}")
+            self._values = np.empty((scales.size, 2 * codes.size // scales.size), np.float32)
         self.multiplier = np.float32(multiplier)
-        self._row = np.empty(self.d, self.dtype)
-        self.fd = os.open(bundle / t["file"], os.O_RDONLY)
-        self.path = bundle / t["file"]
+        self.path = bundle / ts[0]["file"]
+        self.fd = os.open(self.path, os.O_RDONLY)
 
     @property
     def nbytes(self) -> int:
-        """Resident bytes: the one row buffer."""
-        return self._row.nbytes
+        """Resident bytes: the row buffers."""
+        return sum(p[1] for p in self._parts) + (self._values.nbytes if len(self._parts) == 2 else 0)
 
     def read(self, token: int, out: np.ndarray) -> None:
         """Write row ``token`` (× the multiplier) into ``out`` [..., d] float32."""
         if not 0 <= token < self.vocab:
             raise ValueError(f"token id {token} outside the vocabulary of {self.vocab}")
-        got = os.preadv(self.fd, [memoryview(self._row).cast("B")], self.offset + token * self.row_bytes)
-        if got != self.row_bytes:
-            raise OSError(f"{self.path}: short read of the embedding row {token}; re-export the bundle or run "
-                          "`dipdeploy inspect --verify`")
+        for offset, nbytes, buf in self._parts:
+            got = os.preadv(self.fd, [memoryview(buf).cast("B")], offset + token * nbytes)
+            if got != nbytes:
+                raise OSError(f"{self.path}: short read of the embedding row {token}; re-export the bundle or run "
+                              "`dipdeploy inspect --verify`")
         row = out.reshape(-1)
-        row[:] = self._row
+        if len(self._parts) == 1:
+            row[:] = self._parts[0][2]
+        else:
+            codes, scales, v = self._parts[0][2], self._parts[1][2], self._values
+            flat = v.reshape(-1)
+            flat[0::2] = codes & 0x0F
+            flat[1::2] = codes >> 4
+            flat -= _ZERO_POINT
+            v *= scales[:, None]
+            row[:] = flat[: self.d]
         if self.multiplier != 1.0:
             row *= self.multiplier
 

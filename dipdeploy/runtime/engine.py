@@ -36,7 +36,7 @@ from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
 from dipdeploy.runtime.blockio import IO_THREADS
-from dipdeploy.runtime.embedding import EmbeddingRows
+from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.sampler import Sampler
@@ -318,8 +318,7 @@ class Engine:
         self.head.output("logits", b["logits"])
 
     def _embedding_bytes(self) -> int:
-        t = self.manifest.tensors.get("model.embed_tokens.weight")
-        return t["length"] if t else 0
+        return embedding_table_bytes(self.manifest)
 
     @property
     def tokenizer(self):

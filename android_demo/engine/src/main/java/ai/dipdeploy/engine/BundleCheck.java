@@ -176,11 +176,23 @@ final class BundleCheck {
         return out;
     }
 
-    /** Python's {@code _overlap_problems}: export writes every tensor once, so two sharing bytes mean an edit. */
+    /**
+     * Python's {@code _overlap_problems}: export writes every tensor once, so two sharing bytes mean an edit; a
+     * declared view ({@code view_of}) must cover exactly the bytes of the tensor it names.
+     */
     private static List<String> overlapProblems(Manifest m) {
         List<Manifest.Tensor> spans = new ArrayList<>();
-        for (Manifest.Tensor t : m.tensors.values())
-            if (t.file != null && t.offset >= 0 && t.length > 0) spans.add(t);
+        List<String> out = new ArrayList<>();
+        for (Manifest.Tensor t : m.tensors.values()) {
+            if (t.file == null || t.offset < 0 || t.length < 0) continue;
+            if (t.viewOf != null) {
+                Manifest.Tensor src = m.tensors.get(t.viewOf);
+                if (src == null || src.viewOf != null || !src.file.equals(t.file) || src.offset != t.offset
+                        || src.length != t.length || !src.dtype.equals(t.dtype))
+                    out.add("tensor " + t.name + ": view_of '" + t.viewOf + "' is not a tensor with the same file, "
+                            + "offset, length and dtype");
+            } else if (t.length > 0) spans.add(t);
+        }
         spans.sort((a, b) -> {
             int c = a.file.compareTo(b.file);
             if (c != 0) return c;
@@ -189,7 +201,6 @@ final class BundleCheck {
             if (ea != eb) return Long.compare(ea, eb);
             return a.name.compareTo(b.name);
         });
-        List<String> out = new ArrayList<>();
         for (int k = 1; k < spans.size(); k++) {
             Manifest.Tensor a = spans.get(k - 1), b = spans.get(k);
             if (a.file.equals(b.file) && b.offset < a.offset + a.length)

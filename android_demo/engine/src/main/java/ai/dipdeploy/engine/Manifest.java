@@ -39,6 +39,8 @@ public final class Manifest {
     /** One tensor of the table: bytes [offset, offset+length) of {@code file}. */
     public static final class Tensor {
         public final String name, file, dtype, layout;
+        /** The tensor whose bytes these are, read with another shape (a tied lm_head's view of the int4 embedding), or null. */
+        public final String viewOf;
         public final long offset, length;
         public final long[] shape;
 
@@ -52,6 +54,8 @@ public final class Manifest {
             this.shape = Json.longs(t.get("shape"), w + ".shape");
             Object lay = t.get("layout");
             this.layout = lay == null ? null : Json.str(lay, w + ".layout");
+            Object view = t.get("view_of");
+            this.viewOf = view == null ? null : Json.str(view, w + ".view_of");
         }
 
         public int itemSize() {

@@ -166,6 +166,20 @@ public class BundleSandboxTest {
         refused(raw -> sub(raw, "tensors", UP).put("dtype", "object"), "dtype 'object'");
     }
 
+    /** A tied lm_head reads the int4 embedding's bytes as a declared view: exactly those bytes, or refused. */
+    @Test
+    public void aViewMustCoverExactlyTheTensorItNames() throws Exception {
+        Consumer<Map<String, Object>> view = raw -> {
+            Map<String, Object> t = tensor("dense.bin", 0, "float16", 4, 32);
+            t.put("view_of", "model.embed_tokens.weight");
+            sub(raw, "tensors").put("lm_head.weight", t);
+        };
+        write(view);
+        Manifest.open(bundle, "small");
+        refused(view.andThen(raw -> sub(raw, "tensors", "lm_head.weight").put("view_of", UP)), "view_of");
+        refused(view.andThen(raw -> sub(raw, "tensors", "lm_head.weight").remove("view_of")), "overlap");
+    }
+
     @Test
     public void thePlanMustMatchTheGraphs() throws Exception {
         refused(raw -> sub(raw, "plan").put("layers", new ArrayList<>()), "num_hidden_layers");
