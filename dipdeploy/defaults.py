@@ -5,7 +5,8 @@ density, γ, policy, cache fraction; ``EngineConfig``: DRAM budget, context; ``L
 is read from there by the CLI and by other configs. Only what no single stage owns is here: the model
 every command loads when none is named, and the calibration text a plan is fitted on, which ``eval``,
 ``calibrate``, ``trace``, ``finetune`` and ``export`` all use, so that ``calibrate`` then ``eval --plan``
-gives the plan ``eval`` calibrates itself. Floor 1: no imports.
+gives the plan ``eval`` calibrates itself; and how a quantised model's token embedding is stored, which
+``export`` ships and ``eval --quant`` must measure alike. Floor 1: no imports.
 """
 
 #: The embedded default model (a registry name; README "Quickstart").
@@ -13,3 +14,6 @@ MODEL = "smollm2-135m"
 #: Calibration text: this many windows of this many tokens of the WikiText-2 validation split.
 CALIB_WINDOWS = 4
 CALIB_SEQLEN = 512
+#: The token embedding of a quantised model: int4 blocks (``export --embedding``, ``eval --embedding``), or fp32.
+EMBEDDINGS = ("int4", "fp32")
+EMBEDDING = "int4"

@@ -78,6 +78,17 @@ def test_scope_all_quantises_the_embedding_and_counts_everything():
         quantize_model_(model, VQ3QuantConfig(), "attn")
 
 
+def test_scope_all_with_an_fp32_embedding_unties_the_head_and_keeps_the_table():
+    model = _llama()
+    emb = model.get_input_embeddings().weight.detach().clone()
+    report = quantize_model_(model, VQ3QuantConfig(), "all", progress=False, embedding="fp32")
+    assert torch.equal(model.get_input_embeddings().weight, emb)
+    assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
+    attn = 2 * (64 * 64 * 2 + 64 * 32 * 2)
+    assert report.n_params == report.n_params_mlp + attn + 256 * 64
+    assert any("untied" in n for n in report.notes)
+
+
 def test_scope_all_quantises_an_untied_head_apart():
     model = _llama()
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone() * 2)

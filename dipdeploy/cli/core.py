@@ -133,6 +133,8 @@ def eval_cmd(
                                         "-gptq variants)"),
     quant_scope: str = typer.Option(_EV.quant_scope, help="all: attention and lm_head in BQ4 blocks too, as "
                                     "`export --quant` ships them | mlp: the MLP only"),
+    embedding: str = typer.Option(_EV.embedding, help="int4 | fp32: the token embedding with --quant-scope all, "
+                                  "as `export --embedding` stores it"),
     weights: Optional[Path] = typer.Option(None, help="MLP weights from `dipdeploy quantize` (.npz) instead of "
                                            "quantising here; --quant-scope all adds attention and lm_head"),
     lora: Optional[Path] = typer.Option(None, help="a peft adapter from `dipdeploy finetune` (applied first)"),
@@ -157,7 +159,7 @@ def eval_cmd(
         cfg = EvalConfig(model=model, method=method, density=density, plan=str(plan) if plan else None,
                          seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
                          text_file=str(text_file) if text_file else None, data_dir=str(data_dir) if data_dir else None,
-                         batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope,
+                         batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope, embedding=embedding,
                          weights=str(weights) if weights else None,
                          lora=str(lora) if lora else None, lora_merge=lora_merge)
         check_inputs(model=model)

@@ -42,6 +42,7 @@ class EvalConfig:
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
     quant: str | None = None
     quant_scope: str = "all"
+    embedding: str = defaults.EMBEDDING  # with quant_scope all: the token embedding as export stores it
     weights: str | None = None  # a `dipdeploy quantize` file: its MLP weights instead of quantising here
     lora: str | None = None  # a peft adapter from `dipdeploy finetune`, applied before quantisation
     lora_merge: bool = True  # merge_and_unload (what export does) or keep live adapter layers
@@ -62,6 +63,8 @@ class EvalConfig:
 
         if self.quant_scope not in SCOPES:
             raise ValueError(f"quant_scope {self.quant_scope!r} unknown; choose one of {', '.join(SCOPES)}")
+        if self.embedding not in defaults.EMBEDDINGS:
+            raise ValueError(f"embedding {self.embedding!r} unknown; choose one of {', '.join(defaults.EMBEDDINGS)}")
         if self.quant is not None and self.weights is not None:
             raise ValueError("--weights brings its own quantised MLP; drop --quant (or drop --weights)")
         if self.plan is not None and (len(self.method) > 1 or len(self.density) > 1):
@@ -70,19 +73,23 @@ class EvalConfig:
 
 def _quantize(lm, cfg: EvalConfig) -> dict:
     """Fake-quantise ``lm`` in place. The default scope ``all`` is what ``export --quant`` ships (MLP in the
-    format, attention and lm_head in the MatMulNBits blocks of ``quant.config.dense_config``)."""
+    format, attention and lm_head in the MatMulNBits blocks of ``quant.config.dense_config``, the
+    embedding in the same int4 blocks unless ``embedding`` is fp32)."""
     if cfg.quant is None and cfg.weights is None:
         return {"quant": "none", "bits_per_weight": 32.0}
     from dipdeploy.quant.config import quant_config_from_name
     from dipdeploy.quant.fake import load_mlp_weights_, quantize_model_  # export-time, imports torch lazily
 
     if cfg.weights is not None:
-        report = load_mlp_weights_(lm.model, cfg.weights, scope=cfg.quant_scope, model_name=lm.name)
+        report = load_mlp_weights_(lm.model, cfg.weights, scope=cfg.quant_scope, model_name=lm.name,
+                                   embedding=cfg.embedding)
         name = f"{report.format} ({cfg.weights})"
     else:
-        report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope, progress=False)
+        report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope, progress=False,
+                                 embedding=cfg.embedding)
         name = cfg.quant
     return {"quant": name, "quant_scope": cfg.quant_scope,
+            "embedding": cfg.embedding if cfg.quant_scope == "all" else "fp32",
             "bits_per_weight": float(report.bits_per_weight), "quant_seconds": float(report.seconds)}
 
 

@@ -22,7 +22,6 @@ ACCURACY_LEVELS = BUNDLE_ACCURACY_LEVELS
 ALIGNMENTS = (4096, 65536)
 #: ``standard``: attention in opset-21 ops (runs on any ORT); ``gqa``: com.microsoft::GroupQueryAttention.
 ATTENTION_OPS = ("standard", "gqa")
-EMBEDDINGS = ("int4", "fp32")  # the token embedding in a quantised bundle (ExportConfig.embedding)
 
 
 @dataclass
@@ -72,14 +71,14 @@ class ExportConfig:
     calib_seqlen: int = defaults.CALIB_SEQLEN
     per_layer: bool = True
     fuse_norms: bool = True
-    embedding: str = "int4"
+    embedding: str = defaults.EMBEDDING
     stream: bool | None = None
     threads: int = 1
     data_dir: str | None = None
 
     def __post_init__(self) -> None:
         choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
-                   "alignment": ALIGNMENTS, "attention": ATTENTION_OPS, "embedding": EMBEDDINGS}
+                   "alignment": ALIGNMENTS, "attention": ATTENTION_OPS, "embedding": defaults.EMBEDDINGS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ExportConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {allowed}")

@@ -13,7 +13,8 @@ The MLP's modules are found by the model's family record (``dipdeploy.arch``, ``
 ``scope="all"`` also quantises every ``nn.Linear`` of the attention blocks and the lm_head with
 ``api.quantize_dense`` (BQ4 blocks along the input dimension, ``config.dense_config``), the function the
 exporter packs into MatMulNBits, so the values equal a bundle's; and the embedding table, as export's
-default int4 embedding stores it (a tied lm_head shares it, quantised once). ``load_mlp_weights_`` puts the MLP weights of a ``dipdeploy quantize``
+default int4 embedding stores it (a tied lm_head shares it, quantised once), unless ``embedding="fp32"``
+(then a tied lm_head is untied first so the table stays as it was). ``load_mlp_weights_`` puts the MLP weights of a ``dipdeploy quantize``
 file into a model instead of quantising them again (a ``-gptq`` format is calibrated once).
 """
 
@@ -25,6 +26,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from dipdeploy import defaults
 from dipdeploy.arch import Arch, arch_of_model
 from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize, quantize_dense
 from dipdeploy.quant.config import QuantConfig, config_to_dict, dense_config, quant_config_from_name
@@ -180,7 +182,7 @@ def _dense_linears(model) -> list[tuple[str, Any]]:
 
 
 def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=None,
-                    progress: bool = True) -> QuantReport:
+                    progress: bool = True, embedding: str = defaults.EMBEDDING) -> QuantReport:
     """Replace weights in place by their fake-quantised values; return what was done.
 
     ``calib_ids`` ([B, T] token ids): calibration text. Required by configs with ``error_feedback``
@@ -206,11 +208,22 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
         for p in packed.values():
             mlp_bits += 8 * p.nbytes
             mlp_params += p.rows * p.cols
-    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, notes)
+    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, notes, embedding)
+
+
+def _untie_head(model, notes: list[str]) -> None:
+    import torch
+
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and emb is not None and head.weight is emb.weight:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        if hasattr(model.config, "tie_word_embeddings"):
+            model.config.tie_word_embeddings = False
+        notes.append("lm_head untied from the embedding table (the embedding stays unquantised)")
 
 
 def _dense_and_report(model, cfg: QuantConfig, scope: str, mlp_bits: int, mlp_params: int, t0: float,
-            notes: list[str]) -> QuantReport:
+            notes: list[str], embedding: str = defaults.EMBEDDING) -> QuantReport:
     """Quantise attention and lm_head too when ``scope`` is ``all``; the report over everything."""
     bits, params = mlp_bits, mlp_params
     if scope == "all":
@@ -218,10 +231,13 @@ def _dense_and_report(model, cfg: QuantConfig, scope: str, mlp_bits: int, mlp_pa
         if dense != cfg:
             notes.append(f"attention and lm_head use {dense} (blocks along the input dimension)")
         emb = model.get_input_embeddings()
-        packed = quantize_dense(_np(emb.weight), cfg)  # as export's default int4 table (GatherBlockQuantized)
-        _assign(emb, dequantize_rows(packed))
-        bits += 8 * packed.nbytes
-        params += packed.rows * packed.cols
+        if embedding == "int4":  # as export's int4 table (GatherBlockQuantized)
+            packed = quantize_dense(_np(emb.weight), cfg)
+            _assign(emb, dequantize_rows(packed))
+            bits += 8 * packed.nbytes
+            params += packed.rows * packed.cols
+        else:
+            _untie_head(model, notes)
         for _name, linear in _dense_linears(model):
             if linear.weight is emb.weight:  # a tied lm_head: the same int4 blocks, quantised once
                 continue
@@ -237,7 +253,8 @@ def _dense_and_report(model, cfg: QuantConfig, scope: str, mlp_bits: int, mlp_pa
     )
 
 
-def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "") -> QuantReport:
+def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "",
+                      embedding: str = defaults.EMBEDDING) -> QuantReport:
     """Replace every MLP's weights in place by those of a ``dipdeploy quantize`` file (dequantised);
     with ``scope="all"`` quantise attention and lm_head as :func:`quantize_model_` does, in the file's
     format. Refuses a file made for another model or shape, naming both."""
@@ -265,7 +282,7 @@ def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "") 
         for p in packed.values():
             mlp_bits += 8 * p.nbytes
             mlp_params += p.rows * p.cols
-    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, [f"MLP weights from {path}"])
+    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, [f"MLP weights from {path}"], embedding)
 
 
 def write_packed_mlp(model, cfg: QuantConfig, out, *, model_name: str = "", force: bool = False,
