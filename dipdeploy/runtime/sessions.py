@@ -118,6 +118,18 @@ class Bound:
         self._keep["in:" + name] = (array, v)
         self.io.bind_ortvalue_input(name, v._ortvalue)
 
+    @staticmethod
+    def value(array: np.ndarray):
+        """``array`` as one ORT tensor (zero copy) to bind to many sessions (``input_value``)."""
+        from onnxruntime import OrtValue
+
+        return array, OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+
+    def input_value(self, name: str, value) -> None:
+        """Bind a tensor made by ``value`` as input ``name``."""
+        self._keep["in:" + name] = value
+        self.io.bind_ortvalue_input(name, value[1]._ortvalue)
+
     def output(self, name: str, array: np.ndarray) -> None:
         """ORT writes output ``name`` into ``array`` (whose shape must be the output's)."""
         v = self._value(array)

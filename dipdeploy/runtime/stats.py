@@ -19,10 +19,21 @@ from dipdeploy.runtime.blockio import BLOCK
 
 
 class Timer:
-    """Accumulated wall time per named phase."""
+    """Accumulated wall time per named phase: ``with timer(name)`` around a phase, or ``start`` then
+    ``lap(name)`` after each phase (one clock read per phase, for the per-layer decode loop)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self._last = 0.0
+
+    def start(self) -> None:
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """The time since ``start`` or the previous lap goes to ``name``."""
+        now = time.perf_counter()
+        self.seconds[name] += now - self._last
+        self._last = now
 
     @contextmanager
     def __call__(self, name: str):
