@@ -16,7 +16,9 @@ Split of a decode token (ms, median of the repeats):
   do not depend on where the step runs, tests/test_native_cache.py);
 * ``storage``: time inside the Flash reads of the misses (``flash_io_decode``), memcpy from the page
   cache here (the file is cached), zero at 100 % once the prompt has filled the caches;
-* ``host``: the rest of the token's wall time: Python, the cache step, binding, ORT's per-run framework.
+* ``host``: the rest of the token's wall time: Python, the cache step, binding, ORT's per-run framework;
+  split into ``ort_run - kernel`` (ORT outside its kernels: the wall time inside the session runs, timed
+  around ``Bound.run``, less the kernels) and ``python`` (outside the session runs and the reads).
 
     python benchmarks/host.py                     # 3 repeats × 2 budgets × 64 tokens (~3 min on 2 cores)
     python benchmarks/host.py --quick --json o.json   # 1 repeat, 100 % only, 24 tokens (<1 min)
@@ -41,8 +43,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The history of the city begins in the early"
 GENAI_PYTHON = "/work/venv-genai/bin/python"
-COLS = ["budget", "path", "tok_s", "ms_per_token", "kernel_ms", "storage_ms", "host_ms", "host_share", "hit_rate",
-        "x_genai", "load_1min"]
+COLS = ["budget", "path", "tok_s", "ms_per_token", "kernel_ms", "storage_ms", "host_ms", "host_share", "ort_run_ms",
+        "python_ms", "hit_rate", "x_genai", "load_1min"]
 
 
 def bundle(path: Path | None) -> Path:
@@ -60,16 +62,37 @@ def bundle(path: Path | None) -> Path:
     return out
 
 
-def engine_row(path: Path, budget: str, native_cache: bool, tokens: int) -> dict:
-    """Decode tokens/s and the storage wait of one warm engine."""
+class RunClock:
+    """Wall time inside every session run (``Bound.run``), in call order: ORT's share of a token,
+    kernels and its per-run framework together."""
+
+    def __init__(self):
+        from dipdeploy.runtime.sessions import Bound
+
+        self.calls: list[float] = []
+        plain = Bound.run
+
+        def timed(bound) -> None:
+            t0 = time.perf_counter()
+            plain(bound)
+            self.calls.append(time.perf_counter() - t0)
+
+        Bound.run = timed
+
+
+def engine_row(path: Path, budget: str, native_cache: bool, tokens: int, clock: RunClock) -> dict:
+    """Decode tokens/s, ORT's run time and the storage wait of one warm engine."""
     from dipdeploy.runtime import Engine
 
     eng = Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=256)
     eng.generate(PROMPT, 4, stop_at_eos=False)  # the sessions' first-run allocations
+    clock.calls.clear()
     s = eng.generate(PROMPT, tokens, stop_at_eos=False).stats
+    prefill_runs = 3 * eng.num_layers + 1  # one batched run of every graph
     eng.close()
     steps = s.new_tokens - 1
     return {"tok_s": s.decode_tok_s, "ms_per_token": 1e3 * s.decode_s / steps,
+            "ort_ms": 1e3 * sum(clock.calls[prefill_runs:]) / steps,
             "storage_ms": 1e3 * s.seconds["flash_io_decode"] / steps, "hit_rate": s.hit_rate}
 
 
@@ -117,14 +140,16 @@ def genai_row(path: Path, tokens: int, python: str) -> dict:
     return {"tok_s": float(m.group(3)), "ms_per_token": 1e3 * float(m.group(2)) / int(m.group(1))}
 
 
-def median_rows(samples: dict[tuple, list[dict]], kernels: dict[str, float], genai: dict | None) -> list[dict]:
+def median_rows(samples: dict[tuple, list[dict]], kernels: dict[str, list[float]], genai: dict | None) -> list[dict]:
     rows = []
     for (budget, path), runs in samples.items():
         row = {"budget": budget, "path": path}
         for key in runs[0]:
             row[key] = statistics.median(r[key] for r in runs)
         if path != "genai":
-            row["kernel_ms"] = kernels[budget]
+            row["kernel_ms"] = statistics.median(kernels[budget])
+            row["ort_run_ms"] = row.pop("ort_ms")
+            row["python_ms"] = row["ms_per_token"] - row["ort_run_ms"] - row["storage_ms"]
             row["host_ms"] = row["ms_per_token"] - row["kernel_ms"] - row["storage_ms"]
             row["host_share"] = row["host_ms"] / row["ms_per_token"]
             if genai:
@@ -160,11 +185,15 @@ def main() -> None:
     info = machine()
     genai_python = args.genai_python if args.genai_python and Path(args.genai_python).is_file() else None
     samples: dict[tuple, list[dict]] = {}
+    kernels: dict[str, list[float]] = {}
     loads = []
+    clock = RunClock()
     for rep in range(repeats):
         for budget in budgets:
+            kernels.setdefault(budget, []).append(kernel_ms(path, budget, tokens))
+        for budget in budgets:
             for name in ("numpy", "native"):
-                r = engine_row(path, budget, name == "native", tokens)
+                r = engine_row(path, budget, name == "native", tokens, clock)
                 samples.setdefault((budget, name), []).append(r)
                 print(f"repeat {rep + 1} {budget:>4} {name:6s}: {r['tok_s']:.1f} tok/s", flush=True)
         if genai_python:
@@ -172,7 +201,6 @@ def main() -> None:
             samples.setdefault(("100%", "genai"), []).append(r)
             print(f"repeat {rep + 1} genai      : {r['tok_s']:.1f} tok/s", flush=True)
         loads.append(os.getloadavg()[0])
-    kernels = {b: kernel_ms(path, b, tokens) for b in budgets}
     genai = next((statistics.median(x["tok_s"] for x in v) for k, v in samples.items() if k[1] == "genai"), None)
     rows = median_rows(samples, kernels, {"tok_s": genai} if genai else None)
     for r in rows:
