@@ -58,7 +58,8 @@ struct Group {
   const uint8_t * map = nullptr;
   int64_t map_len = 0;
   // scratch and the pending step (SlotStep.release / deferred_*)
-  std::vector<int64_t> cand, order, staged, release, deferred_rows, deferred_from;
+  std::vector<int64_t> cand, misses, admitted_rows, given, release, deferred_rows, deferred_from, to;
+  std::vector<int64_t> where;  // [rows]: position of a row in the selection, -1 elsewhere (kept so)
   std::vector<uint64_t> keys;
   std::vector<uint8_t> used;
 };
@@ -108,14 +109,10 @@ int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits) {
   if (over > 0) {  // drop the `over` lowest keys (unique, so the set is the reference's)
     g.keys.resize(g.cand.size());
     for (size_t i = 0; i < g.cand.size(); ++i)
-      g.keys[i] = (uint64_t(key_of(g, g.cand[i])) ^ (uint64_t(1) << 63));  // signed order as unsigned
-    std::vector<uint64_t> & kk = g.keys;
-    std::vector<int64_t> & idx = g.order;
-    idx.resize(g.cand.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = int64_t(i);
-    std::nth_element(idx.begin(), idx.begin() + (over - 1), idx.end(),
-                     [&](int64_t a, int64_t b) { return kk[a] < kk[b]; });
-    for (int64_t i = 0; i < over; ++i) g.resident[g.cand[idx[i]]] = 0;
+      g.keys[i] = uint64_t(key_of(g, g.cand[i])) ^ (uint64_t(1) << 63);  // signed order as unsigned
+    std::nth_element(g.keys.begin(), g.keys.begin() + (over - 1), g.keys.end());
+    const uint64_t tie = (uint64_t(1) << kIdxBits) - 1;  // the low bits hold rows - 1 - index exactly
+    for (int64_t i = 0; i < over; ++i) g.resident[g.rows - 1 - int64_t(g.keys[size_t(i)] & tie)] = 0;
   }
   return 0;
 }
@@ -155,27 +152,38 @@ int64_t assign(Group & g, const int64_t * sel, int64_t k, const uint8_t * hits, 
     else
       free_row(g, r);
   }
-  std::vector<int64_t> & misses = g.order;  // positions j of the misses, ascending by row
-  misses.clear();
+  // the misses' positions in ascending row order (rows are distinct): a pass over the rows, no sort
+  g.where.resize(size_t(g.rows), -1);
   for (int64_t j = 0; j < k; ++j)
-    if (!hits[j]) misses.push_back(j);
-  std::stable_sort(misses.begin(), misses.end(), [&](int64_t a, int64_t b) { return sel[a] < sel[b]; });
-  g.cand.clear();  // admitted positions, in that order
-  g.staged.clear();
-  for (int64_t j : misses) (g.resident[sel[j]] ? g.cand : g.staged).push_back(j);
-  std::vector<int64_t> rows(g.cand.size()), given(g.cand.size());
-  for (size_t i = 0; i < g.cand.size(); ++i) rows[i] = sel[g.cand[i]];
-  const int64_t n_given = take(g, rows.data(), int64_t(rows.size()), given.data());
-  for (int64_t i = 0; i < n_given; ++i) slots[g.cand[size_t(i)]] = given[size_t(i)];
+    if (!hits[j]) g.where[size_t(sel[j])] = j;
+  std::vector<int64_t> & misses = g.misses;
+  misses.clear();
+  for (int64_t r = 0; r < g.rows; ++r)
+    if (g.where[size_t(r)] >= 0) {
+      misses.push_back(g.where[size_t(r)]);
+      g.where[size_t(r)] = -1;
+    }
+  g.admitted_rows.clear();  // admitted misses take the lowest free slots, in row order
+  for (int64_t j : misses)
+    if (g.resident[sel[j]]) g.admitted_rows.push_back(sel[j]);
+  g.given.resize(g.admitted_rows.size());
+  const int64_t n_given = take(g, g.admitted_rows.data(), int64_t(g.admitted_rows.size()), g.given.data());
+  // staging, in row order: the misses not admitted and the admitted ones beyond the free slots
   g.deferred_rows.clear();
   g.deferred_from.clear();
-  for (size_t i = size_t(n_given); i < g.cand.size(); ++i) g.staged.push_back(g.cand[i]);
-  std::stable_sort(g.staged.begin(), g.staged.end(), [&](int64_t a, int64_t b) { return sel[a] < sel[b]; });
-  if (int64_t(g.staged.size()) > g.staging) return kNoStaging;
-  for (size_t i = 0; i < g.staged.size(); ++i) slots[g.staged[i]] = g.capacity + int64_t(i);
-  for (size_t i = size_t(n_given); i < g.cand.size(); ++i) {
-    g.deferred_rows.push_back(sel[g.cand[i]]);
-    g.deferred_from.push_back(slots[g.cand[i]]);
+  int64_t admitted = 0, staged = 0;
+  for (int64_t j : misses) {
+    if (g.resident[sel[j]] && admitted < n_given) {
+      slots[j] = g.given[size_t(admitted++)];
+      continue;
+    }
+    if (staged == g.staging) return kNoStaging;
+    slots[j] = g.capacity + staged++;
+    if (g.resident[sel[j]]) {
+      ++admitted;
+      g.deferred_rows.push_back(sel[j]);
+      g.deferred_from.push_back(slots[j]);
+    }
   }
   for (size_t i = 0; i < misses.size(); ++i) {
     read_rows[i] = sel[misses[i]];
@@ -303,7 +311,8 @@ __attribute__((visibility("default"))) int64_t dd_cache_settle(void * gp) {
   g->release.clear();
   const int64_t n = int64_t(g->deferred_rows.size());
   if (n == 0) return 0;
-  std::vector<int64_t> to(size_t(n), 0);
+  std::vector<int64_t> & to = g->to;
+  to.resize(size_t(n));
   if (take(*g, g->deferred_rows.data(), n, to.data()) != n) return kNoFreeSlot;
   for (size_t a = 0; a < g->slabs.size(); ++a) {
     const int64_t rb = g->row_bytes[a];
