@@ -58,10 +58,9 @@ struct Group {
   const uint8_t * map = nullptr;
   int64_t map_len = 0;
   // scratch and the pending step (SlotStep.release / deferred_*)
-  std::vector<int64_t> cand, misses, admitted_rows, given, release, deferred_rows, deferred_from, to;
+  std::vector<int64_t> cand, dropped, misses, admitted_rows, given, release, deferred_rows, deferred_from, to;
   std::vector<int64_t> where;  // [rows]: position of a row in the selection, -1 elsewhere (kept so)
   std::vector<uint64_t> keys;
-  std::vector<uint8_t> used;
 };
 
 // policies.py _pack: ((primary << SEC | secondary) << IDX) | (rows - 1 - index), in wrapping int64
@@ -100,6 +99,7 @@ int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits) {
     if (g.last_use[r] != step) ++g.uses[r];  // numpy's uses[sel] += 1 counts a repeated row once
     g.last_use[r] = step;
   }
+  g.dropped.clear();
   if (g.policy == kStatic || g.policy == kNone || g.capacity <= 0) return 0;
   for (int64_t j = 0; j < k; ++j) g.resident[sel[j]] = 1;
   g.cand.clear();
@@ -112,7 +112,11 @@ int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits) {
       g.keys[i] = uint64_t(key_of(g, g.cand[i])) ^ (uint64_t(1) << 63);  // signed order as unsigned
     std::nth_element(g.keys.begin(), g.keys.begin() + (over - 1), g.keys.end());
     const uint64_t tie = (uint64_t(1) << kIdxBits) - 1;  // the low bits hold rows - 1 - index exactly
-    for (int64_t i = 0; i < over; ++i) g.resident[g.rows - 1 - int64_t(g.keys[size_t(i)] & tie)] = 0;
+    for (int64_t i = 0; i < over; ++i) {
+      const int64_t r = g.rows - 1 - int64_t(g.keys[size_t(i)] & tie);
+      g.resident[r] = 0;
+      g.dropped.push_back(r);
+    }
   }
   return 0;
 }
@@ -141,28 +145,35 @@ int64_t assign(Group & g, const int64_t * sel, int64_t k, const uint8_t * hits, 
     slots[j] = g.slot_of[sel[j]];
     if ((slots[j] >= 0) != bool(hits[j])) return kOutOfStep;
   }
-  g.used.assign(size_t(g.rows), 0);
-  for (int64_t j = 0; j < k; ++j) g.used[size_t(sel[j])] = 1;
+  // Evicted rows: those the step dropped that held a slot (a slot is held exactly by the rows resident
+  // before the step). The ones this token uses (last use = this step) free their slots in `settle`.
   g.release.clear();
-  for (int64_t s = 0; s < g.capacity; ++s) {  // held rows in slot order, as row_of[row_of >= 0]
-    int64_t r = g.row_of[s];
-    if (r < 0 || g.resident[r]) continue;
-    if (g.used[size_t(r)])
+  const int64_t step = g.counters[0];
+  for (int64_t r : g.dropped) {
+    if (g.slot_of[r] < 0) continue;  // a miss the cache did not admit: it never held a slot
+    if (g.last_use[r] == step)
       g.release.push_back(r);
     else
       free_row(g, r);
   }
-  // the misses' positions in ascending row order (rows are distinct): a pass over the rows, no sort
-  g.where.resize(size_t(g.rows), -1);
-  for (int64_t j = 0; j < k; ++j)
-    if (!hits[j]) g.where[size_t(sel[j])] = j;
+  // the misses' positions in ascending row order (rows are distinct): a sort when they are few, else
+  // a pass over the rows
   std::vector<int64_t> & misses = g.misses;
   misses.clear();
-  for (int64_t r = 0; r < g.rows; ++r)
-    if (g.where[size_t(r)] >= 0) {
-      misses.push_back(g.where[size_t(r)]);
-      g.where[size_t(r)] = -1;
-    }
+  for (int64_t j = 0; j < k; ++j)
+    if (!hits[j]) misses.push_back(j);
+  if (int64_t(misses.size()) * 16 < g.rows) {
+    std::sort(misses.begin(), misses.end(), [&](int64_t a, int64_t b) { return sel[a] < sel[b]; });
+  } else {
+    g.where.resize(size_t(g.rows), -1);
+    for (int64_t j : misses) g.where[size_t(sel[j])] = j;
+    misses.clear();
+    for (int64_t r = 0; r < g.rows; ++r)
+      if (g.where[size_t(r)] >= 0) {
+        misses.push_back(g.where[size_t(r)]);
+        g.where[size_t(r)] = -1;
+      }
+  }
   g.admitted_rows.clear();  // admitted misses take the lowest free slots, in row order
   for (int64_t j : misses)
     if (g.resident[sel[j]]) g.admitted_rows.push_back(sel[j]);

@@ -395,7 +395,9 @@ class Engine:
         st["pos"], st["ids"] = n, st["ids"][:n]
 
     def step(self, token: int, timer: Timer, record=None) -> np.ndarray:
-        """Feed one token; returns the logits [V] of the next one."""
+        """Feed one token; returns the logits [V] of the next one. ``record(layer, sel_in, sel_glu,
+        hits_in, hits_glu)`` gets each layer's selections as views of the graph buffers, which the next
+        token overwrites: a recorder that keeps them copies them."""
         st, b = self._state, self.buf
         pos = st["pos"]
         if pos >= self.cfg.context:
@@ -427,7 +429,7 @@ class Engine:
             lap("mlp")
             dn.settle()
             if record is not None:
-                record(i, lb["in_indices"][0].copy(), lb["glu_indices"][0].copy(), hits_in, hits_glu)
+                record(i, lb["in_indices"][0], lb["glu_indices"][0], hits_in, hits_glu)
             lap("cache")
         self.head.run()
         lap("embed+head")
@@ -605,7 +607,7 @@ class Engine:
         def keep(i, s_in, s_glu, _h_in, _h_glu):
             if i == 0:
                 sel.append({})
-            sel[-1][(i, "in")], sel[-1][(i, "glu")] = s_in, s_glu
+            sel[-1][(i, "in")], sel[-1][(i, "glu")] = s_in.copy(), s_glu.copy()
 
         for t in prompt[:-1]:
             self.step(int(t), timer, keep)
@@ -620,8 +622,8 @@ class Engine:
         sel: list[tuple[list, list]] = [([], []) for _ in range(self.num_layers)]
 
         def keep(i, s_in, s_glu, _h1, _h2):
-            sel[i][0].append(s_in)
-            sel[i][1].append(s_glu)
+            sel[i][0].append(s_in.copy())
+            sel[i][1].append(s_glu.copy())
 
         s = sampler or Sampler()
         s.reset()
