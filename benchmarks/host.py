@@ -16,6 +16,11 @@ Split of a decode token (ms, median of the repeats):
   do not depend on where the step runs, tests/test_native_cache.py);
 * ``storage``: time inside the Flash reads of the misses (``flash_io_decode``), memcpy from the page
   cache here (the file is cached), zero at 100 % once the prompt has filled the caches;
+* ``cpu_ms_per_token`` / ``ort_cpu_ms`` / ``outside_ort_cpu_share``: the token in CPU time (the process's,
+  one ORT thread), which other jobs on a shared machine inflate less than wall time, inside the session
+  runs, and the share outside them (host and reads);
+* ``loop_cpu_ms``: CPU time of the decode loop alone, ``Engine.step`` with every session run stubbed out
+  (the caches then see the same selection every token: all hits, the 100 % case): the host's own cost;
 * ``host``: the rest of the token's wall time: Python, the cache step, binding, ORT's per-run framework;
   split into ``ort_run - kernel`` (ORT outside its kernels: the wall time inside the session runs, timed
   around ``Bound.run``, less the kernels) and ``python`` (outside the session runs and the reads).
@@ -44,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The history of the city begins in the early"
 GENAI_PYTHON = "/work/venv-genai/bin/python"
 COLS = ["budget", "path", "tok_s", "ms_per_token", "kernel_ms", "storage_ms", "host_ms", "host_share", "ort_run_ms",
-        "python_ms", "hit_rate", "x_genai", "load_1min"]
+        "python_ms", "cpu_ms_per_token", "ort_cpu_ms", "outside_ort_cpu_share", "loop_cpu_ms", "hit_rate", "x_genai",
+        "x_genai_cpu", "load_1min"]
 
 
 def bundle(path: Path | None) -> Path:
@@ -63,19 +69,19 @@ def bundle(path: Path | None) -> Path:
 
 
 class RunClock:
-    """Wall time inside every session run (``Bound.run``), in call order: ORT's share of a token,
-    kernels and its per-run framework together."""
+    """Wall and CPU time inside every session run (``Bound.run``), in call order: ORT's share of a
+    token, kernels and its per-run framework together."""
 
     def __init__(self):
         from dipdeploy.runtime.sessions import Bound
 
-        self.calls: list[float] = []
+        self.calls: list[tuple[float, float]] = []
         plain = Bound.run
 
         def timed(bound) -> None:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             plain(bound)
-            self.calls.append(time.perf_counter() - t0)
+            self.calls.append((time.perf_counter() - t0, time.process_time() - c0))
 
         Bound.run = timed
 
@@ -85,15 +91,45 @@ def engine_row(path: Path, budget: str, native_cache: bool, tokens: int, clock: 
     from dipdeploy.runtime import Engine
 
     eng = Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=256)
-    eng.generate(PROMPT, 4, stop_at_eos=False)  # the sessions' first-run allocations
-    clock.calls.clear()
-    s = eng.generate(PROMPT, tokens, stop_at_eos=False).stats
+    cpu = []
+    for n in (4, tokens):  # the first also warms the sessions (first-run allocations)
+        c0 = time.process_time()
+        clock.calls.clear()
+        s = eng.generate(PROMPT, n, stop_at_eos=False).stats
+        cpu.append(time.process_time() - c0)
     prefill_runs = 3 * eng.num_layers + 1  # one batched run of every graph
     eng.close()
     steps = s.new_tokens - 1
+    ort = clock.calls[prefill_runs:]
     return {"tok_s": s.decode_tok_s, "ms_per_token": 1e3 * s.decode_s / steps,
-            "ort_ms": 1e3 * sum(clock.calls[prefill_runs:]) / steps,
-            "storage_ms": 1e3 * s.seconds["flash_io_decode"] / steps, "hit_rate": s.hit_rate}
+            "ort_ms": 1e3 * sum(w for w, _ in ort) / steps,
+            "storage_ms": 1e3 * s.seconds["flash_io_decode"] / steps, "hit_rate": s.hit_rate,
+            # CPU time, which the machine's other jobs do not inflate: the difference of two runs is decode
+            "cpu_ms_per_token": 1e3 * (cpu[1] - cpu[0]) / (tokens - 4),
+            "ort_cpu_ms": 1e3 * sum(c for _, c in ort) / steps}
+
+
+def loop_cpu_ms(path: Path, budget: str, native_cache: bool, steps: int = 200) -> float:
+    """CPU ms per token of ``Engine.step`` with the session runs stubbed out (see the module docstring)."""
+    from dipdeploy.runtime import Engine
+    from dipdeploy.runtime.sessions import Bound
+    from dipdeploy.runtime.stats import Timer
+
+    eng = Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=steps + 8)
+    eng.generate(PROMPT, 4, stop_at_eos=False)  # real selections in the graph buffers
+    plain, timer = Bound.run, Timer()
+    Bound.run = lambda bound: None
+    try:
+        eng.reset()
+        eng.step(5, timer)
+        c0 = time.process_time()
+        for i in range(steps):
+            eng.step(5 + i % 7, timer, lambda *a: None)
+        cpu = time.process_time() - c0
+    finally:
+        Bound.run = plain
+        eng.close()
+    return 1e3 * cpu / steps
 
 
 def kernel_ms(path: Path, budget: str, tokens: int) -> float:
@@ -134,10 +170,12 @@ def genai_row(path: Path, tokens: int, python: str) -> dict:
     """Decode tokens/s of model.onnx in onnxruntime-genai's loop, 1 intra-op thread."""
     out = subprocess.run([python, str(ROOT / "scripts" / "genai_decode.py"), str(path), "--prompt", PROMPT,
                           "-n", str(tokens), "--threads", "1"], capture_output=True, text=True, check=True).stdout
-    m = re.search(r"decode (\d+) tokens in ([\d.]+) s = ([\d.]+) tok/s", out)
+    m = re.search(r"decode (\d+) tokens in ([\d.]+) s = ([\d.]+) tok/s \(CPU ([\d.]+) s\)", out)
     if not m:
         raise RuntimeError(f"scripts/genai_decode.py printed no decode figure:\n{out}")
-    return {"tok_s": float(m.group(3)), "ms_per_token": 1e3 * float(m.group(2)) / int(m.group(1))}
+    n = int(m.group(1))
+    return {"tok_s": float(m.group(3)), "ms_per_token": 1e3 * float(m.group(2)) / n,
+            "cpu_ms_per_token": 1e3 * float(m.group(4)) / n}
 
 
 def median_rows(samples: dict[tuple, list[dict]], kernels: dict[str, list[float]], genai: dict | None) -> list[dict]:
@@ -152,8 +190,10 @@ def median_rows(samples: dict[tuple, list[dict]], kernels: dict[str, list[float]
             row["python_ms"] = row["ms_per_token"] - row["ort_run_ms"] - row["storage_ms"]
             row["host_ms"] = row["ms_per_token"] - row["kernel_ms"] - row["storage_ms"]
             row["host_share"] = row["host_ms"] / row["ms_per_token"]
+            row["outside_ort_cpu_share"] = 1 - row["ort_cpu_ms"] / row["cpu_ms_per_token"]
             if genai:
                 row["x_genai"] = row["tok_s"] / genai["tok_s"]
+                row["x_genai_cpu"] = genai["cpu_ms_per_token"] / row["cpu_ms_per_token"]
         rows.append(row)
     return rows
 
@@ -162,11 +202,17 @@ def goals(rows: list[dict]) -> str:
     out = []
     for r in rows:
         if r["path"] == "native":
+            cpu = (f"; by CPU time {r['outside_ort_cpu_share']:.0%} of the token lies outside ORT's runs" +
+                   (f", the decode loop alone {r['loop_cpu_ms']:.2f} ms = {r['loop_cpu_ms'] / r['cpu_ms_per_token']:.0%}"
+                    if r.get("loop_cpu_ms") else ""))
             out.append(f"- budget {r['budget']}: host overhead {r['host_ms']:.2f} ms = {r['host_share']:.0%} of a "
-                       f"{r['ms_per_token']:.2f} ms token ({'met' if r['host_share'] <= 0.10 else 'NOT met'}, goal ≤ 10 %)")
+                       f"{r['ms_per_token']:.2f} ms token by wall time{cpu} "
+                       f"({'met' if max(r['host_share'], r['outside_ort_cpu_share']) <= 0.10 else 'NOT met'}, goal ≤ 10 %)")
             if r["budget"] == "100%" and r.get("x_genai") is not None:
-                out.append(f"- budget 100%: the runtime decodes {r['x_genai']:.2f}× onnxruntime-genai on the same "
-                           f"bundle's model.onnx ({'met' if r['x_genai'] >= 0.9 else 'NOT met'}, goal ≥ 0.9×)")
+                ok = min(r["x_genai"], r["x_genai_cpu"]) >= 0.9
+                out.append(f"- budget 100%: the runtime decodes {r['x_genai']:.2f}× onnxruntime-genai's tokens/s on "
+                           f"the same bundle's model.onnx, {r['x_genai_cpu']:.2f}× by CPU time per token "
+                           f"({'met' if ok else 'NOT met'}, goal ≥ 0.9×)")
     return "\n".join(out)
 
 
@@ -194,6 +240,8 @@ def main() -> None:
         for budget in budgets:
             for name in ("numpy", "native"):
                 r = engine_row(path, budget, name == "native", tokens, clock)
+                if budget == "100%":
+                    r["loop_cpu_ms"] = loop_cpu_ms(path, budget, name == "native")
                 samples.setdefault((budget, name), []).append(r)
                 print(f"repeat {rep + 1} {budget:>4} {name:6s}: {r['tok_s']:.1f} tok/s", flush=True)
         if genai_python:
@@ -201,8 +249,10 @@ def main() -> None:
             samples.setdefault(("100%", "genai"), []).append(r)
             print(f"repeat {rep + 1} genai      : {r['tok_s']:.1f} tok/s", flush=True)
         loads.append(os.getloadavg()[0])
-    genai = next((statistics.median(x["tok_s"] for x in v) for k, v in samples.items() if k[1] == "genai"), None)
-    rows = median_rows(samples, kernels, {"tok_s": genai} if genai else None)
+    genai = next((v for k, v in samples.items() if k[1] == "genai"), None)
+    if genai:
+        genai = {key: statistics.median(x[key] for x in genai) for key in ("tok_s", "cpu_ms_per_token")}
+    rows = median_rows(samples, kernels, genai)
     for r in rows:
         r["load_1min"] = round(statistics.median(loads), 2)
     write_rows_json(rows, args.json)
