@@ -10,8 +10,8 @@
 #    beside it: ASan's exception interceptor needs libstdc++'s __cxa_throw at start-up, and Python
 #    loads libstdc++ only later (with onnxruntime). Leak checking is off: the interpreter never frees
 #    some of its memory at exit.
-#    The Flash store's native reads (src/dd_io.cc, no kernel set involved) run once, through the native
-#    cases of IO_TESTS.
+#    The Flash store's native reads (src/dd_io.cc) and the native cache step (src/dd_cache.cc), no kernel
+#    set involved, run once: the native cases of IO_TESTS and the random-trace cases of CACHE_TESTS.
 # 3. Counts the distinct sanitizer reports in each stage's output; fails on any report or failed test.
 # Each stage's log is kept in build/custom_ops-asan/logs/.
 set -euo pipefail
@@ -21,6 +21,7 @@ py="${1:-$root/.venv/bin/python}"
 out="$root/build/custom_ops-asan"
 ORT_TESTS=(tests/test_ops_harness.py tests/test_ops_errors.py tests/test_ops_hostile.py)
 IO_TESTS=(tests/test_flash_direct.py -k native)
+CACHE_TESTS=(tests/test_native_cache.py -k "not engine")
 KERNEL_SETS=(portable avx2 default)
 # A report's first line (UBSan: file:line:col: runtime error: ...); a failing test may print it twice.
 REPORT='[^ ]+:[0-9]+:[0-9]+: runtime error: .*|ERROR: (Address|Leak)Sanitizer: .*|AddressSanitizer: CHECK failed: .*'
@@ -70,6 +71,9 @@ done
 stage "io-tests" env DIPDEPLOY_OPS_LIB="$out/libdipdeploy_ops.so" LD_PRELOAD="$libasan $libstdcxx" \
   "$py" -m pytest -o addopts= -q --capture=sys -p no:cacheprovider "${IO_TESTS[@]}"
 grep -hE '[0-9]+ passed' "$logs/io-tests.log" | sed 's/^/    /'
+stage "cache-tests" env DIPDEPLOY_OPS_LIB="$out/libdipdeploy_ops.so" LD_PRELOAD="$libasan $libstdcxx" \
+  "$py" -m pytest -o addopts= -q --capture=sys -p no:cacheprovider "${CACHE_TESTS[@]}"
+grep -hE '[0-9]+ passed' "$logs/cache-tests.log" | sed 's/^/    /'
 if [ "$failed" != 0 ]; then
   echo "ops-sanitize: FAILED (logs in $logs)" >&2
   exit 1

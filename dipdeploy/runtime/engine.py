@@ -64,13 +64,18 @@ class EngineConfig:
     ``prefill``: "batch" runs the tokens ``extend`` is given (a prompt, a chat turn) as one batch per
     layer, plain DIP per token with the layer's selected rows read once, then warms the caches from those
     selections in token order; "token" feeds them one by one as decode does, the exact torch DIP-CA
-    reference (README, "The host runtime")."""
+    reference (README, "The host runtime").
+    ``native_cache``: each token's cache lookup/update, slot assignment and mmap reads of the misses in
+    the op library (custom_ops/src/dd_cache.cc, the rules of ``dipdeploy.cache``, decision for decision);
+    False keeps them in numpy (the reference); None: whenever the native kernels are used
+    (dipdeploy/runtime/DESIGN.md)."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
     gamma: float | None = None
     accuracy_level: int | None = None
     native: bool | None = None
+    native_cache: bool | None = None  # the per-token cache step in the op library; None: with `native`
     threads: int = 1
     flash_bandwidth: float | None = None
     cold: bool = False
@@ -190,6 +195,7 @@ class Engine:
                               "(slower); `make ops` builds it", stacklevel=2)
         self.native = native
         self.kernel_set = kernel_set() if native else None
+        self._cache_library = self._native_cache_library(native)
         baked = int((m.export_config or {}).get("accuracy_level", 0)) if m.quant else 0
         self.accuracy_level = baked if self.cfg.accuracy_level is None else self.cfg.accuracy_level
         self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
@@ -216,6 +222,29 @@ class Engine:
         self._state = None
 
     # -- construction -------------------------------------------------------------------------
+    def _native_cache_library(self, native: bool) -> str | None:
+        """The op library for the native cache step, or None for the numpy one (see ``EngineConfig``)."""
+        from dipdeploy.ops.native import require_library
+        from dipdeploy.runtime.native_cache import cache_library
+
+        wanted = native if self.cfg.native_cache is None else self.cfg.native_cache
+        if not wanted:
+            return None
+        path = str(require_library())
+        if cache_library(path) is None:
+            if self.cfg.native_cache:
+                raise RuntimeError(f"{path} predates the native cache step (no dd_cache_select): rebuild it "
+                                   "with `make ops`")
+            warnings.warn(f"{path} predates the native cache step: running it in numpy; `make ops` rebuilds "
+                          "the library", stacklevel=3)
+            return None
+        return path
+
+    @property
+    def native_cache(self) -> bool:
+        """Whether the per-token cache step runs in the op library."""
+        return self._cache_library is not None
+
     def _check_memory_limit(self) -> None:
         """Refuse, before any session is opened, a budget that cannot fit under the cgroup memory limit.
 
@@ -270,7 +299,7 @@ class Engine:
         self.residency: Residency = plan_residency(DramBudget.parse(cfg.dram_budget), shapes, dense,
                                                    self.kv.nbytes, cfg.policy, prefill)
         self._prefill_arrays: dict | None = None
-        self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash)
+        self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash, self._cache_library)
                             for arr, rows, k, cap in zip(pair, (self.d, self.f), k_pair, caps))
                       for pair, k_pair, caps in zip(arrays, self.k, self.residency.capacity)]
         self.row_bytes = [(a.row_bytes, b.row_bytes) for a, b in arrays]
@@ -296,6 +325,8 @@ class Engine:
                   "glu": np.zeros((1, f), np.float32), "glu_indices": np.zeros((1, k_glu), np.int64),
                   "glu_slots": np.zeros((1, k_glu), np.int64), "hidden": np.zeros((1, 1, d), np.float32)}
             a, u, w = self.attn[i], self.up[i], self.down[i]
+            ug.bind(lb["in_indices"], lb["in_slots"])
+            dn.bind(lb["glu_indices"], lb["glu_slots"])
             a.input("hidden", h)
             a.input("position_ids", b["pos"])
             a.input("cache_in", lb["cache_in"])
@@ -363,46 +394,46 @@ class Engine:
         st["pos"], st["ids"] = n, st["ids"][:n]
 
     def step(self, token: int, timer: Timer, record=None) -> np.ndarray:
-        """Feed one token; returns the logits [V] of the next one."""
+        """Feed one token; returns the logits [V] of the next one. ``record(layer, sel_in, sel_glu,
+        hits_in, hits_glu)`` gets each layer's selections as views of the graph buffers, which the next
+        token overwrites: a recorder that keeps them copies them."""
         st, b = self._state, self.buf
         pos = st["pos"]
         if pos >= self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
         b["pos"][0, 0] = pos
-        with timer("embed+head"):
-            self.embedding.read(int(token), self.embedded)
-        mask = self._mask[:, : pos + 1]
+        lap = timer.lap  # one clock read per phase: the decode loop's own cost is what DESIGN.md measures
+        timer.start()
+        self.embedding.read(int(token), self.embedded)
+        lap("embed+head")
+        mask = Bound.value(self._mask[:, : pos + 1])  # one tensor for every layer's attention
         for i in range(self.num_layers):
             ug, dn = self.slabs[i]
             lb, a = self.layer_buf[i], self.attn[i]
-            with timer("attention"):
-                np.copyto(lb["cache_in"], ug.resident)
-                a.input("attention_mask", mask)
-                self.kv.bind(a, i)
-                a.run()
-                self.kv.commit(i)
-            sel_in = lb["in_indices"][0]
-            with timer("cache"):
-                slots, hits_in = ug.select(sel_in)
-                lb["in_slots"][:] = slots
-                np.copyto(lb["cache_glu"], dn.resident)
-            with timer("mlp"):
-                self.up[i].run()
-            sel_glu = lb["glu_indices"][0]
-            with timer("cache"):
-                ug.settle()
-                slots, hits_glu = dn.select(sel_glu)
-                lb["glu_slots"][:] = slots
-            with timer("mlp"):
-                self.down[i].run()
-            with timer("cache"):
-                dn.settle()
+            np.copyto(lb["cache_in"], ug.resident)
+            a.input_value("attention_mask", mask)
+            self.kv.bind(a, i)
+            a.run()
+            self.kv.commit(i)
+            lap("attention")
+            hits_in = ug.step()
+            np.copyto(lb["cache_glu"], dn.resident)
+            lap("cache")
+            self.up[i].run()
+            lap("mlp")
+            ug.settle()
+            hits_glu = dn.step()
+            lap("cache")
+            self.down[i].run()
+            lap("mlp")
+            dn.settle()
             if record is not None:
-                record(i, sel_in.copy(), sel_glu.copy(), hits_in, hits_glu)
-        with timer("embed+head"):
-            self.head.run()
-        with timer("cache"):
-            self.flash.settle()
+                record(i, lb["in_indices"][0], lb["glu_indices"][0], hits_in, hits_glu)
+            lap("cache")
+        self.head.run()
+        lap("embed+head")
+        self.flash.settle()
+        lap("cache")
         self.kv.advance()
         st["pos"] = pos + 1
         st["ids"].append(int(token))
@@ -575,7 +606,7 @@ class Engine:
         def keep(i, s_in, s_glu, _h_in, _h_glu):
             if i == 0:
                 sel.append({})
-            sel[-1][(i, "in")], sel[-1][(i, "glu")] = s_in, s_glu
+            sel[-1][(i, "in")], sel[-1][(i, "glu")] = s_in.copy(), s_glu.copy()
 
         for t in prompt[:-1]:
             self.step(int(t), timer, keep)
@@ -590,8 +621,8 @@ class Engine:
         sel: list[tuple[list, list]] = [([], []) for _ in range(self.num_layers)]
 
         def keep(i, s_in, s_glu, _h1, _h2):
-            sel[i][0].append(s_in)
-            sel[i][1].append(s_glu)
+            sel[i][0].append(s_in.copy())
+            sel[i][1].append(s_glu.copy())
 
         s = sampler or Sampler()
         s.reset()
@@ -625,8 +656,8 @@ class Engine:
                 on_text(piece)
 
         def note(i, s_in, s_glu, h_in, h_glu):
-            hits[i, 0] += (int(h_in.sum()), h_in.size)
-            hits[i, 1] += (int(h_glu.sum()), h_glu.size)
+            hits[i, 0] += (np.count_nonzero(h_in), h_in.size)
+            hits[i, 1] += (np.count_nonzero(h_glu), h_glu.size)
             if trace is not None:
                 trace.record(i, s_in[None], s_glu[None], hits_in=h_in[None], hits_glu=h_glu[None])
             if record is not None:
@@ -675,5 +706,8 @@ class Engine:
         return Generation(prompt, stream.text, new, stats, kept, finish)
 
     def close(self) -> None:
+        for pair in self.slabs:
+            for slab in pair:
+                slab.close()
         self.flash.close()
         self.embedding.close()

@@ -143,7 +143,7 @@ class FlashStore:
         t0 = time.perf_counter()
         nbytes = len(rows) * sum(a.row_bytes for a in arrays)
         if self.io == "direct":
-            paced = self._direct(arrays, slabs, rows, slots)
+            paced, requests = self._direct(arrays, slabs, rows, slots)
         else:
             starts = runs(rows)
             for arr, slab in zip(arrays, slabs):
@@ -151,10 +151,21 @@ class FlashStore:
                     self._gather(arr, slab, rows, slots)
                 else:
                     self._preadv(arr, slab, rows, slots, starts)
-            self.counters.requests += (len(starts) - 1) * len(arrays)
-            paced = nbytes
-        elapsed = time.perf_counter() - t0
+            requests, paced = (len(starts) - 1) * len(arrays), nbytes
+        self.account(nbytes, requests, time.perf_counter() - t0, paced)
+
+    @property
+    def mapping(self) -> np.ndarray | None:
+        """The file's read-only map (uint8) with ``io="mmap"``, for a reader that copies rows itself at
+        ``RowArray.offset + row * row_bytes`` (the native cache step, dipdeploy/runtime/native_cache.py)."""
+        return self._map
+
+    def account(self, nbytes: int, requests: int, elapsed: float, paced: int | None = None) -> None:
+        """Count a batch's reads (``nbytes`` of rows in ``requests`` that took ``elapsed`` s) and pace
+        them: ``paced`` bytes (default ``nbytes``) owe their time at the emulated bandwidth."""
+        paced = nbytes if paced is None else paced
         self.counters.bytes += nbytes
+        self.counters.requests += requests
         self.counters.io_seconds += elapsed
         if self.bandwidth:
             self._debt = max(self._debt + paced / self.bandwidth - elapsed, -_MAX_CREDIT)
@@ -170,18 +181,18 @@ class FlashStore:
             self._debt -= slept
             self.counters.emulated_wait += slept
 
-    def _direct(self, arrays: list[RowArray], slabs: list[np.ndarray], rows: np.ndarray, slots: np.ndarray) -> int:
+    def _direct(self, arrays: list[RowArray], slabs: list[np.ndarray], rows: np.ndarray,
+                slots: np.ndarray) -> tuple[int, int]:
         """Block-aligned parallel reads into the bounce buffer, then one gather per array; returns the
-        bytes the device returned."""
+        bytes the device returned and the requests."""
         plan = plan_reads([a.offset for a in arrays], [a.row_bytes for a in arrays], rows)
         bounce = self._bounce.get(plan.total)
         got = self._reader.read(self.fd, self.path, plan, bounce)
         for arr, slab, src in zip(arrays, slabs, plan.src):
             windows = np.lib.stride_tricks.sliding_window_view(bounce, arr.row_bytes)
             slab.reshape(slab.shape[0], -1).view(np.uint8)[slots] = windows[src]
-        self.counters.requests += plan.requests
         self.counters.device_bytes += got
-        return got
+        return got, plan.requests
 
     def _gather(self, arr: RowArray, slab: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> None:
         view = self._map[arr.offset: arr.offset + arr.rows * arr.row_bytes].reshape(arr.rows, arr.row_bytes)

@@ -73,8 +73,8 @@ class KvCache:
         own = self._owner[layer]
         out = own if self.attention == "gqa" else self._spare
         for which, kind in enumerate(("key", "value")):
-            session.input(f"past_key_values.{layer}.{kind}", self._view(own, which, self.length))
-            session.output(f"present.{layer}.{kind}", self._view(out, which, self.length + new))
+            session.input_buffer(f"past_key_values.{layer}.{kind}", self._view(own, which, self.length))
+            session.output_buffer(f"present.{layer}.{kind}", self._view(out, which, self.length + new))
 
     def commit(self, layer: int) -> None:
         """After layer ``layer`` ran: its present is now its cache (the standard layout swaps buffers)."""

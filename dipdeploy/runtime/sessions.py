@@ -25,6 +25,14 @@ from dipdeploy.ops.schemas import DOMAIN, TOPK_OP
 
 
 @functools.cache
+def _cpu():
+    """ORT's CPU device, for binding raw buffers."""
+    from onnxruntime.capi import _pybind_state as C
+
+    return C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
+
+
+@functools.cache
 def _register_shared_arena() -> None:
     """ORT's environment (one per process) gets one CPU arena, registered once."""
     import onnxruntime as ort
@@ -117,6 +125,29 @@ class Bound:
         v = self._value(np.ascontiguousarray(array))
         self._keep["in:" + name] = (array, v)
         self.io.bind_ortvalue_input(name, v._ortvalue)
+
+    @staticmethod
+    def value(array: np.ndarray):
+        """``array`` as one ORT tensor (zero copy) to bind to many sessions (``input_value``)."""
+        from onnxruntime import OrtValue
+
+        return array, OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+
+    def input_value(self, name: str, value) -> None:
+        """Bind a tensor made by ``value`` as input ``name``."""
+        self._keep["in:" + name] = value
+        self.io.bind_ortvalue_input(name, value[1]._ortvalue)
+
+    def input_buffer(self, name: str, array: np.ndarray) -> None:
+        """``input`` for a C-contiguous ``array`` rebound every token (a KV view): its pointer is bound
+        directly, without an OrtValue object per call."""
+        self._keep["in:" + name] = array
+        self.io.bind_input(name, _cpu(), array.dtype, array.shape, array.ctypes.data)
+
+    def output_buffer(self, name: str, array: np.ndarray) -> None:
+        """``output`` in the same way as ``input_buffer``."""
+        self._keep["out:" + name] = array
+        self.io.bind_output(name, _cpu(), array.dtype, array.shape, array.ctypes.data)
 
     def output(self, name: str, array: np.ndarray) -> None:
         """ORT writes output ``name`` into ``array`` (whose shape must be the output's)."""

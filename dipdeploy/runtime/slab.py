@@ -5,8 +5,10 @@ of one layer. Its per-row arrays (fp32 ``rows``; BQ4 ``qweight``, ``scales``[, `
 ``codes``) get a slab of ``capacity + staging`` rows each, allocated once and bound to the MLP graph
 as inputs (zero copy); shared tables (VQ3 codebooks) are read whole and stay resident.
 
-Per token: ``select`` (cache access + slot assignment + Flash reads of the misses) before the MLP
-graph runs, ``settle`` (the deferred moves of the slot rule) after. Torch-free (floor 4).
+Per token: ``step`` (cache access + slot assignment + Flash reads of the misses) before the MLP
+graph runs, ``settle`` (the deferred moves of the slot rule) after; in numpy (``dipdeploy.cache``) or,
+with the op library, in one native call per group (``native_cache.py``, the same rules; DESIGN.md says
+why). Torch-free (floor 4).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from dipdeploy.cache import RowCache, SlotStep, SlotTable
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, SLAB_DIM, BundleError, open_tensor
 from dipdeploy.runtime.flash import FlashStore, RowArray
+from dipdeploy.runtime.native_cache import NativeCache
 
 
 @dataclass
@@ -61,15 +64,24 @@ def group_arrays(manifest, bundle, layer: int, group: str, inputs: list) -> Grou
 
 
 class GroupSlab:
-    """Slab + RowCache + SlotTable of one group (see the module docstring)."""
+    """Slab + RowCache + SlotTable of one group (see the module docstring).
 
-    def __init__(self, arrays: GroupArrays, rows: int, k: int, capacity: int, flash: FlashStore):
+    With ``native`` (the op library's path) the per-token step runs in C++ (``NativeCache``, the same
+    rules): its state is the truth while decoding, and ``cache`` / ``table`` bring the numpy objects up
+    to date when something else (the batched prefill, a test) reads or changes them."""
+
+    def __init__(self, arrays: GroupArrays, rows: int, k: int, capacity: int, flash: FlashStore,
+                 native: str | None = None):
         self.arrays, self.rows, self.k, self.flash = arrays, rows, k, flash
         self.capacity = capacity
         self.slabs = [np.zeros((capacity + k, *a.row_shape), dtype=a.dtype) for a in arrays.per_row]
-        self.cache: RowCache | None = None
-        self.table: SlotTable | None = None
+        self._cache: RowCache | None = None
+        self._table: SlotTable | None = None
         self._step: SlotStep | None = None
+        self._library = native
+        self._native: NativeCache | None = None
+        self._native_owns = False
+        self._selected = self._slots = None
 
     @property
     def feeds(self) -> dict[str, np.ndarray]:
@@ -80,31 +92,95 @@ class GroupSlab:
     def slab_bytes(self) -> int:
         return sum(s.nbytes for s in self.slabs)
 
+    @property
+    def native(self) -> bool:
+        return self._library is not None
+
+    def bind(self, selected: np.ndarray, slots: np.ndarray) -> None:
+        """The graph buffers ``step`` reads the selection [1, K] from and writes the slots [1, K] into."""
+        self._selected, self._slots = selected, slots
+
     def reset(self, policy: str, future: np.ndarray | None = None, pinned: np.ndarray | None = None) -> None:
         """A new sequence: an empty cache (``static``: the pinned rows, read now)."""
-        self.cache = RowCache(self.rows, self.capacity, policy, future=future, pinned=pinned)
-        self.table = SlotTable(self.rows, self.cache.capacity, self.k)
+        self.close()
+        self._cache = RowCache(self.rows, self.capacity, policy, future=future, pinned=pinned)
+        self._table = SlotTable(self.rows, self._cache.capacity, self.k)
         if pinned is not None:
-            step = self.table.preload(np.flatnonzero(pinned))
+            step = self._table.preload(np.flatnonzero(pinned))
             self.flash.read(self.arrays.per_row, self.slabs, step.read_rows, step.read_slots)
+        if self._library is not None:
+            per_row = self.arrays.per_row
+            self._native = NativeCache(self._library, self._cache, self._table, self.slabs,
+                                       [a.offset for a in per_row], [a.row_bytes for a in per_row],
+                                       self.flash.mapping, self._selected, self._slots)
+            self._native_owns = True
+
+    @property
+    def cache(self) -> RowCache:
+        """The group's RowCache (numpy), up to date."""
+        self._to_numpy()
+        return self._cache
+
+    @property
+    def table(self) -> SlotTable:
+        """The group's SlotTable (numpy), up to date."""
+        self._to_numpy()
+        return self._table
+
+    def _to_numpy(self) -> None:
+        if self._native_owns:
+            self._native.pull(self._cache, self._table)
+            self._native_owns = False
 
     @property
     def resident(self) -> np.ndarray:
         """Residency before this token (bool [rows]): the ``cache_*`` input of TopKColumnMask."""
-        return self.cache.resident[0]
+        return self._native.resident if self._native_owns else self._cache.resident[0]
 
     def select(self, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Record the selection [K]; read the misses into their slots. Returns (slots [1, K], hits [K])."""
-        hits = self.cache.access(selected[None])[0]
-        step = self.table.assign(selected, hits, self.cache.resident[0])
+        self._to_numpy()
+        hits = self._cache.access(selected[None])[0]
+        step = self._table.assign(selected, hits, self._cache.resident[0])
         self.flash.read(self.arrays.per_row, self.slabs, step.read_rows, step.read_slots)
         self._step = step
         return step.slots[None], hits
 
+    def step(self) -> np.ndarray:
+        """``select`` on the bound selection, the slots written into the bound buffer; returns the hits
+        [K]. The native path when the group has it (one call into the op library)."""
+        if self._native is None:
+            slots, hits = self.select(self._selected[0])
+            self._slots[...] = slots
+            return hits
+        nat = self._native
+        if not self._native_owns:
+            nat.push(self._cache, self._table)
+            self._native_owns = True
+        hits, n = nat.select()
+        if n:
+            per_row = self.arrays.per_row
+            nbytes, requests = n * sum(a.row_bytes for a in per_row), int(nat.info[1]) * len(per_row)
+            if nat.copies:
+                self.flash.account(nbytes, requests, float(nat.info[0]) * 1e-9)
+            else:
+                self.flash.read(per_row, self.slabs, nat.read_rows[:n], nat.read_slots[:n])
+        return hits
+
     def settle(self) -> None:
         """After the MLP ran: move staged rows the cache admitted into their freed slots (DRAM copies)."""
-        src, dst = self.table.finish(self._step)
+        if self._native_owns:
+            self._native.settle()
+            return
+        src, dst = self._table.finish(self._step)
         if len(src):
             for slab in self.slabs:
                 slab[dst] = slab[src]
         self._step = None
+
+    def close(self) -> None:
+        """Free the native step (it holds the Flash store's mapping)."""
+        if self._native is not None:
+            self._to_numpy()
+            self._native.close()
+            self._native = None

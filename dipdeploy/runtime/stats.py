@@ -19,10 +19,21 @@ from dipdeploy.runtime.blockio import BLOCK
 
 
 class Timer:
-    """Accumulated wall time per named phase."""
+    """Accumulated wall time per named phase: ``with timer(name)`` around a phase, or ``start`` then
+    ``lap(name)`` after each phase (one clock read per phase, for the per-layer decode loop)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self._last = 0.0
+
+    def start(self) -> None:
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """The time since ``start`` or the previous lap goes to ``name``."""
+        now = time.perf_counter()
+        self.seconds[name] += now - self._last
+        self._last = now
 
     @contextmanager
     def __call__(self, name: str):
@@ -75,6 +86,7 @@ class RunStats:
     kernel_set: str | None = None  # the native library's kernel set on this CPU
     accuracy_level: int = 0
     prefill: str = "token"  # how the prompt was fed (EngineConfig.prefill)
+    native_cache: bool = False  # the per-token cache step ran in the op library (EngineConfig.native_cache)
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
@@ -103,10 +115,12 @@ class RunStats:
                       "slabs": sum(s.slab_bytes for pair in engine.slabs for s in pair)},
             memory=memory, seconds={**dict(timer.seconds),
                                     "flash_io": flash_prefill.io_seconds + flash_decode.io_seconds,
+                                    "flash_io_decode": flash_decode.io_seconds,
                                     "flash_emulated_wait": flash_prefill.emulated_wait + flash_decode.emulated_wait},
             flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
             kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level, prefill=engine.cfg.prefill,
+            native_cache=engine.native_cache,
         )
 
     def as_dict(self) -> dict:
@@ -118,7 +132,7 @@ class RunStats:
         r, mem, s = self.resident, self.memory, self.seconds
         bw = (f"emulated {self.flash_emulated_bandwidth / 1e9:g} GB/s" if self.flash_emulated_bandwidth
               else "unthrottled")
-        total = sum(v for k, v in s.items() if k not in ("flash_io", "flash_emulated_wait")) or 1.0
+        total = sum(v for k, v in s.items() if not k.startswith("flash_")) or 1.0
         rows = [
             ("prompt", f"{self.prompt_tokens} tokens, {self.prefill_tok_s:.1f} tok/s ({'batched' if self.prefill == 'batch' else 'token by token'})"),
             ("decode", f"{self.new_tokens} tokens, {self.decode_tok_s:.1f} tok/s"),
@@ -139,9 +153,10 @@ class RunStats:
             rows.append(("process memory", f"RSS {mem.get('VmRSS', 0) / mb:.1f} MB (anon {mem.get('RssAnon', 0) / mb:.1f}, "
                                            f"file-backed {mem.get('RssFile', 0) / mb:.1f})"))
         parts = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(s.items(), key=lambda kv: -kv[1])
-                          if k not in ("flash_io", "flash_emulated_wait"))
+                          if not k.startswith("flash_"))
         rows.append(("time", f"{parts} (Flash reads {s.get('flash_io', 0):.3f} s, emulated wait "
                              f"{s.get('flash_emulated_wait', 0):.3f} s, inside cache)"))
         kernels = f"native library ({self.kernel_set})" if self.native else "ONNX fallback functions (stock ORT)"
-        rows.append(("kernels", f"{kernels}, accuracy level {self.accuracy_level}"))
+        rows.append(("kernels", f"{kernels}, accuracy level {self.accuracy_level}; cache step "
+                                f"{'native' if self.native_cache else 'numpy'}"))
         return rows

@@ -1,0 +1,347 @@
+// The host runtime's per-token cache step in C++ (dipdeploy/runtime/native_cache.py, through ctypes):
+// one layer-group's row cache access, its slot assignment and the misses' reads into the slab, in one
+// call per group and token instead of a dozen numpy calls (dipdeploy/runtime/DESIGN.md measures why).
+//
+// The rules are dipdeploy.cache's, not new ones: the cache rule of dipdeploy/cache/policies.py (hits =
+// resident[selected]; last use and use count updated; the new residency is the top-C of resident ∪
+// selected by the policy's packed unique int64 key) and the slot rule of dipdeploy/cache/slots.py
+// (hits keep their slot; evicted rows the token does not use free theirs; misses in ascending row order
+// take the lowest free slot if admitted, else staging; after the MLP, `settle` frees the used evicted
+// rows and moves the admitted rows that waited in staging). The numpy code stays the reference: the
+// tests hold this code to the same integer decisions on random traces (tests/test_native_cache.py).
+//
+// The state lives in caller-owned arrays (numpy buffers), so the Python side can hand it to the numpy
+// reference and back (a batched prefill runs there) without a conversion. Rows are read from the
+// read-only mapping of the bundle's MLP file at the byte offsets the Flash store gives for each array
+// (offset + row * row_bytes); without a mapping the step only returns the rows and slots to read and
+// the Flash store reads them (pread, direct). Plain C ABI for ctypes; no ORT types.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <ctime>
+#include <vector>
+
+namespace {
+
+// dipdeploy.cache.POLICIES, in order
+enum Policy { kNone = 0, kLru = 1, kLfu = 2, kBelady = 3, kStatic = 4 };
+
+constexpr int kIdxBits = 17;  // policies.py _IDX_BITS
+constexpr int kSecBits = 24;  // policies.py _SEC_BITS
+
+// Error codes (native_cache.py turns each into the exception the numpy reference raises).
+constexpr int64_t kOutOfRange = -1;   // a selected row outside [0, rows)
+constexpr int64_t kOutOfStep = -2;    // a hit without a slot or a miss holding one
+constexpr int64_t kNoStaging = -3;    // more rows need staging than the slab has
+constexpr int64_t kNoFreeSlot = -4;   // settle: no free slot for an admitted row
+constexpr int64_t kOutsideFile = -5;  // a row's bytes lie outside the mapped file
+constexpr int64_t kBadArgs = -6;
+
+struct Group {
+  int64_t rows, capacity, staging;
+  int policy;
+  // caller-owned state (dipdeploy/runtime/native_cache.py NativeState)
+  uint8_t * resident;      // [rows] bool
+  int64_t * last_use;      // [rows]
+  int64_t * uses;          // [rows]
+  int64_t * counters;      // [3]: step, hits, misses
+  int64_t * slot_of;       // [rows], -1: no cache slot
+  int64_t * row_of;        // [capacity], -1: free
+  const int32_t * next_use = nullptr;  // belady: [steps, rows] (policies.py _next_use_table)
+  int64_t next_use_steps = 0;
+  // the slab arrays and where their rows lie in the file
+  std::vector<uint8_t *> slabs;
+  std::vector<int64_t> offset, row_bytes;
+  const uint8_t * map = nullptr;
+  int64_t map_len = 0;
+  // scratch and the pending step (SlotStep.release / deferred_*)
+  std::vector<int64_t> cand, dropped, misses, admitted_rows, given, release, deferred_rows, deferred_from, to;
+  std::vector<int64_t> where;  // [rows]: position of a row in the selection, -1 elsewhere (kept so)
+  std::vector<uint64_t> keys;
+};
+
+// policies.py _pack: ((primary << SEC | secondary) << IDX) | (rows - 1 - index), in wrapping int64
+// arithmetic as numpy computes it.
+inline int64_t pack(int64_t primary, int64_t secondary, int64_t index, int64_t rows) {
+  uint64_t k = ((uint64_t(primary) << kSecBits) | uint64_t(secondary)) << kIdxBits;
+  return int64_t(k | uint64_t(rows - 1 - index));
+}
+
+inline int64_t key_of(const Group & g, int64_t r) {
+  const int64_t step = g.counters[0];
+  switch (g.policy) {
+    case kLru:
+      return pack(g.last_use[r], 0, r, g.rows);
+    case kLfu:
+      return pack(g.uses[r], g.last_use[r], r, g.rows);
+    default: {  // belady: nearer next use → higher key, from the step just taken
+      int64_t t = std::min(step - 1, g.next_use_steps - 1);
+      int64_t horizon = g.next_use_steps + 1;
+      return pack(horizon - int64_t(g.next_use[t * g.rows + r]), g.last_use[r], r, g.rows);
+    }
+  }
+}
+
+// policies.py RowCache._access_one: hits, statistics, then the top-C admission (_admit).
+int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits) {
+  for (int64_t j = 0; j < k; ++j)
+    if (sel[j] < 0 || sel[j] >= g.rows) return kOutOfRange;
+  int64_t n_hit = 0;
+  for (int64_t j = 0; j < k; ++j) n_hit += hits[j] = g.resident[sel[j]];
+  g.counters[1] += n_hit;
+  g.counters[2] += k - n_hit;
+  const int64_t step = ++g.counters[0];
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t r = sel[j];
+    if (g.last_use[r] != step) ++g.uses[r];  // numpy's uses[sel] += 1 counts a repeated row once
+    g.last_use[r] = step;
+  }
+  g.dropped.clear();
+  if (g.policy == kStatic || g.policy == kNone || g.capacity <= 0) return 0;
+  for (int64_t j = 0; j < k; ++j) g.resident[sel[j]] = 1;
+  g.cand.clear();
+  for (int64_t r = 0; r < g.rows; ++r)
+    if (g.resident[r]) g.cand.push_back(r);
+  const int64_t over = int64_t(g.cand.size()) - g.capacity;
+  if (over > 0) {  // drop the `over` lowest keys (unique, so the set is the reference's)
+    g.keys.resize(g.cand.size());
+    for (size_t i = 0; i < g.cand.size(); ++i)
+      g.keys[i] = uint64_t(key_of(g, g.cand[i])) ^ (uint64_t(1) << 63);  // signed order as unsigned
+    std::nth_element(g.keys.begin(), g.keys.begin() + (over - 1), g.keys.end());
+    const uint64_t tie = (uint64_t(1) << kIdxBits) - 1;  // the low bits hold rows - 1 - index exactly
+    for (int64_t i = 0; i < over; ++i) {
+      const int64_t r = g.rows - 1 - int64_t(g.keys[size_t(i)] & tie);
+      g.resident[r] = 0;
+      g.dropped.push_back(r);
+    }
+  }
+  return 0;
+}
+
+// slots.py SlotTable._take: the lowest free slots for `rows` in order; returns how many got one.
+int64_t take(Group & g, const int64_t * rows, int64_t n, int64_t * given) {
+  int64_t done = 0;
+  for (int64_t s = 0; s < g.capacity && done < n; ++s) {
+    if (g.row_of[s] >= 0) continue;
+    g.row_of[s] = rows[done];
+    g.slot_of[rows[done]] = s;
+    given[done++] = s;
+  }
+  return done;
+}
+
+inline void free_row(Group & g, int64_t r) {
+  g.row_of[g.slot_of[r]] = -1;
+  g.slot_of[r] = -1;
+}
+
+// slots.py SlotTable.assign (rule steps 1–3); the misses' rows and slots into read_rows/read_slots.
+int64_t assign(Group & g, const int64_t * sel, int64_t k, const uint8_t * hits, int64_t * slots,
+               int64_t * read_rows, int64_t * read_slots) {
+  for (int64_t j = 0; j < k; ++j) {
+    slots[j] = g.slot_of[sel[j]];
+    if ((slots[j] >= 0) != bool(hits[j])) return kOutOfStep;
+  }
+  // Evicted rows: those the step dropped that held a slot (a slot is held exactly by the rows resident
+  // before the step). The ones this token uses (last use = this step) free their slots in `settle`.
+  g.release.clear();
+  const int64_t step = g.counters[0];
+  for (int64_t r : g.dropped) {
+    if (g.slot_of[r] < 0) continue;  // a miss the cache did not admit: it never held a slot
+    if (g.last_use[r] == step)
+      g.release.push_back(r);
+    else
+      free_row(g, r);
+  }
+  // the misses' positions in ascending row order (rows are distinct): a sort when they are few, else
+  // a pass over the rows
+  std::vector<int64_t> & misses = g.misses;
+  misses.clear();
+  for (int64_t j = 0; j < k; ++j)
+    if (!hits[j]) misses.push_back(j);
+  if (int64_t(misses.size()) * 16 < g.rows) {
+    std::sort(misses.begin(), misses.end(), [&](int64_t a, int64_t b) { return sel[a] < sel[b]; });
+  } else {
+    g.where.resize(size_t(g.rows), -1);
+    for (int64_t j : misses) g.where[size_t(sel[j])] = j;
+    misses.clear();
+    for (int64_t r = 0; r < g.rows; ++r)
+      if (g.where[size_t(r)] >= 0) {
+        misses.push_back(g.where[size_t(r)]);
+        g.where[size_t(r)] = -1;
+      }
+  }
+  g.admitted_rows.clear();  // admitted misses take the lowest free slots, in row order
+  for (int64_t j : misses)
+    if (g.resident[sel[j]]) g.admitted_rows.push_back(sel[j]);
+  g.given.resize(g.admitted_rows.size());
+  const int64_t n_given = take(g, g.admitted_rows.data(), int64_t(g.admitted_rows.size()), g.given.data());
+  // staging, in row order: the misses not admitted and the admitted ones beyond the free slots
+  g.deferred_rows.clear();
+  g.deferred_from.clear();
+  int64_t admitted = 0, staged = 0;
+  for (int64_t j : misses) {
+    if (g.resident[sel[j]] && admitted < n_given) {
+      slots[j] = g.given[size_t(admitted++)];
+      continue;
+    }
+    if (staged == g.staging) return kNoStaging;
+    slots[j] = g.capacity + staged++;
+    if (g.resident[sel[j]]) {
+      ++admitted;
+      g.deferred_rows.push_back(sel[j]);
+      g.deferred_from.push_back(slots[j]);
+    }
+  }
+  for (size_t i = 0; i < misses.size(); ++i) {
+    read_rows[i] = sel[misses[i]];
+    read_slots[i] = slots[misses[i]];
+  }
+  return int64_t(misses.size());
+}
+
+// The misses' rows from the mapping into their slots, every array; then the span's pages leave this
+// process's mapping (flash.py FlashStore._unmap_pages: they stay in the page cache, not in RSS).
+int64_t copy_rows(Group & g, const int64_t * rows, const int64_t * slots, int64_t n) {
+  const long page = sysconf(_SC_PAGESIZE);
+  for (size_t a = 0; a < g.slabs.size(); ++a) {
+    const int64_t rb = g.row_bytes[a];
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t at = g.offset[a] + rows[i] * rb;
+      if (at < 0 || at + rb > g.map_len) return kOutsideFile;
+      std::memcpy(g.slabs[a] + slots[i] * rb, g.map + at, size_t(rb));
+    }
+    int64_t start = g.offset[a] + rows[0] * rb, end = g.offset[a] + (rows[n - 1] + 1) * rb;
+    int64_t lo = start - start % page;
+    madvise(const_cast<uint8_t *>(g.map) + lo, size_t(end - lo), MADV_DONTNEED);
+  }
+  return 0;
+}
+
+int64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+}  // namespace
+
+extern "C" {
+
+// A group over caller-owned state (see Group); `policy` indexes dipdeploy.cache.POLICIES; `next_use`
+// ([next_use_steps, rows] int32) is required by belady. NULL on bad arguments.
+__attribute__((visibility("default"))) void * dd_cache_new(int64_t rows, int64_t capacity, int64_t staging,
+                                                           int policy, uint8_t * resident, int64_t * last_use,
+                                                           int64_t * uses, int64_t * counters, int64_t * slot_of,
+                                                           int64_t * row_of, const int32_t * next_use,
+                                                           int64_t next_use_steps) {
+  if (rows < 1 || rows >= (int64_t(1) << kIdxBits) || capacity < 0 || capacity > rows || staging < 0 ||
+      policy < kNone || policy > kStatic || !resident || !last_use || !uses || !counters || !slot_of ||
+      (capacity > 0 && !row_of) || (policy == kBelady && (!next_use || next_use_steps < 1)))
+    return nullptr;
+  try {
+    Group * g = new Group();
+    g->rows = rows;
+    g->capacity = capacity;
+    g->staging = staging;
+    g->policy = policy;
+    g->resident = resident;
+    g->last_use = last_use;
+    g->uses = uses;
+    g->counters = counters;
+    g->slot_of = slot_of;
+    g->row_of = row_of;
+    g->next_use = next_use;
+    g->next_use_steps = next_use_steps;
+    return g;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+__attribute__((visibility("default"))) void dd_cache_free(void * g) { delete static_cast<Group *>(g); }
+
+// The slab arrays (`slabs[a]`: capacity + staging rows of row_bytes[a]) and their rows' file offsets;
+// `map` (may be NULL: the caller reads) is the MLP file mapped read-only, `map_len` bytes.
+__attribute__((visibility("default"))) int64_t dd_cache_arrays(void * gp, int64_t n, uint8_t ** slabs,
+                                                               const int64_t * offset, const int64_t * row_bytes,
+                                                               const uint8_t * map, int64_t map_len) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g || n < 0 || (n > 0 && (!slabs || !offset || !row_bytes))) return kBadArgs;
+  for (int64_t a = 0; a < n; ++a)
+    if (!slabs[a] || row_bytes[a] < 1 || offset[a] < 0) return kBadArgs;
+  g->slabs.assign(slabs, slabs + n);
+  g->offset.assign(offset, offset + n);
+  g->row_bytes.assign(row_bytes, row_bytes + n);
+  g->map = map;
+  g->map_len = map ? map_len : 0;
+  return 0;
+}
+
+// One token's step for the selection `sel` [k] (distinct rows, as TopK gives them): hits [k], slots [k]
+// for the op, and the misses' rows and slots (ascending rows) in read_rows/read_slots [k]. With a
+// mapping the rows are copied into the slab; info[0] = the reads' nanoseconds, info[1] = runs of
+// adjacent rows. Returns the number of misses, or a negative error code.
+__attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const int64_t * sel, int64_t k,
+                                                               int64_t * slots, uint8_t * hits, int64_t * read_rows,
+                                                               int64_t * read_slots, int64_t * info) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g || k < 0 || (k > 0 && (!sel || !slots || !hits || !read_rows || !read_slots)) || !info) return kBadArgs;
+  try {
+    int64_t rc = access(*g, sel, k, hits);
+    if (rc < 0) return rc;
+    int64_t n = assign(*g, sel, k, hits, slots, read_rows, read_slots);
+    if (n < 0) return n;
+    info[0] = info[1] = 0;
+    if (n > 0) {
+      int64_t runs = 1;
+      for (int64_t i = 1; i < n; ++i) runs += read_rows[i] != read_rows[i - 1] + 1;
+      info[1] = runs;
+      if (g->map) {
+        int64_t t0 = now_ns();
+        rc = copy_rows(*g, read_rows, read_slots, n);
+        info[0] = now_ns() - t0;
+        if (rc < 0) return rc;
+      }
+    }
+    return n;
+  } catch (...) {
+    return kBadArgs;
+  }
+}
+
+// slots.py SlotTable.finish after the MLP ran: the used evicted rows free their slots, the admitted rows
+// that waited in staging move to the lowest free ones (a DRAM copy in every slab array).
+__attribute__((visibility("default"))) int64_t dd_cache_settle(void * gp) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g) return kBadArgs;
+  for (int64_t r : g->release) free_row(*g, r);
+  g->release.clear();
+  const int64_t n = int64_t(g->deferred_rows.size());
+  if (n == 0) return 0;
+  std::vector<int64_t> & to = g->to;
+  to.resize(size_t(n));
+  if (take(*g, g->deferred_rows.data(), n, to.data()) != n) return kNoFreeSlot;
+  for (size_t a = 0; a < g->slabs.size(); ++a) {
+    const int64_t rb = g->row_bytes[a];
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(g->slabs[a] + to[size_t(i)] * rb, g->slabs[a] + g->deferred_from[size_t(i)] * rb, size_t(rb));
+  }
+  g->deferred_rows.clear();
+  g->deferred_from.clear();
+  return n;
+}
+
+// Forget a pending step (the Python side handed the state to the numpy reference).
+__attribute__((visibility("default"))) void dd_cache_drop_step(void * gp) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g) return;
+  g->release.clear();
+  g->deferred_rows.clear();
+  g->deferred_from.clear();
+}
+
+}  // extern "C"

@@ -1,0 +1,165 @@
+"""One group's per-token cache step in the op library (custom_ops/src/dd_cache.cc), through ctypes.
+
+The numpy ``RowCache.access`` + ``SlotTable.assign`` + ``FlashStore.read`` of a decoded token cost
+about a dozen numpy calls per group, 60 groups per SmolLM2 token: the largest share of the host's time
+(dipdeploy/runtime/DESIGN.md). The op library runs the same rules (``dipdeploy.cache``, which stays the
+reference the tests hold this to, decision for decision) in one call per group and token, reading the
+misses from the mapped MLP file straight into the slab.
+
+The state is a handful of numpy arrays (:class:`NativeState`) that the C++ code updates in place;
+``pull`` and ``push`` copy it to and from the numpy ``RowCache`` / ``SlotTable``, so the batched
+prefill, which runs in numpy, and the tests see one state. Torch-free (floor 4).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from dipdeploy.cache import POLICIES, RowCache, SlotTable
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_ERRORS = {-2: "slot table out of step with the cache: a hit has no slot or a miss holds one",
+           -3: "slot table: more rows need staging than the slab has",
+           -4: "slot table: no free slot for an admitted row after the step",
+           -5: "a row's bytes lie outside the mapped MLP file: the bundle is truncated; re-export it or run "
+               "`dipdeploy inspect --verify`",
+           -6: "dd_cache: bad arguments"}
+
+
+@functools.cache
+def cache_library(path: str):
+    """The op library with the ``dd_cache_*`` functions typed, or None if it predates them."""
+    lib = ctypes.CDLL(path)
+    if not hasattr(lib, "dd_cache_select"):
+        return None
+    lib.dd_cache_new.restype = _P
+    lib.dd_cache_new.argtypes = [_I64, _I64, _I64, ctypes.c_int, _P, _P, _P, _P, _P, _P, _P, _I64]
+    lib.dd_cache_free.restype, lib.dd_cache_free.argtypes = None, [_P]
+    lib.dd_cache_arrays.restype = _I64
+    lib.dd_cache_arrays.argtypes = [_P, _I64, _P, _P, _P, _P, _I64]
+    lib.dd_cache_select.restype = _I64
+    lib.dd_cache_select.argtypes = [_P, _P, _I64, _P, _P, _P, _P, _P]
+    lib.dd_cache_settle.restype, lib.dd_cache_settle.argtypes = _I64, [_P]
+    lib.dd_cache_drop_step.restype, lib.dd_cache_drop_step.argtypes = None, [_P]
+    return lib
+
+
+def _check(rc: int, rows: int) -> int:
+    if rc == -1:
+        raise IndexError(f"selected rows must lie in [0, {rows})")
+    if rc < 0:
+        raise RuntimeError(_ERRORS.get(rc, f"dd_cache: error {rc}"))
+    return rc
+
+
+@dataclass
+class NativeState:
+    """The arrays the C++ step updates in place (one sequence: the runtime's case)."""
+
+    resident: np.ndarray  # uint8 [rows]
+    last_use: np.ndarray  # int64 [rows]
+    uses: np.ndarray  # int64 [rows]
+    counters: np.ndarray  # int64 [3]: step, hits, misses
+    slot_of: np.ndarray  # int64 [rows]
+    row_of: np.ndarray  # int64 [capacity] (at least one element, for a valid pointer)
+
+    @classmethod
+    def empty(cls, rows: int, capacity: int) -> "NativeState":
+        return cls(np.zeros(rows, np.uint8), np.zeros(rows, np.int64), np.zeros(rows, np.int64),
+                   np.zeros(3, np.int64), np.full(rows, -1, np.int64), np.full(max(capacity, 1), -1, np.int64))
+
+
+class NativeCache:
+    """One group's cache + slot table + reads, stepped by the op library.
+
+    ``slabs``/``offsets``/``row_bytes``: the group's slab arrays and where their rows lie in the MLP
+    file; ``mapping`` (the file's read-only map as a uint8 array) lets the step copy the misses itself,
+    without it ``select`` returns them for the Flash store to read. ``selected``/``slots``: the graph
+    buffers the step reads the selection from and writes the slots into ([1, K] int64, bound once)."""
+
+    def __init__(self, library: str, cache: RowCache, table: SlotTable, slabs: list[np.ndarray],
+                 offsets: list[int], row_bytes: list[int], mapping: np.ndarray | None,
+                 selected: np.ndarray, slots: np.ndarray):
+        lib = cache_library(library)
+        if lib is None:
+            raise RuntimeError(f"{library} has no dd_cache_select: rebuild it (make ops)")
+        if cache.batch != 1:
+            raise ValueError("the native cache step runs one sequence")
+        for buf in (selected, slots):
+            if buf.dtype != np.int64 or not buf.flags.c_contiguous:
+                raise ValueError("the selection and slot buffers must be contiguous int64")
+        self._lib, self.rows, self.k = lib, cache.rows, selected.size
+        self.state = s = NativeState.empty(cache.rows, table.capacity)
+        self._next_use = None
+        steps = 0
+        if cache.policy == "belady":
+            self._next_use = np.ascontiguousarray(cache._next_use[:, 0, :], dtype=np.int32)
+            steps = self._next_use.shape[0]
+        ptr = (lambda a: None if a is None else a.ctypes.data)  # noqa: E731
+        self._handle = lib.dd_cache_new(cache.rows, table.capacity, table.staging, POLICIES.index(cache.policy),
+                                        ptr(s.resident), ptr(s.last_use), ptr(s.uses), ptr(s.counters),
+                                        ptr(s.slot_of), ptr(s.row_of), ptr(self._next_use), steps)
+        if not self._handle:
+            raise RuntimeError("dd_cache_new refused the group's shape")
+        self._slabs = slabs  # kept alive: the library holds their pointers
+        self._mapping = mapping
+        pointers = (ctypes.c_void_p * max(len(slabs), 1))(*[a.ctypes.data for a in slabs])
+        offs, rbs = np.asarray(offsets, np.int64), np.asarray(row_bytes, np.int64)
+        _check(lib.dd_cache_arrays(self._handle, len(slabs), pointers, offs.ctypes.data, rbs.ctypes.data,
+                                   ptr(mapping), 0 if mapping is None else mapping.size), self.rows)
+        self.copies = mapping is not None
+        self._hits = np.zeros(self.k, np.uint8)
+        self.read_rows = np.zeros(self.k, np.int64)
+        self.read_slots = np.zeros(self.k, np.int64)
+        self.info = np.zeros(2, np.int64)
+        self._selected, self._slots = selected, slots
+        self._args = (self._handle, _P(selected.ctypes.data), self.k, _P(slots.ctypes.data),
+                      _P(self._hits.ctypes.data), _P(self.read_rows.ctypes.data), _P(self.read_slots.ctypes.data),
+                      _P(self.info.ctypes.data))
+        self.push(cache, table)
+
+    @property
+    def resident(self) -> np.ndarray:
+        """Residency (bool [rows]), a view of the state."""
+        return self.state.resident.view(bool)
+
+    def select(self) -> tuple[np.ndarray, int]:
+        """One token's step on the bound selection: returns (hits [K] bool, a copy; misses). The misses'
+        rows and slots are ``read_rows[:misses]`` / ``read_slots[:misses]``; ``info`` = [copy ns, runs]."""
+        n = _check(self._lib.dd_cache_select(*self._args), self.rows)
+        return self._hits.view(bool).copy(), n
+
+    def settle(self) -> None:
+        _check(self._lib.dd_cache_settle(self._handle), self.rows)
+
+    def pull(self, cache: RowCache, table: SlotTable) -> None:
+        """Copy the state into the numpy reference objects (which then own it)."""
+        s = self.state
+        cache.resident = s.resident.view(bool)[None].copy()
+        cache.last_use[0], cache.uses[0] = s.last_use, s.uses
+        cache.step, cache.hits, cache.misses = (int(v) for v in s.counters)
+        table.slot_of[:] = s.slot_of
+        table.row_of[:] = s.row_of[: table.capacity]
+
+    def push(self, cache: RowCache, table: SlotTable) -> None:
+        """Take the state from the numpy reference objects (a step still pending is dropped)."""
+        s = self.state
+        s.resident[:] = cache.resident[0]
+        s.last_use[:], s.uses[:] = cache.last_use[0], cache.uses[0]
+        s.counters[:] = (cache.step, cache.hits, cache.misses)
+        s.slot_of[:] = table.slot_of
+        s.row_of[: table.capacity] = table.row_of
+        self._lib.dd_cache_drop_step(self._handle)
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.dd_cache_free(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()
