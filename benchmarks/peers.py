@@ -8,6 +8,19 @@ library and the peer's package only, and is started with the peer's interpreter:
 
     VENV/bin/python benchmarks/peers.py --child '{"peer": "llama.cpp", "model": "x.gguf", ...}'
 
+How the peers of benchmarks/results/flash.md were built (x86-64, AVX-512 listed by lscpu):
+
+- onnxruntime-genai 0.18.0 (onnxruntime 1.32.0) in its own venv, plus torch, transformers and onnx_ir for
+  its builder; ``python -m onnxruntime_genai.models.builder -i CHECKPOINT -o OUT -p int4 -e cpu -c CACHE``
+  (:func:`build_genai`): MatMulNBits int4, its own defaults otherwise.
+- llama-cpp-python 0.3.36 from the sdist (``pip download llama-cpp-python --no-deps --no-binary :all:``)
+  into a venv of the same base interpreter, ``CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON
+  -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+  -DLLAVA_BUILD=OFF"`` (an explicit instruction set: a native build can die with "Illegal instruction"
+  on another host); gguf 0.19.0, torch and transformers for the converter. The sdist's
+  ``vendor/llama.cpp/convert_hf_to_gguf.py`` writes a bf16 GGUF, ``llama_model_quantize`` makes Q4_0
+  (the embedding Q6_K, as llama.cpp chooses) (:func:`build_gguf`).
+
 The child drops the model files from the page cache (cgroup v1 charges a cached page to the group that
 read it first, so pages cached by the build would escape the limit), loads the model, decodes a few warm-up tokens, asks the OS to forget the model files' cached
 pages, sets the group's limit (``spec["limit"]`` bytes, or none), then times ``spec["tokens"]`` greedy
