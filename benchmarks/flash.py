@@ -19,6 +19,18 @@ peak RSS (VmHWM); the limit. ``waste`` = device / wanted.
     python benchmarks/flash.py            # 2 methods × 3 io × budgets 25/50/75 % + unlimited, 64 tokens,
                                           # and DIP-CA direct at 1/4/16/32 reads in flight (~10 min at 32 tokens)
     python benchmarks/flash.py --quick    # DIP-CA and dense-static, 50 % + unlimited, 16 tokens; 1 and 16 in flight
+
+``--model llama-1b`` is the ≈1 B section instead: a random-weight Llama-shaped checkpoint
+(benchmarks/llama-1b.json, written by scripts/random_checkpoint.py with SmolLM2's tokenizer), exported
+streamed (``--rho-in``: a streamed export cannot calibrate), ``--io direct`` only, and beside it the peers
+of benchmarks/peers.py (onnxruntime-genai int4, llama.cpp Q4_0 with mmap), each run in its own group
+under the limit the DIP-CA run at the same budget had, plus unlimited. Its section is written into
+results/flash.md after the SmolLM2 one (each run keeps the other's section). Its ``--slack`` is 64 MiB:
+with 4 MiB the 1 B dense-static child is OOM-killed while decoding (its per-layer row buffers, freed
+between tokens, are not in the warmed-up charge):
+
+    python benchmarks/flash.py --model llama-1b --tokens 16 --slack 67108864 --genai-python venv-genai/bin/python \
+        --llama-python venv-llama/bin/python --llama-convert llama.cpp/convert_hf_to_gguf.py
 """
 
 from __future__ import annotations
@@ -33,6 +45,9 @@ from pathlib import Path
 
 from _common import machine, md_table, write_rows_json
 
+from peers import PEERS, build_genai, build_gguf
+
+from dipdeploy.paths import write_atomic
 from dipdeploy.runtime.blockio import IO_THREADS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -45,6 +60,10 @@ BUNDLES = {  # method → (folder under build/, export options); dip-ca is `dipd
     "dense-static": ("flash-bundle-dense", dict(method="dip", density=1.0, rho_in=1.0)),
 }
 POLICY = {"dip-ca": "lfu", "dense-static": "static"}
+LLAMA_1B = "llama-1b"  # --model: the checkpoint build/llama-1b-random, from this config and tokenizer
+LLAMA_1B_CONFIG = ROOT / "benchmarks" / "llama-1b.json"
+LLAMA_1B_TOKENIZER = "smollm2-135m"  # 49152 tokens, a pre-tokenizer llama.cpp's converter knows
+SECTION_1B = "## ≈1 B random Llama beside onnxruntime-genai and llama.cpp"
 THREADS = (1, 4, 16, 32)  # the reads-in-flight sweep
 COLS = ["method", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
@@ -74,16 +93,27 @@ def lscpu() -> str:
     return "; ".join(" ".join(line.split()) for line in out.splitlines() if line.split(":")[0] in keep)
 
 
+def ensure_checkpoint() -> Path:
+    out = ROOT / "build" / f"{LLAMA_1B}-random"
+    if not (out / "config.json").is_file():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "random_checkpoint.py"), "--out", str(out), "--config",
+                        str(LLAMA_1B_CONFIG), "--tokenizer", LLAMA_1B_TOKENIZER], check=True)
+    return out
+
+
 def ensure_bundles(model: str) -> dict[str, Path]:
     from dipdeploy.export.bundle import export_model
     from dipdeploy.export.config import ExportConfig
 
+    # the 1 B checkpoint is exported streamed: no calibration (the bundles' rho_in), no validation
+    source, extra = (str(ensure_checkpoint()), dict(stream=True, validate_tokens=0)) if model == LLAMA_1B \
+        else (model, dict(validate_tokens=4))
     out = {}
     for method, (folder, kw) in BUNDLES.items():
-        path = ROOT / "build" / folder
+        path = ROOT / "build" / (folder.replace("flash-", f"flash-{LLAMA_1B}-", 1) if model == LLAMA_1B else folder)
         if not (path / "manifest.json").is_file():
             print(f"exporting {path} …", flush=True)
-            export_model(ExportConfig(model=model, quant="bq4", validate_tokens=4, **kw), path, force=True)
+            export_model(ExportConfig(model=source, quant="bq4", **extra, **kw), path, force=True)
         out[method] = path
     return out
 
@@ -147,7 +177,8 @@ def child(spec: dict) -> dict:
     return row
 
 
-def run_in_group(spec: dict, timeout: float) -> dict:
+def run_in_group(spec: dict, timeout: float, cmd: list[str] | None = None) -> dict:
+    """``cmd`` (default: this script) + ``--child SPEC`` in a fresh memory group under this process's."""
     parent = _own_group()
     group = parent / f"dipdeploy-flash-{os.getpid()}"
     group.mkdir()
@@ -159,7 +190,7 @@ def run_in_group(spec: dict, timeout: float) -> dict:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
 
-        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
+        done = subprocess.run([*(cmd or [sys.executable, __file__]), "--child", json.dumps(spec)], capture_output=True,
                               text=True, timeout=timeout, preexec_fn=enter, cwd=ROOT / "benchmarks")
         if done.returncode != 0:
             oom = (group / "memory.failcnt").read_text().strip()
@@ -174,11 +205,11 @@ def run_in_group(spec: dict, timeout: float) -> dict:
                 time.sleep(0.1)
 
 
-def configs(quick: bool) -> list[dict]:
+def configs(quick: bool, ios: tuple[str, ...] = ("mmap", "pread", "direct")) -> list[dict]:
     budgets = ("50%",) if quick else ("25%", "50%", "75%")
     out = []
     for method in BUNDLES:
-        for io in ("mmap", "pread", "direct"):
+        for io in ios:
             for b in budgets:
                 out.append(dict(method=method, io=io, budget=b, limited=True, io_threads=IO_THREADS))
             out.append(dict(method=method, io=io, budget=budgets[len(budgets) // 2], limited=False,
@@ -216,24 +247,9 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="50 %% + unlimited, 16 tokens")
-    ap.add_argument("--json", help="write the rows as a JSON list")
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--slack", type=int, default=4 << 20, help="bytes above the group's warmed-up charge in the limit")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child(json.loads(args.child))))
-        return
-    tokens = 16 if args.quick else args.tokens
-    paths = ensure_bundles(args.model)
-    info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca"])
+def run_configs(cfgs: list[dict], paths: dict[str, Path], tokens: int, args) -> list[dict]:
     rows = []
-    for c in configs(args.quick) + thread_configs(args.quick):
+    for c in cfgs:
         t = time.time()
         spec = {**c, "bundle": str(paths[c["method"]]), "policy": POLICY[c["method"]], "tokens": tokens,
                 "slack": args.slack}
@@ -247,6 +263,151 @@ def main() -> None:
               + (res.get("error") or f"{res['tok_s']:.1f} tok/s, wanted {res['wanted_mb']:.2f} MB, device "
                  f"{res['device_mb']:.2f} MB, {res['requests']:.0f} req/token") + f" ({time.time() - t:.0f} s)",
               flush=True)
+    return rows
+
+
+def ensure_peer(method: str, args, checkpoint: Path) -> tuple[list[str], Path] | str:
+    """A peer's model, built once under build/ by its own tools, and the command its child runs; or the
+    reason it is left out (its interpreter option not given)."""
+    here = str(Path(__file__).resolve().parent / "peers.py")
+    if method == PEERS[0]:
+        if not args.genai_python:
+            return "left out (no --genai-python)"
+        model = ROOT / "build" / f"genai-{LLAMA_1B}-int4"
+        if not (model / "genai_config.json").is_file():
+            build_genai(args.genai_python, checkpoint, model)
+        return [args.genai_python, here], model
+    gguf = ROOT / "build" / f"{LLAMA_1B}-q4_0.gguf"
+    if not args.llama_python or not (gguf.is_file() or args.llama_convert):
+        return "left out (no --llama-python, or neither the GGUF nor --llama-convert)"
+    if not gguf.is_file():
+        build_gguf(args.llama_python, Path(args.llama_convert), checkpoint, gguf)
+    return [args.llama_python, here], gguf
+
+
+def goals(rows: list[dict]) -> list[str]:
+    """The issue's two ratios at the 50 % budget, limited, from this run's rows (docs/design.md §12)."""
+    at = {r["method"]: r.get("tok_s") for r in rows if r["budget"] == "50%"}
+    dip, dense = at.get("dip-ca"), at.get("dense-static")
+    peers = [at[m] for m in PEERS if at.get(m)]
+    out = []
+    if dip and dense:
+        out.append(f"- DIP-CA / dense-static at 50 %: {dip / dense:.2f}× (goal ≥ 1.5×: "
+                   f"{'met' if dip / dense >= 1.5 else 'not met'})")
+    if dip and peers:
+        out.append(f"- DIP-CA / the faster peer at the same limit: {dip / max(peers):.2f}× (goal ≥ 2×: "
+                   f"{'met' if dip / max(peers) >= 2 else 'not met'})")
+    missing = [m for m in PEERS if not at.get(m)]
+    if missing:
+        out.append(f"- no decode figure at 50 % for: {', '.join(missing)} (see the notes)")
+    return out
+
+
+def plot_1b(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for method, style in (("dip-ca", "-o"), ("dense-static", "--s"), (PEERS[0], ":^"), (PEERS[1], "-.v")):
+        pts = [r for r in rows if r["method"] == method and r.get("limit_mb") and r.get("tok_s")]
+        if not pts:  # a peer that did not fit under any limit: the table says why
+            continue
+        x = [float(r["budget"].rstrip("%")) for r in pts]
+        axes[0].plot(x, [r["tok_s"] for r in pts], style, label=method)
+        axes[1].plot(x, [r["device_mb"] for r in pts], style, label=method)
+    for ax, label in zip(axes, ("decode tok/s", "MB read from the device / token")):
+        ax.set(xlabel="row-cache budget (% of MLP bytes); the peers under DIP-CA's limit", ylabel=label)
+        ax.set_ylim(bottom=0)
+    axes[0].set_title("random-weight ≈1 B Llama, cgroup-limited", fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def section_1b(args) -> None:
+    """The ≈1 B section (module docstring): ours at --io direct, then each peer under DIP-CA's limits."""
+    tokens = 8 if args.quick else args.tokens
+    checkpoint = ensure_checkpoint()
+    paths = ensure_bundles(LLAMA_1B)
+    notes = []
+    info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca"])
+    rows = run_configs(configs(args.quick, ("direct",)), paths, tokens, args)
+    limits = [(r["budget"], r["limit_mb"]) for r in rows if r["method"] == "dip-ca" and r.get("limit_mb")]
+    unlimited = next(r["budget"] for r in rows if not r["limited"])
+    for method in PEERS:  # each built when its turn comes
+        peer = ensure_peer(method, args, checkpoint)
+        if isinstance(peer, str):
+            notes.append(f"- {method}: {peer}")
+            continue
+        cmd, model = peer
+        for budget, limit_mb in [*limits, (unlimited, None)]:
+            t = time.time()
+            spec = dict(peer=method, model=str(model), prompt=PROMPT, tokens=tokens, threads=1,
+                        limit=int(limit_mb * 1e6) if limit_mb else None)
+            res = run_in_group(spec, args.timeout, cmd)
+            rows.append({"method": method, "io": "mmap" if method == PEERS[1] else "read at load", "budget": budget,
+                         **res, "load_1min": round(os.getloadavg()[0], 2)})
+            print(f"{method:24s} {budget:16s} " + (res.get("error") or f"{res['tok_s']:.2f} tok/s, device "
+                  f"{res['device_mb']:.1f} MB/token") + f" ({time.time() - t:.0f} s)", flush=True)
+    notes += sorted({f"- {r['note']}" for r in rows if r.get("note")})
+    errors = [f"- {r['method']} {r['budget']}: {' '.join(r['error'].split())}" for r in rows if r.get("error")]
+    ck = json.loads((checkpoint / "config.json").read_text())
+    shape = ", ".join(f"{k} {ck[k]}" for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                               "num_attention_heads", "num_key_value_heads", "vocab_size"))
+    name = "flash" + ("-quick" if args.quick else "")
+    text = "\n".join([
+        SECTION_1B, "",
+        f"`python benchmarks/flash.py --model {LLAMA_1B}{' --quick' if args.quick else ''} --tokens {tokens} …` · "
+        f"{info} · {tokens} greedy tokens after \"{PROMPT}\", cold, 1 thread each", "",
+        f"**The weights are random** (scripts/random_checkpoint.py, benchmarks/llama-1b.json: {shape}; bf16; "
+        f"the tokenizer is {LLAMA_1B_TOKENIZER}'s): the tokens say nothing about a trained model's; bytes, "
+        "memory and speed carry over.", "",
+        f"- machine (lscpu): {cpu}",
+        f"- storage: {disk}",
+        "- ours: streamed exports (`dipdeploy export --stream`, which cannot calibrate, so a uniform plan: "
+        "`--rho-in`), BQ4, `--io direct`, native kernels; dip-ca ρ_in 0.55, LFU; dense-static ρ = 1, "
+        "static pinning. `limit_mb`: as in the SmolLM2 table above (the group's anonymous + mapped pages after "
+        f"warm-up, slabs touched, MLP file dropped) + {args.slack >> 20} MiB (`--slack`)",
+        f"- peers (benchmarks/peers.py), each in its own group: {PEERS[0]} (its builder, `-p int4 -e cpu`, "
+        f"its own decode loop), {PEERS[1]} (convert_hf_to_gguf.py → Q4_0, llama-cpp-python, use_mmap; tok_s "
+        "from llama.cpp's eval timer). A peer's `limit_mb` is the DIP-CA run's at the same budget, set after "
+        "its warm-up with the model files dropped from the page cache; device MB from /proc/self/io", "",
+        md_table(rows, ["method", "io", "budget", "tok_s", "device_mb", "hit_rate", "peak_rss_mb", "peak_group_mb",
+                        "limit_mb", "load_1min"]), "",
+        "Against the goals (this run, 50 %, limited):", "", *goals(rows), "", *notes, *errors, ""])
+    path = RESULTS / f"{name}.md"
+    kept = path.read_text().split(SECTION_1B)[0].rstrip() + "\n\n" if path.is_file() else ""
+    write_atomic(path, kept + text, force=True)
+    write_rows_json(rows, args.json)
+    plot_1b(rows, RESULTS / f"{name}-{LLAMA_1B}.png")
+    print(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="50 %% + unlimited, 16 tokens")
+    ap.add_argument("--json", help="write the rows as a JSON list")
+    ap.add_argument("--model", default="smollm2-135m", help=f"a registry model, or {LLAMA_1B} (the 1 B section)")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--genai-python", help=f"{LLAMA_1B}: a Python with onnxruntime-genai (and its builder's torch)")
+    ap.add_argument("--llama-python", help=f"{LLAMA_1B}: a Python with llama-cpp-python and gguf")
+    ap.add_argument("--llama-convert", help=f"{LLAMA_1B}: llama.cpp's convert_hf_to_gguf.py")
+    ap.add_argument("--slack", type=int, default=4 << 20, help="bytes above the group's warmed-up charge in the limit")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.model == LLAMA_1B:
+        section_1b(args)
+        return
+    tokens = 16 if args.quick else args.tokens
+    paths = ensure_bundles(args.model)
+    info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca"])
+    rows = run_configs(configs(args.quick) + thread_configs(args.quick), paths, tokens, args)
     name = "flash" + ("-quick" if args.quick else "")
     sweep = [r for r in rows if r["method"] == "dip-ca" and r["io"] == "direct" and r["budget"] == "50%"]
     sweep.sort(key=lambda r: r["io_threads"])
@@ -271,7 +432,9 @@ def main() -> None:
         "`flash_io_s`: seconds inside the reads over the whole call.", "",
         md_table(sweep, ["io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]), "",
         *notes, *errors, ""])
-    (RESULTS / f"{name}.md").write_text(text)
+    path = RESULTS / f"{name}.md"
+    section = path.read_text().partition(SECTION_1B) if path.is_file() else ("", "", "")
+    write_atomic(path, text + ("\n" + section[1] + section[2] if section[1] else ""), force=True)  # the 1 B one kept
     write_rows_json(rows, args.json)
     plot(main_rows, RESULTS / f"{name}.png")
     print(text)

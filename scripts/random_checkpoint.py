@@ -8,6 +8,8 @@ trained model; only shapes, bytes, memory and time carry over. ``config.json`` s
     python scripts/random_checkpoint.py --out build/mistral-7b-random            # the full 32 layers
     python scripts/random_checkpoint.py --out /tmp/m2 --layers 2 --json m2.json  # a cut, same shapes
     python scripts/random_checkpoint.py --out /tmp/t --config tiny/config.json   # any HF config.json
+    python scripts/random_checkpoint.py --out build/llama-1b-random --config benchmarks/llama-1b.json \
+        --tokenizer smollm2-135m                                                  # a real tokenizer
 
 The config is the registry's ``mistral-7b`` (``dipdeploy/models/mistral-7b.toml``) plus the values that
 file does not hold, taken from Mistral-7B-v0.1's published ``config.json`` (:data:`MISTRAL_7B_EXTRA`).
@@ -24,6 +26,9 @@ biases 0, every other parameter (the RMSNorm weights) 1. Each tensor's generator
 The tokenizer is byte-level with exactly ``vocab_size`` tokens (Mistral's own layout of ids: ``<unk>``,
 ``<s>``, ``</s>``, then the 256 bytes, then unused ``<extra_i>`` fillers no text encodes to), so the
 embedding and the tokenizer agree; the SmolLM2 tokenizer has 49152 tokens and would not fit 32000.
+``--tokenizer`` (a registry name or an HF folder) saves that model's tokenizer instead, when its length
+is the config's ``vocab_size``: tools that identify a tokenizer by its pre-tokenizer (llama.cpp's
+``convert_hf_to_gguf.py``) refuse the byte-level one, and prompts then encode to real tokens.
 """
 
 from __future__ import annotations
@@ -190,12 +195,25 @@ def byte_tokenizer(vocab_size: int):
                                    eos_token=SPECIALS[2])
 
 
+def named_tokenizer(name_or_path: str, vocab_size: int):
+    """The tokenizer of a registry model or HF folder, refused unless it has exactly ``vocab_size`` tokens."""
+    from transformers import AutoTokenizer
+
+    from dipdeploy.loading import resolve
+
+    tok = AutoTokenizer.from_pretrained(resolve(name_or_path)[0])
+    if len(tok) != vocab_size:
+        raise ValueError(f"--tokenizer {name_or_path} has {len(tok)} tokens but the config's vocab_size is "
+                         f"{vocab_size}; give a config with vocab_size {len(tok)} or another tokenizer")
+    return tok
+
+
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def write_checkpoint(out: Path, *, config_file: Path | None = None, layers: int | None = None, seed: int = 0,
-                     force: bool = False, shard_bytes: int = SHARD_BYTES) -> Report:
+                     force: bool = False, shard_bytes: int = SHARD_BYTES, tokenizer: str | None = None) -> Report:
     """Write the checkpoint into a temporary sibling of ``out`` and rename it in (the overwrite rule)."""
     from dipdeploy.paths import atomic_dir, check_output
 
@@ -206,6 +224,7 @@ def write_checkpoint(out: Path, *, config_file: Path | None = None, layers: int 
     config = build_config(config_file, layers)
     config.dipdeploy_note = NOTE.format(seed=seed)
     std = float(getattr(config, "initializer_range", 0.02))
+    tok = byte_tokenizer(config.vocab_size) if tokenizer is None else named_tokenizer(tokenizer, config.vocab_size)
     specs = tensor_specs(config)
     shards = plan_shards(specs, shard_bytes)
     n = len(shards)
@@ -223,7 +242,7 @@ def write_checkpoint(out: Path, *, config_file: Path | None = None, layers: int 
                      "weight_map": {s.name: fname for fname, g in zip(names, shards) for s in g}}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         config.save_pretrained(tmp)
-        byte_tokenizer(config.vocab_size).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     shard_rows = [{"file": fname, "bytes": (out / fname).stat().st_size, "tensors": len(g)}
                   for fname, g in zip(names, shards)]
     return Report(str(out), config.num_hidden_layers, len(specs), sum(s.nbytes for s in specs), shard_rows,
@@ -235,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     ap.add_argument("--config", type=Path, help="an HF config.json to take instead of the registry's Mistral-7B")
     ap.add_argument("--layers", type=int, help="write only the first N decoder layers (same shapes)")
+    ap.add_argument("--tokenizer", help="save this registry model's or HF folder's tokenizer (its size must be "
+                    "vocab_size) instead of the byte-level one")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write sizes, seconds and peak RSS here")
     ap.add_argument("--force", action="store_true", help="replace an existing --out / --json")
@@ -245,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         check_input_file(args.config, "--config")
         check_outputs(args.force, {"--json": args.json})
         report = write_checkpoint(args.out, config_file=args.config, layers=args.layers, seed=args.seed,
-                                  force=args.force)
-    except (ValueError, OSError, KeyError) as err:
+                                  force=args.force, tokenizer=args.tokenizer)
+    except (ValueError, OSError, KeyError) as err:  # FileNotFoundError (an unknown --tokenizer) is an OSError
         text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
         print(f"error: {' '.join(text.split())}", file=sys.stderr)
         return 2

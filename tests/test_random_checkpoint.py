@@ -156,3 +156,25 @@ def test_vocab_too_small_for_bytes(tmp_path, capsys):
     p.write_text(json.dumps({**TINY, "vocab_size": 256}))
     assert rc.main(["--out", str(tmp_path / "ck"), "--config", str(p)]) == 2
     assert "vocab_size 256" in capsys.readouterr().err and not (tmp_path / "ck").exists()
+
+
+def test_tokenizer_of_another_model(tmp_path, capsys):
+    """--tokenizer saves that model's tokenizer (tiny-llama's 256 bytes here) when the sizes agree, and
+    refuses with one line, writing nothing, when they do not."""
+    from transformers import AutoTokenizer
+
+    from dipdeploy.loading import resolve
+
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({**TINY, "vocab_size": 256}))
+    out = tmp_path / "ck"
+    assert rc.main(["--out", str(out), "--config", str(p), "--layers", "1", "--tokenizer", "tiny-llama"]) == 0
+    saved, source = AutoTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(resolve("tiny-llama")[0])
+    text = "Hello, wörld"
+    assert len(saved) == 256 and saved.encode(text) == source.encode(text)
+    assert "<s>" not in saved.get_vocab()  # not the byte-level writer's own (which has <unk>, <s>, </s>)
+    p.write_text(json.dumps({**TINY, "vocab_size": 320}))
+    assert rc.main(["--out", str(tmp_path / "ck2"), "--config", str(p), "--tokenizer", "tiny-llama"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has 256 tokens" in err and "vocab_size is 320" in err and "\n" not in err
+    assert not (tmp_path / "ck2").exists()
