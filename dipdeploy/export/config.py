@@ -22,6 +22,11 @@ ACCURACY_LEVELS = BUNDLE_ACCURACY_LEVELS
 ALIGNMENTS = (4096, 65536)
 #: ``standard``: attention in opset-21 ops (runs on any ORT); ``gqa``: com.microsoft::GroupQueryAttention.
 ATTENTION_OPS = ("standard", "gqa")
+#: Where each MLP row lies in ``mlp.bin`` (docs/method.md, "Flash layout"): ``calibrated`` orders each
+#: group's rows from a miss trace of the calibration text so rows read together share blocks; ``natural``
+#: keeps the logical order; ``auto`` is calibrated where the export can trace (a sparse plan, per-layer
+#: graphs, the whole model and the calibration text at hand), natural elsewhere, the manifest says which.
+ROW_ORDERS = ("auto", "calibrated", "natural")
 
 
 @dataclass
@@ -41,7 +46,7 @@ class ExportConfig:
     original_max_position_embeddings (``spec.ArchSpec.context_length``).
     ``stream``: read the weights one decoder layer at a time from the safetensors checkpoint (peak
     memory ≈ one fp32 layer plus the embedding); None = when the fp32 model would take more than half
-    of the available memory. A streamed export cannot calibrate, merge LoRA or validate against torch
+    of the available memory. ``row_order``: see ``ROW_ORDERS``. A streamed export cannot calibrate, merge LoRA or validate against torch
     (each needs the whole model): give ``plan`` or ``rho_in``, merge adapters beforehand.
     ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
     calibrated, the same as ``eval``'s and ``calibrate``'s (``dipdeploy.defaults``), so an export
@@ -71,10 +76,12 @@ class ExportConfig:
     stream: bool | None = None
     threads: int = 1
     data_dir: str | None = None
+    row_order: str = "auto"
 
     def __post_init__(self) -> None:
         choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
-                   "alignment": ALIGNMENTS, "attention": ATTENTION_OPS}
+                   "alignment": ALIGNMENTS, "attention": ATTENTION_OPS,
+                   "row_order": ROW_ORDERS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ExportConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {allowed}")
