@@ -45,8 +45,9 @@ BUNDLES = {  # method → (folder under build/, export options); dip-ca is `dipd
     "dense-static": ("flash-bundle-dense", dict(method="dip", density=1.0, rho_in=1.0)),
 }
 POLICY = {"dip-ca": "lfu", "dense-static": "static"}
+ROW_ORDERS = ("natural", "calibrated")  # `export --row-order`: the layout axis (docs/method.md "Flash layout")
 THREADS = (1, 4, 16, 32)  # the reads-in-flight sweep
-COLS = ["method", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
+COLS = ["method", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
 
 
@@ -74,17 +75,19 @@ def lscpu() -> str:
     return "; ".join(" ".join(line.split()) for line in out.splitlines() if line.split(":")[0] in keep)
 
 
-def ensure_bundles(model: str) -> dict[str, Path]:
+def ensure_bundles(model: str, orders: tuple[str, ...]) -> dict[tuple[str, str], Path]:
     from dipdeploy.export.bundle import export_model
     from dipdeploy.export.config import ExportConfig
 
     out = {}
     for method, (folder, kw) in BUNDLES.items():
-        path = ROOT / "build" / folder
-        if not (path / "manifest.json").is_file():
-            print(f"exporting {path} …", flush=True)
-            export_model(ExportConfig(model=model, quant="bq4", validate_tokens=4, **kw), path, force=True)
-        out[method] = path
+        for order in orders:
+            path = ROOT / "build" / (folder if order == "natural" else f"{folder}-{order}")
+            if not (path / "manifest.json").is_file():
+                print(f"exporting {path} …", flush=True)
+                export_model(ExportConfig(model=model, quant="bq4", validate_tokens=4, row_order=order, **kw), path,
+                             force=True)
+            out[method, order] = path
     return out
 
 
@@ -174,21 +177,27 @@ def run_in_group(spec: dict, timeout: float) -> dict:
                 time.sleep(0.1)
 
 
-def configs(quick: bool) -> list[dict]:
+def configs(quick: bool, ios: tuple[str, ...] = ("mmap", "pread", "direct"),
+            orders: tuple[str, ...] = ("natural",)) -> list[dict]:
     budgets = ("50%",) if quick else ("25%", "50%", "75%")
     out = []
     for method in BUNDLES:
-        for io in ("mmap", "pread", "direct"):
+        for io in ios:
             for b in budgets:
-                out.append(dict(method=method, io=io, budget=b, limited=True, io_threads=IO_THREADS))
-            out.append(dict(method=method, io=io, budget=budgets[len(budgets) // 2], limited=False,
-                            io_threads=IO_THREADS))
+                for order in orders:
+                    out.append(dict(method=method, row_order=order, io=io, budget=b, limited=True,
+                                    io_threads=IO_THREADS))
+            for order in orders:
+                out.append(dict(method=method, row_order=order, io=io, budget=budgets[len(budgets) // 2],
+                                limited=False, io_threads=IO_THREADS))
     return out
 
 
-def thread_configs(quick: bool) -> list[dict]:
-    """DIP-CA, --io direct at 50 %, limited: how much the reads in flight pay."""
-    return [dict(method="dip-ca", io="direct", budget="50%", limited=True, io_threads=t)
+def thread_configs(quick: bool, ios: tuple[str, ...] = ("direct",)) -> list[dict]:
+    """DIP-CA, --io direct at 50 %, limited, natural row order: how much the reads in flight pay."""
+    if "direct" not in ios:
+        return []
+    return [dict(method="dip-ca", row_order="natural", io="direct", budget="50%", limited=True, io_threads=t)
             for t in ((1,) if quick else THREADS) if t != IO_THREADS]  # the default's row is the main table's
 
 
@@ -224,38 +233,47 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--slack", type=int, default=4 << 20, help="bytes above the group's warmed-up charge in the limit")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    ap.add_argument("--io", default="mmap,pread,direct", help="io modes, comma-separated")
+    ap.add_argument("--row-order", default="natural", help="bundles' row orders, comma-separated (natural,calibrated: "
+                    "side by side; results in flash-row-order.md)")
+    ap.add_argument("--no-thread-sweep", action="store_true", help="skip the reads-in-flight sweep")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
     tokens = 16 if args.quick else args.tokens
-    paths = ensure_bundles(args.model)
-    info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca"])
+    ios, orders = tuple(args.io.split(",")), tuple(args.row_order.split(","))
+    paths = ensure_bundles(args.model, orders)
+    info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca", orders[0]])
     rows = []
-    for c in configs(args.quick) + thread_configs(args.quick):
+    sweep_cfgs = [] if args.no_thread_sweep else thread_configs(args.quick, ios)
+    if sweep_cfgs and "natural" not in orders:
+        paths.update(ensure_bundles(args.model, ("natural",)))
+    for c in configs(args.quick, ios, orders) + sweep_cfgs:
         t = time.time()
-        spec = {**c, "bundle": str(paths[c["method"]]), "policy": POLICY[c["method"]], "tokens": tokens,
-                "slack": args.slack}
+        spec = {**c, "bundle": str(paths[c["method"], c["row_order"]]), "policy": POLICY[c["method"]],
+                "tokens": tokens, "slack": args.slack}
         res = run_in_group(spec, args.timeout)
         row = {**c, "budget": c["budget"] if c["limited"] else f"{c['budget']}, unlimited", **res,
                "load_1min": round(os.getloadavg()[0], 2)}
         if "wanted_mb" in row and row["wanted_mb"]:
             row["waste"] = row["device_mb"] / row["wanted_mb"]
         rows.append(row)
-        print(f"{c['method']:12s} {c['io']:6s} {row['budget']:16s} "
+        print(f"{c['method']:12s} {c['row_order']:10s} {c['io']:6s} {row['budget']:16s} "
               + (res.get("error") or f"{res['tok_s']:.1f} tok/s, wanted {res['wanted_mb']:.2f} MB, device "
                  f"{res['device_mb']:.2f} MB, {res['requests']:.0f} req/token") + f" ({time.time() - t:.0f} s)",
               flush=True)
-    name = "flash" + ("-quick" if args.quick else "")
-    sweep = [r for r in rows if r["method"] == "dip-ca" and r["io"] == "direct" and r["budget"] == "50%"]
+    name = "flash" + ("-row-order" if orders != ("natural",) else "") + ("-quick" if args.quick else "")
+    sweep = [r for r in rows if r["method"] == "dip-ca" and r["io"] == "direct" and r["budget"] == "50%"
+             and r["row_order"] == "natural"]
     sweep.sort(key=lambda r: r["io_threads"])
     main_rows = [r for r in rows if r["io_threads"] == IO_THREADS]
     notes = sorted({r["note"] for r in rows if r.get("note")})
     errors = [f"- {r['method']} {r['io']} {r['budget']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join([
         "# Real reads from storage (benchmarks/flash.py)", "",
-        f"`python benchmarks/flash.py{' --quick' if args.quick else ''}` · {info} · {tokens} greedy tokens after "
+        f"`python benchmarks/flash.py {' '.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "
         f"\"{PROMPT}\", cold, native kernels, 1 ORT thread", "",
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",
