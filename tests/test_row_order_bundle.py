@@ -94,6 +94,7 @@ def test_calibrated_is_refused_where_nothing_can_be_traced(tmp_path):
     from dipdeploy.loading import load_model
 
     lm = load_model("tiny-llama")
-    cfg = ExportConfig(model="tiny-llama", method="dense", row_order="calibrated", validate_tokens=0)
+    cfg = ExportConfig(model="tiny-llama", rho_in=0.6, row_order="calibrated", validate_tokens=0)
     with pytest.raises(ValueError, match="--row-order natural"):
-        export(lm, cfg, tmp_path / "b", make_plan(lm, cfg))
+        export(lm, cfg, tmp_path / "b", None)  # no plan: a dense bundle, nothing streamed
+    assert not (tmp_path / "b").exists()

@@ -91,6 +91,9 @@ class ExportConfig:
             raise ValueError(f"ExportConfig.rho_in={self.rho_in!r} must lie in (0, 1] or be None (calibrate)")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"ExportConfig.gamma={self.gamma!r} must lie in [0, 1]")
+        if self.row_order == "calibrated" and (self.method == "dense" or not self.per_layer):
+            raise ValueError("ExportConfig.row_order='calibrated' needs a sparse method with per-layer graphs (the "
+                             "only bundles the host runtime streams); pass --row-order natural")
         for name, lo in (("max_length", 16), ("validate_tokens", 0), ("calib_windows", 1), ("calib_seqlen", 16),
                          ("threads", 1)):
             value = getattr(self, name)
