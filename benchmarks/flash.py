@@ -19,6 +19,9 @@ peak RSS (VmHWM); the limit. ``waste`` = device / wanted.
     python benchmarks/flash.py            # 2 methods × 3 io × budgets 25/50/75 % + unlimited, 64 tokens,
                                           # and DIP-CA direct at 1/4/16/32 reads in flight (~10 min at 32 tokens)
     python benchmarks/flash.py --quick    # DIP-CA and dense-static, 50 % + unlimited, 16 tokens; 1 and 16 in flight
+    python benchmarks/flash.py --io direct --row-order natural,calibrated --no-thread-sweep
+                                          # the layout axis: natural and calibrated bundles side by side
+                                          # (`export --row-order`), results in flash-row-order.md
 """
 
 from __future__ import annotations
