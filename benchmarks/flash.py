@@ -211,14 +211,18 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    orders = sorted({r["row_order"] for r in rows})
     for method, style in (("dip-ca", "-o"), ("dense-static", "--s")):
         for io in ("mmap", "pread", "direct"):
-            pts = [r for r in rows if r["method"] == method and r["io"] == io and r.get("limit_mb") and "tok_s" in r]
-            if not pts:
-                continue
-            x = [float(r["budget"].rstrip("%")) for r in pts]
-            axes[0].plot(x, [r["tok_s"] for r in pts], style, label=f"{method} {io}")
-            axes[1].plot(x, [r["device_mb"] for r in pts], style, label=f"{method} {io}")
+            for order in orders:
+                pts = [r for r in rows if r["method"] == method and r["io"] == io and r["row_order"] == order
+                       and r.get("limit_mb") and "tok_s" in r]
+                if not pts:
+                    continue
+                x = [float(r["budget"].rstrip("%")) for r in pts]
+                label = f"{method} {io}" + (f" {order}" if len(orders) > 1 else "")
+                axes[0].plot(x, [r["tok_s"] for r in pts], style, label=label)
+                axes[1].plot(x, [r["device_mb"] for r in pts], style, label=label)
     axes[0].set(xlabel="row-cache budget (% of MLP bytes), cgroup-limited", ylabel="decode tok/s")
     axes[1].set(xlabel="row-cache budget (% of MLP bytes), cgroup-limited", ylabel="MB read from the device / token")
     axes[0].set_ylim(bottom=0)
