@@ -61,15 +61,12 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
     scfg = SparsityConfig(method=cfg.method, density=cfg.density, rho_in=cfg.rho_in, gamma=cfg.gamma)
     if cfg.rho_in is not None:
         return uniform_plan(scfg, lm.name, c.num_hidden_layers, c.hidden_size, c.intermediate_size)
-    from dipdeploy.eval.data import load_text, windows
     from dipdeploy.sparsity.calibrate import calibrate
 
     try:
-        text = load_text("wikitext2", "validation", data_dir=cfg.data_dir)
+        wins = calibration_windows(lm, cfg)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{err}; or skip calibration with --rho-in R or --plan PLAN") from err
-    wins = windows(lm.tokenizer, text[: 200 * cfg.calib_seqlen * cfg.calib_windows], cfg.calib_seqlen,
-                   cfg.calib_windows)
     return calibrate(lm, scfg, wins)
 
 
