@@ -292,9 +292,10 @@ def main() -> None:
         "(/proc/self/io read_bytes from the first generated token on); `requests` the store's reads; `waste` = "
         "device / wanted.", "",
         md_table(main_rows, COLS), "",
-        f"Reads in flight (`Engine(io_threads=…)`, default {IO_THREADS}): DIP-CA, `--io direct`, 50 %, limited. "
-        "`flash_io_s`: seconds inside the reads over the whole call.", "",
-        md_table(sweep, ["io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]), "",
+        *([f"Reads in flight (`Engine(io_threads=…)`, default {IO_THREADS}): DIP-CA, `--io direct`, 50 %, limited. "
+           "`flash_io_s`: seconds inside the reads over the whole call.", "",
+           md_table(sweep, ["io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]), ""]
+          if sweep_cfgs else []),
         *notes, *errors, ""])
     (RESULTS / f"{name}.md").write_text(text)
     write_rows_json(rows, args.json)
