@@ -15,6 +15,10 @@ bounce buffer). Three read paths:
   flight into a bounce buffer, then gathered into the slots (``dipdeploy/runtime/blockio.py``). Where
   the filesystem refuses ``O_DIRECT`` the same requests go through the page cache and ``note`` says so.
 
+Callers name logical rows (what the caches and graphs use); where the bundle's row order is calibrated
+(docs/method.md "Flash layout") each group's ``RowArray``s carry the file row of every logical row and
+``read`` goes there, so rows that miss together and were placed together share blocks and runs.
+
 The counters hold the rows' bytes (``bytes``: what the cache asked for) and, for ``direct``, the bytes
 the device actually returned (``device_bytes``, whole blocks); their ratio is the waste of rows smaller
 than a block. ``mmap`` and ``pread`` leave ``device_bytes`` at 0: whether their pages came from the
