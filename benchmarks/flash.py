@@ -19,6 +19,9 @@ peak RSS (VmHWM); the limit. ``waste`` = device / wanted.
     python benchmarks/flash.py            # 2 methods × 3 io × budgets 25/50/75 % + unlimited, 64 tokens,
                                           # and DIP-CA direct at 1/4/16/32 reads in flight (~10 min at 32 tokens)
     python benchmarks/flash.py --quick    # DIP-CA and dense-static, 50 % + unlimited, 16 tokens; 1 and 16 in flight
+    python benchmarks/flash.py --io direct --row-order natural,calibrated --no-thread-sweep
+                                          # the layout axis: natural and calibrated bundles side by side
+                                          # (`export --row-order`), results in flash-row-order.md
 
 ``--model llama-1b`` is the ≈1 B section instead: a random-weight Llama-shaped checkpoint
 (benchmarks/llama-1b.json, written by scripts/random_checkpoint.py with SmolLM2's tokenizer), exported
@@ -65,7 +68,8 @@ LLAMA_1B_CONFIG = ROOT / "benchmarks" / "llama-1b.json"
 LLAMA_1B_TOKENIZER = "smollm2-135m"  # 49152 tokens, a pre-tokenizer llama.cpp's converter knows
 SECTION_1B = "## ≈1 B random Llama beside onnxruntime-genai and llama.cpp"
 THREADS = (1, 4, 16, 32)  # the reads-in-flight sweep
-COLS = ["method", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
+ROW_ORDERS = ("natural", "calibrated")  # `export --row-order`: the layout axis (docs/method.md "Flash layout")
+COLS = ["method", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
 
 
@@ -101,7 +105,7 @@ def ensure_checkpoint() -> Path:
     return out
 
 
-def ensure_bundles(model: str) -> dict[str, Path]:
+def ensure_bundles(model: str, orders: tuple[str, ...] = ("natural",)) -> dict[tuple[str, str], Path]:
     from dipdeploy.export.bundle import export_model
     from dipdeploy.export.config import ExportConfig
 
@@ -110,11 +114,14 @@ def ensure_bundles(model: str) -> dict[str, Path]:
         else (model, dict(validate_tokens=4))
     out = {}
     for method, (folder, kw) in BUNDLES.items():
-        path = ROOT / "build" / (folder.replace("flash-", f"flash-{LLAMA_1B}-", 1) if model == LLAMA_1B else folder)
-        if not (path / "manifest.json").is_file():
-            print(f"exporting {path} …", flush=True)
-            export_model(ExportConfig(model=source, quant="bq4", **extra, **kw), path, force=True)
-        out[method] = path
+        folder = folder.replace("flash-", f"flash-{LLAMA_1B}-", 1) if model == LLAMA_1B else folder
+        for order in orders:
+            path = ROOT / "build" / (folder if order == "natural" else f"{folder}-{order}")
+            if not (path / "manifest.json").is_file():
+                print(f"exporting {path} …", flush=True)
+                export_model(ExportConfig(model=source, quant="bq4", row_order=order, **extra, **kw), path,
+                             force=True)
+            out[method, order] = path
     return out
 
 
@@ -205,21 +212,27 @@ def run_in_group(spec: dict, timeout: float, cmd: list[str] | None = None) -> di
                 time.sleep(0.1)
 
 
-def configs(quick: bool, ios: tuple[str, ...] = ("mmap", "pread", "direct")) -> list[dict]:
+def configs(quick: bool, ios: tuple[str, ...] = ("mmap", "pread", "direct"),
+            orders: tuple[str, ...] = ("natural",)) -> list[dict]:
     budgets = ("50%",) if quick else ("25%", "50%", "75%")
     out = []
     for method in BUNDLES:
         for io in ios:
             for b in budgets:
-                out.append(dict(method=method, io=io, budget=b, limited=True, io_threads=IO_THREADS))
-            out.append(dict(method=method, io=io, budget=budgets[len(budgets) // 2], limited=False,
-                            io_threads=IO_THREADS))
+                for order in orders:
+                    out.append(dict(method=method, row_order=order, io=io, budget=b, limited=True,
+                                    io_threads=IO_THREADS))
+            for order in orders:
+                out.append(dict(method=method, row_order=order, io=io, budget=budgets[len(budgets) // 2],
+                                limited=False, io_threads=IO_THREADS))
     return out
 
 
-def thread_configs(quick: bool) -> list[dict]:
-    """DIP-CA, --io direct at 50 %, limited: how much the reads in flight pay."""
-    return [dict(method="dip-ca", io="direct", budget="50%", limited=True, io_threads=t)
+def thread_configs(quick: bool, ios: tuple[str, ...] = ("direct",)) -> list[dict]:
+    """DIP-CA, --io direct at 50 %, limited, natural row order: how much the reads in flight pay."""
+    if "direct" not in ios:
+        return []
+    return [dict(method="dip-ca", row_order="natural", io="direct", budget="50%", limited=True, io_threads=t)
             for t in ((1,) if quick else THREADS) if t != IO_THREADS]  # the default's row is the main table's
 
 
@@ -230,14 +243,18 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    orders = sorted({r["row_order"] for r in rows})
     for method, style in (("dip-ca", "-o"), ("dense-static", "--s")):
         for io in ("mmap", "pread", "direct"):
-            pts = [r for r in rows if r["method"] == method and r["io"] == io and r.get("limit_mb") and "tok_s" in r]
-            if not pts:
-                continue
-            x = [float(r["budget"].rstrip("%")) for r in pts]
-            axes[0].plot(x, [r["tok_s"] for r in pts], style, label=f"{method} {io}")
-            axes[1].plot(x, [r["device_mb"] for r in pts], style, label=f"{method} {io}")
+            for order in orders:
+                pts = [r for r in rows if r["method"] == method and r["io"] == io and r["row_order"] == order
+                       and r.get("limit_mb") and "tok_s" in r]
+                if not pts:
+                    continue
+                x = [float(r["budget"].rstrip("%")) for r in pts]
+                label = f"{method} {io}" + (f" {order}" if len(orders) > 1 else "")
+                axes[0].plot(x, [r["tok_s"] for r in pts], style, label=label)
+                axes[1].plot(x, [r["device_mb"] for r in pts], style, label=label)
     axes[0].set(xlabel="row-cache budget (% of MLP bytes), cgroup-limited", ylabel="decode tok/s")
     axes[1].set(xlabel="row-cache budget (% of MLP bytes), cgroup-limited", ylabel="MB read from the device / token")
     axes[0].set_ylim(bottom=0)
@@ -247,19 +264,19 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def run_configs(cfgs: list[dict], paths: dict[str, Path], tokens: int, args) -> list[dict]:
+def run_configs(cfgs: list[dict], paths: dict[tuple[str, str], Path], tokens: int, args) -> list[dict]:
     rows = []
     for c in cfgs:
         t = time.time()
-        spec = {**c, "bundle": str(paths[c["method"]]), "policy": POLICY[c["method"]], "tokens": tokens,
-                "slack": args.slack}
+        spec = {**c, "bundle": str(paths[c["method"], c["row_order"]]), "policy": POLICY[c["method"]],
+                "tokens": tokens, "slack": args.slack}
         res = run_in_group(spec, args.timeout)
         row = {**c, "budget": c["budget"] if c["limited"] else f"{c['budget']}, unlimited", **res,
                "load_1min": round(os.getloadavg()[0], 2)}
         if "wanted_mb" in row and row["wanted_mb"]:
             row["waste"] = row["device_mb"] / row["wanted_mb"]
         rows.append(row)
-        print(f"{c['method']:12s} {c['io']:6s} {row['budget']:16s} "
+        print(f"{c['method']:12s} {c['row_order']:10s} {c['io']:6s} {row['budget']:16s} "
               + (res.get("error") or f"{res['tok_s']:.1f} tok/s, wanted {res['wanted_mb']:.2f} MB, device "
                  f"{res['device_mb']:.2f} MB, {res['requests']:.0f} req/token") + f" ({time.time() - t:.0f} s)",
               flush=True)
@@ -332,7 +349,7 @@ def section_1b(args) -> None:
     checkpoint = ensure_checkpoint()
     paths = ensure_bundles(LLAMA_1B)
     notes = []
-    info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca"])
+    info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca", "natural"])
     rows = run_configs(configs(args.quick, ("direct",)), paths, tokens, args)
     limits = [(r["budget"], r["limit_mb"]) for r in rows if r["method"] == "dip-ca" and r.get("limit_mb")]
     unlimited = next(r["budget"] for r in rows if not r["limited"])
@@ -396,6 +413,10 @@ def main() -> None:
     ap.add_argument("--llama-convert", help=f"{LLAMA_1B}: llama.cpp's convert_hf_to_gguf.py")
     ap.add_argument("--slack", type=int, default=4 << 20, help="bytes above the group's warmed-up charge in the limit")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    ap.add_argument("--io", default="mmap,pread,direct", help="io modes, comma-separated")
+    ap.add_argument("--row-order", default="natural", help="bundles' row orders, comma-separated (natural,calibrated: "
+                    "side by side; results in flash-row-order.md)")
+    ap.add_argument("--no-thread-sweep", action="store_true", help="skip the reads-in-flight sweep")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -405,18 +426,23 @@ def main() -> None:
         section_1b(args)
         return
     tokens = 16 if args.quick else args.tokens
-    paths = ensure_bundles(args.model)
-    info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca"])
-    rows = run_configs(configs(args.quick) + thread_configs(args.quick), paths, tokens, args)
-    name = "flash" + ("-quick" if args.quick else "")
-    sweep = [r for r in rows if r["method"] == "dip-ca" and r["io"] == "direct" and r["budget"] == "50%"]
+    ios, orders = tuple(args.io.split(",")), tuple(args.row_order.split(","))
+    paths = ensure_bundles(args.model, orders)
+    info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca", orders[0]])
+    sweep_cfgs = [] if args.no_thread_sweep else thread_configs(args.quick, ios)
+    if sweep_cfgs and "natural" not in orders:
+        paths.update(ensure_bundles(args.model, ("natural",)))
+    rows = run_configs(configs(args.quick, ios, orders) + sweep_cfgs, paths, tokens, args)
+    name = "flash" + ("-row-order" if orders != ("natural",) else "") + ("-quick" if args.quick else "")
+    sweep = [r for r in rows if r["method"] == "dip-ca" and r["io"] == "direct" and r["budget"] == "50%"
+             and r["row_order"] == "natural"]
     sweep.sort(key=lambda r: r["io_threads"])
     main_rows = [r for r in rows if r["io_threads"] == IO_THREADS]
     notes = sorted({r["note"] for r in rows if r.get("note")})
     errors = [f"- {r['method']} {r['io']} {r['budget']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join([
         "# Real reads from storage (benchmarks/flash.py)", "",
-        f"`python benchmarks/flash.py{' --quick' if args.quick else ''}` · {info} · {tokens} greedy tokens after "
+        f"`python benchmarks/flash.py {' '.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "
         f"\"{PROMPT}\", cold, native kernels, 1 ORT thread", "",
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",
@@ -428,9 +454,10 @@ def main() -> None:
         "(/proc/self/io read_bytes from the first generated token on); `requests` the store's reads; `waste` = "
         "device / wanted.", "",
         md_table(main_rows, COLS), "",
-        f"Reads in flight (`Engine(io_threads=…)`, default {IO_THREADS}): DIP-CA, `--io direct`, 50 %, limited. "
-        "`flash_io_s`: seconds inside the reads over the whole call.", "",
-        md_table(sweep, ["io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]), "",
+        *([f"Reads in flight (`Engine(io_threads=…)`, default {IO_THREADS}): DIP-CA, `--io direct`, 50 %, limited. "
+           "`flash_io_s`: seconds inside the reads over the whole call.", "",
+           md_table(sweep, ["io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]), ""]
+          if sweep_cfgs else []),
         *notes, *errors, ""])
     path = RESULTS / f"{name}.md"
     section = path.read_text().partition(SECTION_1B) if path.is_file() else ("", "", "")

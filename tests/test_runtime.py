@@ -182,8 +182,8 @@ def test_bad_bundles_and_options_are_refused(dipca_bundle, tmp_path):
     with pytest.raises(BundleError, match=r"mlp.bin: size 100 .*truncated"):
         Engine(broken)
     shutil.copy2(out / "mlp.bin", broken / "mlp.bin")
-    with open(broken / "mlp.bin", "r+b") as f:
-        f.seek(10)
+    with open(broken / "mlp.bin", "r+b") as f:  # two bytes of a weight row (a row position would be refused)
+        f.seek(json.loads((out / "manifest.json").read_text())["tensors"]["model.layers.0.mlp.down.qweight"]["offset"] + 10)
         f.write(b"\xff\xfe")
     Engine(broken, native=False)  # sizes fine; only --verify reads the checksums
     with pytest.raises(BundleError, match="sha256 mismatch"):

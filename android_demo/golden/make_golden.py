@@ -74,7 +74,8 @@ def make_bundle(out: Path, force: bool) -> Path:
     bundle = out / "bundle"
     if force or not (bundle / "manifest.json").is_file():
         cmd = [str(cli()), "export", "--model", "tiny-llama", "--method", "dip-ca", "--density", "0.5",
-               "--quant", "bq4", "--out", str(bundle), "--force", "--validate-tokens", "4"]
+               "--quant", "bq4", "--out", str(bundle), "--force", "--validate-tokens", "4",
+               "--row-order", "natural"]  # the Java engine reads the natural order only (Manifest.java)
         data = os.environ.get("DIPDEPLOY_DATA") or str(ROOT.parent / "shared" / "data")  # as .ci/run sets it
         if (Path(data) / "wikitext-2-raw" / "wiki.valid.raw").is_file():
             cmd += ["--data-dir", data]

@@ -70,6 +70,8 @@ def export_cmd(
     validate_tokens: Optional[int] = typer.Option(None, help=f"greedy tokens to validate (0 = skip; default {_X.validate_tokens})"),
     prompt: Optional[str] = typer.Option(None, help=f"validation prompt (default {_X.prompt!r})"),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/"),
+    row_order: Optional[str] = typer.Option(None, "--row-order", help="auto | calibrated | natural: rows that miss "
+                                            f"together placed in the same Flash blocks (default {_X.row_order})"),
     force: bool = typer.Option(False, "--force", help="replace an existing bundle at --out"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the summary and validation as JSON"),
 ) -> None:
@@ -89,7 +91,8 @@ def export_cmd(
                       plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
                       accuracy_level=accuracy_level, attention=attention, max_length=max_length, per_layer=per_layer,
                       fuse_norms=fuse_norms, embedding=embedding, stream=stream,
-                      validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None)
+                      validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None,
+                      row_order=row_order)
         _check_per_layer(per_layer, cfg)
         check_inputs(model=cfg.model)
         from dipdeploy.export.bundle import export_model

@@ -151,11 +151,14 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
     from dipdeploy.export.source import ModelSource
     from dipdeploy.ops.native import library_path
 
+    missed, row_order = _row_order(lm, cfg, plan, steps)
     steps("quantise + build graphs")
     source = ModelSource(lm, cfg.quant, wina=plan is not None and plan.score == "wina", max_length=cfg.max_length,
                          embedding=cfg.embedding)
     store = WeightStore(tmp, cfg.alignment)
-    graphs = _write_graphs(source, store, plan, cfg, tmp, steps)
+    graphs, orders = _write_graphs(source, store, plan, cfg, tmp, steps, missed)
+    if orders:
+        row_order = {**row_order, **_order_summary(orders)}
     lm.tokenizer.save_pretrained(tmp)
     lib = library_path()
     if lib is not None:  # onnxruntime-genai loads it from the bundle folder (genai_config.json)
@@ -170,14 +173,62 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
         validation = {"skipped": "streamed export (weights read one layer at a time): the torch reference "
                                  "needs the whole model; check with `dipdeploy inspect BUNDLE --prompt TEXT`"}
     steps("manifest")
-    manifest = _manifest(lm, cfg, plan, source, store, graphs, validation, tmp, extra, lib)
+    manifest = _manifest(lm, cfg, plan, source, store, graphs, validation, tmp, extra, lib, row_order)
     (tmp / MANIFEST).write_text(manifest.to_json())
     check_structure(tmp, manifest, "none")  # what every reader will check: fail here, not on the user's machine
     return manifest
 
 
-def _write_graphs(source, store: WeightStore, plan, cfg: ExportConfig, tmp: Path, steps: _Steps) -> dict:
-    """model.onnx (+ the per-layer graphs of a sparse plan), weights streamed to the store; all checked."""
+def _row_order(lm, cfg: ExportConfig, plan, steps: _Steps) -> tuple[list | None, dict]:
+    """The calibration miss matrices of every layer (None: natural order) and the manifest's
+    ``row_order`` record; ``auto`` falls back to natural, saying why, where ``calibrated`` is refused."""
+    if cfg.row_order == "natural":
+        return None, {"order": "natural"}
+    why = None
+    if plan is None or plan.method == "dense" or not cfg.per_layer:
+        why = "no per-layer graphs: the host runtime streams only sparse bundles"
+    elif lm.checkpoint is not None:
+        why = "a streamed export has no whole model to trace the calibration text with"
+    wins = None
+    if why is None:
+        from dipdeploy.export.prepare import calibration_windows
+
+        try:
+            wins = calibration_windows(lm, cfg)
+        except FileNotFoundError as err:
+            why = f"no calibration text ({err})"
+    if why is not None:
+        if cfg.row_order == "calibrated":
+            raise ValueError(f"--row-order calibrated: {why}; pass --row-order natural")
+        return None, {"order": "natural", "why": why}
+    from dipdeploy.export.prepare import miss_trace
+    from dipdeploy.quant.layout import BLOCK
+
+    steps("row order")
+    missed = miss_trace(lm, plan, wins)
+    return missed, {"order": "calibrated", "policy": plan.policy, "cache_frac": plan.cache_frac,
+                    "tokens": int(wins.numel()), "block": BLOCK}
+
+
+def _order_summary(orders: list[dict]) -> dict:
+    """What the calibrated order bought on its own trace: blocks touched, natural vs kept, and how many
+    groups kept each candidate ordering."""
+    kept: dict[str, int] = {}
+    natural = calibrated = 0
+    for layer in orders:
+        for o in layer.values():
+            kept[o.ordering] = kept.get(o.ordering, 0) + 1
+            natural += o.blocks["natural"]
+            calibrated += o.blocks[o.ordering]
+    return {"kept": kept, "blocks_natural": natural, "blocks_calibrated": calibrated,
+            "candidates": {name: sum(o.blocks[name] for layer in orders for o in layer.values())
+                           for name in next(iter(orders[0].values())).blocks}}
+
+
+def _write_graphs(source, store: WeightStore, plan, cfg: ExportConfig, tmp: Path, steps: _Steps,
+                  missed: list | None = None) -> tuple[dict, list[dict]]:
+    """model.onnx (+ the per-layer graphs of a sparse plan), weights streamed to the store; all checked.
+    Also returns each layer's calibrated group orders (group → ``GroupOrder``; empty in the natural order)."""
     spec = source.spec
     per_layer = None
     if cfg.per_layer and plan is not None:
@@ -186,10 +237,18 @@ def _write_graphs(source, store: WeightStore, plan, cfg: ExportConfig, tmp: Path
         per_layer = LayerGraphs(spec, store, plan, cfg.accuracy_level, tmp, source.rope(), cfg.attention,
                                 cfg.fuse_norms)
     graphs: dict = {"model": MODEL_FILE}
+    orders: list[dict] = []
+
+    def on_layer(i: int, lw, t) -> None:
+        if t.orders:
+            orders.append(t.orders)
+        if per_layer is not None:
+            per_layer.add_layer(i, lw, t)
+
     try:
         model = build_decoder(source, store, layer_ks(plan, spec.num_layers), cfg.accuracy_level,
-                              on_layer=per_layer.add_layer if per_layer else None, attention_op=cfg.attention,
-                              fuse_norms=cfg.fuse_norms)
+                              on_layer=on_layer, attention_op=cfg.attention, fuse_norms=cfg.fuse_norms,
+                              missed=missed)
         steps("write bundle")
         onnx.save_model(model, str(tmp / MODEL_FILE))
         del model
@@ -199,7 +258,7 @@ def _write_graphs(source, store: WeightStore, plan, cfg: ExportConfig, tmp: Path
         store.close()
     for name in [MODEL_FILE, *graphs.get("layers", [])]:
         check_model(tmp / name)
-    return graphs
+    return graphs, orders
 
 
 def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path) -> dict:
@@ -232,7 +291,8 @@ def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path) -> dict:
     return v.as_dict()
 
 
-def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra: dict, lib) -> Manifest:
+def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra: dict, lib,
+              row_order: dict) -> Manifest:
     import onnxruntime as ort
 
     files = {p.relative_to(tmp).as_posix(): file_record(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -262,7 +322,7 @@ def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra
         ops={"domain": DOMAIN, "version": OPSET_VERSION, "native_library": lib.name if lib else None},
         onnxruntime={"min": ORT_MIN, "exported_with": ort.__version__}, graphs=graphs,
         tensors={n: e.as_dict() for n, e in store.entries.items()}, files=files, dipca=dipca, sizes=sizes,
-        validation=validation, export_config=cfg.as_dict(), alignment=cfg.alignment,
+        validation=validation, export_config=cfg.as_dict(), alignment=cfg.alignment, row_order=row_order,
     )
 
 
@@ -278,6 +338,9 @@ def _should_stream(cfg: ExportConfig) -> bool:
         except (OSError, ValueError):
             stream = False  # load_model reports what is wrong with the model, with the fix
     if stream:
+        if cfg.row_order == "calibrated":
+            raise ValueError("a streamed export cannot calibrate the row order (it traces the whole model): "
+                             "pass --row-order natural, or export without --stream on a machine that holds it")
         if cfg.lora is not None:
             raise ValueError("a streamed export cannot merge --lora (it needs the whole model): merge the "
                              "adapter into the checkpoint first (peft merge_and_unload + save_pretrained)")

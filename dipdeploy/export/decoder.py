@@ -45,14 +45,28 @@ def _initializer(g: Graph, store: WeightStore, name: str | None) -> str | None:
     return g.weight(store.proto(name)) if name else None
 
 
+def _file_rows(g: Graph, store: WeightStore, i: int, t: MlpTensors, group: str, indices: str) -> str | None:
+    """The file row of each selected row (SparseGatherMatMul's slots) where the group is reordered."""
+    if group not in t.position:
+        return None
+    proj = "up_gate_proj" if group == "up_gate" else "down_proj"
+    return g.op(f"/model/layers.{i}/mlp/{proj}/position/Gather", "Gather",
+                [g.weight(store.proto(t.position[group])), indices], axis=0)
+
+
 def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: int = 0,
                   on_layer: Callable[[int, object, MlpTensors], None] | None = None,
-                  attention_op: str = "standard", fuse_norms: bool = True) -> ModelProto:
+                  attention_op: str = "standard", fuse_norms: bool = True,
+                  missed: list[tuple] | None = None) -> ModelProto:
     """The decoder graph. ``on_layer(i, layer_weights, mlp_tensors)`` runs after each layer is written
     (the per-layer graphs hook in there, reusing the bytes already in the store). ``attention_op``:
     ``standard`` (opset-21 ops) or ``gqa`` (one com.microsoft::GroupQueryAttention per layer).
     ``fuse_norms``: every residual add and the norm after it as one SkipSimplifiedLayerNormalization
     (``blocks.skip_rms_norm``); the first norm, on the embedding alone, stays ``blocks.rms_norm``.
+    ``missed``: per layer, the calibration miss matrices of its two groups (``mlp.write_mlp``): their rows
+    are written in the calibrated order, and this graph finds a selected row at its file position
+    (``Gather(position, indices)`` as SparseGatherMatMul's slots), so it computes what the logical
+    order computes.
 
         input_ids ─Gather(embed)─► h ─┬─ for each layer i: h += out(attn(norm(h))); h += out(mlp(norm(h)))
         position_ids, attention_mask ─┘  (RoPE rows and the mask bias built once per layer type)
@@ -76,7 +90,7 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
     pending = None  # a sub-layer output not yet added to h (fused norms add it inside the next norm)
     for i in range(spec.num_layers):
         lw = source.layer(i)
-        t = write_mlp(store, i, lw.mlp)
+        t = write_mlp(store, i, lw.mlp, missed[i] if missed else None)
         dense = ks[i].dense and lw.mlp.format == "fp32"
         past_k, past_v, pres_k, pres_v = kv_names(i)
         seg = attention_segment(g, store, spec, i, lw, h, pending, shared[spec.layer_types[i]], attend, past_k,
@@ -89,11 +103,13 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
             pending = mlp_output(g, store, spec, i, lw, dense_mlp(g, store, i, seg.x, t, spec.intermediate_size,
                                                                    spec.arch.activation))
         else:
-            up = Rows([g.weight(store.proto(n)) for n in t.up_gate], t.up_gate_attrs)
-            down = Rows([g.weight(store.proto(n)) for n in t.down], t.down_attrs)
+            up = Rows([g.weight(store.proto(n)) for n in t.up_gate], t.up_gate_attrs,
+                      _file_rows(g, store, i, t, "up_gate", seg.in_indices))
             glu, glu_idx = mlp_up_segment(g, spec, i, seg.x, seg.in_indices, up,
                                           ks[i].k_glu or spec.intermediate_size,
                                           _initializer(g, store, t.colnorm_glu), Selection())
+            down = Rows([g.weight(store.proto(n)) for n in t.down], t.down_attrs,
+                        _file_rows(g, store, i, t, "down", glu_idx))
             pending = mlp_down_segment(g, store, spec, i, lw, glu, glu_idx, down, h)
         if not fuse_norms:
             h, pending = residual_add(g, i, h, pending), None

@@ -43,7 +43,7 @@ CHECKSUMS = ("none", "small", "all")
 _FIELD_TYPES = {"source": dict, "method": str, "plan": (dict, type(None)), "quant": (dict, type(None)),
                 "ops": dict, "onnxruntime": dict, "graphs": dict, "tensors": dict, "files": dict,
                 "dipca": (dict, type(None)), "sizes": dict, "validation": dict, "export_config": dict,
-                "alignment": int}
+                "alignment": int, "row_order": (dict, type(None))}
 
 
 class BundleError(ValueError):
@@ -53,7 +53,10 @@ class BundleError(ValueError):
 @dataclass
 class Manifest:
     """Everything a reader needs to trust and use a bundle. ``tensors``: name → {file, offset, length,
-    dtype, shape, layout}; ``files``: name → {size, sha256}; ``graphs``: role → file(s)."""
+    dtype, shape, layout}; ``files``: name → {size, sha256}; ``graphs``: role → file(s). ``row_order``:
+    how ``mlp.bin`` orders each group's rows (docs/method.md, "Flash layout"); None (older bundles) or
+    ``order`` "natural" is the logical order, "calibrated" a permutation per group in the tensors
+    ``model.layers.{i}.mlp.{group}.position`` (:func:`row_positions`)."""
 
     source: dict
     method: str
@@ -69,6 +72,7 @@ class Manifest:
     validation: dict = field(default_factory=dict)
     export_config: dict = field(default_factory=dict)
     alignment: int = 4096
+    row_order: dict | None = None
     format: str = BUNDLE_FORMAT
     version: int = BUNDLE_VERSION
 
@@ -168,6 +172,27 @@ def open_tensor(bundle: str | Path, manifest: Manifest, name: str):
         return np.zeros(tuple(t["shape"]), dtype=np.dtype(t["dtype"]))
     return np.memmap(Path(bundle) / t["file"], dtype=np.dtype(t["dtype"]), mode="r", offset=t["offset"],
                      shape=tuple(t["shape"]))
+
+
+ROW_POSITION = "model.layers.{layer}.mlp.{group}.position"  # int64 [R]: the file row of each logical row
+
+
+def row_positions(bundle: str | Path, manifest: Manifest, layer: int, group: str, rows: int):
+    """The file row of each logical row of one MLP group (int64 [rows]), or None where ``mlp.bin`` keeps
+    the logical order (``row_order`` absent or natural); a calibrated bundle whose position tensor is
+    missing or not a permutation of ``range(rows)`` raises :class:`BundleError`."""
+    import numpy as np
+
+    if (manifest.row_order or {}).get("order", "natural") == "natural":
+        return None
+    name = ROW_POSITION.format(layer=layer, group=group)
+    if name not in manifest.tensors:
+        raise BundleError(f"{bundle}: row_order is {manifest.row_order.get('order')!r} but tensor {name} is "
+                          f"missing; {REGENERATE}")
+    position = np.array(open_tensor(bundle, manifest, name), dtype=np.int64)
+    if position.shape != (rows,) or not (np.sort(position) == np.arange(rows)).all():
+        raise BundleError(f"{bundle}: tensor {name} is not a permutation of the group's {rows} rows; {REGENERATE}")
+    return position
 
 
 def file_record(path: Path) -> dict:

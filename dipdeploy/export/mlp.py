@@ -11,14 +11,16 @@ Torch-free.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dipdeploy.export.graph import Graph
-from dipdeploy.export.manifest import MLP_FILE
+from dipdeploy.export.manifest import MLP_FILE, ROW_POSITION
 from dipdeploy.export.weights import WeightStore
-from dipdeploy.ops.formats import OpWeights
+from dipdeploy.ops.formats import OpWeights, weight_format
+from dipdeploy.quant.layout import GROUPS
+from dipdeploy.quant.roworder import GroupGeometry, GroupOrder, calibrate_order
 
 GROUP_LAYOUT = {"up_gate": "flash_rows[d,2F]=[W_u^T|W_g^T]", "down": "flash_rows[F,d]=W_d^T"}
 
@@ -47,17 +49,27 @@ class MlpTensors:
     down_attrs: dict
     colnorm_in: str | None = None
     colnorm_glu: str | None = None
+    position: dict[str, str] = field(default_factory=dict)  # group → its row-position tensor (calibrated order)
+    orders: dict[str, GroupOrder] = field(default_factory=dict)
 
 
 _ARRAY_NAMES = {"fp32": ("rows",), "fp16": ("rows",), "bq4": ("qweight", "scales", "zeros"),
                 "vq3": ("codes", "codebooks", "codebook_scales")}
 
 
-def write_mlp(store: WeightStore, i: int, w: MlpWeights) -> MlpTensors:
-    """Write one layer's MLP arrays to the MLP file (Flash layout), once."""
+def write_mlp(store: WeightStore, i: int, w: MlpWeights, missed: tuple | None = None) -> MlpTensors:
+    """Write one layer's MLP arrays to the MLP file (Flash layout), once. With ``missed`` (per group, the
+    calibration miss matrix [T, R] or None), each such group's rows are written in their calibrated order
+    (``dipdeploy.quant.roworder``) and its position tensor beside them."""
     names: dict[str, list[str]] = {}
-    for group in ("up_gate", "down"):
+    position, orders = {}, {}
+    for group, miss in zip(GROUPS, missed or (None, None)):
         ow: OpWeights = getattr(w, group)
+        if miss is not None:
+            orders[group] = order = calibrate_order(miss, group_geometry(ow))
+            ow = ow.slab(np.argsort(order.position, kind="stable"))
+            position[group] = ROW_POSITION.format(layer=i, group=group)
+            store.add(position[group], order.position, MLP_FILE, "row_position[R]: file row of each logical row")
         names[group] = []
         for label, arr in zip(_ARRAY_NAMES[ow.format], ow.arrays):
             name = f"model.layers.{i}.mlp.{group}.{label}"
@@ -69,7 +81,16 @@ def write_mlp(store: WeightStore, i: int, w: MlpWeights) -> MlpTensors:
         if arr is not None:
             norms[key] = f"model.layers.{i}.mlp.{key}"
             store.add(norms[key], arr.astype(np.float32), MLP_FILE, "vector")
-    return MlpTensors(names["up_gate"], names["down"], _attrs(w.up_gate), _attrs(w.down), **norms)
+    return MlpTensors(names["up_gate"], names["down"], _attrs(w.up_gate), _attrs(w.down), **norms,
+                      position=position, orders=orders)
+
+
+def group_geometry(ow: OpWeights) -> GroupGeometry:
+    """The group's per-row arrays as the Flash file holds them: every tensor starts block-aligned (the
+    store's alignment is a multiple of the 4 KiB block), so only the row bytes matter."""
+    shared = weight_format(ow.format).shared
+    row_bytes = tuple(a[0].nbytes for k, a in enumerate(ow.arrays) if k not in shared)
+    return GroupGeometry((0,) * len(row_bytes), row_bytes)
 
 
 def _attrs(ow: OpWeights) -> dict:

@@ -61,13 +61,55 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
     scfg = SparsityConfig(method=cfg.method, density=cfg.density, rho_in=cfg.rho_in, gamma=cfg.gamma)
     if cfg.rho_in is not None:
         return uniform_plan(scfg, lm.name, c.num_hidden_layers, c.hidden_size, c.intermediate_size)
-    from dipdeploy.eval.data import load_text, windows
     from dipdeploy.sparsity.calibrate import calibrate
 
     try:
-        text = load_text("wikitext2", "validation", data_dir=cfg.data_dir)
+        wins = calibration_windows(lm, cfg)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{err}; or skip calibration with --rho-in R or --plan PLAN") from err
-    wins = windows(lm.tokenizer, text[: 200 * cfg.calib_seqlen * cfg.calib_windows], cfg.calib_seqlen,
-                   cfg.calib_windows)
     return calibrate(lm, scfg, wins)
+
+
+def calibration_windows(lm, cfg: ExportConfig):
+    """The calibration text's token windows [N, seqlen] (``calibrate``'s text: WikiText-2 validation)."""
+    from dipdeploy.eval.data import load_text, windows
+
+    text = load_text("wikitext2", "validation", data_dir=cfg.data_dir)
+    return windows(lm.tokenizer, text[: 200 * cfg.calib_seqlen * cfg.calib_windows], cfg.calib_seqlen,
+                   cfg.calib_windows)
+
+
+def miss_trace(lm, plan: SparsityPlan, wins) -> list[tuple]:
+    """Per layer, the (up|gate, down) miss matrices [T, R] of the calibration windows: the rows each token
+    selects under ``plan`` (DIP-CA with its own cache, as the torch reference decodes) that a cache of the
+    plan's ``cache_frac`` and ``policy`` did not hold before the token, every window starting cold. The
+    row order is built from them (docs/method.md, "Flash layout")."""
+    import numpy as np
+    import torch
+
+    from dipdeploy.cache import RowCache
+    from dipdeploy.quant.roworder import miss_matrix
+    from dipdeploy.sparsity.methods import reset_caches, sparse_mlps, sparsify_, unsparsify_
+
+    sizes = (plan.hidden_size, plan.intermediate_size)
+    misses: list[tuple[list, list]] = [([], []) for _ in plan.layers]
+
+    def keep(i: int, arrays: dict) -> None:
+        for g, key in enumerate(("sel_in", "sel_glu")):
+            sel = arrays[key]
+            sel = (sel.detach().cpu().numpy() if torch.is_tensor(sel) else np.asarray(sel))[0]
+            cache = RowCache(sizes[g], round(plan.cache_frac * sizes[g]), plan.policy)
+            for row in sel:
+                misses[i][g].append(row[~cache.access(row[None])[0]])
+
+    sparsify_(lm.model, plan)
+    try:
+        for mlp in sparse_mlps(lm.model):
+            mlp.recorder = keep
+        with torch.no_grad():
+            for w in wins:
+                reset_caches(lm.model)
+                lm.model(w[None], use_cache=False)
+    finally:
+        unsparsify_(lm.model)
+    return [tuple(miss_matrix(m, n) for m, n in zip(layer, sizes)) for layer in misses]

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BLOCK = 4096  # bytes: the Flash page / filesystem block the reads are aligned to
+from dipdeploy.quant.layout import BLOCK
+
 MAX_REQUEST = 128 * 1024  # bytes: longer coalesced ranges are split so several reads stay in flight
 IO_THREADS = 16  # reads in flight (benchmarks/results/flash.md measures 1, 4, 16 and 32)
 

@@ -15,6 +15,10 @@ bounce buffer). Three read paths:
   flight into a bounce buffer, then gathered into the slots (``dipdeploy/runtime/blockio.py``). Where
   the filesystem refuses ``O_DIRECT`` the same requests go through the page cache and ``note`` says so.
 
+Callers name logical rows (what the caches and graphs use); where the bundle's row order is calibrated
+(docs/method.md "Flash layout") each group's ``RowArray``s carry the file row of every logical row and
+``read`` goes there, so rows that miss together and were placed together share blocks and runs.
+
 The counters hold the rows' bytes (``bytes``: what the cache asked for) and, for ``direct``, the bytes
 the device actually returned (``device_bytes``, whole blocks); their ratio is the waste of rows smaller
 than a block. ``mmap`` and ``pread`` leave ``device_bytes`` at 0: whether their pages came from the
@@ -41,7 +45,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from dataclasses import astuple, dataclass, replace
+from dataclasses import astuple, dataclass, field, replace
 
 import numpy as np
 
@@ -55,7 +59,9 @@ _MAX_CREDIT = 2e-3  # oversleep credited to later reads, at most
 
 @dataclass(frozen=True)
 class RowArray:
-    """One per-row array of a group in the MLP file: ``rows`` rows of ``row_bytes`` at ``offset``."""
+    """One per-row array of a group in the MLP file: ``rows`` rows of ``row_bytes`` at ``offset``.
+    ``position``: the file row of each logical row where the bundle's row order is calibrated (one array
+    shared by the group's arrays); None where file rows are logical rows."""
 
     name: str
     offset: int
@@ -63,6 +69,7 @@ class RowArray:
     row_bytes: int
     dtype: str
     row_shape: tuple[int, ...]
+    position: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -137,10 +144,19 @@ class FlashStore:
             self.fd = -1
 
     def read(self, arrays: list[RowArray], slabs: list[np.ndarray], rows: np.ndarray, slots: np.ndarray) -> None:
-        """Copy ``rows`` (ascending) of every array into ``slabs[a][slots]``; count and pace the reads."""
+        """Copy logical ``rows`` (ascending) of every array (one group's) into ``slabs[a][slots]``; count
+        and pace the reads. Where the group's rows are reordered, the reads go to their file rows, in
+        file order, so adjacent file rows coalesce as in the natural order."""
         if len(rows) == 0:
             return
         t0 = time.perf_counter()
+        position = arrays[0].position
+        if any(a.position is not position for a in arrays):
+            raise ValueError("FlashStore.read: the arrays of one call must share one row order (one group)")
+        if position is not None:
+            file_rows = position[rows]
+            order = np.argsort(file_rows, kind="stable")
+            rows, slots = file_rows[order], np.asarray(slots)[order]
         nbytes = len(rows) * sum(a.row_bytes for a in arrays)
         if self.io == "direct":
             paced, requests = self._direct(arrays, slabs, rows, slots)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dipdeploy.cache import RowCache, SlotStep, SlotTable
-from dipdeploy.export.manifest import MLP_FILE, REGENERATE, SLAB_DIM, BundleError, open_tensor
+from dipdeploy.export.manifest import MLP_FILE, REGENERATE, SLAB_DIM, BundleError, open_tensor, row_positions
 from dipdeploy.runtime.flash import FlashStore, RowArray
 from dipdeploy.runtime.native_cache import NativeCache
 
@@ -41,8 +41,10 @@ class GroupArrays:
 
 def group_arrays(manifest, bundle, layer: int, group: str, inputs: list) -> GroupArrays:
     """The arrays of ``model.layers.{layer}.mlp.{group}.*`` behind the graph inputs ``{group}.{label}``
-    (ORT ``NodeArg``s, in graph order); per-row iff the input's first dim is ``SLAB_DIM``."""
-    per_row, shared = [], {}
+    (ORT ``NodeArg``s, in graph order); per-row iff the input's first dim is ``SLAB_DIM``. Each per-row
+    array carries the group's row positions where the bundle's row order is calibrated (the Flash store
+    reads logical row r from file row ``position[r]``)."""
+    per_row, shared, position = [], {}, None
     for arg in inputs:
         name = arg.name
         label = name.split(".", 1)[1]
@@ -57,7 +59,9 @@ def group_arrays(manifest, bundle, layer: int, group: str, inputs: list) -> Grou
                                   f"{REGENERATE}")
             item = np.dtype(t["dtype"]).itemsize
             row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * item
-            per_row.append(RowArray(name, t["offset"], shape[0], row_bytes, t["dtype"], shape[1:]))
+            if position is None:
+                position = row_positions(bundle, manifest, layer, group, shape[0])
+            per_row.append(RowArray(name, t["offset"], shape[0], row_bytes, t["dtype"], shape[1:], position))
         else:
             shared[name] = np.array(open_tensor(bundle, manifest, tensor))
     return GroupArrays(per_row, shared)

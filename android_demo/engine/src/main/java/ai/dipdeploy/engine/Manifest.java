@@ -34,7 +34,7 @@ public final class Manifest {
     static final List<String> REQUIRED = java.util.Arrays.asList("source", "method", "plan", "quant", "ops", "onnxruntime",
             "graphs", "tensors", "files");
     static final List<String> OPTIONAL = java.util.Arrays.asList("dipca", "sizes", "validation", "export_config", "alignment",
-            "format", "version");
+            "row_order", "format", "version");
 
     /** One tensor of the table: bytes [offset, offset+length) of {@code file}. */
     public static final class Tensor {
@@ -94,6 +94,10 @@ public final class Manifest {
         this.alignment = al == null ? 4096 : Math.toIntExact(Json.lng(al, "alignment"));
         if (alignment < 1)
             throw new IllegalArgumentException("manifest alignment " + alignment + " is not positive; " + REGENERATE);
+        Object rowOrder = raw.get("row_order");  // docs/method.md "Flash layout": this engine reads file rows as logical rows
+        if (rowOrder != null && !"natural".equals(Json.obj(rowOrder, "row_order").get("order")))
+            throw new IllegalArgumentException("the bundle's MLP rows are in a calibrated row order, which this engine "
+                    + "does not map; export it with `dipdeploy export --row-order natural`");
         for (Map.Entry<String, Object> e : Json.obj(raw.get("tensors"), "tensors").entrySet())
             tensors.put(e.getKey(), new Tensor(e.getKey(), Json.obj(e.getValue(), "tensors." + e.getKey())));
         Map<String, Object> src = Json.obj(raw.get("source"), "source");
