@@ -114,9 +114,12 @@ class GroupSlab:
             self.flash.read(self.arrays.per_row, self.slabs, step.read_rows, step.read_slots)
         if self._library is not None:
             per_row = self.arrays.per_row
+            # the C++ step copies misses at logical offsets; a reordered file (``RowArray.position``) is read
+            # by the Flash store, which maps logical rows to file rows
+            mapping = self.flash.mapping if all(a.position is None for a in per_row) else None
             self._native = NativeCache(self._library, self._cache, self._table, self.slabs,
                                        [a.offset for a in per_row], [a.row_bytes for a in per_row],
-                                       self.flash.mapping, self._selected, self._slots)
+                                       mapping, self._selected, self._slots)
             self._native_owns = True
 
     @property
