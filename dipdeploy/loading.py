@@ -54,7 +54,9 @@ class StreamedCheckpoint:
     :meth:`materialise` reads one module's tensors from the checkpoint files (memory-mapped) as fp32
     parameters and :meth:`release` returns them to ``meta``, so an export holds one decoder layer at a
     time: peak memory ≈ one fp32 layer plus the embedding, not the whole model (Mistral-7B is
-    29 GB in fp32). Tensor names are the checkpoint's, which are the HF module paths.
+    29 GB in fp32). Tensor names are the checkpoint's, which are the HF module paths. A LoRA adapter
+    put in :attr:`lora` (``dipdeploy.export.prepare.stream_lora``) is merged into each weight as it is
+    read, so ``export --stream --lora`` never holds more than the layer it merges.
     """
 
     def __init__(self, directory: Path):
@@ -72,6 +74,8 @@ class StreamedCheckpoint:
                 f"(convert others with save_pretrained, or export without --stream)")
         self.directory = directory
         self.files = files
+        #: weight name → (A [r, in], B [out, r], scaling): a LoRA adapter merged as each weight is read
+        self.lora: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
 
     def has(self, name: str) -> bool:
         return name in self.files
@@ -82,7 +86,11 @@ class StreamedCheckpoint:
         if name not in self.files:
             raise KeyError(f"{self.directory}: tensor {name!r} is not in the checkpoint")
         with safe_open(str(self.directory / self.files[name]), framework="pt") as f:
-            return f.get_tensor(name).to(torch.float32)
+            value = f.get_tensor(name).to(torch.float32)
+        if name in self.lora:  # W + (B·A)·scaling, as peft's merge_and_unload computes it in fp32
+            a, b, scaling = self.lora[name]
+            value += (b @ a) * scaling
+        return value
 
     @staticmethod
     def _replace(module: torch.nn.Module, path: str, value: torch.Tensor) -> None:
@@ -317,13 +325,14 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bo
 
 
 def _load_streamed(where, local: Path, config, name: str, arch: Arch) -> LoadedModel:
+    from accelerate import init_empty_weights
+
     checkpoint = StreamedCheckpoint(local)
-    with torch.device("meta"):
+    # Parameters on meta (no storage); buffers are computed, not stored (RoPE's inv_freq, Gemma's
+    # embedding scale), so they are built on the CPU as an eager load builds them.
+    with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
-    # Computed buffers (RoPE's inv_freq) are built on meta too: rebuild the rotary module on the CPU.
-    rotary = model.model.rotary_emb
-    model.model.rotary_emb = type(rotary)(config=model.config)
     # The embedding stays resident (the lm_head may share it); a tied head points at the loaded table.
     checkpoint.materialise(model.get_input_embeddings(), "model.embed_tokens.")
     if getattr(config, "tie_word_embeddings", False):

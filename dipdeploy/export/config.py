@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from dipdeploy import defaults
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.sparsity.plan import SparsityConfig
+from dipdeploy.torchdevice import DEVICES
 
 #: Methods the exported graph can run. Other plan methods (glu, gate, up, cats, teal) have no
 #: TopKColumnMask form in this bundle format and are refused by name.
@@ -40,9 +41,12 @@ class ExportConfig:
     the model's max_position_embeddings; a longrope model (Phi-3.5, Phi-4-mini) is refused beyond its
     original_max_position_embeddings (``spec.ArchSpec.context_length``).
     ``stream``: read the weights one decoder layer at a time from the safetensors checkpoint (peak
-    memory ≈ one fp32 layer plus the embedding); None = when the fp32 model would take more than half
-    of the available memory. A streamed export cannot calibrate, merge LoRA or validate against torch
-    (each needs the whole model): give ``plan`` or ``rho_in``, merge adapters beforehand.
+    memory ≈ one fp32 layer plus the embedding and, while calibrating, the calibration activations);
+    None = when the fp32 model would take more than half of the available memory. A streamed export
+    calibrates layer by layer (``dipdeploy.sparsity.streamed``) and merges ``lora`` as each layer is read
+    (``prepare.stream_lora``), giving the eager export's bundle; it skips the validation against torch
+    (which needs the whole model). ``device``: where calibration runs (``auto``: cuda when torch sees
+    one); the bundle's weights are read and quantised on the CPU either way.
     ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
     calibrated, the same as ``eval``'s and ``calibrate``'s (``dipdeploy.defaults``), so an export
     without ``--plan`` runs the plan ``eval`` measured; ``dipdeploy calibrate --windows N`` and
@@ -69,12 +73,14 @@ class ExportConfig:
     per_layer: bool = True
     fuse_norms: bool = True
     stream: bool | None = None
+    device: str = "auto"
     threads: int = 1
     data_dir: str | None = None
 
     def __post_init__(self) -> None:
         choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
-                   "alignment": ALIGNMENTS, "attention": ATTENTION_OPS}
+                   "alignment": ALIGNMENTS, "attention": ATTENTION_OPS,
+                   "device": DEVICES}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ExportConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {allowed}")
