@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The history of the city begins in the early"
 TOKENS = 8
 LIMITS_GB = (4, 2)
+SIM_DRAM, SIM_STEPS = "1GB..4GB", 4  # the simulated phone's DRAM budgets (a18 profile)
 HEADROOM = 1.0e9  # bytes of a run's limit left to the interpreter, onnxruntime and the page cache
 NOTE = ("**Random weights** (`scripts/random_checkpoint.py`): no accuracy figure applies; only shapes, bytes, "
         "memory and time carry over.")
@@ -58,17 +59,31 @@ def child(argv: list[str], log: Path, preexec=None, timeout: float | None = None
     with open(log, "w") as out:
         p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, preexec_fn=preexec)
         deadline = None if timeout is None else time.time() + timeout
+        progress, last = log.with_suffix(".progress"), 0.0
         while True:
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 break
             if deadline and time.time() > deadline:
                 p.kill()
+            if time.time() - last > 10:  # a run stopped before its end still says how far it got
+                last = time.time()
+                progress.write_text(f"{last - t0:.0f} s, VmHWM {_hwm(p.pid)} kB\n")
             time.sleep(0.2)
     p.returncode = os.waitstatus_to_exitcode(status)
     return {"rc": p.returncode, "seconds": round(time.perf_counter() - t0, 1),
             "peak_rss_mb": usage.ru_maxrss / 1e3, "read_mb": usage.ru_inblock * 512 / 1e6,
             "tail": log.read_text()[-600:] if p.returncode else ""}
+
+
+def _hwm(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def du(path: Path) -> int:
@@ -135,10 +150,10 @@ def run(work: Path, bundle: Path, limit_gb: int) -> dict:
     return row
 
 
-def simulate(work: Path, trace: str) -> dict:
+def simulate(work: Path, trace: str) -> list[dict] | dict:
     js = work / "simulate.json"
-    res = child(cli("simulate", "--trace", trace, "--model", "mistral-7b", "--json", str(js), "--force"),
-                work / "simulate.log")
+    res = child(cli("simulate", "--trace", trace, "--model", "mistral-7b", "--sweep-dram", SIM_DRAM, "--steps",
+                    str(SIM_STEPS), "--json", str(js), "--force"), work / "simulate.log")
     if res["rc"]:
         return {"error": res["tail"][-300:]}
     return json.loads(js.read_text())
@@ -159,9 +174,11 @@ def report(r: dict, quick: bool) -> str:
     errors = [f"- {x['limit_gb']} GB: exit {x['rc']}: `{x['tail'].strip().splitlines()[-1][:300]}`"
               for x in r["runs"] if x["rc"]]
     sim = r.get("simulate") or {}
-    sim_rows = sim if isinstance(sim, list) else []
-    sim_cols = [k for k in ("device", "model", "method", "policy", "dram_budget_gb", "tokens_per_s", "hit_rate",
-                            "flash_mb_per_token", "dram_mb_per_token") if sim_rows and k in sim_rows[0]]
+    sim_rows = [{**x, "dram_gb": x["dram_bytes"] / 1e9, "flash_mb_per_token": x["flash_bytes_per_token"] / 1e6,
+                 "dram_mb_per_token": x["dram_bytes_per_token"] / 1e6} for x in (sim if isinstance(sim, list) else [])]
+    sim_cols = ["device", "model", "method", "policy", "dram_gb", "tok_s", "flash_mb_per_token", "dram_mb_per_token",
+                "hit_rate"]
+    sim_note = sorted({x.get("extrapolation") or "" for x in sim_rows} - {""})
     layers = "2-layer cut (`--layers 2`)" if quick else "all 32 layers"
     lines = [
         f"# Mistral-7B shapes, streamed export with calibration (benchmarks/scale.py{' --quick' if quick else ''})", "",
@@ -182,8 +199,9 @@ def report(r: dict, quick: bool) -> str:
         f"`memory.max_usage_in_bytes` (page cache included); `read_mb`: the whole process's `ru_inblock` "
         f"(load included). `--dram-budget` = the limit less {HEADROOM / 1e9:g} GB.",
         *([""] + errors if errors else []), "",
-        "## `dipdeploy simulate` on the 4 GB run's trace", "", NOTE, "",
+        f"## `dipdeploy simulate` on the 4 GB run's trace (`--sweep-dram {SIM_DRAM} --steps {SIM_STEPS}`)", "", NOTE, "",
         (md_table(sim_rows, sim_cols) if sim_rows else f"not run: {sim.get('error', 'no trace')}"), "",
+        *[f"- {n}" for n in sim_note], "",
     ]
     return "\n".join(lines)
 
@@ -198,7 +216,18 @@ def main() -> None:
     ap.add_argument("--json", help="write the measurements as JSON")
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "scale", help="checkpoint and bundle go here")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
+    ap.add_argument("--render", action="store_true", help="re-run only simulate on the kept trace and rewrite the "
+                    "table from --json (the stages before are not repeated)")
     args = ap.parse_args()
+    name = "scale" + ("-quick" if args.quick else "")
+    if args.render:
+        r = json.loads(Path(args.json).read_text())[0]
+        traced = [x["trace"] for x in r["runs"] if x.get("trace")]
+        if traced:
+            r["simulate"] = simulate(Path(traced[0]).parent, traced[0])
+        write_rows_json([r], args.json)
+        (RESULTS / f"{name}.md").write_text(report(r, args.quick))
+        return
     data_dir = os.environ.get("DIPDEPLOY_DATA")
     if not data_dir:
         raise SystemExit("error: set DIPDEPLOY_DATA to the folder holding wikitext-2-raw/ (calibration text)")
@@ -224,7 +253,6 @@ def main() -> None:
     r["simulate"] = simulate(work, traced[0]) if traced else {"error": "no run finished"}
     r["load_after"], r["disk_after"] = round(os.getloadavg()[0], 2), disk_free(work)
     write_rows_json([r], args.json)
-    name = "scale" + ("-quick" if args.quick else "")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text(report(r, args.quick))
     print(f"wrote {RESULTS / (name + '.md')}")
