@@ -19,7 +19,7 @@ lm_head, plus the activations: candidates × windows × seqlen × hidden fp32 (M
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
@@ -71,16 +71,6 @@ def _layers_replaced(model, modules: list[nn.Module]):
         yield
     finally:
         inner.layers = saved
-
-
-def _to(value, device):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple):
-        return tuple(_to(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    return value
 
 
 @torch.no_grad()
@@ -135,7 +125,7 @@ def search_split_streamed(lm, cfg: SparsityConfig, windows: torch.Tensor, device
     for m in stationary:
         m.to(device)
     try:
-        calls = [[_to(c, device) for c in per_window] for per_window in _record(lm, windows.to(device))]
+        calls = _record(lm, windows.to(device))  # on ``device``: the embedding and RoPE are there
         hidden = {key: [per_window[0]["hidden"] for per_window in calls] for key in probes}
         for i, layer in enumerate(decoder_layers(lm.model)):
             with _resident(lm, layer, f"model.layers.{i}.", device):
@@ -149,17 +139,12 @@ def search_split_streamed(lm, cfg: SparsityConfig, windows: torch.Tensor, device
                     layer.mlp = base
         del calls
         tried: dict[str, float] = {}
-        heads = _head_modules(lm)
-        for module, prefix in heads:
-            lm.checkpoint.materialise(module, prefix)
-            module.to(device)
-        try:
+        with ExitStack() as heads:
+            for module, prefix in _head_modules(lm):
+                heads.enter_context(_resident(lm, module, prefix, device))
             for key in probes:
                 with _layers_replaced(lm.model, [_Replay(hidden[key])]):
                     tried[key] = _nll(lm.model, windows.to(device))
-        finally:
-            for module, _ in heads:
-                lm.checkpoint.release(module)
     finally:
         for m in stationary:
             m.to("cpu")
