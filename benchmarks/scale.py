@@ -66,8 +66,8 @@ def child(argv: list[str], log: Path, preexec=None, timeout: float | None = None
                 break
             if deadline and time.time() > deadline:
                 p.kill()
-            if time.time() - last > 10:  # a run stopped before its end still says how far it got
-                last = time.time()
+            if time.perf_counter() - last > 10:  # a run stopped before its end still says how far it got
+                last = time.perf_counter()
                 progress.write_text(f"{last - t0:.0f} s, VmHWM {_hwm(p.pid)} kB\n")
             time.sleep(0.2)
     p.returncode = os.waitstatus_to_exitcode(status)
