@@ -197,7 +197,10 @@ def report(r: dict, quick: bool) -> str:
         f"`device_mb_per_token`: the MB the store read from the device per decode token (O_DIRECT blocks); "
         f"`wanted_mb_per_token`: the rows' bytes the caches asked for; `group_peak_mb`: the memory group's "
         f"`memory.max_usage_in_bytes` (page cache included); `read_mb`: the whole process's `ru_inblock` "
-        f"(load included). `--dram-budget` = the limit less {HEADROOM / 1e9:g} GB.",
+        f"(load included). `--dram-budget` = the limit less {HEADROOM / 1e9:g} GB."
+        + (f" On this cut `mlp.bin` ({e['sizes'].get('mlp.bin', 0) / 1e6:.0f} MB) fits in either budget: the runs "
+           f"measure the dense part and the engine, not the limits' pressure on the row caches (that needs "
+           f"the 32 layers, {32 * e['sizes'].get('mlp.bin', 0) / 2 / 1e9:.1f} GB of rows)." if quick else ""),
         *([""] + errors if errors else []), "",
         f"## `dipdeploy simulate` on the 4 GB run's trace (`--sweep-dram {SIM_DRAM} --steps {SIM_STEPS}`)", "", NOTE, "",
         (md_table(sim_rows, sim_cols) if sim_rows else f"not run: {sim.get('error', 'no trace')}"), "",
