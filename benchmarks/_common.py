@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
+import time
+from contextlib import contextmanager
 from pathlib import Path
+
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
 
 def machine() -> dict:
@@ -37,3 +42,49 @@ def md_table(rows: list[dict], cols: list[str]) -> str:
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(out)
+
+
+def lscpu() -> str:
+    """The CPU lines of ``lscpu`` that a figure depends on (model, cores, threads, hypervisor, L3)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return "lscpu unavailable"
+    keep = ("Model name", "CPU(s)", "Thread(s) per core", "Hypervisor vendor", "L3 cache")
+    return "; ".join(" ".join(line.split()) for line in out.splitlines() if line.split(":")[0] in keep)
+
+
+def own_memory_group() -> Path:
+    """This process's cgroup v1 memory group (the mount's root when its path is not visible there)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, group = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            here = CGROUP_V1 / group.lstrip("/")
+            return here if here.is_dir() else CGROUP_V1
+    raise RuntimeError("no cgroup v1 memory controller for this process (/proc/self/cgroup)")
+
+
+@contextmanager
+def memory_group(name: str, limit: int | None = None):
+    """A fresh cgroup v1 memory group under this process's own, limited to ``limit`` bytes (page cache
+    counted, as v1 does), removed afterwards; yields (group directory, a ``preexec_fn`` that moves the
+    child into it)."""
+    group = own_memory_group() / f"{name}-{os.getpid()}"
+    group.mkdir()
+    try:
+        if limit is not None:
+            (group / "memory.limit_in_bytes").write_text(str(limit))
+        procs = str(group / "cgroup.procs")
+
+        def enter() -> None:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+
+        yield group, enter
+    finally:
+        for _ in range(50):  # the group is removable once the child's exit is accounted
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)

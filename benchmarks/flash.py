@@ -46,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import machine, md_table, write_rows_json
+from _common import lscpu, machine, md_table, memory_group, write_rows_json
 
 from peers import PEERS, build_genai, build_gguf
 
@@ -56,7 +56,6 @@ from dipdeploy.runtime.blockio import IO_THREADS
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The history of the city begins in the early"
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 BUNDLES = {  # method → (folder under build/, export options); dip-ca is `dipdeploy export --method dip-ca
     #           --quant bq4 --rho-in 0.55 --out build/flash-bundle`
     "dip-ca": ("flash-bundle", dict(method="dip-ca", rho_in=0.55)),
@@ -88,15 +87,6 @@ def storage(path: Path) -> str:
     return f"{dev} ({fs}; {rot} = {flag})"
 
 
-def lscpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return "lscpu unavailable"
-    keep = ("Model name", "CPU(s)", "Thread(s) per core", "Hypervisor vendor", "L3 cache")
-    return "; ".join(" ".join(line.split()) for line in out.splitlines() if line.split(":")[0] in keep)
-
-
 def ensure_checkpoint() -> Path:
     out = ROOT / "build" / f"{LLAMA_1B}-random"
     if not (out / "config.json").is_file():
@@ -123,15 +113,6 @@ def ensure_bundles(model: str, orders: tuple[str, ...] = ("natural",)) -> dict[t
                              force=True)
             out[method, order] = path
     return out
-
-
-def _own_group() -> Path:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, group = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            here = CGROUP_V1 / group.lstrip("/")
-            return here if here.is_dir() else CGROUP_V1
-    raise RuntimeError("no cgroup v1 memory controller for this process (/proc/self/cgroup)")
 
 
 def _io_read_bytes() -> int:
@@ -186,30 +167,14 @@ def child(spec: dict) -> dict:
 
 def run_in_group(spec: dict, timeout: float, cmd: list[str] | None = None) -> dict:
     """``cmd`` (default: this script) + ``--child SPEC`` in a fresh memory group under this process's."""
-    parent = _own_group()
-    group = parent / f"dipdeploy-flash-{os.getpid()}"
-    group.mkdir()
-    try:
+    with memory_group("dipdeploy-flash") as (group, enter):
         spec = {**spec, "group": str(group)}
-        procs = str(group / "cgroup.procs")
-
-        def enter() -> None:
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-
         done = subprocess.run([*(cmd or [sys.executable, __file__]), "--child", json.dumps(spec)], capture_output=True,
                               text=True, timeout=timeout, preexec_fn=enter, cwd=ROOT / "benchmarks")
         if done.returncode != 0:
             oom = (group / "memory.failcnt").read_text().strip()
             return {"error": f"exit {done.returncode} (memory.failcnt {oom}): {done.stderr.strip()[-300:]}"}
         return json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        for _ in range(50):  # the group is removable once the child's exit is accounted
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def configs(quick: bool, ios: tuple[str, ...] = ("mmap", "pread", "direct"),

@@ -54,7 +54,9 @@ class StreamedCheckpoint:
     :meth:`materialise` reads one module's tensors from the checkpoint files (memory-mapped) as fp32
     parameters and :meth:`release` returns them to ``meta``, so an export holds one decoder layer at a
     time: peak memory ≈ one fp32 layer plus the embedding, not the whole model (Mistral-7B is
-    29 GB in fp32). Tensor names are the checkpoint's, which are the HF module paths.
+    29 GB in fp32). Tensor names are the checkpoint's, which are the HF module paths. A LoRA adapter
+    put in :attr:`lora` (``dipdeploy.export.prepare.stream_lora``) is merged into each weight as it is
+    read, so ``export --stream --lora`` never holds more than the layer it merges.
     """
 
     def __init__(self, directory: Path):
@@ -72,17 +74,27 @@ class StreamedCheckpoint:
                 f"(convert others with save_pretrained, or export without --stream)")
         self.directory = directory
         self.files = files
+        #: weight name → (A [r, in], B [out, r], scaling): a LoRA adapter merged as each weight is read
+        self.lora: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
 
     def has(self, name: str) -> bool:
         return name in self.files
 
-    def _read(self, name: str) -> torch.Tensor:
+    def _tensor(self, name: str) -> torch.Tensor:
+        """One tensor as stored (any dtype), read from its shard alone."""
         from safetensors import safe_open
 
-        if name not in self.files:
-            raise KeyError(f"{self.directory}: tensor {name!r} is not in the checkpoint")
         with safe_open(str(self.directory / self.files[name]), framework="pt") as f:
-            return f.get_tensor(name).to(torch.float32)
+            return f.get_tensor(name)
+
+    def _read(self, name: str) -> torch.Tensor:
+        if not self.has(name):
+            raise KeyError(f"{self.directory}: tensor {name!r} is not in the checkpoint")
+        value = self._tensor(name).to(torch.float32)
+        if name in self.lora:  # W + (B·A)·scaling, as peft's merge_and_unload computes it in fp32
+            a, b, scaling = self.lora[name]
+            value += (b @ a) * scaling
+        return value
 
     @staticmethod
     def _replace(module: torch.nn.Module, path: str, value: torch.Tensor) -> None:
@@ -101,6 +113,44 @@ class StreamedCheckpoint:
         """Return ``module``'s parameters to ``meta`` (their memory is freed)."""
         for path, param in list(module.named_parameters()):
             cls._replace(module, path, torch.empty_like(param, device="meta"))
+
+
+class GGUFCheckpoint(StreamedCheckpoint):
+    """A GGUF file read lazily, tensor by tensor: the file is memory-mapped (``gguf.GGUFReader``) and a
+    tensor is dequantised only when its module is materialised, so a streamed export of a GGUF needs
+    no fp32 copy of the model on disk (28 GB for Mistral-7B) nor in memory.
+
+    Names and values are transformers' own GGUF loading (``modeling_gguf_pytorch_utils``): its name map
+    (``get_gguf_hf_weights_map``, GGUF ``blk.N.*`` → HF paths) and its per-architecture tensor processor
+    (Llama's q/k head permutation undone, Gemma's norm offset), applied to one tensor at a time, so each
+    tensor is the one the eager load (and the cached fp32 copy) holds (``tests/test_loading.py``)."""
+
+    def __init__(self, gguf: Path, model: torch.nn.Module):
+        from gguf import GGUFReader
+        from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                               get_gguf_hf_weights_map, read_field)
+
+        self.directory = gguf
+        self.lora = {}
+        self.reader = GGUFReader(str(gguf))
+        # The processors read HF-named config keys (num_attention_heads, …), which the model's config holds
+        # with the values transformers parsed from this file's metadata: no second parse.
+        self.parsed = {"config": model.config.to_dict()}
+        architecture = read_field(self.reader, "general.architecture")[0]
+        self.processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=self.parsed["config"])
+        self.mapping = get_gguf_hf_weights_map(model, self.processor)
+        self.by_hf = {self.mapping[t.name]: t for t in self.reader.tensors if t.name in self.mapping}
+        self.files = {name: gguf.name for name in self.by_hf}
+
+    def _tensor(self, name: str) -> torch.Tensor:
+        import numpy as np
+        from gguf import dequantize
+
+        t = self.by_hf[name]
+        weights = dequantize(t.data, t.tensor_type)
+        result = self.processor.process(weights=weights, name=t.name, tensor_key_mapping=self.mapping,
+                                        parsed_parameters=self.parsed)
+        return torch.from_numpy(np.copy(result.weights))
 
 
 def _check_architecture(config, where: str) -> Arch:
@@ -210,10 +260,29 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
+def _gguf_copy(gguf: Path) -> Path:
+    """Where the fp32 copy of a GGUF is cached (one entry per file, whether named by registry or path)."""
+    return cache_dir("models", f"gguf-{gguf.stem}")
+
+
 def _from_gguf(gguf: Path) -> Path:
-    """The cached fp32 copy of a GGUF (one cache entry per file, whether named by registry or path)."""
-    out = cache_dir("models", f"gguf-{gguf.stem}")
+    """The cached fp32 copy of a GGUF, converted on first use."""
+    out = _gguf_copy(gguf)
     return out if (out / "config.json").is_file() else _convert_gguf(gguf.resolve(), out)
+
+
+def gguf_of(name_or_path: str) -> tuple[Path, str] | None:
+    """(GGUF file, model name) when the name stands for a GGUF (a registry model shipped as one, or a
+    ``.gguf`` path), else None; nothing is converted (a streamed load reads it lazily, ``GGUFCheckpoint``)."""
+    if is_registered(name_or_path):
+        spec = get_model(name_or_path)
+        return (_embedded_gguf(spec), spec.name) if spec.source and "gguf" in spec.source else None
+    path = Path(name_or_path).expanduser()
+    if path.suffix != ".gguf":
+        return None
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} not found")
+    return path.resolve(), path.stem
 
 
 def _tiny_digest(spec: ModelSpec) -> str:
@@ -275,23 +344,40 @@ def _config(where):
                                 f"pass a complete Hugging Face model directory or a .gguf file") from err
 
 
+def _gguf_config(gguf: Path):
+    """A GGUF's HF config from its metadata, with the ``architectures`` that the fp32 copy's
+    ``save_pretrained`` writes (the causal-LM class transformers builds for it)."""
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if not getattr(config, "architectures", None):
+        config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
+    return config
+
+
+def config_of(name_or_path: str):
+    """(HF config, where it was read): a GGUF not yet converted gives its own metadata, so deciding on a
+    model (refusals, ``--stream``) never writes its fp32 copy."""
+    found = gguf_of(name_or_path)
+    if found is not None and not (_gguf_copy(found[0]) / "config.json").is_file():
+        return _gguf_config(found[0]), str(found[0])
+    where, _ = resolve(name_or_path)
+    return _config(where), str(where)
+
+
 def model_config(name_or_path: str) -> dict:
     """The model's HF config as a dict, without reading any weight (what refusals are decided on)."""
-    where, _ = resolve(name_or_path)
-    return _config(where).to_dict()
+    return config_of(name_or_path)[0].to_dict()
 
 
 def check_model(name_or_path: str) -> Arch:
     """The model's family record, from its config alone: an unloadable name or an architecture DIP cannot
     prune is refused before any stage starts (the CLI's checks before work)."""
-    where, _ = resolve(name_or_path)
-    return _check_architecture(_config(where), str(where))
+    config, where = config_of(name_or_path)
+    return _check_architecture(config, where)
 
 
 def fp32_bytes(name_or_path: str) -> int:
     """Bytes of the model's parameters in fp32, from its config alone (built on ``meta``)."""
-    where, _ = resolve(name_or_path)
-    config = AutoConfig.from_pretrained(where)
+    config, _ = config_of(name_or_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return 4 * sum(p.numel() for p in model.parameters())
@@ -302,31 +388,40 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bo
     before any weight is read).
 
     ``stream``: build the model without its weights and read them per module later
-    (:class:`StreamedCheckpoint`); needs a local safetensors checkpoint. Only export uses this.
+    (:class:`StreamedCheckpoint`; a GGUF through :class:`GGUFCheckpoint`, without its fp32 copy);
+    needs a local safetensors checkpoint or a GGUF file. Only export uses this.
     """
+    found = gguf_of(name_or_path) if stream else None
+    if found is not None:
+        gguf, name = found
+        config = _gguf_config(gguf)
+        arch = _check_architecture(config, str(gguf))
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return _load_streamed(lambda model: GGUFCheckpoint(gguf, model), config, name, arch, tokenizer, gguf)
     where, name = resolve(name_or_path)
     config = _config(where)
     arch = _check_architecture(config, str(where))
     local = Path(where)
     if stream:
-        return _load_streamed(where, local, config, name, arch)
+        checkpoint = StreamedCheckpoint(local)
+        return _load_streamed(lambda model: checkpoint, config, name, arch, AutoTokenizer.from_pretrained(where), local)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(where)
     return LoadedModel(model, tokenizer, name, arch, local)
 
 
-def _load_streamed(where, local: Path, config, name: str, arch: Arch) -> LoadedModel:
-    checkpoint = StreamedCheckpoint(local)
-    with torch.device("meta"):
+def _load_streamed(make_checkpoint, config, name: str, arch: Arch, tokenizer, local: Path) -> LoadedModel:
+    from accelerate import init_empty_weights
+
+    # Parameters on meta (no storage); buffers are computed, not stored (RoPE's inv_freq, Gemma's
+    # embedding scale), so they are built on the CPU as an eager load builds them.
+    with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
-    # Computed buffers (RoPE's inv_freq) are built on meta too: rebuild the rotary module on the CPU.
-    rotary = model.model.rotary_emb
-    model.model.rotary_emb = type(rotary)(config=model.config)
+    checkpoint = make_checkpoint(model)
     # The embedding stays resident (the lm_head may share it); a tied head points at the loaded table.
     checkpoint.materialise(model.get_input_embeddings(), "model.embed_tokens.")
     if getattr(config, "tie_word_embeddings", False):
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
-    tokenizer = AutoTokenizer.from_pretrained(where)
     return LoadedModel(model, tokenizer, name, arch, local, checkpoint)

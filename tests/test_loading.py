@@ -55,6 +55,24 @@ def test_gguf_path_shares_the_cache():
     assert resolve(str(gguf))[0] == resolve("smollm2-135m")[0]
 
 
+def test_streamed_gguf_reads_each_tensor_as_the_eager_load_holds_it(smollm2, tmp_path, monkeypatch):
+    """A streamed GGUF is dequantised tensor by tensor (no fp32 copy written): every tensor equals the
+    eager model's (the same transformers dequantisation and q/k un-permutation, one tensor at a time)."""
+    from dipdeploy.loading import GGUFCheckpoint, _embedded_gguf
+
+    monkeypatch.setenv("DIPDEPLOY_CACHE", str(tmp_path / "cache"))  # no fp32 copy there: none may be made
+    gguf = str(_embedded_gguf(get_model("smollm2-135m")))
+    lm = load_model(gguf, stream=True)
+    assert isinstance(lm.checkpoint, GGUFCheckpoint) and not (tmp_path / "cache" / "models").exists()
+    assert lm.model.config.architectures == smollm2.model.config.architectures and lm.model.config.tie_word_embeddings
+    for name, ref in smollm2.model.state_dict().items():
+        if name != "lm_head.weight":  # tied to the embedding
+            got = lm.checkpoint._read(name)
+            assert got.dtype == torch.float32 and torch.equal(got, ref), name
+    assert torch.equal(lm.model.get_input_embeddings().weight, smollm2.model.get_input_embeddings().weight)
+    assert lm.tokenizer("The capital").input_ids == smollm2.tokenizer("The capital").input_ids
+
+
 def test_bad_path_is_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="registry name"):
         load_model(str(tmp_path / "nope"))

@@ -256,3 +256,20 @@ def test_vq3_beats_rtn3_with_error_feedback_too():
     X, W, H = _correlated_problem(seed=9)
     err = lambda cfg: float(((X @ (dequantize_rows(quantize(W, cfg, hessian=H)) - W)) ** 2).sum())
     assert err(VQ3QuantConfig(group_size=2048, error_feedback=True)) < err(RTN3QuantConfig(error_feedback=True))
+
+
+@pytest.mark.parametrize("cfg", [Block4QuantConfig(), Block4QuantConfig(block_size=32, symmetric=False, scale_search=True,
+                                                                         search_grid=4), RTN3QuantConfig()],
+                         ids=["bq4", "bq4-asym-search", "rtn3"])
+def test_block_quantiser_in_row_chunks_gives_the_same_bytes(cfg, monkeypatch):
+    """Large matrices are quantised a few rows at a time (bounded temporaries, export of 7B layers): every
+    step is per row, so chunks of 7 rows give exactly the bytes of one pass."""
+    import dipdeploy.quant.block as block
+
+    w = np.random.default_rng(0).standard_normal((300, 200)).astype(np.float32)
+    whole = quantize(w, cfg)
+    monkeypatch.setattr(block, "CHUNK_BYTES", 4 * 200 * 7)
+    chunked = quantize(w, cfg)
+    assert whole.arrays().keys() == chunked.arrays().keys()
+    for name, arr in whole.arrays().items():
+        assert np.array_equal(arr, chunked.arrays()[name]), name

@@ -65,8 +65,11 @@ def export_cmd(
                                             f"default {_X.embedding})"),
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream",
                                           help="read the weights one layer at a time (models larger than "
-                                               "memory; no calibration, LoRA or validation); default: when "
-                                               "the fp32 model exceeds half of the free memory"),
+                                               "memory; calibration and --lora too, the same bundle; no torch "
+                                               "validation); default: when the fp32 model exceeds half of the "
+                                               "free memory"),
+    device: Optional[str] = typer.Option(None, help="where calibration runs: auto (cuda when torch sees one) | "
+                                         f"cpu | cuda (default: {_X.device})"),
     validate_tokens: Optional[int] = typer.Option(None, help=f"greedy tokens to validate (0 = skip; default {_X.validate_tokens})"),
     prompt: Optional[str] = typer.Option(None, help=f"validation prompt (default {_X.prompt!r})"),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/"),
@@ -90,7 +93,7 @@ def export_cmd(
         cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
                       plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
                       accuracy_level=accuracy_level, attention=attention, max_length=max_length, per_layer=per_layer,
-                      fuse_norms=fuse_norms, embedding=embedding, stream=stream,
+                      fuse_norms=fuse_norms, embedding=embedding, stream=stream, device=device,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None,
                       row_order=row_order)
         _check_per_layer(per_layer, cfg)

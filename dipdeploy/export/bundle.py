@@ -327,8 +327,7 @@ def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra
 
 
 def _should_stream(cfg: ExportConfig) -> bool:
-    """cfg.stream, or (None) whether the fp32 model exceeds half of the available memory; checks what a
-    streamed export cannot do before anything is loaded."""
+    """cfg.stream, or (None) whether the fp32 model exceeds half of the available memory."""
     from dipdeploy.loading import fp32_bytes
 
     stream = cfg.stream
@@ -337,16 +336,9 @@ def _should_stream(cfg: ExportConfig) -> bool:
             stream = fp32_bytes(cfg.model) > 0.5 * available_memory()
         except (OSError, ValueError):
             stream = False  # load_model reports what is wrong with the model, with the fix
-    if stream:
-        if cfg.row_order == "calibrated":
-            raise ValueError("a streamed export cannot calibrate the row order (it traces the whole model): "
-                             "pass --row-order natural, or export without --stream on a machine that holds it")
-        if cfg.lora is not None:
-            raise ValueError("a streamed export cannot merge --lora (it needs the whole model): merge the "
-                             "adapter into the checkpoint first (peft merge_and_unload + save_pretrained)")
-        if cfg.plan is None and cfg.rho_in is None and cfg.method != "dense":
-            raise ValueError("a streamed export cannot calibrate a plan (it needs the whole model): pass "
-                             "--plan PLAN (from `dipdeploy calibrate` on a machine that holds the model) or --rho-in R")
+    if stream and cfg.row_order == "calibrated":
+        raise ValueError("a streamed export cannot calibrate the row order (it traces the whole model): "
+                         "pass --row-order natural, or export without --stream on a machine that holds it")
     return stream
 
 
@@ -369,9 +361,11 @@ def export_model(cfg: ExportConfig, out: Path, *, force: bool = False, progress:
     claimed until the bundle is in place, so a second export to it cannot start meanwhile."""
     from dipdeploy.export.spec import ArchSpec
     from dipdeploy.loading import model_config
+    from dipdeploy.torchdevice import resolve_device
 
-    # a family, or a context, the graphs cannot build: refused before any work
+    # a family, or a context, the graphs cannot build, or a device torch does not see: refused before any work
     ArchSpec.from_config(model_config(cfg.model)).check_export(cfg.max_length, cfg.attention)
+    resolve_device(cfg.device)
     with claim(Path(out), notice):
         prepare_out(out, force)
         check_space_for(cfg, Path(out))
@@ -382,7 +376,7 @@ def _export_model(cfg: ExportConfig, out: Path, force: bool, progress: Progress,
                   swap_hook: Hook | None) -> ExportResult:
     """The result's seconds and steps cover the whole stage, loading and calibration included (they are
     most of it), not only the graphs."""
-    from dipdeploy.export.prepare import make_plan, merge_lora
+    from dipdeploy.export.prepare import make_plan, merge_lora, stream_lora
     from dipdeploy.loading import load_model
 
     t0, steps = time.perf_counter(), _Steps(progress)
@@ -394,8 +388,8 @@ def _export_model(cfg: ExportConfig, out: Path, force: bool, progress: Progress,
         extra["streamed"] = True
         cfg = dataclasses.replace(cfg, validate_tokens=0)  # no whole torch model to validate against
     if cfg.lora is not None:
-        steps("merge LoRA")
-        extra["lora"] = merge_lora(lm, cfg.lora)
+        steps("merge LoRA" if not stream else "LoRA (merged as each layer is read)")
+        extra["lora"] = (stream_lora if stream else merge_lora)(lm, cfg.lora)
     steps("plan" if cfg.plan or cfg.rho_in is not None or cfg.method == "dense" else "calibrate")
     plan = make_plan(lm, cfg)
     steps()

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from dipdeploy import defaults
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.sparsity.plan import SparsityConfig
+from dipdeploy.torchdevice import DEVICES
 
 #: Methods the exported graph can run. Other plan methods (glu, gate, up, cats, teal) have no
 #: TopKColumnMask form in this bundle format and are refused by name.
@@ -51,9 +52,12 @@ class ExportConfig:
     through com.microsoft::GatherBlockQuantized; a tied lm_head shares the same blocks) whenever
     ``quant`` quantises; ``fp32`` keeps the table as the checkpoint has it. Without ``quant`` it is fp32.
     ``stream``: read the weights one decoder layer at a time from the safetensors checkpoint (peak
-    memory ≈ one fp32 layer plus the embedding); None = when the fp32 model would take more than half
-    of the available memory. ``row_order``: see ``ROW_ORDERS``. A streamed export cannot calibrate, merge LoRA or validate against torch
-    (each needs the whole model): give ``plan`` or ``rho_in``, merge adapters beforehand.
+    memory ≈ one fp32 layer plus the embedding and, while calibrating, the calibration activations);
+    None = when the fp32 model would take more than half of the available memory. A streamed export
+    calibrates layer by layer (``dipdeploy.sparsity.streamed``) and merges ``lora`` as each layer is read
+    (``prepare.stream_lora``), giving the eager export's bundle; it skips the validation against torch
+    (which needs the whole model). ``device``: where calibration runs (``auto``: cuda when torch sees
+    one); the bundle's weights are read and quantised on the CPU either way. ``row_order``: see ``ROW_ORDERS``.
     ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
     calibrated, the same as ``eval``'s and ``calibrate``'s (``dipdeploy.defaults``), so an export
     without ``--plan`` runs the plan ``eval`` measured; ``dipdeploy calibrate --windows N`` and
@@ -81,6 +85,7 @@ class ExportConfig:
     fuse_norms: bool = True
     embedding: str = defaults.EMBEDDING
     stream: bool | None = None
+    device: str = "auto"
     threads: int = 1
     data_dir: str | None = None
     row_order: str = "natural"
@@ -88,7 +93,7 @@ class ExportConfig:
     def __post_init__(self) -> None:
         choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
                    "alignment": ALIGNMENTS, "attention": ATTENTION_OPS, "embedding": defaults.EMBEDDINGS,
-                   "row_order": ROW_ORDERS}
+                   "row_order": ROW_ORDERS, "device": DEVICES}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ExportConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {allowed}")

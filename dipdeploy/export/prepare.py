@@ -8,9 +8,11 @@ calibrated on those weights, and only then are weights quantised (``source``).
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 from dipdeploy.export.config import EXPORT_METHODS, ExportConfig
+from dipdeploy.torchdevice import resolve_device
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan, uniform_plan
 
 
@@ -35,6 +37,61 @@ def merge_lora(lm, adapter: str | Path) -> dict:
         ) from err
     lm.model = peft_model.merge_and_unload()
     lm.model.eval()
+    return {"path": str(adapter), "base_model": acfg.get("base_model_name_or_path"), "r": acfg.get("r"),
+            "target_modules": acfg.get("target_modules")}
+
+
+#: peft options a weight-by-weight merge (W + (α/r)·B·A per Linear) does not express.
+_STREAM_UNSUPPORTED = ("use_dora", "lora_bias", "modules_to_save", "rank_pattern", "alpha_pattern", "fan_in_fan_out")
+
+
+def stream_lora(lm, adapter: str | Path) -> dict:
+    """Merge a peft adapter into a streamed model (``lm.checkpoint``) as each weight is read: the
+    adapter's A and B (small: Mistral-7B's MLPs at r = 8 take 57 MB in fp32) are loaded now, and
+    ``StreamedCheckpoint`` adds (B·A)·scaling to a weight when its layer is read, the arithmetic of
+    peft's ``merge_and_unload`` in fp32 (docs/method.md, "LoRA recovery"), so the merged weights, hence
+    the calibrated plan and the bundle, are the eager export's. Refuses what that sum cannot express
+    (DoRA, LoRA biases, embeddings, ``modules_to_save``, per-module rank or alpha patterns) and an
+    adapter whose modules or shapes do not fit the model."""
+    import math
+
+    import torch
+    from safetensors.torch import load_file
+
+    adapter = Path(adapter)
+    cfg_path, weights = adapter / "adapter_config.json", adapter / "adapter_model.safetensors"
+    if not cfg_path.is_file() or not weights.is_file():
+        raise FileNotFoundError(f"{adapter} is not a peft adapter directory (needs adapter_config.json and "
+                                f"adapter_model.safetensors)")
+    acfg = json.loads(cfg_path.read_text())
+    used = [k for k in _STREAM_UNSUPPORTED if acfg.get(k)]
+    if used:
+        raise ValueError(f"LoRA adapter {adapter} uses {', '.join(used)}, which a streamed export cannot merge "
+                         f"weight by weight; export with --no-stream on a machine that holds the model")
+    r, alpha = int(acfg["r"]), float(acfg["lora_alpha"])
+    scaling = alpha / math.sqrt(r) if acfg.get("use_rslora") else alpha / r  # peft's LoraLayer.update_layer
+    tensors = load_file(str(weights))
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        module, _, part = key.removeprefix("base_model.model.").rpartition(".lora_")
+        if part not in ("A.weight", "B.weight"):
+            raise ValueError(f"LoRA adapter {adapter}: tensor {key!r} is not a Linear layer's lora_A/lora_B; a "
+                             f"streamed export merges Linear adapters only (export with --no-stream)")
+        pairs.setdefault(module, {})[part[0]] = value.to(torch.float32)
+    merges = {}
+    for module, ab in sorted(pairs.items()):
+        name = f"{module}.weight"
+        try:
+            target = lm.model.get_submodule(module).weight
+        except AttributeError:
+            target = None
+        a, b = ab.get("A"), ab.get("B")
+        if target is None or not lm.checkpoint.has(name) or a is None or b is None \
+                or tuple(target.shape) != (b.shape[0], a.shape[1]) or a.shape[0] != b.shape[1]:
+            raise ValueError(f"LoRA adapter {adapter} does not fit model {lm.name!r} (made for "
+                             f"{acfg.get('base_model_name_or_path')!r}?): {module} is missing or has another shape")
+        merges[name] = (a, b, scaling)
+    lm.checkpoint.lora = merges
     return {"path": str(adapter), "base_model": acfg.get("base_model_name_or_path"), "r": acfg.get("r"),
             "target_modules": acfg.get("target_modules")}
 
@@ -67,7 +124,16 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
         wins = calibration_windows(lm, cfg)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{err}; or skip calibration with --rho-in R or --plan PLAN") from err
-    return calibrate(lm, scfg, wins)
+    device = resolve_device(cfg.device)
+    if lm.checkpoint is not None:  # one layer in memory at a time, the same plan (sparsity/streamed.py)
+        from dipdeploy.sparsity.streamed import search_split_streamed
+
+        return calibrate(lm, scfg, wins, search=partial(search_split_streamed, device=device))
+    lm.model.to(device)
+    try:
+        return calibrate(lm, scfg, wins.to(device))
+    finally:
+        lm.model.to("cpu")
 
 
 def calibration_windows(lm, cfg: ExportConfig):

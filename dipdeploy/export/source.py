@@ -60,6 +60,9 @@ class ModelSource:
         self.lm = lm
         self.model = lm.model
         self.checkpoint = lm.checkpoint  # streamed weights: read per module, released after use
+        # The dequantised values go back into the torch model only where it is validation's reference; a
+        # streamed module is released right after it is read (and a 7B layer's copies cost gigabytes).
+        self.write_back = self.checkpoint is None
         self.spec = ArchSpec.from_config(self.model.config.to_dict())
         self.mlp_cfg: QuantConfig | None = None if quant == "none" else quant_config_from_name(quant)
         self.dense_cfg: Block4QuantConfig | None = None
@@ -133,14 +136,17 @@ class ModelSource:
 
     def _linear(self, weights: list[torch.nn.Linear]) -> Linear:
         """Rows of several nn.Linear stacked ([q; k; v]) as one Linear, quantised if asked."""
-        w = np.concatenate([_np(m.weight) for m in weights], axis=0)  # [out, in]
+        # [out, in]: one copy, made from views of the torch weights (a 7B lm_head is 524 MB in fp32)
+        w = np.concatenate([m.weight.detach().to(dtype=torch.float32, device="cpu").numpy() for m in weights], axis=0)
         biases = [m.bias for m in weights]
         bias = np.concatenate([_np(b) for b in biases]) if all(b is not None for b in biases) else None
         out_f, in_f = w.shape
         if self.dense_cfg is None:
             return Linear("fp32", in_f, out_f, {"weight": np.ascontiguousarray(w.T)}, bias)
+        self._drop(weights)
         packed = quantize_dense(w, self.mlp_cfg)
-        self._assign(weights, dequantize_rows(packed))
+        if self.write_back:
+            self._assign(weights, dequantize_rows(packed))
         self.stats.dense_bits += 8 * packed.nbytes
         self.stats.dense_params += w.size
         B, nb = self.dense_cfg.block_size, packed.n_blocks
@@ -149,6 +155,13 @@ class ModelSource:
         if packed.zeros is not None:
             arrays["zeros"] = packed.zeros.reshape(-1)
         return Linear("nbits", in_f, out_f, arrays, bias, block_size=B)
+
+    def _drop(self, modules: list[torch.nn.Module]) -> None:
+        """A streamed module's torch weights, released once their numpy copy is taken (nothing reads them
+        again: no write-back), so a layer's fp32 tensors and their quantiser inputs are not held together."""
+        if not self.write_back:
+            for m in modules:
+                self.checkpoint.release(m)
 
     @staticmethod
     @torch.no_grad()
@@ -175,13 +188,20 @@ class ModelSource:
 
     def _mlp(self, mlp) -> MlpWeights:
         arch = self.spec.arch
-        up_gate, down = mlp_to_rows(*mlp_weights(mlp, arch))
+        w_up, w_gate, w_down = mlp_weights(mlp, arch)
+        if self.mlp_cfg is not None:
+            self._drop([mlp])
+        up_gate, down = mlp_to_rows(w_up, w_gate, w_down)
+        del w_up, w_gate, w_down
         if self.mlp_cfg is None:
             ug, dn = OpWeights.from_matrix(up_gate), OpWeights.from_matrix(down)
         else:
             p_ug, p_dn = quantize(up_gate, self.mlp_cfg), quantize(down, self.mlp_cfg)
-            up_gate, down = dequantize_rows(p_ug), dequantize_rows(p_dn)
-            set_mlp_weights(mlp, arch, *rows_to_mlp(up_gate, down))
+            del up_gate, down
+            if self.write_back or self.wina:
+                up_gate, down = dequantize_rows(p_ug), dequantize_rows(p_dn)
+            if self.write_back:
+                set_mlp_weights(mlp, arch, *rows_to_mlp(up_gate, down))
             for p in (p_ug, p_dn):
                 self.stats.mlp_bits += 8 * p.nbytes
                 self.stats.mlp_params += p.rows * p.cols

@@ -40,12 +40,11 @@ class ModelShape:
 def model_shape(model: str) -> ModelShape:
     """Parameter counts from the config alone (the model is built on ``meta``)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from dipdeploy.loading import resolve
+    from dipdeploy.loading import config_of
 
-    where, _ = resolve(model)
-    config = AutoConfig.from_pretrained(where)
+    config, _ = config_of(model)  # a GGUF's own metadata: no fp32 copy is written to decide
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     return ModelShape(params, config.vocab_size * config.hidden_size,

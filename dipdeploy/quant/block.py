@@ -131,12 +131,30 @@ def _encode(x: np.ndarray, cfg: _BlockIntConfig, ratio: float):
     return q, scale, zero, deq
 
 
+#: Input bytes quantised at a time: every step works per row (each block's scale, codes and packed bytes
+#: depend on that row alone), so row chunks give the same bytes while bounding the temporaries (about
+#: eight input-sized arrays with the scale search) to a few hundred MB instead of several GB for a
+#: Mistral-7B MLP matrix ([4096, 28672] fp32 is 470 MB).
+CHUNK_BYTES = 32 << 20
+
+
 def quantize_block(rows: np.ndarray, cfg: _BlockIntConfig, row_weight: np.ndarray | None = None) -> BlockQuantTensor:
-    """Round-to-nearest (or, with ``cfg.scale_search``, the per-block best clipping ratio).
+    """Round-to-nearest (or, with ``cfg.scale_search``, the per-block best clipping ratio), in row chunks
+    of about :data:`CHUNK_BYTES`.
 
     ``row_weight`` is ignored: it is constant within a block in the sparse row layout, so it cannot
     change any per-block choice.
     """
+    R, C = rows.shape
+    step = max(1, CHUNK_BYTES // max(1, 4 * C))
+    parts = [_quantize_rows(rows[i:i + step], cfg) for i in range(0, R, step)] or [_quantize_rows(rows, cfg)]
+    qweight, scales, zeros = (np.concatenate(arrays) if arrays[0] is not None else None
+                              for arrays in zip(*parts))
+    return BlockQuantTensor(cfg, R, C, qweight, scales, zeros)
+
+
+def _quantize_rows(rows: np.ndarray, cfg: _BlockIntConfig):
+    """(packed codes, fp16 scales, packed zero points or None) of a row chunk."""
     R, C = rows.shape
     B, n = cfg.block_size, cfg.bits
     nb = -(-C // B)
@@ -155,7 +173,7 @@ def quantize_block(rows: np.ndarray, cfg: _BlockIntConfig, row_weight: np.ndarra
                 zero = np.where(better, z2, zero)
     qweight = pack_bits(q.reshape(R, nb * B).astype(np.uint8), n)
     zeros = None if zero is None else pack_bits(zero.reshape(R, nb).astype(np.uint8), n)
-    return BlockQuantTensor(cfg, R, C, qweight, scale.reshape(R, nb).astype(np.float16), zeros)
+    return qweight, scale.reshape(R, nb).astype(np.float16), zeros
 
 
 register_quantizer(Block4QuantConfig)(quantize_block)

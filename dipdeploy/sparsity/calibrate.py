@@ -38,19 +38,34 @@ def _shape(lm) -> tuple[int, int, int]:
     return c.num_hidden_layers, c.hidden_size, c.intermediate_size
 
 
-def search_split(lm, cfg: SparsityConfig, windows: torch.Tensor,
-                 ratios: tuple[float, ...] = (1.0, 1.1, 1.2, 1.3)) -> tuple[float, dict]:
-    """Best ρ_in for DIP at ``cfg.density`` among ``ratios``·ρ (valid ones), by calibration NLL."""
-    L, d, f = _shape(lm)
+#: Input shares ρ_in/ρ tried by the split search (plain DIP at the target ρ).
+SPLIT_RATIOS = (1.0, 1.1, 1.2, 1.3)
+
+
+def split_probes(cfg: SparsityConfig, name: str, L: int, d: int, f: int,
+                 ratios: tuple[float, ...]) -> dict[str, SparsityPlan]:
+    """The split search's candidates: ρ_in (as its key, 3 decimals) → the uniform plain-DIP plan at
+    ``cfg.density`` with that input share; shares that round to the same ρ_in or leave no GLU are skipped.
+    The eager search and the streamed one (``dipdeploy.sparsity.streamed``) try exactly these."""
     rho = cfg.density
-    tried: dict[str, float] = {}
+    out: dict[str, SparsityPlan] = {}
     for r in ratios:
         rho_in, rho_glu = split_for("dip", rho, r * rho)
         key = f"{rho_in:.3f}"
-        if key in tried or rho_glu <= 0:
+        if key in out or rho_glu <= 0:
             continue
         probe = SparsityConfig(method="dip", density=rho, rho_in=rho_in, score=cfg.score)
-        sparsify_(lm.model, uniform_plan(probe, lm.name, L, d, f))
+        out[key] = uniform_plan(probe, name, L, d, f)
+    return out
+
+
+def search_split(lm, cfg: SparsityConfig, windows: torch.Tensor,
+                 ratios: tuple[float, ...] = SPLIT_RATIOS) -> tuple[float, dict]:
+    """Best ρ_in for DIP at ``cfg.density`` among ``ratios``·ρ (valid ones), by calibration NLL."""
+    L, d, f = _shape(lm)
+    tried: dict[str, float] = {}
+    for key, plan in split_probes(cfg, lm.name, L, d, f, ratios).items():
+        sparsify_(lm.model, plan)
         tried[key] = _nll(lm.model, windows)
     unsparsify_(lm.model)
     best = min(tried, key=tried.get)
@@ -252,11 +267,13 @@ def allocate_greedy(lm, plan: SparsityPlan, windows: torch.Tensor, tokens: int =
     return plan
 
 
-def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | None = None) -> SparsityPlan:
+def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | None = None,
+              search=search_split) -> SparsityPlan:
     """The whole calibration: split search → thresholds → allocation, as the config asks.
 
     ``splits`` memoises the split search per (density, score) across calls: DIP, DIP-CA and TEAL at the
-    same density share it (the search itself runs plain DIP).
+    same density share it (the search itself runs plain DIP). ``search`` runs it: a streamed model
+    passes ``dipdeploy.sparsity.streamed.search_split_streamed``.
     """
     L, d, f = _shape(lm)
     info: dict = {"windows": int(windows.shape[0]), "seqlen": int(windows.shape[1])}
@@ -265,7 +282,7 @@ def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | Non
         splits = {} if splits is None else splits
         key = (round(cfg.density, 6), cfg.score)
         if key not in splits:
-            splits[key] = search_split(lm, cfg, windows)
+            splits[key] = search(lm, cfg, windows)
         rho_in, found = splits[key]
         info.update(found)
     plan = uniform_plan(cfg, lm.name, L, d, f, rho_in=rho_in)

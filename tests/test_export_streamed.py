@@ -1,0 +1,119 @@
+"""A streamed export (one decoder layer in memory at a time) calibrates and merges LoRA exactly as the
+eager export does: the same plan, the same bundle bytes (dipdeploy/sparsity/streamed.py,
+dipdeploy/export/prepare.py ``stream_lora``)."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import dipdeploy.cli.export  # noqa: F401  (registers export)
+from dipdeploy.cli._app import app
+from dipdeploy.export.bundle import export_model
+from dipdeploy.export.config import ExportConfig
+from dipdeploy.export.manifest import MANIFEST
+
+pytestmark = pytest.mark.numerics
+
+#: Manifest fields that name the mode, the only ones allowed to differ: ``source.streamed`` (True),
+#: ``export_config.stream`` and ``.validate_tokens`` (a streamed export does not validate against torch)
+#: and the ``validation`` record itself (the eager one's, or the streamed one's "skipped" note).
+MODE_FIELDS = {"source": ("streamed",), "export_config": ("stream", "validate_tokens"), "validation": None}
+CALIB = dict(calib_windows=2, calib_seqlen=64)  # short calibration text: seconds, same code path
+
+
+def _without_mode(manifest: dict) -> dict:
+    out = json.loads(json.dumps(manifest))
+    for key, fields in MODE_FIELDS.items():
+        if fields is None:
+            out.pop(key, None)
+        else:
+            for f in fields:
+                out[key].pop(f, None)
+    return out
+
+
+def _same_bundle(eager, streamed) -> None:
+    names = sorted(p.relative_to(eager).as_posix() for p in eager.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(streamed).as_posix() for p in streamed.rglob("*") if p.is_file())
+    for name in names:
+        if name != MANIFEST:
+            assert (eager / name).read_bytes() == (streamed / name).read_bytes(), name
+    m_eager, m_streamed = (json.loads((d / MANIFEST).read_text()) for d in (eager, streamed))
+    assert m_streamed["source"]["streamed"] is True and "skipped" in m_streamed["validation"]
+    assert m_eager["validation"]["ok"]
+    assert _without_mode(m_eager) == _without_mode(m_streamed)
+
+
+def _adapter(model, path, targets):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False))
+    peft_model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("model", ["tiny-mistral", "tiny-gemma3"])
+def test_streamed_calibration_gives_the_eager_bundle(tmp_path, data_dir, model):
+    """No --plan, no --rho-in: both calibrate the split on the same text; every file is byte-identical."""
+    kw = dict(model=model, method="dip-ca", quant="bq4", data_dir=str(data_dir), **CALIB)
+    eager = export_model(ExportConfig(stream=False, validate_tokens=4, **kw), tmp_path / "eager")
+    streamed = export_model(ExportConfig(stream=True, **kw), tmp_path / "streamed")
+    assert len(eager.manifest.plan["calibration"]["split_nll"]) > 1  # the search ran
+    _same_bundle(eager.out, streamed.out)
+
+
+@pytest.mark.parametrize("model,targets", [("tiny-llama", ["gate_proj", "up_proj", "down_proj", "q_proj"]),
+                                           ("tiny-phi3", ["gate_up_proj", "down_proj"])])
+def test_streamed_lora_merge_gives_the_eager_bundle(tmp_path, data_dir, model, targets):
+    """The adapter merged as each layer is read, then calibrated and quantised: peft's merge, bit for bit."""
+    from dipdeploy.loading import load_model
+
+    adapter = _adapter(load_model(model).model, tmp_path / "adapter", targets)
+    kw = dict(model=model, method="dip", quant="bq4", lora=str(adapter), data_dir=str(data_dir), **CALIB)
+    eager = export_model(ExportConfig(stream=False, validate_tokens=4, **kw), tmp_path / "eager")
+    streamed = export_model(ExportConfig(stream=True, **kw), tmp_path / "streamed")
+    base = export_model(ExportConfig(**{**kw, "lora": None}, stream=True), tmp_path / "base")
+    assert (base.out / "mlp.bin").read_bytes() != (streamed.out / "mlp.bin").read_bytes()  # the adapter is in it
+    _same_bundle(eager.out, streamed.out)
+
+
+def test_streamed_lora_refuses_what_it_cannot_merge(tmp_path):
+    from dipdeploy.loading import load_model
+
+    adapter = _adapter(load_model("tiny-llama").model, tmp_path / "adapter", ["up_proj"])
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "use_dora": True}))
+    with pytest.raises(ValueError, match="use_dora"):
+        export_model(ExportConfig(model="tiny-llama", rho_in=0.6, lora=str(adapter), stream=True), tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+def test_streamed_lora_for_another_shape_is_refused(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    other = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256))
+    adapter = _adapter(other, tmp_path / "adapter", ["up_proj"])
+    with pytest.raises(ValueError, match="does not fit"):
+        export_model(ExportConfig(model="tiny-llama", rho_in=0.6, lora=str(adapter), stream=True), tmp_path / "b")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_device_auto_is_cpu_and_cuda_without_a_gpu_is_one_line_exit_2(tmp_path):
+    from dipdeploy.torchdevice import resolve_device
+
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    res = CliRunner().invoke(app, ["export", "--model", "tiny-llama", "--device", "cuda", "--out",
+                                   str(tmp_path / "b")])
+    out = res.output.strip()
+    assert res.exit_code == 2 and len(out.splitlines()) == 1 and out.startswith("error:"), out
+    assert "--device cuda" in out and "--device cpu" in out
+    assert not (tmp_path / "b").exists()
+
+
+def test_unknown_device_is_refused(tmp_path):
+    res = CliRunner().invoke(app, ["export", "--model", "tiny-llama", "--device", "tpu", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 2 and "device='tpu'" in res.output and "Traceback" not in res.output
