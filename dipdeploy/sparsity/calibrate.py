@@ -5,12 +5,14 @@ Named steps (docs/design.md §4), each its own function:
 1. ``search_split`` — the split between ρ_in and ρ_glu at the target ρ (docs/method.md: the split matters a
    lot). A few candidate input shares are tried with plain DIP; the one with the lowest calibration NLL
    wins. ``rho_in`` given by the user skips this step.
-2. ``fit_thresholds`` — (after the allocation, whose per-layer shares TEAL's thresholds then follow) CATS / TEAL thresholds per layer: the (1−ρ) quantile of the observed magnitudes,
-   so each layer hits its density in expectation on calibration text.
-3. ``allocate_greedy`` — per-layer density under the global budget, from each layer's end-to-end loss
-   sensitivity (KL of the final logits to the dense model), chosen on held-out calibration tokens.
+2. ``allocate_greedy`` — per-layer density under the global budget, from each layer's end-to-end loss
+   sensitivity (KL of the final logits to the dense model), chosen on held-out calibration tokens; or
    ``allocate_joint_plan`` — per-layer density and split together, from Fisher-weighted per-layer error
-   curves (:mod:`dipdeploy.sparsity.allocate`), kept only if it beats uniform on held-out tokens.
+   curves (:mod:`dipdeploy.sparsity.allocate`), kept only if it beats uniform on held-out tokens (it
+   replaces step 1).
+3. ``fit_thresholds`` — CATS / TEAL thresholds per layer: the (1−share) quantile of the observed
+   magnitudes, so each layer hits its density in expectation on calibration text; after an allocation,
+   each layer's own shares.
 
 Calibration text must never be the evaluation split (use WikiText-2 validation or a user file).
 """
