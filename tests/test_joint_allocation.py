@@ -46,6 +46,17 @@ def test_joint_allocation_follows_the_curves():
         allocate_joint(_synthetic_curves(), 0.05, d, f)
 
 
+@pytest.mark.parametrize("rho", [0.4, 0.55, 0.8])
+def test_split_per_layer_keeps_each_layer_density_and_picks_its_cheap_group(rho):
+    from dipdeploy.sparsity.allocate import split_per_layer
+
+    d, f = 64, 192
+    layers = split_per_layer(_synthetic_curves(glu_weight=0.1), np.full(6, rho), d, f)
+    assert abs(_bytes_per_token(layers, d, f) - 3 * d * f * 6 * rho) <= d / 2
+    assert all(abs(density(lp.k_in, lp.k_glu, d, f) - rho) < 0.02 for lp in layers)
+    assert all(lp.k_glu / f < lp.k_in / d for lp in layers)  # GLU pruning is the cheap one here
+
+
 def _calib():
     return torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
 
@@ -66,7 +77,8 @@ def test_joint_calibration_gives_valid_per_layer_splits(tiny_llama, method):
     d, f, L = c.hidden_size, c.intermediate_size, c.num_hidden_layers
     plan = calibrate(tiny_llama, SparsityConfig(method=method, density=0.5, allocation="joint"), _calib(), curves={})
     assert plan.allocation in ("joint", "uniform")  # uniform when the joint plan loses on held-out tokens
-    assert "joint_held_kl" in plan.calibration and "uniform_held_kl" in plan.calibration
+    assert set(plan.calibration["joint_held_kl"]) == {"uniform", "split", "lagrange"}
+    assert (plan.allocation == "uniform") == (plan.calibration["joint_choice"] == "uniform")
     assert all(1 <= lp.k_in <= d and 1 <= lp.k_glu <= f for lp in plan.layers)
     assert abs(_bytes_per_token(plan.layers, d, f) - 3 * d * f * L * 0.5) <= d / 2 + 2 * f
     if method == "teal":  # per-layer thresholds exist for every layer, from that layer's own shares

@@ -172,6 +172,26 @@ def allocate_joint(curves: ErrorCurves, target: float, d: int, f: int, step: flo
     return layers
 
 
+def split_per_layer(curves: ErrorCurves, densities: np.ndarray, d: int, f: int,
+                    step: float = FINE_STEP) -> list[LayerPlan]:
+    """Each layer keeps its density ρ_i and takes the split on its own curve that costs least there.
+
+    Only costs of the same layer are compared, so this needs no common unit across layers: the
+    robust half of the joint search. The mean density is then made exact (:func:`exact_budget`)."""
+    r_in, r_glu, cost = _fine(curves, step)
+    layers = []
+    for i, rho in enumerate(densities):
+        want = 3 * rho - 2 * r_in  # ρ_glu that keeps ρ_i at each input share
+        ok = (want >= r_glu[0] - 1e-9) & (want <= r_glu[-1] + 1e-9)
+        if not ok.any():
+            raise ValueError(f"density {rho:.3f} of layer {i} lies outside the curves' grid")
+        on_line = np.array([np.interp(w, r_glu, row) for w, row in zip(want, cost[i])])
+        a = int(np.argmin(np.where(ok, on_line, np.inf)))
+        layers.append(LayerPlan(_rows(r_in[a], d), _rows(float(np.clip(want[a], r_glu[0], 1.0)), f)))
+    exact_budget(layers, float(np.mean(densities)), 0.0, d, f)
+    return layers
+
+
 def exact_budget(layers: list[LayerPlan], target: float, floor: float, d: int, f: int) -> None:
     """Add or remove single W_d rows (K_glu ± 1) until the mean density is the target within half a row.
 

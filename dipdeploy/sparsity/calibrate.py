@@ -24,7 +24,7 @@ import math
 import numpy as np
 import torch
 
-from dipdeploy.sparsity.allocate import ErrorCurves, allocate_joint, error_curves, exact_budget
+from dipdeploy.sparsity.allocate import ErrorCurves, allocate_joint, error_curves, exact_budget, split_per_layer
 from dipdeploy.sparsity.methods import decoder_layers, sparse_mlps, sparsify_, unsparsify_
 from dipdeploy.sparsity.plan import LayerPlan, SparsityConfig, SparsityPlan, density, split_for, uniform_plan
 
@@ -247,34 +247,38 @@ def allocate_greedy(lm, plan: SparsityPlan, windows: torch.Tensor, tokens: int =
 @torch.no_grad()
 def allocate_joint_plan(lm, plan: SparsityPlan, windows: torch.Tensor, curves: dict | None = None,
                         tokens: int = 256) -> SparsityPlan:
-    """Per-layer densities and splits together (:mod:`dipdeploy.sparsity.allocate`), kept only if they beat
-    the uniform plan on held-out calibration tokens.
+    """Per-layer densities and splits from the error curves (:mod:`dipdeploy.sparsity.allocate`), kept
+    only where they beat the uniform plan on held-out calibration tokens.
 
-    The error curves are measured on the first ``tokens`` of each calibration window and the two plans
-    compared by the KL of the final logits to the dense model's on the rest, so the choice is not made
-    on the tokens that shaped it. ``curves`` memoises the curves per score across densities and methods."""
+    Candidates: ``uniform`` (the plan as given), ``split`` (uniform densities, each layer's best split on
+    its own curve) and ``lagrange`` (densities and splits together). The curves are measured on the first
+    ``tokens`` of each calibration window and the candidates compared by the KL of the final logits to the
+    dense model's on the rest, so the choice is not made on the tokens that shaped them. ``curves``
+    memoises the curves per score across densities and methods."""
     L, d, f = _shape(lm)
     search, held = _allocation_windows(windows, tokens)
     curves = {} if curves is None else curves
     if plan.score not in curves:
         curves[plan.score] = error_curves(lm, search, plan.score)
     found: ErrorCurves = curves[plan.score]
-    joint = allocate_joint(found, plan.density, d, f)
+    candidates = {"uniform": [LayerPlan(lp.k_in, lp.k_glu) for lp in plan.layers],
+                  "split": split_per_layer(found, np.full(L, plan.density), d, f),
+                  "lagrange": allocate_joint(found, plan.density, d, f)}
     unsparsify_(lm.model)
     ref = _logprobs(lm.model, held)
-    probe = SparsityPlan(lm.name, "dip", plan.density, d, f, [LayerPlan(lp.k_in, lp.k_glu) for lp in plan.layers],
-                         score=plan.score)
+    probe = SparsityPlan(lm.name, "dip", plan.density, d, f, candidates["uniform"], score=plan.score)
     sparsify_(lm.model, probe)
-    kl_uniform = _kl(lm.model, held, ref)
-    probe.layers = joint
-    kl_joint = _kl(lm.model, held, ref)
+    held_kl = {}
+    for name, layers in candidates.items():
+        probe.layers = layers
+        held_kl[name] = round(_kl(lm.model, held, ref), 5)
     unsparsify_(lm.model)
-    plan.calibration.update(joint_held_kl=round(kl_joint, 5), uniform_held_kl=round(kl_uniform, 5),
-                            curve_tokens=found.tokens)
-    if kl_joint < kl_uniform:
-        plan.layers = [LayerPlan(lp.k_in, lp.k_glu) for lp in joint]
+    choice = min(held_kl, key=lambda k: (held_kl[k], k != "uniform"))
+    plan.calibration.update(joint_held_kl=held_kl, joint_choice=choice, curve_tokens=found.tokens)
+    if choice != "uniform":
+        plan.layers = [LayerPlan(lp.k_in, lp.k_glu) for lp in candidates[choice]]
         plan.allocation = "joint"
-        plan.rho_in = sum(lp.k_in for lp in joint) / (L * d)
+        plan.rho_in = sum(lp.k_in for lp in plan.layers) / (L * d)
     plan.calibration["layer_split"] = [[round(lp.k_in / d, 4), round(lp.k_glu / f, 4)] for lp in plan.layers]
     plan.density = plan.mean_density()
     return plan
