@@ -85,6 +85,9 @@ def main() -> None:
     ap.add_argument("--part", default="", help="name of this process's partial file, so several processes "
                     "can share the plan (the table is written from all partial files)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--curves", type=Path, help="the joint allocation's error curves (score abs) as an .npz with "
+                    "`cost` [L, 10, 10] on sparsity.allocate.GRID, measured on the same calibration tokens, "
+                    "so that several processes need not each measure them")
     args = ap.parse_args()
     if args.threads:
         import torch
@@ -102,6 +105,13 @@ def main() -> None:
     for r in done:  # a resumed run reuses the split searches of earlier rows (they take minutes each)
         if r["method"] in ("dip", "dip-ca", "teal") and r["allocation"] == "uniform":
             ev.splits.setdefault((round(r["target_density"], 6), r["score"]), (r["rho_in"], {"split": "resumed"}))
+    if args.curves:
+        import numpy as np
+
+        from dipdeploy.sparsity.allocate import CURVE_TOKENS, GRID, ErrorCurves
+
+        g = np.array(GRID)
+        ev.curves["abs"] = ErrorCurves(g, g, np.load(args.curves)["cost"], CURVE_TOKENS, "abs")
     if args.splits_from:
         for k, v in splits_from(args.splits_from).items():
             ev.splits.setdefault(k, v)

@@ -79,6 +79,8 @@ def test_joint_calibration_gives_valid_per_layer_splits(tiny_llama, method):
     assert plan.allocation in ("joint", "uniform")  # uniform when the joint plan loses on held-out tokens
     assert set(plan.calibration["joint_held_kl"]) == {"uniform", "split", "lagrange"}
     assert (plan.allocation == "uniform") == (plan.calibration["joint_choice"] == "uniform")
+    kls = plan.calibration["joint_held_kl"]  # every candidate is really run (distinct plans, distinct KLs)
+    assert len(set(kls.values())) == len(kls)
     assert all(1 <= lp.k_in <= d and 1 <= lp.k_glu <= f for lp in plan.layers)
     assert abs(_bytes_per_token(plan.layers, d, f) - 3 * d * f * L * 0.5) <= d / 2 + 2 * f
     if method == "teal":  # per-layer thresholds exist for every layer, from that layer's own shares

@@ -266,15 +266,14 @@ def allocate_joint_plan(lm, plan: SparsityPlan, windows: torch.Tensor, curves: d
                   "lagrange": allocate_joint(found, plan.density, d, f)}
     unsparsify_(lm.model)
     ref = _logprobs(lm.model, held)
-    probe = SparsityPlan(lm.name, "dip", plan.density, d, f, candidates["uniform"], score=plan.score)
-    sparsify_(lm.model, probe)
     held_kl = {}
-    for name, layers in candidates.items():
-        probe.layers = layers
-        held_kl[name] = round(_kl(lm.model, held, ref), 5)
+    for name, layers in candidates.items():  # sparsify_ per candidate: each SparseMLP keeps its LayerPlan
+        sparsify_(lm.model, SparsityPlan(lm.name, "dip", plan.density, d, f, layers, score=plan.score))
+        held_kl[name] = _kl(lm.model, held, ref)
     unsparsify_(lm.model)
     choice = min(held_kl, key=lambda k: (held_kl[k], k != "uniform"))
-    plan.calibration.update(joint_held_kl=held_kl, joint_choice=choice, curve_tokens=found.tokens)
+    plan.calibration.update(joint_held_kl={k: float(f"{v:.5g}") for k, v in held_kl.items()},
+                            joint_choice=choice, curve_tokens=found.tokens)
     if choice != "uniform":
         plan.layers = [LayerPlan(lp.k_in, lp.k_glu) for lp in candidates[choice]]
         plan.allocation = "joint"
