@@ -124,6 +124,7 @@ class Evaluator:
             self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows)
         self._calib = None
         self.splits: dict = {}
+        self.curves: dict = {}  # the joint allocation's error curves per score (sparsity.allocate)
 
     @property
     def calib(self):
@@ -149,11 +150,12 @@ class Evaluator:
             if trained.method == sparsity.method and abs(trained.density - sparsity.density) < 0.01:
                 return trained
         with self.progress.stage(f"calibrate {sparsity.method} ρ={sparsity.density:g}"):
-            return calibrate(self.lm, sparsity, self.calib, self.splits)
+            return calibrate(self.lm, sparsity, self.calib, self.splits, self.curves)
 
     def row(self, method: str, density: float, **overrides) -> dict:
         from dataclasses import replace
 
+        from dipdeploy.eval.meter import DensityMeter
         from dipdeploy.eval.perplexity import perplexity
         from dipdeploy.sparsity.methods import sparsify_, unsparsify_
 
@@ -164,16 +166,19 @@ class Evaluator:
             sparsify_(self.lm.model, plan)
         t1 = time.time()
         batch = cfg.batch_size or (16 if method == "dip-ca" else 1)
+        meter = DensityMeter(self.lm.model, plan) if method in ("teal", "cats") else nullcontext()
         try:
             n = int(self.test.shape[0])
-            with self.progress.stage(f"eval {method} ρ={density:g}, windows", total=n) as stage:
+            with meter, self.progress.stage(f"eval {method} ρ={density:g}, windows", total=n) as stage:
                 ppl, tokens = perplexity(self.lm.model, self.test, batch, on_batch=stage.advance)
         finally:
             unsparsify_(self.lm.model)
+        realised = meter.density() if isinstance(meter, DensityMeter) else (plan.density if plan else 1.0)
         ca = plan is not None and method == "dip-ca"
         return {
             "model": self.lm.name, "method": method,
             "density": round(plan.density if plan else 1.0, 4), "target_density": density,
+            "density_test": round(realised, 4),
             "ppl": ppl, "tokens": tokens, "seqlen": cfg.seqlen, "windows": int(self.test.shape[0]),
             "rho_in": round(plan.rho_in, 4) if plan and plan.rho_in else 1.0,
             "allocation": plan.allocation if plan else "-", "score": plan.score if plan else "-",

@@ -5,10 +5,14 @@ Named steps (docs/design.md §4), each its own function:
 1. ``search_split`` — the split between ρ_in and ρ_glu at the target ρ (docs/method.md: the split matters a
    lot). A few candidate input shares are tried with plain DIP; the one with the lowest calibration NLL
    wins. ``rho_in`` given by the user skips this step.
-2. ``fit_thresholds`` — CATS / TEAL thresholds per layer: the (1−ρ) quantile of the observed magnitudes,
-   so each layer hits its density in expectation on calibration text.
-3. ``allocate_greedy`` — per-layer density under the global budget, from each layer's end-to-end loss
-   sensitivity (KL of the final logits to the dense model), chosen on held-out calibration tokens.
+2. ``allocate_greedy`` — per-layer density under the global budget, from each layer's end-to-end loss
+   sensitivity (KL of the final logits to the dense model), chosen on held-out calibration tokens; or
+   ``allocate_joint_plan`` — per-layer density and split together, from Fisher-weighted per-layer error
+   curves (:mod:`dipdeploy.sparsity.allocate`), kept only if it beats uniform on held-out tokens (it
+   replaces step 1).
+3. ``fit_thresholds`` — CATS / TEAL thresholds per layer: the (1−share) quantile of the observed
+   magnitudes, so each layer hits its density in expectation on calibration text; after an allocation,
+   each layer's own shares.
 
 Calibration text must never be the evaluation split (use WikiText-2 validation or a user file).
 """
@@ -20,8 +24,9 @@ import math
 import numpy as np
 import torch
 
+from dipdeploy.sparsity.allocate import ErrorCurves, allocate_joint, error_curves, exact_budget, split_per_layer
 from dipdeploy.sparsity.methods import decoder_layers, sparse_mlps, sparsify_, unsparsify_
-from dipdeploy.sparsity.plan import LayerPlan, SparsityConfig, SparsityPlan, density, split_for, uniform_plan
+from dipdeploy.sparsity.plan import LayerPlan, SparsityConfig, SparsityPlan, split_for, uniform_plan
 
 _SAMPLES_PER_LAYER = 200_000  # magnitudes kept per layer for a quantile: plenty for a 1e-3 quantile error
 
@@ -94,17 +99,25 @@ def _observe(model, windows: torch.Tensor) -> dict[tuple[int, str], np.ndarray]:
     return {k: torch.cat(v).numpy() for k, v in seen.items()}
 
 
-def fit_thresholds(lm, plan: SparsityPlan, windows: torch.Tensor, rho_in: float, rho_glu: float) -> SparsityPlan:
-    """Per-layer thresholds for CATS (on |act(W_g x)|) and TEAL (on |x|, then |GLU~|)."""
+def fit_thresholds(lm, plan: SparsityPlan, windows: torch.Tensor, rho_in: float | None = None,
+                   rho_glu: float | None = None) -> SparsityPlan:
+    """Per-layer thresholds for CATS (on |act(W_g x)|) and TEAL (on |x|, then |GLU~|).
+
+    Each layer's threshold is the quantile that keeps ``rho_in`` (``rho_glu``) of its magnitudes; where
+    one is None, each layer's own share in the plan (K_in/d, K_glu/F), so an allocated plan's per-layer
+    densities become per-layer thresholds (TEAL's per-layer sparsity levels)."""
+    d, f = plan.hidden_size, plan.intermediate_size
     sparsify_(lm.model, plan)
     names = ("in", "glu") if plan.method == "teal" else ("gate",)
     for name in names:  # TEAL's GLU threshold is fitted with the input threshold already active
         obs = _observe(lm.model, windows)
         for i, lp in enumerate(plan.layers):
             if name == "in":
-                lp.thr_in = float(np.quantile(obs[(i, name)], 1 - rho_in))
+                share = lp.k_in / d if rho_in is None else rho_in
+                lp.thr_in = float(np.quantile(obs[(i, name)], 1 - share))
             else:
-                lp.thr_glu = float(np.quantile(obs[(i, name)], 1 - rho_glu))
+                share = lp.k_glu / f if rho_glu is None else rho_glu
+                lp.thr_glu = float(np.quantile(obs[(i, name)], 1 - share))
     unsparsify_(lm.model)
     return plan
 
@@ -193,30 +206,9 @@ def _densities(rise: np.ndarray, strength: float, target: float, floor: float) -
     return np.clip(raw + (lo + hi) / 2, floor, 1.0)
 
 
-def _exact_budget(layers: list[LayerPlan], target: float, floor: float, d: int, f: int) -> None:
-    """Add or remove single W_d rows (K_glu ± 1) until the mean density is the target within half a row.
-
-    Rows are taken from the densest layers and given to the sparsest, so no layer drops below the floor."""
-    L = len(layers)
-    rows = round((3 * d * f * L * target - sum(2 * lp.k_in * f + lp.k_glu * d for lp in layers)) / d)
-    step = 1 if rows > 0 else -1
-    while rows:
-        order = sorted(range(L), key=lambda i: (step * density(layers[i].k_in, layers[i].k_glu, d, f), i))
-        moved = False
-        for i in order:
-            lp = layers[i]
-            ok = lp.k_glu + step <= f if step > 0 else density(lp.k_in, lp.k_glu - 1, d, f) >= floor - 1e-12
-            if rows and ok and lp.k_glu + step >= 1:
-                lp.k_glu += step
-                rows -= step
-                moved = True
-        if not moved:
-            raise ValueError(f"cannot meet density {target} within the per-layer floor {floor}")
-
-
 def _layers_for(rhos: np.ndarray, target: float, floor: float, ratio: float, d: int, f: int) -> list[LayerPlan]:
     layers = [_layer_at(float(r), ratio, d, f) for r in rhos]
-    _exact_budget(layers, target, floor, d, f)
+    exact_budget(layers, target, floor, d, f)
     return layers
 
 
@@ -230,7 +222,7 @@ def allocate_greedy(lm, plan: SparsityPlan, windows: torch.Tensor, tokens: int =
     (:func:`_sensitivity`), densities follow log s_i at each of ``strengths`` (:func:`_densities`;
     0 is uniform), and the strength with the lowest KL on the held-out rest of the windows wins, so the
     plan is never worse than uniform on calibration text. The mean density is the target within half
-    a W_d row (:func:`_exact_budget`) and every layer keeps at least ``floor``·ρ. Deterministic.
+    a W_d row (:func:`dipdeploy.sparsity.allocate.exact_budget`) and every layer keeps at least ``floor``·ρ. Deterministic.
 
     Why the old allocation failed (PPL 2752 against 28.51 for uniform at ρ = 0.5 on SmolLM2-135M,
     benchmarks/results/accuracy-smollm2.md): its "more density never hurts" clean-up took the running
@@ -267,18 +259,59 @@ def allocate_greedy(lm, plan: SparsityPlan, windows: torch.Tensor, tokens: int =
     return plan
 
 
+@torch.no_grad()
+def allocate_joint_plan(lm, plan: SparsityPlan, windows: torch.Tensor, curves: dict | None = None,
+                        tokens: int = 256) -> SparsityPlan:
+    """Per-layer densities and splits from the error curves (:mod:`dipdeploy.sparsity.allocate`), kept
+    only where they beat the uniform plan on held-out calibration tokens.
+
+    Candidates: ``uniform`` (the plan as given), ``split`` (uniform densities, each layer's best split on
+    its own curve) and ``lagrange`` (densities and splits together). The curves are measured on the first
+    ``tokens`` of each calibration window and the candidates compared by the KL of the final logits to the
+    dense model's on the rest, so the choice is not made on the tokens that shaped them. ``curves``
+    memoises the curves per score across densities and methods."""
+    L, d, f = _shape(lm)
+    search, held = _allocation_windows(windows, tokens)
+    curves = {} if curves is None else curves
+    if plan.score not in curves:
+        curves[plan.score] = error_curves(lm, search, plan.score)
+    found: ErrorCurves = curves[plan.score]
+    candidates = {"uniform": [LayerPlan(lp.k_in, lp.k_glu) for lp in plan.layers],
+                  "split": split_per_layer(found, np.full(L, plan.density), d, f),
+                  "lagrange": allocate_joint(found, plan.density, d, f)}
+    unsparsify_(lm.model)
+    ref = _logprobs(lm.model, held)
+    held_kl = {}
+    for name, layers in candidates.items():  # sparsify_ per candidate: each SparseMLP keeps its LayerPlan
+        sparsify_(lm.model, SparsityPlan(lm.name, "dip", plan.density, d, f, layers, score=plan.score))
+        held_kl[name] = _kl(lm.model, held, ref)
+    unsparsify_(lm.model)
+    choice = min(held_kl, key=lambda k: (held_kl[k], k != "uniform"))
+    plan.calibration.update(joint_held_kl={k: float(f"{v:.5g}") for k, v in held_kl.items()},
+                            joint_choice=choice, curve_tokens=found.tokens)
+    if choice != "uniform":
+        plan.layers = [LayerPlan(lp.k_in, lp.k_glu) for lp in candidates[choice]]
+        plan.allocation = "joint"
+        plan.rho_in = sum(lp.k_in for lp in plan.layers) / (L * d)
+    plan.calibration["layer_split"] = [[round(lp.k_in / d, 4), round(lp.k_glu / f, 4)] for lp in plan.layers]
+    plan.density = plan.mean_density()
+    return plan
+
+
 def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | None = None,
-              search=search_split) -> SparsityPlan:
-    """The whole calibration: split search → thresholds → allocation, as the config asks.
+              curves: dict | None = None, search=search_split) -> SparsityPlan:
+    """The whole calibration: split search → allocation → thresholds, as the config asks.
 
     ``splits`` memoises the split search per (density, score) across calls: DIP, DIP-CA and TEAL at the
-    same density share it (the search itself runs plain DIP). ``search`` runs it: a streamed model
+    same density share it (the search itself runs plain DIP). ``allocation = "joint"`` chooses every
+    layer's split itself, so it skips the search (its uniform fallback uses the default split);
+    ``curves`` memoises its error curves per score. ``search`` runs the split search: a streamed model
     passes ``dipdeploy.sparsity.streamed.search_split_streamed``.
     """
     L, d, f = _shape(lm)
     info: dict = {"windows": int(windows.shape[0]), "seqlen": int(windows.shape[1])}
     rho_in = cfg.rho_in
-    if cfg.method in ("teal", "dip", "dip-ca") and rho_in is None:
+    if cfg.method in ("teal", "dip", "dip-ca") and rho_in is None and cfg.allocation != "joint":
         splits = {} if splits is None else splits
         key = (round(cfg.density, 6), cfg.score)
         if key not in splits:
@@ -287,13 +320,19 @@ def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | Non
         info.update(found)
     plan = uniform_plan(cfg, lm.name, L, d, f, rho_in=rho_in)
     plan.calibration = info
-    if cfg.method in ("cats", "teal"):
-        r_in, r_glu = split_for(cfg.method, cfg.density, rho_in)
-        plan = fit_thresholds(lm, plan, windows, r_in, r_glu)
-        plan.density = cfg.density  # thresholds hit it in expectation on calibration text
+    if cfg.allocation != "uniform":
+        allowed = ("dip", "dip-ca", "teal") if cfg.allocation == "joint" else ("dip", "dip-ca")
+        if cfg.method not in allowed:
+            raise ValueError(f"allocation {cfg.allocation!r} is implemented for {', '.join(allowed)}, not "
+                             f"{cfg.method!r}; use --allocation uniform")
     if cfg.allocation == "greedy":
-        if cfg.method not in ("dip", "dip-ca"):
-            raise ValueError(f"allocation 'greedy' is implemented for dip and dip-ca, not {cfg.method!r}; "
-                             f"use --allocation uniform")
         plan = allocate_greedy(lm, plan, windows, density_target=cfg.density)
+    elif cfg.allocation == "joint":
+        plan = allocate_joint_plan(lm, plan, windows, curves)
+    if cfg.method in ("cats", "teal"):
+        if plan.allocation == "uniform":
+            plan = fit_thresholds(lm, plan, windows, *split_for(cfg.method, cfg.density, rho_in))
+        else:
+            plan = fit_thresholds(lm, plan, windows)
+        plan.density = cfg.density  # thresholds hit it in expectation on calibration text
     return plan
