@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--data", default="pydoc-topics")
     ap.add_argument("--dip-lm", action="store_true", help="also DIP + the LM objective on the same text")
     ap.add_argument("--train", help="only train this adapter (distill@RHO, dense-lm, dip-lm) and exit")
+    ap.add_argument("--no-dense", action="store_true", help="leave the two dense rows to another process")
     ap.add_argument("--no-train", action="store_true",
                     help="skip the rows whose adapter is not trained yet (another process is training it)")
     ap.add_argument("--threads", type=int, default=1,
@@ -139,6 +141,10 @@ def _PrintLog(name: str):
     return PrintLog()
 
 
+def key(row: dict) -> tuple:
+    return row["method"], row["target_density"], row["training"]
+
+
 def parse_name(name: str) -> tuple[str, str, float]:
     """(objective, method trained under, ρ) of an adapter name: distill@0.5, dense-lm, dip-lm@0.5."""
     head, _, rho = name.partition("@")
@@ -162,29 +168,41 @@ def main() -> None:
     trained_at = [float(r) for r in args.adapter_densities.split(",")]
     name = "distill-" + args.model.split("-")[0] + ("-quick" if args.quick else "")
     partial = RESULTS / f".{name}.partial.json"
-    rows = json.loads(partial.read_text()) if partial.is_file() else []
-    have = {(r["method"], r["target_density"], r["training"]) for r in rows}
+    test = tuple(bench.ev.test.shape)
+    mine: list[dict] = []
     info = machine()
 
+    def merged() -> list[dict]:
+        """The partial file's rows of this evaluation size, plus this process's: several processes may fill
+        one table side by side (each on its own rows, ``--densities``, ``--no-dense``)."""
+        rows = json.loads(partial.read_text()) if partial.is_file() else []
+        rows = {key(r): r for r in rows + mine if (r["windows"], r["seqlen"]) == test}
+        return list(rows.values())
+
     def want(method: str, rho: float, training: str, adapter_name: str | None) -> None:
-        if (method, rho, training) in have:
+        if (method, rho, training) in {key(r) for r in merged()}:
             return
         if adapter_name and args.no_train and not (bench.work / adapter_name / "adapter_config.json").is_file():
             print(f"skipped {method} ρ={rho} {training}: adapter {adapter_name} not trained yet", flush=True)
             return
         row = bench.row(method, rho, training, bench.adapter(adapter_name) if adapter_name else None)
-        rows.append(row)
-        partial.write_text(json.dumps(rows, indent=1))
+        mine.append(row)
+        rows = merged()
+        tmp = partial.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(rows, indent=1))
+        tmp.replace(partial)
         print(f"{method:5s} ρ={rho:<5} {training:8s} ppl={row['ppl']:.3f} eval {row['eval_wall_s']} s", flush=True)
         write_table(rows, name, info, bench, args)
 
-    want("dense", 1.0, "none", None)
-    want("dense", 1.0, "lm", "dense-lm")
+    if not args.no_dense:
+        want("dense", 1.0, "none", None)
+        want("dense", 1.0, "lm", "dense-lm")
     for rho in sorted(densities, key=lambda r: (r not in trained_at, r)):  # the trained densities first
         want("dip", rho, "none", None)
         want("dip", rho, "distill", f"distill@{min(trained_at, key=lambda a: abs(a - rho))}")
     if args.dip_lm:
         want("dip", trained_at[0], "lm", f"dip-lm@{trained_at[0]}")
+    rows = merged()
     write_table(rows, name, info, bench, args)
     write_rows_json([{k: r.get(k) for k in ("method", "density", "training", "adapter_rho", "ppl", "train_tokens",
                                             "wall_s")} for r in rows], args.json)
@@ -215,6 +233,8 @@ def goal(rows: list[dict], rho: float) -> str:
 
 
 def write_table(rows: list[dict], name: str, info: dict, bench: Bench, args) -> None:
+    if not rows:
+        return
     derive(rows)
     order = ["none", "lm", "distill"]
     ordered = sorted(rows, key=lambda r: (r["method"] != "dense", r["target_density"], order.index(r["training"])))
