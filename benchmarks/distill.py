@@ -22,7 +22,7 @@ Adapters and plans go to ``--work`` (not in git) and rows to a partial file, so 
 of those side by side (and the table run with ``--no-train`` meanwhile), then the table run finds them.
 
     python benchmarks/distill.py --quick    # 1 × 512 test tokens, 4 steps: a pipeline check
-    python benchmarks/distill.py            # 4 × 2048 test tokens, 20 steps × 4 × 256 tokens
+    python benchmarks/distill.py            # 4 × 2048 test tokens, 10 steps × 4 × 256 tokens
 """
 
 from __future__ import annotations
@@ -56,12 +56,13 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--adapter-densities", default="0.5", help="ρ at which a distilled adapter is trained")
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--seqlen", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--data", default="pydoc-topics")
     ap.add_argument("--dip-lm", action="store_true", help="also DIP + the LM objective on the same text")
     ap.add_argument("--train", help="only train this adapter (distill@RHO, dense-lm, dip-lm) and exit")
     ap.add_argument("--no-dense", action="store_true", help="leave the two dense rows to another process")
+    ap.add_argument("--trainings", default="none,lm,distill", help="which rows' trainings this process fills")
     ap.add_argument("--no-train", action="store_true",
                     help="skip the rows whose adapter is not trained yet (another process is training it)")
     ap.add_argument("--threads", type=int, default=1,
@@ -180,7 +181,7 @@ def main() -> None:
         return list(rows.values())
 
     def want(method: str, rho: float, training: str, adapter_name: str | None) -> None:
-        if (method, rho, training) in {key(r) for r in merged()}:
+        if training not in args.trainings.split(",") or (method, rho, training) in {key(r) for r in merged()}:
             return
         if adapter_name and args.no_train and not (bench.work / adapter_name / "adapter_config.json").is_file():
             print(f"skipped {method} ρ={rho} {training}: adapter {adapter_name} not trained yet", flush=True)
