@@ -62,6 +62,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--dip-lm", action="store_true", help="also DIP + the LM objective on the same text")
     ap.add_argument("--train", help="only train this adapter (distill@RHO, dense-lm, dip-lm) and exit")
     ap.add_argument("--no-dense", action="store_true", help="leave the two dense rows to another process")
+    ap.add_argument("--table-only", action="store_true", help="rewrite the results section from the partial file")
     ap.add_argument("--trainings", default="none,lm,distill", help="which rows' trainings this process fills")
     ap.add_argument("--no-train", action="store_true",
                     help="skip the rows whose adapter is not trained yet (another process is training it)")
@@ -161,14 +162,21 @@ def parse_name(name: str) -> tuple[str, str, float]:
 def main() -> None:
     args = parse()
     torch.set_num_threads(args.threads)
+    name = "distill-" + args.model.split("-")[0] + ("-quick" if args.quick else "")
+    partial = RESULTS / f".{name}.partial.json"
+
+    def all_rows() -> list[dict]:
+        return json.loads(partial.read_text()) if partial.is_file() else []
+
+    if args.table_only:
+        write_table(all_rows(), name, machine(), args)
+        return
     bench = Bench(args)
     if args.train:
         bench.adapter(args.train)
         return
     densities = [float(r) for r in args.densities.split(",")]
     trained_at = [float(r) for r in args.adapter_densities.split(",")]
-    name = "distill-" + args.model.split("-")[0] + ("-quick" if args.quick else "")
-    partial = RESULTS / f".{name}.partial.json"
     test = tuple(bench.ev.test.shape)
     mine: list[dict] = []
     info = machine()
@@ -193,7 +201,7 @@ def main() -> None:
         tmp.write_text(json.dumps(rows, indent=1))
         tmp.replace(partial)
         print(f"{method:5s} ρ={rho:<5} {training:8s} ppl={row['ppl']:.3f} eval {row['eval_wall_s']} s", flush=True)
-        write_table(rows, name, info, bench, args)
+        write_table(all_rows(), name, info, args)
 
     if not args.no_dense:
         want("dense", 1.0, "none", None)
@@ -204,7 +212,7 @@ def main() -> None:
     if args.dip_lm:
         want("dip", trained_at[0], "lm", f"dip-lm@{trained_at[0]}")
     rows = merged()
-    write_table(rows, name, info, bench, args)
+    write_table(all_rows(), name, info, args)
     write_rows_json([{k: r.get(k) for k in ("method", "density", "training", "adapter_rho", "ppl", "train_tokens",
                                             "wall_s")} for r in rows], args.json)
 
@@ -233,37 +241,42 @@ def goal(rows: list[dict], rho: float) -> str:
             f"control): {ratio:.3f}×: **{'met' if ratio <= 1.10 else 'not met'}**.")
 
 
-def write_table(rows: list[dict], name: str, info: dict, bench: Bench, args) -> None:
+def write_table(rows: list[dict], name: str, info: dict, args) -> None:
+    """The section of the results file: one table per evaluation size found in the rows."""
     if not rows:
         return
-    derive(rows)
     order = ["none", "lm", "distill"]
-    ordered = sorted(rows, key=lambda r: (r["method"] != "dense", r["target_density"], order.index(r["training"])))
     cfg = lora_config(args, "distill")
-    ev = bench.ev.cfg
+    tables = []
+    for windows, seqlen in sorted({(r["windows"], r["seqlen"]) for r in rows}, reverse=True):
+        part = [r for r in rows if (r["windows"], r["seqlen"]) == (windows, seqlen)]
+        derive(part)
+        part.sort(key=lambda r: (r["method"] != "dense", r["target_density"], order.index(r["training"])))
+        tables.append(f"### {windows} × {seqlen} tokens of WikiText-2 test ({part[0]['tokens']} predicted tokens)\n\n"
+                      f"{md_table(part, COLS)}\n\n{goal(part, 0.5)}\n")
     text = (f"{SECTION}\n\n"
-            f"Model {rows[0]['model']}; evaluation: the project's evaluator, {int(bench.ev.test.shape[0])} windows × "
-            f"{ev.seqlen} tokens of WikiText-2 test ({rows[0]['tokens']} predicted tokens; a quarter of the 16 × 2048 "
-            f"protocol, as the LM-objective table above, to fit this machine), fp32, prefill and decode both sparsified, every adapter merged "
-            f"into the fp32 weights (as `export --lora`). DIP: uniform plans, split calibrated on WikiText-2 "
-            f"validation (4 × 512 tokens). Training (every adapter alike, only the objective differs): LoRA rank "
-            f"{cfg.rank}, α {cfg.lora_alpha:g}, targets {','.join(cfg.targets)}, lr {cfg.lr:g} ({cfg.scheduler}, "
-            f"{cfg.warmup_steps} warm-up steps), {cfg.steps} steps × {cfg.batch_size} × {cfg.seqlen} tokens, bf16 "
-            f"autocast forward, on `{cfg.data}` (Python's bundled pydoc topics, dipdeploy/finetune/data.py: no "
-            f"WikiText). `distill`: KL(dense ‖ student) at temperature 1, the teacher the same base weights run "
-            f"dense with the adapter off; `lm`: next-token cross-entropy. One distilled adapter per `adapter_rho`, "
-            f"applied under each row's own plan. `x_dense` = PPL / dense untrained; `x_dense_lm` = PPL / dense + "
-            f"the same LM training; `gap_closed` = (PPL_DIP − PPL) / (PPL_DIP − PPL_dense untrained); "
-            f"`wall_s` = training time, losses = first and last logged (KL in nats/token for distill).\n\n"
+            f"Model {rows[0]['model']}; evaluation: the project's evaluator on WikiText-2 test, fewer windows than "
+            f"the 16 × 2048 protocol to fit this machine (the size heads each table), fp32, prefill and decode both "
+            f"sparsified, every adapter merged into the fp32 weights (as `export --lora`). DIP: uniform plans, split "
+            f"calibrated on WikiText-2 validation (4 × 512 tokens). Training (every adapter alike, only the "
+            f"objective differs): LoRA rank {cfg.rank}, α {cfg.lora_alpha:g}, targets {','.join(cfg.targets)}, lr "
+            f"{cfg.lr:g} ({cfg.scheduler}, {cfg.warmup_steps} warm-up steps), {cfg.steps} steps × {cfg.batch_size} × "
+            f"{cfg.seqlen} tokens, bf16 autocast forward, on `{cfg.data}` (Python's bundled pydoc topics, "
+            f"dipdeploy/finetune/data.py: no WikiText). `distill`: KL(dense ‖ student) at temperature 1, the teacher "
+            f"the same base weights run dense with the adapter off; `lm`: next-token cross-entropy. One distilled "
+            f"adapter per `adapter_rho`, applied under each row's own plan. `x_dense` = PPL / dense untrained; "
+            f"`x_dense_lm` = PPL / dense + the same LM training; `gap_closed` = (PPL_DIP − PPL) / (PPL_DIP − "
+            f"PPL_dense untrained); `wall_s` = training time, losses = first and last logged (KL in nats/token for "
+            f"distill).\n\n"
             f"Which control is which: the dense model distilled from itself does not move (KL and gradient are 0 "
             f"at the start), so for distillation the equally trained dense model *is* the untrained dense row; "
             f"`dense` + `lm` is the dense model given the same text and steps with the LM objective, the control "
             f"for what the training text alone does to WikiText perplexity.\n"
-            f"Machine: {info['cpu']}, {info['cores']} cores shared with other jobs (load {info['load_1min']} at "
-            f"start), torch {args.threads} thread per process; training runs overlapped with each other and with the "
-            f"evaluations, so wall times are indicative only.\n\n{md_table(ordered, COLS)}\n\n{goal(rows, 0.5)}\n\n"
-            f"Regenerate: `python benchmarks/distill.py` (resumes from benchmarks/results/.{name}.partial.json; "
-            f"adapters under {args.work}).\n")
+            f"Machine: {info['cpu']}, {info['cores']} cores shared with other jobs (load {info['load_1min']} when "
+            f"this was written), torch {args.threads} thread per process; several training and evaluation processes "
+            f"overlapped, so wall times are indicative only.\n\n" + "\n".join(tables) +
+            f"\nRegenerate: `python benchmarks/distill.py` (resumes from benchmarks/results/.{name}.partial.json; "
+            f"adapters under {args.work}; `--table-only` rewrites this section from it).\n")
     path = RESULTS / ("lora-smollm2.md" if name == "distill-smollm2" else f"{name}.md")
     old = path.read_text() if path.is_file() else ""
     kept = old.split(SECTION)[0].rstrip() if SECTION in old else old.rstrip()
