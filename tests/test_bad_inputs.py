@@ -115,6 +115,9 @@ CASES = [
     ("finetune-text-file-missing", "finetune --model tiny-llama --out {new} --text-file {missing}", "--text-file"),
     ("finetune-rank", "finetune --model tiny-llama --out {new} --rank 0", "rank must be >= 1"),
     ("finetune-targets", "finetune --model tiny-llama --out {new} --targets up,ffn", "targets"),
+    ("finetune-objective", "finetune --model tiny-llama --out {new} --objective kl", "objective 'kl' unknown"),
+    ("finetune-distill-on-wikitext", "finetune --model tiny-llama --out {new} --objective distill --data wikitext2-valid",
+     "not WikiText"),
     # export
     ("export-json-exists", "export --model tiny-llama --rho-in 0.6 --out {new} --json {file}", "pass --force"),
     ("export-json-is-dir", "export --model tiny-llama --rho-in 0.6 --out {new} --json {dir}", "is a directory"),

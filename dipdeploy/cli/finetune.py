@@ -16,7 +16,8 @@ import typer
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import DATA, MODEL, console, fail
-from dipdeploy.finetune.config import LoraConfig
+from dipdeploy.finetune.config import DATA as SOURCES
+from dipdeploy.finetune.config import DEFAULT_DATA, OBJECTIVES, LoraConfig
 
 _L = LoraConfig
 
@@ -44,14 +45,20 @@ def finetune_cmd(
     batch_size: Optional[int] = typer.Option(None, help=f"windows per step per process (default {_L.batch_size})"),
     save_steps: Optional[int] = typer.Option(None, help=f"checkpoint every N steps (default {_L.save_steps})"),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast forward (GPU or AVX512-BF16 CPU)"),
-    data: Optional[str] = typer.Option(None, help=f"{_L.data} (never the test split); or --text-file"),
+    objective: Optional[str] = typer.Option(
+        None, help=f"{' | '.join(OBJECTIVES)}: next-token cross-entropy, or KL to the dense base model "
+                   f"(default {_L.objective})"),
+    data: Optional[str] = typer.Option(
+        None, help=f"{' | '.join(SOURCES)} (never the test split; default: "
+                   f"{', '.join(f'{v} for {k}' for k, v in DEFAULT_DATA.items())}); or --text-file"),
     text_file: Optional[Path] = typer.Option(None, help="train on this UTF-8 text instead"),
     data_dir: Optional[Path] = DATA,
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (1 is fastest on a busy machine)"),
     resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in OUT.checkpoints"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT and discard old checkpoints"),
 ) -> None:
-    """Train LoRA adapters with the DIP masks active; save a peft adapter plus the plan it was trained for."""
+    """Train LoRA adapters with the DIP masks active (next-token loss, or distillation from the dense model);
+    save a peft adapter plus the plan it was trained for."""
     import torch
 
     from dipdeploy.cli.core import check_inputs
@@ -67,7 +74,7 @@ def finetune_cmd(
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file})
         cfg = LoraConfig(**_given(rank=rank, alpha=alpha, targets=targets, steps=steps, tokens=tokens, lr=lr,
                                   seqlen=seqlen, batch_size=batch_size, save_steps=save_steps, bf16=bf16,
-                                  data=data, text_file=str(text_file) if text_file else None))
+                                  objective=objective, data=data, text_file=str(text_file) if text_file else None))
         if threads is not None and threads < 1:
             raise ValueError(f"--threads {threads}: give at least 1")
         p = SparsityPlan.load(plan) if plan is not None else None
@@ -76,6 +83,9 @@ def finetune_cmd(
             sp = SparsityConfig(**_given(method=method, density=density, rho_in=rho_in, gamma=gamma))
             if sp.method not in ("dip", "dip-ca"):
                 raise ValueError(f"--method {sp.method}: finetune trains under dip or dip-ca")
+        from dipdeploy.finetune.data import training_text
+
+        training_text(cfg, data_dir)  # refuses WikiText test (and, for distill, validation) text before any work
         check_inputs(model=model)
         from dipdeploy.eval.data import load_text, windows
         from dipdeploy.finetune import finetune
@@ -92,7 +102,8 @@ def finetune_cmd(
                 calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
                                 defaults.CALIB_SEQLEN, defaults.CALIB_WINDOWS)
                 p = calibrate(lm, sp, calib)
-        say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}) on {lm.name} under {p.method} "
+        say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}, objective {cfg.objective}, text "
+            f"{cfg.text_file or cfg.data}) on {lm.name} under {p.method} "
             f"ρ={p.density:.4f}: {cfg.total_steps(proc.world_size)} steps × {cfg.tokens_per_step} tokens"
             + (f" × {proc.world_size} processes" if proc.world_size > 1 else ""))
         with progress.stage("train LoRA, steps", total=cfg.total_steps(proc.world_size)) as stage:

@@ -1,5 +1,9 @@
 """LoRA recovery (floor 3): train adapters with the DIP masks active, then merge them before export.
 
+Objectives (``LoraConfig.objective``): ``lm``, next-token cross-entropy; ``distill``, KL to the dense base
+model (``distill.py``) on text that is not WikiText (``data.py``), so that the gain measured on WikiText
+is recovery from pruning, not adaptation to the evaluation corpus.
+
     finetune(lm, plan, LoraConfig(...), out_dir)   → a peft adapter + the plan it was trained for
     apply_lora(lm, adapter_dir, merge=True)         → the base with W + (α/r)·B·A (what export uses)
 

@@ -6,7 +6,15 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 TARGETS = ("up", "gate", "down", "attn")
-DATA = ("wikitext2-valid",)  # training text other than a user file; never the evaluation (test) split
+#: What the adapter is trained to do: ``lm``, next-token cross-entropy on the text; ``distill``, match the
+#: dense base model's next-token distribution (KL(dense ‖ student), temperature 1) with the masks active.
+OBJECTIVES = ("lm", "distill")
+#: Training text other than a user file (dipdeploy/finetune/data.py); never the evaluation (test) split.
+DATA = ("wikitext2-valid", "pydoc-topics")
+#: The text each objective trains on when none is named. Distillation must not see WikiText at all: its
+#: gain would then mix recovery from pruning with domain adaptation to the evaluation text
+#: (benchmarks/results/lora-smollm2.md, the control rows).
+DEFAULT_DATA = {"lm": "wikitext2-valid", "distill": "pydoc-topics"}
 SCHEDULERS = ("cosine", "linear", "constant")
 
 
@@ -21,6 +29,8 @@ class LoraConfig:
     ``alpha=None`` means 2·rank, the usual LoRA scaling of 2.
     ``bf16`` runs the forward under bf16 autocast (GPU, or a CPU with AVX512-BF16: 1.5× faster on this
     project's CPU); the LoRA weights and the optimizer stay fp32, and evaluation stays fp32.
+    ``objective`` is one of :data:`OBJECTIVES`; ``data=None`` means the objective's own text
+    (:data:`DEFAULT_DATA`), resolved here so the saved config names the text actually used.
     """
 
     rank: int = 16
@@ -36,7 +46,8 @@ class LoraConfig:
     batch_size: int = 4
     grad_accum: int = 1
     seqlen: int = 512
-    data: str = "wikitext2-valid"
+    objective: str = "lm"
+    data: str | None = None
     text_file: str | None = None
     save_steps: int = 50
     logging_steps: int = 10
@@ -67,10 +78,19 @@ class LoraConfig:
             raise ValueError(f"warmup_steps and weight_decay must be >= 0, got {self.warmup_steps}, {self.weight_decay}")
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler {self.scheduler!r} unknown; choose one of {', '.join(SCHEDULERS)}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective {self.objective!r} unknown; choose one of {', '.join(OBJECTIVES)}")
+        if self.data is None:
+            self.data = DEFAULT_DATA[self.objective]
         if self.data not in DATA:
             raise ValueError(
                 f"data {self.data!r} unknown; choose one of {', '.join(DATA)} or pass text_file "
                 f"(the WikiText-2 test split is for evaluation only)"
+            )
+        if self.objective == "distill" and self.data.startswith("wikitext2") and self.text_file is None:
+            raise ValueError(
+                f"data {self.data!r} with objective distill: distillation trains on text that is not WikiText "
+                f"(the evaluation corpus); use data {DEFAULT_DATA['distill']!r} or a text file"
             )
 
     @property

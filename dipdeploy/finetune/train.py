@@ -27,7 +27,13 @@ The masks: peft wraps the nn.Linear projections *inside* the SparseMLP, so a pro
 ``(W + s·B·A)(m_in ⊙ x)`` — the adapter acts on the full weight before column selection, as merging
 it later does (docs/method.md). ``m_in``/``m_glu`` come from ``topk`` and enter as boolean multiplies, so
 gradients flow through the kept entries only and the masks are constants. The training text is WikiText-2
-*validation* or a user file, never the test split the evaluator reports.
+*validation*, Python's pydoc topics or a user file, never the test split the evaluator reports
+(dipdeploy/finetune/data.py).
+
+The objective (``LoraConfig.objective``): ``lm`` is the Trainer's own next-token cross-entropy; ``distill``
+passes :class:`dipdeploy.finetune.distill.DistillLoss` as the Trainer's ``compute_loss_func`` (KL to the
+dense base model, computed on the fly from the same weights with the adapter off), so checkpoints,
+resume and data parallelism stay the Trainer's.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ import torch
 
 from dipdeploy.finetune.adapter import dense_paths, fingerprint, target_modules, write_metadata
 from dipdeploy.finetune.config import LoraConfig
+from dipdeploy.finetune.data import training_windows
+from dipdeploy.finetune.distill import DistillLoss
 from dipdeploy.finetune.launch import ProcessInfo
 from dipdeploy.paths import atomic_dir, check_output
 from dipdeploy.sparsity.methods import reset_caches, sparsify_, unsparsify_
@@ -70,14 +78,6 @@ class WindowDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         w = self.windows[i]
         return {"input_ids": w, "labels": w.clone()}
-
-
-def training_windows(lm, cfg: LoraConfig, data_dir: str | Path | None = None) -> torch.Tensor:
-    """All non-overlapping windows of the training text: WikiText-2 validation, or ``cfg.text_file``."""
-    from dipdeploy.eval.data import load_text, windows
-
-    text = load_text("wikitext2", "validation", cfg.text_file, data_dir)
-    return windows(lm.tokenizer, text, cfg.seqlen, None)
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -160,8 +160,9 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
     hf = model.get_base_model()
     sparsify_(hf, plan)
     try:
+        loss_func = DistillLoss(model, hf) if cfg.objective == "distill" else None
         trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress), train_dataset=data,
-                                   callbacks=list(callbacks))
+                                   callbacks=list(callbacks), compute_loss_func=loss_func)
         trainer.hf_model = hf
         if not progress:  # the caller reports (dipdeploy/progress.py): no per-log dicts on stdout either
             from transformers.trainer_callback import PrinterCallback
@@ -182,7 +183,7 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
                      "wall_s": result.wall_s,
                      "first_loss": result.first_loss, "last_loss": result.last_loss,
                      "windows": len(data), "resumed": bool(has_ckpt),
-                     "text": cfg.text_file or "wikitext2/validation"}
+                     "objective": cfg.objective, "text": cfg.text_file or cfg.data}
             with atomic_dir(out) as tmp, dense_paths(hf):
                 model.save_pretrained(tmp)
                 write_metadata(tmp, lm, plan, cfg, train, base_fp)

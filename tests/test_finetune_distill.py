@@ -1,0 +1,168 @@
+"""Distillation recovery (`finetune --objective distill`) on tiny-llama: the student runs the plan's masks,
+the teacher is the dense base without the adapter, training lowers the KL to it, the adapter loads in
+`eval --lora`, and WikiText text is refused as training text in one line."""
+
+import math
+
+import peft
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dipdeploy.cli import app
+from dipdeploy.finetune import LoraConfig, apply_lora, finetune, read_metadata
+from dipdeploy.finetune.data import check_not_evaluation_text, pydoc_topics, source_text, training_windows
+from dipdeploy.finetune.distill import kl_to_teacher, teacher_logits
+from dipdeploy.loading import load_model
+from dipdeploy.sparsity.methods import sparsify_
+from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan, uniform_plan
+
+runner = CliRunner()
+IDS = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(3))
+
+
+def _plan(lm, density=0.5):
+    c = lm.model.config
+    return uniform_plan(SparsityConfig(method="dip", density=density), lm.name, c.num_hidden_layers,
+                        c.hidden_size, c.intermediate_size)
+
+
+def _logits(lm, plan=None):
+    if plan is not None:
+        sparsify_(lm.model, plan)
+    with torch.no_grad():
+        return lm.model(IDS).logits
+
+
+def _student(lm, plan):
+    """tiny-llama wrapped as `finetune` wraps it: peft LoRA on the MLP projections, then the masks."""
+    model = peft.get_peft_model(lm.model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["up_proj", "gate_proj",
+                                                                                              "down_proj"]))
+    hf = model.get_base_model()
+    sparsify_(hf, plan)
+    return model, hf
+
+
+def test_student_runs_the_masks_and_the_teacher_is_the_dense_base_without_adapter():
+    plan = _plan(load_model("tiny-llama"))
+    dip, dense = _logits(load_model("tiny-llama"), plan), _logits(load_model("tiny-llama"))
+    assert not torch.allclose(dip, dense, atol=1e-3)  # the plan changes the output: the checks below can fail
+    model, hf = _student(load_model("tiny-llama"), plan)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=IDS).logits, dip)  # B = 0 at init: the student is DIP
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(hash(name) % 2**31))
+        assert not torch.allclose(model(input_ids=IDS).logits, dip, atol=1e-3)  # now the adapter acts
+    torch.testing.assert_close(teacher_logits(model, hf, IDS), dense)  # ... but never in the teacher
+    with torch.no_grad():  # and the student keeps its masks and adapter after a teacher pass
+        assert not torch.allclose(model(input_ids=IDS).logits, dip, atol=1e-3)
+    assert type(hf.model.layers[0].mlp).__name__ == "SparseMLP"
+
+
+def test_kl_is_zero_for_the_teacher_itself_and_positive_otherwise():
+    t = torch.randn(2, 5, 11)
+    assert float(kl_to_teacher(t, t)) == pytest.approx(0.0, abs=1e-6)
+    assert float(kl_to_teacher(t + torch.randn(2, 5, 11), t)) > 0.01
+    full = kl_to_teacher(t + 1.5 * torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0)), t)
+    assert float(kl_to_teacher(t, t, num_items=8)) == pytest.approx(0.0, abs=1e-6) and math.isfinite(float(full))
+
+
+def _kl_on(windows, plan, adapter=None):
+    """Mean KL(dense ‖ DIP student) over ``windows``, with the adapter live when given."""
+    student = load_model("tiny-llama")
+    if adapter is not None:
+        student = apply_lora(student, adapter, merge=False, plan=plan)
+    sparsify_(student.model, plan)
+    with torch.no_grad():
+        return float(kl_to_teacher(student.model(windows).logits, load_model("tiny-llama").model(windows).logits))
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    text = tmp_path_factory.mktemp("dt") / "train.txt"
+    text.write_text("pack my box with five dozen liquor jugs; the quick brown fox jumps over it. " * 60)
+    torch.manual_seed(0)
+    lm = load_model("tiny-llama")
+    plan = _plan(lm, density=0.4)
+    out = tmp_path_factory.mktemp("da") / "adapter"
+    cfg = LoraConfig(objective="distill", steps=12, lr=2e-3, seqlen=24, batch_size=2, warmup_steps=0,
+                     logging_steps=1, save_steps=12, rank=4, text_file=str(text), seed=0)
+    return plan, out, finetune(lm, plan, cfg, out, progress=False), training_windows(lm, cfg)
+
+
+def test_distillation_trains_and_lowers_the_kl_to_the_dense_model(distilled):
+    plan, out, res, windows = distilled
+    assert res.steps == 12 and all(math.isfinite(h["loss"]) for h in res.log_history if "loss" in h)
+    assert res.first_loss > 0
+    meta = read_metadata(out)
+    assert meta["lora"]["objective"] == "distill" and meta["train"]["objective"] == "distill"
+    before, after = _kl_on(windows, plan), _kl_on(windows, plan, out)  # over every training window
+    assert after < 0.9 * before, (before, after)
+
+
+def test_distilled_adapter_loads_in_eval_lora(distilled, tmp_path):
+    plan, out, _, _ = distilled
+    text = tmp_path / "eval.txt"
+    text.write_text("an evaluation text the adapter never saw, for a tiny model. " * 30)
+    res = runner.invoke(app, ["eval", "--model", "tiny-llama", "--method", "dip", "--density", "0.4", "--lora", str(out),
+                              "--text-file", str(text), "--seqlen", "32", "--max-windows", "2", "--json",
+                              str(tmp_path / "rows.json")])
+    assert res.exit_code == 0, res.output
+    import json
+
+    row = json.loads((tmp_path / "rows.json").read_text())[0]
+    assert row["lora"] == "merged" and math.isfinite(row["ppl"])
+    assert SparsityPlan.load(out / "plan.json").layers == plan.layers
+
+
+def test_objective_defaults_and_sources():
+    assert LoraConfig().objective == "lm" and LoraConfig().data == "wikitext2-valid"
+    assert LoraConfig(objective="distill").data == "pydoc-topics"
+    with pytest.raises(ValueError, match="not WikiText"):
+        LoraConfig(objective="distill", data="wikitext2-valid")
+    with pytest.raises(ValueError, match="objective 'kl' unknown"):
+        LoraConfig(objective="kl")
+    text = source_text(LoraConfig(objective="distill"))
+    assert text == pydoc_topics() and len(text) > 100_000 and "Wikipedia" not in text
+
+
+@pytest.fixture()
+def fake_wikitext(tmp_path):
+    """A data dir holding stand-in WikiText-2 splits (long lines, as WikiText's paragraphs are)."""
+    root = tmp_path / "data" / "wikitext-2-raw"
+    root.mkdir(parents=True)
+    splits = {}
+    for name, tag in (("wiki.test.raw", "test"), ("wiki.valid.raw", "valid")):
+        lines = [f" The {tag} paragraph number {i} tells of a river, a town and the year {1800 + i} in some detail ."
+                 for i in range(40)]
+        (root / name).write_text("\n".join(lines) + "\n")
+        splits[tag] = lines
+    return tmp_path / "data", splits
+
+
+@pytest.mark.parametrize("objective,split,refused", [("distill", "test", True), ("distill", "valid", True),
+                                                     ("lm", "test", True), ("lm", "valid", False)])
+def test_wikitext_as_training_text_is_refused(fake_wikitext, tmp_path, objective, split, refused):
+    data_dir, splits = fake_wikitext
+    f = tmp_path / "copy.txt"
+    f.write_text("my own notes\n" + "\n".join(splits[split][5:25]) + "\n")
+    cfg = LoraConfig(objective=objective, text_file=str(f))
+    if refused:
+        with pytest.raises(ValueError, match="WikiText-2"):
+            check_not_evaluation_text(f.read_text(), cfg, data_dir)
+    else:
+        check_not_evaluation_text(f.read_text(), cfg, data_dir)
+
+
+def test_cli_refuses_wikitext_in_one_line_before_loading(fake_wikitext, tmp_path, finetune_inputs):
+    data_dir, splits = fake_wikitext
+    plan, _ = finetune_inputs
+    f = tmp_path / "copy.txt"
+    f.write_text("\n".join(splits["valid"]) + "\n")
+    out = tmp_path / "adapter"
+    res = runner.invoke(app, ["finetune", "--model", "tiny-llama", "--plan", str(plan), "--objective", "distill",
+                              "--text-file", str(f), "--data-dir", str(data_dir), "--out", str(out)])
+    line = res.output.strip()
+    assert res.exit_code == 2 and len(line.splitlines()) == 1 and line.startswith("error:"), line
+    assert "WikiText-2 validation" in line and "--data pydoc-topics" in line and not out.exists()
