@@ -358,8 +358,9 @@ def variant_markdown(rows: list[dict]) -> str:
     lines = [
         VARIANT_HEADING, "",
         f"WikiText-2 test, seqlen {r0['seqlen']}, {r0['windows']} windows ({r0['tokens']} predicted tokens; fewer "
-        "than the tables above because the 2 shared cores were heavily loaded), all rows in one process and one "
-        "protocol (`python benchmarks/quant.py --variants`); MLP weights quantised, attention/embeddings fp32; DIP = uniform plan, "
+        "than the tables above because the 2 shared cores were heavily loaded, load average ≈ 20), all rows in "
+        "one protocol (`python benchmarks/quant.py --variants`, subsets of the variants run as parallel "
+        "processes and merged with `--variants --render-only`; times are wall clock under that load); MLP weights quantised, attention/embeddings fp32; DIP = uniform plan, "
         "ρ_in = 1.1·ρ. Calibration: " + (f"{tok} WikiText-2 *validation* tokens ({CALIB_WINDOWS} × {CALIB_SEQLEN}; "
         "the train split is not on this machine)" if tok else "none") + ". The VQ3 DIP rows run at the ρ whose "
         "ρ·bits equals BQ4 b64's at ρ = 0.5. SQNR: MLP weights against the unquantised ones (all 30 layers).", "",
@@ -389,12 +390,17 @@ def variant_markdown(rows: list[dict]) -> str:
             f"{_fmt(dp and dp['density'] * bpw)} | {_fmt(dp and dp['ppl'])} | {ratio(dp)} | "
             f"{_fmt(any_r.get('quant_seconds'), 1)} |")
     lines += [""]
+    missing = [f"{label} {m}" for label in ["fp"] + [v[0] for v in vq_variants()] for m in ("dip", "dense")
+               if m not in by.get(label, {})]
+    if missing:
+        lines += ["**Not measured** (the run was cut short; `--variants LABELS --resume JSON` adds them): "
+                  + ", ".join(missing) + ".", ""]
     bq = by.get("bq4-b64", {}).get("dip")
     vqs = [m["dip"] for label, m in by.items() if label.startswith("vq3") and "dip" in m]
     if bq and vqs:
         best = min(vqs, key=lambda r: r["ppl"])
         verdict = "beats" if best["ppl"] < bq["ppl"] else "does NOT beat"
-        lines += [f"**Verdict:** at equal MLP bytes per token, the best VQ3 + DIP ({best['label']}, ρ "
+        lines += [f"**Verdict:** at equal MLP bytes per token, the best VQ3 + DIP measured ({best['label']}, ρ "
                   f"{best['density']:.3f}, PPL {best['ppl']:.3f}) {verdict} BQ4 b64 + DIP (ρ 0.5, PPL "
                   f"{bq['ppl']:.3f}) on SmolLM2-135M.", ""]
     return "\n".join(lines)
@@ -582,6 +588,22 @@ def main() -> None:
         if p is not None and p.exists() and not args.force and p != args.resume:
             raise SystemExit(f"{p} exists; pass --force to overwrite it")
     t0 = time.perf_counter()
+    if args.variants is not None:
+        only = {v.strip() for v in args.variants.split(",") if v.strip()} or None
+        done = json.loads(args.resume.read_text()) if args.resume else []
+
+        def keep(rows):
+            if args.json:
+                write_atomic(args.json, json.dumps(rows, indent=1, default=str), True)
+
+        if args.render_only is not None:  # merge the rows of several --variants processes, measure nothing
+            rows = [r for path in args.render_only for r in json.loads(path.read_text()) if r.get("kind") == "variant"]
+        else:
+            rows = variant_rows(args.seqlen, args.windows, args.data_dir, done, only, on_row=keep)
+        keep(rows)
+        write_variant_section(args.out, variant_markdown(rows), args.force)
+        print(f"wrote {args.out}")
+        return
     if args.render_only is not None:
         rows = {}
         for path in args.render_only:
@@ -591,19 +613,6 @@ def main() -> None:
         ppl = sorted((r for r in rows.values() if r["kind"] == "ppl"), key=_task_order)
         args.quick = False
         save(args, recon, ppl, t0, partial=False)
-        print(f"wrote {args.out}")
-        return
-    if args.variants is not None:
-        only = {v.strip() for v in args.variants.split(",") if v.strip()} or None
-        done = json.loads(args.resume.read_text()) if args.resume else []
-
-        def keep(rows):
-            if args.json:
-                write_atomic(args.json, json.dumps(rows, indent=1, default=str), True)
-
-        rows = variant_rows(args.seqlen, args.windows, args.data_dir, done, only, on_row=keep)
-        keep(rows)
-        write_variant_section(args.out, variant_markdown(rows), args.force)
         print(f"wrote {args.out}")
         return
     if args.feedback:
