@@ -134,9 +134,10 @@ class VQ3QuantConfig:
     ``hessian_density`` (the rows DIP keeps), ``"none"`` unweighted. ``error_feedback``: GPTVQ-style: the
     codebooks of a band of ``group_rows`` rows are fitted on the current (already corrected) rows, weighted
     by 1/[H⁻¹]ᵢᵢ², then the rows are assigned one by one and each row's error is spread over the rows not
-    yet quantised (``gptq.py``), through the full H of the same statistics. The default ``"dip"`` is what
-    measured best under DIP on SmolLM2 (benchmarks/results/quant-smollm2.md, "Calibrated VQ3"); set
-    ``hessian_density`` to the density the model is deployed at (the measurement used the same density).
+    yet quantised (``gptq.py``), through the full H of the same statistics. The default ``"dense"`` is what
+    measured best under DIP on SmolLM2, ``"dip"`` a close second and plain k-means far behind
+    (benchmarks/results/quant-smollm2.md, "Calibrated VQ3"); with ``"dip"``, set ``hessian_density`` to
+    the density the model is deployed at (the measurement did).
     """
 
     group_size: int = 8192
@@ -148,7 +149,7 @@ class VQ3QuantConfig:
     seed: int = 0
     error_feedback: bool = False
     damp: float = 0.01
-    hessian: str = "dip"
+    hessian: str = "dense"
     hessian_density: float = 0.5
     dim: ClassVar[int] = 2
     n_centroids: ClassVar[int] = 64
