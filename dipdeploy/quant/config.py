@@ -134,8 +134,10 @@ class VQ3QuantConfig:
     ``hessian_density`` (the rows DIP keeps), ``"none"`` unweighted. ``error_feedback``: GPTVQ-style: the
     codebooks of a band of ``group_rows`` rows are fitted on the current (already corrected) rows, weighted
     by 1/[H⁻¹]ᵢᵢ², then the rows are assigned one by one and each row's error is spread over the rows not
-    yet quantised (``gptq.py``), through the full H of the same statistics. The default ``"dense"`` is what
-    measured best under DIP on SmolLM2, ``"dip"`` a close second and plain k-means far behind
+    yet quantised (``gptq.py``), through the full H of the same statistics. Under DIP on SmolLM2, feedback
+    with ``"dense"`` measured best; it stays off by default because it cannot run without calibration
+    (``eval --quant``, ``export --quant`` have none; preset ``vq3-gptq`` turns it on). Without feedback
+    ``"dense"`` measured best, ``"dip"`` a close second and plain k-means far behind
     (benchmarks/results/quant-smollm2.md, "Calibrated VQ3"); with ``"dip"``, set ``hessian_density`` to
     the density the model is deployed at (the measurement did).
     """
