@@ -13,6 +13,11 @@ Two parts, both on the embedded SmolLM2-135M (GGUF Q4_1 weights, dequantised to 
     python benchmarks/quant.py --quick               # < 2 min: 3 layers, 2 windows of 512 tokens
     python benchmarks/quant.py --json out.json --force   # full: seqlen 2048, 16 windows (≈ 30 min, 2 cores)
     python benchmarks/quant.py --resume out.json --json out.json --gptq --force   # add the -gptq rows
+    python benchmarks/quant.py --variants --windows 4 --seqlen 1024 --json v.json  # calibrated VQ3 vs BQ4
+
+``--variants`` measures only the calibrated-VQ3 comparison (``vq_variants``: VQ3 with each row
+weighting and with/without error feedback, against BQ4 b64, at equal MLP bytes per token, one process,
+one protocol) and adds or replaces its own section of the results file, keeping the others.
 
 Writes benchmarks/results/quant-smollm2.md (refuses to overwrite without --force).
 """
@@ -108,12 +113,13 @@ def feedback_rows(data_dir: str | None, layers=(0, 10, 20, 29)) -> list[dict]:
     from dipdeploy.eval.data import load_text, windows
     from dipdeploy.loading import load_model
     from dipdeploy.quant import quantize, dequantize_rows
-    from dipdeploy.quant.fake import mlp_hessians, mlp_weights
+    from dipdeploy.quant.calib import row_statistics
+    from dipdeploy.quant.fake import mlp_weights
 
     lm = load_model(MODEL)
     calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), CALIB_SEQLEN, CALIB_WINDOWS // 2)
     test = windows(lm.tokenizer, load_text("wikitext2", "test", None, data_dir), 512, 2)
-    hess = mlp_hessians(lm.model, calib, full=True, layers=tuple(layers))
+    hess = row_statistics(lm.model, calib, full=True, layers=tuple(layers))
     acts: dict[tuple[int, str], np.ndarray] = {}
     handles = []
     for i in layers:
@@ -150,8 +156,9 @@ def _key(r: dict) -> tuple:
 
 def _quantized_model_dir(quant: str, data_dir: str | None, tmp: Path) -> tuple[str, dict]:
     """Fake-quantise SmolLM2 once and save it as an HF directory that ``evaluate`` loads like any
-    checkpoint: one quantisation serves every (method, density) run, and the -gptq presets get their
-    calibration data (WikiText-2 validation; ``evaluate`` has no calibration hook for quantisation)."""
+    checkpoint: one quantisation serves every (method, density) run, and calibrated presets
+    (``statistics()``: VQ3's row weights, -gptq) get their calibration data (WikiText-2 validation;
+    ``evaluate`` has no calibration hook for quantisation)."""
     from dipdeploy.eval.data import load_text, windows
     from dipdeploy.loading import load_model
     from dipdeploy.quant.fake import quantize_model_
@@ -159,7 +166,7 @@ def _quantized_model_dir(quant: str, data_dir: str | None, tmp: Path) -> tuple[s
     lm = load_model(MODEL)
     cfg = quant_config_from_name(quant)
     calib = None
-    if cfg.error_feedback:
+    if cfg.statistics() is not None:
         text = load_text("wikitext2", "validation", None, data_dir)
         calib = windows(lm.tokenizer, text, CALIB_SEQLEN, CALIB_WINDOWS)
     report = quantize_model_(lm.model, cfg, "mlp", calib_ids=calib)
@@ -180,8 +187,7 @@ def ppl_tasks(formats: tuple[str, ...]) -> list[tuple[str | None, str, float]]:
     for q in formats:
         if q.startswith("vq3"):
             qc = quant_config_from_name(q)
-            # rounded down, so VQ3 never reads more bytes than BQ4 b64 at ρ = 0.5
-            extra.append((q, "dip", math.floor(1000 * 0.5 * bq4_bits / (3 + qc.codebook_bits() / qc.group_size)) / 1000))
+            extra.append((q, "dip", equal_bytes_density(qc.bits_per_weight(), bq4_bits)))
     plain = [t for t in main if t[0] is None or not quant_config_from_name(t[0]).error_feedback]
     formats = tuple(q for q in formats if q != "fp")
     gptq = [t for t in main if t not in plain]
@@ -228,6 +234,192 @@ def perplexity_rows(formats: tuple[str, ...], seqlen: int, windows: int, data_di
     return out
 
 
+def equal_bytes_density(bits: float, ref_bits: float, ref_density: float = 0.5) -> float:
+    """The DIP density at which ``bits`` per weight reads the MLP bytes per token of ``ref_bits`` at
+    ``ref_density`` (ρ·bits equal), rounded down so it never reads more."""
+    return math.floor(1000 * ref_density * ref_bits / bits) / 1000
+
+
+def vq_variants() -> list[tuple[str, object, float]]:
+    """(label, config, DIP density) of the calibrated-VQ3 comparison: BQ4 b64 at ρ = 0.5 and every VQ3
+    variant at the density of equal MLP bytes per token (``hessian="dip"`` masks its statistics at that
+    same density)."""
+    from dipdeploy.quant import VQ3QuantConfig
+
+    bq4 = Block4QuantConfig(block_size=64)
+    vq = VQ3QuantConfig()
+    rho = equal_bytes_density(vq.bits_per_weight(), bq4.bits_per_weight())
+    return [
+        ("bq4-b64", bq4, 0.5),
+        ("vq3 plain k-means", VQ3QuantConfig(hessian="none"), rho),
+        ("vq3 hessian=dense", VQ3QuantConfig(hessian="dense"), rho),
+        ("vq3 hessian=dip", VQ3QuantConfig(hessian="dip", hessian_density=rho), rho),
+        ("vq3 hessian=dense + feedback", VQ3QuantConfig(hessian="dense", error_feedback=True), rho),
+        ("vq3 hessian=dip + feedback", VQ3QuantConfig(hessian="dip", hessian_density=rho, error_feedback=True), rho),
+    ]
+
+
+def variant_rows(seqlen: int, n_windows: int, data_dir: str | None, done: list[dict], only: set[str] | None,
+                 on_row=lambda rows: None) -> list[dict]:
+    """SQNR and WikiText-2 test PPL, DIP (uniform plan, ρ_in = 1.1ρ) and dense, of every ``vq_variants``
+    entry plus the fp rows, in one process and one protocol: the model is loaded once and each variant
+    is quantised once from the original MLP weights (its packed tensors kept, ≈ 3–4 bits per weight, to
+    decode into the model for each of its rows). All DIP rows run first (they decide the comparison),
+    so a run cut short still answers it."""
+    import torch
+
+    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.eval.perplexity import perplexity
+    from dipdeploy.loading import load_model
+    from dipdeploy.quant import dequantize_rows, rows_to_mlp
+    from dipdeploy.quant.config import config_to_dict
+    from dipdeploy.quant.fake import calibration_statistics, iter_packed_mlp, mlp_weights, set_mlp_weights
+    from dipdeploy.sparsity.methods import sparsify_, unsparsify_
+    from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
+
+    lm = load_model(MODEL)
+    model, layers, c = lm.model, lm.model.model.layers, lm.model.config
+    original = [mlp_weights(layer.mlp, lm.arch) for layer in layers]
+    test = windows(lm.tokenizer, load_text("wikitext2", "test", None, data_dir), seqlen, n_windows)
+    calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), CALIB_SEQLEN, CALIB_WINDOWS)
+    variants = [v for v in vq_variants() if only is None or v[0] in only]
+    fp = [] if only is not None and "fp" not in only else [("fp", None, 0.5)]
+    tasks = [(v, "dip") for v in variants] + [(v, "dense") for v in variants] + [(v, m) for v in fp
+                                                                                 for m in ("dense", "dip")]
+    out = [r for r in done if r.get("kind") == "variant"]
+    have = {(r["label"], r["method"]) for r in out}
+    packed: dict[str, tuple[list, dict]] = {}
+
+    def load_weights(label: str, cfg) -> dict:
+        """Put variant ``label``'s weights into the model (quantising on first use); its row fields."""
+        for layer, ws in zip(layers, original):
+            set_mlp_weights(layer.mlp, lm.arch, *ws)
+        if cfg is None:
+            return {"bits_per_weight": 32.0, "config": None}
+        if label not in packed:
+            t0 = time.perf_counter()
+            stats = calibration_statistics(model, cfg, calib)
+            tensors = [p for _, p in iter_packed_mlp(model, cfg, calib=stats, progress=False)]
+            seconds = time.perf_counter() - t0
+            num = den = bits = n = 0.0
+            for ws, p in zip(original, tensors):
+                q = rows_to_mlp(dequantize_rows(p["up_gate"]), dequantize_rows(p["down"]))
+                for w, wq in zip(ws, q):
+                    num += float((w.astype(np.float64) ** 2).sum())
+                    den += float(((w - wq).astype(np.float64) ** 2).sum())
+                bits += sum(8 * t.nbytes for t in p.values())
+                n += sum(t.rows * t.cols for t in p.values())
+            packed[label] = (tensors, {"bits_per_weight": bits / n, "quant_seconds": round(seconds, 1),
+                                       "sqnr_db": _sqnr(num, den), "config": config_to_dict(cfg),
+                                       "calib_tokens": int(calib.numel()) if cfg.statistics() else None})
+            print(f"  {label:30s} quantised: SQNR {packed[label][1]['sqnr_db']:.2f} dB ({seconds:.0f} s)", flush=True)
+        tensors, extra = packed[label]
+        for layer, p in zip(layers, tensors):
+            set_mlp_weights(layer.mlp, lm.arch, *rows_to_mlp(dequantize_rows(p["up_gate"]), dequantize_rows(p["down"])))
+        return extra
+
+    for (label, cfg, density), method in tasks:
+        if (label, method) in have:
+            continue
+        extra = load_weights(label, cfg)
+        t0 = time.perf_counter()
+        rho, rho_in = (1.0, 1.0) if method == "dense" else (density, round(min(1.0, 1.1 * density), 4))
+        if method == "dip":
+            plan = uniform_plan(SparsityConfig(method="dip", density=density, rho_in=rho_in), MODEL,
+                                c.num_hidden_layers, c.hidden_size, c.intermediate_size)
+            sparsify_(model, plan)
+            rho = plan.density
+        try:
+            ppl, tokens = perplexity(model, test)
+        finally:
+            unsparsify_(model)
+        out.append({"kind": "variant", "label": label, "method": method, "target_density": density if method == "dip"
+                    else 1.0, "density": round(rho, 4), "rho_in": rho_in, "ppl": ppl, "tokens": tokens,
+                    "seqlen": seqlen, "windows": int(test.shape[0]), "wall_s": round(time.perf_counter() - t0, 1),
+                    "model": MODEL, "torch_threads": torch.get_num_threads(), **extra})
+        print(f"  {label:30s} {method:5s} ρ={rho:.3f}  PPL {ppl:.3f}  ({out[-1]['wall_s']} s)", flush=True)
+        on_row(out)
+    return out
+
+
+VARIANT_HEADING = "## Calibrated VQ3 vs BQ4 under DIP at equal MLP bytes per token"
+
+
+def variant_markdown(rows: list[dict]) -> str:
+    """The section of the calibrated-VQ3 comparison, with its verdict computed from the rows."""
+    if not rows:
+        return ""
+    r0 = rows[0]
+    fp = {(r["method"], float(r["target_density"])): r["ppl"] for r in rows if r["label"] == "fp"}
+    order = ["fp"] + [v[0] for v in vq_variants()]
+    rows = sorted(rows, key=lambda r: (order.index(r["label"]) if r["label"] in order else len(order),
+                                       r["method"] != "dense"))
+    tok = next((r.get("calib_tokens") for r in rows if r.get("calib_tokens")), None)
+    lines = [
+        VARIANT_HEADING, "",
+        f"WikiText-2 test, seqlen {r0['seqlen']}, {r0['windows']} windows ({r0['tokens']} predicted tokens; fewer "
+        "than the tables above because the 2 shared cores were heavily loaded, load average ≈ 20), all rows in "
+        "one protocol (`python benchmarks/quant.py --variants`, subsets of the variants run as parallel "
+        "processes and merged with `--variants --render-only`; times are wall clock under that load); MLP weights quantised, attention/embeddings fp32; DIP = uniform plan, "
+        "ρ_in = 1.1·ρ. Calibration: " + (f"{tok} WikiText-2 *validation* tokens ({CALIB_WINDOWS} × {CALIB_SEQLEN}; "
+        "the train split is not on this machine)" if tok else "none") + ". The VQ3 DIP rows run at the ρ whose "
+        "ρ·bits equals BQ4 b64's at ρ = 0.5. SQNR: MLP weights against the unquantised ones (all 30 layers).", "",
+        "| quant | row weights | error feedback | bits/weight | SQNR (dB) | dense PPL | × fp | DIP ρ | ρ·bits | DIP PPL | × fp (same ρ) | quant time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by = {}
+    for r in rows:
+        by.setdefault(r["label"], {})[r["method"]] = r
+    for label, m in by.items():
+        dn, dp = m.get("dense"), m.get("dip")
+        any_r = dn or dp
+        cfg = any_r.get("config") or {}
+        weights = cfg.get("hessian", "–") if cfg.get("type") == "VQ3QuantConfig" else "–"
+        if weights == "dip":
+            weights = f"dip (ρ {cfg['hessian_density']})"
+        fb = "yes" if cfg.get("error_feedback") else "no"
+        bpw = any_r["bits_per_weight"]
+
+        def ratio(r):
+            ref = fp.get((r["method"], float(r["target_density"]))) if r else None
+            return f"{r['ppl'] / ref:.3f}" if r and ref else "–"
+
+        lines.append(
+            f"| {label} | {weights} | {fb if cfg else '–'} | {bpw:.4f} | {_fmt(any_r.get('sqnr_db'), 2)} | "
+            f"{_fmt(dn and dn['ppl'])} | {ratio(dn)} | {_fmt(dp and dp['density'])} | "
+            f"{_fmt(dp and dp['density'] * bpw)} | {_fmt(dp and dp['ppl'])} | {ratio(dp)} | "
+            f"{_fmt(any_r.get('quant_seconds'), 1)} |")
+    lines += [""]
+    missing = [f"{label} {m}" for label in ["fp"] + [v[0] for v in vq_variants()] for m in ("dip", "dense")
+               if m not in by.get(label, {})]
+    if missing:
+        lines += ["**Not measured** (the run was cut short; `--variants LABELS --resume JSON` adds them): "
+                  + ", ".join(missing) + ".", ""]
+    bq = by.get("bq4-b64", {}).get("dip")
+    vqs = [m["dip"] for label, m in by.items() if label.startswith("vq3") and "dip" in m]
+    if bq and vqs:
+        best = min(vqs, key=lambda r: r["ppl"])
+        verdict = "beats" if best["ppl"] < bq["ppl"] else "does NOT beat"
+        lines += [f"**Verdict:** at equal MLP bytes per token, the best VQ3 + DIP measured ({best['label']}, ρ "
+                  f"{best['density']:.3f}, PPL {best['ppl']:.3f}) {verdict} BQ4 b64 + DIP (ρ 0.5, PPL "
+                  f"{bq['ppl']:.3f}) on SmolLM2-135M.", ""]
+    return "\n".join(lines)
+
+
+def write_variant_section(path: Path, section: str, force: bool) -> None:
+    """Put ``section`` into ``path`` in place of an earlier one (the file's other sections are kept)."""
+    text = path.read_text() if path.exists() else ""
+    if VARIANT_HEADING in text:
+        if not force:
+            raise SystemExit(f"{path} already has the section {VARIANT_HEADING!r}; pass --force to replace it")
+        head, rest = text.split(VARIANT_HEADING, 1)
+        nxt = rest.find("\n## ")
+        text = head + section + ("" if nxt < 0 else rest[nxt:])
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    write_atomic(path, text, True)
+
+
 def _fmt(v, digits=3) -> str:
     if v is None:
         return "–"
@@ -249,7 +441,7 @@ def markdown(recon: list[dict], ppl: list[dict], args, wall: float) -> str:
         "Formats (exact bits per weight = every stored bit: codes + scales + zero points + codebooks + "
         "padding, over the MLP weights): BQ4 bN = 4-bit symmetric, one fp16 scale per N weights of a row; "
         "VQ3 = 2-D vectors, 64-entry int8 codebook (+ fp16 scale) per ≈8192 weights, 6-bit index per pair, "
-        "k-means++ and 8 Lloyd iterations; RTN3 bN = 3-bit symmetric round-to-nearest, fp16 scale per N "
+        "k-means++ and 8 Lloyd iterations (rows weighted as `VQ3QuantConfig.hessian` says when calibrated); RTN3 bN = 3-bit symmetric round-to-nearest, fp16 scale per N "
         "(b96 because SmolLM2's d = 576 would pad blocks of 128). Rows are the units DIP selects: "
         "[W_uᵀ | W_gᵀ] rows (2F values) and W_dᵀ rows (d values).",
         "",
@@ -384,15 +576,34 @@ def main() -> None:
     ap.add_argument("--resume", type=Path, help="rows of an earlier run (its --json): keep them, measure the rest")
     ap.add_argument("--gptq", action="store_true", help="also the -gptq presets (calibrated error feedback)")
     ap.add_argument("--formats", help="comma-separated PPL formats to measure (fp = unquantised); default: all")
+    ap.add_argument("--variants", nargs="?", const="", metavar="LABELS",
+                    help="only the calibrated-VQ3 comparison (section of --out, rows in --json); optionally a "
+                         "comma-separated subset of its labels (fp = the unquantised rows)")
     ap.add_argument("--render-only", nargs="*", type=Path, metavar="JSON",
                     help="measure nothing: write --out from the rows of these JSON files (other processes' --json)")
     args = ap.parse_args()
     if args.quick:
         args.windows, args.seqlen = 2, 512
-    for p in (args.out, args.json):
+    for p in (args.json,) if args.variants is not None else (args.out, args.json):  # --variants adds a section
         if p is not None and p.exists() and not args.force and p != args.resume:
             raise SystemExit(f"{p} exists; pass --force to overwrite it")
     t0 = time.perf_counter()
+    if args.variants is not None:
+        only = {v.strip() for v in args.variants.split(",") if v.strip()} or None
+        done = json.loads(args.resume.read_text()) if args.resume else []
+
+        def keep(rows):
+            if args.json:
+                write_atomic(args.json, json.dumps(rows, indent=1, default=str), True)
+
+        if args.render_only is not None:  # merge the rows of several --variants processes, measure nothing
+            rows = [r for path in args.render_only for r in json.loads(path.read_text()) if r.get("kind") == "variant"]
+        else:
+            rows = variant_rows(args.seqlen, args.windows, args.data_dir, done, only, on_row=keep)
+        keep(rows)
+        write_variant_section(args.out, variant_markdown(rows), args.force)
+        print(f"wrote {args.out}")
+        return
     if args.render_only is not None:
         rows = {}
         for path in args.render_only:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import check_inputs, console, fail
-from dipdeploy.quant.config import QUANT_PRESETS
+from dipdeploy.quant.config import QUANT_PRESETS, VQ3QuantConfig
 
 
 @app.command("quantize")
@@ -19,19 +20,32 @@ def quantize_cmd(
     quant: str = typer.Option(..., "--quant", help=f"format: {', '.join(QUANT_PRESETS)}"),
     out: Path = typer.Option(..., "--out", help="packed-weights file to write (.npz)"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing --out"),
-    calib_windows: int = typer.Option(16, "--calib-windows", help="-gptq formats: calibration windows (validation split)"),
-    calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="-gptq formats: tokens per calibration window"),
+    calib_windows: int = typer.Option(16, "--calib-windows", help="calibrated formats (vq3, -gptq): calibration "
+                                      "windows (WikiText-2 validation split)"),
+    calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="calibrated formats: tokens per calibration window"),
+    vq_hessian: Optional[str] = typer.Option(None, "--vq-hessian", help="vq3: row weights of the k-means, none | "
+                                             f"dense | dip (default {VQ3QuantConfig.hessian})"),
+    vq_feedback: Optional[bool] = typer.Option(None, "--vq-feedback/--no-vq-feedback", help="vq3: GPTVQ-style error "
+                                               f"feedback (default {'on' if VQ3QuantConfig.error_feedback else 'off'})"),
+    vq_density: Optional[float] = typer.Option(None, "--vq-density", help="vq3 --vq-hessian dip: the DIP density "
+                                               f"whose selections weight the rows (default {VQ3QuantConfig.hessian_density})"),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="folder holding wikitext-2-raw/ (else $DIPDEPLOY_DATA)"),
 ) -> None:
     """Quantise the MLP weights in the sparse row layout and write them (with their config) to one file,
-    for `dipdeploy eval --weights FILE` (a -gptq format is calibrated once, not at every evaluation)."""
+    for `dipdeploy eval --weights FILE` (a calibrated format — vq3, -gptq — is calibrated once, not at
+    every evaluation)."""
     from dipdeploy.progress import Progress
     from dipdeploy.quant.config import quant_config_from_name
 
     try:
-        cfg = quant_config_from_name(quant)
+        vq = {k: v for k, v in (("hessian", vq_hessian), ("error_feedback", vq_feedback),
+                                ("hessian_density", vq_density)) if v is not None}
+        if vq and not quant.startswith("vq3"):
+            raise ValueError(f"--vq-hessian / --vq-feedback / --vq-density apply to vq3 formats, not {quant!r}; "
+                             "drop them or use --quant vq3")
+        cfg = quant_config_from_name(quant, **vq)
         check_inputs(data_dir=data_dir, outputs={"--out": out}, force=force)
-        if cfg.error_feedback and (calib_windows < 1 or calib_seqlen < 16):
+        if cfg.statistics() is not None and (calib_windows < 1 or calib_seqlen < 16):
             raise ValueError(f"--calib-windows {calib_windows} --calib-seqlen {calib_seqlen}: give at least 1 "
                              f"window of 16 tokens")
         check_inputs(model=model)
@@ -43,7 +57,7 @@ def quantize_cmd(
         with progress.stage(f"load {model}"):
             lm = load_model(model)
         calib = None
-        if cfg.error_feedback:
+        if cfg.statistics() is not None:
             from dipdeploy.eval.data import load_text, windows
 
             calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), calib_seqlen,

@@ -78,6 +78,11 @@ class _BlockIntConfig:
         _check_damp(owner, self.damp)
         _check_choice(owner, "error_feedback", self.error_feedback, (True, False))
 
+    def statistics(self) -> str | None:
+        """The calibration statistics the quantiser uses (``calib.STATISTICS``), None for none: the dense
+        Hessian for error feedback; row weights cannot matter here (see above)."""
+        return "dense" if self.error_feedback else None
+
     def bits_per_weight(self) -> float:
         """Exact bits per weight for rows whose length is a multiple of ``block_size``."""
         zero_bits = 0 if self.symmetric else self.bits
@@ -120,11 +125,21 @@ class VQ3QuantConfig:
 
     Fitting: weighted k-means (``init``: ``"kmeans++"`` or ``"grid"``, an 8 × 8 product of per-dimension
     quantiles), ``n_iter`` Lloyd iterations (on SmolLM2's MLP: k-means++ with 8 iterations 15.05 dB SQNR,
-    12 iterations 15.13 dB, grid init with 12 iterations 14.93 dB), vectorised over ``batch_groups`` groups at a time. Optional
-    per-row importance (the Hessian diagonal of the row's activation) weights the centroid updates.
-    ``error_feedback``: GPTVQ-style: the codebooks of a band of ``group_rows`` rows are fitted on the
-    current (already corrected) rows, weighted by 1/[H⁻¹]ᵢᵢ², then the rows are assigned one by one and each
-    row's error is spread over the rows not yet quantised (``gptq.py``).
+    12 iterations 15.13 dB, grid init with 12 iterations 14.93 dB), vectorised over ``batch_groups`` groups
+    at a time.
+
+    Calibration (``calib.py``; used when calibration tokens are given, as by ``dipdeploy quantize``):
+    ``hessian`` names the statistics that weight each row's error in the centroid updates: ``"dense"``
+    E[x_r²] of the unpruned model, ``"dip"`` E[x_r² · 1(r selected)] under a uniform DIP plan of density
+    ``hessian_density`` (the rows DIP keeps), ``"none"`` unweighted. ``error_feedback``: GPTVQ-style: the
+    codebooks of a band of ``group_rows`` rows are fitted on the current (already corrected) rows, weighted
+    by 1/[H⁻¹]ᵢᵢ², then the rows are assigned one by one and each row's error is spread over the rows not
+    yet quantised (``gptq.py``), through the full H of the same statistics. Under DIP on SmolLM2, feedback
+    with ``"dense"`` measured best; it stays off by default because it cannot run without calibration
+    (``eval --quant``, ``export --quant`` have none; preset ``vq3-gptq`` turns it on). Without feedback
+    ``"dense"`` measured best, ``"dip"`` a close second and plain k-means far behind
+    (benchmarks/results/quant-smollm2.md, "Calibrated VQ3"); with ``"dip"``, set ``hessian_density`` to
+    the density the model is deployed at (the measurement did).
     """
 
     group_size: int = 8192
@@ -136,6 +151,8 @@ class VQ3QuantConfig:
     seed: int = 0
     error_feedback: bool = False
     damp: float = 0.01
+    hessian: str = "dense"
+    hessian_density: float = 0.5
     dim: ClassVar[int] = 2
     n_centroids: ClassVar[int] = 64
     index_bits: ClassVar[int] = 6  # per 2-D vector: 3 bits per weight
@@ -151,8 +168,18 @@ class VQ3QuantConfig:
                 raise ValueError(f"{owner}.{name}={value!r} must be an int in [{lo}, {hi}]")
         _check_damp(owner, self.damp)
         _check_choice(owner, "error_feedback", self.error_feedback, (True, False))
+        _check_choice(owner, "hessian", self.hessian, ("none", "dense", "dip"))
+        if not isinstance(self.hessian_density, (int, float)) or not 0 < self.hessian_density <= 1:
+            raise ValueError(f"{owner}.hessian_density={self.hessian_density!r} must be a number in (0, 1]")
+        if self.error_feedback and self.hessian == "none":
+            raise ValueError(f"{owner}: error_feedback=True spreads errors through a Hessian; "
+                             "set hessian='dense' or 'dip' (or error_feedback=False)")
         if self.max_group_cols % 2:
             raise ValueError(f"{owner}.max_group_cols={self.max_group_cols} must be even (2-D vectors)")
+
+    def statistics(self) -> str | None:
+        """The calibration statistics the quantiser uses (``calib.STATISTICS``), None for none."""
+        return None if self.hessian == "none" else self.hessian
 
     def codebook_bits(self) -> int:
         """Bits of one group's codebook: 64 × 2 int8 + an fp16 scale, or 64 × 2 fp16."""

@@ -29,13 +29,14 @@ import numpy as np
 from dipdeploy import defaults
 from dipdeploy.arch import Arch, arch_of_model
 from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize, quantize_dense
+from dipdeploy.quant.calib import decoder_layers, row_statistics
 from dipdeploy.quant.config import QuantConfig, config_to_dict, dense_config, quant_config_from_name
 from dipdeploy.quant.io import load_packed, save_packed
 from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
 
 SCOPES = ("mlp", "all")
-__all__ = ["QuantReport", "iter_packed_mlp", "load_mlp_weights_", "quant_config_from_name", "quantize_model_",
-           "write_packed_mlp"]
+__all__ = ["QuantReport", "calibration_statistics", "iter_packed_mlp", "load_mlp_weights_", "quant_config_from_name",
+           "quantize_model_", "write_packed_mlp"]
 
 
 @dataclass
@@ -70,13 +71,6 @@ def _assign(linear, value: np.ndarray) -> None:
         linear.weight.copy_(torch.from_numpy(value).to(linear.weight.dtype))
 
 
-def _layers(model):
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    if not hasattr(decoder, "layers"):
-        raise ValueError(f"{type(model).__name__}: no decoder layers found (expected model.model.layers)")
-    return decoder.layers
-
-
 def _module(mlp, name: str, arch: Arch):
     if not hasattr(mlp, name):
         raise ValueError(f"{type(mlp).__name__} has no {name!r}, which the {arch.name} record names for its MLP")
@@ -104,56 +98,27 @@ def set_mlp_weights(mlp, arch: Arch, w_up: np.ndarray, w_gate: np.ndarray, w_dow
     _assign(_module(mlp, m.down, arch), w_down)
 
 
-def mlp_hessians(model, calib_ids, full: bool = True, layers: tuple[int, ...] | None = None
-                 ) -> list[dict[str, np.ndarray | None]]:
-    """Per layer and row group, H = mean x xᵀ of the activation multiplying each row ([R, R]; only its
-    diagonal E[x_r²] ([R]) when not ``full``), from one forward pass over ``calib_ids`` [B, T].
-
-    up|gate row i multiplies hidden input x_i of the MLP; down row j multiplies GLU unit j (the input of
-    down_proj). The model is not changed. Memory: L·(d² + F²) float32 when ``full`` (SmolLM2: 0.3 GiB;
-    a 7 B model would need per-layer calibration passes, not done here). ``layers`` restricts the
-    statistics to those layer indices (the others get None).
-    """
-    import torch
-
-    all_layers = _layers(model)
-    down = arch_of_model(model).mlp.down
-    wanted = range(len(all_layers)) if layers is None else layers
-    stats: list[dict[str, torch.Tensor | None]] = [{"up_gate": None, "down": None} for _ in all_layers]
-    count = [0]
-
-    def hook(i: int, key: str):
-        def fn(_module, args):
-            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
-            s = x.T @ x if full else (x * x).sum(0)
-            stats[i][key] = s if stats[i][key] is None else stats[i][key] + s
-            if key == "up_gate" and i == wanted[0]:
-                count[0] += x.shape[0]
-        return fn
-
-    handles = []
-    for i in wanted:
-        layer = all_layers[i]
-        handles.append(layer.mlp.register_forward_pre_hook(hook(i, "up_gate")))
-        handles.append(getattr(layer.mlp, down).register_forward_pre_hook(hook(i, "down")))
-    try:
-        with torch.no_grad():
-            model(input_ids=calib_ids)
-    finally:
-        for h in handles:
-            h.remove()
-    return [{k: None if v is None else (v / max(1, count[0])).cpu().numpy() for k, v in s.items()} for s in stats]
+def calibration_statistics(model, cfg: QuantConfig, calib_ids) -> list[dict[str, np.ndarray | None]] | None:
+    """The statistics ``cfg``'s quantiser uses (``config.statistics``, ``calib.row_statistics``) from
+    ``calib_ids`` [B, T]: full Hessians for error feedback, else diagonals; None without calibration or
+    when the config uses none."""
+    kind = cfg.statistics()
+    if calib_ids is None or kind is None:
+        return None
+    return row_statistics(model, calib_ids, full=bool(cfg.error_feedback), kind=kind,
+                          density=getattr(cfg, "hessian_density", 1.0))
 
 
 def iter_packed_mlp(model, cfg: QuantConfig, *, calib=None, progress: bool = True
                     ) -> Iterator[tuple[int, dict[str, PackedTensor]]]:
     """Yield (layer index, {"up_gate": packed [d, 2F], "down": packed [F, d]}) one layer at a time.
 
-    ``calib``: the output of :func:`mlp_hessians` (full H for ``error_feedback`` configs, else diagonals).
+    ``calib``: the output of :func:`calibration_statistics` (full H for ``error_feedback`` configs, else
+    diagonals), or None.
     """
     from tqdm.auto import tqdm
 
-    layers, arch = _layers(model), arch_of_model(model)
+    layers, arch = decoder_layers(model), arch_of_model(model)
     for i, layer in enumerate(tqdm(layers, desc=f"quantise MLP ({type(cfg).__name__})", disable=not progress)):
         up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp, arch))
         out = {}
@@ -170,7 +135,7 @@ def _dense_linears(model) -> list[tuple[str, Any]]:
     import torch
 
     out = []
-    for i, layer in enumerate(_layers(model)):
+    for i, layer in enumerate(decoder_layers(model)):
         attn = getattr(layer, "self_attn", None)
         if attn is None:
             raise ValueError(f"layer {i} has no self_attn; scope='all' cannot find the attention projections")
@@ -186,8 +151,9 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
     """Replace weights in place by their fake-quantised values; return what was done.
 
     ``calib_ids`` ([B, T] token ids): calibration text. Required by configs with ``error_feedback``
-    (GPTQ-style, full Hessians); otherwise optional, giving Hessian-diagonal row weights (used by VQ3's
-    centroid updates; BQ4/RTN3 ignore them, see ``config._BlockIntConfig``).
+    (GPTQ-style, full Hessians); otherwise optional, giving the Hessian-diagonal row weights VQ3's
+    ``hessian`` names (without it VQ3 fits unweighted k-means; BQ4/RTN3 use none, see
+    ``config._BlockIntConfig``).
     """
     if scope not in SCOPES:
         raise ValueError(f"scope={scope!r} is not allowed; choose one of {SCOPES}")
@@ -197,12 +163,12 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
     if feedback and calib_ids is None:
         raise ValueError(f"{type(cfg).__name__}.error_feedback=True needs calibration data: pass calib_ids "
                          "([B, T] token ids) or use the format without -gptq")
-    calib = mlp_hessians(model, calib_ids, full=feedback) if calib_ids is not None else None
+    calib = calibration_statistics(model, cfg, calib_ids)
     if calib is not None:
         kind = "full Hessians (GPTQ-style error feedback)" if feedback else "Hessian-diagonal row weights"
-        notes.append(f"{kind} from {int(np.prod(calib_ids.shape))} calibration tokens")
+        notes.append(f"{kind} ({cfg.statistics()}) from {int(np.prod(calib_ids.shape))} calibration tokens")
     mlp_bits = mlp_params = 0
-    layers, arch = _layers(model), arch_of_model(model)
+    layers, arch = decoder_layers(model), arch_of_model(model)
     for i, packed in iter_packed_mlp(model, cfg, calib=calib, progress=progress):
         set_mlp_weights(layers[i].mlp, arch, *rows_to_mlp(dequantize_rows(packed["up_gate"]), dequantize_rows(packed["down"])))
         for p in packed.values():
@@ -249,7 +215,7 @@ def _dense_and_report(model, cfg: QuantConfig, scope: str, mlp_bits: int, mlp_pa
         format=type(cfg).__name__, config=config_to_dict(cfg), scope=scope,
         bits_per_weight_mlp=mlp_bits / mlp_params, bits_per_weight=bits / params,
         n_params_mlp=mlp_params, n_params=params, seconds=time.perf_counter() - t0,
-        layers=len(_layers(model)), notes=notes,
+        layers=len(decoder_layers(model)), notes=notes,
     )
 
 
@@ -268,7 +234,7 @@ def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "",
                          f"{made_for} or re-run `dipdeploy quantize --model {model_name}`")
     arch = arch_of_model(model)
     mlp_bits = mlp_params = 0
-    for i, layer in enumerate(_layers(model)):
+    for i, layer in enumerate(decoder_layers(model)):
         up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp, arch))
         packed = {g: tensors.get(f"layers.{i}.{g}") for g in ("up_gate", "down")}
         for group, want in (("up_gate", up_gate.shape), ("down", down.shape)):
@@ -294,7 +260,7 @@ def write_packed_mlp(model, cfg: QuantConfig, out, *, model_name: str = "", forc
     feedback = bool(getattr(cfg, "error_feedback", False))
     if feedback and calib_ids is None:
         raise ValueError(f"{type(cfg).__name__}.error_feedback=True needs calibration data (calib_ids)")
-    calib = mlp_hessians(model, calib_ids, full=feedback) if calib_ids is not None else None
+    calib = calibration_statistics(model, cfg, calib_ids)
 
     def tensors():
         for i, packed in iter_packed_mlp(model, cfg, calib=calib, progress=progress):
