@@ -88,6 +88,20 @@ class Timer:
         return {"wall_tok_s": steps / seconds, "device_mb": device / steps / 1e6}
 
 
+def limited_decode(decode, files: list[Path], group: Path, spec: dict) -> dict:
+    """Warm up, drop the model files from the page cache, set the group's limit, then time
+    ``spec["tokens"]`` decode steps (``decode(n, on_first)`` returns the steps it made after the first
+    token); ``{"error": …}`` when the limit cannot be set."""
+    decode(WARMUP)
+    drop_files(files)
+    refused = set_limit(group, spec["limit"])
+    if refused:
+        return {"error": refused}
+    timer = Timer()
+    steps = decode(spec["tokens"], timer.start)
+    return timer.stop(steps)
+
+
 def genai_child(spec: dict, group: Path) -> dict:
     import onnxruntime_genai as og
 
@@ -114,15 +128,8 @@ def genai_child(spec: dict, group: Path) -> dict:
             steps += 1
         return steps
 
-    decode(WARMUP)
-    drop_files(files)
-    refused = set_limit(group, spec["limit"])
-    if refused:
-        return {"error": refused}
-    timer = Timer()
-    steps = decode(spec["tokens"], timer.start)
-    row = timer.stop(steps)
-    return {**row, "tok_s": row["wall_tok_s"]}
+    row = limited_decode(decode, files, group, spec)
+    return row if "error" in row else {**row, "tok_s": row["wall_tok_s"]}
 
 
 def llama_child(spec: dict, group: Path) -> dict:
@@ -149,14 +156,9 @@ def llama_child(spec: dict, group: Path) -> dict:
                 break
         return steps
 
-    decode(WARMUP)
-    drop_files([Path(spec["model"])])
-    refused = set_limit(group, spec["limit"])
-    if refused:
-        return {"error": refused}
-    timer = Timer()
-    steps = decode(spec["tokens"], timer.start)
-    row = timer.stop(steps)
+    row = limited_decode(decode, [Path(spec["model"])], group, spec)
+    if "error" in row:
+        return row
     perf = llama_cpp.llama_perf_context(llm.ctx)  # llama.cpp's own eval timer: n_eval tokens in t_eval_ms
     row["tok_s"] = perf.n_eval / (perf.t_eval_ms / 1e3) if perf.t_eval_ms > 0 else None
     row["n_eval"] = perf.n_eval
