@@ -25,7 +25,7 @@ peak RSS (VmHWM); the limit. ``waste`` = device / wanted.
 
 ``--model llama-1b`` is the ≈1 B section instead: a random-weight Llama-shaped checkpoint
 (benchmarks/llama-1b.json, written by scripts/random_checkpoint.py with SmolLM2's tokenizer), exported
-streamed (``--rho-in``: a streamed export cannot calibrate), ``--io direct`` only, and beside it the peers
+streamed at a uniform ``--rho-in`` (as the SmolLM2 bundles), ``--io direct`` only, and beside it the peers
 of benchmarks/peers.py (onnxruntime-genai int4, llama.cpp Q4_0 with mmap), each run in its own group
 under the limit the DIP-CA run at the same budget had, plus unlimited. Its section is written into
 results/flash.md after the SmolLM2 one (each run keeps the other's section). Its ``--slack`` is 64 MiB:
@@ -99,7 +99,7 @@ def ensure_bundles(model: str, orders: tuple[str, ...] = ("natural",)) -> dict[t
     from dipdeploy.export.bundle import export_model
     from dipdeploy.export.config import ExportConfig
 
-    # the 1 B checkpoint is exported streamed: no calibration (the bundles' rho_in), no validation
+    # the 1 B checkpoint is exported streamed at the bundles' rho_in, without validation (it needs the whole model)
     source, extra = (str(ensure_checkpoint()), dict(stream=True, validate_tokens=0)) if model == LLAMA_1B \
         else (model, dict(validate_tokens=4))
     out = {}
@@ -348,7 +348,7 @@ def section_1b(args) -> None:
         "memory and speed carry over.", "",
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",
-        "- ours: streamed exports (`dipdeploy export --stream`, which cannot calibrate, so a uniform plan: "
+        "- ours: streamed exports (`dipdeploy export --stream`) with a uniform plan (as the SmolLM2 bundles: "
         "`--rho-in`), BQ4, `--io direct`, native kernels; dip-ca ρ_in 0.55, LFU; dense-static ρ = 1, "
         "static pinning. `limit_mb`: as in the SmolLM2 table above (the group's anonymous + mapped pages after "
         f"warm-up, slabs touched, MLP file dropped) + {args.slack >> 20} MiB (`--slack`)",
