@@ -81,6 +81,30 @@ TINY_CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content']
 
 
 @pytest.fixture(scope="session")
+def tiny_dipca_bundle(tmp_path_factory):
+    """``get(attention="standard")``: the tiny-llama DIP-CA BQ4 bundle (ρ_in 0.6, γ 0.3) the runtime tests
+    share, one per attention variant (their KV layouts differ), exported once per session with its
+    validation against torch run."""
+    from dipdeploy.export.bundle import export
+    from dipdeploy.export.config import ExportConfig
+    from dipdeploy.export.prepare import make_plan
+    from dipdeploy.loading import load_model
+
+    made = {}
+
+    def get(attention: str = "standard"):
+        if attention not in made:
+            lm = load_model("tiny-llama")
+            cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4",
+                               validate_tokens=4, attention=attention)
+            made[attention] = tmp_path_factory.mktemp(f"dipca-{attention}") / "bundle"
+            export(lm, cfg, made[attention], make_plan(lm, cfg))
+        return made[attention]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def chat_bundle(tmp_path_factory):
     """A tiny-llama DIP-CA BQ4 bundle exported with a chat template (its tokenizer carries one)."""
     import copy

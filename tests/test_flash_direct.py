@@ -168,17 +168,8 @@ def test_reader_choice(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny_bundle(tmp_path_factory):
-    from dipdeploy.export.bundle import export
-    from dipdeploy.export.config import ExportConfig
-    from dipdeploy.export.prepare import make_plan
-    from dipdeploy.loading import load_model
-
-    lm = load_model("tiny-llama")
-    cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4", validate_tokens=2)
-    out = tmp_path_factory.mktemp("direct") / "bundle"
-    export(lm, cfg, out, make_plan(lm, cfg))
-    return out
+def tiny_bundle(tiny_dipca_bundle):
+    return tiny_dipca_bundle()
 
 
 def test_run_with_direct_reads_equals_pread(tiny_bundle):

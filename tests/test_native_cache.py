@@ -148,18 +148,8 @@ def test_a_row_outside_the_mapped_file_is_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_bundle(tmp_path_factory):
-    """A tiny-llama DIP-CA BQ4 bundle."""
-    from dipdeploy.export.bundle import export
-    from dipdeploy.export.config import ExportConfig
-    from dipdeploy.export.prepare import make_plan
-    from dipdeploy.loading import load_model
-
-    lm = load_model("tiny-llama")
-    cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4", validate_tokens=0)
-    out = tmp_path_factory.mktemp("native-cache") / "bundle"
-    export(lm, cfg, out, make_plan(lm, cfg))
-    return out
+def tiny_bundle(tiny_dipca_bundle):
+    return tiny_dipca_bundle()
 
 
 PROMPT = [3, 14, 15, 92, 65, 35]

@@ -13,9 +13,6 @@ from typer.testing import CliRunner
 from dipdeploy.agreement import compare_logits, tolerance_for
 from dipdeploy.cache import RowCache
 from dipdeploy.cli import app
-from dipdeploy.export.bundle import export
-from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.prepare import make_plan
 from dipdeploy.runtime import Engine, Sampler
 from dipdeploy.runtime.chat import Chat
 
@@ -26,16 +23,9 @@ TOL = tolerance_for(sparse=True, quantised=True)
 
 
 @pytest.fixture(scope="module", params=["standard", "gqa"])
-def bundle(request, tmp_path_factory):
-    """A tiny-llama DIP-CA BQ4 bundle (γ = 0.3) per attention variant: the KV layouts differ."""
-    from dipdeploy.loading import load_model
-
-    lm = load_model("tiny-llama")
-    cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4", validate_tokens=0,
-                       attention=request.param)
-    out = tmp_path_factory.mktemp(f"pf-{request.param}") / "bundle"
-    export(lm, cfg, out, make_plan(lm, cfg))
-    return out
+def bundle(request, tiny_dipca_bundle):
+    """The shared tiny-llama DIP-CA BQ4 bundle (γ = 0.3) per attention variant: the KV layouts differ."""
+    return tiny_dipca_bundle(request.param)
 
 
 def _first(engine, prompt=PROMPT, n=1):

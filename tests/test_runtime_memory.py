@@ -24,15 +24,8 @@ class _Spec:
 
 
 @pytest.fixture(scope="module", params=["standard", "gqa"])
-def bundle(request, tmp_path_factory):
-    from dipdeploy.loading import load_model
-
-    lm = load_model("tiny-llama")
-    cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4", validate_tokens=4,
-                       attention=request.param)
-    out = tmp_path_factory.mktemp(f"mem-{request.param}") / "bundle"
-    export(lm, cfg, out, make_plan(lm, cfg))
-    return out, request.param
+def bundle(request, tiny_dipca_bundle):
+    return tiny_dipca_bundle(request.param), request.param
 
 
 def _kv_addresses(eng: Engine) -> set[int]:
