@@ -43,6 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     windows, seqlen = (1, 512) if args.quick else (args.windows, args.seqlen)
     from dipdeploy.eval import EvalConfig, evaluate
+    from dipdeploy.paths import write_atomic
     from dipdeploy.export.bundle import export_model
     from dipdeploy.export.config import ExportConfig
     from dipdeploy.sparsity.plan import SparsityConfig
@@ -76,10 +77,7 @@ def main() -> None:
             f"SmolLM2-135M-Instruct (tied lm_head). Sizes in MB (10⁶ bytes); `graphs`: every .onnx file. Perplexity: "
             f"WikiText-2 test, {windows} × {seqlen} tokens, `dipdeploy eval --quant bq4 --embedding …` (the weights "
             f"the bundle ships; dense and DIP ρ 0.5, ρ_in 0.55, uniform plan).\n\n" + md_table(rows, cols) + "\n")
-    dest = ROOT / "benchmarks" / "results" / "embedding.md"
-    tmp = dest.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(dest)
+    write_atomic(ROOT / "benchmarks" / "results" / "embedding.md", text, force=True)
     write_rows_json(rows, args.json)
     print(text)
 
