@@ -48,14 +48,17 @@ class EmbeddingRows:
             raise BundleError(f"{bundle}: the manifest has no [vocab, ·] embedding tensors {', '.join(names)} in one "
                               f"file; {REGENERATE}")
         self.vocab = int(ts[0]["shape"][0])
-        self.d = int(ts[0]["shape"][1]) if len(ts) == 1 else int((manifest.source.get("config") or {}).get("hidden_size") or 0)
+        self.int4 = len(ts) == 2  # codes + scales (else one fp32 table)
+        config = manifest.source.get("config") or {}
+        self.d = int(config.get("hidden_size") or 0) if self.int4 else int(ts[0]["shape"][1])
         self._parts = []  # (offset, row bytes, row buffer) per tensor
         for t in ts:
             row = np.empty(int(t["shape"][1]), np.dtype(t["dtype"]))
             if int(t["shape"][0]) != self.vocab:
                 raise BundleError(f"{bundle}: the embedding tensors disagree on the vocabulary size; {REGENERATE}")
             self._parts.append((int(t["offset"]), row.nbytes, row))
-        if len(ts) == 2:
+        self._values = None  # the int4 row decoded, float32 [blocks, block]
+        if self.int4:
             codes, scales = self._parts[0][2], self._parts[1][2]
             if codes.dtype != np.uint8 or scales.dtype != np.float32 or (2 * codes.size) % scales.size \
                     or not 0 < self.d <= 2 * codes.size:
@@ -69,7 +72,7 @@ class EmbeddingRows:
     @property
     def nbytes(self) -> int:
         """Resident bytes: the row buffers."""
-        return sum(p[1] for p in self._parts) + (self._values.nbytes if len(self._parts) == 2 else 0)
+        return sum(p[1] for p in self._parts) + (self._values.nbytes if self.int4 else 0)
 
     def read(self, token: int, out: np.ndarray) -> None:
         """Write row ``token`` (× the multiplier) into ``out`` [..., d] float32."""
@@ -81,7 +84,7 @@ class EmbeddingRows:
                 raise OSError(f"{self.path}: short read of the embedding row {token}; re-export the bundle or run "
                               "`dipdeploy inspect --verify`")
         row = out.reshape(-1)
-        if len(self._parts) == 1:
+        if not self.int4:
             row[:] = self._parts[0][2]
         else:
             codes, scales, v = self._parts[0][2], self._parts[1][2], self._values
