@@ -26,3 +26,9 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if available else "cpu"
     return name
+
+
+def device_of(module):
+    """The torch device ``module``'s parameters are on: inputs follow the model, so a caller that swaps
+    in another model (a benchmark loading an adapter on the CPU) keeps working."""
+    return next(module.parameters()).device

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from dipdeploy import defaults
 from dipdeploy.progress import Progress
 from dipdeploy.sparsity.plan import METHODS, SparsityConfig
-from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES
+from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES, device_of
 
 ROW_KEYS = ("model", "method", "density", "ppl", "tokens", "seqlen")
 
@@ -107,8 +107,8 @@ class Evaluator:
     """Holds what every row of one evaluation shares: the (quantised) model, the test windows, the
     calibration windows and the memoised split searches. ``row(method, density)`` evaluates one.
 
-    The adapter and the quantiser work on the CPU (as export's do); the model then moves to ``cfg.device``
-    with the test and calibration windows, for every row."""
+    The adapter and the quantiser work on the CPU (as export's do); the model then moves to ``cfg.device``,
+    and the test and calibration windows go to wherever ``lm.model`` is when they are used."""
 
     def __init__(self, cfg: EvalConfig, progress: Progress | None = None):
         from dipdeploy.eval.data import load_text, windows
@@ -131,7 +131,7 @@ class Evaluator:
         self.lm.model.to(self.device)
         with self.progress.stage("tokenise the test text"):
             text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
-            self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows).to(self.device)
+            self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows)
         self._calib = None
         self.splits: dict = {}
         self.curves: dict = {}  # the joint allocation's error curves per score (sparsity.allocate)
@@ -142,9 +142,8 @@ class Evaluator:
             from dipdeploy.eval.data import load_text, windows
 
             text = load_text(self.cfg.dataset, "validation", None, self.cfg.data_dir)
-            self._calib = windows(self.lm.tokenizer, text, self.cfg.calib_seqlen,
-                                  self.cfg.calib_windows).to(self.device)
-        return self._calib
+            self._calib = windows(self.lm.tokenizer, text, self.cfg.calib_seqlen, self.cfg.calib_windows)
+        return self._calib.to(device_of(self.lm.model))
 
     def plan_for(self, sparsity: SparsityConfig):
         from dipdeploy.sparsity.calibrate import calibrate
@@ -181,7 +180,8 @@ class Evaluator:
         try:
             n = int(self.test.shape[0])
             with meter, self.progress.stage(f"eval {method} ρ={density:g}, windows", total=n) as stage:
-                ppl, tokens = perplexity(self.lm.model, self.test, batch, on_batch=stage.advance)
+                ppl, tokens = perplexity(self.lm.model, self.test.to(device_of(self.lm.model)), batch,
+                                         on_batch=stage.advance)
         finally:
             unsparsify_(self.lm.model)
         realised = meter.density() if isinstance(meter, DensityMeter) else (plan.density if plan else 1.0)
