@@ -83,7 +83,7 @@ def finetune_cmd(
             raise ValueError(f"--threads {threads}: give at least 1")
         if proc.world_size > 1 and device is not None:
             raise ValueError(f"--device {device} under a launcher ({proc.world_size} processes): accelerate places "
-                             f"each process on its device (accelerate config, --cpu, CUDA_VISIBLE_DEVICES); drop "
+                             f"each process on its device (accelerate config, CUDA_VISIBLE_DEVICES); drop "
                              f"--device")
         # one process: calibration and training on this device; under a launcher, None: the launcher's
         where = resolve_device(device or DEFAULT_DEVICE) if proc.world_size == 1 else None
