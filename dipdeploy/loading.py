@@ -383,13 +383,34 @@ def fp32_bytes(name_or_path: str) -> int:
     return 4 * sum(p.numel() for p in model.parameters())
 
 
+def available_memory() -> int:
+    """MemAvailable of /proc/meminfo (bytes); physical memory where that is missing."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def streams_by_default(name_or_path: str) -> bool:
+    """Whether a stage that can stream (``export``, ``calibrate``) does so when not told: when the fp32
+    model would take more than half of the available memory (the rest is for activations, the
+    quantiser and the bundle being written)."""
+    try:
+        return fp32_bytes(name_or_path) > 0.5 * available_memory()
+    except (OSError, ValueError):
+        return False  # load_model reports what is wrong with the model, with the fix
+
+
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bool = False) -> LoadedModel:
     """Load a causal LM with a gated MLP and its tokenizer, in eval mode (its family record checked
     before any weight is read).
 
     ``stream``: build the model without its weights and read them per module later
     (:class:`StreamedCheckpoint`; a GGUF through :class:`GGUFCheckpoint`, without its fp32 copy);
-    needs a local safetensors checkpoint or a GGUF file. Only export uses this.
+    needs a local safetensors checkpoint or a GGUF file (``export`` and ``calibrate``).
     """
     found = gguf_of(name_or_path) if stream else None
     if found is not None:

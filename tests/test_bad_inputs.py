@@ -83,6 +83,8 @@ CASES = [
     ("calibrate-gguf-missing", "calibrate --model {missing}.gguf --out {new}", "GGUF file"),
     ("calibrate-model-dir-empty", "calibrate --model {dir} --out {new}", "not a Hugging Face model directory"),
     ("calibrate-model-unknown", "calibrate --model no-such-model --out {new}", "neither a registry name"),
+    ("calibrate-device", "calibrate --model tiny-llama --out {new} --device tpu", "--device 'tpu' is unknown"),
+    ("calibrate-stream-cats", "calibrate --model tiny-llama --out {new} --method cats --stream", "--no-stream"),
     # eval
     ("eval-json-exists", "eval --model tiny-llama --json {file}", "pass --force"),
     ("eval-plot-is-dir", "eval --model tiny-llama --plot {dir}", "is a directory"),
@@ -96,6 +98,7 @@ CASES = [
     ("eval-text-file-missing", "eval --model tiny-llama --text-file {missing}", "--text-file"),
     ("eval-quant-scope", "eval --model tiny-llama --quant-scope some", "quant_scope 'some'"),
     ("eval-seqlen", "eval --model tiny-llama --seqlen 1", "seqlen must be >= 2"),
+    ("eval-device", "eval --model tiny-llama --device tpu", "device 'tpu' unknown"),
     ("eval-hub-uncached", f"eval --model {UNCACHED}", "not in the local Hugging Face cache"),
     # demo
     ("demo-model-unknown", "demo --model no-such-model", "neither a registry name"),
@@ -114,6 +117,7 @@ CASES = [
     ("finetune-data-dir-missing", "finetune --model tiny-llama --out {new} --data-dir {missing}", "--data-dir"),
     ("finetune-text-file-missing", "finetune --model tiny-llama --out {new} --text-file {missing}", "--text-file"),
     ("finetune-rank", "finetune --model tiny-llama --out {new} --rank 0", "rank must be >= 1"),
+    ("finetune-device", "finetune --model tiny-llama --out {new} --device tpu", "--device 'tpu' is unknown"),
     ("finetune-targets", "finetune --model tiny-llama --out {new} --targets up,ffn", "targets"),
     ("finetune-objective", "finetune --model tiny-llama --out {new} --objective kl", "objective 'kl' unknown"),
     ("finetune-distill-on-wikitext", "finetune --model tiny-llama --out {new} --objective distill --data wikitext2-valid",

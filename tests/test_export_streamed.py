@@ -1,6 +1,7 @@
-"""A streamed export (one decoder layer in memory at a time) calibrates and merges LoRA exactly as the
-eager export does: the same plan, the same bundle bytes (dipdeploy/sparsity/streamed.py,
-dipdeploy/export/prepare.py ``stream_lora``)."""
+"""A streamed export (one decoder layer in memory at a time, from safetensors or a GGUF) calibrates and
+merges LoRA exactly as the eager export does: the same plan, the same bundle bytes
+(dipdeploy/sparsity/streamed.py, dipdeploy/export/prepare.py ``stream_lora``); ``dipdeploy calibrate
+--stream`` takes the same path."""
 
 import json
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import dipdeploy.cli.export  # noqa: F401  (registers export)
+import dipdeploy.cli  # noqa: F401  (registers every command)
 from dipdeploy.cli._app import app
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
@@ -23,8 +24,12 @@ MODE_FIELDS = {"source": ("streamed",), "export_config": ("stream", "validate_to
 CALIB = dict(calib_windows=2, calib_seqlen=64)  # short calibration text: seconds, same code path
 
 
-def _without_mode(manifest: dict) -> dict:
+def _without_mode(manifest: dict, config_paths: bool = False) -> dict:
+    """``config_paths``: drop ``source.config._name_or_path`` too, the folder transformers read the config
+    from: for a GGUF, the eager load's fp32 copy in the cache, and the GGUF's own folder when streamed."""
     out = json.loads(json.dumps(manifest))
+    if config_paths:
+        out["source"]["config"].pop("_name_or_path", None)
     for key, fields in MODE_FIELDS.items():
         if fields is None:
             out.pop(key, None)
@@ -34,7 +39,7 @@ def _without_mode(manifest: dict) -> dict:
     return out
 
 
-def _same_bundle(eager, streamed) -> None:
+def _same_bundle(eager, streamed, config_paths: bool = False) -> None:
     names = sorted(p.relative_to(eager).as_posix() for p in eager.rglob("*") if p.is_file())
     assert names == sorted(p.relative_to(streamed).as_posix() for p in streamed.rglob("*") if p.is_file())
     for name in names:
@@ -43,7 +48,7 @@ def _same_bundle(eager, streamed) -> None:
     m_eager, m_streamed = (json.loads((d / MANIFEST).read_text()) for d in (eager, streamed))
     assert m_streamed["source"]["streamed"] is True and "skipped" in m_streamed["validation"]
     assert m_eager["validation"]["ok"]
-    assert _without_mode(m_eager) == _without_mode(m_streamed)
+    assert _without_mode(m_eager, config_paths) == _without_mode(m_streamed, config_paths)
 
 
 def _adapter(model, path, targets):
@@ -117,3 +122,58 @@ def test_device_auto_is_cpu_and_cuda_without_a_gpu_is_one_line_exit_2(tmp_path):
 def test_unknown_device_is_refused(tmp_path):
     res = CliRunner().invoke(app, ["export", "--model", "tiny-llama", "--device", "tpu", "--out", str(tmp_path / "b")])
     assert res.exit_code == 2 and "device='tpu'" in res.output and "Traceback" not in res.output
+
+
+def test_streamed_gguf_gives_the_eager_bundle_of_the_same_gguf(tmp_path, data_dir, monkeypatch):
+    """A GGUF (Q8_0 matrices) streamed tensor by tensor (``loading.GGUFCheckpoint``, no fp32 copy written)
+    and calibrated layer by layer gives the bundle of the eager export of the same file (transformers'
+    whole-file dequantisation, then its fp32 copy), byte for byte."""
+    from dipdeploy.loading import load_model
+    from tiny_gguf import write_llama_gguf
+
+    tiny = load_model("tiny-llama")
+    gguf = write_llama_gguf(tiny, tmp_path / "tiny-llama-q8.gguf")
+    monkeypatch.setenv("DIPDEPLOY_CACHE", str(tmp_path / "cache"))  # the eager load's fp32 copy goes here
+    kw = dict(model=str(gguf), method="dip-ca", quant="bq4", data_dir=str(data_dir), **CALIB)
+    streamed = export_model(ExportConfig(stream=True, **kw), tmp_path / "streamed")
+    assert not list((tmp_path / "cache").glob("models/gguf-*"))  # streamed: the file itself, no copy
+    eager = export_model(ExportConfig(stream=False, validate_tokens=4, **kw), tmp_path / "eager")
+    assert list((tmp_path / "cache").glob("models/gguf-*"))
+    assert len(eager.manifest.plan["calibration"]["split_nll"]) > 1  # the search ran
+    _same_bundle(eager.out, streamed.out, config_paths=True)
+    # the file holds tiny-llama (q/k un-permuted right), within Q8_0's rounding
+    held = load_model(str(gguf)).model.state_dict()
+    for name, ref in tiny.model.state_dict().items():
+        err = (held[name] - ref).abs().max().item()
+        assert err < 0.01 * ref.abs().max().item() + 1e-6, (name, err)
+
+
+def _calibrate(tmp_path, data_dir, name, *extra):
+    out = tmp_path / f"{name}.json"
+    res = CliRunner().invoke(app, ["calibrate", "--model", "tiny-mistral", "--method", "dip-ca", "--density", "0.5",
+                                   "--windows", "2", "--seqlen", "64", "--data-dir", str(data_dir), "--out", str(out),
+                                   *extra])
+    return res, out
+
+
+def test_calibrate_stream_gives_the_eager_plan(tmp_path, data_dir):
+    """`dipdeploy calibrate --stream` runs export's streamed split search (one path, ``calibrate_on``):
+    the plan is the eager one."""
+    from dipdeploy.sparsity.plan import SparsityPlan
+
+    plans = {}
+    for mode in ("--stream", "--no-stream"):
+        res, out = _calibrate(tmp_path, data_dir, mode, mode)
+        assert res.exit_code == 0, res.output
+        plans[mode] = SparsityPlan.load(out)
+    assert len(plans["--stream"].calibration["split_nll"]) > 1  # the search ran
+    assert plans["--stream"].to_json() == plans["--no-stream"].to_json()
+
+
+@pytest.mark.parametrize("extra,named", [(["--method", "teal"], "--method teal"),
+                                         (["--allocation", "greedy"], "--allocation greedy")])
+def test_calibrate_stream_refuses_what_needs_the_whole_model(tmp_path, data_dir, extra, named):
+    res, out = _calibrate(tmp_path, data_dir, "plan", "--stream", *extra)
+    line = res.output.strip()
+    assert res.exit_code == 2 and len(line.splitlines()) == 1 and line.startswith("error:"), res.output
+    assert named in line and "--no-stream" in line and not out.exists()

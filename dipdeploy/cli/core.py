@@ -18,6 +18,7 @@ from dipdeploy.demo import DemoConfig
 from dipdeploy.eval import EvalConfig
 from dipdeploy.registry import list_models
 from dipdeploy.sparsity.plan import SparsityConfig
+from dipdeploy.torchdevice import DEFAULT_DEVICE
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
 
@@ -84,6 +85,9 @@ TOPN = typer.Option(_S.fixed_top_n, "--fixed-top-n", help="DIP-CA: exempt the n 
 WARM = typer.Option(_S.gamma_warmup, "--gamma-warmup", help="DIP-CA: tokens over which γ goes from 1 to --gamma")
 DATA = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/ (default: $DIPDEPLOY_DATA)")
 FORCE = typer.Option(False, "--force", help="overwrite existing output files")
+# None stands for the default, so that finetune can tell an explicit --device under a launcher
+DEVICE = typer.Option(None, "--device", help="where torch computes: auto (cuda when torch sees a GPU) | cpu | "
+                      f"cuda (default: {DEFAULT_DEVICE})")
 
 
 def check_inputs(*, data_dir: Optional[Path] = None, files: dict[str, Optional[Path]] | None = None,
@@ -139,6 +143,7 @@ def eval_cmd(
                                            "quantising here; --quant-scope all adds attention and lm_head"),
     lora: Optional[Path] = typer.Option(None, help="a peft adapter from `dipdeploy finetune` (applied first)"),
     lora_merge: bool = typer.Option(True, "--lora-merge/--lora-live", help="merge the adapter or keep it live"),
+    device: Optional[str] = DEVICE,
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as a JSON list"),
     plot: Optional[Path] = typer.Option(None, help="save a PPL-vs-density Pareto plot (PNG)"),
     force: bool = FORCE,
@@ -161,7 +166,7 @@ def eval_cmd(
                          text_file=str(text_file) if text_file else None, data_dir=str(data_dir) if data_dir else None,
                          batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope, embedding=embedding,
                          weights=str(weights) if weights else None,
-                         lora=str(lora) if lora else None, lora_merge=lora_merge)
+                         lora=str(lora) if lora else None, lora_merge=lora_merge, device=device or _EV.device)
         check_inputs(model=model)
         rows = evaluate(cfg, Progress())
     except (ValueError, OSError, KeyError) as err:
@@ -186,10 +191,16 @@ def calibrate_cmd(
     data_dir: Optional[Path] = DATA,
     windows: int = typer.Option(defaults.CALIB_WINDOWS, help="calibration windows"),
     seqlen: int = typer.Option(defaults.CALIB_SEQLEN, help="calibration window length"),
+    device: Optional[str] = DEVICE,
+    stream: Optional[bool] = typer.Option(None, "--stream/--no-stream",
+                                          help="read the weights one layer at a time (models larger than "
+                                               "memory; dip and dip-ca, --allocation uniform; the same plan); "
+                                               "default: when the fp32 model exceeds half of the free memory"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing plan"),
 ) -> None:
     """Calibrate a sparsity plan (split, thresholds, per-layer allocation) on calibration text."""
     from dipdeploy.progress import Progress
+    from dipdeploy.torchdevice import resolve_device
 
     try:
         check_inputs(data_dir=data_dir, files={"--text-file": text_file}, outputs={"--out": out}, force=force)
@@ -198,18 +209,23 @@ def calibrate_cmd(
         cfg = _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac,
                                 fixed_top_n, gamma_warmup)
         check_inputs(model=model)
+        where = resolve_device(device or DEFAULT_DEVICE)
         from dipdeploy.eval.data import load_text, windows as make_windows
-        from dipdeploy.loading import load_model
-        from dipdeploy.sparsity.calibrate import calibrate
+        from dipdeploy.loading import load_model, streams_by_default
+        from dipdeploy.sparsity.calibrate import calibrate_on
+        from dipdeploy.sparsity.streamed import check_streamable
 
+        streamed = streams_by_default(model) if stream is None else stream
+        if streamed:
+            check_streamable(cfg)
         progress = Progress()
-        with progress.stage(f"load {model}"):
-            lm = load_model(model)
+        with progress.stage(f"load {model}" + (" (streamed: one layer at a time)" if streamed else "")):
+            lm = load_model(model, stream=streamed)
         with progress.stage("tokenise the calibration text"):
             text = load_text("wikitext2", "validation", text_file, data_dir)
             calib = make_windows(lm.tokenizer, text, seqlen, windows)
-        with progress.stage(f"calibrate {method} ρ={density:g} on {calib.shape[0]}×{seqlen} tokens"):
-            plan = calibrate(lm, cfg, calib)
+        with progress.stage(f"calibrate {method} ρ={density:g} on {calib.shape[0]}×{seqlen} tokens ({where})"):
+            plan = calibrate_on(lm, cfg, calib, where)
         plan.save(out, force=force)
     except (ValueError, OSError, KeyError) as err:
         fail(err)

@@ -3,7 +3,9 @@
 Unset options fall through to :class:`dipdeploy.finetune.LoraConfig` and
 :class:`dipdeploy.sparsity.plan.SparsityConfig`, where every default is defined once.
 Scale-out: ``accelerate launch "$(which dipdeploy)" finetune ...`` (see dipdeploy/finetune/train.py): every
-process checks and trains, only process 0 prints and writes the adapter.
+process checks and trains, only process 0 prints and writes the adapter. The launcher places each process
+on its device, so ``--device`` (one process: calibration and training, ``dipdeploy.torchdevice``) is
+refused under it rather than fighting it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import DATA, MODEL, console, fail
+from dipdeploy.cli.core import DATA, DEVICE, MODEL, console, fail
 from dipdeploy.finetune.config import DATA as SOURCES
 from dipdeploy.finetune.config import DEFAULT_DATA, OBJECTIVES, LoraConfig
 
@@ -54,6 +56,7 @@ def finetune_cmd(
     text_file: Optional[Path] = typer.Option(None, help="train on this UTF-8 text instead"),
     data_dir: Optional[Path] = DATA,
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (1 is fastest on a busy machine)"),
+    device: Optional[str] = DEVICE,
     resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in OUT.checkpoints"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT and discard old checkpoints"),
 ) -> None:
@@ -66,6 +69,7 @@ def finetune_cmd(
     from dipdeploy.paths import check_output
     from dipdeploy.progress import Progress
     from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
+    from dipdeploy.torchdevice import DEFAULT_DEVICE, resolve_device
 
     proc = ProcessInfo.from_env()
     say = console.print if proc.is_main else (lambda *a, **k: None)
@@ -77,6 +81,12 @@ def finetune_cmd(
                                   objective=objective, data=data, text_file=str(text_file) if text_file else None))
         if threads is not None and threads < 1:
             raise ValueError(f"--threads {threads}: give at least 1")
+        if proc.world_size > 1 and device is not None:
+            raise ValueError(f"--device {device} under a launcher ({proc.world_size} processes): accelerate places "
+                             f"each process on its device (accelerate config, CUDA_VISIBLE_DEVICES); drop "
+                             f"--device")
+        # one process: calibration and training on this device; under a launcher, None: the launcher's
+        where = resolve_device(device or DEFAULT_DEVICE) if proc.world_size == 1 else None
         p = SparsityPlan.load(plan) if plan is not None else None
         sp = None
         if p is None:
@@ -90,7 +100,7 @@ def finetune_cmd(
         from dipdeploy.eval.data import load_text, windows
         from dipdeploy.finetune import finetune
         from dipdeploy.loading import load_model
-        from dipdeploy.sparsity.calibrate import calibrate
+        from dipdeploy.sparsity.calibrate import calibrate_on
 
         if threads is not None:
             torch.set_num_threads(threads)
@@ -101,14 +111,14 @@ def finetune_cmd(
             with progress.stage(f"calibrate {sp.method} ρ={sp.density:g}"):
                 calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
                                 defaults.CALIB_SEQLEN, defaults.CALIB_WINDOWS)
-                p = calibrate(lm, sp, calib)
+                p = calibrate_on(lm, sp, calib, where or "cpu")
         say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}, objective {cfg.objective}, text "
             f"{cfg.text_file or cfg.data}) on {lm.name} under {p.method} "
             f"ρ={p.density:.4f}: {cfg.total_steps(proc.world_size)} steps × {cfg.tokens_per_step} tokens"
             + (f" × {proc.world_size} processes" if proc.world_size > 1 else ""))
         with progress.stage("train LoRA, steps", total=cfg.total_steps(proc.world_size)) as stage:
             res = finetune(lm, p, cfg, out, data_dir=data_dir, resume=resume, force=force, progress=False,
-                           callbacks=(_step_counter(stage),))
+                           callbacks=(_step_counter(stage),), device=where)
     except (ValueError, OSError, KeyError) as err:
         if not proc.is_main:  # every process refuses; process 0 says why, once
             raise typer.Exit(2)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from dipdeploy import defaults
 from dipdeploy.progress import Progress
 from dipdeploy.sparsity.plan import METHODS, SparsityConfig
+from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES, device_of
 
 ROW_KEYS = ("model", "method", "density", "ppl", "tokens", "seqlen")
 
@@ -47,6 +48,7 @@ class EvalConfig:
     lora: str | None = None  # a peft adapter from `dipdeploy finetune`, applied before quantisation
     lora_merge: bool = True  # merge_and_unload (what export does) or keep live adapter layers
     progress: bool = True  # report stages (dipdeploy.progress) when the Evaluator is given no Progress
+    device: str = DEFAULT_DEVICE  # where torch computes (dipdeploy.torchdevice); the rows are Python numbers
 
     def __post_init__(self) -> None:
         self.method = _as_tuple(self.method, str)
@@ -57,6 +59,8 @@ class EvalConfig:
         for d in self.density:
             if not 0.0 < d <= 1.0:
                 raise ValueError(f"density must lie in (0, 1], got {d}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r} unknown; choose one of {', '.join(DEVICES)}")
         if self.seqlen < 2:
             raise ValueError(f"seqlen must be >= 2, got {self.seqlen}")
         from dipdeploy.quant.fake import SCOPES
@@ -101,13 +105,18 @@ def reachable(method: str, density: float) -> bool:
 
 class Evaluator:
     """Holds what every row of one evaluation shares: the (quantised) model, the test windows, the
-    calibration windows and the memoised split searches. ``row(method, density)`` evaluates one."""
+    calibration windows and the memoised split searches. ``row(method, density)`` evaluates one.
+
+    The adapter and the quantiser work on the CPU (as export's do); the model then moves to ``cfg.device``,
+    and the test and calibration windows go to wherever ``lm.model`` is when they are used."""
 
     def __init__(self, cfg: EvalConfig, progress: Progress | None = None):
         from dipdeploy.eval.data import load_text, windows
         from dipdeploy.loading import load_model
+        from dipdeploy.torchdevice import resolve_device
 
         self.cfg = cfg
+        self.device = resolve_device(cfg.device)  # a device torch does not see: refused before the load
         self.progress = progress or Progress(quiet=not cfg.progress)
         with self.progress.stage(f"load {cfg.model}"):
             self.lm = load_model(cfg.model)
@@ -119,6 +128,7 @@ class Evaluator:
             self.lora = "merged" if cfg.lora_merge else "adapter"
         with self.progress.stage(f"quantise ({cfg.quant or cfg.weights})") if cfg.quant or cfg.weights else nullcontext():
             self.qinfo = _quantize(self.lm, cfg)
+        self.lm.model.to(self.device)
         with self.progress.stage("tokenise the test text"):
             text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
             self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows)
@@ -133,7 +143,7 @@ class Evaluator:
 
             text = load_text(self.cfg.dataset, "validation", None, self.cfg.data_dir)
             self._calib = windows(self.lm.tokenizer, text, self.cfg.calib_seqlen, self.cfg.calib_windows)
-        return self._calib
+        return self._calib.to(device_of(self.lm.model))
 
     def plan_for(self, sparsity: SparsityConfig):
         from dipdeploy.sparsity.calibrate import calibrate
@@ -170,7 +180,8 @@ class Evaluator:
         try:
             n = int(self.test.shape[0])
             with meter, self.progress.stage(f"eval {method} ρ={density:g}, windows", total=n) as stage:
-                ppl, tokens = perplexity(self.lm.model, self.test, batch, on_batch=stage.advance)
+                ppl, tokens = perplexity(self.lm.model, self.test.to(device_of(self.lm.model)), batch,
+                                         on_batch=stage.advance)
         finally:
             unsparsify_(self.lm.model)
         realised = meter.density() if isinstance(meter, DensityMeter) else (plan.density if plan else 1.0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -328,29 +327,13 @@ def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra
 
 def _should_stream(cfg: ExportConfig) -> bool:
     """cfg.stream, or (None) whether the fp32 model exceeds half of the available memory."""
-    from dipdeploy.loading import fp32_bytes
+    from dipdeploy.loading import streams_by_default
 
-    stream = cfg.stream
-    if stream is None:
-        try:
-            stream = fp32_bytes(cfg.model) > 0.5 * available_memory()
-        except (OSError, ValueError):
-            stream = False  # load_model reports what is wrong with the model, with the fix
+    stream = streams_by_default(cfg.model) if cfg.stream is None else cfg.stream
     if stream and cfg.row_order == "calibrated":
         raise ValueError("a streamed export cannot calibrate the row order (it traces the whole model): "
                          "pass --row-order natural, or export without --stream on a machine that holds it")
     return stream
-
-
-def available_memory() -> int:
-    """MemAvailable of /proc/meminfo (bytes); physical memory where that is missing."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def export_model(cfg: ExportConfig, out: Path, *, force: bool = False, progress: Progress = lambda step: None,

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from dipdeploy import defaults
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.sparsity.plan import SparsityConfig
-from dipdeploy.torchdevice import DEVICES
+from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES
 
 #: Methods the exported graph can run. Other plan methods (glu, gate, up, cats, teal) have no
 #: TopKColumnMask form in this bundle format and are refused by name.
@@ -85,7 +85,7 @@ class ExportConfig:
     fuse_norms: bool = True
     embedding: str = defaults.EMBEDDING
     stream: bool | None = None
-    device: str = "auto"
+    device: str = DEFAULT_DEVICE
     threads: int = 1
     data_dir: str | None = None
     row_order: str = "natural"

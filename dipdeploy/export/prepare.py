@@ -8,7 +8,6 @@ calibrated on those weights, and only then are weights quantised (``source``).
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
 from dipdeploy.export.config import EXPORT_METHODS, ExportConfig
@@ -118,22 +117,14 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
     scfg = SparsityConfig(method=cfg.method, density=cfg.density, rho_in=cfg.rho_in, gamma=cfg.gamma)
     if cfg.rho_in is not None:
         return uniform_plan(scfg, lm.name, c.num_hidden_layers, c.hidden_size, c.intermediate_size)
-    from dipdeploy.sparsity.calibrate import calibrate
+    from dipdeploy.sparsity.calibrate import calibrate_on
 
     try:
         wins = calibration_windows(lm, cfg)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{err}; or skip calibration with --rho-in R or --plan PLAN") from err
-    device = resolve_device(cfg.device)
-    if lm.checkpoint is not None:  # one layer in memory at a time, the same plan (sparsity/streamed.py)
-        from dipdeploy.sparsity.streamed import search_split_streamed
-
-        return calibrate(lm, scfg, wins, search=partial(search_split_streamed, device=device))
-    lm.model.to(device)
-    try:
-        return calibrate(lm, scfg, wins.to(device))
-    finally:
-        lm.model.to("cpu")
+    # a streamed model one layer in memory at a time, the same plan (sparsity/streamed.py)
+    return calibrate_on(lm, scfg, wins, resolve_device(cfg.device))
 
 
 def calibration_windows(lm, cfg: ExportConfig):

@@ -110,7 +110,9 @@ def _trainer_class():
     return SparseTrainer
 
 
-def _training_args(cfg: LoraConfig, ckpt: Path, progress: bool):
+def _training_args(cfg: LoraConfig, ckpt: Path, progress: bool, device: str | None):
+    """``device`` cpu or cuda (``dipdeploy.torchdevice``, one process), or None: the launcher's and the
+    Trainer's own choice (a GPU wherever torch sees one; ``accelerate launch`` gives each process its own)."""
     from transformers import TrainingArguments
 
     return TrainingArguments(
@@ -121,7 +123,8 @@ def _training_args(cfg: LoraConfig, ckpt: Path, progress: bool):
         logging_first_step=True, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2,
         seed=cfg.seed, data_seed=cfg.seed, report_to=[], remove_unused_columns=False,
         dataloader_num_workers=0, disable_tqdm=not progress, bf16=cfg.bf16,
-        use_cpu=not torch.cuda.is_available(), ddp_find_unused_parameters=False,
+        use_cpu=device == "cpu" if device is not None else not torch.cuda.is_available(),
+        ddp_find_unused_parameters=False,
     )
 
 
@@ -138,13 +141,14 @@ def _prepare_checkpoints(out: Path, resume: bool, force: bool) -> Path:
 
 def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, data_dir: str | Path | None = None,
              resume: bool = False, force: bool = False, progress: bool = True, keep_checkpoints: bool = False,
-             callbacks: tuple = ()) -> FinetuneResult:
+             callbacks: tuple = (), device: str | None = None) -> FinetuneResult:
     """Train LoRA adapters on ``lm`` with ``plan``'s masks active; write the adapter to ``out_dir``.
 
     ``resume`` continues from the newest checkpoint in ``<out_dir>.checkpoints`` (same cfg expected).
     ``out_dir`` is written atomically and never clobbered without ``force``. ``lm`` is left as it came
     (LoRA layers removed, MLPs unwrapped); apply the result with :func:`apply_lora`. ``callbacks`` are
-    extra ``TrainerCallback`` objects (progress hooks, tests).
+    extra ``TrainerCallback`` objects (progress hooks, tests). ``device``: see :func:`_training_args`; the
+    adapter is written from the CPU either way (safetensors), the same format.
     """
     import peft
 
@@ -161,7 +165,7 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
     sparsify_(hf, plan)
     try:
         loss_func = DistillLoss(model, hf) if cfg.objective == "distill" else None
-        trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress), train_dataset=data,
+        trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress, device), train_dataset=data,
                                    callbacks=list(callbacks), compute_loss_func=loss_func)
         trainer.hf_model = hf
         if not progress:  # the caller reports (dipdeploy/progress.py): no per-log dicts on stdout either

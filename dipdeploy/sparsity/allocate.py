@@ -99,7 +99,7 @@ def _ranks(score: torch.Tensor) -> torch.Tensor:
     exactly ``methods.topk_mask(score, k)`` (the project's one tie rule), for every k at once."""
     order = score.sort(dim=-1, descending=True, stable=True).indices
     ranks = torch.empty_like(order)
-    return ranks.scatter_(-1, order, torch.arange(score.shape[-1]).expand_as(order))
+    return ranks.scatter_(-1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
 
 
 @torch.no_grad()

@@ -96,7 +96,7 @@ def _observe(model, windows: torch.Tensor) -> dict[tuple[int, str], np.ndarray]:
     finally:
         for mlp in sparse_mlps(model):
             mlp.observer = None
-    return {k: torch.cat(v).numpy() for k, v in seen.items()}
+    return {k: torch.cat(v).cpu().numpy() for k, v in seen.items()}
 
 
 def fit_thresholds(lm, plan: SparsityPlan, windows: torch.Tensor, rho_in: float | None = None,
@@ -336,3 +336,25 @@ def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | Non
             plan = fit_thresholds(lm, plan, windows)
         plan.density = cfg.density  # thresholds hit it in expectation on calibration text
     return plan
+
+
+def calibrate_on(lm, cfg: SparsityConfig, windows: torch.Tensor, device: str = "cpu") -> SparsityPlan:
+    """:func:`calibrate` on a resolved torch ``device`` (``dipdeploy.torchdevice``), for an eager or a
+    streamed model alike, so ``dipdeploy calibrate`` and ``dipdeploy export`` calibrate by one path.
+
+    An eager model is moved to ``device`` for the calibration and back to the CPU after (export reads
+    and quantises its weights there); a streamed one (``lm.checkpoint``) reads each layer onto ``device``
+    in turn (``dipdeploy.sparsity.streamed``), and only the split search streams. The plan holds Python
+    numbers only, the same format wherever it was computed."""
+    if lm.checkpoint is not None:
+        from functools import partial
+
+        from dipdeploy.sparsity.streamed import check_streamable, search_split_streamed
+
+        check_streamable(cfg)
+        return calibrate(lm, cfg, windows, search=partial(search_split_streamed, device=device))
+    lm.model.to(device)
+    try:
+        return calibrate(lm, cfg, windows.to(device))
+    finally:
+        lm.model.to("cpu")

@@ -111,6 +111,18 @@ def _head_modules(lm) -> list[tuple[nn.Module, str]]:
     return out
 
 
+def check_streamable(cfg: SparsityConfig) -> None:
+    """What a streamed model can calibrate: the split search, which runs layer by layer here. CATS and
+    TEAL thresholds and the greedy and joint allocations run the whole model many times over; they are
+    refused before any weight is read."""
+    whole = (f"--method {cfg.method} (its thresholds)" if cfg.method in ("cats", "teal") else
+             f"--allocation {cfg.allocation}" if cfg.allocation != "uniform" else None)
+    if whole is not None:
+        raise ValueError(f"{whole} runs the whole model, which a streamed calibration (--stream) does not hold; "
+                         f"stream dip or dip-ca with --allocation uniform, or calibrate with --no-stream on a "
+                         f"machine that holds the model")
+
+
 @torch.no_grad()
 def search_split_streamed(lm, cfg: SparsityConfig, windows: torch.Tensor, device: str = "cpu",
                           ratios: tuple[float, ...] = SPLIT_RATIOS) -> tuple[float, dict]:
