@@ -140,13 +140,6 @@ def test_cli_run_with_a_shared_pool(tiny_dipca_bundle, tmp_path):
     assert len(json.loads(out.read_text())["tokens"]) == 3
 
 
-@pytest.mark.parametrize("args,message", [(["--threads", "0"], "--threads must be >= 1"),
-                                          (["--thread-pool", "global"], "--thread-pool global: choose one of")])
-def test_cli_refuses_bad_thread_options(args, message):
-    res = CliRunner().invoke(app, ["run", "nowhere", "-p", "x", *args])
-    assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output
-
-
 def test_engine_config_refuses_bad_thread_options():
     with pytest.raises(ValueError, match="threads must be >= 1"):
         Engine("nowhere", threads=0)
