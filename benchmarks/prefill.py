@@ -8,7 +8,7 @@ unthrottled (page cache). Each ORT thread setting (``--threads 1,2``: 1 thread, 
 pool is its process's for good; in it each mode gets a fresh engine and runs the prompt (once to warm
 up), then the prompt and 16 greedy tokens, then the prompt alone for its time breakdown; the rows say
 prefill and decode tokens/s, the process's CPU seconds per wall second over the prompt and tokens
-(spinning workers show there), the Flash MB the prompt read, and, for the batch, the share of each
+(spinning workers show there), its RSS and OS threads after them, the Flash MB the prompt read, and, for the batch, the share of each
 group's rows the prompt's tokens selected (the union the batch reads once: why a union read, not a
 dense one, README "The host runtime"). The resident plan is compared with what ``model.onnx`` (the whole
 decoder, any sequence length) would hold: all its weights.
@@ -34,7 +34,7 @@ from _common import lscpu, machine, md_table, write_rows_json
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 COLS = ["prefill", "threads", "thread_pool", "prompt_tokens", "prefill_tok_s", "decode_tok_s", "cpu_per_wall",
-        "prompt_flash_mb", "union_in", "union_glu", "first_token", "resident_mb"]
+        "rss_mb", "os_threads", "prompt_flash_mb", "union_in", "union_glu", "first_token", "resident_mb"]
 
 
 def bundle(path: Path | None) -> Path:
@@ -81,6 +81,7 @@ def measure(path: Path, mode: str, n: int, new: int, threads: int, pool: str) ->
     row = {"prefill": mode, "threads": threads, "thread_pool": pool if threads > 1 else "-", "prompt_tokens": n,
            "prefill_tok_s": g.stats.prefill_tok_s, "decode_tok_s": g.stats.decode_tok_s,
            "cpu_per_wall": (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall,
+           "rss_mb": g.stats.memory.get("VmRSS", 0) / 1e6, "os_threads": len(os.listdir("/proc/self/task")),
            "prompt_flash_mb": flash.bytes / 1e6,
            "union_in": union[0], "union_glu": union[1], "first_token": g.tokens[0],
            "resident_mb": eng.residency.total / 1e6, "prefill_seconds": again.stats.seconds}
