@@ -7,8 +7,9 @@ one thread: benchmarks/results/prefill.md). Two ways out, ``EngineConfig.thread_
 
 - ``"per-session"`` (the default): each session keeps its own pool, with spinning off
   (``session.intra_op.allow_spinning = 0``): idle workers sleep, and as the sessions run one at a time at
-  most ``threads`` threads are ever runnable. The fastest on this project's shared machine, prefill and
-  decode alike (benchmarks/results/prefill.md).
+  most ``threads`` threads are ever runnable. The faster of the two on this project's shared machine:
+  decode on 2 threads twice one thread's rate, where the shared pool fell below one thread
+  (benchmarks/results/prefill.md).
 - ``"shared"``: every session draws on onnxruntime's global intra-op pool
   (``use_per_session_threads = False``), one set of workers for the process. What onnxruntime (1.32)
   forces on it: the pool belongs to the process's one ORT environment and is created once
