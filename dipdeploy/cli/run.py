@@ -46,7 +46,11 @@ CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved 
 PREFILL = typer.Option(_E.prefill, "--prefill", help="prompt: batch (one batch per layer, plain DIP, caches warmed "
                        "from its selections) | token (one at a time as decode: the exact DIP-CA reference)")
 PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (long with --prefill token)
-THREADS = typer.Option(_E.threads, "--threads", help="ORT intra-op threads per session")
+THREADS = typer.Option(_E.threads, "--threads", help="ORT intra-op threads (prefill and decode; the sessions run "
+                       "one at a time)")
+THREAD_POOL = typer.Option(_E.thread_pool, "--thread-pool", help="above 1 thread: per-session (each session's own "
+                           "pool, workers sleep when idle) | shared (onnxruntime's one pool for the process; its "
+                           "workers spin)")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
                       "structure, sizes and the other files' sha256 are always checked)")
@@ -71,10 +75,11 @@ def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampl
 
 
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-            threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill):
+            threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill, thread_pool=_E.thread_pool):
     from dipdeploy.runtime import Engine, parse_bandwidth
     from dipdeploy.runtime.engine import PREFILL_MODES
     from dipdeploy.runtime.flash import IO_MODES
+    from dipdeploy.runtime.threadpool import THREAD_POOLS
 
     if io not in IO_MODES:
         raise ValueError(f"--io {io}: choose one of {', '.join(IO_MODES)}")
@@ -82,6 +87,10 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
     if prefill not in PREFILL_MODES:
         raise ValueError(f"--prefill {prefill}: choose one of {', '.join(PREFILL_MODES)}")
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    if thread_pool not in THREAD_POOLS:
+        raise ValueError(f"--thread-pool {thread_pool}: choose one of {', '.join(THREAD_POOLS)}")
 
     counts = None
     if pin_from is not None:
@@ -90,8 +99,8 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         counts = Trace.load(pin_from).row_counts()
     cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
              flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
-             io=io, io_threads=io_threads, context=context, threads=threads, verify=verify, pinned_counts=counts,
-             prefill=prefill)
+             io=io, io_threads=io_threads, context=context, threads=threads, thread_pool=thread_pool, verify=verify,
+             pinned_counts=counts, prefill=prefill)
     engine = Engine(bundle, cfg)
     if engine.flash.note:
         typer.echo(f"note: {engine.flash.note}", err=True)
@@ -130,7 +139,8 @@ def run_cmd(
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS, prefill: str = PREFILL,
-    context: Optional[int] = CONTEXT, threads: int = THREADS, pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
+    context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
+    pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED,
     chat: bool = typer.Option(False, "--chat", help="format the prompt as one user turn with the bundle's chat "
@@ -154,7 +164,7 @@ def run_cmd(
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-                         threads, pin_from, verify, accuracy_level, prefill)
+                         threads, pin_from, verify, accuracy_level, prefill, thread_pool)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -190,7 +200,7 @@ def chat_cmd(
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     io: str = IO, io_threads: int = IO_THREADS, prefill: str = PREFILL,
-    context: Optional[int] = CONTEXT, threads: int = THREADS,
+    context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
 ) -> None:
@@ -204,7 +214,7 @@ def chat_cmd(
         check_policy(policy)
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
-                         threads, None, False, accuracy_level, prefill)
+                         threads, None, False, accuracy_level, prefill, thread_pool)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

@@ -43,6 +43,7 @@ from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.sessions import Bound, SharedInitializers, open_session, shared_arena
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
+from dipdeploy.runtime.threadpool import THREAD_POOLS, pool_options
 from dipdeploy.sparsity.plan import SparsityConfig
 
 #: how ``extend`` feeds the tokens it is given (README, "The host runtime": batched prefill)
@@ -68,7 +69,10 @@ class EngineConfig:
     ``native_cache``: each token's cache lookup/update, slot assignment and mmap reads of the misses in
     the op library (custom_ops/src/dd_cache.cc, the rules of ``dipdeploy.cache``, decision for decision);
     False keeps them in numpy (the reference); None: whenever the native kernels are used
-    (dipdeploy/runtime/DESIGN.md)."""
+    (dipdeploy/runtime/DESIGN.md).
+    ``threads``: ORT intra-op threads of every session; above 1, ``thread_pool`` says whose pool runs
+    them: each session's own, not spinning ("per-session"), or ORT's one pool for the process
+    ("shared", sized once per process): ``dipdeploy.runtime.threadpool``."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -77,6 +81,7 @@ class EngineConfig:
     native: bool | None = None
     native_cache: bool | None = None  # the per-token cache step in the op library; None: with `native`
     threads: int = 1
+    thread_pool: str = "per-session"  # "shared": ORT's one global pool for the process (threadpool.py)
     flash_bandwidth: float | None = None
     cold: bool = False
     io: str = "mmap"
@@ -97,6 +102,10 @@ class EngineConfig:
             raise ValueError(f"context must be >= 1 token, got {self.context}")
         if self.accuracy_level is not None and self.accuracy_level not in BUNDLE_ACCURACY_LEVELS:
             raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.thread_pool not in THREAD_POOLS:
+            raise ValueError(f"thread pool {self.thread_pool!r} unknown; choose one of {', '.join(THREAD_POOLS)}")
         DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
 
 
@@ -274,7 +283,8 @@ class Engine:
         def sess(name: str, g: float | None = None) -> Bound:
             if name not in files:
                 raise BundleError(f"{self.path}: graph {name} is missing from the manifest; {REGENERATE}")
-            options = self.shared.apply(shared_arena(session_options(self.cfg.threads, native)))
+            options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
+            options = self.shared.apply(shared_arena(options))
             return Bound(open_session(self.path / name, options, g, self.cfg.accuracy_level))
 
         self.head = sess("head.onnx")
