@@ -41,7 +41,7 @@ class Fold:
 
 #: The exponent α of ``wina-in``'s |x_i|·s_i^α, chosen on WikiText-2 validation text
 #: (benchmarks/results/accuracy-smollm2-2x1024.md, "Weighted input score").
-WINA_IN_ALPHA = 1.0
+WINA_IN_ALPHA = 0.5
 #: Scores that export folds into the weights (``fold_layer``); the bundle then runs plain top-|·|.
 FOLDED: dict[str, Fold] = {"wina-in": Fold(alpha_in=WINA_IN_ALPHA, alpha_glu=0.0)}
 
