@@ -6,8 +6,8 @@ Variants: ``abs`` (plain DIP), ``s^α`` (input group weighted by the column norm
 ``wina-in`` score at α = 0.5), ``s·t`` (both groups at α = 1: the ``wina`` score). Each at the uniform split
 the abs rows of that table searched (ρ_in 0.48 / 0.55 / 0.66 / 0.825), so only the score differs. The
 variant and α are chosen by the *validation* column (4 × 512 tokens of WikiText-2 validation, the
-calibration text); the test column is reported, never used to choose. ``--quant`` adds DIP ρ = 0.5 under
-BQ4: plain, ``wina-in`` folded before quantising (what export ships), ``wina-in`` scored on the quantised
+calibration text); the test column is reported, never used to choose. ``--quant``: DIP ρ = 0.5 under
+BQ4 (test only): plain, ``wina-in`` folded before quantising (what export ships), ``wina-in`` scored on the quantised
 unfolded weights (what ``eval --quant`` computes).
 
     python benchmarks/score_fold.py --json rows.json            # ≈ 10 evaluations of 2 × 1024 + 4 × 512 tokens
@@ -33,18 +33,19 @@ SPLITS = {0.4: 0.48, 0.5: 0.55, 0.6: 0.66, 0.75: 0.825}
 VARIANTS = {"abs": None, "s^1": Fold(1.0, 0.0), "s^0.5": Fold(0.5, 0.0), "s·t": Fold(1.0, 1.0)}
 
 
-def row(ev: Evaluator, label: str, rho: float, score: str = "abs", test: bool = True) -> dict:
+def row(ev: Evaluator, label: str, rho: float, score: str = "abs", val: bool = True) -> dict:
+    """DIP at ``rho`` on ``ev``'s model as it stands (folded or not): validation PPL (``val``) and test PPL."""
     plan = ev.plan_for(SparsityConfig(method="dip", density=rho, rho_in=SPLITS[rho], score=score))
     sparsify_(ev.lm.model, plan)
     t0 = time.time()
     try:
-        val = perplexity(ev.lm.model, ev.calib)[0]
-        ppl = perplexity(ev.lm.model, ev.test)[0] if test else None
+        val_ppl = perplexity(ev.lm.model, ev.calib)[0] if val else None
+        test_ppl = perplexity(ev.lm.model, ev.test)[0]
     finally:
         unsparsify_(ev.lm.model)
     out = {"variant": label, "rho": rho, "density": round(plan.density, 4), "rho_in": SPLITS[rho],
-           "quant": ev.qinfo["quant"], "val_ppl": round(val, 2), "test_ppl": None if ppl is None else round(ppl, 2),
-           "eval_s": round(time.time() - t0, 1)}
+           "quant": ev.qinfo["quant"], "val_ppl": None if val_ppl is None else round(val_ppl, 2),
+           "test_ppl": round(test_ppl, 2), "eval_s": round(time.time() - t0, 1)}
     print(out, flush=True)
     return out
 
@@ -61,9 +62,10 @@ def main() -> None:
         ev = Evaluator(cfg)
         fold_scores(ev.lm.model, FOLDED["wina-in"])
         ev.qinfo = _quantize(ev.lm, replace(cfg, quant="bq4"))
-        rows.append(row(ev, "wina-in folded, then BQ4 (export)", 0.5))
+        rows.append(row(ev, "wina-in folded, then BQ4 (export)", 0.5, val=False))
         ev = Evaluator(replace(cfg, quant="bq4"))
-        rows += [row(ev, "abs", 0.5), row(ev, "wina-in on BQ4 unfolded (eval --quant)", 0.5, "wina-in")]
+        rows += [row(ev, "abs", 0.5, val=False),
+                 row(ev, "wina-in on BQ4 unfolded (eval --quant)", 0.5, "wina-in", val=False)]
     else:
         ev = Evaluator(cfg)
         original = {k: v.clone() for k, v in ev.lm.model.state_dict().items()}
