@@ -72,11 +72,17 @@ def layer_ks(plan: SparsityPlan | None, num_layers: int) -> list[LayerK]:
 
 
 def reference_plan(plan: SparsityPlan | None) -> SparsityPlan | None:
-    """The torch plan that matches ``model.onnx``: DIP-CA runs as plain DIP with the same K."""
-    if plan is None or plan.method != "dip-ca":
+    """The torch plan that matches ``model.onnx``: DIP-CA runs as plain DIP with the same K; a folded score
+    (``sparsity.scores.FOLDED``) as plain |·| on the folded weights the export leaves in the model."""
+    from dipdeploy.sparsity.scores import FOLDED
+
+    if plan is None or (plan.method != "dip-ca" and plan.score not in FOLDED):
         return plan
     ref = copy.deepcopy(plan)
-    ref.method, ref.gamma = "dip", 1.0
+    if plan.method == "dip-ca":
+        ref.method, ref.gamma = "dip", 1.0
+    if plan.score in FOLDED:
+        ref.score = "abs"
     return ref
 
 
@@ -149,11 +155,12 @@ class _Steps:
 def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -> Manifest:
     from dipdeploy.export.source import ModelSource
     from dipdeploy.ops.native import library_path
+    from dipdeploy.sparsity.scores import FOLDED
 
     missed, row_order = _row_order(lm, cfg, plan, steps)
     steps("quantise + build graphs")
     source = ModelSource(lm, cfg.quant, wina=plan is not None and plan.score == "wina", max_length=cfg.max_length,
-                         embedding=cfg.embedding)
+                         embedding=cfg.embedding, fold=FOLDED.get(plan.score) if plan is not None else None)
     store = WeightStore(tmp, cfg.alignment)
     graphs, orders = _write_graphs(source, store, plan, cfg, tmp, steps, missed)
     if orders:

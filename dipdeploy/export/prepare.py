@@ -101,6 +101,11 @@ def load_plan(path: str | Path, lm) -> SparsityPlan:
     plan.check_model(c.num_hidden_layers, c.hidden_size, c.intermediate_size)
     if plan.method not in EXPORT_METHODS:
         raise ValueError(f"plan method {plan.method!r} cannot be exported; exportable: {', '.join(EXPORT_METHODS)}")
+    from dipdeploy.sparsity.scores import FOLDED
+
+    if plan.score in FOLDED and lm.arch.norms.mlp_in is None:  # the fold scales the MLP's input norm
+        raise ValueError(f"score {plan.score!r} is folded into the MLP's input norm, which {lm.arch.name} does not "
+                         f"have; calibrate the plan with --score abs or --score wina")
     return plan
 
 

@@ -23,6 +23,7 @@ from dipdeploy.quant.api import dequantize_rows, quantize, quantize_dense
 from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, dense_config, quant_config_from_name
 from dipdeploy.quant.fake import mlp_weights, set_mlp_weights
 from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
+from dipdeploy.sparsity.scores import Fold, fold_layer
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -56,7 +57,7 @@ class ModelSource:
     attention and lm_head in BQ4 → MatMulNBits)."""
 
     def __init__(self, lm, quant: str = "none", wina: bool = False, max_length: int = 2048,
-                 embedding: str = "int4"):
+                 embedding: str = "int4", fold: Fold | None = None):
         self.lm = lm
         self.model = lm.model
         self.checkpoint = lm.checkpoint  # streamed weights: read per module, released after use
@@ -69,6 +70,8 @@ class ModelSource:
         if self.mlp_cfg is not None:
             self.dense_cfg = dense_config(self.mlp_cfg)
         self.wina = wina
+        self.fold = fold  # a folded score (sparsity.scores.FOLDED): applied to each layer as it is read
+        self._folded: set[int] = set()
         self.max_length = self.spec.context_length(max_length)
         self.stats = QuantState()
         self._head: Linear | None = None
@@ -225,8 +228,14 @@ class ModelSource:
             self.checkpoint.release(module)
 
     def layer(self, i: int) -> LayerWeights:
+        """Layer ``i``'s weights; a folded score is folded in first, in the fp32 weights before they are
+        quantised (in place: an eager export's torch reference is the folded model, which plain top-|·|
+        runs as the score; a streamed layer is folded as it is read, by the same arithmetic)."""
         norms = self.spec.arch.norms
         with self._resident(self.model.model.layers[i], f"model.layers.{i}.") as layer:
+            if self.fold is not None and i not in self._folded:
+                fold_layer(layer, self.spec.arch, self.fold)
+                self._folded.add(i)
             out = {k: self._norm(getattr(layer, n)) if n else None
                    for k, n in (("ln_attn", norms.attn_in), ("ln_mlp", norms.mlp_in),
                                 ("ln_attn_out", norms.attn_out), ("ln_mlp_out", norms.mlp_out))}

@@ -19,8 +19,8 @@ The Trainer needed two small overrides, not a different loop, because of the ``S
 - ``compute_loss`` resets the DIP-CA caches first, so every batch of windows starts cold, exactly as
   the evaluator runs it (plain DIP keeps no state; the reset is free).
 
-With ``score = wina`` the column norms are taken from the base weights while training (the SparseMLP
-computes them when it wraps); a merged model recomputes them from ``W + s·B·A``, so for wina the merged
+With ``score = wina`` or ``wina-in`` the column norms are taken from the base weights while training (the SparseMLP
+computes them when it wraps); a merged model recomputes them from ``W + s·B·A`` (and export folds those), so the merged
 and adapter-applied models can select slightly differently. The default ``abs`` score has no such gap.
 
 The masks: peft wraps the nn.Linear projections *inside* the SparseMLP, so a projection computes

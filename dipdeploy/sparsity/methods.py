@@ -31,6 +31,7 @@ from torch import nn
 from dipdeploy.arch import Arch, arch_of_model
 from dipdeploy.cache import RowCache, dipca_scores, gamma_at, topk_rows
 from dipdeploy.sparsity.plan import LayerPlan, SparsityPlan
+from dipdeploy.sparsity.scores import score_weights
 
 MethodFn = Callable[["SparseMLP", torch.Tensor], torch.Tensor]
 _METHODS: dict[str, MethodFn] = {}
@@ -98,12 +99,14 @@ class SparseMLP(nn.Module):
         self.recorder = None  # callable(index, record dict) while tracing
         self.observer = None  # callable(index, name, tensor) while calibrating
         self.selector = None  # callable(index, group, scores [N, R] numpy, k) -> indices [N, k] (sparsity.twin)
-        if plan.score == "wina":
-            w_u, w_g = self.weights_in()
-            self.register_buffer("norm_in", (w_u.square().sum(0) + w_g.square().sum(0)).sqrt().detach())
-            self.register_buffer("norm_glu", self.down_weight().square().sum(0).sqrt().detach())
-        else:
-            self.norm_in = self.norm_glu = None
+        # a score's static weights on |x| and |GLU~| (dipdeploy.sparsity.scores), None for plain |·|
+        with torch.no_grad():
+            norm_in, norm_glu = score_weights(plan.score, *self.weights_in(), self.down_weight())
+        for name, t in (("norm_in", norm_in), ("norm_glu", norm_glu)):
+            if t is None:
+                setattr(self, name, None)
+            else:
+                self.register_buffer(name, t.to(self.down_weight().dtype))
 
     # -- the dense pieces ---------------------------------------------------------------------------
     def act(self, t: torch.Tensor) -> torch.Tensor:
@@ -226,7 +229,7 @@ def _teal(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
 
 @method("dip")
 def _dip(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
-    """DIP: top-K_in of |x| (or WINA's |x_i|·‖W_{:,i}‖₂), then top-K_glu of |GLU~|."""
+    """DIP: top-K_in of |x| (or a weighted score, ``sparsity.scores``), then top-K_glu of |GLU~|."""
     s_in = m.score_in(x)
     m_in = _dip_mask(m, "in", s_in, m.layer.k_in)
     gate, up = m.gate_up(x * m_in)
