@@ -49,10 +49,11 @@ from dipdeploy.sparsity.plan import SparsityConfig
 
 #: how ``extend`` feeds the tokens it is given (README, "The host runtime": batched prefill)
 PREFILL_MODES = ("batch", "token")
-#: the batched prefill's most tokens per graph run (llama.cpp's n_ubatch); chosen by
-#: benchmarks/results/memory.md: its activations are in the plan, ORT's attention scores of one chunk
-#: (heads × chunk × context floats) in the fixed overhead, and larger chunks were no faster there
-PREFILL_CHUNK = 256
+#: the batched prefill's most tokens per graph run (llama.cpp's n_ubatch): its activations are in the
+#: plan, ORT's intermediates of one chunk (attention scores: heads × chunk × context floats) in the fixed
+#: overhead; 128 peaked ~30 MB below 256 on a 1,000-token prompt at no measurable prefill speed cost
+#: (benchmarks/results/memory.md, chunk sweep)
+PREFILL_CHUNK = 128
 
 
 @dataclass
