@@ -51,8 +51,8 @@ from dipdeploy.sparsity.plan import SparsityConfig
 PREFILL_MODES = ("batch", "token")
 #: the batched prefill's most tokens per graph run (llama.cpp's n_ubatch): its activations are in the
 #: plan, ORT's intermediates of one chunk (attention scores: heads × chunk × context floats) in the fixed
-#: overhead; 128 peaked ~30 MB below 256 on a 1,000-token prompt at no measurable prefill speed cost
-#: (benchmarks/results/memory.md, chunk sweep)
+#: overhead; 128 peaked ~30 MB below 256 on a 1,000-token prompt, its prefill about 8 % slower than one
+#: chunk on a 300-token one (benchmarks/results/memory.md, chunk sweep)
 PREFILL_CHUNK = 128
 
 
