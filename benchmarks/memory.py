@@ -1,17 +1,24 @@
-"""The host runtime's memory against its budget: planned residency vs peak RSS, two checkouts side by side.
+"""The host runtime's memory against its budget: planned residency vs peak RSS, per prefill mode and prompt length.
 
-Each row is one fresh process (``dipdeploy.runtime.Engine`` imported from the checkout given) that
-opens the bundle under a DRAM budget, generates greedy tokens and reports its planned residency
-(``Engine.residency``) and ``/proc/self/status``: VmHWM (peak RSS), VmRSS, RssAnon, RssFile, also
-right after the imports (the interpreter, numpy, onnxruntime: part of the fixed overhead). Rows:
-budgets 25/50/75/100 % of the MLP rows (native op library and the stock-ORT fallback), the 50 % row
-with the other ``--io`` (its Flash read time per token beside), and one long run of ``--long`` tokens
-at 50 %. ``--cgroup MB`` runs each checkout's long 50 % row (and a short fallback one) again inside a
-cgroup v1 memory group limited to its planned residency + MB (the limit counts the page cache too);
-the group is removed afterwards. ``--before`` is the reference checkout (default /work/main).
+Each row is one fresh process (``dipdeploy.runtime.Engine`` imported from the checkout given) that opens
+the bundle under a DRAM budget, feeds a prompt (``--prefill batch``, chunked by ``--prefill-chunk``, or
+``token``), generates greedy tokens and reports its planned residency (``Engine.residency``) and
+``/proc/self/status``: VmHWM (peak RSS), VmRSS, RssAnon, RssFile, also right after the imports (the
+interpreter, numpy, onnxruntime: part of the fixed overhead). The prompt is the first N tokens of
+WikiText-2 test (``DIPDEPLOY_DATA``), tokenised here by the bundle's tokenizer and passed to the child
+as a file, so the WikiText loader is not in the measured process.
 
-    python benchmarks/memory.py --bundle build/mem-bundle --quick --json rows.json
-    python benchmarks/memory.py --bundle build/mem-bundle --cgroup 150
+Rows: budgets 25/50/100 % (native kernels, ``--io mmap``) for each prefill mode and prompt length
+(``--prompts 300,1000``), the 50 % rows again with ``--io direct``, a chunk sweep (``--chunks``: prefill
+tokens/s against peak RSS, what the default chunk was chosen by), one unchunked batch (the chunk as
+long as the prompt), and a decode of ``--long`` tokens after the shortest prompt (300 + 700: 1,000
+tokens in the KV cache of the default 1,024-token context). ``--cgroup`` runs the long row again inside
+a cgroup v1 memory group limited to its planned residency + ``--overhead`` MB (the limit counts the page
+cache); the group is removed afterwards. ``--before PATH`` adds the 50 % batch rows of another checkout.
+``--parts`` runs some of the row groups (grid, sweep, long, before), ``--modes`` some prefill modes.
+
+    python benchmarks/memory.py --bundle build/pf-bundle --quick --json rows.json
+    python benchmarks/memory.py --bundle build/pf-bundle --before /work/main --cgroup
 """
 
 from __future__ import annotations
@@ -21,12 +28,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from _common import machine, md_table, write_rows_json
+from _common import lscpu, machine, md_table, write_rows_json
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPT = "The capital of France is"
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
 CHILD = r"""
@@ -35,99 +42,132 @@ warnings.simplefilter("ignore")
 from dipdeploy.runtime.stats import memory_now
 imports = memory_now()
 from dipdeploy.runtime import Engine
-bundle, budget, native, io, tokens = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4], int(sys.argv[5])
-eng = Engine(bundle, dram_budget=budget, native=native, io=io)
+bundle, budget, io, prefill, chunk, tokens, ids_file = sys.argv[1:8]
+options = {"prefill_chunk": int(chunk)} if int(chunk) else {}
+eng = Engine(bundle, dram_budget=budget, native=True, io=io, prefill=prefill, **options)
 opened = memory_now()
-g = eng.generate(sys.argv[6], tokens, stop_at_eos=False)
+ids = json.load(open(ids_file))
+g = eng.generate(ids, int(tokens), stop_at_eos=False)
 end = memory_now()
-print(json.dumps({"planned": eng.residency.total, "kv": eng.residency.kv, "dense": eng.residency.dense,
+print(json.dumps({"planned": eng.residency.total, "prefill_planned": eng.residency.prefill, "kv": eng.residency.kv,
                   "imports": imports, "opened": opened, "end": end, "new_tokens": len(g.tokens),
-                  "decode_tok_s": g.stats.decode_tok_s,
-                  "flash_io_ms": 1e3 * g.stats.seconds["flash_io"] / (len(g.tokens) + len(eng.encode(sys.argv[6])))}))
+                  "prefill_tok_s": g.stats.prefill_tok_s, "decode_tok_s": g.stats.decode_tok_s}))
 """
 
 
-def measure(checkout: Path, bundle: Path, budget: str, native: bool, io: str, tokens: int,
-            cgroup: Path | None = None) -> dict:
+def measure(checkout: Path, bundle: Path, ids_file: Path, budget: str, io: str, prefill: str, chunk: int,
+            tokens: int, overhead_mb: float, cgroup: Path | None = None) -> dict:
+    """One fresh process; ``chunk`` 0 keeps the checkout's default (an older checkout has no chunk)."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     pre = None
     if cgroup is not None:
         def pre():  # enter the group before the interpreter allocates anything
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-    p = subprocess.run([sys.executable, "-c", CHILD, str(bundle), budget, "1" if native else "0", io, str(tokens),
-                        PROMPT], cwd=checkout, env=env, capture_output=True, text=True, preexec_fn=pre)
+    p = subprocess.run([sys.executable, "-c", CHILD, str(bundle), budget, io, prefill, str(chunk), str(tokens),
+                        str(ids_file)], cwd=checkout, env=env, capture_output=True, text=True, preexec_fn=pre)
     if p.returncode != 0:
         return {"rc": p.returncode, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
     r = json.loads(p.stdout.strip().splitlines()[-1])
     mb = 1e6
-    return {"rc": 0, "planned_mb": r["planned"] / mb, "kv_mb": r["kv"] / mb, "dense_mb": r["dense"] / mb,
-            "imports_mb": r["imports"]["VmRSS"] / mb, "peak_rss_mb": r["end"]["VmHWM"] / mb,
-            "rss_end_mb": r["end"]["VmRSS"] / mb, "anon_mb": r["end"]["RssAnon"] / mb,
-            "file_mb": r["end"]["RssFile"] / mb, "ratio": r["end"]["VmHWM"] / r["planned"],
-            "over_plan_mb": (r["end"]["VmHWM"] - r["planned"]) / mb, "tok_s": r["decode_tok_s"],
-            "flash_io_ms_per_token": r["flash_io_ms"]}
+    peak = r["end"]["VmHWM"] / mb
+    planned = r["planned"] / mb
+    return {"rc": 0, "planned_mb": planned, "prefill_planned_mb": r["prefill_planned"] / mb, "kv_mb": r["kv"] / mb,
+            "imports_mb": r["imports"]["VmRSS"] / mb, "opened_mb": r["opened"]["VmHWM"] / mb, "peak_rss_mb": peak,
+            "anon_mb": r["end"]["RssAnon"] / mb, "file_mb": r["end"]["RssFile"] / mb,
+            "over_plan_mb": peak - planned, "within": "yes" if peak <= planned + overhead_mb else "no",
+            "prefill_tok_s": r["prefill_tok_s"], "decode_tok_s": r["decode_tok_s"]}
 
 
-def in_cgroup(checkout: Path, bundle: Path, planned_mb: float, overhead_mb: float, native: bool, io: str,
-              tokens: int) -> dict:
+def in_cgroup(row: dict, planned_mb: float, overhead_mb: float, **kw) -> dict:
     group = CGROUP_V1 / f"dipdeploy-mem-{os.getpid()}"
     group.mkdir()
     try:
         limit = int((planned_mb + overhead_mb) * 1e6)
         (group / "memory.limit_in_bytes").write_text(str(limit))
-        row = measure(checkout, bundle, "50%", native, io, tokens, cgroup=group)
-        row["limit_mb"] = limit / 1e6
-        row["cgroup_max_usage_mb"] = int((group / "memory.max_usage_in_bytes").read_text()) / 1e6
-        row["oom_kills"] = int((group / "memory.failcnt").read_text())
-        return row
+        r = measure(**kw, overhead_mb=overhead_mb, cgroup=group)
+        r["limit_mb"] = limit / 1e6
+        r["cgroup_max_usage_mb"] = int((group / "memory.max_usage_in_bytes").read_text()) / 1e6
+        r["limit_hits"] = int((group / "memory.failcnt").read_text())
+        return {**row, "cgroup": True, **r}
     finally:
         group.rmdir()
+
+
+def prompt_files(bundle: Path, lengths: list[int], folder: Path) -> dict[int, Path]:
+    """The first N tokens of WikiText-2 test for each N, one JSON file each."""
+    from tokenizers import Tokenizer
+
+    from dipdeploy.eval.data import wikitext_text
+
+    ids = Tokenizer.from_file(str(bundle / "tokenizer.json")).encode(wikitext_text("test")[: 60 * max(lengths)]).ids
+    if len(ids) < max(lengths):
+        raise SystemExit(f"only {len(ids)} prompt tokens; give shorter --prompts")
+    out = {}
+    for n in lengths:
+        out[n] = folder / f"prompt-{n}.json"
+        out[n].write_text(json.dumps(ids[:n]))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", type=Path, required=True)
-    ap.add_argument("--before", type=Path, default=Path("/work/main"))
-    ap.add_argument("--after", type=Path, default=ROOT)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--long", type=int, default=1000)
-    ap.add_argument("--io", default="mmap", choices=["mmap", "pread"])
-    ap.add_argument("--cgroup", type=float, default=None, help="overhead MB above the plan for the cgroup runs")
-    ap.add_argument("--quick", action="store_true", help="50%% only, 16 tokens, long run of 200")
+    ap.add_argument("--before", type=Path, default=None, help="another checkout: its 50 %% batch rows beside")
+    ap.add_argument("--prompts", default="300,1000", help="prompt lengths (tokens)")
+    ap.add_argument("--tokens", type=int, default=16, help="tokens generated after each prompt")
+    ap.add_argument("--long", type=int, default=700, help="tokens generated after the shortest prompt in the long row")
+    ap.add_argument("--chunks", default="64,128,256,512", help="--prefill-chunk sweep at the longest prompt, 50 %%")
+    ap.add_argument("--overhead", type=float, default=200.0, help="the fixed overhead (MB) the rows are held to")
+    ap.add_argument("--cgroup", action="store_true", help="run the long row again in a cgroup of plan + overhead")
+    ap.add_argument("--quick", action="store_true", help="50 %% only, one prompt of 300, no sweep, long run of 200")
+    ap.add_argument("--parts", default="grid,sweep,long,before", help="row groups to run")
+    ap.add_argument("--modes", default="batch,token", help="prefill modes of the grid")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    budgets = ["50%"] if a.quick else ["25%", "50%", "75%", "100%"]
-    tokens, long = (16, 200) if a.quick else (a.tokens, a.long)
-    bundle = a.bundle.resolve()
+    lengths = [300] if a.quick else [int(n) for n in a.prompts.split(",")]
+    budgets = ["50%"] if a.quick else ["25%", "50%", "100%"]
+    long = 200 if a.quick else a.long
+    bundle, longest, parts = a.bundle.resolve(), max(lengths), a.parts.split(",")
     rows = []
-    for native in (True, False):
-        for budget in budgets:
-            for name, checkout in (("before", a.before), ("after", a.after)):
-                r = measure(checkout, bundle, budget, native, a.io, tokens)
-                rows.append({"checkout": name, "native": native, "budget": budget, "io": a.io, "tokens": tokens, **r})
-                print(rows[-1], file=sys.stderr, flush=True)
-    other = "pread" if a.io == "mmap" else "mmap"
-    for name, checkout in (("before", a.before), ("after", a.after)):
-        r = measure(checkout, bundle, "50%", True, other, tokens)
-        rows.append({"checkout": name, "native": True, "budget": "50%", "io": other, "tokens": tokens, **r})
-        print(rows[-1], file=sys.stderr, flush=True)
-    for name, checkout in (("before", a.before), ("after", a.after)):
-        r = measure(checkout, bundle, "50%", True, a.io, long)
-        rows.append({"checkout": name, "native": True, "budget": "50%", "io": a.io, "tokens": long, **r})
-        print(rows[-1], file=sys.stderr, flush=True)
-    if a.cgroup is not None:
-        for name, checkout in (("before", a.before), ("after", a.after)):
-            plan = next(r for r in rows if r["checkout"] == name and r["budget"] == "50%" and r.get("rc") == 0)
-            for native, n in ((True, long), (False, tokens)):
-                r = in_cgroup(checkout, bundle, plan["planned_mb"], a.cgroup, native, a.io, n)
-                rows.append({"checkout": name, "native": native, "budget": "50%", "io": a.io, "tokens": n,
-                             "cgroup": True, **r})
-                print(rows[-1], file=sys.stderr, flush=True)
-    print(json.dumps(machine()))
-    print(md_table(rows, ["checkout", "native", "budget", "io", "tokens", "cgroup", "limit_mb", "planned_mb",
-                          "peak_rss_mb", "ratio", "over_plan_mb", "anon_mb", "file_mb", "imports_mb",
-                          "cgroup_max_usage_mb", "oom_kills", "rc", "tok_s", "flash_io_ms_per_token"]))
-    write_rows_json(rows, a.json)
+
+    def row(checkout=ROOT, budget="50%", io="mmap", prefill="batch", chunk=0, n=longest, tokens=a.tokens, **extra):
+        base = {"checkout": "before" if checkout != ROOT else "this", "budget": budget, "io": io, "prefill": prefill,
+                "chunk": chunk or ("default" if prefill == "batch" else ""), "prompt": n, "tokens": tokens}
+        kw = dict(checkout=checkout, bundle=bundle, ids_file=files[n], budget=budget, io=io, prefill=prefill,
+                  chunk=chunk, tokens=tokens)
+        r = {**base, **measure(**kw, overhead_mb=a.overhead), **extra}
+        rows.append(r)
+        print(r, file=sys.stderr, flush=True)
+        return r, kw
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = prompt_files(bundle, sorted({*lengths, 1}), Path(tmp))
+        for n in lengths if "grid" in parts else []:
+            for prefill in a.modes.split(","):
+                for budget in budgets:
+                    row(budget=budget, prefill=prefill, n=n)
+            row(io="direct", n=n)
+        if not a.quick and "sweep" in parts:
+            for chunk in (int(c) for c in a.chunks.split(",")):
+                row(chunk=chunk)
+            row(chunk=longest, note="unchunked")
+        if a.before is not None and "before" in parts:
+            for n in lengths:
+                row(checkout=a.before.resolve(), n=n)
+        long_row = {}
+        if "long" in parts:
+            long_row, kw = row(n=min(lengths), tokens=long)
+        if a.cgroup and long_row.get("rc") == 0:
+            r = in_cgroup({k: long_row[k] for k in ("checkout", "budget", "io", "prefill", "chunk", "prompt", "tokens")},
+                          long_row["planned_mb"], a.overhead, **kw)
+            rows.append(r)
+            print(r, file=sys.stderr, flush=True)
+    print(json.dumps({**machine(), "lscpu": lscpu()}))
+    print(md_table(rows, ["checkout", "prefill", "chunk", "prompt", "tokens", "budget", "io", "cgroup", "limit_mb",
+                          "planned_mb", "prefill_planned_mb", "opened_mb", "peak_rss_mb", "over_plan_mb", "within",
+                          "anon_mb", "file_mb", "cgroup_max_usage_mb", "limit_hits", "rc", "prefill_tok_s",
+                          "decode_tok_s"]))
+    write_rows_json([{**r, "machine": machine()} for r in rows], a.json)
 
 
 if __name__ == "__main__":

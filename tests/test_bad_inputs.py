@@ -159,6 +159,8 @@ CASES = [
     ("chat-io-threads", "chat {bundle} --io direct --io-threads 0", "--io-threads must be >= 1"),
     ("run-prefill", "run {bundle} -p hi --prefill chunked", "--prefill chunked: choose one of batch, token"),
     ("chat-prefill", "chat {bundle} --prefill chunked", "--prefill chunked: choose one of batch, token"),
+    ("run-prefill-chunk", "run {bundle} -p hi --prefill-chunk 0", "--prefill-chunk must be >= 1 token, got 0"),
+    ("chat-prefill-chunk", "chat {bundle} --prefill-chunk -3", "--prefill-chunk must be >= 1 token, got -3"),
     ("run-threads", "run {bundle} -p hi --threads 0", "--threads must be >= 1"),
     ("chat-threads", "chat {bundle} --threads 0", "--threads must be >= 1"),
     ("run-thread-pool", "run {bundle} -p hi --threads 2 --thread-pool global",

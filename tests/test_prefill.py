@@ -106,3 +106,72 @@ def test_prefill_mode_is_refused_in_the_config():
 
     with pytest.raises(ValueError, match="prefill"):
         EngineConfig(prefill="chunked")
+
+
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_chunked_prefill_agrees_with_one_batch(bundle, chunk):
+    """Chunks attend to the earlier ones through the KV cache: the same first token's logits and KV cache
+    as one batch within the sparse tolerance (the summation order differs, so not bit-equal)."""
+    whole = Engine(bundle, native=False, dram_budget="50%", policy="lfu", prefill_chunk=len(PROMPT))
+    chunked = Engine(bundle, native=False, dram_budget="50%", policy="lfu", prefill_chunk=chunk)
+    ref, got = _first(whole, n=2), _first(chunked, n=2)
+    agree = compare_logits(ref.logits, got.logits, TOL)
+    assert agree.ok, agree.describe()
+    assert chunked.kv.length == whole.kv.length == len(PROMPT) + 1
+    for i in range(whole.num_layers):
+        for a, b in zip(whole.kv.layer(i), chunked.kv.layer(i)):
+            np.testing.assert_allclose(a, b, atol=TOL.logits, rtol=0)
+
+
+def test_prefill_runs_chunks_of_at_most_the_chunk_size(bundle, monkeypatch):
+    """A 12-token prompt with chunks of 5 runs each layer's graphs on 5, 5 and 2 tokens, in that order;
+    the head runs once, after the last chunk."""
+    from dipdeploy.runtime import sessions
+
+    eng = Engine(bundle, native=False, dram_budget="50%", prefill_chunk=5)
+    seen = []
+    run = sessions.Bound.run
+
+    def spy(self):
+        kept = self._keep.get("in:hidden")
+        if kept is not None:
+            seen.append((self.session, kept[0].shape))
+        run(self)
+
+    monkeypatch.setattr(sessions.Bound, "run", spy)
+    eng.reset()
+    eng.extend(PROMPT, 0, Sampler())
+    attn = [shape for s, shape in seen if s is eng.attn[0].session]
+    assert attn == [(1, 5, eng.d), (1, 5, eng.d), (1, 2, eng.d)]
+    assert [shape for s, shape in seen if s is eng.head.session] == [(1, 1, eng.d)]
+    assert eng.kv.length == len(PROMPT)
+
+
+def test_the_plan_holds_one_chunk_and_a_budget_below_it_is_refused(bundle):
+    """The chunk's activations are planned (``Residency.prefill``): a larger chunk plans more, and a total
+    budget that holds everything but the larger chunk is refused with the chunk named in the fix."""
+    from dipdeploy.runtime.engine import EngineConfig
+
+    def fixed(chunk):
+        eng = Engine(bundle, native=False, dram_budget="0%", prefill_chunk=chunk)
+        r = eng.residency
+        eng.close()
+        return r.prefill, r.total - r.caches
+
+    (small, small_fixed), (large, large_fixed) = fixed(4), fixed(64)
+    assert 0 < small < large and large_fixed - small_fixed == large - small
+    between = f"{(small_fixed + large_fixed) // 2}B"
+    Engine(bundle, native=False, dram_budget=between, prefill_chunk=4).close()
+    res = CliRunner().invoke(app, ["run", str(bundle), "-p", "hi", "--no-native", "--dram-budget", between,
+                                   "--prefill-chunk", "64"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "prefill buffers" in res.output and "--prefill-chunk" in res.output
+    assert EngineConfig().prefill_chunk == EngineConfig.prefill_chunk  # one default, the CLI's too
+
+
+def test_prefill_chunk_is_refused_in_the_config():
+    from dipdeploy.runtime.engine import EngineConfig
+
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="prefill chunk"):
+            EngineConfig(prefill_chunk=bad)

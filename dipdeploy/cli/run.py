@@ -45,6 +45,9 @@ CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved 
                        f"the bundle's positions if fewer; more than those is refused")
 PREFILL = typer.Option(_E.prefill, "--prefill", help="prompt: batch (one batch per layer, plain DIP, caches warmed "
                        "from its selections) | token (one at a time as decode: the exact DIP-CA reference)")
+PREFILL_CHUNK = typer.Option(_E.prefill_chunk, "--prefill-chunk", help="--prefill batch: at most this many tokens "
+                             "per graph run (llama.cpp's --ubatch-size); a longer prompt runs in chunks, so its "
+                             "activations stay within the plan")
 PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (long with --prefill token)
 THREADS = typer.Option(_E.threads, "--threads", help="ORT intra-op threads (prefill and decode; the sessions run "
                        "one at a time)")
@@ -75,7 +78,8 @@ def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampl
 
 
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-            threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill, thread_pool=_E.thread_pool):
+            threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill, thread_pool=_E.thread_pool,
+            prefill_chunk=_E.prefill_chunk):
     from dipdeploy.runtime import Engine, parse_bandwidth
     from dipdeploy.runtime.engine import PREFILL_MODES
     from dipdeploy.runtime.flash import IO_MODES
@@ -87,6 +91,8 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
     if prefill not in PREFILL_MODES:
         raise ValueError(f"--prefill {prefill}: choose one of {', '.join(PREFILL_MODES)}")
+    if prefill_chunk < 1:
+        raise ValueError(f"--prefill-chunk must be >= 1 token, got {prefill_chunk}")
     if threads < 1:
         raise ValueError(f"--threads must be >= 1, got {threads}")
     if thread_pool not in THREAD_POOLS:
@@ -100,7 +106,7 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
     cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
              flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
              io=io, io_threads=io_threads, context=context, threads=threads, thread_pool=thread_pool, verify=verify,
-             pinned_counts=counts, prefill=prefill)
+             pinned_counts=counts, prefill=prefill, prefill_chunk=prefill_chunk)
     engine = Engine(bundle, cfg)
     if engine.flash.note:
         typer.echo(f"note: {engine.flash.note}", err=True)
@@ -139,6 +145,7 @@ def run_cmd(
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS, prefill: str = PREFILL,
+    prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
@@ -164,7 +171,7 @@ def run_cmd(
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-                         threads, pin_from, verify, accuracy_level, prefill, thread_pool)
+                         threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -199,7 +206,7 @@ def chat_cmd(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    io: str = IO, io_threads: int = IO_THREADS, prefill: str = PREFILL,
+    io: str = IO, io_threads: int = IO_THREADS, prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
@@ -214,7 +221,7 @@ def chat_cmd(
         check_policy(policy)
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
-                         threads, None, False, accuracy_level, prefill, thread_pool)
+                         threads, None, False, accuracy_level, prefill, thread_pool, prefill_chunk)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

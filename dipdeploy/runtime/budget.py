@@ -95,7 +95,7 @@ class Residency:
     caches: int
     cache_frac: float
     capacity: list[list[int]]
-    prefill: int = 0  # the batched prefill's buffer: one layer's MLP rows, shared by every layer
+    prefill: int = 0  # the batched prefill's buffers: one layer's MLP rows and one chunk's activations
 
     @property
     def total(self) -> int:
@@ -125,8 +125,9 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
             raise ValueError(
                 f"DRAM budget {budget} is below the resident minimum of {least:.1f} MB (dense weights "
                 f"{dense_bytes / 1e6:.1f} MB + KV cache {kv_bytes / 1e6:.1f} MB + staging {staging / 1e6:.1f} MB"
-                f"{f' + prefill buffer {prefill_bytes / 1e6:.1f} MB' if prefill_bytes else ''}); "
-                f"give at least {least:.1f}MB, a smaller --context, or a percentage such as 25%")
+                f"{f' + prefill buffers {prefill_bytes / 1e6:.1f} MB' if prefill_bytes else ''}); "
+                f"give at least {least:.1f}MB, a smaller --context{', a smaller --prefill-chunk' if prefill_bytes else ''}"
+                f", or a percentage such as 25%")
         frac = min(1.0, (budget.total_bytes - fixed) / mlp) if mlp else 0.0
         cap = [[int(frac * g.rows) for g in layer] for layer in groups]
     if policy == "none":

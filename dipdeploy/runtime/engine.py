@@ -11,7 +11,8 @@ after the previous token, exactly as in the torch reference), the token's embedd
     layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► hidden
 
 then ``head.onnx`` → logits → the sampler. A batched prefill (``Engine.prefill``, the default) runs the
-same graphs on all the prompt's tokens at once (their inputs are symbolic in the sequence length).
+same graphs on the prompt's tokens at once (their inputs are symbolic in the sequence length), in chunks
+of at most ``EngineConfig.prefill_chunk`` tokens, so its buffers are bounded and planned.
 The KV cache is allocated once for the context and written
 in place (``kv.py``). γ = 1 with an all-resident cache is plain DIP; the cache
 rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
@@ -48,6 +49,11 @@ from dipdeploy.sparsity.plan import SparsityConfig
 
 #: how ``extend`` feeds the tokens it is given (README, "The host runtime": batched prefill)
 PREFILL_MODES = ("batch", "token")
+#: the batched prefill's most tokens per graph run (llama.cpp's n_ubatch): its activations are in the
+#: plan, ORT's intermediates of one chunk (attention scores: heads × chunk × context floats) in the fixed
+#: overhead; 128 peaked ~30 MB below 256 on a 1,000-token prompt, its prefill about 8 % slower than one
+#: chunk on a 300-token one (benchmarks/results/memory.md, chunk sweep)
+PREFILL_CHUNK = 128
 
 
 @dataclass
@@ -66,6 +72,9 @@ class EngineConfig:
     layer, plain DIP per token with the layer's selected rows read once, then warms the caches from those
     selections in token order; "token" feeds them one by one as decode does, the exact torch DIP-CA
     reference (README, "The host runtime").
+    ``prefill_chunk``: "batch" runs at most this many tokens per graph run (a longer prompt in chunks,
+    each attending to the earlier ones through the KV cache), so the prefill's working set is bounded
+    by the chunk, not by the prompt (its buffers are in the plan: ``Residency.prefill``).
     ``native_cache``: each token's cache lookup/update, slot assignment and mmap reads of the misses in
     the op library (custom_ops/src/dd_cache.cc, the rules of ``dipdeploy.cache``, decision for decision);
     False keeps them in numpy (the reference); None: whenever the native kernels are used
@@ -89,11 +98,14 @@ class EngineConfig:
     context: int | None = None
     verify: bool = False
     prefill: str = "batch"  # "batch": the prompt as one batch per layer; "token": one token at a time
+    prefill_chunk: int = PREFILL_CHUNK  # "batch": at most this many tokens per graph run
     pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
             raise ValueError(f"prefill {self.prefill!r} unknown; choose one of {', '.join(PREFILL_MODES)}")
+        if type(self.prefill_chunk) is not int or self.prefill_chunk < 1:
+            raise ValueError(f"prefill chunk must be a whole number of tokens >= 1, got {self.prefill_chunk!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
         if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
@@ -158,6 +170,16 @@ def _prefill_buffers(arrays, rows: tuple[int, int]) -> set[tuple[tuple, str]]:
     full height, one buffer per distinct shape, shared by all layers (a layer runs after the other)."""
     return {((n, *a.row_shape), str(np.dtype(a.dtype))) for pair in arrays
             for group, n in zip(pair, rows) for a in group.per_row}
+
+
+def _chunk_buffers(chunk: int, d: int, f: int, k: list[tuple[int, int]]) -> dict[str, tuple[int, str]]:
+    """Name → (elements, dtype) of the batched prefill's activations for one chunk, allocated once and
+    reused by every layer and chunk (a layer's are dead once the next layer's attention has run): the
+    hidden state (read by the attention, overwritten by mlp_down), hidden_attn, x, the GLU and the two
+    selections at the largest K."""
+    return {"hidden": (chunk * d, "float32"), "hidden_attn": (chunk * d, "float32"), "x": (chunk * d, "float32"),
+            "glu": (chunk * f, "float32"), "in_indices": (chunk * max(a for a, _ in k), "int64"),
+            "glu_indices": (chunk * max(b for _, b in k), "int64")}
 
 
 def _settings_problems(m: Manifest) -> list[str]:
@@ -304,11 +326,15 @@ class Engine:
                   for (a, b), (k_in, k_glu) in zip(arrays, self.k)]
         shared = sum(a.shared_bytes + b.shared_bytes for a, b in arrays)
         dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes() + self.embedding.nbytes + shared
-        self._prefill_shapes = _prefill_buffers(arrays, (self.d, self.f)) if cfg.prefill == "batch" else {}
+        batch = cfg.prefill == "batch"
+        self._prefill_shapes = _prefill_buffers(arrays, (self.d, self.f)) if batch else {}
+        self._chunk_shapes = _chunk_buffers(min(cfg.prefill_chunk, cfg.context), self.d, self.f, self.k) if batch else {}
         prefill = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._prefill_shapes)
+        prefill += sum(n * np.dtype(dtype).itemsize for n, dtype in self._chunk_shapes.values())
         self.residency: Residency = plan_residency(DramBudget.parse(cfg.dram_budget), shapes, dense,
                                                    self.kv.nbytes, cfg.policy, prefill)
         self._prefill_arrays: dict | None = None
+        self._chunk_arrays: dict = {}
         self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash, self._cache_library)
                             for arr, rows, k, cap in zip(pair, (self.d, self.f), k_pair, caps))
                       for pair, k_pair, caps in zip(arrays, self.k, self.residency.capacity)]
@@ -450,7 +476,25 @@ class Engine:
         return b["logits"][0, -1].copy()
 
     def prefill(self, ids: list[int], timer: Timer, record=None) -> np.ndarray:
-        """Feed ``ids`` as one batch per layer; returns the logits [V] after the last one.
+        """Feed ``ids`` in chunks of at most ``EngineConfig.prefill_chunk`` tokens, each one batch per
+        layer (``_prefill_chunk``); returns the logits [V] after the last token. A chunk attends to the
+        earlier ones through the KV cache, as a decoded token does, so chunking changes only the
+        floating-point summation, and bounds the working set by the chunk instead of the prompt."""
+        st, n = self._state, len(ids)
+        if st["pos"] + n > self.cfg.context:
+            raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
+        if self._prefill_arrays is None:
+            self._prefill_arrays = {key: np.zeros(key[0], key[1]) for key in self._prefill_shapes}
+            self._chunk_arrays = {name: np.zeros(size, dtype) for name, (size, dtype) in self._chunk_shapes.items()}
+            self._prefill_bound = [tuple(Bound(s.session) for s in (self.attn[i], self.up[i], self.down[i]))
+                                   for i in range(self.num_layers)]
+        size = self._chunk_shapes["hidden"][0] // self.d
+        for start in range(0, n, size):
+            self._prefill_chunk(ids[start:start + size], timer, record, last=start + size >= n)
+        return self.buf["logits"][0, -1].copy()
+
+    def _prefill_chunk(self, ids: list[int], timer: Timer, record, last: bool) -> None:
+        """Feed ``ids`` (at most one chunk) as one batch per layer; the head runs after the ``last`` chunk.
 
         Each token selects by plain DIP (every row counted resident: the cache cannot change inside one
         graph run), the union of the batch's selected rows is placed once in a full-height buffer at
@@ -458,16 +502,17 @@ class Engine:
         MLP graphs run on it. Then each group's cache takes the batch's selections in token order by its
         policy's rule, as if decoded, and the slab gets the newly resident rows from the buffer. A
         token's hits are its rows the cache held before the batch: what the batch found in DRAM
-        (README, "The host runtime": batched prefill)."""
+        (README, "The host runtime": batched prefill). The activations are the chunk buffers, views of
+        their first ``n`` rows, the same for every layer."""
         st, n = self._state, len(ids)
         pos = st["pos"]
-        if pos + n > self.cfg.context:
-            raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
-        if self._prefill_arrays is None:
-            self._prefill_arrays = {key: np.zeros(key[0], key[1]) for key in self._prefill_shapes}
-            self._prefill_bound = [tuple(Bound(s.session) for s in (self.attn[i], self.up[i], self.down[i]))
-                                   for i in range(self.num_layers)]
-        h = np.zeros((1, n, self.d), np.float32)
+        c = self._chunk_arrays
+
+        def rows(name: str, width: int, lead: tuple = ()) -> np.ndarray:
+            return c[name][: n * width].reshape(*lead, n, width)
+
+        h, hidden_attn, x, glu = rows("hidden", self.d, (1,)), rows("hidden_attn", self.d, (1,)), \
+            rows("x", self.d), rows("glu", self.f)
         with timer("embed+head"):
             for j, t in enumerate(ids):
                 self.embedding.read(int(t), h[0, j])
@@ -478,9 +523,7 @@ class Engine:
             a, u, w = self._prefill_bound[i]
             k_in, k_glu = self.k[i]
             ug, dn = self.slabs[i]
-            hidden_attn, x = np.zeros((1, n, self.d), np.float32), np.zeros((n, self.d), np.float32)
-            sel_in, sel_glu = np.zeros((n, k_in), np.int64), np.zeros((n, k_glu), np.int64)
-            glu, out = np.zeros((n, self.f), np.float32), np.zeros((1, n, self.d), np.float32)
+            sel_in, sel_glu = rows("in_indices", k_in), rows("glu_indices", k_glu)
             with timer("attention"):
                 for name, v in (("hidden", h), ("attention_mask", mask), ("position_ids", positions),
                                 ("cache_in", everything[0])):
@@ -506,23 +549,22 @@ class Engine:
                 for name, v in (("glu", glu), ("glu_indices", sel_glu), ("glu_slots", sel_glu),
                                 ("hidden_attn", hidden_attn), *rows_dn.items()):
                     w.input(name, v)
-                w.output("hidden", out)
+                w.output("hidden", h)  # the layer's input is dead once its attention ran
                 w.run()
             with timer("cache"):
                 hits_glu = self._warm(dn, sel_glu, rows_dn)
             if record is not None:
                 for j in range(n):
                     record(i, sel_in[j].copy(), sel_glu[j].copy(), hits_in[j], hits_glu[j])
-            h = out
-        with timer("embed+head"):
-            np.copyto(self.layer_buf[-1]["hidden"], h[:, -1:])
-            self.head.run()
+        if last:
+            with timer("embed+head"):
+                np.copyto(self.layer_buf[-1]["hidden"], h[:, -1:])
+                self.head.run()
         with timer("cache"):
             self.flash.settle()
         self.kv.advance(n)
         st["pos"] = pos + n
         st["ids"].extend(int(t) for t in ids)
-        return self.buf["logits"][0, -1].copy()
 
     def _fill_prefill(self, slab: GroupSlab, selected: np.ndarray) -> dict[str, np.ndarray]:
         """The prefill buffers of ``slab``'s arrays, holding every row of ``selected`` at its row index:
