@@ -152,7 +152,7 @@ def kernel_ms(path: Path, budget: str, tokens: int) -> float:
         finally:
             native.session_options = plain
         g = eng.generate(PROMPT, tokens, stop_at_eos=False)  # one batched prefill run, then decode runs
-        sessions = [b.session for group in (eng.attn, eng.up, eng.down, [eng.head]) for b in group]
+        sessions = [b.session for group in (eng.attn, eng.up, eng.down, [eng.positions, eng.head]) for b in group]
         total = sum(_decode_kernel_us(Path(s.end_profiling())) for s in sessions)
         eng.close()
     return total / 1e3 / (len(g.tokens) - 1)

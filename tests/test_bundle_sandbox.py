@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 import dipdeploy.cli.export  # noqa: F401  (registers inspect)
 import dipdeploy.cli.run  # noqa: F401  (registers run)
 from dipdeploy.cli._app import app
-from dipdeploy.export.manifest import MANIFEST, BundleError, read_manifest, verify
+from dipdeploy.export.manifest import BUNDLE_VERSION, MANIFEST, BundleError, read_manifest, verify
 
 runner = CliRunner()
 CANARY = "canary.bin"
@@ -70,6 +70,12 @@ def _rename_file_entry(raw) -> None:
     raw["files"]["../" + CANARY] = raw["files"].pop("tokenizer_config.json")
 
 
+def _before_positions(raw) -> None:
+    """The manifest of a bundle exported before positions.onnx (its attention graphs built their own mask)."""
+    raw["graphs"]["layers"].remove("positions.onnx")
+    del raw["files"]["positions.onnx"]
+
+
 HOSTILE = {
     "tensor file ../canary": (lambda b: _edit_manifest(b, lambda r: _codebook(r).update(file="../" + CANARY)),
                               "not a plain file name"),
@@ -87,6 +93,10 @@ HOSTILE = {
     "graphs.model absolute": (lambda b: _edit_manifest(b, lambda r: r["graphs"].__setitem__(
         "model", str(b.parent / CANARY))), "graphs.model"),
     "tensor moved onto another": (lambda b: _edit_manifest(b, lambda r: _codebook(r).update(offset=0)), "overlap"),
+    "per-layer graphs without positions.onnx": (lambda b: _edit_manifest(b, _before_positions),
+                                                "graphs.layers: 8 graphs"),
+    "bundle version 1": (lambda b: _edit_manifest(b, lambda r: r.update(version=1)),
+                         "bundle version 1 is not supported"),
 }
 
 
@@ -228,7 +238,8 @@ def test_mutated_manifests_raise_bundle_error_only(tiny, tmp_path):
             assert "\n" not in str(err)
             refused += 1
     assert refused > 0
-    for text in (b"\xff\xfe", b"[" * 100000, b"[]", b'{"format": "dipdeploy-bundle", "version": 1}'):
+    lacking = json.dumps({"format": "dipdeploy-bundle", "version": BUNDLE_VERSION}).encode()
+    for text in (b"\xff\xfe", b"[" * 100000, b"[]", lacking):
         (bundle / MANIFEST).write_bytes(text)
         with pytest.raises(BundleError, match="dipdeploy export"):
             read_manifest(bundle)

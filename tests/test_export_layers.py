@@ -33,13 +33,17 @@ def _chain(out, m, ids, resident: bool):
     dh = spec.get("head_dim") or d // spec["num_attention_heads"]
     S = ids.shape[1]
     h = _sess(out / "embed.onnx").run(None, {"input_ids": ids})[0]
-    sel = []
+    pos = _sess(out / "positions.onnx")
+    shared = dict(zip([o.name for o in pos.get_outputs()],
+                      pos.run(None, {"attention_mask": np.ones((1, S), np.int64), "position_ids": np.arange(S)[None]})))
+    sel, pending = [], {}
     for i in range(L):
         a = _sess(out / f"layer.{i}.attn.onnx")
         empty = np.zeros((1, hkv, 0, dh), np.float32)
-        feed = {"hidden": h, "attention_mask": np.ones((1, S), np.int64), "position_ids": np.arange(S)[None],
-                kv_names(i)[0]: empty, kv_names(i)[1]: empty, "cache_in": np.broadcast_to(resident, (d,)).copy()}
-        h_attn, x, idx = a.run(["hidden_attn", "x", "in_indices"], feed)
+        feed = {"hidden": h, **pending, kv_names(i)[0]: empty, kv_names(i)[1]: empty,
+                "cache_in": np.broadcast_to(resident, (d,)).copy(),
+                **{k.name: shared[k.name] for k in a.get_inputs() if k.name in shared}}
+        h, x, idx = a.run(["hidden_attn", "x", "in_indices"], feed)
         up = _sess(out / f"layer.{i}.mlp_up.onnx")
         feed = {"x": x, "in_indices": idx, "in_slots": idx, "cache_glu": np.full(f, bool(np.all(resident)))}
         for inp in up.get_inputs():
@@ -47,13 +51,13 @@ def _chain(out, m, ids, resident: bool):
                 feed[inp.name] = np.asarray(open_tensor(out, m, f"model.layers.{i}.mlp.{inp.name}"))
         glu, gidx = up.run(None, feed)
         down = _sess(out / f"layer.{i}.mlp_down.onnx")
-        feed = {"glu": glu, "glu_indices": gidx, "glu_slots": gidx, "hidden_attn": h_attn}
+        feed = {"glu": glu, "glu_indices": gidx, "glu_slots": gidx, "hidden_attn": h}
         for inp in down.get_inputs():
             if inp.name.startswith("down."):
                 feed[inp.name] = np.asarray(open_tensor(out, m, f"model.layers.{i}.mlp.{inp.name}"))
-        h = down.run(None, feed)[0]
+        pending = {"mlp_out": down.run(None, feed)[0]}
         sel.append((x, idx, gidx))
-    return _sess(out / "head.onnx").run(None, {"hidden": h})[0], sel
+    return _sess(out / "head.onnx").run(None, {"hidden": h, **pending})[0], sel
 
 
 @pytest.mark.parametrize("model,quant,attn", [("tiny-llama", "none", "standard"), ("tiny-phi3", "bq4", "standard"),
@@ -63,7 +67,7 @@ def test_layer_chain_equals_model_onnx(tmp_path, model, quant, attn):
     export_model(ExportConfig(model=model, method="dip-ca", rho_in=0.6, gamma=0.1, quant=quant, per_layer=True,
                               validate_tokens=4, attention=attn), out)
     m = read_manifest(out)
-    assert len(m.graphs["layers"]) == 3 * 2 + 2
+    assert len(m.graphs["layers"]) == 3 * 2 + 3
     ids = np.array([[3, 14, 15, 92, 65]], dtype=np.int64)
     ref, ref_sel = model_onnx_run(out / "model.onnx", _Spec, ids[0], [0])
     got, sel_dip = _chain(out, m, ids, resident=True)
@@ -87,25 +91,30 @@ def test_layer_chain_equals_model_onnx(tmp_path, model, quant, attn):
                    for t in g.initializer)
 
 
-def _layer_nodes(path, i: int) -> set[tuple[str, str]]:
-    """(name, op) of the nodes of layer i in a graph file."""
+def _nodes(path, prefixes: tuple[str, ...]) -> set[tuple[str, str]]:
+    """(name, op) of the nodes of a graph file whose names start with one of ``prefixes``."""
     graph = onnx.load(str(path), load_external_data=False).graph
-    return {(n.name, n.op_type) for n in graph.node if n.name.startswith(f"/model/layers.{i}/")}
+    return {(n.name, n.op_type) for n in graph.node if n.name.startswith(prefixes)}
 
 
 @pytest.mark.parametrize("fuse", [True, False])
 def test_per_layer_graphs_are_model_onnx_cut_at_the_host(tmp_path, fuse):
-    """One builder emits both: layer 1's nodes in model.onnx are exactly those of its three per-layer
-    graphs, fused norms included, except where the residual stream crosses a graph boundary (the per-layer
-    graphs add it in mlp_down and normalise the summed hidden; model.onnx, fused, adds it inside the norm)."""
+    """One builder emits both: layer 1's nodes in model.onnx are exactly those the per-layer graphs hold,
+    fused norms included (the residual crosses the graph boundary unadded, so the next graph's norm adds
+    it as model.onnx's does), and positions.onnx holds exactly model.onnx's RoPE rows and mask nodes, for
+    each of Gemma 3's two layer types."""
     out = tmp_path / "b"
     export_model(ExportConfig(model="tiny-gemma3", method="dip-ca", rho_in=0.6, gamma=0.3, validate_tokens=0,
                               fuse_norms=fuse), out)
-    whole = _layer_nodes(out / "model.onnx", 1)
-    cut = set().union(*(_layer_nodes(out / f"layer.1.{part}.onnx", 1) for part in ("attn", "mlp_up", "mlp_down")))
+    files = read_manifest(out).graphs["layers"]
+    layer = ("/model/layers.1/",)
+    whole = _nodes(out / "model.onnx", layer)
+    assert whole == set().union(*(_nodes(out / name, layer) for name in files))
     skip = "SkipSimplifiedLayerNormalization"
-    boundary = {n for n in whole ^ cut if n[0].startswith("/model/layers.1/input_layernorm/")}
-    boundary |= {("/model/layers.1/residual_mlp/Add", "Add")} if fuse else set()
-    assert whole ^ cut == boundary
-    assert any(op == skip for _, op in cut) == fuse  # the mid-layer norm: fused in the per-layer graph too
     assert ((f"/model/layers.1/input_layernorm/{skip}", skip) in whole) == fuse
+    shared = ("/model/rope", "/model/attn_mask")
+    kinds = {n.split("/")[2] for n, _ in _nodes(out / "positions.onnx", shared)}
+    assert kinds == {"rope_sliding_attention", "rope_full_attention", "attn_mask_sliding_attention",
+                     "attn_mask_full_attention"}
+    assert _nodes(out / "model.onnx", shared) == _nodes(out / "positions.onnx", shared)
+    assert all(not _nodes(out / name, shared) for name in files if name != "positions.onnx")

@@ -282,8 +282,10 @@ def manifest_variants(text: str) -> list[dict]:
         variants.append({"name": name, "text": t, "ok": ok, "error": err})
 
     add("as written", raw)
-    for name, key, value in (("version 2", "version", 2), ("version 1.0", "version", 1.0),
-                             ("version '1'", "version", "1"), ("version true", "version", True),
+    v = raw["version"]
+    for name, key, value in ((f"version {v + 1}", "version", v + 1), (f"version {v - 1}", "version", v - 1),
+                             (f"version {v}.0", "version", float(v)), (f"version '{v}'", "version", str(v)),
+                             ("version true", "version", True),
                              ("format other", "format", "onnx-bundle")):
         r = copy.deepcopy(raw)
         r[key] = value

@@ -125,6 +125,21 @@ class RopeTable:
         return self.cos.shape[-1]
 
 
+#: the symbolic dims of the graphs' inputs and outputs
+BATCH, SEQ, TOTAL = "batch_size", "sequence_length", "total_sequence_length"
+
+
+@dataclass(frozen=True)
+class PerToken:
+    """One value the attention of a layer type needs from the step's positions alone: its graph I/O name
+    (``positions.onnx`` outputs it, each attention graph of the type takes it; layers.py), type, shape."""
+
+    field: str
+    name: str
+    elem: int
+    shape: tuple
+
+
 @dataclass
 class Shared:
     """Per-graph values every layer of one type reuses: RoPE cos/sin (for q [B,Hkv,rep,S,r] and k
@@ -136,6 +151,16 @@ class Shared:
     sin_k: str
     bias: str
     rot: int
+
+    @staticmethod
+    def per_token(rot: int, tag: str = "") -> tuple[PerToken, ...]:
+        """Every field but ``rot``: the positions' RoPE rows and the additive mask."""
+        f = TensorProto.FLOAT
+        return (PerToken("cos_q", f"rope{tag}.cos_q", f, (BATCH, 1, 1, SEQ, rot)),
+                PerToken("sin_q", f"rope{tag}.sin_q", f, (BATCH, 1, 1, SEQ, rot)),
+                PerToken("cos_k", f"rope{tag}.cos_k", f, (BATCH, 1, SEQ, rot)),
+                PerToken("sin_k", f"rope{tag}.sin_k", f, (BATCH, 1, SEQ, rot)),
+                PerToken("bias", f"attention_bias{tag}", f, (BATCH, 1, 1, SEQ, TOTAL)))
 
 
 def rope_tables(g: Graph, store: WeightStore, table: RopeTable, position_ids: str, tag: str = "") -> list[str]:
@@ -152,11 +177,11 @@ def rope_tables(g: Graph, store: WeightStore, table: RopeTable, position_ids: st
 
 
 def shared_values(g: Graph, store: WeightStore, table: RopeTable, window: int | None,
-                  input_ids: str, attention_mask: str, position_ids: str, tag: str = "") -> Shared:
+                  tokens: str, attention_mask: str, position_ids: str, tag: str = "") -> Shared:
     """RoPE rows and the additive attention bias [B,1,1,S,T], built once per graph and layer type
     (``tag`` tells the node names of one layer type from another's).
 
-        T = len(attention_mask), S = len(input_ids), P = T − S
+        T = len(attention_mask), S = len(tokens), P = T − S
         k ∈ [0,T) ≤ q ∈ [P,T)  (and k > q − window)  ∧ attention_mask[b,k] ─Where(0, −max)─► bias
     """
     c, s = rope_tables(g, store, table, position_ids, tag)
@@ -167,7 +192,7 @@ def shared_values(g: Graph, store: WeightStore, table: RopeTable, window: int | 
     sin_q = g.op(f"{r}/sin/Unsqueeze_1", "Unsqueeze", [sin_k, g.const([1])])
     p = f"/model/attn_mask{tag}"
     total = g.op(f"{p}/Gather", "Gather", [g.op(f"{p}/Shape", "Shape", [attention_mask]), g.const(1)], axis=0)
-    seq = g.op(f"{p}/Gather_1", "Gather", [g.op(f"{p}/Shape_1", "Shape", [input_ids]), g.const(1)], axis=0)
+    seq = g.op(f"{p}/Gather_1", "Gather", [g.op(f"{p}/Shape_1", "Shape", [tokens]), g.const(1)], axis=0)
     past = g.op(f"{p}/Sub", "Sub", [total, seq])
     kpos = g.op(f"{p}/Range", "Range", [g.const(0), total, g.const(1)])
     kpos = g.op(f"{p}/Unsqueeze", "Unsqueeze", [kpos, g.const([0])])  # [1, T]
@@ -286,10 +311,16 @@ class GqaShared:
     rot: int
     window: int | None = None
 
+    @staticmethod
+    def per_token(rot: int, tag: str = "") -> tuple[PerToken, ...]:
+        """The lengths (the half tables are weights, gathered inside the op)."""
+        i32 = TensorProto.INT32
+        return (PerToken("seqlens_k", f"seqlens_k{tag}", i32, (BATCH,)),
+                PerToken("total_len", f"total_length{tag}", i32, ()))
 
-def gqa_shared(g: Graph, store: WeightStore, table: RopeTable, window: int | None, attention_mask: str,
-               tag: str = "") -> GqaShared:
-    """seqlens_k = Σ attention_mask − 1 (int32 [B]), total length (int32 scalar), cos/sin [max_len, r/2].
+
+def gqa_lengths(g: Graph, attention_mask: str, tag: str = "") -> tuple[str, str]:
+    """seqlens_k = Σ attention_mask − 1 (int32 [B]), total length (int32 scalar).
 
         attention_mask ─ReduceSum(1)─Sub(1)─Cast(int32)─► seqlens_k;  Shape[1]─Cast─► total_len
     """
@@ -299,13 +330,23 @@ def gqa_shared(g: Graph, store: WeightStore, table: RopeTable, window: int | Non
                    to=TensorProto.INT32)
     shape = g.op(f"{p}/Shape_total", "Shape", [attention_mask])
     t = g.op(f"{p}/Gather_total", "Gather", [shape, g.const(1)], axis=0)
-    t = g.op(f"{p}/Cast_total", "Cast", [t], to=TensorProto.INT32)
+    return seqlens, g.op(f"{p}/Cast_total", "Cast", [t], to=TensorProto.INT32)
+
+
+def gqa_tables(g: Graph, store: WeightStore, table: RopeTable) -> tuple[str, str]:
+    """The RoPE cos/sin tables' first halves [max_len, r/2], as GroupQueryAttention takes them."""
     half = table.rot // 2
     names = []
     for name, arr in (("cos", table.cos), ("sin", table.sin)):
         arr = np.ascontiguousarray(arr[:, :half], dtype=np.float32)
         names.append(g.weight(store.add(f"{table.name}.{name}_half", arr, DENSE_FILE, "rope_table[pos,r/2]")))
-    return GqaShared(seqlens, t, *names, table.rot, window)
+    return names[0], names[1]
+
+
+def gqa_shared(g: Graph, store: WeightStore, table: RopeTable, window: int | None, attention_mask: str,
+               tag: str = "") -> GqaShared:
+    """The lengths (:func:`gqa_lengths`) and the half tables (:func:`gqa_tables`) of one layer type."""
+    return GqaShared(*gqa_lengths(g, attention_mask, tag), *gqa_tables(g, store, table), table.rot, window)
 
 
 def attention_gqa(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, w: AttentionWeights,
@@ -352,18 +393,40 @@ def attention_gqa(g: Graph, store: WeightStore, spec: ArchSpec, i: int, x: str, 
 
 
 # -- the pieces every graph of a decoder shares (model.onnx and the per-layer graphs) -------------------
+def layer_kinds(spec: ArchSpec) -> dict[str, str]:
+    """Layer type → the tag its shared values' node and I/O names carry ("" for a single type)."""
+    kinds = list(dict.fromkeys(spec.layer_types))
+    return {k: "" if len(kinds) == 1 else f"_{k}" for k in kinds}
+
+
 def shared_for_layers(g: Graph, store: WeightStore, spec: ArchSpec, rope: dict[str, RopeTable], attention_op: str,
-                      input_ids: str, attention_mask: str, position_ids: str,
-                      layer_types: tuple[str, ...] | None = None) -> tuple[dict, Callable]:
-    """Per layer type, the shared values (RoPE rows, mask bias or GQA inputs) of ``layer_types`` (all
-    of the model's by default), and the attention builder that takes them."""
-    kinds = list(dict.fromkeys(layer_types or spec.layer_types))
-    tag = {k: "" if len(kinds) == 1 else f"_{k}" for k in kinds}
+                      tokens: str, attention_mask: str, position_ids: str) -> tuple[dict, Callable]:
+    """Per layer type, the shared values (RoPE rows, mask bias or GQA inputs) computed from the step's
+    positions (``tokens``: any [B, S] tensor of the step, for its length), and the attention builder that
+    takes them. ``model.onnx`` computes them once per run; ``positions.onnx`` computes them once per token
+    for every per-layer attention graph (layers.py)."""
+    tags = layer_kinds(spec)
     if attention_op == "gqa":
-        return ({k: gqa_shared(g, store, rope[k], spec.window(k), attention_mask, tag[k]) for k in kinds},
+        return ({k: gqa_shared(g, store, rope[k], spec.window(k), attention_mask, t) for k, t in tags.items()},
                 attention_gqa)
-    return ({k: shared_values(g, store, rope[k], spec.window(k), input_ids, attention_mask, position_ids, tag[k])
-             for k in kinds}, attention)
+    return ({k: shared_values(g, store, rope[k], spec.window(k), tokens, attention_mask, position_ids, t)
+             for k, t in tags.items()}, attention)
+
+
+def per_token_values(attention_op: str, table: RopeTable, tag: str) -> tuple[PerToken, ...]:
+    """The values of one layer type that ``positions.onnx`` hands to its attention graphs."""
+    return (GqaShared if attention_op == "gqa" else Shared).per_token(table.rot, tag)
+
+
+def shared_from_inputs(g: Graph, store: WeightStore, spec: ArchSpec, table: RopeTable, attention_op: str,
+                       kind: str, tag: str) -> tuple[Shared | GqaShared, Callable]:
+    """A per-layer attention graph's shared values: the per-token ones as graph inputs (what
+    ``positions.onnx`` computed for this token), the rest as ``shared_for_layers`` has them."""
+    fields = {v.field: g.input(v.name, v.elem, list(v.shape)) for v in per_token_values(attention_op, table, tag)}
+    if attention_op == "gqa":
+        return GqaShared(**fields, **dict(zip(("cos_half", "sin_half"), gqa_tables(g, store, table))),
+                         rot=table.rot, window=spec.window(kind)), attention_gqa
+    return Shared(**fields, rot=table.rot), attention
 
 
 @dataclass

@@ -4,7 +4,8 @@ A bundle is a directory::
 
     manifest.json        this file (format, version, source model, method, plan, quant, tensors, files)
     model.onnx           the whole decoder with KV cache (I/O names of onnxruntime-genai)
-    embed.onnx, layer.{i}.attn/mlp_up/mlp_down.onnx, head.onnx   per-layer graphs for the host runtime
+    embed.onnx, positions.onnx, layer.{i}.attn/mlp_up/mlp_down.onnx, head.onnx   per-layer graphs for the
+                         host runtime
     dense.bin, mlp.bin   weights as ONNX external data, every tensor aligned (4 KiB by default);
                          mlp.bin holds the MLP in the Flash layout (see ``tensors[*].layout``)
     genai_config.json, tokenizer files
@@ -25,13 +26,15 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 BUNDLE_FORMAT = "dipdeploy-bundle"
-BUNDLE_VERSION = 1
+BUNDLE_VERSION = 2  # 2: positions.onnx; the MLP's term crosses the layer graphs unadded
 MANIFEST = "manifest.json"
 MLP_FILE = "mlp.bin"  # the MLP rows in the Flash layout: the one file a runtime streams from
 EMBEDDING = "model.embed_tokens"  # the token table: ``.weight`` fp32, or ``.qweight`` + ``.scales`` int4
 # First dim of the per-layer MLP graphs' per-row weight inputs (the host binds a slab of that many rows);
 # shared tables (VQ3 codebooks) keep fixed shapes. The runtime reads this dim to know what it streams.
 SLAB_DIM = "slab_rows"
+# The per-layer graphs beside the layers' own (dipdeploy/export/layers.py), in the order export lists them.
+EDGE_GRAPHS = ("embed.onnx", "positions.onnx", "head.onnx")
 REGENERATE = "regenerate the bundle with `dipdeploy export`"
 # Files the readers open by their fixed names (the runtime's decoder settings, the tokenizer).
 READ_BY_NAME = ("genai_config.json", "tokenizer.json")
@@ -344,7 +347,7 @@ def _sizes_problems(manifest: Manifest) -> list[str]:
 def layer_graph_names(num_layers: int) -> list[str]:
     """The per-layer graphs of a bundle with ``num_layers`` layers, in the order export lists them."""
     return [f"layer.{i}.{part}.onnx" for i in range(num_layers) for part in ("attn", "mlp_up", "mlp_down")] + [
-        "embed.onnx", "head.onnx"]
+        *EDGE_GRAPHS]
 
 
 def _plan_problems(manifest: Manifest) -> list[str]:
@@ -368,5 +371,6 @@ def _plan_problems(manifest: Manifest) -> list[str]:
     if listed is not None and listed != layer_graph_names(n):
         count = len(listed) if isinstance(listed, list) else listed
         problems.append(f"graphs.layers: {count} graphs do not match the plan's {n} layers "
-                        f"(3 per layer + embed + head = {3 * n + 2})")
+                        f"(3 per layer + {' + '.join(g.removesuffix('.onnx') for g in EDGE_GRAPHS)} = "
+                        f"{3 * n + len(EDGE_GRAPHS)})")
     return problems

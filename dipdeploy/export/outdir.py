@@ -25,7 +25,7 @@ from dipdeploy.export.manifest import MANIFEST
 Notice = Callable[[str], None]
 
 _BUNDLE_ENTRY = re.compile(
-    r"(manifest\.json|genai_config\.json|(model|model\.level0|embed|head)\.onnx"
+    r"(manifest\.json|genai_config\.json|(model|model\.level0|embed|positions|head)\.onnx"
     r"|layer\.\d+\.(attn|mlp_up|mlp_down)\.onnx|(dense|mlp)\.bin|libdipdeploy_ops\.\w+"
     r"|tokenizer(_config)?\.json|tokenizer\.model|special_tokens_map\.json|added_tokens\.json"
     r"|vocab\.json|merges\.txt|chat_template\.jinja)")

@@ -2,13 +2,15 @@
 
 Per decoded token (and per prompt token with ``prefill="token"``: DIP-CA's mask depends on the cache
 after the previous token, exactly as in the torch reference), the token's embedding row is read from
-``dense.bin`` (``embedding.py``: the table is never resident), then per layer::
+``dense.bin`` (``embedding.py``: the table is never resident), ``positions.onnx`` computes what every
+layer's attention needs from the positions (``positions.py``), then per layer::
 
-    layer.i.attn      hidden, KV, cache_in = up|gate residency ─► hidden_attn, x, in_indices
+    layer.i.attn      hidden, mlp_out, positions' values, KV, cache_in = up|gate residency
+                      ─► hidden_attn, x, in_indices
     host              RowCache.access → hits; SlotTable.assign → slots; Flash reads of the misses
     layer.i.mlp_up    x, in_indices, in_slots, up|gate slab, cache_glu ─► glu, glu_indices
     host              the same for the down rows
-    layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► hidden
+    layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► mlp_out
 
 then ``head.onnx`` → logits → the sampler. A batched prefill (``Engine.prefill``, the default) runs the
 same graphs on the prompt's tokens at once (their inputs are symbolic in the sequence length), in chunks
@@ -40,6 +42,7 @@ from dipdeploy.runtime.blockio import IO_THREADS
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
+from dipdeploy.runtime.positions import PositionValues
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.sessions import Bound, SharedInitializers, open_session, shared_arena
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
@@ -175,9 +178,11 @@ def _prefill_buffers(arrays, rows: tuple[int, int]) -> set[tuple[tuple, str]]:
 def _chunk_buffers(chunk: int, d: int, f: int, k: list[tuple[int, int]]) -> dict[str, tuple[int, str]]:
     """Name → (elements, dtype) of the batched prefill's activations for one chunk, allocated once and
     reused by every layer and chunk (a layer's are dead once the next layer's attention has run): the
-    hidden state (read by the attention, overwritten by mlp_down), hidden_attn, x, the GLU and the two
-    selections at the largest K."""
+    two residual-stream buffers a layer's attention reads and writes (``hidden``, ``hidden_attn``:
+    they alternate layer by layer), x, the GLU, the MLP's term ``mlp_out`` and the two selections at
+    the largest K."""
     return {"hidden": (chunk * d, "float32"), "hidden_attn": (chunk * d, "float32"), "x": (chunk * d, "float32"),
+            "mlp_out": (chunk * d, "float32"),
             "glu": (chunk * f, "float32"), "in_indices": (chunk * max(a for a, _ in k), "int64"),
             "glu_indices": (chunk * max(b for _, b in k), "int64")}
 
@@ -310,6 +315,7 @@ class Engine:
             return Bound(open_session(self.path / name, options, g, self.cfg.accuracy_level))
 
         self.head = sess("head.onnx")
+        self.positions = sess("positions.onnx")
         self.attn = [sess(f"layer.{i}.attn.onnx", gamma) for i in range(self.num_layers)]
         self.up = [sess(f"layer.{i}.mlp_up.onnx", gamma) for i in range(self.num_layers)]
         self.down = [sess(f"layer.{i}.mlp_down.onnx") for i in range(self.num_layers)]
@@ -345,26 +351,31 @@ class Engine:
     def _bind_buffers(self) -> None:
         """Allocate every fixed-shape tensor of the decode loop once and bind it to its sessions.
 
-        Each layer's ``hidden`` output is the next layer's ``hidden`` input (the same buffer); a
-        buffer is only rewritten by its producer after its consumers of the same token have run.
+        Each layer's ``hidden_attn`` and ``mlp_out`` outputs are the next layer's ``hidden`` and
+        ``mlp_out`` inputs (the same buffers); a buffer is only rewritten by its producer after its
+        consumers of the same token have run.
         """
         d, f = self.d, self.f
         vocab = self.decoder["vocab_size"]
         self.buf = b = {"pos": np.zeros((1, 1), np.int64),
                         "logits": np.zeros((1, 1, vocab), np.float32)}
         self.embedded = h = np.zeros((1, 1, d), np.float32)
+        self._mask = np.ones((1, self.cfg.context), np.int64)  # batch 1, no padding
+        self.per_token = PositionValues(self.positions, self.attn, self._mask, b["pos"])
+        pending = None
         self.layer_buf = []
         for i, ((ug, dn), (k_in, k_glu)) in enumerate(zip(self.slabs, self.k)):
             lb = {"cache_in": np.zeros(d, bool), "hidden_attn": np.zeros((1, 1, d), np.float32),
                   "x": np.zeros((1, d), np.float32), "in_indices": np.zeros((1, k_in), np.int64),
                   "in_slots": np.zeros((1, k_in), np.int64), "cache_glu": np.zeros(f, bool),
                   "glu": np.zeros((1, f), np.float32), "glu_indices": np.zeros((1, k_glu), np.int64),
-                  "glu_slots": np.zeros((1, k_glu), np.int64), "hidden": np.zeros((1, 1, d), np.float32)}
+                  "glu_slots": np.zeros((1, k_glu), np.int64), "mlp_out": np.zeros((1, 1, d), np.float32)}
             a, u, w = self.attn[i], self.up[i], self.down[i]
             ug.bind(lb["in_indices"], lb["in_slots"])
             dn.bind(lb["glu_indices"], lb["glu_slots"])
             a.input("hidden", h)
-            a.input("position_ids", b["pos"])
+            if pending is not None:
+                a.input("mlp_out", pending)
             a.input("cache_in", lb["cache_in"])
             for name in ("hidden_attn", "x", "in_indices"):
                 a.output(name, lb[name])
@@ -374,14 +385,15 @@ class Engine:
                 u.output(name, lb[name])
             for name in ("glu", "glu_indices", "glu_slots", "hidden_attn"):
                 w.input(name, lb[name])
-            w.output("hidden", lb["hidden"])
+            w.output("mlp_out", lb["mlp_out"])
             for name, value in ug.feeds.items():
                 u.input(name, value)
             for name, value in dn.feeds.items():
                 w.input(name, value)
             self.layer_buf.append(lb)
-            h = lb["hidden"]
+            h, pending = lb["hidden_attn"], lb["mlp_out"]
         self.head.input("hidden", h)
+        self.head.input("mlp_out", pending)
         self.head.output("logits", b["logits"])
 
     def _embedding_bytes(self) -> int:
@@ -413,7 +425,6 @@ class Engine:
                 slab.reset(policy, future=None if future is None else future[i][g], pinned=pinned)
         self.kv.reset()
         self._state = {"pos": 0, "ids": []}
-        self._mask = np.ones((1, self.cfg.context), np.int64)
 
     @property
     def sequence(self) -> list[int]:
@@ -442,12 +453,12 @@ class Engine:
         timer.start()
         self.embedding.read(int(token), self.embedded)
         lap("embed+head")
-        mask = Bound.value(self._mask[:, : pos + 1])  # one tensor for every layer's attention
+        self.per_token.step(pos + 1)  # the mask and RoPE rows, once for every layer's attention
+        lap("attention")
         for i in range(self.num_layers):
             ug, dn = self.slabs[i]
             lb, a = self.layer_buf[i], self.attn[i]
             np.copyto(lb["cache_in"], ug.resident)
-            a.input_value("attention_mask", mask)
             self.kv.bind(a, i)
             a.run()
             self.kv.commit(i)
@@ -488,6 +499,7 @@ class Engine:
             self._chunk_arrays = {name: np.zeros(size, dtype) for name, (size, dtype) in self._chunk_shapes.items()}
             self._prefill_bound = [tuple(Bound(s.session) for s in (self.attn[i], self.up[i], self.down[i]))
                                    for i in range(self.num_layers)]
+            self._prefill_positions = Bound(self.positions.session)
         size = self._chunk_shapes["hidden"][0] // self.d
         for start in range(0, n, size):
             self._prefill_chunk(ids[start:start + size], timer, record, last=start + size >= n)
@@ -513,11 +525,12 @@ class Engine:
 
         h, hidden_attn, x, glu = rows("hidden", self.d, (1,)), rows("hidden_attn", self.d, (1,)), \
             rows("x", self.d), rows("glu", self.f)
+        out, pending = rows("mlp_out", self.d, (1,)), None
         with timer("embed+head"):
             for j, t in enumerate(ids):
                 self.embedding.read(int(t), h[0, j])
-        positions = np.arange(pos, pos + n, dtype=np.int64)[None]
-        mask = self._mask[:, : pos + n]
+        with timer("attention"):
+            values = self.per_token.batch(self._prefill_positions, pos, n)
         everything = (np.ones(self.d, bool), np.ones(self.f, bool))
         for i in range(self.num_layers):
             a, u, w = self._prefill_bound[i]
@@ -525,9 +538,11 @@ class Engine:
             ug, dn = self.slabs[i]
             sel_in, sel_glu = rows("in_indices", k_in), rows("glu_indices", k_glu)
             with timer("attention"):
-                for name, v in (("hidden", h), ("attention_mask", mask), ("position_ids", positions),
-                                ("cache_in", everything[0])):
+                for name, v in (("hidden", h), ("cache_in", everything[0]),
+                                *((name, values[name]) for name in self.per_token.names[i])):
                     a.input(name, v)
+                if pending is not None:
+                    a.input("mlp_out", pending)
                 for name, v in (("hidden_attn", hidden_attn), ("x", x), ("in_indices", sel_in)):
                     a.output(name, v)
                 self.kv.bind(a, i, n)
@@ -549,16 +564,19 @@ class Engine:
                 for name, v in (("glu", glu), ("glu_indices", sel_glu), ("glu_slots", sel_glu),
                                 ("hidden_attn", hidden_attn), *rows_dn.items()):
                     w.input(name, v)
-                w.output("hidden", h)  # the layer's input is dead once its attention ran
+                w.output("mlp_out", out)  # read by the next layer's attention, a run earlier
                 w.run()
             with timer("cache"):
                 hits_glu = self._warm(dn, sel_glu, rows_dn)
             if record is not None:
                 for j in range(n):
                     record(i, sel_in[j].copy(), sel_glu[j].copy(), hits_in[j], hits_glu[j])
+            # the attention reads ``hidden`` and writes ``hidden_attn`` in one run: the two buffers alternate
+            h, hidden_attn, pending = hidden_attn, h, out
         if last:
             with timer("embed+head"):
-                np.copyto(self.layer_buf[-1]["hidden"], h[:, -1:])
+                np.copyto(self.layer_buf[-1]["hidden_attn"], h[:, -1:])
+                np.copyto(self.layer_buf[-1]["mlp_out"], pending[:, -1:])
                 self.head.run()
         with timer("cache"):
             self.flash.settle()

@@ -218,8 +218,7 @@ final class BundleCheck {
             out.add(GraphNames.mlpUpFile(i));
             out.add(GraphNames.mlpDownFile(i));
         }
-        out.add(GraphNames.EMBED);
-        out.add(GraphNames.HEAD);
+        out.addAll(GraphNames.EDGE_GRAPHS);
         return out;
     }
 
@@ -248,7 +247,7 @@ final class BundleCheck {
         if (listed != null && !layerGraphNames(n).equals(listed)) {
             Object count = listed instanceof List ? (Object) (long) ((List<?>) listed).size() : listed;
             out.add("graphs.layers: " + count + " graphs do not match the plan's " + n + " layers "
-                    + "(3 per layer + embed + head = " + (3 * n + 2) + ")");
+                    + "(3 per layer + embed + positions + head = " + (3 * n + GraphNames.EDGE_GRAPHS.size()) + ")");
         }
         return out;
     }

@@ -25,14 +25,16 @@ import java.util.Map;
  *
  * <pre>
  *   embed.onnx: input_ids → hidden
+ *   positions.onnx: attention_mask, position_ids → the RoPE rows and mask bias every attention graph takes
  *   per layer i:
- *     layer.i.attn.onnx (cache_in = up|gate residency)           → hidden_attn, x, in_indices, present kv
+ *     layer.i.attn.onnx (hidden, mlp_out of layer i−1, the positions' values, cache_in = up|gate residency)
+ *                                                                 → hidden_attn, x, in_indices, present kv
  *     up|gate group: RowCache.access, SlotTable.assign, Flash reads of the misses into the slab
  *     layer.i.mlp_up.onnx (x, in_indices, in_slots, slab, cache_glu = down residency) → glu, glu_indices
  *     down group: the same                                        → glu_slots
- *     layer.i.mlp_down.onnx (glu, glu_indices, glu_slots, slab, hidden_attn) → hidden
+ *     layer.i.mlp_down.onnx (glu, glu_indices, glu_slots, slab, hidden_attn) → mlp_out
  *     SlotTable.finish for both groups (DRAM moves out of staging)
- *   head.onnx: hidden → logits
+ *   head.onnx: hidden (the last hidden_attn), mlp_out → logits
  * </pre>
  *
  * The prompt is prefilled token by token as well (DIP-CA's mask at token t depends on the cache after t−1),
@@ -70,8 +72,10 @@ public final class Engine implements AutoCloseable {
     public final boolean nativeOps;
     public final String nativeError;
     private final OrtEnvironment env;
-    private final OrtSession embed, head;
+    private final OrtSession embed, positions, head;
     private final OrtSession[] attn, up, down;
+    /** Per layer, the positions.onnx outputs its attention graph takes. */
+    private final List<String>[] perToken;
     private final MlpGroup[] upGroups, downGroups;
     private final Map<String, OnnxTensor>[] upSlabs, downSlabs;
     private final FlashStore flash;
@@ -100,6 +104,9 @@ public final class Engine implements AutoCloseable {
         if (manifest.layers.size() != layers || !manifest.layerGraphs().contains(GraphNames.attnFile(0)))
             throw new IllegalArgumentException(bundle + " has no per-layer graphs (a dense or --no-per-layer export); "
                     + "export it with `dipdeploy export --method dip-ca` (per-layer graphs are the default)");
+        if (!manifest.layerGraphs().contains(GraphNames.POSITIONS))
+            throw new IllegalArgumentException(bundle + " has per-layer graphs without " + GraphNames.POSITIONS
+                    + " (an older export); " + Manifest.REGENERATE);
         Map<String, Object> ca = manifest.dipca();
         String policy = opt.policy != null ? opt.policy
                 : ca != null && ca.get("policy") != null ? (String) ca.get("policy") : "lfu";
@@ -131,10 +138,14 @@ public final class Engine implements AutoCloseable {
         this.nativeOps = nat;
         this.nativeError = err;
         embed = open(so, GraphNames.EMBED);
+        positions = open(so, GraphNames.POSITIONS);
+        check(positions, GraphNames.positionsInputs(), GraphNames.POSITIONS);
         head = open(so, GraphNames.HEAD);
+        check(head, GraphNames.headInputs(), GraphNames.HEAD);
         attn = new OrtSession[layers];
         up = new OrtSession[layers];
         down = new OrtSession[layers];
+        perToken = (List<String>[]) new List<?>[layers];
         upGroups = new MlpGroup[layers];
         downGroups = new MlpGroup[layers];
         upSlabs = (Map<String, OnnxTensor>[]) new Map<?, ?>[layers];
@@ -151,7 +162,9 @@ public final class Engine implements AutoCloseable {
             attn[i] = open(so, GraphNames.attnFile(i));
             up[i] = open(so, GraphNames.mlpUpFile(i));
             down[i] = open(so, GraphNames.mlpDownFile(i));
-            check(attn[i], GraphNames.attnInputs(i), GraphNames.attnFile(i));
+            perToken[i] = new ArrayList<>(positions.getOutputNames());
+            perToken[i].retainAll(attn[i].getInputNames());
+            check(attn[i], GraphNames.attnInputs(i, perToken[i]), GraphNames.attnFile(i));
             check(up[i], GraphNames.mlpUpInputs(new ArrayList<>(upSlabs[i].keySet())), GraphNames.mlpUpFile(i));
             check(down[i], GraphNames.mlpDownInputs(new ArrayList<>(downSlabs[i].keySet())), GraphNames.mlpDownFile(i));
         }
@@ -266,14 +279,19 @@ public final class Engine implements AutoCloseable {
             trash.add(pos);
             OrtSession.Result er = embed.run(java.util.Collections.singletonMap("input_ids", ids));
             trash.add(er);
-            OnnxValue hidden = out(er, "hidden");
+            Map<String, OnnxTensor> p = new HashMap<>();
+            p.put("attention_mask", mask);
+            p.put("position_ids", pos);
+            OrtSession.Result pr = positions.run(p); // the mask and RoPE rows, once for every layer
+            trash.add(pr);
+            OnnxValue hidden = out(er, "hidden"), mlpOut = null;
             for (int i = 0; i < layers; i++) {
                 MlpGroup ug = upGroups[i], dg = downGroups[i];
                 ug.residencyInto(cacheIn);
                 Map<String, OnnxTensor> in = new HashMap<>();
                 in.put("hidden", (OnnxTensor) hidden);
-                in.put("attention_mask", mask);
-                in.put("position_ids", pos);
+                if (mlpOut != null) in.put("mlp_out", (OnnxTensor) mlpOut);
+                for (String name : perToken[i]) in.put(name, (OnnxTensor) out(pr, name));
                 in.put(GraphNames.pastKey(i), pastK[i]);
                 in.put(GraphNames.pastValue(i), pastV[i]);
                 in.put("cache_in", cacheInT);
@@ -301,7 +319,8 @@ public final class Engine implements AutoCloseable {
                 OrtSession.Result dr = down[i].run(dn);
                 trash.add(dr);
                 dg.finish();
-                hidden = out(dr, "hidden");
+                hidden = out(ar, "hidden_attn");
+                mlpOut = out(dr, "mlp_out");
                 // the attention result owns the new KV cache: keep it, drop the previous one
                 if (kvOwner[i] != null) kvOwner[i].close();
                 else {
@@ -312,7 +331,10 @@ public final class Engine implements AutoCloseable {
                 pastK[i] = (OnnxTensor) out(ar, GraphNames.presentKey(i));
                 pastV[i] = (OnnxTensor) out(ar, GraphNames.presentValue(i));
             }
-            OrtSession.Result hr = head.run(java.util.Collections.singletonMap("hidden", (OnnxTensor) hidden));
+            Map<String, OnnxTensor> hd = new HashMap<>();
+            hd.put("hidden", (OnnxTensor) hidden);
+            hd.put("mlp_out", (OnnxTensor) mlpOut);
+            OrtSession.Result hr = head.run(hd);
             trash.add(hr);
             FloatBuffer lb = ((OnnxTensor) out(hr, "logits")).getFloatBuffer();
             float[] logits = new float[lb.remaining()];
@@ -392,6 +414,7 @@ public final class Engine implements AutoCloseable {
         cacheInT.close();
         cacheGluT.close();
         embed.close();
+        positions.close();
         head.close();
         flash.close();
     }

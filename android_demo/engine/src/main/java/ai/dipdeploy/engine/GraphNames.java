@@ -10,7 +10,10 @@ import java.util.List;
 public final class GraphNames {
     private GraphNames() {}
 
-    public static final String EMBED = "embed.onnx", HEAD = "head.onnx";
+    public static final String EMBED = "embed.onnx", POSITIONS = "positions.onnx", HEAD = "head.onnx";
+
+    /** The graphs beside the layers' own, in the order the manifest lists them after the layers. */
+    public static final List<String> EDGE_GRAPHS = java.util.Arrays.asList(EMBED, POSITIONS, HEAD);
 
     public static String attnFile(int i) { return "layer." + i + ".attn.onnx"; }
     public static String mlpUpFile(int i) { return "layer." + i + ".mlp_up.onnx"; }
@@ -23,11 +26,22 @@ public final class GraphNames {
 
     public static List<String> embedInputs() { return java.util.Arrays.asList("input_ids"); }
     public static List<String> embedOutputs() { return java.util.Arrays.asList("hidden"); }
-    public static List<String> headInputs() { return java.util.Arrays.asList("hidden"); }
+    public static List<String> headInputs() { return java.util.Arrays.asList("hidden", "mlp_out"); }
+
+    /** What positions.onnx computes the attention's per-token values from (its outputs: {@link #attnInputs}). */
+    public static List<String> positionsInputs() { return java.util.Arrays.asList("attention_mask", "position_ids"); }
     public static List<String> headOutputs() { return java.util.Arrays.asList("logits"); }
 
-    public static List<String> attnInputs(int i) {
-        return java.util.Arrays.asList("hidden", "attention_mask", "position_ids", pastKey(i), pastValue(i), "cache_in");
+    /**
+     * {@code perToken}: the positions.onnx outputs layer i's attention takes (the RoPE rows and the mask bias,
+     * or GroupQueryAttention's lengths, of its layer type); layer 0 has no previous MLP output to add.
+     */
+    public static List<String> attnInputs(int i, List<String> perToken) {
+        List<String> l = new ArrayList<>(java.util.Arrays.asList("hidden"));
+        if (i > 0) l.add("mlp_out");
+        l.addAll(perToken);
+        l.addAll(java.util.Arrays.asList(pastKey(i), pastValue(i), "cache_in"));
+        return l;
     }
 
     public static List<String> attnOutputs(int i) {
@@ -51,5 +65,5 @@ public final class GraphNames {
         return l;
     }
 
-    public static List<String> mlpDownOutputs() { return java.util.Arrays.asList("hidden"); }
+    public static List<String> mlpDownOutputs() { return java.util.Arrays.asList("mlp_out"); }
 }

@@ -16,7 +16,7 @@ public class ManifestRowOrderTest {
         return "{\"source\": {\"config\": {}}, \"method\": \"dip\", \"plan\": null, \"quant\": null, \"ops\": {},"
                 + " \"onnxruntime\": {}, \"graphs\": {}, \"tensors\": {}, \"files\": {},"
                 + (rowOrder == null ? "" : " \"row_order\": " + rowOrder + ",")
-                + " \"format\": \"dipdeploy-bundle\", \"version\": 1}";
+                + " \"format\": \"dipdeploy-bundle\", \"version\": " + Manifest.VERSION + "}";
     }
 
     @Test

@@ -86,8 +86,13 @@ public class ManifestTest {
         assertEquals(m(io.get(GraphNames.EMBED)).get("outputs"), GraphNames.embedOutputs());
         assertEquals(m(io.get(GraphNames.HEAD)).get("inputs"), GraphNames.headInputs());
         assertEquals(m(io.get(GraphNames.HEAD)).get("outputs"), GraphNames.headOutputs());
+        assertEquals(m(io.get(GraphNames.POSITIONS)).get("inputs"), GraphNames.positionsInputs());
+        List<Object> perToken = new ArrayList<>((List<?>) m(io.get(GraphNames.POSITIONS)).get("outputs"));
+        assertEquals(5, perToken.size()); // the standard attention's RoPE rows (q and k layouts) and mask bias
+        List<String> names = new ArrayList<>();
+        for (Object o : perToken) names.add(s(o));
         for (int i = 0; i < man.numLayers(); i++) {
-            assertEquals(m(io.get(GraphNames.attnFile(i))).get("inputs"), GraphNames.attnInputs(i));
+            assertEquals(m(io.get(GraphNames.attnFile(i))).get("inputs"), GraphNames.attnInputs(i, names));
             assertEquals(m(io.get(GraphNames.attnFile(i))).get("outputs"), GraphNames.attnOutputs(i));
             List<String> ug = new ArrayList<>(), dn = new ArrayList<>();
             for (Manifest.Tensor t : man.groupArrays(i, "up_gate")) ug.add(MlpGroup.inputName("up_gate", t));
