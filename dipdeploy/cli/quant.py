@@ -9,7 +9,8 @@ import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import CALIB_SEQLEN, CALIB_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, check_inputs, console, fail
+from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, check_inputs, console,
+                                fail)
 from dipdeploy.quant.config import QUANT_PRESETS
 
 
