@@ -115,6 +115,7 @@ def test_eval_quant_equals_quantize_then_eval_weights(tmp_path, data_dir, vq):
     (["eval", "--quant", "vq3", "--vq-density", "0.5"], "--vq-hessian dip"),
     (["eval", "--quant", "bq4", "--no-vq-feedback"], "apply to vq3"),
     (["quantize", "--quant", "vq3", "--vq-hessian", "full", "--out", "q.npz"], "hessian"),
+    (["export", "--quant", "vq3", "--calib-windows", "0"], "calib_windows"),
 ])
 def test_vq_options_refused_in_one_line_where_they_do_not_apply(tmp_path, args, needle):
     args = [str(tmp_path / a) if a.endswith(".npz") else a for a in args]

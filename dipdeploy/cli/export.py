@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, console, fail, write_json
+from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, console, fail,
+                                write_json)
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.export.config import ExportConfig
 
@@ -52,6 +53,8 @@ def export_cmd(
     vq_hessian: Optional[str] = VQ_HESSIAN,
     vq_feedback: Optional[bool] = VQ_FEEDBACK,
     vq_density: Optional[float] = VQ_DENSITY,
+    calib_windows: int = CALIB_WINDOWS,
+    calib_seqlen: int = CALIB_SEQLEN,
     lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),
     accuracy_level: Optional[int] = typer.Option(None, help="0 = fp32; 4 = int8 activations (MatMulNBits) and "
                                                  "int8 coefficients (BQ4 SparseGatherMatMul)"),
@@ -99,7 +102,8 @@ def export_cmd(
                       accuracy_level=accuracy_level, attention=attention, max_length=max_length, per_layer=per_layer,
                       fuse_norms=fuse_norms, embedding=embedding, stream=stream, device=device,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None,
-                      row_order=row_order, vq_hessian=vq_hessian, vq_feedback=vq_feedback, vq_density=vq_density)
+                      row_order=row_order, vq_hessian=vq_hessian, vq_feedback=vq_feedback, vq_density=vq_density,
+                      calib_windows=calib_windows, calib_seqlen=calib_seqlen)
         _check_per_layer(per_layer, cfg)
         check_inputs(model=cfg.model)
         from dipdeploy.export.bundle import export_model
