@@ -60,8 +60,8 @@ class ExportConfig:
     one); the bundle's weights are read and quantised on the CPU either way. ``row_order``: see ``ROW_ORDERS``.
     ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
     calibrated, the same as ``eval``'s and ``calibrate``'s (``dipdeploy.defaults``), so an export
-    without ``--plan`` runs the plan ``eval`` measured; ``dipdeploy calibrate --windows N`` and
-    ``--plan`` for a longer calibration. ``method``, ``density`` and ``gamma`` default to
+    without ``--plan`` runs the plan ``eval`` measured (``--calib-windows``/``--calib-seqlen`` for a longer
+    calibration, of the plan and of a calibrated VQ3 alike). ``method``, ``density`` and ``gamma`` default to
     ``SparsityConfig``'s. ``vq_hessian``/``vq_feedback``/``vq_density``: how ``quant="vq3"`` is fitted
     (``quant.config.calibrated_config``, the mapping ``quantize`` and ``eval`` use; None: its default,
     Hessian-weighted k-means with error feedback from statistics of the same calibration text);
