@@ -74,7 +74,8 @@ def test_dipca_runs_plain_dip_and_says_so(tmp_path):
 
 
 def test_vq3_bundle(tmp_path):
-    res = _export(tmp_path, model="tiny-qwen2", method="dip", quant="vq3")
+    """Plain k-means VQ3 (no calibration text); the calibrated default: tests/test_quant_vq_commands.py."""
+    res = _export(tmp_path, model="tiny-qwen2", method="dip", quant="vq3", vq_hessian="none")
     assert res.manifest.validation["agrees_stock"]
     assert res.manifest.quant["bits_per_weight_mlp"] < 3.5
 

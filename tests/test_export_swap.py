@@ -245,8 +245,9 @@ def test_free_space_is_checked_first(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("quant", ["none", "bq4", "vq3"])
 def test_space_estimate_is_an_upper_bound(tmp_path, quant):
-    result = export_model(_cfg(quant=quant), tmp_path / "b")
-    need = space.expected_bytes(space.model_shape("tiny-llama"), _cfg(quant=quant))
+    plain = {"vq_hessian": "none"} if quant == "vq3" else {}  # the size does not depend on the fit
+    result = export_model(_cfg(quant=quant, **plain), tmp_path / "b")
+    need = space.expected_bytes(space.model_shape("tiny-llama"), _cfg(quant=quant, **plain))
     assert result.manifest.sizes["bytes_total"] <= need
 
 

@@ -255,7 +255,8 @@ def test_vq3_bundle_streams_codes_and_keeps_codebooks(tmp_path, native):
         pytest.skip("native library not built (make ops)")
 
     out = tmp_path / "vq3"
-    export_model(ExportConfig(model="tiny-llama", method="dip", rho_in=0.6, quant="vq3", validate_tokens=2), out)
+    export_model(ExportConfig(model="tiny-llama", method="dip", rho_in=0.6, quant="vq3", vq_hessian="none",
+                              validate_tokens=2), out)
     full = Engine(out, dram_budget="100%", native=native).generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     tight = Engine(out, dram_budget="25%", policy="lru", native=native)
     g = tight.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)

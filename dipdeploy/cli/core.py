@@ -16,6 +16,7 @@ from dipdeploy.cli._app import app
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.demo import DemoConfig
 from dipdeploy.eval import EvalConfig
+from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig
 from dipdeploy.registry import list_models
 from dipdeploy.sparsity.plan import SparsityConfig
 from dipdeploy.torchdevice import DEFAULT_DEVICE
@@ -85,6 +86,16 @@ TOPN = typer.Option(_S.fixed_top_n, "--fixed-top-n", help="DIP-CA: exempt the n 
 WARM = typer.Option(_S.gamma_warmup, "--gamma-warmup", help="DIP-CA: tokens over which γ goes from 1 to --gamma")
 DATA = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/ (default: $DIPDEPLOY_DATA)")
 FORCE = typer.Option(False, "--force", help="overwrite existing output files")
+# The calibrated VQ3 (quantize, eval --quant vq3, export --quant vq3): None = quant.config.calibrated_config's default
+VQ_HESSIAN = typer.Option(None, "--vq-hessian", help="vq3: calibration statistics weighting the rows: none (plain "
+                          f"k-means) | dense | dip (default {VQ3QuantConfig.hessian})")
+VQ_FEEDBACK = typer.Option(None, "--vq-feedback/--no-vq-feedback", help="vq3: GPTVQ-style error feedback through "
+                           f"the statistics (default {'on' if CALIBRATED_FEEDBACK else 'off'}; off with --vq-hessian none)")
+VQ_DENSITY = typer.Option(None, "--vq-density", help="vq3 --vq-hessian dip: the DIP density whose selections weight "
+                          f"the rows (default {VQ3QuantConfig.hessian_density})")
+CALIB_WINDOWS = typer.Option(defaults.CALIB_WINDOWS, "--calib-windows", help="calibration windows (WikiText-2 "
+                             "validation split) of the plan and of a calibrated quantisation (vq3, -gptq)")
+CALIB_SEQLEN = typer.Option(defaults.CALIB_SEQLEN, "--calib-seqlen", help="tokens per calibration window")
 # None stands for the default, so that finetune can tell an explicit --device under a launcher
 DEVICE = typer.Option(None, "--device", help="where torch computes: auto (cuda when torch sees a GPU) | cpu | "
                       f"cuda (default: {DEFAULT_DEVICE})")
@@ -141,6 +152,8 @@ def eval_cmd(
                                   "as `export --embedding` stores it"),
     weights: Optional[Path] = typer.Option(None, help="MLP weights from `dipdeploy quantize` (.npz) instead of "
                                            "quantising here; --quant-scope all adds attention and lm_head"),
+    vq_hessian: Optional[str] = VQ_HESSIAN, vq_feedback: Optional[bool] = VQ_FEEDBACK,
+    vq_density: Optional[float] = VQ_DENSITY, calib_windows: int = CALIB_WINDOWS, calib_seqlen: int = CALIB_SEQLEN,
     lora: Optional[Path] = typer.Option(None, help="a peft adapter from `dipdeploy finetune` (applied first)"),
     lora_merge: bool = typer.Option(True, "--lora-merge/--lora-live", help="merge the adapter or keep it live"),
     device: Optional[str] = DEVICE,
@@ -165,7 +178,8 @@ def eval_cmd(
                          seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
                          text_file=str(text_file) if text_file else None, data_dir=str(data_dir) if data_dir else None,
                          batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope, embedding=embedding,
-                         weights=str(weights) if weights else None,
+                         weights=str(weights) if weights else None, vq_hessian=vq_hessian, vq_feedback=vq_feedback,
+                         vq_density=vq_density, calib_windows=calib_windows, calib_seqlen=calib_seqlen,
                          lora=str(lora) if lora else None, lora_merge=lora_merge, device=device or _EV.device)
         check_inputs(model=model)
         rows = evaluate(cfg, Progress())

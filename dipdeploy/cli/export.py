@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import console, fail, write_json
+from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, console, fail,
+                                write_json)
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.export.config import ExportConfig
 
@@ -47,7 +48,13 @@ def export_cmd(
     rho_in: Optional[float] = typer.Option(None, "--rho-in", help="input share; given = no calibration"),
     gamma: Optional[float] = typer.Option(None, help=f"DIP-CA γ for the host runtime (default {_X.gamma:g})"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate`"),
-    quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3"),
+    quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 (calibrated "
+                                        "on the plan's calibration text unless --vq-hessian none)"),
+    vq_hessian: Optional[str] = VQ_HESSIAN,
+    vq_feedback: Optional[bool] = VQ_FEEDBACK,
+    vq_density: Optional[float] = VQ_DENSITY,
+    calib_windows: int = CALIB_WINDOWS,
+    calib_seqlen: int = CALIB_SEQLEN,
     lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),
     accuracy_level: Optional[int] = typer.Option(None, help="0 = fp32; 4 = int8 activations (MatMulNBits) and "
                                                  "int8 coefficients (BQ4 SparseGatherMatMul)"),
@@ -95,7 +102,8 @@ def export_cmd(
                       accuracy_level=accuracy_level, attention=attention, max_length=max_length, per_layer=per_layer,
                       fuse_norms=fuse_norms, embedding=embedding, stream=stream, device=device,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None,
-                      row_order=row_order)
+                      row_order=row_order, vq_hessian=vq_hessian, vq_feedback=vq_feedback, vq_density=vq_density,
+                      calib_windows=calib_windows, calib_seqlen=calib_seqlen)
         _check_per_layer(per_layer, cfg)
         check_inputs(model=cfg.model)
         from dipdeploy.export.bundle import export_model
@@ -157,6 +165,14 @@ def _verdict(v: dict) -> str:
             + (", level 4 measured (--json)" if v.get("level4") else ""))
 
 
+def _fit_line(fit: dict | None) -> str:
+    """How the MLP was fitted (manifest ``quant.fit``; empty for formats with no statistics)."""
+    if not fit or fit.get("statistics") == "none":
+        return "; fitted without calibration" if fit and fit.get("calibration_tokens") == 0 else ""
+    return (f"; fitted on {fit['statistics']} statistics of {fit['calibration_tokens']} calibration tokens"
+            + (" with error feedback" if fit.get("error_feedback") else ""))
+
+
 def _plan_line(plan: dict) -> str:
     layers = plan.get("layers") or []
     if not layers:
@@ -209,7 +225,7 @@ def inspect_cmd(
     quant = "none (fp32)" if not q else (
         f"{q.get('name')}: MLP {q.get('bits_per_weight_mlp', 32.0):.4g} bits/weight; attention and lm_head "
         f"{q.get('attention_and_lm_head', '-')} ({q.get('bits_per_weight_dense', 32.0):.4g}); "
-        f"embedding {q.get('embedding', 'fp32')}")
+        f"embedding {q.get('embedding', 'fp32')}" + _fit_line(q.get("fit")))
     exported = m.onnxruntime.get("exported_with")
     summary = {
         "model": f"{rows['model']} ({rows['architecture']})",

@@ -9,8 +9,9 @@ import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import check_inputs, console, fail
-from dipdeploy.quant.config import QUANT_PRESETS, VQ3QuantConfig
+from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, check_inputs, console,
+                                fail)
+from dipdeploy.quant.config import QUANT_PRESETS
 
 
 @app.command("quantize")
@@ -20,30 +21,21 @@ def quantize_cmd(
     quant: str = typer.Option(..., "--quant", help=f"format: {', '.join(QUANT_PRESETS)}"),
     out: Path = typer.Option(..., "--out", help="packed-weights file to write (.npz)"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing --out"),
-    calib_windows: int = typer.Option(16, "--calib-windows", help="calibrated formats (vq3, -gptq): calibration "
-                                      "windows (WikiText-2 validation split)"),
-    calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="calibrated formats: tokens per calibration window"),
-    vq_hessian: Optional[str] = typer.Option(None, "--vq-hessian", help="vq3: row weights of the k-means, none | "
-                                             f"dense | dip (default {VQ3QuantConfig.hessian})"),
-    vq_feedback: Optional[bool] = typer.Option(None, "--vq-feedback/--no-vq-feedback", help="vq3: GPTVQ-style error "
-                                               f"feedback (default {'on' if VQ3QuantConfig.error_feedback else 'off'})"),
-    vq_density: Optional[float] = typer.Option(None, "--vq-density", help="vq3 --vq-hessian dip: the DIP density "
-                                               f"whose selections weight the rows (default {VQ3QuantConfig.hessian_density})"),
+    calib_windows: int = CALIB_WINDOWS,
+    calib_seqlen: int = CALIB_SEQLEN,
+    vq_hessian: Optional[str] = VQ_HESSIAN,
+    vq_feedback: Optional[bool] = VQ_FEEDBACK,
+    vq_density: Optional[float] = VQ_DENSITY,
     data_dir: Path | None = typer.Option(None, "--data-dir", help="folder holding wikitext-2-raw/ (else $DIPDEPLOY_DATA)"),
 ) -> None:
     """Quantise the MLP weights in the sparse row layout and write them (with their config) to one file,
     for `dipdeploy eval --weights FILE` (a calibrated format — vq3, -gptq — is calibrated once, not at
     every evaluation)."""
     from dipdeploy.progress import Progress
-    from dipdeploy.quant.config import quant_config_from_name
+    from dipdeploy.quant.config import calibrated_config
 
     try:
-        vq = {k: v for k, v in (("hessian", vq_hessian), ("error_feedback", vq_feedback),
-                                ("hessian_density", vq_density)) if v is not None}
-        if vq and not quant.startswith("vq3"):
-            raise ValueError(f"--vq-hessian / --vq-feedback / --vq-density apply to vq3 formats, not {quant!r}; "
-                             "drop them or use --quant vq3")
-        cfg = quant_config_from_name(quant, **vq)
+        cfg = calibrated_config(quant, hessian=vq_hessian, feedback=vq_feedback, density=vq_density)
         check_inputs(data_dir=data_dir, outputs={"--out": out}, force=force)
         if cfg.statistics() is not None and (calib_windows < 1 or calib_seqlen < 16):
             raise ValueError(f"--calib-windows {calib_windows} --calib-seqlen {calib_seqlen}: give at least 1 "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Callable
 
 from dipdeploy import defaults
 from dipdeploy.progress import Progress
@@ -45,6 +46,10 @@ class EvalConfig:
     quant_scope: str = "all"
     embedding: str = defaults.EMBEDDING  # with quant_scope all: the token embedding as export stores it
     weights: str | None = None  # a `dipdeploy quantize` file: its MLP weights instead of quantising here
+    # vq3's fit (quant.config.calibrated_config; None: its default), calibrated on the calib_* windows
+    vq_hessian: str | None = None
+    vq_feedback: bool | None = None
+    vq_density: float | None = None
     lora: str | None = None  # a peft adapter from `dipdeploy finetune`, applied before quantisation
     lora_merge: bool = True  # merge_and_unload (what export does) or keep live adapter layers
     progress: bool = True  # report stages (dipdeploy.progress) when the Evaluator is given no Progress
@@ -63,6 +68,9 @@ class EvalConfig:
             raise ValueError(f"device {self.device!r} unknown; choose one of {', '.join(DEVICES)}")
         if self.seqlen < 2:
             raise ValueError(f"seqlen must be >= 2, got {self.seqlen}")
+        if self.calib_windows < 1 or self.calib_seqlen < 16:
+            raise ValueError(f"--calib-windows {self.calib_windows} --calib-seqlen {self.calib_seqlen}: give at "
+                             "least 1 window of 16 tokens")
         from dipdeploy.quant.fake import SCOPES
 
         if self.quant_scope not in SCOPES:
@@ -73,28 +81,51 @@ class EvalConfig:
             raise ValueError("--weights brings its own quantised MLP; drop --quant (or drop --weights)")
         if self.plan is not None and (len(self.method) > 1 or len(self.density) > 1):
             raise ValueError("--plan fixes method and density; pass a single method/density or drop --plan")
+        vq = (self.vq_hessian, self.vq_feedback, self.vq_density)
+        if self.quant is None and any(v is not None for v in vq):
+            raise ValueError("--vq-hessian / --vq-feedback / --vq-density fit the VQ3 of --quant vq3"
+                             + ("; a --weights file was fitted by `dipdeploy quantize`: pass them there"
+                                if self.weights is not None else "; add --quant vq3 or drop them"))
+        if self.quant is not None:
+            self.quant_config()  # a bad format or option fails here, before the model is loaded
+
+    def quant_config(self):
+        """The MLP format of ``quant`` with the vq options (``quant.config.calibrated_config``)."""
+        from dipdeploy.quant.config import calibrated_config
+
+        return calibrated_config(self.quant, hessian=self.vq_hessian, feedback=self.vq_feedback,
+                                 density=self.vq_density)
 
 
-def _quantize(lm, cfg: EvalConfig) -> dict:
+def _quantize(lm, cfg: EvalConfig, calib: Callable[[], object] | None = None) -> dict:
     """Fake-quantise ``lm`` in place. The default scope ``all`` is what ``export --quant`` ships (MLP in the
     format, attention and lm_head in the MatMulNBits blocks of ``quant.config.dense_config``, the
-    embedding in the same int4 blocks unless ``embedding`` is fp32)."""
+    embedding in the same int4 blocks unless ``embedding`` is fp32). A calibrated format (vq3) takes its
+    statistics from ``calib()``, the calibration windows every command uses, as ``dipdeploy quantize``
+    does, so ``eval --quant`` equals ``quantize`` then ``eval --weights`` with the same options."""
     if cfg.quant is None and cfg.weights is None:
         return {"quant": "none", "bits_per_weight": 32.0}
-    from dipdeploy.quant.config import quant_config_from_name
-    from dipdeploy.quant.fake import load_mlp_weights_, quantize_model_  # export-time, imports torch lazily
+    from dipdeploy.quant.fake import fit_record, load_mlp_weights_, quantize_model_  # imports torch lazily
 
+    fit = {}
     if cfg.weights is not None:
         report = load_mlp_weights_(lm.model, cfg.weights, scope=cfg.quant_scope, model_name=lm.name,
                                    embedding=cfg.embedding)
         name = f"{report.format} ({cfg.weights})"
     else:
-        report = quantize_model_(lm.model, quant_config_from_name(cfg.quant), scope=cfg.quant_scope, progress=False,
+        qcfg = cfg.quant_config()
+        ids = None
+        if qcfg.statistics() is not None:
+            if calib is None:
+                raise ValueError(f"--quant {cfg.quant} fits on calibration statistics and no calibration windows "
+                                 "were given; pass --vq-hessian none for plain k-means")
+            ids = calib()
+        report = quantize_model_(lm.model, qcfg, scope=cfg.quant_scope, calib_ids=ids, progress=False,
                                  embedding=cfg.embedding)
-        name = cfg.quant
+        name, fit = cfg.quant, {"quant_fit": fit_record(qcfg, ids)}
     return {"quant": name, "quant_scope": cfg.quant_scope,
             "embedding": cfg.embedding if cfg.quant_scope == "all" else "fp32",
-            "bits_per_weight": float(report.bits_per_weight), "quant_seconds": float(report.seconds)}
+            "bits_per_weight": float(report.bits_per_weight), "quant_seconds": float(report.seconds), **fit}
 
 
 def reachable(method: str, density: float) -> bool:
@@ -126,13 +157,13 @@ class Evaluator:
 
             self.lm = apply_lora(self.lm, cfg.lora, merge=cfg.lora_merge)
             self.lora = "merged" if cfg.lora_merge else "adapter"
+        self._calib = None
         with self.progress.stage(f"quantise ({cfg.quant or cfg.weights})") if cfg.quant or cfg.weights else nullcontext():
-            self.qinfo = _quantize(self.lm, cfg)
+            self.qinfo = _quantize(self.lm, cfg, lambda: self.calib)
         self.lm.model.to(self.device)
         with self.progress.stage("tokenise the test text"):
             text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
             self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows)
-        self._calib = None
         self.splits: dict = {}
         self.curves: dict = {}  # the joint allocation's error curves per score (sparsity.allocate)
 

@@ -157,10 +157,15 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
     from dipdeploy.ops.native import library_path
     from dipdeploy.sparsity.scores import FOLDED
 
+    fitted = cfg.mlp_config()
+    if plan is not None and plan.score in FOLDED and fitted is not None and fitted.statistics() is not None:
+        raise ValueError(f"score {plan.score} is folded into the MLP weights, but a calibrated vq3's statistics are "
+                         f"the unfolded model's; use --score abs, or fit plain k-means with --vq-hessian none")
     missed, row_order = _row_order(lm, cfg, plan, steps)
+    mlp_cfg, calib, fit = _quant_statistics(lm, cfg, steps)
     steps("quantise + build graphs")
-    source = ModelSource(lm, cfg.quant, wina=plan is not None and plan.score == "wina", max_length=cfg.max_length,
-                         embedding=cfg.embedding, fold=FOLDED.get(plan.score) if plan is not None else None)
+    source = ModelSource(lm, mlp_cfg, wina=plan is not None and plan.score == "wina", max_length=cfg.max_length,
+                         embedding=cfg.embedding, calib=calib, fold=FOLDED.get(plan.score) if plan is not None else None)
     store = WeightStore(tmp, cfg.alignment)
     graphs, orders = _write_graphs(source, store, plan, cfg, tmp, steps, missed)
     if orders:
@@ -179,10 +184,34 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
         validation = {"skipped": "streamed export (weights read one layer at a time): the torch reference "
                                  "needs the whole model; check with `dipdeploy inspect BUNDLE --prompt TEXT`"}
     steps("manifest")
-    manifest = _manifest(lm, cfg, plan, source, store, graphs, validation, tmp, extra, lib, row_order)
+    manifest = _manifest(lm, cfg, plan, source, store, graphs, validation, tmp, extra, lib, row_order, fit)
     (tmp / MANIFEST).write_text(manifest.to_json())
     check_structure(tmp, manifest, "none")  # what every reader will check: fail here, not on the user's machine
     return manifest
+
+
+def _quant_statistics(lm, cfg: ExportConfig, steps: _Steps) -> tuple:
+    """(MLP quant config, its per-layer calibration statistics or None, the manifest's record of the fit).
+
+    A calibrated format (vq3 by default) takes its statistics from the fp32 (LoRA-merged) model on the
+    calibration text every command uses, before any weight is quantised, the computation of ``eval
+    --quant`` and ``dipdeploy quantize`` (``quant.fake.calibration_statistics``), so the bundle holds
+    the numbers they measure."""
+    from dipdeploy.quant.fake import calibration_statistics, fit_record
+
+    mlp_cfg = cfg.mlp_config()
+    if mlp_cfg is None:
+        return None, None, None
+    ids = None
+    if mlp_cfg.statistics() is not None:
+        from dipdeploy.export.prepare import calibration_windows
+
+        steps("quantisation statistics")
+        try:
+            ids = calibration_windows(lm, cfg)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"{err}; or fit plain k-means with --vq-hessian none") from err
+    return mlp_cfg, calibration_statistics(lm.model, mlp_cfg, ids), fit_record(mlp_cfg, ids)
 
 
 def _row_order(lm, cfg: ExportConfig, plan, steps: _Steps) -> tuple[list | None, dict]:
@@ -298,13 +327,13 @@ def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path) -> dict:
 
 
 def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra: dict, lib,
-              row_order: dict) -> Manifest:
+              row_order: dict, fit: dict | None) -> Manifest:
     import onnxruntime as ort
 
     files = {p.relative_to(tmp).as_posix(): file_record(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     st, quant = source.stats, None
     if source.mlp_cfg is not None:
-        quant = {"name": cfg.quant, **source.quant_dict(),
+        quant = {"name": cfg.quant, **source.quant_dict(), "fit": fit,
                  "bits_per_weight_mlp": st.mlp_bits / st.mlp_params,
                  "bits_per_weight_dense": st.dense_bits / max(1, st.dense_params),
                  "bits_per_weight": (st.mlp_bits + st.dense_bits) / (st.mlp_params + st.dense_params),
@@ -340,6 +369,13 @@ def _should_stream(cfg: ExportConfig) -> bool:
     if stream and cfg.row_order == "calibrated":
         raise ValueError("a streamed export cannot calibrate the row order (it traces the whole model): "
                          "pass --row-order natural, or export without --stream on a machine that holds it")
+    mlp_cfg = cfg.mlp_config()
+    if stream and mlp_cfg is not None and mlp_cfg.statistics() is not None:
+        raise ValueError(f"a streamed export cannot calibrate --quant {cfg.quant} (its statistics come from a "
+                         "forward pass of the whole model): pass --vq-hessian none (plain k-means), or export "
+                         "without --stream on a machine that holds the model"
+                         + ("" if cfg.stream else " (streaming was chosen because the fp32 model exceeds half "
+                            "of the free memory)"))
     return stream
 
 

@@ -60,9 +60,12 @@ class ExportConfig:
     one); the bundle's weights are read and quantised on the CPU either way. ``row_order``: see ``ROW_ORDERS``.
     ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
     calibrated, the same as ``eval``'s and ``calibrate``'s (``dipdeploy.defaults``), so an export
-    without ``--plan`` runs the plan ``eval`` measured; ``dipdeploy calibrate --windows N`` and
-    ``--plan`` for a longer calibration. ``method``, ``density`` and ``gamma`` default to
-    ``SparsityConfig``'s.
+    without ``--plan`` runs the plan ``eval`` measured (``--calib-windows``/``--calib-seqlen`` for a longer
+    calibration, of the plan and of a calibrated VQ3 alike). ``method``, ``density`` and ``gamma`` default to
+    ``SparsityConfig``'s. ``vq_hessian``/``vq_feedback``/``vq_density``: how ``quant="vq3"`` is fitted
+    (``quant.config.calibrated_config``, the mapping ``quantize`` and ``eval`` use; None: its default,
+    Hessian-weighted k-means with error feedback from statistics of the same calibration text);
+    ``vq_hessian="none"`` is plain k-means and needs no text.
     """
 
     model: str = defaults.MODEL
@@ -89,6 +92,9 @@ class ExportConfig:
     threads: int = 1
     data_dir: str | None = None
     row_order: str = "natural"
+    vq_hessian: str | None = None
+    vq_feedback: bool | None = None
+    vq_density: float | None = None
 
     def __post_init__(self) -> None:
         choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
@@ -106,6 +112,11 @@ class ExportConfig:
         if self.row_order == "calibrated" and (self.method == "dense" or not self.per_layer):
             raise ValueError("ExportConfig.row_order='calibrated' needs a sparse method with per-layer graphs (the "
                              "only bundles the host runtime streams); pass --row-order natural")
+        vq = (self.vq_hessian, self.vq_feedback, self.vq_density)
+        if self.quant == "none" and any(v is not None for v in vq):
+            raise ValueError("--vq-hessian / --vq-feedback / --vq-density fit the VQ3 of --quant vq3; add "
+                             "--quant vq3 or drop them")
+        self.mlp_config()  # a bad vq option fails here, before any work
         for name, lo in (("max_length", 16), ("validate_tokens", 0), ("calib_windows", 1), ("calib_seqlen", 16),
                          ("threads", 1)):
             value = getattr(self, name)
@@ -115,6 +126,15 @@ class ExportConfig:
     @property
     def quantised(self) -> bool:
         return self.quant != "none"
+
+    def mlp_config(self):
+        """The MLP's quant config (None unquantised), with the vq options applied."""
+        from dipdeploy.quant.config import calibrated_config
+
+        if self.quant == "none":
+            return None
+        return calibrated_config(self.quant, hessian=self.vq_hessian, feedback=self.vq_feedback,
+                                 density=self.vq_density)
 
     def as_dict(self) -> dict:
         return asdict(self)

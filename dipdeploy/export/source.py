@@ -19,9 +19,9 @@ from dipdeploy.export.manifest import EMBEDDING
 from dipdeploy.export.mlp import MlpWeights
 from dipdeploy.export.spec import ArchSpec
 from dipdeploy.ops.formats import OpWeights
-from dipdeploy.quant.api import dequantize_rows, quantize, quantize_dense
-from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, dense_config, quant_config_from_name
-from dipdeploy.quant.fake import mlp_weights, set_mlp_weights
+from dipdeploy.quant.api import dequantize_rows, quantize_dense
+from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, dense_config
+from dipdeploy.quant.fake import mlp_weights, quantize_group, set_mlp_weights
 from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
 from dipdeploy.sparsity.scores import Fold, fold_layer
 
@@ -56,8 +56,8 @@ class ModelSource:
     """Numpy views of one HF decoder, layer by layer, optionally quantised (MLP in ``quant``,
     attention and lm_head in BQ4 → MatMulNBits)."""
 
-    def __init__(self, lm, quant: str = "none", wina: bool = False, max_length: int = 2048,
-                 embedding: str = "int4", fold: Fold | None = None):
+    def __init__(self, lm, mlp_cfg: QuantConfig | None = None, wina: bool = False, max_length: int = 2048,
+                 embedding: str = "int4", calib: list[dict] | None = None, fold: Fold | None = None):
         self.lm = lm
         self.model = lm.model
         self.checkpoint = lm.checkpoint  # streamed weights: read per module, released after use
@@ -65,7 +65,9 @@ class ModelSource:
         # streamed module is released right after it is read (and a 7B layer's copies cost gigabytes).
         self.write_back = self.checkpoint is None
         self.spec = ArchSpec.from_config(self.model.config.to_dict())
-        self.mlp_cfg: QuantConfig | None = None if quant == "none" else quant_config_from_name(quant)
+        self.mlp_cfg = mlp_cfg
+        # per layer and row group, the statistics a calibrated format quantises with (fake.calibration_statistics)
+        self.calib = calib
         self.dense_cfg: Block4QuantConfig | None = None
         if self.mlp_cfg is not None:
             self.dense_cfg = dense_config(self.mlp_cfg)
@@ -189,7 +191,7 @@ class ModelSource:
         norms = [self._norm(getattr(attn, n)) if n else None for n in (names.q_norm, names.k_norm)]
         return AttentionWeights(self._linear(qkv), self._linear([getattr(attn, names.o)]), *norms)
 
-    def _mlp(self, mlp) -> MlpWeights:
+    def _mlp(self, mlp, i: int) -> MlpWeights:
         arch = self.spec.arch
         w_up, w_gate, w_down = mlp_weights(mlp, arch)
         if self.mlp_cfg is not None:
@@ -199,7 +201,9 @@ class ModelSource:
         if self.mlp_cfg is None:
             ug, dn = OpWeights.from_matrix(up_gate), OpWeights.from_matrix(down)
         else:
-            p_ug, p_dn = quantize(up_gate, self.mlp_cfg), quantize(down, self.mlp_cfg)
+            stat = {"up_gate": None, "down": None} if self.calib is None else self.calib[i]
+            p_ug = quantize_group(up_gate, self.mlp_cfg, stat["up_gate"])
+            p_dn = quantize_group(down, self.mlp_cfg, stat["down"])
             del up_gate, down
             if self.write_back or self.wina:
                 up_gate, down = dequantize_rows(p_ug), dequantize_rows(p_dn)
@@ -239,7 +243,7 @@ class ModelSource:
             out = {k: self._norm(getattr(layer, n)) if n else None
                    for k, n in (("ln_attn", norms.attn_in), ("ln_mlp", norms.mlp_in),
                                 ("ln_attn_out", norms.attn_out), ("ln_mlp_out", norms.mlp_out))}
-            return LayerWeights(attn=self._attention(layer.self_attn), mlp=self._mlp(layer.mlp), **out)
+            return LayerWeights(attn=self._attention(layer.self_attn), mlp=self._mlp(layer.mlp, i), **out)
 
     def final_norm(self) -> np.ndarray:
         name = self.spec.arch.norms.final

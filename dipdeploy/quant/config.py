@@ -135,8 +135,10 @@ class VQ3QuantConfig:
     codebooks of a band of ``group_rows`` rows are fitted on the current (already corrected) rows, weighted
     by 1/[H⁻¹]ᵢᵢ², then the rows are assigned one by one and each row's error is spread over the rows not
     yet quantised (``gptq.py``), through the full H of the same statistics. Under DIP on SmolLM2, feedback
-    with ``"dense"`` measured best; it stays off by default because it cannot run without calibration
-    (``eval --quant``, ``export --quant`` have none; preset ``vq3-gptq`` turns it on). Without feedback
+    with ``"dense"`` measured best, so the commands, which always have calibration text (``quantize``,
+    ``eval --quant``, ``export --quant``), turn it on (:data:`CALIBRATED_FEEDBACK`,
+    :func:`calibrated_config`); the dataclass keeps it off because the numpy quantiser cannot run it
+    without a Hessian (preset ``vq3-gptq`` turns it on there). Without feedback
     ``"dense"`` measured best, ``"dip"`` a close second and plain k-means far behind
     (benchmarks/results/quant-smollm2.md, "Calibrated VQ3"); with ``"dip"``, set ``hessian_density`` to
     the density the model is deployed at (the measurement did).
@@ -252,3 +254,38 @@ def dense_config(mlp: QuantConfig) -> Block4QuantConfig:
     if isinstance(mlp, Block4QuantConfig):
         return dataclasses.replace(mlp, error_feedback=False)
     return Block4QuantConfig()
+
+
+#: Error feedback in the VQ3 of the commands that calibrate (``quantize``, ``eval --quant``, ``export
+#: --quant``; ``--vq-feedback/--no-vq-feedback``) over the dataclass's ``hessian``: the measured best under
+#: DIP at equal MLP bytes per token (benchmarks/results/quant-smollm2.md, "Calibrated VQ3").
+CALIBRATED_FEEDBACK = True
+
+
+def calibrated_config(name: str, *, hessian: str | None = None, feedback: bool | None = None,
+                      density: float | None = None) -> QuantConfig:
+    """The config of ``--quant NAME`` in a command that has calibration text, with ``--vq-hessian``,
+    ``--vq-feedback`` and ``--vq-density`` (None: not given). The one mapping ``quantize``, ``eval`` and
+    ``export`` share, so the same flags fit the same VQ3 everywhere: unless told, feedback follows
+    :data:`CALIBRATED_FEEDBACK` where there are statistics to spread errors through (``--vq-hessian none``
+    alone is plain k-means). Options that do not apply are refused, naming the fix."""
+    if name not in QUANT_PRESETS:
+        raise ValueError(f"--quant {name!r} unknown; choose one of {', '.join(QUANT_PRESETS)}")
+    cls, preset = QUANT_PRESETS[name]
+    given = {k: v for k, v in (("hessian", hessian), ("error_feedback", feedback), ("hessian_density", density))
+             if v is not None}
+    if cls is not VQ3QuantConfig:
+        if given:
+            raise ValueError(f"--vq-hessian / --vq-feedback / --vq-density apply to vq3 formats, not {name!r}; "
+                             "drop them or use --quant vq3")
+        return quant_config_from_name(name)
+    kind = given.get("hessian", preset.get("hessian", VQ3QuantConfig.hessian))
+    if kind == "none" and given.get("error_feedback"):
+        raise ValueError("--vq-feedback spreads each row's error through the calibration Hessian, which "
+                         "--vq-hessian none does not compute; drop --vq-feedback or pass --vq-hessian dense")
+    if density is not None and kind != "dip":
+        raise ValueError(f"--vq-density is the DIP density whose selections weight the rows; it applies to "
+                         f"--vq-hessian dip, not {kind!r}; drop it or pass --vq-hessian dip")
+    if "error_feedback" not in given and "error_feedback" not in preset:
+        given["error_feedback"] = CALIBRATED_FEEDBACK and kind != "none"
+    return quant_config_from_name(name, **given)

@@ -35,8 +35,8 @@ from dipdeploy.quant.io import load_packed, save_packed
 from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
 
 SCOPES = ("mlp", "all")
-__all__ = ["QuantReport", "calibration_statistics", "iter_packed_mlp", "load_mlp_weights_", "quant_config_from_name",
-           "quantize_model_", "write_packed_mlp"]
+__all__ = ["QuantReport", "calibration_statistics", "fit_record", "iter_packed_mlp", "load_mlp_weights_",
+           "quant_config_from_name", "quantize_group", "quantize_model_", "write_packed_mlp"]
 
 
 @dataclass
@@ -121,14 +121,32 @@ def iter_packed_mlp(model, cfg: QuantConfig, *, calib=None, progress: bool = Tru
     layers, arch = decoder_layers(model), arch_of_model(model)
     for i, layer in enumerate(tqdm(layers, desc=f"quantise MLP ({type(cfg).__name__})", disable=not progress)):
         up_gate, down = mlp_to_rows(*mlp_weights(layer.mlp, arch))
-        out = {}
-        for key, rows in (("up_gate", up_gate), ("down", down)):
-            h = None if calib is None else calib[i][key]
-            if h is not None and h.ndim == 2:
-                out[key] = quantize(rows, cfg, row_weight=np.diag(h).clip(0), hessian=h)
-            else:
-                out[key] = quantize(rows, cfg, row_weight=h)
-        yield i, out
+        yield i, {key: quantize_group(rows, cfg, None if calib is None else calib[i][key])
+                  for key, rows in (("up_gate", up_gate), ("down", down))}
+
+
+def quantize_group(rows: np.ndarray, cfg: QuantConfig, stat: np.ndarray | None) -> PackedTensor:
+    """One row group with its statistic from :func:`calibration_statistics` (None, the diagonal [R] as
+    row weights, or the full H [R, R] for error feedback, its diagonal as row weights): the one call by
+    which ``quantize``, ``eval --quant`` and ``export --quant`` quantise an MLP, so all three give the
+    same numbers."""
+    if stat is not None and stat.ndim == 2:
+        return quantize(rows, cfg, row_weight=np.diag(stat).clip(0), hessian=stat)
+    return quantize(rows, cfg, row_weight=stat)
+
+
+def fit_record(cfg: QuantConfig, calib_ids) -> dict:
+    """How the MLP weights were fitted, for a bundle's manifest and an eval row: the statistics that
+    weighted the rows (``none``: plain, unweighted), whether errors were fed back, and how many
+    calibration tokens (WikiText-2 validation) gave the statistics."""
+    kind = cfg.statistics() if calib_ids is not None else None
+    if kind is None:
+        return {"statistics": "none", "error_feedback": False, "calibration_tokens": 0}
+    rec = {"statistics": kind, "error_feedback": bool(cfg.error_feedback),
+           "calibration_tokens": int(np.prod(calib_ids.shape)), "calibration_text": "wikitext2 validation"}
+    if kind == "dip":
+        rec["hessian_density"] = cfg.hessian_density
+    return rec
 
 
 def _dense_linears(model) -> list[tuple[str, Any]]:
