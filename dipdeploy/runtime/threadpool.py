@@ -7,9 +7,8 @@ one thread: benchmarks/results/prefill.md). Two ways out, ``EngineConfig.thread_
 
 - ``"per-session"`` (the default): each session keeps its own pool, with spinning off
   (``session.intra_op.allow_spinning = 0``): idle workers sleep, and as the sessions run one at a time at
-  most ``threads`` threads are ever runnable. The faster of the two on this project's shared machine:
-  decode on 2 threads twice one thread's rate, where the shared pool fell below one thread
-  (benchmarks/results/prefill.md).
+  most ``threads`` threads are ever runnable. The faster of the two when other jobs share the cores:
+  there the shared pool fell below one thread (benchmarks/results/prefill.md, runs A and B).
 - ``"shared"``: every session draws on onnxruntime's global intra-op pool
   (``use_per_session_threads = False``), one set of workers for the process. What onnxruntime (1.32)
   forces on it: the pool belongs to the process's one ORT environment and is created once
@@ -17,7 +16,9 @@ one thread: benchmarks/results/prefill.md). Two ways out, ``EngineConfig.thread_
   exists, its Python binding refuses every session that keeps per-session threads, ours or not (export
   validation, ``model.onnx`` sessions); and its spinning is fixed at creation, on (the Python API passes
   only the sizes; ``session.intra_op.allow_spinning`` and ``session.force_spinning_stop`` act on
-  per-session pools only), which costs a core whenever another job wants it.
+  per-session pools only), which costs a core whenever another job wants it. On idle cores it is the
+  faster: a sleeping per-session worker wakes too late for these short kernels (2 threads, SmolLM2,
+  300-token prompt: prefill 202.5 against 151.0 tok/s, decode 39.4 against 29.2; run C there).
 
 So the rule: the first shared engine of a process creates the pool with its ``threads``; from then on
 every engine of the process must be shared at that size, and any other is refused in one line (it needs
