@@ -12,6 +12,7 @@ unfolded weights (what ``eval --quant`` computes).
 
     python benchmarks/score_fold.py --json rows.json            # ≈ 10 evaluations of 2 × 1024 + 4 × 512 tokens
     python benchmarks/score_fold.py --quant --json q.json
+    python benchmarks/score_fold.py --quick                     # ρ = 0.5, 1 × 1024 test tokens
 """
 
 from __future__ import annotations
@@ -55,8 +56,11 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows as a JSON list")
     ap.add_argument("--densities", default="0.5,0.4,0.6,0.75")
     ap.add_argument("--quant", action="store_true", help="the BQ4 rows at ρ = 0.5 instead")
+    ap.add_argument("--quick", action="store_true", help="ρ = 0.5 only, 1 × 1024 test tokens")
     args = ap.parse_args()
-    cfg = EvalConfig(seqlen=1024, max_windows=2, progress=False)
+    if args.quick:
+        args.densities = "0.5"
+    cfg = EvalConfig(seqlen=1024, max_windows=1 if args.quick else 2, progress=False)
     rows = []
     if args.quant:
         ev = Evaluator(cfg)
