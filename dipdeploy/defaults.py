@@ -14,6 +14,11 @@ MODEL = "smollm2-135m"
 #: Calibration text: this many windows of this many tokens of the WikiText-2 validation split.
 CALIB_WINDOWS = 4
 CALIB_SEQLEN = 512
+#: A calibrated quantiser's statistics (vq3's Hessian and error feedback; ``quantize``, ``eval --quant``,
+#: ``export --quant``): this many windows of CALIB_SEQLEN tokens of the same text. More than a plan needs:
+#: the down group's Hessian is F × F (1536² on SmolLM2), and at 4 windows SmolLM2's VQ3 + DIP perplexity
+#: was 37.64 against 31.98 at 16 (benchmarks/results/quant-smollm2.md).
+STATS_WINDOWS = 16
 #: The token embedding of a quantised model: int4 blocks (``export --embedding``, ``eval --embedding``), or fp32.
 EMBEDDINGS = ("int4", "fp32")
 EMBEDDING = "int4"

@@ -93,6 +93,7 @@ def test_configs_read_shared_defaults_from_their_owner():
     assert (x.method, x.density, x.gamma) == (s.method, s.density, s.gamma)
     assert (e.calib_windows, e.calib_seqlen) == (x.calib_windows, x.calib_seqlen) == (
         defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN)
+    assert e.stats_windows == x.stats_windows == defaults.STATS_WINDOWS
     assert DramBudget.parse(r.dram_budget).cache_frac == s.cache_frac
     assert r.policy == s.policy
     assert SimConfig().gamma == s.gamma

@@ -19,7 +19,7 @@ from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig, calibrat
 from dipdeploy.quant.fake import mlp_weights
 from dipdeploy.quant.layout import mlp_to_rows
 
-CALIB_TOKENS = defaults.CALIB_WINDOWS * defaults.CALIB_SEQLEN
+CALIB_TOKENS = defaults.STATS_WINDOWS * defaults.CALIB_SEQLEN  # what a calibrated vq3 is fitted on
 
 
 def _cli(*args):
@@ -66,7 +66,7 @@ def test_calibrated_export_fits_the_statistics_better_than_plain_kmeans(tmp_path
 
     lm = load_model("tiny-llama")
     ids = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), defaults.CALIB_SEQLEN,
-                  defaults.CALIB_WINDOWS)
+                  defaults.STATS_WINDOWS)  # the windows export fits a calibrated vq3 on
     H = row_statistics(lm.model, ids, full=True)
     original = [mlp_to_rows(*mlp_weights(layer.mlp, lm.arch)) for layer in lm.model.model.layers]
     calibrated = _exported_mlps(tmp_path, "cal", data_dir)
@@ -116,6 +116,9 @@ def test_eval_quant_equals_quantize_then_eval_weights(tmp_path, data_dir, vq):
     (["eval", "--quant", "bq4", "--no-vq-feedback"], "apply to vq3"),
     (["quantize", "--quant", "vq3", "--vq-hessian", "full", "--out", "q.npz"], "hessian"),
     (["export", "--quant", "vq3", "--calib-windows", "0"], "calib_windows"),
+    (["export", "--quant", "vq3", "--stats-windows", "0"], "stats_windows"),
+    (["eval", "--quant", "vq3", "--stats-windows", "0"], "--stats-windows"),
+    (["quantize", "--quant", "vq3", "--stats-windows", "0", "--out", "q.npz"], "--stats-windows"),
 ])
 def test_vq_options_refused_in_one_line_where_they_do_not_apply(tmp_path, args, needle):
     args = [str(tmp_path / a) if a.endswith(".npz") else a for a in args]

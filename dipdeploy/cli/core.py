@@ -94,7 +94,9 @@ VQ_FEEDBACK = typer.Option(None, "--vq-feedback/--no-vq-feedback", help="vq3: GP
 VQ_DENSITY = typer.Option(None, "--vq-density", help="vq3 --vq-hessian dip: the DIP density whose selections weight "
                           f"the rows (default {VQ3QuantConfig.hessian_density})")
 CALIB_WINDOWS = typer.Option(defaults.CALIB_WINDOWS, "--calib-windows", help="calibration windows (WikiText-2 "
-                             "validation split) of the plan and of a calibrated quantisation (vq3, -gptq)")
+                             "validation split) of the plan")
+STATS_WINDOWS = typer.Option(defaults.STATS_WINDOWS, "--stats-windows", help="windows of --calib-seqlen tokens of "
+                             "the same text that a calibrated quantisation (vq3, -gptq) estimates its statistics on")
 CALIB_SEQLEN = typer.Option(defaults.CALIB_SEQLEN, "--calib-seqlen", help="tokens per calibration window")
 # None stands for the default, so that finetune can tell an explicit --device under a launcher
 DEVICE = typer.Option(None, "--device", help="where torch computes: auto (cuda when torch sees a GPU) | cpu | "
@@ -154,6 +156,7 @@ def eval_cmd(
                                            "quantising here; --quant-scope all adds attention and lm_head"),
     vq_hessian: Optional[str] = VQ_HESSIAN, vq_feedback: Optional[bool] = VQ_FEEDBACK,
     vq_density: Optional[float] = VQ_DENSITY, calib_windows: int = CALIB_WINDOWS, calib_seqlen: int = CALIB_SEQLEN,
+    stats_windows: int = STATS_WINDOWS,
     lora: Optional[Path] = typer.Option(None, help="a peft adapter from `dipdeploy finetune` (applied first)"),
     lora_merge: bool = typer.Option(True, "--lora-merge/--lora-live", help="merge the adapter or keep it live"),
     device: Optional[str] = DEVICE,
@@ -180,7 +183,7 @@ def eval_cmd(
                          batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope, embedding=embedding,
                          weights=str(weights) if weights else None, vq_hessian=vq_hessian, vq_feedback=vq_feedback,
                          vq_density=vq_density, calib_windows=calib_windows, calib_seqlen=calib_seqlen,
-                         lora=str(lora) if lora else None, lora_merge=lora_merge, device=device or _EV.device)
+                         stats_windows=stats_windows, lora=str(lora) if lora else None, lora_merge=lora_merge, device=device or _EV.device)
         check_inputs(model=model)
         rows = evaluate(cfg, Progress())
     except (ValueError, OSError, KeyError) as err:

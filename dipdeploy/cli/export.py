@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, console, fail,
+from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, STATS_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, console, fail,
                                 write_json)
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.export.config import ExportConfig
@@ -55,6 +55,7 @@ def export_cmd(
     vq_density: Optional[float] = VQ_DENSITY,
     calib_windows: int = CALIB_WINDOWS,
     calib_seqlen: int = CALIB_SEQLEN,
+    stats_windows: int = STATS_WINDOWS,
     lora: Optional[Path] = typer.Option(None, help="a peft LoRA adapter directory, merged before quantising"),
     accuracy_level: Optional[int] = typer.Option(None, help="0 = fp32; 4 = int8 activations (MatMulNBits) and "
                                                  "int8 coefficients (BQ4 SparseGatherMatMul)"),
@@ -103,7 +104,7 @@ def export_cmd(
                       fuse_norms=fuse_norms, embedding=embedding, stream=stream, device=device,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None,
                       row_order=row_order, vq_hessian=vq_hessian, vq_feedback=vq_feedback, vq_density=vq_density,
-                      calib_windows=calib_windows, calib_seqlen=calib_seqlen)
+                      calib_windows=calib_windows, calib_seqlen=calib_seqlen, stats_windows=stats_windows)
         _check_per_layer(per_layer, cfg)
         check_inputs(model=cfg.model)
         from dipdeploy.export.bundle import export_model

@@ -9,7 +9,7 @@ import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, check_inputs, console,
+from dipdeploy.cli.core import (CALIB_SEQLEN, STATS_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, check_inputs, console,
                                 fail)
 from dipdeploy.quant.config import QUANT_PRESETS
 
@@ -21,7 +21,7 @@ def quantize_cmd(
     quant: str = typer.Option(..., "--quant", help=f"format: {', '.join(QUANT_PRESETS)}"),
     out: Path = typer.Option(..., "--out", help="packed-weights file to write (.npz)"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing --out"),
-    calib_windows: int = CALIB_WINDOWS,
+    stats_windows: int = STATS_WINDOWS,
     calib_seqlen: int = CALIB_SEQLEN,
     vq_hessian: Optional[str] = VQ_HESSIAN,
     vq_feedback: Optional[bool] = VQ_FEEDBACK,
@@ -37,8 +37,8 @@ def quantize_cmd(
     try:
         cfg = calibrated_config(quant, hessian=vq_hessian, feedback=vq_feedback, density=vq_density)
         check_inputs(data_dir=data_dir, outputs={"--out": out}, force=force)
-        if cfg.statistics() is not None and (calib_windows < 1 or calib_seqlen < 16):
-            raise ValueError(f"--calib-windows {calib_windows} --calib-seqlen {calib_seqlen}: give at least 1 "
+        if cfg.statistics() is not None and (stats_windows < 1 or calib_seqlen < 16):
+            raise ValueError(f"--stats-windows {stats_windows} --calib-seqlen {calib_seqlen}: give at least 1 "
                              f"window of 16 tokens")
         check_inputs(model=model)
         from dipdeploy.loading import load_model
@@ -53,7 +53,7 @@ def quantize_cmd(
             from dipdeploy.eval.data import load_text, windows
 
             calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), calib_seqlen,
-                            calib_windows)
+                            stats_windows)
         with progress.stage(f"quantise the MLP ({quant})"):
             path = write_packed_mlp(lm.model, cfg, out, model_name=lm.name, force=force, calib_ids=calib,
                                     progress=False)

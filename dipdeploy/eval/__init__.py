@@ -41,12 +41,13 @@ class EvalConfig:
     batch_size: int | None = None  # windows side by side; None: 16 for dip-ca (its loop is per step), else 1
     calib_windows: int = defaults.CALIB_WINDOWS
     calib_seqlen: int = defaults.CALIB_SEQLEN
+    stats_windows: int = defaults.STATS_WINDOWS  # a calibrated quantiser's statistics: windows of that text
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
     quant: str | None = None
     quant_scope: str = "all"
     embedding: str = defaults.EMBEDDING  # with quant_scope all: the token embedding as export stores it
     weights: str | None = None  # a `dipdeploy quantize` file: its MLP weights instead of quantising here
-    # vq3's fit (quant.config.calibrated_config; None: its default), calibrated on the calib_* windows
+    # vq3's fit (quant.config.calibrated_config; None: its default), on stats_windows windows of calib_seqlen
     vq_hessian: str | None = None
     vq_feedback: bool | None = None
     vq_density: float | None = None
@@ -68,9 +69,9 @@ class EvalConfig:
             raise ValueError(f"device {self.device!r} unknown; choose one of {', '.join(DEVICES)}")
         if self.seqlen < 2:
             raise ValueError(f"seqlen must be >= 2, got {self.seqlen}")
-        if self.calib_windows < 1 or self.calib_seqlen < 16:
-            raise ValueError(f"--calib-windows {self.calib_windows} --calib-seqlen {self.calib_seqlen}: give at "
-                             "least 1 window of 16 tokens")
+        if self.calib_windows < 1 or self.stats_windows < 1 or self.calib_seqlen < 16:
+            raise ValueError(f"--calib-windows {self.calib_windows} --stats-windows {self.stats_windows} "
+                             f"--calib-seqlen {self.calib_seqlen}: give at least 1 window of 16 tokens")
         from dipdeploy.quant.fake import SCOPES
 
         if self.quant_scope not in SCOPES:
@@ -101,8 +102,8 @@ def _quantize(lm, cfg: EvalConfig, calib: Callable[[], object] | None = None) ->
     """Fake-quantise ``lm`` in place. The default scope ``all`` is what ``export --quant`` ships (MLP in the
     format, attention and lm_head in the MatMulNBits blocks of ``quant.config.dense_config``, the
     embedding in the same int4 blocks unless ``embedding`` is fp32). A calibrated format (vq3) takes its
-    statistics from ``calib()``, the calibration windows every command uses, as ``dipdeploy quantize``
-    does, so ``eval --quant`` equals ``quantize`` then ``eval --weights`` with the same options."""
+    statistics from ``calib()`` (``stats_windows`` windows of the calibration text), as ``dipdeploy
+    quantize`` does, so ``eval --quant`` equals ``quantize`` then ``eval --weights`` with the same options."""
     if cfg.quant is None and cfg.weights is None:
         return {"quant": "none", "bits_per_weight": 32.0}
     from dipdeploy.quant.fake import fit_record, load_mlp_weights_, quantize_model_  # imports torch lazily
@@ -159,7 +160,7 @@ class Evaluator:
             self.lora = "merged" if cfg.lora_merge else "adapter"
         self._calib = None
         with self.progress.stage(f"quantise ({cfg.quant or cfg.weights})") if cfg.quant or cfg.weights else nullcontext():
-            self.qinfo = _quantize(self.lm, cfg, lambda: self.calib)
+            self.qinfo = _quantize(self.lm, cfg, lambda: self._windows(cfg.stats_windows))
         self.lm.model.to(self.device)
         with self.progress.stage("tokenise the test text"):
             text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
@@ -167,13 +168,18 @@ class Evaluator:
         self.splits: dict = {}
         self.curves: dict = {}  # the joint allocation's error curves per score (sparsity.allocate)
 
+    def _windows(self, count: int):
+        """``count`` windows of ``calib_seqlen`` tokens of the calibration text (WikiText-2 validation)."""
+        from dipdeploy.eval.data import load_text, windows
+
+        text = load_text(self.cfg.dataset, "validation", None, self.cfg.data_dir)
+        return windows(self.lm.tokenizer, text, self.cfg.calib_seqlen, count)
+
     @property
     def calib(self):
+        """The plan's calibration windows (``calib_windows`` of them)."""
         if self._calib is None:
-            from dipdeploy.eval.data import load_text, windows
-
-            text = load_text(self.cfg.dataset, "validation", None, self.cfg.data_dir)
-            self._calib = windows(self.lm.tokenizer, text, self.cfg.calib_seqlen, self.cfg.calib_windows)
+            self._calib = self._windows(self.cfg.calib_windows)
         return self._calib.to(device_of(self.lm.model))
 
     def plan_for(self, sparsity: SparsityConfig):

@@ -208,7 +208,7 @@ def _quant_statistics(lm, cfg: ExportConfig, steps: _Steps) -> tuple:
 
         steps("quantisation statistics")
         try:
-            ids = calibration_windows(lm, cfg)
+            ids = calibration_windows(lm, cfg, cfg.stats_windows)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"{err}; or fit plain k-means with --vq-hessian none") from err
     return mlp_cfg, calibration_statistics(lm.model, mlp_cfg, ids), fit_record(mlp_cfg, ids)

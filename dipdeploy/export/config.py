@@ -61,7 +61,8 @@ class ExportConfig:
     ``calib_windows``/``calib_seqlen``: the WikiText-2 validation text used when the split is
     calibrated, the same as ``eval``'s and ``calibrate``'s (``dipdeploy.defaults``), so an export
     without ``--plan`` runs the plan ``eval`` measured (``--calib-windows``/``--calib-seqlen`` for a longer
-    calibration, of the plan and of a calibrated VQ3 alike). ``method``, ``density`` and ``gamma`` default to
+    calibration). ``stats_windows``: the windows of that text a calibrated VQ3's statistics are
+    estimated on (``dipdeploy.defaults.STATS_WINDOWS``, as ``quantize`` and ``eval``). ``method``, ``density`` and ``gamma`` default to
     ``SparsityConfig``'s. ``vq_hessian``/``vq_feedback``/``vq_density``: how ``quant="vq3"`` is fitted
     (``quant.config.calibrated_config``, the mapping ``quantize`` and ``eval`` use; None: its default,
     Hessian-weighted k-means with error feedback from statistics of the same calibration text);
@@ -84,6 +85,7 @@ class ExportConfig:
     prompt: str = "The capital of France is"
     calib_windows: int = defaults.CALIB_WINDOWS
     calib_seqlen: int = defaults.CALIB_SEQLEN
+    stats_windows: int = defaults.STATS_WINDOWS
     per_layer: bool = True
     fuse_norms: bool = True
     embedding: str = defaults.EMBEDDING
@@ -118,6 +120,7 @@ class ExportConfig:
                              "--quant vq3 or drop them")
         self.mlp_config()  # a bad vq option fails here, before any work
         for name, lo in (("max_length", 16), ("validate_tokens", 0), ("calib_windows", 1), ("calib_seqlen", 16),
+                         ("stats_windows", 1),
                          ("threads", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < lo:

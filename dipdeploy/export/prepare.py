@@ -132,13 +132,15 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
     return calibrate_on(lm, scfg, wins, resolve_device(cfg.device))
 
 
-def calibration_windows(lm, cfg: ExportConfig):
-    """The calibration text's token windows [N, seqlen] (``calibrate``'s text: WikiText-2 validation)."""
+def calibration_windows(lm, cfg: ExportConfig, count: int | None = None):
+    """The calibration text's token windows [N, seqlen] (``calibrate``'s text: WikiText-2 validation):
+    ``count`` of them (default ``cfg.calib_windows``, the plan's; a calibrated VQ3 asks for
+    ``cfg.stats_windows``)."""
     from dipdeploy.eval.data import load_text, windows
 
+    count = cfg.calib_windows if count is None else count
     text = load_text("wikitext2", "validation", data_dir=cfg.data_dir)
-    return windows(lm.tokenizer, text[: 200 * cfg.calib_seqlen * cfg.calib_windows], cfg.calib_seqlen,
-                   cfg.calib_windows)
+    return windows(lm.tokenizer, text[: 200 * cfg.calib_seqlen * count], cfg.calib_seqlen, count)
 
 
 def miss_trace(lm, plan: SparsityPlan, wins) -> list[tuple]:
