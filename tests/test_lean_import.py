@@ -12,11 +12,12 @@ def test_floors_import_without_torch():
 
 
 def test_runtime_and_simulator_import_without_torch():
-    """`dipdeploy run` must work on a board with numpy, onnxruntime and tokenizers only."""
-    code = ("import sys, dipdeploy.runtime, dipdeploy.runtime.chat, dipdeploy.sim, dipdeploy.trace, "
+    """`dipdeploy run` must work on a board with numpy, onnxruntime and tokenizers only (no onnx either)."""
+    code = ("import sys, dipdeploy.runtime, dipdeploy.runtime.chat, dipdeploy.runtime.engine, "
+            "dipdeploy.runtime.positions, dipdeploy.sim, dipdeploy.trace, "
             "dipdeploy.export.manifest, dipdeploy.ops.native, dipdeploy.cli.run; "
             "from dipdeploy.runtime.template import ChatTemplate; "
             "assert ChatTemplate('{{ messages[0].content }}', {}).render([{'role': 'user', 'content': 'x'}]) == 'x'; "
-            "bad = [m for m in ('torch', 'transformers', 'peft') if m in sys.modules]; "
+            "bad = [m for m in ('torch', 'transformers', 'peft', 'onnx') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

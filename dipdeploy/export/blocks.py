@@ -14,7 +14,7 @@ import numpy as np
 from onnx import TensorProto
 
 from dipdeploy.export.graph import MS_DOMAIN, Graph
-from dipdeploy.export.manifest import EMBEDDING
+from dipdeploy.export.manifest import BATCH, EMBEDDING, SEQ, TOTAL
 from dipdeploy.export.spec import ArchSpec
 from dipdeploy.export.weights import WeightStore
 
@@ -123,10 +123,6 @@ class RopeTable:
     @property
     def rot(self) -> int:
         return self.cos.shape[-1]
-
-
-#: the symbolic dims of the graphs' inputs and outputs
-BATCH, SEQ, TOTAL = "batch_size", "sequence_length", "total_sequence_length"
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ EMBEDDING = "model.embed_tokens"  # the token table: ``.weight`` fp32, or ``.qwe
 # First dim of the per-layer MLP graphs' per-row weight inputs (the host binds a slab of that many rows);
 # shared tables (VQ3 codebooks) keep fixed shapes. The runtime reads this dim to know what it streams.
 SLAB_DIM = "slab_rows"
+# The graphs' symbolic dims, onnxruntime-genai's names; the runtime sizes its buffers by them.
+BATCH, SEQ, TOTAL = "batch_size", "sequence_length", "total_sequence_length"
 # The per-layer graphs beside the layers' own (dipdeploy/export/layers.py), in the order export lists them.
 EDGE_GRAPHS = ("embed.onnx", "positions.onnx", "head.onnx")
 REGENERATE = "regenerate the bundle with `dipdeploy export`"
