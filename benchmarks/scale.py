@@ -12,7 +12,7 @@ Every stage is the CLI in a child process, timed, with the child's peak RSS and 
    layer is read, quantised and written; the stage times are the export's own (``--json`` ``steps_s``).
 3. ``dipdeploy run`` (``--io direct --cold``: every row the caches miss is read from the device) in a
    fresh memory group limited to 4 GB and to 2 GB (page cache counted, as v1 does), with ``--dram-budget``
-   the limit less :data:`HEADROOM` for the interpreter and ORT; decode tok/s, the MB read from the device
+   the limit less :data:`HEADROOM_SHARE` of it for the interpreter and ORT; decode tok/s, the MB read from the device
    per decode token (the store's count of O_DIRECT blocks) and the group's peak.
 4. ``dipdeploy simulate --trace`` of the 4 GB run (``--model mistral-7b``: the trace's layers projected
    onto the full model's shape when the run was a cut).
@@ -22,6 +22,7 @@ a trained model's. The checkpoint is deleted afterwards unless ``--keep``.
 
     python benchmarks/scale.py --quick          # 2 layers: ~3 GB on disk, minutes
     python benchmarks/scale.py                  # 32 layers: 14.5 GB checkpoint + the bundle under build/scale
+    python benchmarks/scale.py --bundle DIR     # steps 3-4 only, on a bundle step 2 wrote → scale-runs.md
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ PROMPT = "The history of the city begins in the early"
 TOKENS = 8
 LIMITS_GB = (4, 2)
 SIM_DRAM, SIM_STEPS = "1GB..4GB", 4  # the simulated phone's DRAM budgets (a18 profile)
-HEADROOM = 1.0e9  # bytes of a run's limit left to the interpreter, onnxruntime and the page cache
+RUN_COLS = ["limit_gb", "dram_budget", "rc", "decode_tok_s", "device_mb_per_token", "wanted_mb_per_token",
+            "hit_rate", "peak_rss_mb", "group_peak_mb", "failcnt", "read_mb", "seconds"]
+HEADROOM_SHARE = 0.25  # of a run's limit left to the interpreter, onnxruntime and the page cache
 NOTE = ("**Random weights** (`scripts/random_checkpoint.py`): no accuracy figure applies; only shapes, bytes, "
         "memory and time carry over.")
 
@@ -135,7 +138,7 @@ def run(work: Path, bundle: Path, limit_gb: int) -> dict:
     limit = int(limit_gb * 1e9)
     js, trace = work / f"run-{limit_gb}g.json", work / f"trace-{limit_gb}g.npz"
     argv = cli("run", str(bundle), "-p", PROMPT, "-n", str(TOKENS), "--io", "direct", "--cold",
-               "--dram-budget", f"{(limit - HEADROOM) / 1e9:g}GB", "--json", str(js), "--trace", str(trace), "--force")
+               "--dram-budget", f"{limit * (1 - HEADROOM_SHARE) / 1e9:g}GB", "--json", str(js), "--trace", str(trace), "--force")
     with memory_group("dipdeploy-scale", limit) as (group, enter):
         res = child(argv, work / f"run-{limit_gb}g.log", preexec=enter, timeout=1800)
         peak = int((group / "memory.max_usage_in_bytes").read_text())
@@ -168,8 +171,6 @@ def report(r: dict, quick: bool) -> str:
                    "note": f"read {e['read_mb'] / 1e3:.2f} GB from storage; bundle {e['bundle_bytes'] / 1e9:.2f} GB"}]
     stage_rows += [{"stage": f"  export step: {k}", "seconds": v} for k, v in e["steps_s"].items()]
     size_rows = [{"file": k, "MB": v / 1e6} for k, v in sorted(e["sizes"].items(), key=lambda kv: -kv[1])]
-    run_cols = ["limit_gb", "dram_budget", "rc", "decode_tok_s", "device_mb_per_token", "wanted_mb_per_token",
-                "hit_rate", "peak_rss_mb", "group_peak_mb", "failcnt", "read_mb", "seconds"]
     runs = [{**x, "read_mb": round(x["read_mb"], 1)} for x in r["runs"]]
     errors = [f"- {x['limit_gb']} GB: exit {x['rc']}: `{x['tail'].strip().splitlines()[-1][:300]}`"
               for x in r["runs"] if x["rc"]]
@@ -193,11 +194,11 @@ def report(r: dict, quick: bool) -> str:
         "Peak RSS: the child's `ru_maxrss` (wait4). Export steps: the export's own `steps_s`.", "",
         "## Bundle size per file kind", "", md_table(size_rows, ["file", "MB"]), "",
         f"## `dipdeploy run` under cgroup v1 memory limits ({TOKENS} greedy tokens, `--io direct --cold`)", "",
-        NOTE, "", md_table(runs, run_cols), "",
+        NOTE, "", md_table(runs, RUN_COLS), "",
         f"`device_mb_per_token`: the MB the store read from the device per decode token (O_DIRECT blocks); "
         f"`wanted_mb_per_token`: the rows' bytes the caches asked for; `group_peak_mb`: the memory group's "
         f"`memory.max_usage_in_bytes` (page cache included); `read_mb`: the whole process's `ru_inblock` "
-        f"(load included). `--dram-budget` = the limit less {HEADROOM / 1e9:g} GB."
+        f"(load included). `--dram-budget` = the limit less {HEADROOM_SHARE:.0%} of it."
         + (f" On this cut `mlp.bin` ({e['sizes'].get('mlp.bin', 0) / 1e6:.0f} MB) fits in either budget: the runs "
            f"measure the dense part and the engine, not the limits' pressure on the row caches (that needs "
            f"the 32 layers, {32 * e['sizes'].get('mlp.bin', 0) / 2 / 1e9:.1f} GB of rows)." if quick else ""),
@@ -207,6 +208,54 @@ def report(r: dict, quick: bool) -> str:
         *[f"- {n}" for n in sim_note], "",
     ]
     return "\n".join(lines)
+
+
+def runs_report(r: dict) -> str:
+    """``--bundle``: the runs and the simulation on an exported bundle, stages 1-2 not repeated."""
+    runs = [{**x, "read_mb": round(x["read_mb"], 1)} for x in r["runs"]]
+    errors = [f"- {x['limit_gb']} GB: exit {x['rc']}: `{x['tail'].strip().splitlines()[-1][:300]}`"
+              for x in r["runs"] if x["rc"]]
+    sim = r.get("simulate") or {}
+    sim_rows = [{**x, "dram_gb": x["dram_bytes"] / 1e9, "flash_mb_per_token": x["flash_bytes_per_token"] / 1e6,
+                 "dram_mb_per_token": x["dram_bytes_per_token"] / 1e6} for x in (sim if isinstance(sim, list) else [])]
+    return "\n".join([
+        "# Mistral-7B shapes: `dipdeploy run` under cgroup v1 limits and `simulate` on its trace "
+        "(benchmarks/scale.py --bundle)", "", NOTE, "",
+        f"- bundle: `{r['bundle']}` (ρ_in {r['rho_in']}, K_in/K_glu {r['k'][0]}/{r['k'][1]}; its export: scale.md)",
+        f"- code: commit {r['commit']}; machine: {r['machine']}; lscpu: {r['lscpu']}; load (1 min) before "
+        f"{r['load_before']}, after {r['load_after']}", "",
+        f"## `dipdeploy run` ({TOKENS} greedy tokens, `--io direct --cold`)", "", md_table(runs, RUN_COLS), "",
+        f"`--dram-budget` = the limit less {HEADROOM_SHARE:.0%} of it. `peak_rss_mb`: the child's `ru_maxrss`, which "
+        f"counts the shared staging pages once per slab that maps them (README, \"The host runtime\"); "
+        f"`group_peak_mb`: the memory group's `memory.max_usage_in_bytes` (page cache included), which counts "
+        f"them once; `device_mb_per_token`: MB read from the device per decode token (O_DIRECT blocks); "
+        f"`wanted_mb_per_token`: the rows' bytes the caches asked for; `read_mb`: the process's `ru_inblock`.",
+        *([""] + errors if errors else []), "",
+        f"## `dipdeploy simulate` on the {r['runs'][0]['limit_gb']} GB run's trace "
+        f"(`--sweep-dram {SIM_DRAM} --steps {SIM_STEPS}`)", "",
+        (md_table(sim_rows, ["device", "model", "method", "policy", "dram_gb", "tok_s", "flash_mb_per_token",
+                             "dram_mb_per_token", "hit_rate"]) if sim_rows else f"not run: {sim.get('error', 'no trace')}"),
+        ""])
+
+
+def runs_only(bundle: Path, json_out: str | None) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    plan = manifest["plan"]
+    work = bundle.parent
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    r = {"bundle": str(bundle), "rho_in": plan.get("rho_in"), "k": (plan["layers"][0]["k_in"], plan["layers"][0]["k_glu"]),
+         "commit": commit, "machine": machine(), "lscpu": lscpu(), "load_before": round(os.getloadavg()[0], 2), "runs": []}
+    for gb in LIMITS_GB:
+        print(f"run under {gb} GB …", flush=True)
+        r["runs"].append(run(work, bundle, gb))
+        x = r["runs"][-1]
+        print(f"  rc {x['rc']}, {x.get('decode_tok_s')} tok/s, {x.get('device_mb_per_token')} MB/token", flush=True)
+    traced = [x["trace"] for x in r["runs"] if x.get("trace")]
+    r["simulate"] = simulate(work, traced[0]) if traced else {"error": "no run finished"}
+    r["load_after"] = round(os.getloadavg()[0], 2)
+    write_rows_json([r], json_out)
+    (RESULTS / "scale-runs.md").write_text(runs_report(r))
+    print(f"wrote {RESULTS / 'scale-runs.md'}")
 
 
 def disk_free(path: Path) -> str:
@@ -221,7 +270,14 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
     ap.add_argument("--render", action="store_true", help="re-run only simulate on the kept trace and rewrite the "
                     "table from --json (the stages before are not repeated)")
+    ap.add_argument("--bundle", type=Path, help="an exported bundle: only the runs and simulate (steps 3-4), "
+                    "to benchmarks/results/scale-runs.md")
     args = ap.parse_args()
+    if args.bundle:
+        if not (args.bundle / "manifest.json").is_file():
+            ap.error(f"{args.bundle} holds no manifest.json; give a bundle `dipdeploy export` wrote")
+        runs_only(args.bundle, args.json)
+        return
     name = "scale" + ("-quick" if args.quick else "")
     if args.render:
         r = json.loads(Path(args.json).read_text())[0]
@@ -233,7 +289,7 @@ def main() -> None:
         return
     data_dir = os.environ.get("DIPDEPLOY_DATA")
     if not data_dir:
-        raise SystemExit("error: set DIPDEPLOY_DATA to the folder holding wikitext-2-raw/ (calibration text)")
+        ap.error("set DIPDEPLOY_DATA to the folder holding wikitext-2-raw/ (calibration text)")
     work = args.work / ("quick" if args.quick else "full")
     work.mkdir(parents=True, exist_ok=True)
     r = {"machine": machine(), "lscpu": lscpu(), "load_before": round(os.getloadavg()[0], 2),

@@ -78,11 +78,14 @@ def _frac(value: float, text: str) -> float:
 
 @dataclass(frozen=True)
 class GroupShape:
-    """One MLP group of one layer: its rows, the bytes of one row, and K (the staging it needs)."""
+    """One MLP group of one layer: its rows, the bytes of one row, K (the staging rows it needs) and
+    ``window``, the bytes of those K rows in a shared staging arena (``runtime/staging.py``: each per-row
+    array's share rounded up to a page)."""
 
     rows: int
     row_bytes: int
     k: int
+    window: int = 0
 
 
 @dataclass
@@ -107,13 +110,18 @@ class Residency:
 
 
 def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_bytes: int, kv_bytes: int,
-                   policy: str, prefill_bytes: int = 0) -> Residency:
+                   policy: str, prefill_bytes: int = 0, shared_staging: bool = False) -> Residency:
     """Cache capacities under ``budget``; raises with the minimum when the resident part does not fit.
 
     A fraction uses ``round(frac · rows)`` per group, exactly like ``RowCache`` in the torch reference.
-    Policy ``none`` keeps no cache at all (capacity 0, everything streams through staging).
+    Policy ``none`` keeps no cache at all (capacity 0, everything streams through staging). With
+    ``shared_staging`` every group's staging slots are one arena, as large as the largest window;
+    otherwise each group holds its own K rows.
     """
-    staging = sum(g.k * g.row_bytes for layer in groups for g in layer)
+    if shared_staging:
+        staging = max((g.window for layer in groups for g in layer), default=0)
+    else:
+        staging = sum(g.k * g.row_bytes for layer in groups for g in layer)
     mlp = sum(g.rows * g.row_bytes for layer in groups for g in layer)
     fixed = dense_bytes + kv_bytes + staging + prefill_bytes
     if budget.cache_frac is not None:

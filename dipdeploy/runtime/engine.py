@@ -36,6 +36,7 @@ import numpy as np
 from dipdeploy.cache import POLICIES, static_rows
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
+from dipdeploy.runtime import staging
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
 from dipdeploy.runtime.blockio import IO_THREADS
@@ -84,7 +85,10 @@ class EngineConfig:
     (dipdeploy/runtime/DESIGN.md).
     ``threads``: ORT intra-op threads of every session; above 1, ``thread_pool`` says whose pool runs
     them: each session's own, not spinning ("per-session"), or ORT's one pool for the process
-    ("shared", sized once per process): ``dipdeploy.runtime.threadpool``."""
+    ("shared", sized once per process): ``dipdeploy.runtime.threadpool``.
+    ``shared_staging``: every group's staging slots on the same pages (``dipdeploy.runtime.staging``), so
+    the plan reserves the largest group's staging instead of the sum; False gives each group its own;
+    None: wherever the platform can (Linux)."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -103,6 +107,7 @@ class EngineConfig:
     prefill: str = "batch"  # "batch": the prompt as one batch per layer; "token": one token at a time
     prefill_chunk: int = PREFILL_CHUNK  # "batch": at most this many tokens per graph run
     pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
+    shared_staging: bool | None = None  # None: where the platform can (staging.supported)
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
@@ -328,8 +333,13 @@ class Engine:
             down_args = [a for a in self.down[i].session.get_inputs() if a.name.startswith("down.")]
             arrays.append((group_arrays(m, self.path, i, "up_gate", up_args),
                            group_arrays(m, self.path, i, "down", down_args)))
-        shapes = [[GroupShape(self.d, a.row_bytes, k_in), GroupShape(self.f, b.row_bytes, k_glu)]
-                  for (a, b), (k_in, k_glu) in zip(arrays, self.k)]
+        def shape(rows: int, group, k: int) -> GroupShape:
+            return GroupShape(rows, group.row_bytes, k, staging.window_bytes([a.row_bytes for a in group.per_row], k))
+
+        shapes = [[shape(self.d, a, k_in), shape(self.f, b, k_glu)] for (a, b), (k_in, k_glu) in zip(arrays, self.k)]
+        share = staging.supported() if cfg.shared_staging is None else cfg.shared_staging
+        if share and not staging.supported():
+            raise ValueError("shared staging needs memfd_create (Linux); leave shared_staging unset")
         shared = sum(a.shared_bytes + b.shared_bytes for a, b in arrays)
         dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes() + self.embedding.nbytes + shared
         batch = cfg.prefill == "batch"
@@ -338,10 +348,11 @@ class Engine:
         prefill = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._prefill_shapes)
         prefill += sum(n * np.dtype(dtype).itemsize for n, dtype in self._chunk_shapes.values())
         self.residency: Residency = plan_residency(DramBudget.parse(cfg.dram_budget), shapes, dense,
-                                                   self.kv.nbytes, cfg.policy, prefill)
+                                                   self.kv.nbytes, cfg.policy, prefill, share)
+        self.shared_staging = staging.SharedStaging(self.residency.staging) if share else None
         self._prefill_arrays: dict | None = None
         self._chunk_arrays: dict = {}
-        self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash, self._cache_library)
+        self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash, self._cache_library, self.shared_staging)
                             for arr, rows, k, cap in zip(pair, (self.d, self.f), k_pair, caps))
                       for pair, k_pair, caps in zip(arrays, self.k, self.residency.capacity)]
         self.row_bytes = [(a.row_bytes, b.row_bytes) for a, b in arrays]
@@ -781,3 +792,5 @@ class Engine:
                 slab.close()
         self.flash.close()
         self.embedding.close()
+        if self.shared_staging is not None:
+            self.shared_staging.close()

@@ -3,7 +3,9 @@
 A group is the up|gate rows (one per input feature, R = d) or the down rows (one per GLU unit, R = F)
 of one layer. Its per-row arrays (fp32 ``rows``; BQ4 ``qweight``, ``scales``[, ``zeros``]; VQ3
 ``codes``) get a slab of ``capacity + staging`` rows each, allocated once and bound to the MLP graph
-as inputs (zero copy); shared tables (VQ3 codebooks) are read whole and stay resident.
+as inputs (zero copy); shared tables (VQ3 codebooks) are read whole and stay resident. With a
+``SharedStaging`` the staging rows of every group are the same pages (``staging.py`` says why that is
+safe).
 
 Per token: ``step`` (cache access + slot assignment + Flash reads of the misses) before the MLP
 graph runs, ``settle`` (the deferred moves of the slot rule) after; in numpy (``dipdeploy.cache``) or,
@@ -19,6 +21,7 @@ import numpy as np
 
 from dipdeploy.cache import RowCache, SlotStep, SlotTable
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, SLAB_DIM, BundleError, open_tensor, row_positions
+from dipdeploy.runtime.staging import SharedStaging, page_up
 from dipdeploy.runtime.flash import FlashStore, RowArray
 from dipdeploy.runtime.native_cache import NativeCache
 
@@ -75,10 +78,15 @@ class GroupSlab:
     to date when something else (the batched prefill, a test) reads or changes them."""
 
     def __init__(self, arrays: GroupArrays, rows: int, k: int, capacity: int, flash: FlashStore,
-                 native: str | None = None):
+                 native: str | None = None, shared: SharedStaging | None = None):
         self.arrays, self.rows, self.k, self.flash = arrays, rows, k, flash
         self.capacity = capacity
-        self.slabs = [np.zeros((capacity + k, *a.row_shape), dtype=a.dtype) for a in arrays.per_row]
+        if shared is None:
+            self.slabs = [np.zeros((capacity + k, *a.row_shape), dtype=a.dtype) for a in arrays.per_row]
+        else:  # the staging slots of every array are consecutive windows of the shared pages
+            offsets = np.cumsum([0] + [page_up(k * a.row_bytes) for a in arrays.per_row])
+            self.slabs = [shared.slab(capacity, k, a.row_shape, a.dtype, int(o))
+                          for a, o in zip(arrays.per_row, offsets)]
         self._cache: RowCache | None = None
         self._table: SlotTable | None = None
         self._step: SlotStep | None = None

@@ -45,16 +45,20 @@ class Timer:
 
 
 def memory_now() -> dict:
-    """This process's resident memory from /proc (VmRSS, RssAnon, RssFile in bytes; {} elsewhere)."""
+    """This process's resident memory from /proc in bytes ({} elsewhere): VmRSS, VmHWM, RssAnon, RssFile,
+    RssShmem, and Pss, which counts a page mapped several times once (the shared staging,
+    ``dipdeploy.runtime.staging``, is mapped by every slab; VmRSS counts it once per mapping)."""
     out = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-                    out[key] = int(rest.split()[0]) * 1024
-    except OSError:
-        pass
+    for path, keys in (("/proc/self/status", ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM")),
+                       ("/proc/self/smaps_rollup", ("Pss",))):
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, rest = line.partition(":")
+                    if key in keys:
+                        out[key] = int(rest.split()[0]) * 1024
+        except OSError:
+            pass
     return out
 
 
@@ -151,7 +155,9 @@ class RunStats:
         ]
         if mem:
             rows.append(("process memory", f"RSS {mem.get('VmRSS', 0) / mb:.1f} MB (anon {mem.get('RssAnon', 0) / mb:.1f}, "
-                                           f"file-backed {mem.get('RssFile', 0) / mb:.1f})"))
+                                           f"file-backed {mem.get('RssFile', 0) / mb:.1f}, shared staging "
+                                           f"{mem.get('RssShmem', 0) / mb:.1f} counted once per slab); "
+                                           f"PSS {mem.get('Pss', 0) / mb:.1f} MB"))
         parts = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(s.items(), key=lambda kv: -kv[1])
                           if not k.startswith("flash_"))
         rows.append(("time", f"{parts} (Flash reads {s.get('flash_io', 0):.3f} s, emulated wait "
