@@ -466,6 +466,8 @@ class Engine:
         lap("embed+head")
         self.per_token.step(pos + 1)  # the mask and RoPE rows, once for every layer's attention
         lap("attention")
+        # each group's step, MLP graph and settle run back to back, one group at a time: the groups'
+        # staging rows are the same pages (dipdeploy.runtime.staging)
         for i in range(self.num_layers):
             ug, dn = self.slabs[i]
             lb, a = self.layer_buf[i], self.attn[i]

@@ -21,9 +21,9 @@ import numpy as np
 
 from dipdeploy.cache import RowCache, SlotStep, SlotTable
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, SLAB_DIM, BundleError, open_tensor, row_positions
-from dipdeploy.runtime.staging import SharedStaging, page_up
 from dipdeploy.runtime.flash import FlashStore, RowArray
 from dipdeploy.runtime.native_cache import NativeCache
+from dipdeploy.runtime.staging import SharedStaging, page_up
 
 
 @dataclass
