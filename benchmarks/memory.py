@@ -3,8 +3,9 @@
 Each row is one fresh process (``dipdeploy.runtime.Engine`` imported from the checkout given) that opens
 the bundle under a DRAM budget, feeds a prompt (``--prefill batch``, chunked by ``--prefill-chunk``, or
 ``token``), generates greedy tokens and reports its planned residency (``Engine.residency``) and
-``/proc/self/status``: VmHWM (peak RSS), VmRSS, RssAnon, RssFile, also right after the imports (the
-interpreter, numpy, onnxruntime: part of the fixed overhead). The prompt is the first N tokens of
+``/proc/self/status``: VmHWM (peak RSS), VmRSS, RssAnon, RssFile, RssShmem (the shared staging, counted
+once per slab that maps it, so VmHWM overstates by that), also right after the imports (the interpreter,
+numpy, onnxruntime: part of the fixed overhead), and at the end PSS (each page once). The prompt is the first N tokens of
 WikiText-2 test (``DIPDEPLOY_DATA``), tokenised here by the bundle's tokenizer and passed to the child
 as a file, so the WikiText loader is not in the measured process.
 
@@ -74,6 +75,7 @@ def measure(checkout: Path, bundle: Path, ids_file: Path, budget: str, io: str, 
     return {"rc": 0, "planned_mb": planned, "prefill_planned_mb": r["prefill_planned"] / mb, "kv_mb": r["kv"] / mb,
             "imports_mb": r["imports"]["VmRSS"] / mb, "opened_mb": r["opened"]["VmHWM"] / mb, "peak_rss_mb": peak,
             "anon_mb": r["end"]["RssAnon"] / mb, "file_mb": r["end"]["RssFile"] / mb,
+            "shmem_mb": r["end"].get("RssShmem", 0) / mb, "pss_mb": r["end"].get("Pss", 0) / mb,
             "over_plan_mb": peak - planned, "within": "yes" if peak <= planned + overhead_mb else "no",
             "prefill_tok_s": r["prefill_tok_s"], "decode_tok_s": r["decode_tok_s"]}
 
@@ -165,7 +167,7 @@ def main() -> None:
     print(json.dumps({**machine(), "lscpu": lscpu()}))
     print(md_table(rows, ["checkout", "prefill", "chunk", "prompt", "tokens", "budget", "io", "cgroup", "limit_mb",
                           "planned_mb", "prefill_planned_mb", "opened_mb", "peak_rss_mb", "over_plan_mb", "within",
-                          "anon_mb", "file_mb", "cgroup_max_usage_mb", "limit_hits", "rc", "prefill_tok_s",
+                          "anon_mb", "file_mb", "shmem_mb", "pss_mb", "cgroup_max_usage_mb", "limit_hits", "rc", "prefill_tok_s",
                           "decode_tok_s"]))
     write_rows_json([{**r, "machine": machine()} for r in rows], a.json)
 

@@ -135,11 +135,12 @@ class StreamedCheckpoint:
                 self._replace(module, path, self._read(prefix + path))
 
     @classmethod
-    def release(cls, module: torch.nn.Module) -> None:
-        """Return ``module``'s parameters to ``meta`` (their memory is freed), and the freed heap to the
-        OS (:func:`return_freed_heap`)."""
-        for path, param in list(module.named_parameters()):
-            cls._replace(module, path, torch.empty_like(param, device="meta"))
+    def release(cls, *modules: torch.nn.Module) -> None:
+        """Return the ``modules``' parameters to ``meta`` (their memory is freed), then the freed heap to
+        the OS, once for all of them (:func:`return_freed_heap`)."""
+        for module in modules:
+            for path, param in list(module.named_parameters()):
+                cls._replace(module, path, torch.empty_like(param, device="meta"))
         return_freed_heap()
 
 

@@ -165,8 +165,7 @@ class ModelSource:
         """A streamed module's torch weights, released once their numpy copy is taken (nothing reads them
         again: no write-back), so a layer's fp32 tensors and their quantiser inputs are not held together."""
         if not self.write_back:
-            for m in modules:
-                self.checkpoint.release(m)
+            self.checkpoint.release(*modules)
 
     @staticmethod
     @torch.no_grad()

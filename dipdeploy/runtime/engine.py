@@ -513,7 +513,7 @@ class Engine:
             self._prefill_bound = [tuple(Bound(s.session) for s in (self.attn[i], self.up[i], self.down[i]))
                                    for i in range(self.num_layers)]
             self._prefill_positions = Bound(self.positions.session)
-        size = self._chunk_shapes["hidden"][0] // self.d
+        size = min(self.cfg.prefill_chunk, self.cfg.context)  # what _chunk_buffers was sized for
         for start in range(0, n, size):
             self._prefill_chunk(ids[start:start + size], timer, record, last=start + size >= n)
         return self.buf["logits"][0, -1].copy()
