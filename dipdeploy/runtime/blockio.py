@@ -9,9 +9,11 @@ ranges are cut into requests of at most ``max_request`` bytes, so a batch of a f
 keeps several reads in flight. The ranges land back to back in one aligned bounce buffer; the wanted
 rows are then gathered from it into their slab slots in one numpy step per array.
 
-The reads run in the native op library's pool (``dd_io_read`` in custom_ops/src/dd_io.cc, through
-ctypes) when it is built, else in a ``ThreadPoolExecutor`` of ``os.preadv`` calls: same requests, same
-bytes, slower per request. Torch-free (floor 4).
+The reads run in the native op library (custom_ops/src/dd_io.cc, through ctypes) when it is built: an
+io_uring ring (``dd_io_ring_read``: one syscall per batch, the kernel keeping the requests in flight) or,
+where the kernel has none or refuses it, a pool of pread threads (``dd_io_read``); without the library in
+a ``ThreadPoolExecutor`` of ``os.preadv`` calls. Same requests, same bytes; ``--io-engine`` chooses.
+Torch-free (floor 4).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dipdeploy.quant.layout import BLOCK
 
 MAX_REQUEST = 128 * 1024  # bytes: longer coalesced ranges are split so several reads stay in flight
 IO_THREADS = 16  # reads in flight (benchmarks/results/flash.md measures 1, 4, 16 and 32)
+IO_ENGINES = ("auto", "io_uring", "threads")
+IO_ENGINE = "auto"  # io_uring where the kernel allows it, else the pread threads
 
 
 @dataclass(frozen=True)
@@ -110,34 +114,47 @@ def _short(path: str, plan: BlockPlan, i: int, err: int) -> OSError:
 
 
 class NativeReader:
-    """The op library's pool of readers (custom_ops/src/dd_io.cc)."""
+    """The op library's readers (custom_ops/src/dd_io.cc): an io_uring ring of ``threads`` entries
+    (``kind`` "io_uring") or a pool of ``threads`` pread threads ("threads")."""
 
-    kind = "native"
-
-    def __init__(self, library: str, threads: int):
+    def __init__(self, library: str, threads: int, engine: str = IO_ENGINE):
         lib = ctypes.CDLL(library)
-        p = ctypes.c_void_p
-        lib.dd_io_pool_new.restype, lib.dd_io_pool_new.argtypes = p, [ctypes.c_int]
-        lib.dd_io_pool_free.restype, lib.dd_io_pool_free.argtypes = None, [p]
-        lib.dd_io_read.restype = ctypes.c_int64
-        lib.dd_io_read.argtypes = [p, ctypes.c_int, ctypes.c_int64, p, p, p, p, p, ctypes.POINTER(ctypes.c_int64)]
-        self.threads, self._lib, self._pool = threads, lib, lib.dd_io_pool_new(threads)
-        if not self._pool:
-            raise RuntimeError(f"dd_io_pool_new({threads}) failed")
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        read_args = [p, ctypes.c_int, i64, p, p, p, p, p, ctypes.POINTER(i64)]
+        ring = None
+        if engine != "threads" and hasattr(lib, "dd_io_ring_new"):
+            lib.dd_io_ring_new.restype, lib.dd_io_ring_new.argtypes = p, [ctypes.c_int]
+            lib.dd_io_ring_free.restype, lib.dd_io_ring_free.argtypes = None, [p]
+            lib.dd_io_ring_read.restype, lib.dd_io_ring_read.argtypes = i64, read_args
+            ring = lib.dd_io_ring_new(threads)
+        if engine == "io_uring" and not ring:
+            raise ValueError("--io-engine io_uring: this kernel has no io_uring or refuses it (kernel.io_uring_disabled, "
+                             "a seccomp filter) or the op library predates it; use --io-engine threads")
+        self.threads, self._lib = threads, lib
+        if ring:
+            self.kind, self._handle = "io_uring", ring
+            self._read, self._free = lib.dd_io_ring_read, lib.dd_io_ring_free
+        else:
+            lib.dd_io_pool_new.restype, lib.dd_io_pool_new.argtypes = p, [ctypes.c_int]
+            lib.dd_io_pool_free.restype, lib.dd_io_pool_free.argtypes = None, [p]
+            lib.dd_io_read.restype, lib.dd_io_read.argtypes = i64, read_args
+            self.kind, self._handle = "threads", lib.dd_io_pool_new(threads)
+            self._read, self._free = lib.dd_io_read, lib.dd_io_pool_free
+            if not self._handle:
+                raise RuntimeError(f"dd_io_pool_new({threads}) failed")
 
     def read(self, fd: int, path: str, plan: BlockPlan, dest: np.ndarray) -> int:
         failed = ctypes.c_int64(-1)
-        got = self._lib.dd_io_read(self._pool, fd, plan.requests, plan.offset.ctypes.data, plan.length.ctypes.data,
-                                   plan.need.ctypes.data, dest.ctypes.data, plan.place.ctypes.data,
-                                   ctypes.byref(failed))
+        got = self._read(self._handle, fd, plan.requests, plan.offset.ctypes.data, plan.length.ctypes.data,
+                         plan.need.ctypes.data, dest.ctypes.data, plan.place.ctypes.data, ctypes.byref(failed))
         if got < 0:
             raise _short(path, plan, failed.value, -got)
         return int(got)
 
     def close(self) -> None:
-        if self._pool:
-            self._lib.dd_io_pool_free(self._pool)
-            self._pool = None
+        if self._handle:
+            self._free(self._handle)
+            self._handle = None
 
 
 class PythonReader:
@@ -170,19 +187,24 @@ class PythonReader:
         self._pool.shutdown()
 
 
-def make_reader(threads: int = IO_THREADS, native: bool = True):
-    """The native reader when the op library is built and has ``dd_io_read``, else the Python one."""
+def make_reader(threads: int = IO_THREADS, native: bool = True, engine: str = IO_ENGINE):
+    """The native reader when the op library is built and has ``dd_io_read`` (its io_uring ring unless
+    ``engine`` is "threads"), else the Python one; ``engine`` "io_uring" without a ring is refused."""
     if threads < 1:
         raise ValueError(f"io threads={threads} must be >= 1")
+    if engine not in IO_ENGINES:
+        raise ValueError(f"io engine {engine!r}: choose one of {', '.join(IO_ENGINES)}")
     if native:
         from dipdeploy.ops.native import library_path
 
         lib = library_path()
         if lib is not None:
             try:
-                return NativeReader(str(lib), threads)
+                return NativeReader(str(lib), threads, engine)
             except AttributeError:  # a library built before dd_io.cc: no dd_io_read symbol
                 pass
+    if engine == "io_uring":
+        raise ValueError("--io-engine io_uring needs the op library (`make ops`); use --io-engine threads")
     return PythonReader(threads)
 
 
