@@ -200,7 +200,7 @@ def thread_configs(quick: bool, ios: tuple[str, ...] = ("direct",)) -> list[dict
     if "direct" not in ios:
         return []
     return [dict(method="dip-ca", row_order="natural", io="direct", budget="50%", limited=True, io_threads=t,
-                 io_engine=engine)
+                 io_engine=engine, sweep=True)
             for t in ((IO_THREADS,) if quick else THREADS) for engine in ("threads", "io_uring")]
 
 
@@ -402,8 +402,8 @@ def main() -> None:
         paths.update(ensure_bundles(args.model, ("natural",)))
     rows = run_configs(configs(args.quick, ios, orders) + sweep_cfgs, paths, tokens, args)
     name = "flash" + ("-row-order" if orders != ("natural",) else "") + ("-quick" if args.quick else "")
-    sweep = [r for r in rows if r["io_engine"] != IO_ENGINE]
-    main_rows = [r for r in rows if r["io_engine"] == IO_ENGINE]
+    sweep = [r for r in rows if r.get("sweep")]
+    main_rows = [r for r in rows if not r.get("sweep")]
     notes = sorted({r["note"] for r in rows if r.get("note")})
     errors = [f"- {r['method']} {r['io']} {r['budget']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join([
@@ -420,10 +420,9 @@ def main() -> None:
         "(/proc/self/io read_bytes from the first generated token on); `requests` the store's reads; `waste` = "
         "device / wanted.", "",
         md_table(main_rows, COLS), "",
-        *([f"Reads in flight (`--io-threads`, default {IO_THREADS}) by reader (`--io-engine`: io_uring, one syscall "
-           f"per batch; threads, a pool of pread threads; the main table's `{IO_ENGINE}` is io_uring where the kernel "
-           "allows it): DIP-CA, `--io direct`, 50 %, limited, in the order run. `flash_io_s`: seconds inside the "
-           "reads over the whole call.", "",
+        *([f"Reads in flight (`--io-threads`, default {IO_THREADS}) by reader (`--io-engine`: threads, a pool of "
+           f"pread threads, the main table's `{IO_ENGINE}`; io_uring, one syscall per batch): DIP-CA, `--io direct`, "
+           "50 %, limited, in the order run. `flash_io_s`: seconds inside the reads over the whole call.", "",
            md_table(sweep, ["io_engine", "io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]),
            ""]
           if sweep_cfgs else []),

@@ -4,14 +4,12 @@
 // file only keeps many preads in flight: a Flash device serves many requests at once, and one
 // synchronous read after another leaves it idle between them (benchmarks/results/flash.md, "reads in
 // flight"). Two engines, the same contract (dd_io_read / dd_io_ring_read):
+// - a small persistent pool of pread threads (created once per store, not per batch), taking the
+//   requests in order from an atomic counter, the calling thread too (the default);
 // - an io_uring ring (Linux 5.1+, raw syscalls, no liburing): every request of a batch is submitted in
-//   one io_uring_enter and the kernel keeps up to `depth` in flight while this one thread waits, so a
-//   batch costs one syscall and one wake-up, not one per request. A group's batch is a few dozen
-//   requests, 60 batches per SmolLM2 token: the pool's per-batch wake-ups of its threads cost more than
-//   the reads on a loaded 2-core machine (benchmarks/results/flash.md, "reads in flight");
-// - a small persistent pool of pread threads (created once per store), taking the requests in order
-//   from an atomic counter, the calling thread too: where io_uring is absent or refused (old kernels,
-//   seccomp, kernel.io_uring_disabled).
+//   one io_uring_enter and the kernel keeps up to `depth` in flight while this one thread waits. It
+//   spends less system CPU than the pool, but on this machine's virtio disk it is not faster by wall
+//   time (benchmarks/results/read-gaps.md); NULL where the kernel has none or refuses it.
 // Plain C ABI for ctypes; no ORT types.
 #include <atomic>
 #include <cerrno>
