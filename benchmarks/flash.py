@@ -51,7 +51,7 @@ from _common import lscpu, machine, md_table, memory_group, write_rows_json
 from peers import PEERS, build_genai, build_gguf
 
 from dipdeploy.paths import write_atomic
-from dipdeploy.runtime.blockio import IO_THREADS
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_THREADS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def child(spec: dict) -> dict:
 
     group = Path(spec["group"])
     eng = Engine(spec["bundle"], dram_budget=spec["budget"], policy=spec["policy"], io=spec["io"], cold=True,
-                 native=True, context=256, io_threads=spec["io_threads"])
+                 native=True, context=256, io_threads=spec["io_threads"], io_engine=spec.get("io_engine", IO_ENGINE))
     eng.generate(PROMPT, 4, stop_at_eos=False)  # warm up the sessions and the caches
     for pair in eng.slabs:
         for s in pair:
@@ -160,7 +160,8 @@ def child(spec: dict) -> dict:
            "store_device_mb": s.flash_device_mb_per_token, "requests": s.flash_requests_per_token,
            "hit_rate": s.hit_rate, "peak_rss_mb": memory_now().get("VmHWM", 0) / 1e6,
            "peak_group_mb": int((group / "memory.max_usage_in_bytes").read_text()) / 1e6,
-           "limit_mb": limit / 1e6 if limit else None, "flash_io_s": s.seconds["flash_io"], "note": eng.flash.note}
+           "limit_mb": limit / 1e6 if limit else None, "flash_io_s": s.seconds["flash_io"], "note": eng.flash.note,
+           "reader": s.io_engine}
     eng.close()
     return row
 
@@ -186,19 +187,21 @@ def configs(quick: bool, ios: tuple[str, ...] = ("mmap", "pread", "direct"),
             for b in budgets:
                 for order in orders:
                     out.append(dict(method=method, row_order=order, io=io, budget=b, limited=True,
-                                    io_threads=IO_THREADS))
+                                    io_threads=IO_THREADS, io_engine=IO_ENGINE))
             for order in orders:
                 out.append(dict(method=method, row_order=order, io=io, budget=budgets[len(budgets) // 2],
-                                limited=False, io_threads=IO_THREADS))
+                                limited=False, io_threads=IO_THREADS, io_engine=IO_ENGINE))
     return out
 
 
 def thread_configs(quick: bool, ios: tuple[str, ...] = ("direct",)) -> list[dict]:
-    """DIP-CA, --io direct at 50 %, limited, natural row order: how much the reads in flight pay."""
+    """DIP-CA, --io direct at 50 %, limited, natural row order: how much the reads in flight pay, by each
+    reader (``--io-engine``), the two engines' runs interleaved."""
     if "direct" not in ios:
         return []
-    return [dict(method="dip-ca", row_order="natural", io="direct", budget="50%", limited=True, io_threads=t)
-            for t in ((1,) if quick else THREADS) if t != IO_THREADS]  # the default's row is the main table's
+    return [dict(method="dip-ca", row_order="natural", io="direct", budget="50%", limited=True, io_threads=t,
+                 io_engine=engine, sweep=True)
+            for t in ((IO_THREADS,) if quick else THREADS) for engine in ("threads", "io_uring")]
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -399,10 +402,8 @@ def main() -> None:
         paths.update(ensure_bundles(args.model, ("natural",)))
     rows = run_configs(configs(args.quick, ios, orders) + sweep_cfgs, paths, tokens, args)
     name = "flash" + ("-row-order" if orders != ("natural",) else "") + ("-quick" if args.quick else "")
-    sweep = [r for r in rows if r["method"] == "dip-ca" and r["io"] == "direct" and r["budget"] == "50%"
-             and r["row_order"] == "natural"]
-    sweep.sort(key=lambda r: r["io_threads"])
-    main_rows = [r for r in rows if r["io_threads"] == IO_THREADS]
+    sweep = [r for r in rows if r.get("sweep")]
+    main_rows = [r for r in rows if not r.get("sweep")]
     notes = sorted({r["note"] for r in rows if r.get("note")})
     errors = [f"- {r['method']} {r['io']} {r['budget']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join([
@@ -419,9 +420,11 @@ def main() -> None:
         "(/proc/self/io read_bytes from the first generated token on); `requests` the store's reads; `waste` = "
         "device / wanted.", "",
         md_table(main_rows, COLS), "",
-        *([f"Reads in flight (`Engine(io_threads=…)`, default {IO_THREADS}): DIP-CA, `--io direct`, 50 %, limited. "
-           "`flash_io_s`: seconds inside the reads over the whole call.", "",
-           md_table(sweep, ["io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]), ""]
+        *([f"Reads in flight (`--io-threads`, default {IO_THREADS}) by reader (`--io-engine`: threads, a pool of "
+           f"pread threads, the main table's `{IO_ENGINE}`; io_uring, one syscall per batch): DIP-CA, `--io direct`, "
+           "50 %, limited, in the order run. `flash_io_s`: seconds inside the reads over the whole call.", "",
+           md_table(sweep, ["io_engine", "io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]),
+           ""]
           if sweep_cfgs else []),
         *notes, *errors, ""])
     path = RESULTS / f"{name}.md"

@@ -1,5 +1,6 @@
-"""The Flash store's ``direct`` path: block-aligned O_DIRECT reads, many in flight (native pool and the
-Python fallback), its counters, and the fall-back where O_DIRECT is refused."""
+"""The Flash store's ``direct`` path: block-aligned O_DIRECT reads, many in flight (the op library's
+io_uring ring and pread threads, and the Python fallback), its counters, and the fall-back where
+O_DIRECT is refused."""
 
 import errno
 import os
@@ -18,8 +19,19 @@ def _native_built() -> bool:
     return library_path() is not None
 
 
-READERS = ["python", pytest.param("native", marks=pytest.mark.skipif(not _native_built(),
-                                                                     reason="native library not built (make ops)"))]
+def _ring_works() -> bool:
+    if not _native_built():
+        return False
+    try:
+        make_reader(2, engine="io_uring").close()
+    except ValueError:
+        return False
+    return True
+
+
+READERS = ["python",
+           pytest.param("threads", marks=pytest.mark.skipif(not _native_built(), reason="native library not built (make ops)")),
+           pytest.param("io_uring", marks=pytest.mark.skipif(not _ring_works(), reason="no io_uring here (or no op library)"))]
 
 
 def _file(tmp_path, size: int, seed: int = 0):
@@ -36,15 +48,18 @@ FILE_SIZE = 700 * 306 + 10 + 700 * 20 + 77
 
 
 def _store(path, reader: str, **kw) -> FlashStore:
-    store = FlashStore(path, io="direct", native=(reader == "native"), **kw)
-    assert store._reader.kind == reader
+    store = FlashStore(path, io="direct", native=(reader != "python"),
+                       io_engine="threads" if reader == "python" else reader, **kw)
+    assert store.reader_kind == reader
     return store
 
 
+@pytest.mark.parametrize("in_flight", [2, 16])
 @pytest.mark.parametrize("reader", READERS)
-def test_direct_reads_are_the_bytes_of_the_file(tmp_path, reader):
+def test_direct_reads_are_the_bytes_of_the_file(tmp_path, reader, in_flight):
     path, data = _file(tmp_path, FILE_SIZE)
-    store = _store(path, reader)
+    store = _store(path, reader, io_threads=in_flight, io_gap=in_flight // 4)  # 2: most batches hold more requests
+    # than may fly; gaps of 0 and 4 blocks read through
     assert store.note is None  # tmp_path is a disk filesystem here: O_DIRECT accepted
     rng = np.random.default_rng(1)
     for trial in range(20):
@@ -60,9 +75,9 @@ def test_direct_reads_are_the_bytes_of_the_file(tmp_path, reader):
     store.close()
 
 
-def _expected(rows: np.ndarray) -> tuple[int, int, int]:
+def _expected(rows: np.ndarray, gap: int) -> tuple[int, int, int]:
     """Requests, device bytes and wanted bytes computed the slow way: the set of blocks each row touches,
-    runs of consecutive blocks, each run cut at MAX_REQUEST."""
+    runs of blocks at most ``gap`` blocks apart (the blocks between read too), each run cut at MAX_REQUEST."""
     blocks = set()
     for a in ARRAYS:
         for r in rows.tolist():
@@ -71,26 +86,28 @@ def _expected(rows: np.ndarray) -> tuple[int, int, int]:
     blocks = sorted(blocks)
     runs, start = [], blocks[0]
     for prev, b in zip(blocks, blocks[1:] + [None]):
-        if b != prev + 1:
-            runs.append(prev + 1 - start)
+        if b is None or b - prev - 1 > gap:
+            runs.append((start, prev + 1))
             start = b
     per = blockio.MAX_REQUEST // BLOCK
-    requests = sum(-(-n // per) for n in runs)
-    device = sum(min(BLOCK, FILE_SIZE - b * BLOCK) for b in blocks)  # the last block ends with the file
+    requests = sum(-(-(end - begin) // per) for begin, end in runs)
+    read = [b for begin, end in runs for b in range(begin, end)]
+    device = sum(min(BLOCK, FILE_SIZE - b * BLOCK) for b in read)  # the last block ends with the file
     return requests, device, len(rows) * sum(a.row_bytes for a in ARRAYS)
 
 
+@pytest.mark.parametrize("gap", [0, 3])
 @pytest.mark.parametrize("reader", READERS)
-def test_counters_are_wanted_bytes_device_bytes_and_requests(tmp_path, reader):
+def test_counters_are_wanted_bytes_device_bytes_and_requests(tmp_path, reader, gap):
     path, _ = _file(tmp_path, FILE_SIZE)
-    store = _store(path, reader)
+    store = _store(path, reader, io_gap=gap)
     rng = np.random.default_rng(2)
     for rows in (np.array([3]), np.array([0, 1, 2, 13, 14]), np.arange(700), np.sort(rng.choice(700, 50, replace=False))):
         slabs = [np.zeros((700, a.row_bytes), np.uint8) for a in ARRAYS]
         before = store.counters.snapshot()
         store.read(ARRAYS, slabs, rows, np.arange(len(rows)))
         got = store.counters - before
-        requests, device, wanted = _expected(rows)
+        requests, device, wanted = _expected(rows, gap)
         assert (got.requests, got.device_bytes, got.bytes) == (requests, device, wanted)
         assert got.device_bytes >= got.bytes
     store.close()
@@ -106,6 +123,9 @@ def test_plan_coalesces_rows_sharing_or_neighbouring_blocks():
     plan = plan_reads([0], [1000], np.array([0, 5]))  # blocks 0 and 1: neighbours, one request
     assert plan.requests == 1 and plan.device_bytes == 2 * BLOCK
     assert plan.src[0].tolist() == [0, 5000]
+    gap = plan_reads([0], [1000], np.array([0, 20]), max_gap=3)  # blocks 0 and 4-5: the 3 between read through
+    assert gap.requests == 1 and gap.device_bytes == 6 * BLOCK and gap.src[0].tolist() == [0, 20000]
+    assert plan_reads([0], [1000], np.array([0, 20]), max_gap=2).requests == 2
     big = plan_reads([0], [BLOCK], np.arange(100), max_request=8 * BLOCK)  # one range, cut into 13 requests
     assert big.requests == 13 and big.length.sum() == 100 * BLOCK and big.place.tolist() == big.offset.tolist()
     with pytest.raises(ValueError, match="multiple of the block"):
@@ -165,6 +185,12 @@ def test_reader_choice(monkeypatch):
     reader.close()
     with pytest.raises(ValueError, match="io threads"):
         make_reader(0)
+    with pytest.raises(ValueError, match="needs the op library"):
+        make_reader(4, engine="io_uring")
+    with pytest.raises(ValueError, match="choose one of"):
+        make_reader(4, engine="aio")
+    with pytest.raises(ValueError, match="max_gap"):
+        plan_reads([0], [10], np.array([1]), max_gap=-1)
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +232,23 @@ def test_cli_run_reports_device_bytes(tiny_bundle, tmp_path):
     args[args.index("--json"):] = ["--io-threads", "3"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.skipif(not _ring_works(), reason="no io_uring here (or no op library)")
+def test_run_through_the_ring_equals_the_threads(tiny_bundle):
+    """The two native readers fetch the same bytes: bit-equal logits, the same reads counted."""
+    from dipdeploy.runtime import Engine
+
+    prompt = [3, 14, 15, 92, 65, 35]
+    runs = {}
+    for engine in ("threads", "io_uring"):
+        eng = Engine(tiny_bundle, dram_budget="30%", policy="lfu", io="direct", cold=True, io_threads=2,
+                     io_engine=engine)
+        assert eng.flash.reader_kind == engine
+        runs[engine] = eng.generate(prompt, 10, stop_at_eos=False, keep_logits=True)
+        assert runs[engine].stats.io_engine == engine
+        eng.close()
+    a, b = runs["threads"], runs["io_uring"]
+    assert a.tokens == b.tokens and all(np.array_equal(x, y) for x, y in zip(a.logits, b.logits))
+    assert a.stats.flash_mb_per_token == b.stats.flash_mb_per_token
+    assert a.stats.flash_requests_per_token == b.stats.flash_requests_per_token

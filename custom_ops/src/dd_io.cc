@@ -3,17 +3,29 @@
 // in an aligned bounce buffer) and gathers the wanted rows out of the bounce buffer afterwards; this
 // file only keeps many preads in flight: a Flash device serves many requests at once, and one
 // synchronous read after another leaves it idle between them (benchmarks/results/flash.md, "reads in
-// flight"). A small persistent pool (threads created once per store, not per batch: a batch is a few
-// hundred microseconds of reads) takes the requests in order from an atomic counter; the calling
-// thread works too. Plain C ABI for ctypes; no ORT types.
+// flight"). Two engines, the same contract (dd_io_read / dd_io_ring_read):
+// - a small persistent pool of pread threads (created once per store, not per batch), taking the
+//   requests in order from an atomic counter, the calling thread too (the default);
+// - an io_uring ring (Linux 5.1+, raw syscalls, no liburing): every request of a batch is submitted in
+//   one io_uring_enter and the kernel keeps up to `depth` in flight while this one thread waits. It
+//   spends less system CPU than the pool, but on this machine's virtio disk it is not faster by wall
+//   time (benchmarks/results/read-gaps.md); NULL where the kernel has none or refuses it.
+// Plain C ABI for ctypes; no ORT types.
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <unistd.h>
 #include <vector>
+#if defined(__linux__) && __has_include(<linux/io_uring.h>)
+#include <linux/io_uring.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#define DD_IO_URING 1
+#endif
 
 namespace {
 
@@ -113,6 +125,141 @@ struct Pool {
   }
 };
 
+
+#ifdef DD_IO_URING
+// One io_uring instance: the mapped submission and completion rings (the kernel's ABI, see io_uring(7)).
+struct Ring {
+  int fd = -1;
+  unsigned depth = 0;
+  unsigned * sq_head = nullptr, * sq_tail = nullptr, * sq_mask = nullptr, * sq_array = nullptr;
+  unsigned * cq_head = nullptr, * cq_tail = nullptr, * cq_mask = nullptr;
+  io_uring_sqe * sqes = nullptr;
+  io_uring_cqe * cqes = nullptr;
+  void * sq_map = MAP_FAILED, * cq_map = MAP_FAILED, * sqe_map = MAP_FAILED;
+  size_t sq_len = 0, cq_len = 0, sqe_len = 0;
+
+  ~Ring() {
+    if (sqe_map != MAP_FAILED) munmap(sqe_map, sqe_len);
+    if (cq_map != MAP_FAILED && cq_map != sq_map) munmap(cq_map, cq_len);
+    if (sq_map != MAP_FAILED) munmap(sq_map, sq_len);
+    if (fd >= 0) close(fd);
+  }
+
+  bool open(unsigned entries) {
+    io_uring_params p;
+    std::memset(&p, 0, sizeof p);
+#if defined(IORING_SETUP_SINGLE_ISSUER) && defined(IORING_SETUP_DEFER_TASKRUN)
+    // one thread submits and reaps: completions are run when it waits, not by interrupting it (6.1+)
+    p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+    fd = int(syscall(__NR_io_uring_setup, entries, &p));
+    if (fd < 0 && errno == EINVAL) {
+      std::memset(&p, 0, sizeof p);
+      fd = int(syscall(__NR_io_uring_setup, entries, &p));
+    }
+#else
+    fd = int(syscall(__NR_io_uring_setup, entries, &p));
+#endif
+    if (fd < 0) return false;
+    depth = p.sq_entries;  // the kernel rounds up to a power of two; the CQ holds twice as many
+    sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+    cq_len = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
+    bool single = (p.features & IORING_FEAT_SINGLE_MMAP) != 0;
+    if (single) sq_len = cq_len = sq_len > cq_len ? sq_len : cq_len;
+    sq_map = mmap(nullptr, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQ_RING);
+    if (sq_map == MAP_FAILED) return false;
+    cq_map = single ? sq_map
+                    : mmap(nullptr, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_CQ_RING);
+    if (cq_map == MAP_FAILED) return false;
+    sqe_len = p.sq_entries * sizeof(io_uring_sqe);
+    sqe_map = mmap(nullptr, sqe_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQES);
+    if (sqe_map == MAP_FAILED) return false;
+    auto * sq = static_cast<char *>(sq_map);
+    auto * cq = static_cast<char *>(cq_map);
+    sq_head = reinterpret_cast<unsigned *>(sq + p.sq_off.head);
+    sq_tail = reinterpret_cast<unsigned *>(sq + p.sq_off.tail);
+    sq_mask = reinterpret_cast<unsigned *>(sq + p.sq_off.ring_mask);
+    sq_array = reinterpret_cast<unsigned *>(sq + p.sq_off.array);
+    cq_head = reinterpret_cast<unsigned *>(cq + p.cq_off.head);
+    cq_tail = reinterpret_cast<unsigned *>(cq + p.cq_off.tail);
+    cq_mask = reinterpret_cast<unsigned *>(cq + p.cq_off.ring_mask);
+    cqes = reinterpret_cast<io_uring_cqe *>(cq + p.cq_off.cqes);
+    sqes = static_cast<io_uring_sqe *>(sqe_map);
+    return true;
+  }
+
+  // Reads every request of the batch (the Batch contract above), at most `depth` in flight; a short
+  // read is resubmitted for the rest. On an error no new request is submitted, and the call returns only
+  // after every request in flight has completed: the kernel writes into the caller's buffer.
+  void read(Batch & b) {
+    std::vector<int64_t> done(size_t(b.n), 0), again;
+    int64_t next = 0, inflight = 0;
+    auto finished = [&](int64_t i) {
+      if (done[size_t(i)] < b.need[i]) {
+        int expected = 0;
+        if (b.error.compare_exchange_strong(expected, EIO)) b.failed.store(i);
+      } else {
+        b.got.fetch_add(done[size_t(i)]);
+      }
+    };
+    while (inflight > 0 || (b.error.load() == 0 && (next < b.n || !again.empty()))) {
+      unsigned tail = *sq_tail, mask = *sq_mask, submit = 0;
+      while (b.error.load() == 0 && inflight < int64_t(depth) && (next < b.n || !again.empty())) {
+        int64_t i;
+        if (!again.empty()) {
+          i = again.back();
+          again.pop_back();
+        } else {
+          i = next++;
+        }
+        io_uring_sqe * e = &sqes[tail & mask];
+        std::memset(e, 0, sizeof *e);
+        e->opcode = IORING_OP_READ;
+        e->fd = b.fd;
+        e->addr = reinterpret_cast<uint64_t>(b.dest + b.place[i] + done[size_t(i)]);
+        e->len = unsigned(b.length[i] - done[size_t(i)]);
+        e->off = uint64_t(b.offset[i] + done[size_t(i)]);
+        e->user_data = uint64_t(i);
+        sq_array[tail & mask] = tail & mask;
+        ++tail;
+        ++submit;
+        ++inflight;
+      }
+      __atomic_store_n(sq_tail, tail, __ATOMIC_RELEASE);
+      submit = tail - __atomic_load_n(sq_head, __ATOMIC_ACQUIRE);  // with any an earlier call left unsubmitted
+      // with nothing left to submit, wait for every read in flight at once: one wake-up per batch
+      bool more = b.error.load() == 0 && (next < b.n || !again.empty());
+      auto wait = unsigned(more ? 1 : inflight);
+      long r = syscall(__NR_io_uring_enter, fd, submit, wait, IORING_ENTER_GETEVENTS, nullptr, 0);
+      if (r < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
+        // the ring itself failed: nothing more can be waited for safely, so stop here with the error
+        int expected = 0;
+        if (b.error.compare_exchange_strong(expected, errno)) b.failed.store(next > 0 ? next - 1 : 0);
+        return;
+      }
+      unsigned head = *cq_head, ctail = __atomic_load_n(cq_tail, __ATOMIC_ACQUIRE), cmask = *cq_mask;
+      for (; head != ctail; ++head) {
+        const io_uring_cqe & c = cqes[head & cmask];
+        auto i = int64_t(c.user_data);
+        --inflight;
+        if (c.res == -EINTR || c.res == -EAGAIN) {
+          again.push_back(i);
+        } else if (c.res < 0) {
+          int expected = 0;
+          if (b.error.compare_exchange_strong(expected, -c.res)) b.failed.store(i);
+        } else if (c.res == 0) {
+          finished(i);  // end of the file
+        } else {
+          done[size_t(i)] += c.res;
+          if (done[size_t(i)] < b.length[i]) again.push_back(i);
+          else finished(i);
+        }
+      }
+      __atomic_store_n(cq_head, head, __ATOMIC_RELEASE);
+    }
+  }
+};
+#endif
+
 }  // namespace
 
 extern "C" {
@@ -149,6 +296,65 @@ __attribute__((visibility("default"))) int64_t dd_io_read(void * pool, int fd, i
     return -int64_t(b.error.load());
   }
   return b.got.load();
+}
+
+// An io_uring ring of at least `depth` entries, or NULL where the kernel has none or refuses it (the
+// caller then uses the pool).
+__attribute__((visibility("default"))) void * dd_io_ring_new(int depth) {
+#ifdef DD_IO_URING
+  if (depth < 1) return nullptr;
+  try {
+    auto * ring = new Ring();
+    if (!ring->open(unsigned(depth))) {
+      delete ring;
+      return nullptr;
+    }
+    return ring;
+  } catch (...) {
+    return nullptr;
+  }
+#else
+  (void)depth;
+  return nullptr;
+#endif
+}
+
+__attribute__((visibility("default"))) void dd_io_ring_free(void * ring) {
+#ifdef DD_IO_URING
+  delete static_cast<Ring *>(ring);
+#else
+  (void)ring;
+#endif
+}
+
+// dd_io_read through the ring.
+__attribute__((visibility("default"))) int64_t dd_io_ring_read(void * ring, int fd, int64_t n, const int64_t * offset,
+                                                             const int64_t * length, const int64_t * need,
+                                                             uint8_t * dest, const int64_t * place, int64_t * failed) {
+#ifdef DD_IO_URING
+  if (ring == nullptr || n < 0) return -EINVAL;
+  Batch b;
+  b.fd = fd;
+  b.n = n;
+  b.offset = offset;
+  b.length = length;
+  b.need = need;
+  b.dest = dest;
+  b.place = place;
+  try {
+    static_cast<Ring *>(ring)->read(b);
+  } catch (...) {
+    return -ENOMEM;
+  }
+  if (b.error.load() != 0) {
+    if (failed) *failed = b.failed.load();
+    return -int64_t(b.error.load());
+  }
+  return b.got.load();
+#else
+  (void)ring, (void)fd, (void)n, (void)offset, (void)length, (void)need, (void)dest, (void)place, (void)failed;
+  return -ENOSYS;
+#endif
 }
 
 }  // extern "C"

@@ -38,8 +38,12 @@ COLD = typer.Option(_E.cold, "--cold", help="drop the MLP file from the OS page 
 IO = typer.Option(_E.io, "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
                   "one per run of adjacent rows; slower in Python) | direct (O_DIRECT, block-aligned, many in "
                   "flight: every miss from the device)")
-IO_THREADS = typer.Option(_E.io_threads, "--io-threads", help="--io direct: reads in flight (the op library's "
-                          "pread pool, or a Python thread pool without it)")
+IO_THREADS = typer.Option(_E.io_threads, "--io-threads", help="--io direct: reads in flight (the io_uring queue "
+                          "depth or the op library's pread threads; a Python thread pool without the library)")
+IO_ENGINE = typer.Option(_E.io_engine, "--io-engine", help="--io direct: threads (a pool of pread threads, as fio's "
+                         "--ioengine=psync with numjobs) | io_uring (one syscall per batch, as fio's --ioengine=io_uring)")
+IO_GAP = typer.Option(_E.io_gap, "--io-gap", help="--io direct: read through gaps of at most this many 4 KiB blocks "
+                      "between wanted rows, so they cost one request, not two (0: only touching blocks coalesce)")
 CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved in the budget (tokens): "
                        f"prompt plus answer (run), the whole conversation (chat); default {DEFAULT_CONTEXT}, or "
                        f"the bundle's positions if fewer; more than those is refused")
@@ -79,9 +83,10 @@ def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampl
 
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
             threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill, thread_pool=_E.thread_pool,
-            prefill_chunk=_E.prefill_chunk):
+            prefill_chunk=_E.prefill_chunk, io_engine=_E.io_engine, io_gap=_E.io_gap):
     from dipdeploy.runtime import Engine, parse_bandwidth
     from dipdeploy.runtime.engine import PREFILL_MODES
+    from dipdeploy.runtime.blockio import IO_ENGINES
     from dipdeploy.runtime.flash import IO_MODES
     from dipdeploy.runtime.threadpool import THREAD_POOLS
 
@@ -89,6 +94,10 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         raise ValueError(f"--io {io}: choose one of {', '.join(IO_MODES)}")
     if io_threads < 1:
         raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
+    if io_engine not in IO_ENGINES:
+        raise ValueError(f"--io-engine {io_engine}: choose one of {', '.join(IO_ENGINES)}")
+    if io_gap < 0:
+        raise ValueError(f"--io-gap must be >= 0 blocks, got {io_gap}")
     if prefill not in PREFILL_MODES:
         raise ValueError(f"--prefill {prefill}: choose one of {', '.join(PREFILL_MODES)}")
     if prefill_chunk < 1:
@@ -105,7 +114,7 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         counts = Trace.load(pin_from).row_counts()
     cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
              flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
-             io=io, io_threads=io_threads, context=context, threads=threads, thread_pool=thread_pool, verify=verify,
+             io=io, io_threads=io_threads, io_engine=io_engine, io_gap=io_gap, context=context, threads=threads, thread_pool=thread_pool, verify=verify,
              pinned_counts=counts, prefill=prefill, prefill_chunk=prefill_chunk)
     engine = Engine(bundle, cfg)
     if engine.flash.note:
@@ -144,8 +153,8 @@ def run_cmd(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS, prefill: str = PREFILL,
-    prefill_chunk: int = PREFILL_CHUNK,
+    cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP,
+    prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
@@ -171,7 +180,7 @@ def run_cmd(
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-                         threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk)
+                         threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -206,9 +215,9 @@ def chat_cmd(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    io: str = IO, io_threads: int = IO_THREADS, prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
-    context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
-    temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
+    io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP,
+    prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
+    thread_pool: str = THREAD_POOL, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
 ) -> None:
     """Interactive chat through the bundle's chat template: streams each answer, then one line of stats.
@@ -221,7 +230,7 @@ def chat_cmd(
         check_policy(policy)
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
-                         threads, None, False, accuracy_level, prefill, thread_pool, prefill_chunk)
+                         threads, None, False, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

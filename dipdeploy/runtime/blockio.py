@@ -4,14 +4,20 @@ A Flash device reads whole blocks (4 KiB here), and with ``O_DIRECT`` the OS ins
 offsets, lengths and buffers. So a batch of wanted rows (every per-row array of a group, see
 docs/method.md "Flash layout") becomes a list of block ranges: each row covers the blocks containing
 its bytes, and rows that share or neighbour blocks coalesce into one range (a 306 B row of SmolLM2's
-down matrix costs a 4 KiB block, but ten neighbouring selected rows cost the same block or two). Long
+down matrix costs a 4 KiB block, but ten neighbouring selected rows cost the same block or two). Rows
+at most ``max_gap`` blocks apart coalesce too, the blocks between them read and dropped: a request
+costs the device far more than a block (about 20 µs against 2.5 µs here), so reading through a short
+gap is cheaper than a second request (:data:`IO_GAP`, benchmarks/results/read-gaps.md). Long
 ranges are cut into requests of at most ``max_request`` bytes, so a batch of a few large ranges still
 keeps several reads in flight. The ranges land back to back in one aligned bounce buffer; the wanted
 rows are then gathered from it into their slab slots in one numpy step per array.
 
-The reads run in the native op library's pool (``dd_io_read`` in custom_ops/src/dd_io.cc, through
-ctypes) when it is built, else in a ``ThreadPoolExecutor`` of ``os.preadv`` calls: same requests, same
-bytes, slower per request. Torch-free (floor 4).
+The reads run in the native op library (custom_ops/src/dd_io.cc, through ctypes) when it is built: an
+pool of pread threads (``dd_io_read``) or an io_uring ring (``dd_io_ring_read``: one syscall per batch,
+the kernel keeping the requests in flight; less CPU, not faster here); without the library in
+a ``ThreadPoolExecutor`` of ``os.preadv`` calls. Same requests, same bytes; ``--io-engine`` chooses
+(the threads by default: faster here, benchmarks/results/read-gaps.md).
+Torch-free (floor 4).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from dipdeploy.quant.layout import BLOCK
 
 MAX_REQUEST = 128 * 1024  # bytes: longer coalesced ranges are split so several reads stay in flight
 IO_THREADS = 16  # reads in flight (benchmarks/results/flash.md measures 1, 4, 16 and 32)
+IO_GAP = 4  # blocks: the fewest-seconds gap of benchmarks/results/read-gaps.md (1 B model, 16 in flight)
+IO_ENGINES = ("threads", "io_uring")
+IO_ENGINE = "threads"  # faster by wall time than io_uring on this machine's virtio disk (read-gaps.md)
 
 
 @dataclass(frozen=True)
@@ -52,11 +61,14 @@ class BlockPlan:
 
 
 def plan_reads(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, block: int = BLOCK,
-               max_request: int = MAX_REQUEST) -> BlockPlan:
+               max_request: int = MAX_REQUEST, max_gap: int = 0) -> BlockPlan:
     """The block-aligned requests that read ``rows`` (ascending) of every array (``offsets[a]`` +
-    ``row * row_bytes[a]`` in the file; arrays do not overlap)."""
+    ``row * row_bytes[a]`` in the file; arrays do not overlap); ranges at most ``max_gap`` blocks apart
+    are read as one."""
     if max_request < block or max_request % block:
         raise ValueError(f"max_request={max_request} must be a positive multiple of the block ({block})")
+    if max_gap < 0:
+        raise ValueError(f"max_gap={max_gap} must be >= 0 blocks")
     rows = np.asarray(rows, dtype=np.int64)
     n = len(rows)
     starts = np.concatenate([off + rows * rb for off, rb in zip(offsets, row_bytes)])
@@ -64,7 +76,7 @@ def plan_reads(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, bl
     order = np.argsort(starts, kind="stable")
     s, e = starts[order], ends[order]
     b0, b1 = s // block, np.maximum.accumulate(-(-e // block))
-    first = np.concatenate([[True], b0[1:] > b1[:-1]])  # a gap of at least one block starts a range
+    first = np.concatenate([[True], b0[1:] > b1[:-1] + max_gap])  # a gap of more than max_gap blocks starts a range
     group = np.cumsum(first) - 1
     g0 = b0[first]
     g1 = np.concatenate([b1[np.flatnonzero(first)[1:] - 1], b1[-1:]])
@@ -110,34 +122,47 @@ def _short(path: str, plan: BlockPlan, i: int, err: int) -> OSError:
 
 
 class NativeReader:
-    """The op library's pool of readers (custom_ops/src/dd_io.cc)."""
+    """The op library's readers (custom_ops/src/dd_io.cc): an io_uring ring of ``threads`` entries
+    (``kind`` "io_uring") or a pool of ``threads`` pread threads ("threads")."""
 
-    kind = "native"
-
-    def __init__(self, library: str, threads: int):
+    def __init__(self, library: str, threads: int, engine: str = IO_ENGINE):
         lib = ctypes.CDLL(library)
-        p = ctypes.c_void_p
-        lib.dd_io_pool_new.restype, lib.dd_io_pool_new.argtypes = p, [ctypes.c_int]
-        lib.dd_io_pool_free.restype, lib.dd_io_pool_free.argtypes = None, [p]
-        lib.dd_io_read.restype = ctypes.c_int64
-        lib.dd_io_read.argtypes = [p, ctypes.c_int, ctypes.c_int64, p, p, p, p, p, ctypes.POINTER(ctypes.c_int64)]
-        self.threads, self._lib, self._pool = threads, lib, lib.dd_io_pool_new(threads)
-        if not self._pool:
-            raise RuntimeError(f"dd_io_pool_new({threads}) failed")
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        read_args = [p, ctypes.c_int, i64, p, p, p, p, p, ctypes.POINTER(i64)]
+        ring = None
+        if engine == "io_uring" and hasattr(lib, "dd_io_ring_new"):
+            lib.dd_io_ring_new.restype, lib.dd_io_ring_new.argtypes = p, [ctypes.c_int]
+            lib.dd_io_ring_free.restype, lib.dd_io_ring_free.argtypes = None, [p]
+            lib.dd_io_ring_read.restype, lib.dd_io_ring_read.argtypes = i64, read_args
+            ring = lib.dd_io_ring_new(threads)
+        if engine == "io_uring" and not ring:
+            raise ValueError("--io-engine io_uring: this kernel has no io_uring or refuses it (kernel.io_uring_disabled, "
+                             "a seccomp filter) or the op library predates it; use --io-engine threads")
+        self.threads, self._lib = threads, lib
+        if ring:
+            self.kind, self._handle = "io_uring", ring
+            self._read, self._free = lib.dd_io_ring_read, lib.dd_io_ring_free
+        else:
+            lib.dd_io_pool_new.restype, lib.dd_io_pool_new.argtypes = p, [ctypes.c_int]
+            lib.dd_io_pool_free.restype, lib.dd_io_pool_free.argtypes = None, [p]
+            lib.dd_io_read.restype, lib.dd_io_read.argtypes = i64, read_args
+            self.kind, self._handle = "threads", lib.dd_io_pool_new(threads)
+            self._read, self._free = lib.dd_io_read, lib.dd_io_pool_free
+            if not self._handle:
+                raise RuntimeError(f"dd_io_pool_new({threads}) failed")
 
     def read(self, fd: int, path: str, plan: BlockPlan, dest: np.ndarray) -> int:
         failed = ctypes.c_int64(-1)
-        got = self._lib.dd_io_read(self._pool, fd, plan.requests, plan.offset.ctypes.data, plan.length.ctypes.data,
-                                   plan.need.ctypes.data, dest.ctypes.data, plan.place.ctypes.data,
-                                   ctypes.byref(failed))
+        got = self._read(self._handle, fd, plan.requests, plan.offset.ctypes.data, plan.length.ctypes.data,
+                         plan.need.ctypes.data, dest.ctypes.data, plan.place.ctypes.data, ctypes.byref(failed))
         if got < 0:
             raise _short(path, plan, failed.value, -got)
         return int(got)
 
     def close(self) -> None:
-        if self._pool:
-            self._lib.dd_io_pool_free(self._pool)
-            self._pool = None
+        if self._handle:
+            self._free(self._handle)
+            self._handle = None
 
 
 class PythonReader:
@@ -170,19 +195,24 @@ class PythonReader:
         self._pool.shutdown()
 
 
-def make_reader(threads: int = IO_THREADS, native: bool = True):
-    """The native reader when the op library is built and has ``dd_io_read``, else the Python one."""
+def make_reader(threads: int = IO_THREADS, native: bool = True, engine: str = IO_ENGINE):
+    """The native reader when the op library is built and has ``dd_io_read`` (its pread threads, or its
+    io_uring ring for ``engine`` "io_uring", refused where there is none), else the Python one."""
     if threads < 1:
         raise ValueError(f"io threads={threads} must be >= 1")
+    if engine not in IO_ENGINES:
+        raise ValueError(f"io engine {engine!r}: choose one of {', '.join(IO_ENGINES)}")
     if native:
         from dipdeploy.ops.native import library_path
 
         lib = library_path()
         if lib is not None:
             try:
-                return NativeReader(str(lib), threads)
+                return NativeReader(str(lib), threads, engine)
             except AttributeError:  # a library built before dd_io.cc: no dd_io_read symbol
                 pass
+    if engine == "io_uring":
+        raise ValueError("--io-engine io_uring needs the op library (`make ops`); use --io-engine threads")
     return PythonReader(threads)
 
 

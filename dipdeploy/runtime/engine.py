@@ -39,7 +39,7 @@ from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime import staging
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
-from dipdeploy.runtime.blockio import IO_THREADS
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, IO_THREADS
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
@@ -102,6 +102,8 @@ class EngineConfig:
     cold: bool = False
     io: str = "mmap"
     io_threads: int = IO_THREADS  # --io direct: reads in flight
+    io_engine: str = IO_ENGINE  # --io direct: threads (pread pool) | io_uring
+    io_gap: int = IO_GAP  # --io direct: blocks read through between wanted rows to save a request
     context: int | None = None
     verify: bool = False
     prefill: str = "batch"  # "batch": the prompt as one batch per layer; "token": one token at a time
@@ -124,6 +126,10 @@ class EngineConfig:
             raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if type(self.io_gap) is not int or self.io_gap < 0:
+            raise ValueError(f"io gap must be a whole number of blocks >= 0, got {self.io_gap!r}")
+        if self.io_engine not in IO_ENGINES:
+            raise ValueError(f"io engine {self.io_engine!r} unknown; choose one of {', '.join(IO_ENGINES)}")
         if self.thread_pool not in THREAD_POOLS:
             raise ValueError(f"thread pool {self.thread_pool!r} unknown; choose one of {', '.join(THREAD_POOLS)}")
         DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
@@ -257,7 +263,8 @@ class Engine:
         self.embedding = EmbeddingRows(self.path, m, arch_of(config).embedding_multiplier(config))
         self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
-                                bandwidth=self.cfg.flash_bandwidth, io_threads=self.cfg.io_threads)
+                                bandwidth=self.cfg.flash_bandwidth, io_threads=self.cfg.io_threads,
+                                io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap)
         self._build_slabs()
         self._tokenizer = None
         self._state = None

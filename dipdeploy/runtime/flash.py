@@ -49,7 +49,7 @@ from dataclasses import astuple, dataclass, field, replace
 
 import numpy as np
 
-from dipdeploy.runtime.blockio import IO_THREADS, AlignedBuffer, make_reader, open_direct, plan_reads
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_THREADS, AlignedBuffer, make_reader, open_direct, plan_reads
 
 IO_MODES = ("mmap", "pread", "direct")
 _IOV_MAX = 1024
@@ -99,15 +99,18 @@ class FlashStore:
     """Positioned, counted, optionally paced reads of rows from one file (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike, *, io: str = "mmap", cold: bool = False,
-                 bandwidth: float | None = None, io_threads: int = IO_THREADS, native: bool = True):
+                 bandwidth: float | None = None, io_threads: int = IO_THREADS, native: bool = True,
+                 io_engine: str = IO_ENGINE, io_gap: int = IO_GAP):
         if io not in IO_MODES:
             raise ValueError(f"io={io!r}: choose one of {', '.join(IO_MODES)}")
-        self.path, self.io, self.bandwidth = str(path), io, bandwidth
+        if io_gap < 0:
+            raise ValueError(f"io gap={io_gap} must be >= 0 blocks")
+        self.path, self.io, self.bandwidth, self.io_gap = str(path), io, bandwidth, io_gap
         self.note: str | None = None  # one line for the user when direct reads fell back to the page cache
         self._reader = self._bounce = self._mmap = self._map = None
         if io == "direct":
             self.fd, self.note = open_direct(self.path)
-            self._reader, self._bounce = make_reader(io_threads, native), AlignedBuffer()
+            self._reader, self._bounce = make_reader(io_threads, native, io_engine), AlignedBuffer()
         else:
             self.fd = os.open(self.path, os.O_RDONLY)
         if hasattr(os, "posix_fadvise"):
@@ -121,6 +124,11 @@ class FlashStore:
             self._map = np.frombuffer(self._mmap, dtype=np.uint8)
         self.counters = FlashCounters()
         self._debt = 0.0
+
+    @property
+    def reader_kind(self) -> str | None:
+        """``--io direct``: which reader runs the requests ("io_uring", "threads" or "python"); else None."""
+        return None if self._reader is None else self._reader.kind
 
     def drop_page_cache(self) -> None:
         """Ask the OS to forget the file's cached pages, so the next reads come from the disk. With
@@ -201,7 +209,7 @@ class FlashStore:
                 slots: np.ndarray) -> tuple[int, int]:
         """Block-aligned parallel reads into the bounce buffer, then one gather per array; returns the
         bytes the device returned and the requests."""
-        plan = plan_reads([a.offset for a in arrays], [a.row_bytes for a in arrays], rows)
+        plan = plan_reads([a.offset for a in arrays], [a.row_bytes for a in arrays], rows, max_gap=self.io_gap)
         bounce = self._bounce.get(plan.total)
         got = self._reader.read(self.fd, self.path, plan, bounce)
         for arr, slab, src in zip(arrays, slabs, plan.src):

@@ -91,6 +91,7 @@ class RunStats:
     accuracy_level: int = 0
     prefill: str = "token"  # how the prompt was fed (EngineConfig.prefill)
     native_cache: bool = False  # the per-token cache step ran in the op library (EngineConfig.native_cache)
+    io_engine: str | None = None  # --io direct: the reader that ran ("io_uring", "threads", "python")
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
@@ -124,7 +125,7 @@ class RunStats:
             flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
             kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level, prefill=engine.cfg.prefill,
-            native_cache=engine.native_cache,
+            native_cache=engine.native_cache, io_engine=engine.flash.reader_kind,
         )
 
     def as_dict(self) -> dict:
@@ -136,6 +137,8 @@ class RunStats:
         r, mem, s = self.resident, self.memory, self.seconds
         bw = (f"emulated {self.flash_emulated_bandwidth / 1e9:g} GB/s" if self.flash_emulated_bandwidth
               else "unthrottled")
+        if self.io_engine:
+            bw += f"; reads by {self.io_engine}"
         total = sum(v for k, v in s.items() if not k.startswith("flash_")) or 1.0
         rows = [
             ("prompt", f"{self.prompt_tokens} tokens, {self.prefill_tok_s:.1f} tok/s ({'batched' if self.prefill == 'batch' else 'token by token'})"),
