@@ -10,7 +10,7 @@ costs the largest group's window instead of the sum over groups: on the 32-layer
 (``benchmarks/results/scale.md``), becomes about 41 MB.
 
 Linux only (``memfd_create``); elsewhere :func:`supported` is false and each slab keeps staging of its
-own. ``VmRSS`` counts a shared page once per mapping, so it overstates a process using the arena; the
+own. ``VmRSS`` counts a shared page once per mapping, so it overstates a process that shares staging; the
 cgroup's usage and ``Pss`` count it once (README, "The host runtime"). Torch-free (floor 4).
 """
 
@@ -80,8 +80,9 @@ class SharedStaging:
         os.ftruncate(self._fd, page_up(self.nbytes))
 
     def slab(self, capacity: int, k: int, row_shape: tuple, dtype, offset: int) -> np.ndarray:
-        """A zeroed ``[capacity + k, *row_shape]`` array whose last ``k`` rows are the arena's bytes
-        ``[offset, offset + page_up(k · row_bytes))``. The cache part is padded in front so that the
+        """A ``[capacity + k, *row_shape]`` array whose first ``capacity`` rows are zeroed pages of its
+        own and whose last ``k`` rows are the shared bytes ``[offset, offset + page_up(k · row_bytes))``
+        (holding whatever the last group staged there). The cache part is padded in front so that the
         staging part starts on a page."""
         dtype = np.dtype(dtype)
         row_bytes = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
@@ -90,7 +91,7 @@ class SharedStaging:
             return np.zeros((capacity + k, *row_shape), dtype)
         if offset % PAGE or offset + stage > page_up(self.nbytes):
             raise ValueError(f"staging window [{offset}, {offset + stage}) does not lie on pages of the "
-                             f"{self.nbytes}-byte arena")
+                             f"{self.nbytes}-byte shared staging")
         pad = -cache % PAGE
         length = pad + cache + stage
         prot = mmap.PROT_READ | mmap.PROT_WRITE
@@ -107,7 +108,7 @@ class SharedStaging:
         return np.asarray(owner)
 
     def resident_bytes(self) -> int:
-        """The arena's pages in memory (counted once, however many slabs map them)."""
+        """The shared pages in memory (counted once, however many slabs map them)."""
         return os.fstat(self._fd).st_blocks * 512
 
     def close(self) -> None:
