@@ -140,9 +140,11 @@ def test_prefill_runs_chunks_of_at_most_the_chunk_size(bundle, monkeypatch):
 
     monkeypatch.setattr(sessions.Bound, "run", spy)
     eng.reset()
-    eng.extend(PROMPT, 0, Sampler())
+    progress = []
+    eng.extend(PROMPT, 0, Sampler(), on_prefill=lambda done, total: progress.append((done, total)))
     attn = [shape for s, shape in seen if s is eng.attn[0].session]
     assert attn == [(1, 5, eng.d), (1, 5, eng.d), (1, 2, eng.d)]
+    assert progress == [(5, 12), (10, 12), (12, 12)]  # the progress follows each chunk
     assert [shape for s, shape in seen if s is eng.head.session] == [(1, 1, eng.d)]
     assert eng.kv.length == len(PROMPT)
 

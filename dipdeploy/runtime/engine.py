@@ -506,11 +506,13 @@ class Engine:
         st["ids"].append(int(token))
         return b["logits"][0, -1].copy()
 
-    def prefill(self, ids: list[int], timer: Timer, record=None) -> np.ndarray:
+    def prefill(self, ids: list[int], timer: Timer, record=None,
+                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         """Feed ``ids`` in chunks of at most ``EngineConfig.prefill_chunk`` tokens, each one batch per
         layer (``_prefill_chunk``); returns the logits [V] after the last token. A chunk attends to the
         earlier ones through the KV cache, as a decoded token does, so chunking changes only the
-        floating-point summation, and bounds the working set by the chunk instead of the prompt."""
+        floating-point summation, and bounds the working set by the chunk instead of the prompt.
+        ``progress(done, total)`` follows each chunk."""
         st, n = self._state, len(ids)
         if st["pos"] + n > self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
@@ -523,6 +525,8 @@ class Engine:
         size = min(self.cfg.prefill_chunk, self.cfg.context)  # what _chunk_buffers was sized for
         for start in range(0, n, size):
             self._prefill_chunk(ids[start:start + size], timer, record, last=start + size >= n)
+            if progress is not None:
+                progress(min(start + size, n), n)
         return self.buf["logits"][0, -1].copy()
 
     def _prefill_chunk(self, ids: list[int], timer: Timer, record, last: bool) -> None:
@@ -657,7 +661,8 @@ class Engine:
         ``max_new_tokens`` (see ``extend``).
 
         ``trace``: a ``dipdeploy.trace.TraceRecorder`` that receives every token's selections and hits.
-        ``on_prefill(done, total)`` follows the prompt (once per token in token mode, once in batch mode).
+        ``on_prefill(done, total)`` follows the prompt (once per token in token mode, once per chunk in
+        batch mode).
         Policy ``belady`` runs the sequence twice: once with no cache to record the selections (DIP's
         selection does not depend on the cache when γ = 1), then with Belady over that future.
         """
@@ -761,9 +766,7 @@ class Engine:
             if stopped():
                 finish = "interrupted"
             else:
-                logits = self.prefill([int(t) for t in ids], timer, note)
-                if on_prefill is not None:
-                    on_prefill(len(ids), len(ids))
+                logits = self.prefill([int(t) for t in ids], timer, note, on_prefill)
         for n, t in enumerate(ids if self.cfg.prefill == "token" else []):
             if stopped():
                 finish = "interrupted"
