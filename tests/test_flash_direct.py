@@ -252,3 +252,33 @@ def test_run_through_the_ring_equals_the_threads(tiny_bundle):
     assert a.tokens == b.tokens and all(np.array_equal(x, y) for x, y in zip(a.logits, b.logits))
     assert a.stats.flash_mb_per_token == b.stats.flash_mb_per_token
     assert a.stats.flash_requests_per_token == b.stats.flash_requests_per_token
+
+
+def test_the_bounce_buffer_never_outgrows_its_bound():
+    """Any batch of rows, at any gap, lands within ``bounce_bytes`` (the plan's read buffer), alignment
+    slack included; all rows of the group at once is the worst case."""
+    rng = np.random.default_rng(3)
+    offsets, row_bytes = [a.offset for a in ARRAYS], [a.row_bytes for a in ARRAYS]
+    for gap in (0, 1, 4, 16):
+        bound = blockio.bounce_bytes(offsets, row_bytes, 700, max_gap=gap)
+        for n in (1, 50, 350, 700):
+            rows = np.sort(rng.choice(700, n, replace=False))
+            plan = plan_reads(offsets, row_bytes, rows, max_gap=gap)
+            assert plan.total + BLOCK <= bound
+    whole = plan_reads(offsets, row_bytes, np.arange(700))
+    assert whole.total + BLOCK <= blockio.bounce_bytes(offsets, row_bytes, 700) <= whole.total + 3 * BLOCK
+
+
+def test_the_plan_holds_the_read_buffer_of_direct_reads(tiny_bundle):
+    from dipdeploy.runtime import Engine
+
+    prompt = [3, 14, 15, 92, 65, 35]
+    mapped = Engine(tiny_bundle, dram_budget="30%", policy="lfu", io="mmap", native=False)
+    direct = Engine(tiny_bundle, dram_budget="30%", policy="lfu", io="direct", cold=True, native=False)
+    assert mapped.residency.read == 0 < direct.residency.read
+    assert direct.residency.total == mapped.residency.total + direct.residency.read  # a fraction: same caches
+    direct.generate(prompt, 8, stop_at_eos=False)
+    assert 0 < len(direct.flash._bounce.view) <= direct.residency.read
+    with pytest.raises(ValueError, match="read buffer"):
+        Engine(tiny_bundle, dram_budget=f"{(direct.residency.total - direct.residency.caches) / 1e6 - 0.1:.1f}MB",
+               io="direct", native=False)

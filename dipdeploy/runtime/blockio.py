@@ -98,6 +98,14 @@ def plan_reads(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, bl
                      n * int(sum(row_bytes)))
 
 
+def bounce_bytes(offsets: list[int], row_bytes: list[int], rows: int, *, block: int = BLOCK, max_gap: int = 0) -> int:
+    """The most any batch of one group's rows can need in the bounce buffer: every block of each
+    array's region (a batched prefill may read all of a group's rows), the gaps read through next to
+    them, and the alignment slack. The plan holds it (``Residency.read``)."""
+    blocks = sum(-(-(off + rows * rb) // block) - off // block for off, rb in zip(offsets, row_bytes))
+    return (blocks + len(offsets) * max_gap + 1) * block
+
+
 class AlignedBuffer:
     """A growable bounce buffer whose start is block-aligned (``O_DIRECT`` needs aligned memory)."""
 

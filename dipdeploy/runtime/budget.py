@@ -99,18 +99,20 @@ class Residency:
     cache_frac: float
     capacity: list[list[int]]
     prefill: int = 0  # the batched prefill's buffers: one layer's MLP rows and one chunk's activations
+    read: int = 0  # --io direct: the bounce buffer the block-aligned reads land in (blockio.bounce_bytes)
 
     @property
     def total(self) -> int:
-        return self.dense + self.kv + self.staging + self.prefill + self.caches
+        return self.dense + self.kv + self.staging + self.prefill + self.read + self.caches
 
     def as_dict(self) -> dict:
         return {"dense": self.dense, "kv": self.kv, "staging": self.staging, "prefill": self.prefill,
-                "caches": self.caches, "total": self.total, "cache_frac": self.cache_frac}
+                "read": self.read, "caches": self.caches, "total": self.total, "cache_frac": self.cache_frac}
 
 
 def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_bytes: int, kv_bytes: int,
-                   policy: str, prefill_bytes: int = 0, shared_staging: bool = False) -> Residency:
+                   policy: str, prefill_bytes: int = 0, shared_staging: bool = False,
+                   read_bytes: int = 0) -> Residency:
     """Cache capacities under ``budget``; raises with the minimum when the resident part does not fit.
 
     A fraction uses ``round(frac · rows)`` per group, exactly like ``RowCache`` in the torch reference.
@@ -123,7 +125,7 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
     else:
         staging = sum(g.k * g.row_bytes for layer in groups for g in layer)
     mlp = sum(g.rows * g.row_bytes for layer in groups for g in layer)
-    fixed = dense_bytes + kv_bytes + staging + prefill_bytes
+    fixed = dense_bytes + kv_bytes + staging + prefill_bytes + read_bytes
     if budget.cache_frac is not None:
         frac = budget.cache_frac
         cap = [[round(frac * g.rows) for g in layer] for layer in groups]
@@ -133,7 +135,8 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
             raise ValueError(
                 f"DRAM budget {budget} is below the resident minimum of {least:.1f} MB (dense weights "
                 f"{dense_bytes / 1e6:.1f} MB + KV cache {kv_bytes / 1e6:.1f} MB + staging {staging / 1e6:.1f} MB"
-                f"{f' + prefill buffers {prefill_bytes / 1e6:.1f} MB' if prefill_bytes else ''}); "
+                f"{f' + prefill buffers {prefill_bytes / 1e6:.1f} MB' if prefill_bytes else ''}"
+                f"{f' + read buffer {read_bytes / 1e6:.1f} MB' if read_bytes else ''}); "
                 f"give at least {least:.1f}MB, a smaller --context{', a smaller --prefill-chunk' if prefill_bytes else ''}"
                 f", or a percentage such as 25%")
         frac = min(1.0, (budget.total_bytes - fixed) / mlp) if mlp else 0.0
@@ -141,4 +144,4 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
     if policy == "none":
         cap = [[0 for _ in layer] for layer in cap]
     caches = sum(c * g.row_bytes for cl, gl in zip(cap, groups) for c, g in zip(cl, gl))
-    return Residency(dense_bytes, kv_bytes, staging, caches, frac, cap, prefill_bytes)
+    return Residency(dense_bytes, kv_bytes, staging, caches, frac, cap, prefill_bytes, read_bytes)

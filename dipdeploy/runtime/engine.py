@@ -39,7 +39,7 @@ from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime import staging
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, IO_THREADS
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, IO_THREADS, bounce_bytes
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
@@ -354,8 +354,13 @@ class Engine:
         self._chunk_shapes = _chunk_buffers(min(cfg.prefill_chunk, cfg.context), self.d, self.f, self.k) if batch else {}
         prefill = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._prefill_shapes)
         prefill += sum(n * np.dtype(dtype).itemsize for n, dtype in self._chunk_shapes.values())
+        read = 0
+        if cfg.io == "direct":
+            read = max(bounce_bytes([x.offset for x in g.per_row], [x.row_bytes for x in g.per_row], rows,
+                                    max_gap=cfg.io_gap)
+                       for pair in arrays for g, rows in zip(pair, (self.d, self.f)))
         self.residency: Residency = plan_residency(DramBudget.parse(cfg.dram_budget), shapes, dense,
-                                                   self.kv.nbytes, cfg.policy, prefill, share)
+                                                   self.kv.nbytes, cfg.policy, prefill, share, read)
         self.shared_staging = staging.SharedStaging(self.residency.staging) if share else None
         self._prefill_arrays: dict | None = None
         self._chunk_arrays: dict = {}
