@@ -96,4 +96,4 @@ def test_run_reports_a_long_prompts_prefill_then_prints_the_prompt(tmp_path):
     assert f"{PREFILL_PROGRESS}/{PREFILL_PROGRESS}," in line and line.endswith(" s")
     assert res.output.index(line) < res.output.index(prompt)
     short = CliRunner().invoke(app, ["run", str(out), "-p", "ab", "-n", "2", "--no-native"])
-    assert short.exit_code == 0 and "prefill" not in short.output
+    assert short.exit_code == 0 and "prefill the prompt" not in short.output
