@@ -32,7 +32,6 @@ Split of a decode token (ms, median of the repeats):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -43,6 +42,7 @@ import time
 from pathlib import Path
 
 from _common import machine, md_table, write_rows_json
+from _ortprofile import session_runs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,17 +153,9 @@ def kernel_ms(path: Path, budget: str, tokens: int) -> float:
             native.session_options = plain
         g = eng.generate(PROMPT, tokens, stop_at_eos=False)  # one batched prefill run, then decode runs
         sessions = [b.session for group in (eng.attn, eng.up, eng.down, [eng.positions, eng.head]) for b in group]
-        total = sum(_decode_kernel_us(Path(s.end_profiling())) for s in sessions)
+        total = sum(r.kernel_us for s in sessions for r in session_runs(Path(s.end_profiling())))  # after the prefill
         eng.close()
     return total / 1e3 / (len(g.tokens) - 1)
-
-
-def _decode_kernel_us(profile: Path) -> float:
-    """Kernel µs of a session's runs after its first (the prefill)."""
-    events = json.loads(profile.read_text())
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[1:]
-    kernels = [(e["ts"], e["dur"]) for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    return float(sum(d for ts, d in kernels if any(a <= ts <= b for a, b in runs)))
 
 
 def genai_row(path: Path, tokens: int, python: str) -> dict:

@@ -1,0 +1,345 @@
+"""Where a decode token of the per-layer graphs goes, against the same bundle's ``model.onnx`` run the
+way onnxruntime-genai runs it, side by side in one run (SmolLM2-135M DIP-CA BQ4, 100 % budget: every
+row in DRAM after the prompt, nothing read from Flash; native kernels; 1 ORT thread).
+
+Profiled (ORT's profiler, ``SessionOptions.enable_profiling``; the prefill run and the first decode run
+left out on both sides):
+
+* ``ours``: every session of ``dipdeploy run``'s engine (``positions``, per layer ``attn``, ``mlp_up``,
+  ``mlp_down``, ``head``) during a decode;
+* ``genai``: ``model.onnx`` inside onnxruntime-genai's own loop (scripts/genai_decode.py ``--profile``:
+  the bundle's genai_config.json, its custom-op library, ORT's default optimisation level, 1 intra-op
+  thread), so the session options are genai's own.
+
+Per op type and per node (layer index removed): kernel µs and calls per token; per kind of run: ORT's
+``model_run``, its ``SequentialExecutor::Execute`` and the kernels inside, so the per-run framework
+(``model_run`` − kernels) shows beside the kernels. The profiler adds several µs to every node and run,
+alike on both sides (benchmarks/_ortprofile.py): its figures compare the two profiles, not wall time.
+
+Unprofiled wall time (ms per decode token, median over the tokens of every repeat, the items
+interleaved in each repeat so load hits them alike):
+
+* ``token``: ``Engine.step``; ``in_runs``: its 92 session runs (``Bound.run``); ``host``: the rest
+  (cache step, binding, Python);
+* ``runs_alone``: the same 92 runs with the per-token binding (positions, KV views) and no cache step
+  between them: the graphs without the host loop;
+* ``model.onnx``: one run of ``model.onnx`` per token in onnxruntime with genai's session options and
+  I/O binding, the presents fed back as the next pasts (no copies): the graph without genai's loop;
+* ``genai``: onnxruntime-genai's whole token (scripts/genai_decode.py, unprofiled);
+* ``run_floor``: 92 × one IOBinding run of a one-node graph (ORT's fixed cost per run).
+
+    python benchmarks/kernel_gap.py                    # 3 repeats, 64 tokens (~2 min on 2 cores)
+    python benchmarks/kernel_gap.py --quick --json o.json   # 1 repeat, 24 tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import lscpu, md_table, write_rows_json
+from _ortprofile import Run, session_runs
+from host import GENAI_PYTHON, PROMPT, ROOT, bundle, genai_row
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KINDS = ("positions", "attn", "mlp_up", "mlp_down", "head")
+SKIP = 2  # the prefill run and the first decode run (its one-off allocations)
+
+
+def engine(path: Path, context: int, profile_dir: str | None = None):
+    """A warm 100 %-budget engine over ``path``; with ``profile_dir``, every session profiled into it."""
+    import dipdeploy.ops.native as native
+    from dipdeploy.runtime import Engine
+
+    plain, opened = native.session_options, []
+
+    def profiled(threads: int = 1, use_native: bool = True):
+        so = plain(threads, use_native)
+        so.enable_profiling = True
+        so.profile_file_prefix = str(Path(profile_dir) / f"ort{len(opened)}")  # one file per session
+        opened.append(so)
+        return so
+
+    native.session_options = profiled if profile_dir else plain
+    try:
+        return Engine(path, dram_budget="100%", native=True, context=context)
+    finally:
+        native.session_options = plain
+
+
+def sessions_by_kind(eng) -> dict[str, list]:
+    return {"positions": [eng.positions], "attn": eng.attn, "mlp_up": eng.up, "mlp_down": eng.down,
+            "head": [eng.head]}
+
+
+def profile_ours(path: Path, tokens: int) -> dict[str, list[Run]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        eng = engine(path, tokens + 32, tmp)
+        eng.generate(PROMPT, tokens, stop_at_eos=False)
+        runs = {kind: [r for b in group for r in session_runs(Path(b.session.end_profiling()), SKIP)]
+                for kind, group in sessions_by_kind(eng).items()}
+        eng.close()
+    return runs
+
+
+def profile_genai(path: Path, tokens: int, python: str) -> list[Run]:
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([python, str(ROOT / "scripts" / "genai_decode.py"), str(path), "--prompt", PROMPT,
+                        "-n", str(tokens), "--threads", "1", "--profile", str(Path(tmp) / "genai")],
+                       capture_output=True, text=True, check=True)
+        files = glob.glob(str(Path(tmp) / "genai*.json"))
+        if len(files) != 1:
+            raise RuntimeError(f"scripts/genai_decode.py --profile wrote {len(files)} profiles, expected 1")
+        return session_runs(Path(files[0]), SKIP)
+
+
+def op_rows(ours: dict[str, list[Run]], genai: list[Run]) -> list[dict]:
+    """Kernel µs and calls per token by op type, both sides (tokens: the head's runs, genai's runs)."""
+    def tally(runs: list[Run], tokens: int):
+        us, calls = collections.Counter(), collections.Counter()
+        for r in runs:
+            for k in r.kernels:
+                us[k.op] += k.us
+                calls[k.op] += 1
+        return {op: v / tokens for op, v in us.items()}, {op: v / tokens for op, v in calls.items()}
+
+    (ou, oc), (gu, gc) = tally([r for v in ours.values() for r in v], len(ours["head"])), tally(genai, len(genai))
+    rows = [{"op": op, "ours_calls": oc.get(op, 0.0), "genai_calls": gc.get(op, 0.0), "ours_us": ou.get(op, 0.0),
+             "genai_us": gu.get(op, 0.0), "diff_us": ou.get(op, 0.0) - gu.get(op, 0.0)} for op in set(ou) | set(gu)]
+    rows.sort(key=lambda r: -max(r["ours_us"], r["genai_us"]))
+    return rows + [{"op": "all", **{key: sum(r[key] for r in rows) for key in rows[0] if key != "op"}}]
+
+
+def node_rows(ours: dict[str, list[Run]], genai: list[Run], top: int) -> list[dict]:
+    """The ``top`` nodes (summed over layers) by the largest difference in kernel µs per token."""
+    def tally(runs: list[Run], tokens: int):
+        us, calls = collections.Counter(), collections.Counter()
+        for r in runs:
+            for k in r.kernels:
+                us[k.node] += k.us / tokens
+                calls[k.node] += 1 / tokens
+        return us, calls
+
+    (ou, oc), (gu, gc) = tally([r for v in ours.values() for r in v], len(ours["head"])), tally(genai, len(genai))
+    rows = [{"node": n, "ours_calls": oc.get(n, 0.0), "genai_calls": gc.get(n, 0.0), "ours_us": ou.get(n, 0.0),
+             "genai_us": gu.get(n, 0.0), "diff_us": ou.get(n, 0.0) - gu.get(n, 0.0)} for n in set(ou) | set(gu)]
+    return sorted(rows, key=lambda r: -abs(r["diff_us"]))[:top]
+
+
+def run_rows(ours: dict[str, list[Run]], genai: list[Run]) -> list[dict]:
+    """Per kind of run: runs per token and, per run, ORT's run, its executor, the kernels, what is left."""
+    tokens = len(ours["head"])
+    rows = []
+    for kind, runs in [*ours.items(), ("model.onnx (genai)", genai)]:
+        n = len(runs)
+        per_token = n / (tokens if kind in ours else len(genai))
+        run_us, exe_us, ker_us = (sum(getattr(r, a) for r in runs) / n for a in ("run_us", "execute_us", "kernel_us"))
+        rows.append({"run": kind, "runs_per_token": per_token, "nodes_per_run": sum(len(r.kernels) for r in runs) / n,
+                     "model_run_us": run_us, "execute_us": exe_us, "kernels_us": ker_us,
+                     "framework_us": run_us - ker_us, "outside_executor_us": run_us - exe_us,
+                     "run_ms_per_token": run_us * per_token / 1e3, "kernel_ms_per_token": ker_us * per_token / 1e3,
+                     "framework_ms_per_token": (run_us - ker_us) * per_token / 1e3})
+    ours_rows = rows[:-1]
+    rows.insert(len(ours_rows), {"run": "per-layer graphs, all", "runs_per_token": sum(r["runs_per_token"] for r in ours_rows),
+                                 **{k: sum(r[k] for r in ours_rows) for k in ("run_ms_per_token", "kernel_ms_per_token",
+                                                                              "framework_ms_per_token")}})
+    return rows
+
+
+class Monolith:
+    """``model.onnx`` decoded in onnxruntime with onnxruntime-genai's session options (1 intra-op and 1
+    inter-op thread, ORT's default optimisation level, the bundle's op library) and I/O binding: each
+    token's presents, allocated by ORT, are bound as the next token's pasts without a copy."""
+
+    def __init__(self, path: Path):
+        import onnxruntime as ort
+
+        from dipdeploy.ops.native import session_options
+
+        self.session = ort.InferenceSession(str(path / "model.onnx"), session_options(1, True),
+                                            providers=["CPUExecutionProvider"])
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.layers = sum(1 for n in self.outputs if n.startswith("present.") and n.endswith(".key"))
+
+    def decode(self, prompt: list[int], tokens: int) -> list[float]:
+        """Greedy-decode ``tokens`` after ``prompt``; the wall seconds of each decode run."""
+        from onnxruntime import OrtValue
+
+        shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_key_values.0.key")
+        heads, dim = shape[1], shape[3]
+        past = {f"past_key_values.{i}.{k}": OrtValue.ortvalue_from_numpy(np.zeros((1, heads, 0, dim), np.float32))
+                for i in range(self.layers) for k in ("key", "value")}
+        ids, pos, times = list(prompt), 0, []
+        for step in range(tokens):
+            io = self.session.io_binding()
+            n = len(ids)
+            for name, value in (("input_ids", np.array([ids], np.int64)), ("attention_mask", np.ones((1, pos + n), np.int64)),
+                                ("position_ids", np.arange(pos, pos + n, dtype=np.int64)[None])):
+                io.bind_cpu_input(name, value)
+            for name, value in past.items():
+                io.bind_ortvalue_input(name, value)
+            for name in self.outputs:
+                io.bind_output(name)
+            t0 = time.perf_counter()
+            self.session.run_with_iobinding(io)
+            if step:
+                times.append(time.perf_counter() - t0)
+            out = dict(zip(self.outputs, io.get_outputs()))
+            past = {name: out[name.replace("past_key_values", "present")] for name in past}
+            pos += n
+            ids = [int(np.argmax(out["logits"].numpy()[0, -1]))]
+        return times
+
+
+def run_floor(runs: int, repeats: int = 2000) -> float:
+    """ms of ``runs`` IOBinding runs of a one-node graph (Identity of 576 floats) with the engine's options."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from dipdeploy.ops.native import session_options
+    from dipdeploy.runtime.sessions import Bound, shared_arena
+
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 576]) for n in ("x", "y")]
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "floor", vi[:1], vi[1:]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    b = Bound(ort.InferenceSession(model.SerializeToString(), shared_arena(session_options(1, True)),
+                                   providers=["CPUExecutionProvider"]))
+    b.input("x", np.zeros((1, 576), np.float32))
+    b.output("y", np.zeros((1, 576), np.float32))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        b.run()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * runs * statistics.median(times)
+
+
+def walls(path: Path, tokens: int, repeats: int, genai_python: str | None) -> tuple[dict[str, float], list[float]]:
+    """The unprofiled items of the module docstring, ms per decode token (medians), and the loads seen."""
+    from dipdeploy.runtime.sessions import Bound
+    from dipdeploy.runtime.stats import Timer
+
+    eng = engine(path, tokens + 32)
+    mono = Monolith(path)
+    prompt = eng.encode(PROMPT)
+    in_runs: list[float] = []
+    plain = Bound.run
+
+    def timed(bound) -> None:
+        t0 = time.perf_counter()
+        plain(bound)
+        in_runs.append(time.perf_counter() - t0)
+
+    samples: dict[str, list[float]] = collections.defaultdict(list)
+    loads = []
+    runs = 3 * eng.num_layers + 2
+    for _ in range(repeats):
+        Bound.run = timed
+        try:
+            g = eng.generate(prompt, 2, stop_at_eos=False)
+            timer, tok = Timer(), g.tokens[-1]
+            for _ in range(tokens - 1):
+                in_runs.clear()
+                t0 = time.perf_counter()
+                tok = int(np.argmax(eng.step(tok, timer)))
+                samples["token"].append(time.perf_counter() - t0)
+                samples["in_runs"].append(sum(in_runs))
+        finally:
+            Bound.run = plain
+        eng.generate(prompt, 2, stop_at_eos=False)
+        for _ in range(tokens - 1):
+            t0 = time.perf_counter()
+            length = eng.kv.length
+            eng.per_token.step(length + 1)
+            for i in range(eng.num_layers):
+                eng.kv.bind(eng.attn[i], i)
+                eng.attn[i].run()
+                eng.kv.commit(i)
+                eng.up[i].run()
+                eng.down[i].run()
+            eng.head.run()
+            eng.kv.advance()
+            samples["runs_alone"].append(time.perf_counter() - t0)
+        samples["model.onnx"] += mono.decode(prompt, tokens)
+        if genai_python:
+            samples["genai"].append(genai_row(path, tokens, genai_python)["ms_per_token"] / 1e3)
+        loads.append(os.getloadavg()[0])
+    eng.close()
+    out = {key: 1e3 * statistics.median(v) for key, v in samples.items()}
+    out["host"] = 1e3 * statistics.median(t - r for t, r in zip(samples["token"], samples["in_runs"]))
+    out["run_floor"] = run_floor(runs)
+    out["runs_per_token"] = runs
+    return out, loads
+
+
+WALL_ITEMS = [("token", "Engine.step, the whole decode token"),
+              ("in_runs", "its session runs (Bound.run)"),
+              ("host", "the rest: cache step, binding, Python"),
+              ("runs_alone", "the same runs, binding but no cache step between them"),
+              ("model.onnx", "model.onnx, one ORT run per token, genai's session options"),
+              ("genai", "onnxruntime-genai's whole token"),
+              ("run_floor", "ORT's fixed cost of as many one-node runs")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1 repeat, 24 tokens")
+    ap.add_argument("--json", help="write every table's rows as one JSON object")
+    ap.add_argument("--bundle", type=Path, help="a SmolLM2 DIP-CA BQ4 bundle (default: exported once under build/)")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--genai-python", default=GENAI_PYTHON, help="a Python with onnxruntime-genai")
+    args = ap.parse_args()
+    tokens, repeats = (24, 1) if args.quick else (args.tokens, args.repeats)
+    if not (args.genai_python and Path(args.genai_python).is_file()):
+        sys.exit(f"error: no Python with onnxruntime-genai at {args.genai_python!r}; give --genai-python PATH")
+    path = bundle(args.bundle)
+    load0 = os.getloadavg()[0]
+    ours, genai = profile_ours(path, tokens), profile_genai(path, tokens, args.genai_python)
+    wall, loads = walls(path, tokens, repeats, args.genai_python)
+    tables = {"ops": op_rows(ours, genai), "runs": run_rows(ours, genai), "nodes": node_rows(ours, genai, 12),
+              "wall": [{"item": k, "what": what, "ms_per_token": wall.get(k),
+                        "x_genai": wall[k] / wall["genai"] if k in wall else None} for k, what in WALL_ITEMS]}
+    write_rows_json(tables, args.json)
+    write_table(tables, tokens, repeats, [load0, *loads], args.quick)
+
+
+def write_table(tables: dict, tokens: int, repeats: int, loads: list[float], quick: bool) -> None:
+    name = "kernel_gap" + ("-quick" if quick else "")
+    text = (f"# {name}: the per-layer graphs' time against model.onnx in onnxruntime-genai\n\n"
+            f"SmolLM2-135M DIP-CA BQ4 (the demo's bundle), 100 % budget, native kernels, 1 ORT thread, "
+            f"{tokens} greedy tokens after one prompt; profiles leave out the prefill and the first decode run; "
+            f"wall times: median over the tokens of {repeats} interleaved repeat(s). What each item is: "
+            f"benchmarks/kernel_gap.py's docstring.\n\n"
+            f"Machine: {lscpu()}; shared with other jobs, 1-minute load {', '.join(f'{x:.2f}' for x in loads)} "
+            f"(before, then after each repeat).\n\n"
+            f"## Unprofiled wall time per decode token\n\n"
+            f"{md_table(tables['wall'], ['item', 'what', 'ms_per_token', 'x_genai'])}\n\n"
+            f"## Profiled: per kind of run (µs per run, ms per token)\n\n"
+            f"{md_table(tables['runs'], ['run', 'runs_per_token', 'nodes_per_run', 'model_run_us', 'execute_us', 'kernels_us', 'framework_us', 'outside_executor_us', 'run_ms_per_token', 'kernel_ms_per_token', 'framework_ms_per_token'])}\n\n"
+            f"## Profiled: kernels per op type (µs and calls per token)\n\n"
+            f"{md_table(tables['ops'], ['op', 'ours_calls', 'genai_calls', 'ours_us', 'genai_us', 'diff_us'])}\n\n"
+            f"## Profiled: the nodes that differ most (summed over layers, µs and calls per token)\n\n"
+            f"{md_table(tables['nodes'], ['node', 'ours_calls', 'genai_calls', 'ours_us', 'genai_us', 'diff_us'])}\n\n"
+            f"Regenerate: `python benchmarks/kernel_gap.py` (dipdeploy/runtime/DESIGN.md reads this file).\n")
+    out = RESULTS / f"{name}.md"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    print(text)
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print(f"({time.time() - t0:.0f} s)")
