@@ -28,8 +28,18 @@ interleaved in each repeat so load hits them alike):
 * ``genai``: onnxruntime-genai's whole token (scripts/genai_decode.py, unprofiled);
 * ``run_floor``: 92 × one IOBinding run of a one-node graph (ORT's fixed cost per run).
 
+``--instructions`` counts, under valgrind's callgrind (not timed: load cannot change a count), the
+instructions per decode token of ``model.onnx`` (as above), of ``runs_alone`` and of the whole
+``token``, by shared object (onnxruntime, the op library, libc, Python, numpy): the difference of a
+10- and a 2-token decode over 8. Each count is a process under valgrind (minutes).
+
+``--baseline CHECKOUT`` adds a before/after of ``Engine.step`` (wall and the process's CPU time per
+decode token, which the machine's other jobs inflate less), each repeat one fresh process with
+CHECKOUT's ``dipdeploy`` and one with this checkout's, alternating, on the same bundle.
+
     python benchmarks/kernel_gap.py                    # 3 repeats, 64 tokens (~2 min on 2 cores)
     python benchmarks/kernel_gap.py --quick --json o.json   # 1 repeat, 24 tokens
+    python benchmarks/kernel_gap.py --baseline /work/main   # and main's engine against this one
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -282,6 +294,111 @@ def walls(path: Path, tokens: int, repeats: int, genai_python: str | None) -> tu
     return out, loads
 
 
+COUNTED = ("model.onnx", "runs_alone", "token")
+
+
+def counted_workload(path: Path, what: str, tokens: int) -> None:
+    """The decode ``--instructions`` counts: ``tokens`` decode runs of ``what`` after the prompt."""
+    from dipdeploy.runtime.stats import Timer
+
+    if what == "model.onnx":
+        from tokenizers import Tokenizer
+
+        Monolith(path).decode(Tokenizer.from_file(str(path / "tokenizer.json")).encode(PROMPT).ids, tokens + 1)
+        return
+    eng = engine(path, tokens + 32)
+    g = eng.generate(eng.encode(PROMPT), 2, stop_at_eos=False)
+    timer, tok = Timer(), g.tokens[-1]
+    for _ in range(tokens):
+        if what == "token":
+            tok = int(np.argmax(eng.step(tok, timer)))
+            continue
+        eng.per_token.step(eng.kv.length + 1)
+        for i in range(eng.num_layers):
+            eng.kv.bind(eng.attn[i], i)
+            eng.attn[i].run()
+            eng.kv.commit(i)
+            eng.up[i].run()
+            eng.down[i].run()
+        eng.head.run()
+        eng.kv.advance()
+
+
+def callgrind_objects(out: Path) -> collections.Counter:
+    """Instructions by shared object in a callgrind file written with uncompressed names (the cost line
+    after a ``calls=`` line is the call's inclusive cost, counted at the callee, so it is skipped)."""
+    by = collections.Counter()
+    obj, skip = "?", False
+    for line in out.read_text(errors="replace").splitlines():
+        if skip:
+            skip = False
+        elif line.startswith("ob="):
+            obj = Path(line[3:]).name.split(".cpython")[0].split(".so")[0] or "?"
+        elif line.startswith("calls="):
+            skip = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                by[obj] += int(parts[1])
+    return by
+
+
+def instruction_rows(path: Path) -> list[dict]:
+    """M instructions per decode token of each ``COUNTED`` workload, by shared object (module docstring)."""
+    short, long = 2, 10
+    per_token = {}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for what in COUNTED:
+            counts = []
+            for n in (short, long):
+                out = Path(tmp) / f"cg.{n}"
+                subprocess.run(["valgrind", "--tool=callgrind", "--dump-instr=no", "--compress-strings=no",
+                                "--compress-pos=no", f"--callgrind-out-file={out}", sys.executable, __file__,
+                                "--count", what, "--tokens", str(n), "--bundle", str(path)],
+                               capture_output=True, text=True, check=True, env=env)
+                counts.append(callgrind_objects(out))
+            per_token[what] = {k: (counts[1][k] - counts[0][k]) / (long - short) / 1e6 for k in counts[0] | counts[1]}
+    objects = sorted({k for v in per_token.values() for k in v}, key=lambda k: -per_token["token"].get(k, 0))
+    rows = [{"object": k, **{what: per_token[what].get(k, 0.0) for what in COUNTED}} for k in objects
+            if max(abs(per_token[what].get(k, 0.0)) for what in COUNTED) >= 0.05]
+    return rows + [{"object": "all", **{what: sum(per_token[what].values()) for what in COUNTED}}]
+
+
+def step_ms(path: Path, tokens: int) -> dict[str, float]:
+    """``Engine.step``'s median wall ms and mean CPU ms per decode token, in this process."""
+    from dipdeploy.runtime.stats import Timer
+
+    eng = engine(path, tokens + 32)
+    prompt = eng.encode(PROMPT)
+    g = eng.generate(prompt, 2, stop_at_eos=False)
+    timer, tok, wall = Timer(), g.tokens[-1], []
+    c0 = time.process_time()
+    for _ in range(tokens - 1):
+        t0 = time.perf_counter()
+        tok = int(np.argmax(eng.step(tok, timer)))
+        wall.append(time.perf_counter() - t0)
+    cpu = time.process_time() - c0
+    eng.close()
+    return {"ms_per_token": 1e3 * statistics.median(wall), "cpu_ms_per_token": 1e3 * cpu / (tokens - 1)}
+
+
+def before_after(path: Path, tokens: int, repeats: int, baseline: Path) -> list[dict]:
+    """``step_ms`` with ``baseline``'s dipdeploy and with this checkout's, alternating fresh processes."""
+    samples: dict[str, list[dict]] = collections.defaultdict(list)
+    for _ in range(repeats):
+        for name, root in (("before", baseline), ("after", ROOT)):
+            out = subprocess.run([sys.executable, __file__, "--step-only", "--bundle", str(path), "--tokens", str(tokens)],
+                                 capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(root)})
+            samples[name].append(json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{"))))
+    rows = [{"engine": f"{name} ({root})", **{key: statistics.median(r[key] for r in samples[name])
+                                              for key in ("ms_per_token", "cpu_ms_per_token")}}
+            for name, root in (("before", baseline), ("after", ROOT))]
+    for key in ("ms_per_token", "cpu_ms_per_token"):
+        rows[1][f"after_over_before_{key.split('_')[0]}"] = rows[1][key] / rows[0][key]
+    return rows
+
+
 WALL_ITEMS = [("token", "Engine.step, the whole decode token"),
               ("in_runs", "its session runs (Bound.run)"),
               ("host", "the rest: cache step, binding, Python"),
@@ -299,8 +416,22 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--genai-python", default=GENAI_PYTHON, help="a Python with onnxruntime-genai")
+    ap.add_argument("--baseline", type=Path, help="a checkout whose engine to time against this one's")
+    ap.add_argument("--instructions", action="store_true", help="count instructions per token under valgrind")
+    ap.add_argument("--step-only", action="store_true", help=argparse.SUPPRESS)  # one side of --baseline
+    ap.add_argument("--count", choices=COUNTED, help=argparse.SUPPRESS)  # one workload of --instructions
     args = ap.parse_args()
     tokens, repeats = (24, 1) if args.quick else (args.tokens, args.repeats)
+    if args.step_only:
+        print(json.dumps(step_ms(bundle(args.bundle), tokens)))
+        return
+    if args.count:
+        counted_workload(bundle(args.bundle), args.count, args.tokens)
+        return
+    if args.instructions and shutil.which("valgrind") is None:
+        sys.exit("error: --instructions needs valgrind (apt-get install valgrind), or leave it out")
+    if args.baseline is not None and not (args.baseline / "dipdeploy" / "runtime" / "engine.py").is_file():
+        sys.exit(f"error: --baseline {args.baseline} is not a dipdeploy checkout (no dipdeploy/runtime/engine.py)")
     if not (args.genai_python and Path(args.genai_python).is_file()):
         sys.exit(f"error: no Python with onnxruntime-genai at {args.genai_python!r}; give --genai-python PATH")
     path = bundle(args.bundle)
@@ -310,6 +441,10 @@ def main() -> None:
     tables = {"ops": op_rows(ours, genai), "runs": run_rows(ours, genai), "nodes": node_rows(ours, genai, 12),
               "wall": [{"item": k, "what": what, "ms_per_token": wall.get(k),
                         "x_genai": wall[k] / wall["genai"] if k in wall else None} for k, what in WALL_ITEMS]}
+    if args.instructions:
+        tables["instructions"] = instruction_rows(path)
+    if args.baseline is not None:
+        tables["before_after"] = before_after(path, tokens, repeats, args.baseline.resolve())
     write_rows_json(tables, args.json)
     write_table(tables, tokens, repeats, [load0, *loads], args.quick)
 
@@ -331,7 +466,12 @@ def write_table(tables: dict, tokens: int, repeats: int, loads: list[float], qui
             f"{md_table(tables['ops'], ['op', 'ours_calls', 'genai_calls', 'ours_us', 'genai_us', 'diff_us'])}\n\n"
             f"## Profiled: the nodes that differ most (summed over layers, µs and calls per token)\n\n"
             f"{md_table(tables['nodes'], ['node', 'ours_calls', 'genai_calls', 'ours_us', 'genai_us', 'diff_us'])}\n\n"
-            f"Regenerate: `python benchmarks/kernel_gap.py` (dipdeploy/runtime/DESIGN.md reads this file).\n")
+            + (f"## Instructions per decode token (M, callgrind, by shared object)\n\n"
+               f"{md_table(tables['instructions'], ['object', *COUNTED])}\n\n" if "instructions" in tables else "")
+            + (f"## Before/after: Engine.step per decode token\n\n"
+               f"{md_table(tables['before_after'], ['engine', 'ms_per_token', 'cpu_ms_per_token', 'after_over_before_ms', 'after_over_before_cpu'])}\n\n"
+               if "before_after" in tables else "") +
+            "Regenerate: `python benchmarks/kernel_gap.py` (dipdeploy/runtime/DESIGN.md reads this file).\n")
     out = RESULTS / f"{name}.md"
     tmp = out.with_suffix(".tmp")
     tmp.write_text(text)
