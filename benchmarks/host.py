@@ -13,7 +13,9 @@ Split of a decode token (ms, median of the repeats):
 
 * ``kernel``: ORT's kernel time, the sum of the ``*_kernel_time`` node events of ORT's profiler over the
   decode runs of every session (a separate profiled engine per budget: the kernels and the cache decisions
-  do not depend on where the step runs, tests/test_native_cache.py);
+  do not depend on where the step runs, tests/test_native_cache.py); the profiler inflates every node, so
+  compare it with another profile (benchmarks/kernel_gap.py profiles model.onnx under genai), not with
+  genai's unprofiled token;
 * ``storage``: time inside the Flash reads of the misses (``flash_io_decode``), memcpy from the page
   cache here (the file is cached), zero at 100 % once the prompt has filled the caches;
 * ``cpu_ms_per_token`` / ``ort_cpu_ms`` / ``outside_ort_cpu_share``: the token in CPU time (the process's,
