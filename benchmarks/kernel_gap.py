@@ -409,6 +409,12 @@ WALL_ITEMS = [("token", "Engine.step, the whole decode token"),
               ("run_floor", "ORT's fixed cost of as many one-node runs")]
 
 
+def refuse(message: str) -> None:
+    """Bad input: one line naming the problem and the fix, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 repeat, 24 tokens")
@@ -430,11 +436,11 @@ def main() -> None:
         counted_workload(bundle(args.bundle), args.count, args.tokens)
         return
     if args.instructions and shutil.which("valgrind") is None:
-        sys.exit("error: --instructions needs valgrind (apt-get install valgrind), or leave it out")
+        refuse("--instructions needs valgrind (apt-get install valgrind), or leave it out")
     if args.baseline is not None and not (args.baseline / "dipdeploy" / "runtime" / "engine.py").is_file():
-        sys.exit(f"error: --baseline {args.baseline} is not a dipdeploy checkout (no dipdeploy/runtime/engine.py)")
+        refuse(f"--baseline {args.baseline} is not a dipdeploy checkout (no dipdeploy/runtime/engine.py); give one")
     if not (args.genai_python and Path(args.genai_python).is_file()):
-        sys.exit(f"error: no Python with onnxruntime-genai at {args.genai_python!r}; give --genai-python PATH")
+        refuse(f"no Python with onnxruntime-genai at {args.genai_python!r}; give --genai-python PATH")
     path = bundle(args.bundle)
     load0 = os.getloadavg()[0]
     ours, genai = [], []
