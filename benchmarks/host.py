@@ -13,7 +13,9 @@ Split of a decode token (ms, median of the repeats):
 
 * ``kernel``: ORT's kernel time, the sum of the ``*_kernel_time`` node events of ORT's profiler over the
   decode runs of every session (a separate profiled engine per budget: the kernels and the cache decisions
-  do not depend on where the step runs, tests/test_native_cache.py);
+  do not depend on where the step runs, tests/test_native_cache.py); the profiler inflates every node, so
+  compare it with another profile (benchmarks/kernel_gap.py profiles model.onnx under genai), not with
+  genai's unprofiled token;
 * ``storage``: time inside the Flash reads of the misses (``flash_io_decode``), memcpy from the page
   cache here (the file is cached), zero at 100 % once the prompt has filled the caches;
 * ``cpu_ms_per_token`` / ``ort_cpu_ms`` / ``outside_ort_cpu_share``: the token in CPU time (the process's,
@@ -32,7 +34,6 @@ Split of a decode token (ms, median of the repeats):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -43,6 +44,7 @@ import time
 from pathlib import Path
 
 from _common import machine, md_table, write_rows_json
+from _ortprofile import session_runs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,17 +155,9 @@ def kernel_ms(path: Path, budget: str, tokens: int) -> float:
             native.session_options = plain
         g = eng.generate(PROMPT, tokens, stop_at_eos=False)  # one batched prefill run, then decode runs
         sessions = [b.session for group in (eng.attn, eng.up, eng.down, [eng.positions, eng.head]) for b in group]
-        total = sum(_decode_kernel_us(Path(s.end_profiling())) for s in sessions)
+        total = sum(r.kernel_us for s in sessions for r in session_runs(Path(s.end_profiling())))  # after the prefill
         eng.close()
     return total / 1e3 / (len(g.tokens) - 1)
-
-
-def _decode_kernel_us(profile: Path) -> float:
-    """Kernel µs of a session's runs after its first (the prefill)."""
-    events = json.loads(profile.read_text())
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[1:]
-    kernels = [(e["ts"], e["dur"]) for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    return float(sum(d for ts, d in kernels if any(a <= ts <= b for a, b in runs)))
 
 
 def genai_row(path: Path, tokens: int, python: str) -> dict:

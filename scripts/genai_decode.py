@@ -10,6 +10,8 @@ from the one dipdeploy is installed with):
 
 ``--threads N`` overlays ``intra_op_num_threads`` on the bundle's session options (the config as
 shipped leaves ORT's default, every core), so it can run under the host runtime's thread count.
+``--profile PREFIX`` overlays ORT's profiler on the decoder session (``enable_profiling``): the file,
+``PREFIX_<date>.json``, is written when the model is released (benchmarks/kernel_gap.py reads it).
 
 Prints the load and prefill seconds, decode tokens/s (and the decode's CPU seconds) (the ``generate_next_token`` calls after the
 prompt), the peak RSS and the generated text.
@@ -31,12 +33,17 @@ def main() -> None:
     ap.add_argument("--prompt", default="The capital of France is")
     ap.add_argument("-n", "--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, help="intra-op threads (default: the bundle's config, ORT's default)")
+    ap.add_argument("--profile", metavar="PREFIX", help="ORT's profiler on the decoder session, into PREFIX_*.json")
     args = ap.parse_args()
     t0 = time.perf_counter()
     config = og.Config(args.bundle)
+    options = {}
     if args.threads is not None:
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": args.threads, "inter_op_num_threads": 1}}}}))
+        options.update(intra_op_num_threads=args.threads, inter_op_num_threads=1)
+    if args.profile:
+        options["enable_profiling"] = args.profile
+    if options:
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
     model = og.Model(config)
     tokenizer = og.Tokenizer(model)
     load_s = time.perf_counter() - t0
@@ -57,6 +64,7 @@ def main() -> None:
     print(f"decode {len(out)} tokens in {decode_s:.2f} s = {len(out) / decode_s:.2f} tok/s (CPU {decode_cpu:.2f} s); "
           f"peak RSS {rss_mb:.0f} MB")
     print("text:", repr(tokenizer.decode(out)))
+    del generator, model  # the profile is written when the session is released
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def test_kv_storage_is_sized_to_the_context_and_never_reallocated(bundle):
             k, v = eng.kv.layer(i)
             for a in (k, v):  # the valid K/V lie inside the one storage, not in a fresh array
                 assert np.shares_memory(a, storage)
-            bound.append(eng.attn[i]._keep[f"out:present.{i}.key"][0])
+            bound.append(eng.attn[i]._keep[f"out:present.{i}.key"].array)  # the Buffer bound by address
     assert eng.kv.storage is storage and eng.kv.storage.ctypes.data == address
     assert all(np.shares_memory(b, storage) for b in bound)
     assert eng.kv.layer(0)[0].shape == (1, 2, len(PROMPT), 16)
@@ -149,3 +149,14 @@ def test_rope_tables_are_read_once_and_shared_by_the_attention_sessions(bundle):
     for name in names:
         assert np.array_equal(eng.shared.arrays[name], np.asarray(open_tensor(out, eng.manifest, name)))
     assert eng.shared.nbytes == sum(eng.manifest.tensors[n]["length"] for n in names)
+
+
+def test_a_buffer_bound_by_address_refuses_a_shape_past_its_end():
+    from dipdeploy.runtime.sessions import Buffer
+
+    buf = Buffer(np.zeros(12, np.float32))
+    assert buf.fits((1, 3, 4)) == (1, 3, 4) and buf.address == buf.array.ctypes.data
+    with pytest.raises(ValueError, match="exceeds a buffer of 12"):
+        buf.fits((1, 3, 5))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        Buffer(np.zeros((4, 4), np.float32)[:, :2])

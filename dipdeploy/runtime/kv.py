@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dipdeploy.runtime.sessions import Buffer
+
 ATTENTION_LAYOUTS = ("standard", "gqa")
 
 
@@ -49,6 +51,10 @@ class KvCache:
         count = shape.layers if attention == "gqa" else shape.layers + 1
         # [buffer, K|V, floats]: one allocation for the whole cache
         self.storage = np.zeros((count, 2, shape.layer_floats), np.float32)
+        # every view ``bind`` makes starts at its buffer's first float: bound by address (sessions.Buffer)
+        self._buffers = [[Buffer(self.storage[b, w]) for w in (0, 1)] for b in range(count)]
+        self._names = [[(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}") for kind in ("key", "value")]
+                       for i in range(shape.layers)]
         self._owner = list(range(shape.layers))  # layer -> its buffer index
         self._spare = shape.layers if attention == "standard" else None
         self.length = 0
@@ -70,11 +76,16 @@ class KvCache:
     def bind(self, session, layer: int, new: int = 1) -> None:
         """Bind layer ``layer``'s past (``length`` positions) and present (``new`` more: one per decoded
         token, the prompt's length for a batched prefill) to ``session``."""
-        own = self._owner[layer]
-        out = own if self.attention == "gqa" else self._spare
-        for which, kind in enumerate(("key", "value")):
-            session.input_buffer(f"past_key_values.{layer}.{kind}", self._view(own, which, self.length))
-            session.output_buffer(f"present.{layer}.{kind}", self._view(out, which, self.length + new))
+        s, own = self.shape, self._owner[layer]
+        if self.attention == "gqa":
+            out, past = own, (1, s.heads, s.context, s.head_dim)
+            present = past
+        else:
+            out, past = self._spare, (1, s.heads, self.length, s.head_dim)
+            present = (1, s.heads, self.length + new, s.head_dim)
+        for which, (past_name, present_name) in enumerate(self._names[layer]):
+            session.input_at(past_name, self._buffers[own][which], past)
+            session.output_at(present_name, self._buffers[out][which], present)
 
     def commit(self, layer: int) -> None:
         """After layer ``layer`` ran: its present is now its cache (the standard layout swaps buffers)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from dipdeploy.export.manifest import BATCH, SEQ, TOTAL
-from dipdeploy.runtime.sessions import Bound
+from dipdeploy.runtime.sessions import Bound, Buffer
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(int32)": np.int32, "tensor(int64)": np.int64}
 
@@ -38,12 +38,13 @@ class PositionValues:
         self.takers = {o.name: [a for a, names in zip(attention, takes) if o.name in names] for o in outputs}
         self.names = [[o.name for o in outputs if o.name in names] for names in takes]
         self._dims = {o.name: (o.shape, _DTYPES[o.type]) for o in outputs}
-        self._growing: dict[str, np.ndarray] = {}
+        self._growing: dict[str, Buffer] = {}
+        self._mask = Buffer(mask)  # batch 1: mask[:, :n] is its first n elements
         context = mask.shape[1]
         positions.input("position_ids", position_ids)
         for name, (dims, dtype) in self._dims.items():
             if TOTAL in dims:
-                self._growing[name] = np.zeros(int(np.prod(_shape(dims, 1, context))), dtype)
+                self._growing[name] = Buffer(np.zeros(int(np.prod(_shape(dims, 1, context))), dtype))
                 continue
             buf = np.zeros(_shape(dims, 1, 0), dtype)
             positions.output(name, buf)
@@ -52,13 +53,12 @@ class PositionValues:
 
     def step(self, length: int) -> None:
         """Compute the values of a decode step whose sequence holds ``length`` positions (this one included)."""
-        self.bound.input_buffer("attention_mask", self.mask[:, :length])
+        self.bound.input_at("attention_mask", self._mask, (1, length))
         for name, flat in self._growing.items():
             shape = _shape(self._dims[name][0], 1, length)
-            view = flat[: int(np.prod(shape))].reshape(shape)
-            self.bound.output_buffer(name, view)
+            self.bound.output_at(name, flat, shape)
             for a in self.takers[name]:
-                a.input_buffer(name, view)
+                a.input_at(name, flat, shape)
         self.bound.run()
 
     def batch(self, bound: Bound, start: int, n: int) -> dict[str, np.ndarray]:

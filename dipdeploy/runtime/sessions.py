@@ -8,15 +8,18 @@ bytes with the bundle folder as the external-data root.
 
 ``Bound`` keeps one IOBinding per session. Every fixed-shape tensor of the decode loop (hidden
 states, indices, slots, residency, slab arrays, RoPE rows, logits) is a numpy buffer bound once at
-start; per token only the attention mask and the KV cache (whose lengths grow) are re-bound. ORT reads and
-writes the buffers in place, so a token costs ORT's run and a handful of binds, not a Python wrapper
-per tensor (measured ≈130 µs per session call before, on this machine, with per-call binding).
+start; per token only the attention mask and the KV cache (whose lengths grow) are re-bound, by address
+into a ``Buffer`` whose address was read once (``Bound.input_at``): numpy's ``ctypes.data`` and a view per
+bind cost more than ORT's bind itself (dipdeploy/runtime/DESIGN.md, "Where the per-layer path's token goes").
+ORT reads and writes the buffers in place, so a token costs ORT's run and a handful of binds, not a Python
+wrapper per tensor (measured ≈130 µs per session call before, on this machine, with per-call binding).
 Torch-free (floor 4).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +112,23 @@ def open_session(path: Path, options, gamma: float | None = None, accuracy_level
     return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
 
 
+class Buffer:
+    """A C-contiguous numpy array whose leading elements are bound, with a shape that changes per token
+    (a KV view, the mask), by address: the address is read once here, and each bind checks that the
+    shape fits inside the array, so no bind can reach past it."""
+
+    def __init__(self, array: np.ndarray):
+        if not array.flags.c_contiguous:
+            raise ValueError("a Buffer must be C-contiguous")
+        self.array, self.dtype, self.size = array, array.dtype, array.size
+        self.address = array.ctypes.data
+
+    def fits(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if math.prod(shape) > self.size:
+            raise ValueError(f"shape {shape} exceeds a buffer of {self.size} elements")
+        return shape
+
+
 class Bound:
     """A session and its IOBinding over numpy buffers (see the module docstring)."""
 
@@ -116,6 +136,7 @@ class Bound:
         from onnxruntime import OrtValue
 
         self._value = OrtValue.ortvalue_from_numpy
+        self._device = _cpu()
         self.session = session
         self.io = session.io_binding()._iobinding  # the C binding: no Python wrapper per call
         self._keep: dict[str, object] = {}
@@ -126,16 +147,16 @@ class Bound:
         self._keep["in:" + name] = (array, v)
         self.io.bind_ortvalue_input(name, v._ortvalue)
 
-    def input_buffer(self, name: str, array: np.ndarray) -> None:
-        """``input`` for a C-contiguous ``array`` rebound every token (a KV view): its pointer is bound
-        directly, without an OrtValue object per call."""
-        self._keep["in:" + name] = array
-        self.io.bind_input(name, _cpu(), array.dtype, array.shape, array.ctypes.data)
+    def input_at(self, name: str, buffer: Buffer, shape: tuple[int, ...]) -> None:
+        """Bind the first elements of ``buffer``, as ``shape``, as input ``name`` (rebound every token: no
+        OrtValue or view per call)."""
+        self._keep["in:" + name] = buffer
+        self.io.bind_input(name, self._device, buffer.dtype, buffer.fits(shape), buffer.address)
 
-    def output_buffer(self, name: str, array: np.ndarray) -> None:
-        """``output`` in the same way as ``input_buffer``."""
-        self._keep["out:" + name] = array
-        self.io.bind_output(name, _cpu(), array.dtype, array.shape, array.ctypes.data)
+    def output_at(self, name: str, buffer: Buffer, shape: tuple[int, ...]) -> None:
+        """``output`` in the same way as ``input_at``."""
+        self._keep["out:" + name] = buffer
+        self.io.bind_output(name, self._device, buffer.dtype, buffer.fits(shape), buffer.address)
 
     def output(self, name: str, array: np.ndarray) -> None:
         """ORT writes output ``name`` into ``array`` (whose shape must be the output's)."""
