@@ -238,13 +238,9 @@ def runs_report(r: dict) -> str:
         ""])
 
 
-def runs_only(bundle: Path, json_out: str | None) -> None:
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    plan = manifest["plan"]
-    work = bundle.parent
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    r = {"bundle": str(bundle), "rho_in": plan.get("rho_in"), "k": (plan["layers"][0]["k_in"], plan["layers"][0]["k_glu"]),
-         "commit": commit, "machine": machine(), "lscpu": lscpu(), "load_before": round(os.getloadavg()[0], 2), "runs": []}
+def runs_and_simulate(work: Path, bundle: Path, r: dict) -> None:
+    """Steps 3-4 into ``r``: a run under each of :data:`LIMITS_GB`, then simulate on the first trace."""
+    r["runs"] = []
     for gb in LIMITS_GB:
         print(f"run under {gb} GB …", flush=True)
         r["runs"].append(run(work, bundle, gb))
@@ -252,6 +248,16 @@ def runs_only(bundle: Path, json_out: str | None) -> None:
         print(f"  rc {x['rc']}, {x.get('decode_tok_s')} tok/s, {x.get('device_mb_per_token')} MB/token", flush=True)
     traced = [x["trace"] for x in r["runs"] if x.get("trace")]
     r["simulate"] = simulate(work, traced[0]) if traced else {"error": "no run finished"}
+
+
+def runs_only(bundle: Path, json_out: str | None) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    plan = manifest["plan"]
+    work = bundle.parent
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    r = {"bundle": str(bundle), "rho_in": plan.get("rho_in"), "k": (plan["layers"][0]["k_in"], plan["layers"][0]["k_glu"]),
+         "commit": commit, "machine": machine(), "lscpu": lscpu(), "load_before": round(os.getloadavg()[0], 2)}
+    runs_and_simulate(work, bundle, r)
     r["load_after"] = round(os.getloadavg()[0], 2)
     write_rows_json([r], json_out)
     (RESULTS / "scale-runs.md").write_text(runs_report(r))
@@ -302,14 +308,7 @@ def main() -> None:
     if not args.keep:
         shutil.rmtree(ckpt)
     r["kept"] = args.keep
-    r["runs"] = []
-    for gb in LIMITS_GB:
-        print(f"run under {gb} GB …", flush=True)
-        r["runs"].append(run(work, bundle, gb))
-        x = r["runs"][-1]
-        print(f"  rc {x['rc']}, {x.get('decode_tok_s')} tok/s, {x.get('device_mb_per_token')} MB/token", flush=True)
-    traced = [x["trace"] for x in r["runs"] if x.get("trace")]
-    r["simulate"] = simulate(work, traced[0]) if traced else {"error": "no run finished"}
+    runs_and_simulate(work, bundle, r)
     r["load_after"], r["disk_after"] = round(os.getloadavg()[0], 2), disk_free(work)
     write_rows_json([r], args.json)
     RESULTS.mkdir(exist_ok=True)

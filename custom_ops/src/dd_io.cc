@@ -41,6 +41,19 @@ struct Batch {
   std::atomic<int64_t> got{0};
   std::atomic<int> error{0};  // first errno seen (EIO for a short read)
   std::atomic<int64_t> failed{-1};
+
+  Batch(int fd_, int64_t n_, const int64_t * offset_, const int64_t * length_, const int64_t * need_,
+        uint8_t * dest_, const int64_t * place_)
+      : fd(fd_), n(n_), offset(offset_), length(length_), need(need_), dest(dest_), place(place_) {}
+
+  // The C ABI's result: the bytes read, or -errno of the first failure with its request in *failed_out.
+  int64_t result(int64_t * failed_out) const {
+    if (error.load() != 0) {
+      if (failed_out) *failed_out = failed.load();
+      return -int64_t(error.load());
+    }
+    return got.load();
+  }
 };
 
 // One request: pread until `need` bytes arrived (a positioned read may return fewer than asked).
@@ -282,20 +295,9 @@ __attribute__((visibility("default"))) int64_t dd_io_read(void * pool, int fd, i
                                                         const int64_t * length, const int64_t * need, uint8_t * dest,
                                                         const int64_t * place, int64_t * failed) {
   if (pool == nullptr || n < 0) return -EINVAL;
-  Batch b;
-  b.fd = fd;
-  b.n = n;
-  b.offset = offset;
-  b.length = length;
-  b.need = need;
-  b.dest = dest;
-  b.place = place;
+  Batch b(fd, n, offset, length, need, dest, place);
   static_cast<Pool *>(pool)->run(b);
-  if (b.error.load() != 0) {
-    if (failed) *failed = b.failed.load();
-    return -int64_t(b.error.load());
-  }
-  return b.got.load();
+  return b.result(failed);
 }
 
 // An io_uring ring of at least `depth` entries, or NULL where the kernel has none or refuses it (the
@@ -333,24 +335,13 @@ __attribute__((visibility("default"))) int64_t dd_io_ring_read(void * ring, int 
                                                              uint8_t * dest, const int64_t * place, int64_t * failed) {
 #ifdef DD_IO_URING
   if (ring == nullptr || n < 0) return -EINVAL;
-  Batch b;
-  b.fd = fd;
-  b.n = n;
-  b.offset = offset;
-  b.length = length;
-  b.need = need;
-  b.dest = dest;
-  b.place = place;
+  Batch b(fd, n, offset, length, need, dest, place);
   try {
     static_cast<Ring *>(ring)->read(b);
   } catch (...) {
     return -ENOMEM;
   }
-  if (b.error.load() != 0) {
-    if (failed) *failed = b.failed.load();
-    return -int64_t(b.error.load());
-  }
-  return b.got.load();
+  return b.result(failed);
 #else
   (void)ring, (void)fd, (void)n, (void)offset, (void)length, (void)need, (void)dest, (void)place, (void)failed;
   return -ENOSYS;
