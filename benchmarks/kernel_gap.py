@@ -69,6 +69,20 @@ KINDS = ("positions", "attn", "mlp_up", "mlp_down", "head")
 SKIP = 2  # the prefill run and the first decode run (its one-off allocations)
 
 
+
+def runs_alone(eng) -> None:
+    """One decode token's session runs with their KV binding and nothing between them: no cache step,
+    the slots left as they are."""
+    eng.per_token.step(eng.kv.length + 1)
+    for i in range(eng.num_layers):
+        eng.kv.bind(eng.attn[i], i)
+        eng.attn[i].run()
+        eng.kv.commit(i)
+        eng.up[i].run()
+        eng.down[i].run()
+    eng.head.run()
+    eng.kv.advance()
+
 def engine(path: Path, context: int, profile_dir: str | None = None):
     """A warm 100 %-budget engine over ``path``; with ``profile_dir``, every session profiled into it."""
     import dipdeploy.ops.native as native
@@ -272,16 +286,7 @@ def walls(path: Path, tokens: int, repeats: int, genai_python: str | None) -> tu
         eng.generate(prompt, 2, stop_at_eos=False)
         for _ in range(tokens - 1):
             t0 = time.perf_counter()
-            length = eng.kv.length
-            eng.per_token.step(length + 1)
-            for i in range(eng.num_layers):
-                eng.kv.bind(eng.attn[i], i)
-                eng.attn[i].run()
-                eng.kv.commit(i)
-                eng.up[i].run()
-                eng.down[i].run()
-            eng.head.run()
-            eng.kv.advance()
+            runs_alone(eng)
             samples["runs_alone"].append(time.perf_counter() - t0)
         samples["model.onnx"] += mono.decode(prompt, tokens)
         if genai_python:
@@ -314,15 +319,7 @@ def counted_workload(path: Path, what: str, tokens: int) -> None:
         if what == "token":
             tok = int(np.argmax(eng.step(tok, timer)))
             continue
-        eng.per_token.step(eng.kv.length + 1)
-        for i in range(eng.num_layers):
-            eng.kv.bind(eng.attn[i], i)
-            eng.attn[i].run()
-            eng.kv.commit(i)
-            eng.up[i].run()
-            eng.down[i].run()
-        eng.head.run()
-        eng.kv.advance()
+        runs_alone(eng)
 
 
 def callgrind_objects(out: Path) -> collections.Counter:
