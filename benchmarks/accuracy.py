@@ -261,6 +261,11 @@ def goals(rows: list[dict]) -> str:
         met = "met" if dip["ppl"] <= limit * dense else "NOT met"
         lines.append(f"- ρ = {rho}, DIP ≤ {limit} × dense: **{met}**: best DIP {dip['ppl']:.2f} ({dip['variant']}) = "
                      f"{dip['ppl'] / dense:.3f} × dense {dense:.2f} (limit {limit * dense:.2f})")
+    for method in ("dip", "teal"):
+        measured = {rho: sorted(r["variant"] for r in rows if r["method"] == method and r["target_density"] == rho)
+                    for rho in GOAL_DENSITIES}
+        lines.append(f"- {method.upper()} variants measured: " + "; ".join(
+            f"ρ = {rho}: {', '.join(v) or 'none'}" for rho, v in measured.items()))
     return "## Goals\n\n" + "\n".join(lines) + "\n\n"
 
 

@@ -63,6 +63,7 @@ def test_goals_compare_the_best_dip_with_the_best_teal(accuracy, monkeypatch):
     assert "ρ = 0.5, DIP ≤ TEAL: **met**: best DIP 24.00 (score=wina-in) vs best TEAL 26.00 (allocation=joint)" in text
     assert "ρ = 0.4, DIP ≤ TEAL: **NOT met**: best DIP 45.00 (-) vs best TEAL 42.00 (-)" in text
     assert "ρ = 0.5, DIP ≤ 1.25 × dense: **met**" in text  # 24.0 ≤ 25.0
+    assert "TEAL variants measured: ρ = 0.4: -; ρ = 0.5: -, allocation=joint" in text
     rows[2]["ppl"] = 25.5  # now above 1.25 × 20 but still the best DIP, and still below TEAL's 26.0
     text = accuracy.goals(rows)
     assert "ρ = 0.5, DIP ≤ 1.25 × dense: **NOT met**" in text and "ρ = 0.5, DIP ≤ TEAL: **met**" in text
