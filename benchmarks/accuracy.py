@@ -9,9 +9,15 @@ interrupted run resumes where it stopped and the table always shows what was mea
     python benchmarks/accuracy.py --windows 2 --seqlen 1024 --part a --only dense,dip:-,teal:-,cats &
     python benchmarks/accuracy.py --windows 2 --seqlen 1024 --part b --only dip:allocation=joint,teal:allocation=joint,dip-ca
 
+    # new rows beside those of an earlier table (kept, not re-run), then the table from every partial file:
+    python benchmarks/accuracy.py --rows-from benchmarks/results/accuracy-smollm2.md \
+        --splits-from benchmarks/results/accuracy-smollm2.md --part greedy --only dip:allocation=greedy
+    python benchmarks/accuracy.py --table-only
+
 Several processes may share the plan (``--part``, ``--only``, ``--densities``): each keeps its own partial
-file and every table is written from all of them. A protocol other than 16 × 2048 writes its own table
-(``accuracy-<model>-<windows>x<seqlen>.md``), never over the full one.
+file and every table is written from all of them; a row another process finished is not run again. A
+protocol other than 16 × 2048 writes its own table (``accuracy-<model>-<windows>x<seqlen>.md``), never
+over the full one.
 """
 
 from __future__ import annotations
@@ -254,7 +260,7 @@ def goals(rows: list[dict]) -> str:
             continue
         met = "met" if dip["ppl"] <= teal["ppl"] else "NOT met"
         lines.append(f"- ρ = {rho}, DIP ≤ TEAL: **{met}**: best DIP {dip['ppl']:.2f} ({dip['variant']}) vs best TEAL "
-                     f"{teal['ppl']:.2f} ({teal['variant']}), {100 * (dip['ppl'] / teal['ppl'] - 1):+.1f} %")
+                     f"{teal['ppl']:.2f} ({teal['variant']}), {100 * (dip['ppl'] / teal['ppl'] - 1):+.2f} %")
     rho, limit = GOAL_X_DENSE
     dip = best.get(("dip", rho))
     if dip is not None and dense is not None:
