@@ -175,7 +175,7 @@ def main() -> None:
     done = json.loads(partial.read_text()) if partial.is_file() else []
     info = machine()
     if args.table_only:
-        info["load_1min"] = "not measured (table written from the partial files)"
+        info["load_1min"] = "the load of each run: see the notes below (this table was written from the partial files)"
         write_table(_all_parts(name, done, partial), name, info, windows, seqlen, configs(args.quick))
         return
     ev = Evaluator(EvalConfig(model=args.model, seqlen=seqlen, max_windows=windows, progress=True))
@@ -227,12 +227,14 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
     for r in rows:
         r["ppl_x_dense"] = r["ppl"] / dense if dense else None
     ordered = sorted(rows, key=lambda r: (r["target_density"], r["method"], r["variant"]))
+    load = info["load_1min"]
+    load = f"load {load} at start" if isinstance(load, (int, float)) else load
     cols = ["method", "variant", "target_density", "density", "density_test", "rho_in", "allocation", "score", "gamma",
             "policy", "cache_frac", "ppl", "ppl_x_dense", "calib_s", "eval_s"]
     text = (f"# {name}: WikiText-2 test perplexity of sparse MLP methods\n\n"
             f"Model {rows[0]['model']}, {windows} windows × {seqlen} tokens ({rows[0]['tokens']} predicted tokens), "
             f"prefill and decode both sparsified; calibration: WikiText-2 validation (4 × 512 tokens).\n"
-            f"Machine: {info['cpu']}, {info['cores']} cores, load {info['load_1min']} at start "
+            f"Machine: {info['cpu']}, {info['cores']} cores, {load} "
             f"(other jobs shared the CPU, so times are indicative only). "
             f"`density` is the MLP density ρ = (2ρ_in + ρ_glu)/3 of the plan (thresholds: expected on calibration text), "
             f"`density_test` the density realised on the test tokens (TEAL, CATS: measured; top-K methods: exact); "
