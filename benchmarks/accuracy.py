@@ -9,15 +9,22 @@ interrupted run resumes where it stopped and the table always shows what was mea
     python benchmarks/accuracy.py --windows 2 --seqlen 1024 --part a --only dense,dip:-,teal:-,cats &
     python benchmarks/accuracy.py --windows 2 --seqlen 1024 --part b --only dip:allocation=joint,teal:allocation=joint,dip-ca
 
+    # new rows beside those of an earlier table (kept, not re-run), then the table from every partial file:
+    python benchmarks/accuracy.py --rows-from benchmarks/results/accuracy-smollm2.md \
+        --splits-from benchmarks/results/accuracy-smollm2.md --part greedy --only dip:allocation=greedy
+    python benchmarks/accuracy.py --table-only
+
 Several processes may share the plan (``--part``, ``--only``, ``--densities``): each keeps its own partial
-file and every table is written from all of them. A protocol other than 16 × 2048 writes its own table
-(``accuracy-<model>-<windows>x<seqlen>.md``), never over the full one.
+file and every table is written from all of them; a row another process finished is not run again. A
+protocol other than 16 × 2048 writes its own table (``accuracy-<model>-<windows>x<seqlen>.md``), never
+over the full one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -34,26 +41,34 @@ NOTES = ("How each method was tuned (all on WikiText-2 validation, 4 × 512 toke
          "end-to-end sensitivity; **TEAL** per-layer thresholds on |x| and |GLU~| at the (1 − share) quantiles, "
          "uniform: DIP's searched split, joint: each layer's shares from the same joint allocation (the role of "
          "TEAL's own greedy per-layer allocation); **CATS** per-layer threshold on |act(W_g x)|; **DIP-CA** the "
-         "joint DIP plan, γ = 0.5, LFU, cache half of each group's rows. Rows are compared at equal MLP bytes "
+         "joint DIP plan (variant allocation=greedy: the greedy one), γ = 0.5, LFU, cache half of each group's rows; "
+         "**wina-in** DIP's input score |x_i|·s_i^0.5, its split searched like abs's. Rows are compared at equal MLP bytes "
          "read per token (`density_test`).")
 PEERS = ("dip", "dip-ca", "teal", "cats", "gate", "up")
+#: What the table is read against: at every goal density the best DIP row at most the best TEAL row, and
+#: at ρ = 0.5 the best DIP row within this multiple of dense perplexity.
+GOAL_DENSITIES = (0.4, 0.5, 0.6, 0.75)
+GOAL_X_DENSE = (0.5, 1.25)
 
 
 def configs(quick: bool) -> list[tuple[str, float, dict]]:
-    """Priority order: per density (0.5 first, then 0.75, 0.6, 0.4) DIP uniform and joint (per-layer
-    density and split, docs/method.md "Joint allocation"), TEAL uniform and with the same joint
-    allocation, CATS, DIP-CA (γ = 0.5) on the joint plan; at ρ = 0.5 also the greedy allocation and the
-    WINA score under the joint allocation; then the single-group baselines."""
+    """Priority order: per density (0.5 first, then 0.4, 0.6, 0.75: where DIP trails TEAL most first) DIP
+    uniform and joint (per-layer density and split, docs/method.md "Joint allocation"), TEAL uniform and
+    with the same joint allocation, CATS, DIP-CA (γ = 0.5) on the joint plan, DIP with the greedy
+    allocation and with the `wina-in` score (docs/method.md "Scores"), alone and together; at ρ = 0.5
+    also the WINA score under the joint allocation and DIP-CA on the greedy plans (with either score);
+    then the single-group baselines."""
     if quick:
         return [("dense", 1.0, {})] + [(m, 0.5, {}) for m in ("dip", "teal", "cats", "dip-ca")]
-    joint = {"allocation": "joint"}
+    joint, greedy, wina_in = {"allocation": "joint"}, {"allocation": "greedy"}, {"score": "wina-in"}
     out = [("dense", 1.0, {})]
-    for rho in (0.5, 0.75, 0.6, 0.4):
+    for rho in (0.5, 0.4, 0.6, 0.75):
         out += [("dip", rho, {}), ("dip", rho, joint), ("teal", rho, {}), ("teal", rho, joint), ("cats", rho, {}),
-                ("dip-ca", rho, joint)]
+                ("dip-ca", rho, joint), ("dip", rho, greedy), ("dip", rho, wina_in), ("dip", rho, {**greedy, **wina_in})]
         if rho == 0.5:
-            out += [("dip", 0.5, {"allocation": "greedy"}), ("dip", 0.5, {**joint, "score": "wina"})]
-    for rho in (0.5, 0.75, 0.6, 0.4):
+            out += [("dip", 0.5, {**joint, "score": "wina"}), ("dip-ca", 0.5, greedy),
+                    ("dip-ca", 0.5, {**greedy, **wina_in})]
+    for rho in (0.5, 0.4, 0.6, 0.75):
         out += [(m, rho, {}) for m in ("gate", "up")] + ([("glu", rho, {})] if rho == 0.75 else [])
     return [c for c in out if reachable(c[0], c[1])]
 
@@ -71,6 +86,57 @@ def splits_from(table: Path) -> dict:
     return found
 
 
+def kept_rows(table: Path) -> list[dict]:
+    """The rows of an earlier results table of the same protocol, as rows of this script (with their
+    keys), so rows measured once are kept in the regenerated table without being run again. Columns the
+    earlier table did not have (e.g. ``density_test``) stay empty."""
+    text = table.read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    model = re.search(r"Model (\S+),", text).group(1)
+    windows, seqlen = (int(v) for v in re.search(r"(\d+) windows × (\d+) tokens", text).groups())
+    tokens = int(re.search(r"\((\d+) predicted tokens\)", text).group(1))
+    rows = []
+    for ln in lines[2:]:
+        cells = dict(zip(head, (c.strip() for c in ln.strip("|").split("|"))))
+        row = {c: _cell(v) for c, v in cells.items() if c != "ppl_x_dense"}
+        over = {} if row["variant"] == "-" else dict(_override(kv) for kv in row["variant"].split(","))
+        row.update(model=model, tokens=tokens, seqlen=seqlen, windows=windows, kept_from=table.name,
+                   key=_key(row["method"], row["target_density"], over))
+        rows.append(row)
+    return rows
+
+
+def _cell(v: str):
+    if v == "":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def _override(kv: str) -> tuple[str, object]:
+    a, b = kv.split("=", 1)
+    return a, _cell(b)
+
+
+def _key(method: str, rho: float, over: dict) -> str:
+    return f"{method}|{rho}|{json.dumps(over, sort_keys=True)}"
+
+
+def _only(text: str) -> set[str]:
+    """``--only``'s entries: a variant of several overrides keeps its commas (``dip:allocation=greedy,
+    score=wina-in`` is one entry: a piece with ``=`` and no ``:`` continues the entry before it)."""
+    out: list[str] = []
+    for piece in text.split(","):
+        if out and "=" in piece and ":" not in piece:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return set(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 windows × 512 tokens, ρ = 0.5 (≈2 min)")
@@ -79,12 +145,16 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--splits-from", type=Path, help="reuse the searched splits of an earlier results table")
+    ap.add_argument("--rows-from", type=Path, help="keep the measured rows of an earlier table of the same "
+                    "protocol (written once to the partial file `kept`; their configurations are not run again)")
     ap.add_argument("--only", help="comma list of methods (or method:variant, e.g. dip:- or "
                     "dip:allocation=joint) to run; the rest of the plan is left out")
     ap.add_argument("--densities", help="comma list of target densities to run (default: all)")
     ap.add_argument("--part", default="", help="name of this process's partial file, so several processes "
                     "can share the plan (the table is written from all partial files)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--table-only", action="store_true", help="write the table from the partial files and stop "
+                    "(no model is loaded)")
     ap.add_argument("--curves", type=Path, help="the joint allocation's error curves (score abs) as an .npz with "
                     "`cost` [L, 10, 10] on sparsity.allocate.GRID, measured on the same calibration tokens, "
                     "so that several processes need not each measure them")
@@ -98,9 +168,16 @@ def main() -> None:
     if not args.quick and (windows, seqlen) != (16, 2048):  # a smaller protocol never replaces the full table
         name += f"-{windows}x{seqlen}"
     partial = RESULTS / f".{name}{'.' + args.part if args.part else ''}.partial.json"
+    if args.rows_from:
+        kept = RESULTS / f".{name}.kept.partial.json"
+        if not kept.is_file():
+            kept.write_text(json.dumps(kept_rows(args.rows_from), indent=1))
     done = json.loads(partial.read_text()) if partial.is_file() else []
-    key = lambda m, d, o: f"{m}|{d}|{json.dumps(o, sort_keys=True)}"  # noqa: E731
-    have = {r["key"] for r in done}
+    info = machine()
+    if args.table_only:
+        info["load_1min"] = "the load of each run: see the notes below (this table was written from the partial files)"
+        write_table(_all_parts(name, done, partial), name, info, windows, seqlen, configs(args.quick))
+        return
     ev = Evaluator(EvalConfig(model=args.model, seqlen=seqlen, max_windows=windows, progress=True))
     for r in done:  # a resumed run reuses the split searches of earlier rows (they take minutes each)
         if r["method"] in ("dip", "dip-ca", "teal") and r["allocation"] == "uniform":
@@ -115,15 +192,14 @@ def main() -> None:
     if args.splits_from:
         for k, v in splits_from(args.splits_from).items():
             ev.splits.setdefault(k, v)
-    info = machine()
-    only = set(args.only.split(",")) if args.only else None
+    only = _only(args.only) if args.only else None
     rhos = {float(r) for r in args.densities.split(",")} if args.densities else None
     for method, rho, over in configs(args.quick):
         variant = ",".join(f"{a}={b}" for a, b in over.items()) or "-"
         if (only is not None and not {method, f"{method}:{variant}"} & only) or (rhos is not None and rho not in rhos):
             continue
-        k = key(method, rho, over)
-        if k in have:
+        k = _key(method, rho, over)
+        if k in {r["key"] for r in _all_parts(name, done, partial)}:  # done here or by another process
             continue
         t = time.time()
         row = ev.row(method, rho, **over)
@@ -140,7 +216,7 @@ def main() -> None:
 def _all_parts(name: str, done: list[dict], partial: Path) -> list[dict]:
     """This process's rows and those of every other partial file of the same table."""
     rows = list(done)
-    for other in sorted(RESULTS.glob(f".{name}*.partial.json")):
+    for other in sorted([*RESULTS.glob(f".{name}.partial.json"), *RESULTS.glob(f".{name}.*.partial.json")]):
         if other != partial:
             rows += json.loads(other.read_text())
     return rows
@@ -151,26 +227,62 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
     for r in rows:
         r["ppl_x_dense"] = r["ppl"] / dense if dense else None
     ordered = sorted(rows, key=lambda r: (r["target_density"], r["method"], r["variant"]))
+    load = info["load_1min"]
+    load = f"load {load} at start" if isinstance(load, (int, float)) else load
     cols = ["method", "variant", "target_density", "density", "density_test", "rho_in", "allocation", "score", "gamma",
             "policy", "cache_frac", "ppl", "ppl_x_dense", "calib_s", "eval_s"]
     text = (f"# {name}: WikiText-2 test perplexity of sparse MLP methods\n\n"
             f"Model {rows[0]['model']}, {windows} windows × {seqlen} tokens ({rows[0]['tokens']} predicted tokens), "
             f"prefill and decode both sparsified; calibration: WikiText-2 validation (4 × 512 tokens).\n"
-            f"Machine: {info['cpu']}, {info['cores']} cores, load {info['load_1min']} at start "
+            f"Machine: {info['cpu']}, {info['cores']} cores, {load} "
             f"(other jobs shared the CPU, so times are indicative only). "
             f"`density` is the MLP density ρ = (2ρ_in + ρ_glu)/3 of the plan (thresholds: expected on calibration text), "
             f"`density_test` the density realised on the test tokens (TEAL, CATS: measured; top-K methods: exact); "
             f"`rho_in` the mean input share.\n\n{NOTES}\n\n"
-            f"{md_table(ordered, cols)}\n\n{_missing(rows, planned)}Regenerate: `python benchmarks/accuracy.py` "
+            f"{md_table(ordered, cols)}\n\n{goals(rows)}{_missing(rows, planned)}Regenerate: `python benchmarks/accuracy.py` "
             f"(resumes from benchmarks/results/.{name}.partial.json).\n")
     (RESULTS / f"{name}.md").write_text(text)
+
+
+def goals(rows: list[dict]) -> str:
+    """The Goals section: per goal density, the best DIP row against the best TEAL row (each method's
+    lowest perplexity over its measured variants, so TEAL keeps its own best calibration), and the best DIP
+    row at GOAL_X_DENSE's density against that multiple of dense."""
+    best = {}
+    for r in rows:
+        k = (r["method"], r["target_density"])
+        if r["method"] in ("dip", "teal") and (k not in best or r["ppl"] < best[k]["ppl"]):
+            best[k] = r
+    dense = next((r["ppl"] for r in rows if r["method"] == "dense"), None)
+    lines = []
+    for rho in GOAL_DENSITIES:
+        dip, teal = best.get(("dip", rho)), best.get(("teal", rho))
+        if dip is None or teal is None:
+            lines.append(f"- ρ = {rho}: not measured (DIP or TEAL row missing)")
+            continue
+        met = "met" if dip["ppl"] <= teal["ppl"] else "NOT met"
+        lines.append(f"- ρ = {rho}, DIP ≤ TEAL: **{met}**: best DIP {dip['ppl']:.2f} ({dip['variant']}) vs best TEAL "
+                     f"{teal['ppl']:.2f} ({teal['variant']}), {100 * (dip['ppl'] / teal['ppl'] - 1):+.2f} %")
+    rho, limit = GOAL_X_DENSE
+    dip = best.get(("dip", rho))
+    if dip is not None and dense is not None:
+        met = "met" if dip["ppl"] <= limit * dense else "NOT met"
+        lines.append(f"- ρ = {rho}, DIP ≤ {limit} × dense: **{met}**: best DIP {dip['ppl']:.2f} ({dip['variant']}) = "
+                     f"{dip['ppl'] / dense:.3f} × dense {dense:.2f} (limit {limit * dense:.2f})")
+    for method in ("dip", "teal"):
+        measured = {rho: sorted(r["variant"] for r in rows if r["method"] == method and r["target_density"] == rho)
+                    for rho in GOAL_DENSITIES}
+        lines.append(f"- {method.upper()} variants measured: " + "; ".join(
+            f"ρ = {rho}: {', '.join(v) or 'none'}" for rho, v in measured.items()))
+    return "## Goals\n\n" + "\n".join(lines) + "\n\n"
 
 
 def _missing(rows: list[dict], planned: list) -> str:
     have = {(r["method"], r["target_density"], r["variant"]) for r in rows}
     todo = [f"{m} ρ={d}" + (f" ({','.join(f'{a}={b}' for a, b in o.items())})" if o else "")
             for m, d, o in planned if (m, d, ",".join(f"{a}={b}" for a, b in o.items()) or "-") not in have]
-    return f"**Not measured yet** (the run was stopped; it resumes): {', '.join(todo)}.\n\n" if todo else ""
+    return (f"**Planned, not measured at this protocol** (a run resumes them): {', '.join(todo)}.\n\n"
+            if todo else "")
 
 
 if __name__ == "__main__":

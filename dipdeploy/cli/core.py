@@ -227,7 +227,7 @@ def calibrate_cmd(
                                 fixed_top_n, gamma_warmup)
         check_inputs(model=model)
         where = resolve_device(device or DEFAULT_DEVICE)
-        from dipdeploy.eval.data import load_text, windows as make_windows
+        from dipdeploy.eval.data import calibration_windows
         from dipdeploy.loading import load_model, streams_by_default
         from dipdeploy.sparsity.calibrate import calibrate_on
         from dipdeploy.sparsity.streamed import check_streamable
@@ -239,8 +239,7 @@ def calibrate_cmd(
         with progress.stage(f"load {model}" + (" (streamed: one layer at a time)" if streamed else "")):
             lm = load_model(model, stream=streamed)
         with progress.stage("tokenise the calibration text"):
-            text = load_text("wikitext2", "validation", text_file, data_dir)
-            calib = make_windows(lm.tokenizer, text, seqlen, windows)
+            calib = calibration_windows(lm.tokenizer, windows, seqlen, data_dir, text_file)
         with progress.stage(f"calibrate {method} ρ={density:g} on {calib.shape[0]}×{seqlen} tokens ({where})"):
             plan = calibrate_on(lm, cfg, calib, where)
         plan.save(out, force=force)
@@ -353,7 +352,7 @@ def trace_cmd(
         cfg = None if p is not None or method == "dense" else SparsityConfig(
             method=method, density=density, rho_in=rho_in, gamma=gamma, policy=policy, cache_frac=cache_frac)
         check_inputs(model=model)
-        from dipdeploy.eval.data import load_text, windows as make_windows
+        from dipdeploy.eval.data import calibration_windows, load_text, windows as make_windows
         from dipdeploy.loading import load_model
         from dipdeploy.sparsity.calibrate import calibrate
         from dipdeploy.sparsity.plan import uniform_plan
@@ -368,8 +367,7 @@ def trace_cmd(
                              c.hidden_size, c.intermediate_size)
         elif p is None:
             with progress.stage(f"calibrate {method} ρ={density:g}"):
-                calib = make_windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
-                                     defaults.CALIB_SEQLEN, defaults.CALIB_WINDOWS)
+                calib = calibration_windows(lm.tokenizer, defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN, data_dir)
                 p = calibrate(lm, cfg, calib)
         with progress.stage(f"trace {tokens} tokens"):
             ids = make_windows(lm.tokenizer, load_text("wikitext2", split, text_file, data_dir), tokens, 1)

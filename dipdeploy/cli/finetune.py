@@ -97,7 +97,7 @@ def finetune_cmd(
 
         training_text(cfg, data_dir)  # refuses WikiText test (and, for distill, validation) text before any work
         check_inputs(model=model)
-        from dipdeploy.eval.data import load_text, windows
+        from dipdeploy.eval.data import calibration_windows
         from dipdeploy.finetune import finetune
         from dipdeploy.loading import load_model
         from dipdeploy.sparsity.calibrate import calibrate_on
@@ -109,8 +109,7 @@ def finetune_cmd(
             lm = load_model(model)
         if p is None:
             with progress.stage(f"calibrate {sp.method} ρ={sp.density:g}"):
-                calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir),
-                                defaults.CALIB_SEQLEN, defaults.CALIB_WINDOWS)
+                calib = calibration_windows(lm.tokenizer, defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN, data_dir)
                 p = calibrate_on(lm, sp, calib, where or "cpu")
         say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}, objective {cfg.objective}, text "
             f"{cfg.text_file or cfg.data}) on {lm.name} under {p.method} "

@@ -50,10 +50,9 @@ def quantize_cmd(
             lm = load_model(model)
         calib = None
         if cfg.statistics() is not None:
-            from dipdeploy.eval.data import load_text, windows
+            from dipdeploy.eval.data import calibration_windows
 
-            calib = windows(lm.tokenizer, load_text("wikitext2", "validation", None, data_dir), calib_seqlen,
-                            stats_windows)
+            calib = calibration_windows(lm.tokenizer, stats_windows, calib_seqlen, data_dir)
         with progress.stage(f"quantise the MLP ({quant})"):
             path = write_packed_mlp(lm.model, cfg, out, model_name=lm.name, force=force, calib_ids=calib,
                                     progress=False)

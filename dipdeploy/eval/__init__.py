@@ -170,10 +170,9 @@ class Evaluator:
 
     def _windows(self, count: int):
         """``count`` windows of ``calib_seqlen`` tokens of the calibration text (WikiText-2 validation)."""
-        from dipdeploy.eval.data import load_text, windows
+        from dipdeploy.eval.data import calibration_windows
 
-        text = load_text(self.cfg.dataset, "validation", None, self.cfg.data_dir)
-        return windows(self.lm.tokenizer, text, self.cfg.calib_seqlen, count)
+        return calibration_windows(self.lm.tokenizer, count, self.cfg.calib_seqlen, self.cfg.data_dir)
 
     @property
     def calib(self):

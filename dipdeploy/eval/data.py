@@ -105,3 +105,11 @@ def windows(tokenizer, text: str, seqlen: int, max_windows: int | None = None) -
     if max_windows is not None:
         n = min(n, max_windows)
     return ids[: n * seqlen].view(n, seqlen)
+
+
+def calibration_windows(tokenizer, count: int, seqlen: int, data_dir: str | Path | None = None,
+                        text_file: str | Path | None = None) -> torch.Tensor:
+    """``count`` windows [count, seqlen] of the calibration text: WikiText-2 *validation* (never test,
+    module docstring) or ``text_file``. One definition, so a plan, a quantiser's statistics and an export's
+    row order calibrate on the same tokens whichever command computes them."""
+    return windows(tokenizer, load_text("wikitext2", "validation", text_file, data_dir), seqlen, count)

@@ -204,11 +204,11 @@ def _quant_statistics(lm, cfg: ExportConfig, steps: _Steps) -> tuple:
         return None, None, None
     ids = None
     if mlp_cfg.statistics() is not None:
-        from dipdeploy.export.prepare import calibration_windows
+        from dipdeploy.eval.data import calibration_windows
 
         steps("quantisation statistics")
         try:
-            ids = calibration_windows(lm, cfg, cfg.stats_windows)
+            ids = calibration_windows(lm.tokenizer, cfg.stats_windows, cfg.calib_seqlen, cfg.data_dir)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"{err}; or fit plain k-means with --vq-hessian none") from err
     return mlp_cfg, calibration_statistics(lm.model, mlp_cfg, ids), fit_record(mlp_cfg, ids)
@@ -226,10 +226,10 @@ def _row_order(lm, cfg: ExportConfig, plan, steps: _Steps) -> tuple[list | None,
         why = "a streamed export has no whole model to trace the calibration text with"
     wins = None
     if why is None:
-        from dipdeploy.export.prepare import calibration_windows
+        from dipdeploy.eval.data import calibration_windows
 
         try:
-            wins = calibration_windows(lm, cfg)
+            wins = calibration_windows(lm.tokenizer, cfg.calib_windows, cfg.calib_seqlen, cfg.data_dir)
         except FileNotFoundError as err:
             why = f"no calibration text ({err})"
     if why is not None:

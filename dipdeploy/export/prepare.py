@@ -124,23 +124,14 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
         return uniform_plan(scfg, lm.name, c.num_hidden_layers, c.hidden_size, c.intermediate_size)
     from dipdeploy.sparsity.calibrate import calibrate_on
 
+    from dipdeploy.eval.data import calibration_windows
+
     try:
-        wins = calibration_windows(lm, cfg)
+        wins = calibration_windows(lm.tokenizer, cfg.calib_windows, cfg.calib_seqlen, cfg.data_dir)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{err}; or skip calibration with --rho-in R or --plan PLAN") from err
     # a streamed model one layer in memory at a time, the same plan (sparsity/streamed.py)
     return calibrate_on(lm, scfg, wins, resolve_device(cfg.device))
-
-
-def calibration_windows(lm, cfg: ExportConfig, count: int | None = None):
-    """The calibration text's token windows [N, seqlen] (``calibrate``'s text: WikiText-2 validation):
-    ``count`` of them (default ``cfg.calib_windows``, the plan's; a calibrated VQ3 asks for
-    ``cfg.stats_windows``)."""
-    from dipdeploy.eval.data import load_text, windows
-
-    count = cfg.calib_windows if count is None else count
-    text = load_text("wikitext2", "validation", data_dir=cfg.data_dir)
-    return windows(lm.tokenizer, text[: 200 * cfg.calib_seqlen * count], cfg.calib_seqlen, count)
 
 
 def miss_trace(lm, plan: SparsityPlan, wins) -> list[tuple]:

@@ -1,0 +1,70 @@
+"""benchmarks/accuracy.py's table: rows kept from an earlier table, the --only entries and the Goals section."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture()
+def accuracy(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("accuracy", None)
+    mod = importlib.import_module("accuracy")
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+    return mod
+
+
+def _row(method, rho, ppl, variant="-", **kw):
+    over = {} if variant == "-" else dict(kv.split("=") for kv in variant.split(","))
+    row = {"model": "tiny", "method": method, "variant": variant, "target_density": rho, "density": rho,
+           "rho_in": 1.0, "allocation": over.get("allocation", "uniform"), "score": over.get("score", "abs"),
+           "gamma": 1.0, "policy": "-", "cache_frac": None, "ppl": ppl, "tokens": 2046, "seqlen": 1024,
+           "windows": 2, "calib_s": 1.0, "eval_s": 2.0}
+    row.update(kw)
+    return row
+
+
+def _table(accuracy, rows, name="acc"):
+    info = {"cpu": "cpu", "cores": 2, "load_1min": 0.0}
+    accuracy.write_table(rows, name, info, 2, 1024, [])
+    return accuracy.RESULTS / f"{name}.md"
+
+
+def test_kept_rows_read_back_what_the_table_wrote(accuracy):
+    rows = [_row("dense", 1.0, 20.0), _row("dip", 0.5, 28.5), _row("dip", 0.5, 27.4, "allocation=greedy"),
+            _row("dip-ca", 0.5, 32.9, "gamma=0.5", gamma=0.5, policy="lfu", cache_frac=0.5)]
+    kept = {r["key"]: r for r in accuracy.kept_rows(_table(accuracy, rows))}
+    assert set(kept) == {'dense|1.0|{}', 'dip|0.5|{}', 'dip|0.5|{"allocation": "greedy"}', 'dip-ca|0.5|{"gamma": 0.5}'}
+    greedy = kept['dip|0.5|{"allocation": "greedy"}']
+    assert (greedy["ppl"], greedy["allocation"], greedy["tokens"], greedy["windows"], greedy["seqlen"]) == \
+        (27.4, "greedy", 2046, 2, 1024)
+    assert kept['dip-ca|0.5|{"gamma": 0.5}']["cache_frac"] == 0.5
+    # the keys are the ones the planned configurations get, so a kept row is not run again
+    assert accuracy._key("dip", 0.5, {"allocation": "greedy"}) in kept
+
+
+def test_only_keeps_a_variant_of_several_overrides_whole(accuracy):
+    assert accuracy._only("dip:score=wina-in,dip:allocation=greedy,score=wina-in,cats,teal:-") == {
+        "dip:score=wina-in", "dip:allocation=greedy,score=wina-in", "cats", "teal:-"}
+
+
+def test_goals_compare_the_best_dip_with_the_best_teal(accuracy, monkeypatch):
+    monkeypatch.setattr(accuracy, "GOAL_DENSITIES", (0.4, 0.5))
+    rows = [_row("dense", 1.0, 20.0), _row("dip", 0.5, 28.5), _row("dip", 0.5, 24.0, "score=wina-in"),
+            _row("teal", 0.5, 28.0), _row("teal", 0.5, 26.0, "allocation=joint"),
+            _row("dip", 0.4, 45.0), _row("teal", 0.4, 42.0)]
+    text = accuracy.goals(rows)
+    assert "ρ = 0.5, DIP ≤ TEAL: **met**: best DIP 24.00 (score=wina-in) vs best TEAL 26.00 (allocation=joint)" in text
+    assert "ρ = 0.4, DIP ≤ TEAL: **NOT met**: best DIP 45.00 (-) vs best TEAL 42.00 (-)" in text
+    assert "ρ = 0.5, DIP ≤ 1.25 × dense: **met**" in text  # 24.0 ≤ 25.0
+    assert "TEAL variants measured: ρ = 0.4: -; ρ = 0.5: -, allocation=joint" in text
+    rows[2]["ppl"] = 25.5  # now above 1.25 × 20 but still the best DIP, and still below TEAL's 26.0
+    text = accuracy.goals(rows)
+    assert "ρ = 0.5, DIP ≤ 1.25 × dense: **NOT met**" in text and "ρ = 0.5, DIP ≤ TEAL: **met**" in text
+    assert "## Goals" in _table(accuracy, rows).read_text()
