@@ -20,7 +20,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 py="${1:-$root/.venv/bin/python}"
 out="$root/build/custom_ops-asan"
 ORT_TESTS=(tests/test_ops_harness.py tests/test_ops_errors.py tests/test_ops_hostile.py)
-IO_TESTS=(tests/test_flash_direct.py -k native)
+IO_TESTS=(tests/test_flash_direct.py -k "(threads or io_uring) and not run_through")
 CACHE_TESTS=(tests/test_native_cache.py -k "not engine")
 KERNEL_SETS=(portable avx2 default)
 # A report's first line (UBSan: file:line:col: runtime error: ...); a failing test may print it twice.
