@@ -162,6 +162,17 @@ def simulate(work: Path, trace: str) -> list[dict] | dict:
     return json.loads(js.read_text())
 
 
+def _run_rows(r: dict) -> tuple[list[dict], list[str], dict | list, list[dict]]:
+    """The runs' table rows, their error lines, the simulation's result and its table rows."""
+    runs = [{**x, "read_mb": round(x["read_mb"], 1)} for x in r["runs"]]
+    errors = [f"- {x['limit_gb']} GB: exit {x['rc']}: `{x['tail'].strip().splitlines()[-1][:300]}`"
+              for x in r["runs"] if x["rc"]]
+    sim = r.get("simulate") or {}
+    sim_rows = [{**x, "dram_gb": x["dram_bytes"] / 1e9, "flash_mb_per_token": x["flash_bytes_per_token"] / 1e6,
+                 "dram_mb_per_token": x["dram_bytes_per_token"] / 1e6} for x in (sim if isinstance(sim, list) else [])]
+    return runs, errors, sim, sim_rows
+
+
 def report(r: dict, quick: bool) -> str:
     c, e = r["checkpoint"], r["export"]
     stage_rows = [{"stage": "write random checkpoint (scripts/random_checkpoint.py)", "seconds": c["seconds"],
@@ -171,12 +182,7 @@ def report(r: dict, quick: bool) -> str:
                    "note": f"read {e['read_mb'] / 1e3:.2f} GB from storage; bundle {e['bundle_bytes'] / 1e9:.2f} GB"}]
     stage_rows += [{"stage": f"  export step: {k}", "seconds": v} for k, v in e["steps_s"].items()]
     size_rows = [{"file": k, "MB": v / 1e6} for k, v in sorted(e["sizes"].items(), key=lambda kv: -kv[1])]
-    runs = [{**x, "read_mb": round(x["read_mb"], 1)} for x in r["runs"]]
-    errors = [f"- {x['limit_gb']} GB: exit {x['rc']}: `{x['tail'].strip().splitlines()[-1][:300]}`"
-              for x in r["runs"] if x["rc"]]
-    sim = r.get("simulate") or {}
-    sim_rows = [{**x, "dram_gb": x["dram_bytes"] / 1e9, "flash_mb_per_token": x["flash_bytes_per_token"] / 1e6,
-                 "dram_mb_per_token": x["dram_bytes_per_token"] / 1e6} for x in (sim if isinstance(sim, list) else [])]
+    runs, errors, sim, sim_rows = _run_rows(r)
     sim_cols = ["device", "model", "method", "policy", "dram_gb", "tok_s", "flash_mb_per_token", "dram_mb_per_token",
                 "hit_rate"]
     sim_note = sorted({x.get("extrapolation") or "" for x in sim_rows} - {""})
@@ -212,12 +218,7 @@ def report(r: dict, quick: bool) -> str:
 
 def runs_report(r: dict) -> str:
     """``--bundle``: the runs and the simulation on an exported bundle, stages 1-2 not repeated."""
-    runs = [{**x, "read_mb": round(x["read_mb"], 1)} for x in r["runs"]]
-    errors = [f"- {x['limit_gb']} GB: exit {x['rc']}: `{x['tail'].strip().splitlines()[-1][:300]}`"
-              for x in r["runs"] if x["rc"]]
-    sim = r.get("simulate") or {}
-    sim_rows = [{**x, "dram_gb": x["dram_bytes"] / 1e9, "flash_mb_per_token": x["flash_bytes_per_token"] / 1e6,
-                 "dram_mb_per_token": x["dram_bytes_per_token"] / 1e6} for x in (sim if isinstance(sim, list) else [])]
+    runs, errors, sim, sim_rows = _run_rows(r)
     return "\n".join([
         "# Mistral-7B shapes: `dipdeploy run` under cgroup v1 limits and `simulate` on its trace "
         "(benchmarks/scale.py --bundle)", "", NOTE, "",
