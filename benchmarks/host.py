@@ -46,6 +46,8 @@ from pathlib import Path
 from _common import machine, md_table, write_rows_json
 from _ortprofile import session_runs
 
+from dipdeploy.paths import write_atomic
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The history of the city begins in the early"
@@ -270,10 +272,7 @@ def write_table(rows: list[dict], info: dict, tokens: int, repeats: int, loads: 
             f"{', '.join(f'{x:.2f}' for x in loads)} after each repeat.\n\n"
             f"{md_table(rows, COLS)}\n\n## Goals\n\n{goals(rows)}\n\n"
             f"Regenerate: `python benchmarks/host.py` (dipdeploy/runtime/DESIGN.md reads this table).\n")
-    out = RESULTS / f"{name}.md"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    write_atomic(RESULTS / f"{name}.md", text, force=True)
     print(text)
 
 

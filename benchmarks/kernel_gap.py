@@ -64,6 +64,8 @@ from _common import lscpu, md_table, write_rows_json
 from _ortprofile import Run, session_runs
 from host import GENAI_PYTHON, PROMPT, ROOT, bundle, genai_row
 
+from dipdeploy.paths import write_atomic
+
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("positions", "attn", "mlp_up", "mlp_down", "head")
 SKIP = 2  # the prefill run and the first decode run (its one-off allocations)
@@ -482,10 +484,7 @@ def write_table(tables: dict, tokens: int, repeats: int, loads: list[float], qui
                f"{md_table(tables['before_after'], ['engine', 'ms_per_token', 'cpu_ms_per_token', 'after_over_before_ms', 'after_over_before_cpu'])}\n\n"
                if "before_after" in tables else "") +
             "Regenerate: `python benchmarks/kernel_gap.py` (dipdeploy/runtime/DESIGN.md reads this file).\n")
-    out = RESULTS / f"{name}.md"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    write_atomic(RESULTS / f"{name}.md", text, force=True)
     print(text)
 
 

@@ -23,7 +23,7 @@ from dipdeploy.cache import RowCache, SlotStep, SlotTable
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, SLAB_DIM, BundleError, open_tensor, row_positions
 from dipdeploy.runtime.flash import FlashStore, RowArray
 from dipdeploy.runtime.native_cache import NativeCache
-from dipdeploy.runtime.staging import SharedStaging, page_up
+from dipdeploy.runtime.staging import SharedStaging, window_offsets
 
 
 @dataclass
@@ -84,8 +84,8 @@ class GroupSlab:
         if shared is None:
             self.slabs = [np.zeros((capacity + k, *a.row_shape), dtype=a.dtype) for a in arrays.per_row]
         else:  # the staging slots of every array are consecutive windows of the shared pages
-            offsets = np.cumsum([0] + [page_up(k * a.row_bytes) for a in arrays.per_row])
-            self.slabs = [shared.slab(capacity, k, a.row_shape, a.dtype, int(o))
+            offsets = window_offsets([a.row_bytes for a in arrays.per_row], k)
+            self.slabs = [shared.slab(capacity, k, a.row_shape, a.dtype, o)
                           for a, o in zip(arrays.per_row, offsets)]
         self._cache: RowCache | None = None
         self._table: SlotTable | None = None

@@ -30,10 +30,18 @@ def page_up(n: int) -> int:
     return -(-n // PAGE) * PAGE
 
 
+def window_offsets(row_bytes: list[int], k: int) -> list[int]:
+    """Where each per-row array's K staging rows start in a group's window, and (last) its end: each
+    array's share starts on a page (it is mapped on its own)."""
+    out = [0]
+    for rb in row_bytes:
+        out.append(out[-1] + page_up(k * rb))
+    return out
+
+
 def window_bytes(row_bytes: list[int], k: int) -> int:
-    """Bytes of one group's staging window: K rows of each per-row array, each array's share starting
-    on a page (it is mapped on its own)."""
-    return sum(page_up(k * rb) for rb in row_bytes)
+    """Bytes of one group's staging window (:func:`window_offsets`' end)."""
+    return window_offsets(row_bytes, k)[-1]
 
 
 def supported() -> bool:
