@@ -51,7 +51,8 @@ from _common import lscpu, machine, md_table, memory_group, write_rows_json
 from peers import PEERS, build_genai, build_gguf
 
 from dipdeploy.paths import write_atomic
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_THREADS
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_THREADS
+from dipdeploy.runtime.budget import CACHE_SPLIT
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +69,16 @@ LLAMA_1B_TOKENIZER = "smollm2-135m"  # 49152 tokens, a pre-tokenizer llama.cpp's
 SECTION_1B = "## ≈1 B random Llama beside onnxruntime-genai and llama.cpp"
 THREADS = (1, 4, 16, 32)  # the reads-in-flight sweep
 ROW_ORDERS = ("natural", "calibrated")  # `export --row-order`: the layout axis (docs/method.md "Flash layout")
-COLS = ["method", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
+VARIANTS = (  # at 50 %, --io direct, limited: the issue's other methods on the same bundles, and the cache split
+    ("dip lfu", "dip-ca", dict(gamma=1.0, policy="lfu")),
+    ("dip belady", "dip-ca", dict(gamma=1.0, policy="belady")),
+    ("γ 0.3", "dip-ca", dict(gamma=0.3)),
+    ("γ 0.7", "dip-ca", dict(gamma=0.7)),
+    ("split reads", "dip-ca", dict(cache_split="reads")),
+    ("γ 0.3, split reads", "dip-ca", dict(gamma=0.3, cache_split="reads")),
+    ("split reads", "dense-static", dict(cache_split="reads")),
+)
+COLS = ["method", "variant", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
 
 
@@ -131,7 +141,9 @@ def child(spec: dict) -> dict:
 
     group = Path(spec["group"])
     eng = Engine(spec["bundle"], dram_budget=spec["budget"], policy=spec["policy"], io=spec["io"], cold=True,
-                 native=True, context=256, io_threads=spec["io_threads"], io_engine=spec.get("io_engine", IO_ENGINE))
+                 native=True, context=256, io_threads=spec["io_threads"], io_engine=spec.get("io_engine", IO_ENGINE),
+                 cache_split=spec.get("cache_split", CACHE_SPLIT), io_gap=spec.get("io_gap", IO_GAP),
+                 gamma=spec.get("gamma"))
     eng.generate(PROMPT, 4, stop_at_eos=False)  # warm up the sessions and the caches
     for pair in eng.slabs:
         for s in pair:
@@ -194,6 +206,14 @@ def configs(quick: bool, ios: tuple[str, ...] = ("mmap", "pread", "direct"),
     return out
 
 
+def variant_configs(quick: bool, ios: tuple[str, ...] = ("direct",)) -> list[dict]:
+    """:data:`VARIANTS` at 50 %, ``--io direct``, limited (none with --quick)."""
+    if quick or "direct" not in ios:
+        return []
+    return [dict(method=method, variant=label, row_order="natural", io="direct", budget="50%", limited=True,
+                 io_threads=IO_THREADS, io_engine=IO_ENGINE, **over) for label, method, over in VARIANTS]
+
+
 def thread_configs(quick: bool, ios: tuple[str, ...] = ("direct",)) -> list[dict]:
     """DIP-CA, --io direct at 50 %, limited, natural row order: how much the reads in flight pay, by each
     reader (``--io-engine``), the two engines' runs interleaved."""
@@ -202,6 +222,14 @@ def thread_configs(quick: bool, ios: tuple[str, ...] = ("direct",)) -> list[dict
     return [dict(method="dip-ca", row_order="natural", io="direct", budget="50%", limited=True, io_threads=t,
                  io_engine=engine, sweep=True)
             for t in ((IO_THREADS,) if quick else THREADS) for engine in ("threads", "io_uring")]
+
+
+def _plot_variants(axes, rows: list[dict]) -> None:
+    """The :data:`VARIANTS` rows as single points at their budget, beside the default configurations' lines."""
+    for i, r in enumerate(r for r in rows if r.get("variant") and r.get("tok_s")):
+        x = float(r["budget"].rstrip("%")) + 0.8 * (i - 3)  # spread the points of one budget apart
+        for ax, key in zip(axes, ("tok_s", "device_mb")):
+            ax.scatter([x], [r[key]], marker="xP*dv^<>"[i % 8], label=f"{r['method']} {r['variant']}")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -216,13 +244,14 @@ def plot(rows: list[dict], path: Path) -> None:
         for io in ("mmap", "pread", "direct"):
             for order in orders:
                 pts = [r for r in rows if r["method"] == method and r["io"] == io and r["row_order"] == order
-                       and r.get("limit_mb") and "tok_s" in r]
+                       and r.get("limit_mb") and "tok_s" in r and not r.get("variant")]
                 if not pts:
                     continue
                 x = [float(r["budget"].rstrip("%")) for r in pts]
                 label = f"{method} {io}" + (f" {order}" if len(orders) > 1 else "")
                 axes[0].plot(x, [r["tok_s"] for r in pts], style, label=label)
                 axes[1].plot(x, [r["device_mb"] for r in pts], style, label=label)
+    _plot_variants(axes, rows)
     axes[0].set(xlabel="row-cache budget (% of MLP bytes), cgroup-limited", ylabel="decode tok/s")
     axes[1].set(xlabel="row-cache budget (% of MLP bytes), cgroup-limited", ylabel="MB read from the device / token")
     axes[0].set_ylim(bottom=0)
@@ -236,7 +265,7 @@ def run_configs(cfgs: list[dict], paths: dict[tuple[str, str], Path], tokens: in
     rows = []
     for c in cfgs:
         t = time.time()
-        spec = {**c, "bundle": str(paths[c["method"], c["row_order"]]), "policy": POLICY[c["method"]],
+        spec = {"policy": POLICY[c["method"]], **c, "bundle": str(paths[c["method"], c["row_order"]]),
                 "tokens": tokens, "slack": args.slack}
         res = run_in_group(spec, args.timeout)
         row = {**c, "budget": c["budget"] if c["limited"] else f"{c['budget']}, unlimited", **res,
@@ -244,7 +273,7 @@ def run_configs(cfgs: list[dict], paths: dict[tuple[str, str], Path], tokens: in
         if "wanted_mb" in row and row["wanted_mb"]:
             row["waste"] = row["device_mb"] / row["wanted_mb"]
         rows.append(row)
-        print(f"{c['method']:12s} {c['row_order']:10s} {c['io']:6s} {row['budget']:16s} "
+        print(f"{c['method']:12s} {c.get('variant', '-'):18s} {c['row_order']:10s} {c['io']:6s} {row['budget']:16s} "
               + (res.get("error") or f"{res['tok_s']:.1f} tok/s, wanted {res['wanted_mb']:.2f} MB, device "
                  f"{res['device_mb']:.2f} MB, {res['requests']:.0f} req/token") + f" ({time.time() - t:.0f} s)",
               flush=True)
@@ -271,14 +300,21 @@ def ensure_peer(method: str, args, checkpoint: Path) -> tuple[list[str], Path] |
 
 
 def goals(rows: list[dict]) -> list[str]:
-    """The issue's two ratios at the 50 % budget, limited, from this run's rows (docs/design.md §12)."""
-    at = {r["method"]: r.get("tok_s") for r in rows if r["budget"] == "50%"}
+    """The issue's two ratios at the 50 % budget, limited, from this run's rows (docs/design.md §12): the
+    default configurations, then the fastest sparse variant against the fastest dense-static one."""
+    at = {r["method"]: r.get("tok_s") for r in rows if r["budget"] == "50%" and not r.get("variant")}
     dip, dense = at.get("dip-ca"), at.get("dense-static")
     peers = [at[m] for m in PEERS if at.get(m)]
     out = []
     if dip and dense:
         out.append(f"- DIP-CA / dense-static at 50 %: {dip / dense:.2f}× (goal ≥ 1.5×: "
                    f"{'met' if dip / dense >= 1.5 else 'not met'})")
+    best = {m: max((r for r in rows if r["budget"] == "50%" and r["method"] == m and r.get("tok_s")),
+                   key=lambda r: r["tok_s"], default=None) for m in ("dip-ca", "dense-static")}
+    if best["dip-ca"] and best["dense-static"] and any(r.get("variant") for r in rows):
+        a, b = best["dip-ca"], best["dense-static"]
+        out.append(f"- the fastest sparse row ({a.get('variant') or 'dip-ca'}) / the fastest dense-static row "
+                   f"({b.get('variant') or 'default'}) at 50 %: {a['tok_s'] / b['tok_s']:.2f}×")
     if dip and peers:
         out.append(f"- DIP-CA / the faster peer at the same limit: {dip / max(peers):.2f}× (goal ≥ 2×: "
                    f"{'met' if dip / max(peers) >= 2 else 'not met'})")
@@ -296,12 +332,13 @@ def plot_1b(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for method, style in (("dip-ca", "-o"), ("dense-static", "--s"), (PEERS[0], ":^"), (PEERS[1], "-.v")):
-        pts = [r for r in rows if r["method"] == method and r.get("limit_mb") and r.get("tok_s")]
+        pts = [r for r in rows if r["method"] == method and r.get("limit_mb") and r.get("tok_s") and not r.get("variant")]
         if not pts:  # a peer that did not fit under any limit: the table says why
             continue
         x = [float(r["budget"].rstrip("%")) for r in pts]
         axes[0].plot(x, [r["tok_s"] for r in pts], style, label=method)
         axes[1].plot(x, [r["device_mb"] for r in pts], style, label=method)
+    _plot_variants(axes, rows)
     for ax, label in zip(axes, ("decode tok/s", "MB read from the device / token")):
         ax.set(xlabel="row-cache budget (% of MLP bytes); the peers under DIP-CA's limit", ylabel=label)
         ax.set_ylim(bottom=0)
@@ -318,8 +355,9 @@ def section_1b(args) -> None:
     paths = ensure_bundles(LLAMA_1B)
     notes = []
     info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca", "natural"])
-    rows = run_configs(configs(args.quick, ("direct",)), paths, tokens, args)
-    limits = [(r["budget"], r["limit_mb"]) for r in rows if r["method"] == "dip-ca" and r.get("limit_mb")]
+    rows = run_configs(configs(args.quick, ("direct",)) + variant_configs(args.quick), paths, tokens, args)
+    limits = [(r["budget"], r["limit_mb"]) for r in rows
+              if r["method"] == "dip-ca" and r.get("limit_mb") and not r.get("variant")]
     unlimited = next(r["budget"] for r in rows if not r["limited"])
     for method in PEERS:  # each built when its turn comes
         peer = ensure_peer(method, args, checkpoint)
@@ -359,7 +397,7 @@ def section_1b(args) -> None:
         f"its own decode loop), {PEERS[1]} (convert_hf_to_gguf.py → Q4_0, llama-cpp-python, use_mmap; tok_s "
         "from llama.cpp's eval timer). A peer's `limit_mb` is the DIP-CA run's at the same budget, set after "
         "its warm-up with the model files dropped from the page cache; device MB from /proc/self/io", "",
-        md_table(rows, ["method", "io", "budget", "tok_s", "device_mb", "hit_rate", "peak_rss_mb", "peak_group_mb",
+        md_table(rows, ["method", "variant", "io", "budget", "tok_s", "device_mb", "hit_rate", "peak_rss_mb", "peak_group_mb",
                         "limit_mb", "load_1min"]), "",
         "Against the goals (this run, 50 %, limited):", "", *goals(rows), "", *notes, *errors, ""])
     path = RESULTS / f"{name}.md"
@@ -400,7 +438,8 @@ def main() -> None:
     sweep_cfgs = [] if args.no_thread_sweep else thread_configs(args.quick, ios)
     if sweep_cfgs and "natural" not in orders:
         paths.update(ensure_bundles(args.model, ("natural",)))
-    rows = run_configs(configs(args.quick, ios, orders) + sweep_cfgs, paths, tokens, args)
+    rows = run_configs(configs(args.quick, ios, orders) + variant_configs(args.quick or orders != ("natural",), ios)
+                       + sweep_cfgs, paths, tokens, args)
     name = "flash" + ("-row-order" if orders != ("natural",) else "") + ("-quick" if args.quick else "")
     sweep = [r for r in rows if r.get("sweep")]
     main_rows = [r for r in rows if not r.get("sweep")]
@@ -415,7 +454,9 @@ def main() -> None:
         f"- cgroup v1 memory limit (`limit_mb`): the child group's anonymous + mapped pages after warm-up, its slabs "
         f"touched and the MLP file dropped from the page cache, + {args.slack >> 20} MiB; empty = unlimited (the page cache may "
         "keep the file). `peak_group_mb`: the group's peak charge (anonymous + page cache) while decoding",
-        "- dip-ca: LFU, the bundle's γ; dense-static: a ρ = 1 bundle, its most used rows pinned", "",
+        "- dip-ca: LFU, the bundle's γ; dense-static: a ρ = 1 bundle, its most used rows pinned. `variant`: the "
+        "same bundles at 50 % with another policy or γ (`dip`: γ = 1, plain DIP), or `--cache-split reads` (the "
+        "cache bytes to the groups whose misses cost most reading per byte: the down rows first)", "",
         "Per decode token: `wanted_mb` the rows the caches missed; `device_mb` bytes read from the block device "
         "(/proc/self/io read_bytes from the first generated token on); `requests` the store's reads; `waste` = "
         "device / wanted.", "",

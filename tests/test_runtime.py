@@ -173,6 +173,25 @@ def test_budget_parsing_and_errors():
     assert r.cache_frac == pytest.approx(0.5) and r.capacity == [[32, 64]]
 
 
+def test_reads_split_spends_the_even_bytes_on_the_small_rows_first():
+    """SmolLM2's shapes: 306 B down rows cost a block and a request each, so split ``reads`` caches the down
+    groups first with the bytes the even split would give; equal groups get equal fractions."""
+    smol = [[GroupShape(576, 1632, 317), GroupShape(1536, 306, 614)] for _ in range(3)]
+    even = plan_residency(DramBudget(cache_frac=0.5), smol, 1000, 100, "lfu")
+    reads = plan_residency(DramBudget(cache_frac=0.5), smol, 1000, 100, "lfu", split="reads")
+    assert even.capacity == [[288, 768]] * 3
+    assert reads.capacity == [[144, 1536]] * 3  # down whole, up|gate gets the rest: 288·1632 − 768·306 = 144·1632
+    assert reads.caches <= even.caches and even.caches - reads.caches < 3 * 1632
+    small = plan_residency(DramBudget(cache_frac=0.1), smol, 1000, 100, "lfu", split="reads")
+    assert all(c[0] == 0 and 0 < c[1] < 1536 for c in small.capacity) and len({tuple(c) for c in small.capacity}) == 1
+    # a byte budget: the same total as even, whatever the split
+    total = DramBudget(total_bytes=1000 + 100 + sum(g.k * g.row_bytes for l in smol for g in l) + even.caches)
+    assert plan_residency(total, smol, 1000, 100, "lfu", split="reads").capacity == reads.capacity
+    assert plan_residency(DramBudget(cache_frac=0.5), smol, 1000, 100, "none", split="reads").caches == 0
+    with pytest.raises(ValueError, match="cache split 'odd' unknown"):
+        plan_residency(DramBudget(cache_frac=0.5), smol, 1000, 100, "lfu", split="odd")
+
+
 def test_bad_bundles_and_options_are_refused(dipca_bundle, tmp_path):
     out, _, _ = dipca_bundle
     broken = tmp_path / "broken"
@@ -273,3 +292,26 @@ def test_stats_are_per_run_on_a_reused_engine(dipca_bundle):
     eng = Engine(out, dram_budget="0%", policy="none", gamma=1.0, native=False)
     first, second = (eng.generate(PROMPT, 1, stop_at_eos=False).stats for _ in range(2))
     assert first.flash_mb_per_token == second.flash_mb_per_token > 0
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_reads_split_keeps_plain_dip_bit_equal_and_moves_the_misses(tiny_dipca_bundle, native):
+    """With γ = 1 the selections do not depend on the cache, so how its bytes are split cannot change a
+    token or a logit; split ``reads`` holds more of the small-row group (down) and the same cache bytes."""
+    if native:
+        from dipdeploy.ops.native import library_path
+
+        if library_path() is None:
+            pytest.skip("native library not built (make ops)")
+    bundle = tiny_dipca_bundle()
+    runs = {}
+    for split in ("even", "reads"):
+        eng = Engine(bundle, dram_budget="40%", policy="lfu", gamma=1.0, native=native, cache_split=split)
+        g = eng.generate([3, 14, 15, 92, 65, 35, 8, 9, 7], 10, keep_logits=True, stop_at_eos=False)
+        runs[split] = (g.tokens, g.logits, eng.residency, [[s.capacity for s in pair] for pair in eng.slabs])
+        eng.close()
+    (t0, l0, r0, c0), (t1, l1, r1, c1) = runs["even"], runs["reads"]
+    assert t0 == t1 and all(np.array_equal(x, y) for x, y in zip(l0, l1))
+    assert r1.caches <= r0.caches and r1.total <= r0.total
+    assert c1 == r1.capacity and c1 != c0
+    assert sum(c[1] for c in c1) > sum(c[1] for c in c0)  # more down rows cached

@@ -151,3 +151,24 @@ def test_small_rows_cost_whole_read_units():
     assert flat.flash_bytes_per_token == pytest.approx(L * (row_in + 32 * row_glu))
     assert block.flash_bytes_per_token == pytest.approx(L * (1 + 32) * 4096)  # 1632 B input row: one block
     assert block.flash_requests_per_token == L * (1 + 32)
+
+
+def test_reads_split_caches_the_small_rows_first_and_saves_flash_reads():
+    """The simulator's plan follows the runtime's ``--cache-split reads``: the same MLP cache bytes, the
+    small GLU rows (SmolLM2's down) cached first, so fewer requests from Flash for the same trace."""
+    dev = get_device("a18")
+    bpw = bytes_per_weight("bq4")
+    budget = SMOL.non_mlp_params() * bpw + 0.5 * SMOL.num_hidden_layers * SMOL.mlp_params_per_layer() * bpw
+    even = plan_memory(SMOL, budget, bpw)
+    reads = plan_memory(SMOL, budget, bpw, split="reads", k=(0.55 * 576, 0.4 * 1536), flash=dev.flash)
+    assert reads.capacity_glu == SMOL.intermediate_size and reads.capacity_in < even.capacity_in
+    assert reads.mlp_cache_bytes <= even.mlp_cache_bytes
+    assert even.mlp_cache_bytes - reads.mlp_cache_bytes < SMOL.num_hidden_layers * reads.row_bytes_in
+    with pytest.raises(ValueError, match="needs the rows selected"):
+        plan_memory(SMOL, budget, bpw, split="reads")
+    tr = smol_trace(tokens=16)
+    r = {s: simulate(tr, SimConfig(device="a18", method="traced", policy="lfu", dram_budget=budget, cache_split=s))
+         for s in ("even", "reads")}
+    assert r["reads"].flash_requests_per_token < r["even"].flash_requests_per_token
+    with pytest.raises(ValueError, match="cache split 'odd' unknown"):
+        SimConfig(cache_split="odd")

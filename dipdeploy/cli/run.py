@@ -44,6 +44,9 @@ IO_ENGINE = typer.Option(_E.io_engine, "--io-engine", help="--io direct: threads
                          "--ioengine=psync with numjobs) | io_uring (one syscall per batch, as fio's --ioengine=io_uring)")
 IO_GAP = typer.Option(_E.io_gap, "--io-gap", help="--io direct: read through gaps of at most this many 4 KiB blocks "
                       "between wanted rows, so they cost one request, not two (0: only touching blocks coalesce)")
+CACHE_SPLIT = typer.Option(_E.cache_split, "--cache-split", help="how the budget's cache bytes are shared among the "
+                           "groups: even (the same share of every group's rows, as eval's DIP-CA) | reads (the "
+                           "groups whose misses cost most reading per byte first: small rows such as down's)")
 CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved in the budget (tokens): "
                        f"prompt plus answer (run), the whole conversation (chat); default {DEFAULT_CONTEXT}, or "
                        f"the bundle's positions if fewer; more than those is refused")
@@ -83,10 +86,11 @@ def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampl
 
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
             threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill, thread_pool=_E.thread_pool,
-            prefill_chunk=_E.prefill_chunk, io_engine=_E.io_engine, io_gap=_E.io_gap):
+            prefill_chunk=_E.prefill_chunk, io_engine=_E.io_engine, io_gap=_E.io_gap, cache_split=_E.cache_split):
     from dipdeploy.runtime import Engine, parse_bandwidth
     from dipdeploy.runtime.engine import PREFILL_MODES
     from dipdeploy.runtime.blockio import IO_ENGINES
+    from dipdeploy.cache.split import CACHE_SPLITS
     from dipdeploy.runtime.flash import IO_MODES
     from dipdeploy.runtime.threadpool import THREAD_POOLS
 
@@ -98,6 +102,8 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         raise ValueError(f"--io-engine {io_engine}: choose one of {', '.join(IO_ENGINES)}")
     if io_gap < 0:
         raise ValueError(f"--io-gap must be >= 0 blocks, got {io_gap}")
+    if cache_split not in CACHE_SPLITS:
+        raise ValueError(f"--cache-split {cache_split}: choose one of {', '.join(CACHE_SPLITS)}")
     if prefill not in PREFILL_MODES:
         raise ValueError(f"--prefill {prefill}: choose one of {', '.join(PREFILL_MODES)}")
     if prefill_chunk < 1:
@@ -115,7 +121,7 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
     cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
              flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
              io=io, io_threads=io_threads, io_engine=io_engine, io_gap=io_gap, context=context, threads=threads, thread_pool=thread_pool, verify=verify,
-             pinned_counts=counts, prefill=prefill, prefill_chunk=prefill_chunk)
+             pinned_counts=counts, prefill=prefill, prefill_chunk=prefill_chunk, cache_split=cache_split)
     engine = Engine(bundle, cfg)
     if engine.flash.note:
         typer.echo(f"note: {engine.flash.note}", err=True)
@@ -153,7 +159,7 @@ def run_cmd(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP,
+    cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY,
@@ -180,7 +186,7 @@ def run_cmd(
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-                         threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap)
+                         threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -215,7 +221,7 @@ def chat_cmd(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP,
+    io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
     thread_pool: str = THREAD_POOL, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
@@ -230,7 +236,7 @@ def chat_cmd(
         check_policy(policy)
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
-                         threads, None, False, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap)
+                         threads, None, False, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

@@ -62,6 +62,9 @@ def simulate_cmd(
     warmup: int = typer.Option(None, "--warmup", help="First trace tokens replayed but not measured."),
     cold: bool = typer.Option(False, "--cold", help="Start dynamic caches empty instead of preloaded with the "
                               "most used rows of the warm-up tokens."),
+    cache_split: str = typer.Option(None, "--cache-split", help="How the MLP caches' bytes are shared between the "
+                                    "groups: even (the same share of each group's rows) or reads (the group whose "
+                                    "misses cost the device more per byte first), as `run --cache-split`."),
     tokens: int = typer.Option(None, "--tokens", help="Use only the first N trace tokens (quick runs)."),
     overlap: bool = typer.Option(False, "--overlap", help="Plot and compare the overlapped variant max(DRAM, Flash)."),
     plot: Path = typer.Option(None, "--plot", help="Write the tokens/s-vs-DRAM curves to this PNG."),
@@ -87,7 +90,8 @@ def simulate_cmd(
         if tokens is not None and tokens < 1:
             raise ValueError(f"--tokens {tokens}: give at least 1 token (or leave --tokens out for all)")
         given = {"device": device, "model": model, "precision": precision, "context": context, "warmup": warmup,
-                 "preload": False if cold else None, "gamma_warmup": gamma_warmup, "fixed_top_n": fixed_top_n}
+                 "preload": False if cold else None, "gamma_warmup": gamma_warmup, "fixed_top_n": fixed_top_n,
+                 "cache_split": cache_split}
         base = SimConfig(**{k: v for k, v in given.items() if v is not None})
         defaults = {f.name: f.default for f in fields(SimConfig)}
         methods = _csv(method) or [base.method]

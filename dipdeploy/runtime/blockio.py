@@ -37,6 +37,13 @@ IO_THREADS = 16  # reads in flight (benchmarks/results/flash.md measures 1, 4, 1
 IO_GAP = 4  # blocks: 30 % less read time on the 1 B decode at 1.6x the bytes (benchmarks/results/read-gaps.md)
 IO_ENGINES = ("threads", "io_uring")
 IO_ENGINE = "threads"  # faster by wall time than io_uring on this machine's virtio disk (read-gaps.md)
+REQUEST_BLOCKS = 8  # what one request costs in blocks' transfer: about 20 µs against 2.5 µs per block (read-gaps.md)
+
+
+def miss_cost(row_bytes: int, block: int = BLOCK, request_blocks: int = REQUEST_BLOCKS) -> float:
+    """What reading one missed row costs, in blocks' transfer: its request plus the blocks it covers (a
+    row smaller than a block still costs the block). The cache plan's ``reads`` split ranks groups by it."""
+    return request_blocks + max(1, -(-row_bytes // block))
 
 
 @dataclass(frozen=True)

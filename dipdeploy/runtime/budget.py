@@ -2,7 +2,8 @@
 
 As in the paper (§5, "memory budget"), the non-MLP weights and the KV cache come first; what is left
 is split evenly across the per-layer MLP caches, the same fraction of rows for every group, so each
-layer gets the same share of its bytes. A budget is given either as a fraction of the MLP bytes
+layer gets the same share of its bytes (split ``even``). Split ``reads`` gives the same bytes to the
+groups whose misses cost the most reading per cached byte first (``dipdeploy.cache.split``). A budget is given either as a fraction of the MLP bytes
 ("50%": the caches hold half of each group's rows; the same ``cache_frac`` the torch DIP-CA reference
 and ``dipdeploy eval`` use, so the three agree) or as total bytes ("120MB"), from which the fraction
 follows after the resident part. Staging slots (rows a token needs that the cache does not admit)
@@ -17,6 +18,8 @@ import math
 
 import re
 from dataclasses import dataclass
+
+from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, split_by_reads
 
 DEFAULT_CONTEXT = 1024  # `run` and `chat`: KV-cache tokens reserved in the budget, when the bundle has that many positions
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -100,6 +103,7 @@ class Residency:
     capacity: list[list[int]]
     prefill: int = 0  # the batched prefill's buffers: one layer's MLP rows and one chunk's activations
     read: int = 0  # --io direct: the bounce buffer the block-aligned reads land in (blockio.bounce_bytes)
+    split: str = CACHE_SPLIT  # how the caches' bytes were shared among the groups (dipdeploy.cache.split)
 
     @property
     def total(self) -> int:
@@ -107,19 +111,23 @@ class Residency:
 
     def as_dict(self) -> dict:
         return {"dense": self.dense, "kv": self.kv, "staging": self.staging, "prefill": self.prefill,
-                "read": self.read, "caches": self.caches, "total": self.total, "cache_frac": self.cache_frac}
+                "read": self.read, "caches": self.caches, "total": self.total, "cache_frac": self.cache_frac,
+                "split": self.split}
 
 
 def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_bytes: int, kv_bytes: int,
                    policy: str, prefill_bytes: int = 0, shared_staging: bool = False,
-                   read_bytes: int = 0) -> Residency:
+                   read_bytes: int = 0, split: str = CACHE_SPLIT) -> Residency:
     """Cache capacities under ``budget``; raises with the minimum when the resident part does not fit.
 
     A fraction uses ``round(frac · rows)`` per group, exactly like ``RowCache`` in the torch reference.
     Policy ``none`` keeps no cache at all (capacity 0, everything streams through staging). With
     ``shared_staging`` every group's staging slots are one arena, as large as the largest window;
-    otherwise each group holds its own K rows.
+    otherwise each group holds its own K rows. ``split`` ``reads`` spends the bytes the ``even`` split
+    would give the caches by ``split_by_reads`` instead, each miss costing ``blockio.miss_cost``.
     """
+    if split not in CACHE_SPLITS:
+        raise ValueError(f"cache split {split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
     if shared_staging:
         staging = max((g.window for layer in groups for g in layer), default=0)
     else:
@@ -143,5 +151,10 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
         cap = [[int(frac * g.rows) for g in layer] for layer in groups]
     if policy == "none":
         cap = [[0 for _ in layer] for layer in cap]
+    elif split == "reads":
+        from dipdeploy.runtime.blockio import miss_cost
+
+        cap = split_by_reads(groups, sum(c * g.row_bytes for cl, gl in zip(cap, groups) for c, g in zip(cl, gl)),
+                             miss_cost)
     caches = sum(c * g.row_bytes for cl, gl in zip(cap, groups) for c, g in zip(cl, gl))
-    return Residency(dense_bytes, kv_bytes, staging, caches, frac, cap, prefill_bytes, read_bytes)
+    return Residency(dense_bytes, kv_bytes, staging, caches, frac, cap, prefill_bytes, read_bytes, split)

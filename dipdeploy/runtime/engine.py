@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from dipdeploy.cache import POLICIES, static_rows
+from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime import staging
@@ -88,7 +89,10 @@ class EngineConfig:
     ("shared", sized once per process): ``dipdeploy.runtime.threadpool``.
     ``shared_staging``: every group's staging slots on the same pages (``dipdeploy.runtime.staging``), so
     the plan reserves the largest group's staging instead of the sum; False gives each group its own;
-    None: wherever the platform can (Linux)."""
+    None: wherever the platform can (Linux).
+    ``cache_split``: how the caches' bytes are shared among the groups: ``even`` (the same fraction of
+    every group's rows, as the torch DIP-CA reference) or ``reads`` (the groups whose misses cost the
+    most reading per byte first, ``dipdeploy.cache.split``; the same bytes in all)."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -110,6 +114,7 @@ class EngineConfig:
     prefill_chunk: int = PREFILL_CHUNK  # "batch": at most this many tokens per graph run
     pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
     shared_staging: bool | None = None  # None: where the platform can (staging.supported)
+    cache_split: str = CACHE_SPLIT
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
@@ -130,6 +135,8 @@ class EngineConfig:
             raise ValueError(f"io gap must be a whole number of blocks >= 0, got {self.io_gap!r}")
         if self.io_engine not in IO_ENGINES:
             raise ValueError(f"io engine {self.io_engine!r} unknown; choose one of {', '.join(IO_ENGINES)}")
+        if self.cache_split not in CACHE_SPLITS:
+            raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
         if self.thread_pool not in THREAD_POOLS:
             raise ValueError(f"thread pool {self.thread_pool!r} unknown; choose one of {', '.join(THREAD_POOLS)}")
         DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
@@ -360,7 +367,8 @@ class Engine:
                                     max_gap=cfg.io_gap)
                        for pair in arrays for g, rows in zip(pair, (self.d, self.f)))
         self.residency: Residency = plan_residency(DramBudget.parse(cfg.dram_budget), shapes, dense,
-                                                   self.kv.nbytes, cfg.policy, prefill, share, read)
+                                                   self.kv.nbytes, cfg.policy, prefill, share, read,
+                                                   cfg.cache_split)
         self.shared_staging = staging.SharedStaging(self.residency.staging) if share else None
         self._prefill_arrays: dict | None = None
         self._chunk_arrays: dict = {}

@@ -154,7 +154,7 @@ class RunStats:
         rows += [
             ("DRAM read per token", f"{self.dram_mb_per_token:.2f} MB"),
             ("resident (planned)", f"{r['total'] / mb:.1f} MB = dense {r['dense'] / mb:.1f} + KV {r['kv'] / mb:.1f} + "
-                                   f"caches {r['caches'] / mb:.1f} + staging {r['staging'] / mb:.1f}"
+                                   f"caches {r['caches'] / mb:.1f}{' (split reads)' if r.get('split') == 'reads' else ''} + staging {r['staging'] / mb:.1f}"
                                    + (f" + prefill buffers {r['prefill'] / mb:.1f}" if r.get("prefill") else "")
                                    + (f" + read buffer {r['read'] / mb:.1f}" if r.get("read") else "")),
         ]

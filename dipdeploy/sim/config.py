@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dipdeploy.cache import POLICIES
+from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
 from dipdeploy.sim.precision import PRECISIONS
 from dipdeploy.sparsity.plan import SparsityConfig
 
@@ -27,7 +28,8 @@ class SimConfig:
     optimistic for static). ``preload``: dynamic caches (lru, lfu, belady) start filled with those same
     most used rows, as a runtime would load them at start-up (False: cold, empty caches — a short trace
     then mostly measures the cold start). ``model``: target shape from the registry (None: the trace's
-    own model).
+    own model). ``cache_split``: how the MLP caches' bytes are shared among the two groups
+    (``dipdeploy.cache.split``; the runtime's ``--cache-split``).
     """
 
     device: str = "a18"
@@ -44,6 +46,7 @@ class SimConfig:
     warmup: int = 0
     preload: bool = True
     seed: int = 0
+    cache_split: str = CACHE_SPLIT
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -52,6 +55,8 @@ class SimConfig:
             raise ValueError(f"method {self.method!r} unknown; choose one of {', '.join(SIM_METHODS)}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
+        if self.cache_split not in CACHE_SPLITS:
+            raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
         if self.dram_budget is not None and self.dram_budget <= 0:

@@ -4,7 +4,9 @@
 2. The rest is split evenly across the per-layer MLP caches.
 3. Within a layer it is split across the two row groups in proportion to their bytes, i.e. the same
    fraction f of rows in each: an input-feature row of the bundled [W_uᵀ | W_gᵀ] holds 2F weights
-   (d rows), a GLU row of W_dᵀ holds d weights (F rows).
+   (d rows), a GLU row of W_dᵀ holds d weights (F rows). Split ``reads`` (the runtime's
+   ``--cache-split reads``, ``dipdeploy.cache.split``) spends the same bytes on the group whose misses
+   cost the device more per cached byte first, by the device's Flash model.
 
 A budget below step 1 is an error that names the minimum.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, split_by_reads
 from dipdeploy.registry import ModelShape
 
 
@@ -54,8 +57,18 @@ def minimum_budget(shape: ModelShape, bytes_per_weight: float, context: int = 0,
     return shape.non_mlp_params() * bytes_per_weight + kv_cache_bytes(shape, context, kv_bytes_per_value)
 
 
+@dataclass(frozen=True)
+class _Group:
+    rows: int
+    row_bytes: float
+    k: float
+
+
 def plan_memory(shape: ModelShape, budget: float, bytes_per_weight: float, context: int = 0,
-                kv_bytes_per_value: float = 2.0) -> MemoryPlan:
+                kv_bytes_per_value: float = 2.0, split: str = CACHE_SPLIT, k: tuple[float, float] = (0.0, 0.0),
+                flash=None) -> MemoryPlan:
+    """``split`` ``reads`` needs ``k`` (rows selected per token and layer, input and GLU group) and ``flash``
+    (the device's ``FlashModel``) to price a miss."""
     d, F, L = shape.hidden_size, shape.intermediate_size, shape.num_hidden_layers
     non_mlp = shape.non_mlp_params() * bytes_per_weight
     unread = 0 if shape.tie_word_embeddings else (shape.vocab_size - 1) * d
@@ -69,8 +82,21 @@ def plan_memory(shape: ModelShape, budget: float, bytes_per_weight: float, conte
     layer_bytes = shape.mlp_params_per_layer() * bytes_per_weight
     per_layer = (budget - non_mlp - kv) / L
     f = min(1.0, per_layer / layer_bytes)
+    cap_in, cap_glu = math.floor(f * d + 1e-9), math.floor(f * F + 1e-9)
+    if split not in CACHE_SPLITS:
+        raise ValueError(f"cache split {split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
+    if split == "reads":
+        if flash is None or not all(k):
+            raise ValueError("cache split 'reads' needs the rows selected per token (k) and the device's flash model")
+        unit = flash.read_unit
+
+        def miss_cost(row_bytes: float) -> float:
+            return float(flash.read_time(1, math.ceil(row_bytes / unit) * unit))
+
+        groups = [[_Group(d, row_in, k[0]), _Group(F, row_glu, k[1])]]
+        [[cap_in, cap_glu]] = split_by_reads(groups, cap_in * row_in + cap_glu * row_glu, miss_cost)
     return MemoryPlan(
         budget=budget, non_mlp_bytes=non_mlp, non_mlp_read_bytes=non_mlp - unread * bytes_per_weight, kv_bytes=kv,
-        mlp_bytes=L * layer_bytes, cache_fraction=f, capacity_in=math.floor(f * d + 1e-9),
-        capacity_glu=math.floor(f * F + 1e-9), row_bytes_in=row_in, row_bytes_glu=row_glu, layers=L,
+        mlp_bytes=L * layer_bytes, cache_fraction=f, capacity_in=cap_in,
+        capacity_glu=cap_glu, row_bytes_in=row_in, row_bytes_glu=row_glu, layers=L,
     )

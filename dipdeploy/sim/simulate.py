@@ -115,7 +115,10 @@ def simulate(trace: Trace | None, cfg: SimConfig, pattern: AccessPattern | None 
         pattern = shape_only_pattern(shape) if cfg.method == "dense" else build_pattern(trace, shape, cfg.seed)
     bpw = bytes_per_weight(cfg.precision)
     budget = cfg.dram_budget if cfg.dram_budget is not None else default_budget(device)
-    plan = plan_memory(shape, budget, bpw, cfg.context, cfg.kv_bytes_per_value)
+    k = (0.0, 0.0)
+    if cfg.cache_split == "reads":  # rows selected per token and layer, the worth of a cached row
+        k = tuple(float(np.mean([s.shape[1] for s in sel])) for sel in (pattern.sel_in, pattern.sel_glu))
+    plan = plan_memory(shape, budget, bpw, cfg.context, cfg.kv_bytes_per_value, cfg.cache_split, k, device.flash)
     key = (id(pattern), plan.capacity_in, plan.capacity_glu, cfg.method, cfg.policy, cfg.gamma,
            cfg.gamma_warmup, cfg.fixed_top_n, cfg.warmup, cfg.preload)
     counts = memo.get(key) if memo is not None else None

@@ -1,0 +1,48 @@
+"""How a cache budget is shared among the MLP groups: the one rule of the runtime's plan and the simulator's.
+
+``even`` (the paper's §5 and the torch DIP-CA reference): the same fraction of every group's rows.
+``reads``: the same bytes, spent where a cached byte saves the most reading (:func:`split_by_reads`).
+
+Floor 1: no dependencies.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+CACHE_SPLITS = ("even", "reads")
+CACHE_SPLIT = "even"  # the torch DIP-CA reference's rule (one cache_frac for every group), so eval and run agree
+
+
+class Group(Protocol):
+    rows: int
+    row_bytes: int
+    k: int  # rows selected per token
+
+
+def split_by_reads(groups: Sequence[Sequence[Group]], cache_bytes: float,
+                   miss_cost: Callable[[float], float]) -> list[list[int]]:
+    """Capacities [layer][group] spending at most ``cache_bytes`` where a cached byte saves the most reading.
+
+    A cached row of group g saves, per token, about K/rows of a miss (its chance of being selected), and a
+    miss costs ``miss_cost(row_bytes)`` (a request plus whole blocks: the runtime's ``blockio.miss_cost``,
+    the simulator's device model), so a cached byte is worth (K / rows) · miss_cost / row_bytes. Groups are
+    filled in that order, groups of equal worth (every layer's down group of a uniform plan) to the same
+    fraction. Small rows are the expensive ones: SmolLM2's 306 B down rows cost a 4 KiB block and a
+    request each, worth 6× a 1,632 B up|gate row's byte, so their groups are cached first.
+    """
+    worth = {(i, j): (g.k / g.rows) * miss_cost(g.row_bytes) / g.row_bytes if g.rows and g.row_bytes else 0.0
+             for i, layer in enumerate(groups) for j, g in enumerate(layer)}
+    cap = [[0 for _ in layer] for layer in groups]
+    left = cache_bytes
+    for w in sorted({round(v, 12) for v in worth.values()}, reverse=True):
+        tier = [(i, j) for (i, j), v in worth.items() if round(v, 12) == w]
+        size = sum(groups[i][j].rows * groups[i][j].row_bytes for i, j in tier)
+        frac = min(1.0, left / size) if size else 0.0
+        for i, j in tier:
+            g = groups[i][j]
+            cap[i][j] = int(frac * g.rows)
+            left -= cap[i][j] * g.row_bytes
+        if left <= 0:
+            break
+    return cap
