@@ -6,6 +6,9 @@ prompt; 50 %), side by side in one run and interleaved per repeat so load hits b
 
 * ``numpy``: the per-token cache step in numpy (``EngineConfig(native_cache=False)``, the reference);
 * ``native``: the step in the op library (custom_ops/src/dd_cache.cc);
+* ``single`` (100 % only): ``model.onnx`` in one session per token (``dipdeploy.runtime.whole``: every
+  row resident, so DIP-CA is plain DIP), the mode ``Engine`` picks by itself at a budget that holds every
+  row; ``numpy`` and ``native`` are forced onto the per-layer graphs there (``single_session=False``);
 * ``genai``: the same bundle's ``model.onnx`` in onnxruntime-genai's own loop (scripts/genai_decode.py
   with the Python of ``--genai-python``, 1 intra-op thread): the target of the host-overhead goal.
 
@@ -90,18 +93,18 @@ class RunClock:
         Bound.run = timed
 
 
-def engine_row(path: Path, budget: str, native_cache: bool, tokens: int, clock: RunClock) -> dict:
+def engine_row(path: Path, budget: str, native_cache: bool, tokens: int, clock: RunClock, single: bool = False) -> dict:
     """Decode tokens/s, ORT's run time and the storage wait of one warm engine."""
     from dipdeploy.runtime import Engine
 
-    eng = Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=256)
+    eng = Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=256, single_session=single)
     cpu = []
     for n in (4, tokens):  # the first also warms the sessions (first-run allocations)
         c0 = time.process_time()
         clock.calls.clear()
         s = eng.generate(PROMPT, n, stop_at_eos=False).stats
         cpu.append(time.process_time() - c0)
-    prefill_runs = 3 * eng.num_layers + 1  # one batched run of every graph
+    prefill_runs = 1 if single else 3 * eng.num_layers + 1  # one batched run of every graph
     eng.close()
     steps = s.new_tokens - 1
     ort = clock.calls[prefill_runs:]
@@ -113,13 +116,15 @@ def engine_row(path: Path, budget: str, native_cache: bool, tokens: int, clock: 
             "ort_cpu_ms": 1e3 * sum(c for _, c in ort) / steps}
 
 
-def loop_cpu_ms(path: Path, budget: str, native_cache: bool, steps: int = 200) -> float:
+def loop_cpu_ms(path: Path, budget: str, native_cache: bool, steps: int = 200, single: bool = False) -> float:
     """CPU ms per token of ``Engine.step`` with the session runs stubbed out (see the module docstring)."""
     from dipdeploy.runtime import Engine
     from dipdeploy.runtime.sessions import Bound
     from dipdeploy.runtime.stats import Timer
 
-    eng = Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=steps + 8)
+    eng = Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=steps + 8,
+                 single_session=single)
+    record = None if single else (lambda *a: None)  # one session: no per-layer selections to record
     eng.generate(PROMPT, 4, stop_at_eos=False)  # real selections in the graph buffers
     plain, timer = Bound.run, Timer()
     Bound.run = lambda bound: None
@@ -128,7 +133,7 @@ def loop_cpu_ms(path: Path, budget: str, native_cache: bool, steps: int = 200) -
         eng.step(5, timer)
         c0 = time.process_time()
         for i in range(steps):
-            eng.step(5 + i % 7, timer, lambda *a: None)
+            eng.step(5 + i % 7, timer, record)
         cpu = time.process_time() - c0
     finally:
         Bound.run = plain
@@ -136,7 +141,7 @@ def loop_cpu_ms(path: Path, budget: str, native_cache: bool, steps: int = 200) -
     return 1e3 * cpu / steps
 
 
-def kernel_ms(path: Path, budget: str, tokens: int) -> float:
+def kernel_ms(path: Path, budget: str, tokens: int, single: bool = False) -> float:
     """ORT kernel milliseconds per decode token, from ORT's profiler (see the module docstring)."""
     import dipdeploy.ops.native as native
     from dipdeploy.runtime import Engine
@@ -152,11 +157,12 @@ def kernel_ms(path: Path, budget: str, tokens: int) -> float:
 
         native.session_options = profiled
         try:
-            eng = Engine(path, dram_budget=budget, native=True, context=256)
+            eng = Engine(path, dram_budget=budget, native=True, context=256, single_session=single)
         finally:
             native.session_options = plain
         g = eng.generate(PROMPT, tokens, stop_at_eos=False)  # one batched prefill run, then decode runs
-        sessions = [b.session for group in (eng.attn, eng.up, eng.down, [eng.positions, eng.head]) for b in group]
+        groups = ([[eng.whole.bound]] if single else (eng.attn, eng.up, eng.down, [eng.positions, eng.head]))
+        sessions = [b.session for group in groups for b in group]
         total = sum(r.kernel_us for s in sessions for r in session_runs(Path(s.end_profiling())))  # after the prefill
         eng.close()
     return total / 1e3 / (len(g.tokens) - 1)
@@ -181,7 +187,7 @@ def median_rows(samples: dict[tuple, list[dict]], kernels: dict[str, list[float]
         for key in runs[0]:
             row[key] = statistics.median(r[key] for r in runs)
         if path != "genai":
-            row["kernel_ms"] = statistics.median(kernels[budget])
+            row["kernel_ms"] = statistics.median(kernels[(budget, path == "single")])
             row["ort_run_ms"] = row.pop("ort_ms")
             row["python_ms"] = row["ms_per_token"] - row["ort_run_ms"] - row["storage_ms"]
             row["host_ms"] = row["ms_per_token"] - row["kernel_ms"] - row["storage_ms"]
@@ -197,6 +203,10 @@ def median_rows(samples: dict[tuple, list[dict]], kernels: dict[str, list[float]
 def goals(rows: list[dict]) -> str:
     out = []
     for r in rows:
+        if r["path"] == "single" and r.get("x_genai") is not None:
+            ok = min(r["x_genai"], r["x_genai_cpu"]) >= 0.9
+            out.append(f"- budget 100%, one session per token: {r['x_genai']:.2f}× onnxruntime-genai's tokens/s, "
+                       f"{r['x_genai_cpu']:.2f}× by CPU time per token ({'met' if ok else 'NOT met'}, goal ≥ 0.9×)")
         if r["path"] == "native":
             cpu = (f"; by CPU time {r['outside_ort_cpu_share']:.0%} of the token lies outside ORT's runs" +
                    (f", the decode loop alone {r['loop_cpu_ms']:.2f} ms = {r['loop_cpu_ms'] / r['cpu_ms_per_token']:.0%}"
@@ -206,7 +216,7 @@ def goals(rows: list[dict]) -> str:
                        f"({'met' if max(r['host_share'], r['outside_ort_cpu_share']) <= 0.10 else 'NOT met'}, goal ≤ 10 %)")
             if r["budget"] == "100%" and r.get("x_genai") is not None:
                 ok = min(r["x_genai"], r["x_genai_cpu"]) >= 0.9
-                out.append(f"- budget 100%: the runtime decodes {r['x_genai']:.2f}× onnxruntime-genai's tokens/s on "
+                out.append(f"- budget 100%, per-layer graphs: the runtime decodes {r['x_genai']:.2f}× onnxruntime-genai's tokens/s on "
                            f"the same bundle's model.onnx, {r['x_genai_cpu']:.2f}× by CPU time per token "
                            f"({'met' if ok else 'NOT met'}, goal ≥ 0.9×)")
     return "\n".join(out)
@@ -227,17 +237,19 @@ def main() -> None:
     info = machine()
     genai_python = args.genai_python if args.genai_python and Path(args.genai_python).is_file() else None
     samples: dict[tuple, list[dict]] = {}
-    kernels: dict[str, list[float]] = {}
+    kernels: dict[tuple[str, bool], list[float]] = {}
     loads = []
     clock = RunClock()
     for rep in range(repeats):
         for budget in budgets:
-            kernels.setdefault(budget, []).append(kernel_ms(path, budget, tokens))
+            kernels.setdefault((budget, False), []).append(kernel_ms(path, budget, tokens))
+        kernels.setdefault(("100%", True), []).append(kernel_ms(path, "100%", tokens, single=True))
         for budget in budgets:
-            for name in ("numpy", "native"):
-                r = engine_row(path, budget, name == "native", tokens, clock)
+            for name in ("numpy", "native", "single") if budget == "100%" else ("numpy", "native"):
+                single = name == "single"
+                r = engine_row(path, budget, name != "numpy", tokens, clock, single)
                 if budget == "100%":
-                    r["loop_cpu_ms"] = loop_cpu_ms(path, budget, name == "native")
+                    r["loop_cpu_ms"] = loop_cpu_ms(path, budget, name != "numpy", single=single)
                 samples.setdefault((budget, name), []).append(r)
                 print(f"repeat {rep + 1} {budget:>4} {name:6s}: {r['tok_s']:.1f} tok/s", flush=True)
         if genai_python:
@@ -264,8 +276,9 @@ def write_table(rows: list[dict], info: dict, tokens: int, repeats: int, loads: 
             f"SmolLM2-135M DIP-CA BQ4 (ρ = 0.5, ρ_in = 0.55, γ = 0.5, LFU), {tokens} greedy tokens after one prompt, "
             f"native kernels, 1 ORT thread, mmap reads; median of {repeats} repeat(s), the paths interleaved in each. "
             f"`numpy`: the per-token cache step in numpy (the reference, main's path); `native`: in the op library "
-            f"(custom_ops/src/dd_cache.cc); `genai`: the same bundle's model.onnx in onnxruntime-genai's own loop, "
-            f"1 intra-op thread. `kernel_ms`: ORT's profiled kernel time per token (same for both paths); "
+            f"(custom_ops/src/dd_cache.cc), both on the per-layer graphs; `single`: model.onnx in one session per "
+            f"token (dipdeploy/runtime/whole.py, every row resident: plain DIP); `genai`: the same bundle's model.onnx in onnxruntime-genai's own loop, "
+            f"1 intra-op thread. `kernel_ms`: ORT's profiled kernel time per token (same for both per-layer paths); "
             f"`storage_ms`: inside the reads of the misses (page cache → slab); `host_ms`: the rest of the token. "
             f"`x_genai`: tok/s over genai's.\n\n"
             f"Machine: {model}, {info['cores']} cores (lscpu), shared with other jobs: 1-minute load "

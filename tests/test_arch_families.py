@@ -182,7 +182,7 @@ def test_host_runtime_runs_the_bundle_as_model_onnx(bundles, name):
     genai = json.loads((out / "genai_config.json").read_text())["model"]
     spec = get_model(name)
     assert genai["type"] == spec.arch.genai_type and genai["decoder"]["head_size"] == spec.shape.head_dim
-    eng = Engine(out, dram_budget="100%", gamma=1.0, native=False)
+    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, native=False)
     g = eng.generate(PROMPT, 6, keep_logits=True, stop_at_eos=False)
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     shape = SimpleNamespace(num_kv_heads=spec.shape.num_key_value_heads, head_dim=spec.shape.head_dim,

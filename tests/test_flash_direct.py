@@ -281,4 +281,4 @@ def test_the_plan_holds_the_read_buffer_of_direct_reads(tiny_bundle):
     assert 0 < len(direct.flash._bounce.view) <= direct.residency.read
     with pytest.raises(ValueError, match="read buffer"):
         Engine(tiny_bundle, dram_budget=f"{(direct.residency.total - direct.residency.caches) / 1e6 - 0.1:.1f}MB",
-               io="direct", native=False)
+               io="direct", native=False, single_session=False)  # the per-layer plan's read buffer

@@ -42,8 +42,8 @@ def test_batch_first_token_agrees_with_token_mode_at_gamma_1(bundle):
 
 
 def test_kv_cache_after_batch_prefill_agrees_with_token_mode(bundle):
-    batch = Engine(bundle, native=False, dram_budget="100%", gamma=1.0)
-    token = Engine(bundle, native=False, dram_budget="100%", gamma=1.0, prefill="token")
+    batch = Engine(bundle, native=False, dram_budget="100%", single_session=False, gamma=1.0)
+    token = Engine(bundle, native=False, dram_budget="100%", single_session=False, gamma=1.0, prefill="token")
     _first(batch), _first(token)
     assert batch.kv.length == token.kv.length == len(PROMPT)
     for i in range(batch.num_layers):
@@ -80,14 +80,14 @@ def test_caches_are_warmed_by_the_policy_rule_in_token_order(bundle, policy):
 def test_chat_continues_after_a_batched_prefill(chat_bundle):
     """Two batched turns (the second extends the first's KV cache) hold the KV cache that token mode
     builds over the same whole sequence (γ = 1, so decode's selections do not depend on the cache)."""
-    eng = Engine(chat_bundle, native=False, dram_budget="100%", gamma=1.0, context=256)
+    eng = Engine(chat_bundle, native=False, dram_budget="100%", single_session=False, gamma=1.0, context=256)
     chat = Chat(eng, Sampler())
     first = chat.say("hello", 4)
     second = chat.say("and then?", 4)
     assert first.generation.tokens and second.generation.tokens
     seq = eng.sequence
     assert eng.kv.length == len(seq) > len(first.generation.tokens) + 4
-    token = Engine(chat_bundle, native=False, dram_budget="100%", gamma=1.0, context=256, prefill="token")
+    token = Engine(chat_bundle, native=False, dram_budget="100%", single_session=False, gamma=1.0, context=256, prefill="token")
     token.reset()
     token.extend(seq, 0, Sampler())
     for i in range(eng.num_layers):

@@ -50,7 +50,7 @@ def test_unlimited_budget_and_gamma_1_equals_model_onnx(dipca_bundle, io, native
 
         if library_path() is None:
             pytest.skip("native library not built (make ops)")
-    eng = Engine(out, dram_budget="100%", gamma=1.0, native=native, io=io, prefill="token")
+    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, native=native, io=io, prefill="token")
     g = eng.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     assert all(np.array_equal(a, b) for a, b in zip(logits, g.logits))  # one engine: bit-equal by contract
@@ -66,7 +66,7 @@ def test_accuracy_level_override_equals_model_onnx_at_that_level(dipca_bundle, n
     if native and library_path() is None:
         pytest.skip("native library not built (make ops)")
     out, _, _ = dipca_bundle
-    eng = Engine(out, dram_budget="100%", gamma=1.0, native=native, accuracy_level=4)
+    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, native=native, accuracy_level=4)
     g = eng.generate(PROMPT, 8, stop_at_eos=False)
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     ref_logits, ref_sel = model_onnx_run(out / "model.onnx", _Spec, PROMPT, g.tokens, native=native, level=4)
@@ -276,7 +276,7 @@ def test_vq3_bundle_streams_codes_and_keeps_codebooks(tmp_path, native):
     out = tmp_path / "vq3"
     export_model(ExportConfig(model="tiny-llama", method="dip", rho_in=0.6, quant="vq3", vq_hessian="none",
                               validate_tokens=2), out)
-    full = Engine(out, dram_budget="100%", native=native).generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
+    full = Engine(out, dram_budget="100%", single_session=False, native=native).generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     tight = Engine(out, dram_budget="25%", policy="lru", native=native)
     g = tight.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     assert [a.name for a in tight.slabs[0][0].arrays.per_row] == ["up_gate.codes"]

@@ -60,7 +60,7 @@ def test_kv_storage_is_sized_to_the_context_and_never_reallocated(bundle):
 
 def test_tokens_and_logits_equal_model_onnx(bundle):
     out, _ = bundle
-    eng = Engine(out, dram_budget="100%", gamma=1.0, native=False, prefill="token")
+    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, native=False, prefill="token")
     g = eng.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     assert all(np.array_equal(a, b) for a, b in zip(logits, g.logits))  # a second sequence on the same storage
@@ -70,7 +70,7 @@ def test_tokens_and_logits_equal_model_onnx(bundle):
 
 def test_truncate_then_refeed_equals_the_uncut_sequence(bundle):
     out, _ = bundle
-    eng = Engine(out, dram_budget="100%", gamma=1.0, native=False, context=32)
+    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, native=False, context=32)
     from dipdeploy.runtime.stats import Timer
 
     timer, ids = Timer(), PROMPT + [7, 8, 9]
@@ -109,7 +109,7 @@ def test_embedding_multiplier_applies_as_the_graph_does(tmp_path):
     cfg = ExportConfig(model="tiny-granite", method="dip", rho_in=0.6, quant="bq4", validate_tokens=2)
     out = tmp_path / "b"
     export(lm, cfg, out, make_plan(lm, cfg))
-    eng = Engine(out, dram_budget="100%", native=False)
+    eng = Engine(out, dram_budget="100%", single_session=False, native=False)
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(out / "embed.onnx"), providers=["CPUExecutionProvider"])

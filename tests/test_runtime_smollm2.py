@@ -38,7 +38,7 @@ def smol_bundle(tmp_path_factory):
 
 def test_smollm2_unlimited_budget_equals_model_onnx(smol_bundle):
     out, lm, _, ids = smol_bundle
-    eng = Engine(out, dram_budget="100%", gamma=1.0, prefill="token")
+    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, prefill="token")
     g = eng.generate(ids.tolist(), 12, stop_at_eos=False)
     c = lm.model.config
 

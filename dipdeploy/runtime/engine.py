@@ -92,7 +92,12 @@ class EngineConfig:
     None: wherever the platform can (Linux).
     ``cache_split``: how the caches' bytes are shared among the groups: ``even`` (the same fraction of
     every group's rows, as the torch DIP-CA reference) or ``reads`` (the groups whose misses cost the
-    most reading per byte first, ``dipdeploy.cache.split``; the same bytes in all)."""
+    most reading per byte first, ``dipdeploy.cache.split``; the same bytes in all).
+    ``single_session``: run the bundle's ``model.onnx`` in one ORT session per token instead of the
+    per-layer graphs and the host cache step (``dipdeploy.runtime.whole``: at a budget that holds every
+    MLP row all rows are resident from the start, so DIP-CA is plain DIP); None: whenever the budget
+    holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
+    per-layer path (empty caches at the start; traces, selections)."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -115,6 +120,7 @@ class EngineConfig:
     pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
     shared_staging: bool | None = None  # None: where the platform can (staging.supported)
     cache_split: str = CACHE_SPLIT
+    single_session: bool | None = None  # model.onnx once per token; None: when the budget holds every row
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
@@ -264,19 +270,57 @@ class Engine:
         self.kv = KvCache(KvShape(self.num_layers, dec["num_key_value_heads"], dec["head_size"], self.cfg.context),
                           (m.export_config or {}).get("attention", "standard"))
         self._check_memory_limit()
-        from dipdeploy.arch import arch_of
+        self.whole = self._open_whole(session_options, native)
+        if self.whole is None:
+            from dipdeploy.arch import arch_of
 
-        config = (m.source or {}).get("config") or {}
-        self.embedding = EmbeddingRows(self.path, m, arch_of(config).embedding_multiplier(config))
-        self._open_sessions(session_options, native)
+            config = (m.source or {}).get("config") or {}
+            self.embedding = EmbeddingRows(self.path, m, arch_of(config).embedding_multiplier(config))
+            self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
                                 bandwidth=self.cfg.flash_bandwidth, io_threads=self.cfg.io_threads,
                                 io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap)
-        self._build_slabs()
+        if self.whole is None:
+            self._build_slabs()
         self._tokenizer = None
         self._state = None
 
     # -- construction -------------------------------------------------------------------------
+    def _open_whole(self, session_options, native: bool):
+        """The one-session mode's ``WholeModel`` with its plan, or None for the per-layer path
+        (``EngineConfig.single_session``; the rule is ``whole.why_not``)."""
+        from dipdeploy.runtime.whole import WholeModel, mlp_row_bytes, whole_residency, why_not
+
+        cfg, m = self.cfg, self.manifest
+        if cfg.single_session is False:
+            return None
+        chunk = min(cfg.prefill_chunk, cfg.context) if cfg.prefill == "batch" else 1
+        vocab = self.decoder["vocab_size"]
+        plan = whole_residency(m, self.kv.nbytes, vocab, chunk, [(self.d, self.f)] * self.num_layers)
+        reason = why_not(m, DramBudget.parse(cfg.dram_budget), cfg.policy, plan)
+        if reason is not None:
+            if cfg.single_session:
+                raise ValueError(f"one session per token: {reason}; or run the per-layer graphs (--per-layer)")
+            return None
+        options = pool_options(session_options(cfg.threads, native), cfg.threads, cfg.thread_pool)
+        whole = WholeModel(self.path, shared_arena(options), self.kv, cfg.context, chunk, vocab, cfg.accuracy_level)
+        self.residency: Residency = plan
+        self.slabs, self.shared_staging, self.embedding = [], None, None
+        self.row_bytes = [mlp_row_bytes(m, i) for i in range(self.num_layers)]
+        self.dram_dense_per_token = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
+        return whole
+
+    @property
+    def single_session(self) -> bool:
+        """Whether this engine runs ``model.onnx`` once per token (``dipdeploy.runtime.whole``)."""
+        return self.whole is not None
+
+    @staticmethod
+    def _per_layer_only(what: str) -> str:
+        """The one line for what only the per-layer path has (``dipdeploy.runtime.whole``)."""
+        return (f"{what} need the per-layer graphs, and this engine runs model.onnx in one session (the budget "
+                f"holds every row): give single_session=False (--per-layer)")
+
     def _native_cache_library(self, native: bool) -> str | None:
         """The op library for the native cache step, or None for the numpy one (see ``EngineConfig``)."""
         from dipdeploy.ops.native import require_library
@@ -443,7 +487,7 @@ class Engine:
         """Start a new sequence: empty KV cache, fresh caches (``static`` pins its rows now).
         ``policy`` overrides the configured one for this sequence (Belady's recording pass uses none)."""
         policy = policy or self.cfg.policy
-        if policy == "belady" and future is None:
+        if policy == "belady" and future is None and self.whole is None:
             raise ValueError("policy 'belady' needs the future selections: use Engine.generate, which records "
                              "them in a first pass, or pass future=")
         for i, pair in enumerate(self.slabs):
@@ -475,6 +519,8 @@ class Engine:
         """Feed one token; returns the logits [V] of the next one. ``record(layer, sel_in, sel_glu,
         hits_in, hits_glu)`` gets each layer's selections as views of the graph buffers, which the next
         token overwrites: a recorder that keeps them copies them."""
+        if self.whole is not None:
+            return self._whole_run([int(token)], timer, record)
         st, b = self._state, self.buf
         pos = st["pos"]
         if pos >= self.cfg.context:
@@ -529,6 +575,13 @@ class Engine:
         st, n = self._state, len(ids)
         if st["pos"] + n > self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
+        if self.whole is not None:
+            size = self.whole.chunk
+            for start in range(0, n, size):
+                logits = self._whole_run(ids[start:start + size], timer, record)
+                if progress is not None:
+                    progress(min(start + size, n), n)
+            return logits
         if self._prefill_arrays is None:
             self._prefill_arrays = {key: np.zeros(key[0], key[1]) for key in self._prefill_shapes}
             self._chunk_arrays = {name: np.zeros(size, dtype) for name, (size, dtype) in self._chunk_shapes.items()}
@@ -621,6 +674,18 @@ class Engine:
         st["pos"] = pos + n
         st["ids"].extend(int(t) for t in ids)
 
+    def _whole_run(self, ids: list[int], timer: Timer, record) -> np.ndarray:
+        """One ``model.onnx`` run on ``ids``; the logits [V] after the last of them."""
+        if record is not None:
+            raise ValueError(self._per_layer_only("per-layer selections"))
+        st = self._state
+        timer.start()
+        logits = self.whole.run(ids, st["pos"])[-1].copy()
+        timer.lap("model.onnx")
+        st["pos"] += len(ids)
+        st["ids"].extend(int(t) for t in ids)
+        return logits
+
     def _fill_prefill(self, slab: GroupSlab, selected: np.ndarray) -> dict[str, np.ndarray]:
         """The prefill buffers of ``slab``'s arrays, holding every row of ``selected`` at its row index:
         rows resident in the slab copied from it, the others read from Flash (once, coalesced)."""
@@ -688,7 +753,7 @@ class Engine:
             raise ValueError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the context of "
                              f"{self.cfg.context}; raise --context")
         future = None
-        if self.cfg.policy == "belady":
+        if self.cfg.policy == "belady" and self.whole is None:  # every row resident: nothing to foresee
             future = self._record_future(ids, max_new_tokens, sampler, stop_at_eos)
         if self.cfg.cold:  # every run starts from the disk (also after Belady's recording pass)
             self.flash.drop_page_cache()
@@ -771,6 +836,17 @@ class Engine:
             if record is not None:
                 record(i, s_in, s_glu, h_in, h_glu)
 
+        feed = note
+        if self.whole is not None:
+            if trace is not None or record is not None:
+                raise ValueError(self._per_layer_only("traces and recorded selections"))
+            feed = None
+        resident = np.array(self.k, np.int64)[:, :, None]  # one-session mode: every lookup is a hit
+
+        def fed(n: int) -> None:
+            if self.whole is not None:
+                hits[...] += n * resident
+
         stream = TextStream(self.tokenizer, sampler.stop)
         new, kept, finish = [], [], "length"
         t0, flash0 = time.perf_counter(), self.flash.counters.snapshot()
@@ -779,12 +855,14 @@ class Engine:
             if stopped():
                 finish = "interrupted"
             else:
-                logits = self.prefill([int(t) for t in ids], timer, note, on_prefill)
+                logits = self.prefill([int(t) for t in ids], timer, feed, on_prefill)
+                fed(len(ids))
         for n, t in enumerate(ids if self.cfg.prefill == "token" else []):
             if stopped():
                 finish = "interrupted"
                 break
-            logits = self.step(int(t), timer, note)
+            logits = self.step(int(t), timer, feed)
+            fed(1)
             if on_prefill is not None:
                 on_prefill(n + 1, len(ids))
         t1, flash1 = time.perf_counter(), self.flash.counters.snapshot()
@@ -804,7 +882,8 @@ class Engine:
                 break
             if n == max_new_tokens - 1:
                 break
-            logits = self.step(tok, timer, note)
+            logits = self.step(tok, timer, feed)
+            fed(1)
         show(stream.finish())
         t2 = time.perf_counter()
         stats = RunStats.collect(self, len(ids), len(new), t1 - t0, t2 - t1, timer, hits, hits_prefill,
@@ -816,6 +895,7 @@ class Engine:
             for slab in pair:
                 slab.close()
         self.flash.close()
-        self.embedding.close()
+        if self.embedding is not None:
+            self.embedding.close()
         if self.shared_staging is not None:
             self.shared_staging.close()

@@ -87,6 +87,29 @@ class KvCache:
             session.input_at(past_name, self._buffers[own][which], past)
             session.output_at(present_name, self._buffers[out][which], present)
 
+    def bind_session(self, session, new: int = 1) -> None:
+        """Bind every layer's past and present to ``session``, one graph for the whole decoder
+        (``dipdeploy.runtime.whole``). GQA: as ``bind``. Standard: layer i's present goes into the buffer
+        holding layer i − 1's past (layer 0's into the spare), which that layer's Concat has read before
+        layer i runs; ``commit_session`` then shifts the ownership by one layer."""
+        s = self.shape
+        for layer in range(s.layers):
+            own = self._owner[layer]
+            if self.attention == "gqa":
+                out, past = own, (1, s.heads, s.context, s.head_dim)
+                present = past
+            else:
+                out = self._owner[layer - 1] if layer else self._spare
+                past, present = (1, s.heads, self.length, s.head_dim), (1, s.heads, self.length + new, s.head_dim)
+            for which, (past_name, present_name) in enumerate(self._names[layer]):
+                session.input_at(past_name, self._buffers[own][which], past)
+                session.output_at(present_name, self._buffers[out][which], present)
+
+    def commit_session(self) -> None:
+        """After a ``bind_session`` run: each layer's present is now its cache."""
+        if self.attention == "standard":
+            self._owner, self._spare = [self._spare, *self._owner[:-1]], self._owner[-1]
+
     def commit(self, layer: int) -> None:
         """After layer ``layer`` ran: its present is now its cache (the standard layout swaps buffers)."""
         if self.attention == "standard":

@@ -92,6 +92,7 @@ class RunStats:
     prefill: str = "token"  # how the prompt was fed (EngineConfig.prefill)
     native_cache: bool = False  # the per-token cache step ran in the op library (EngineConfig.native_cache)
     io_engine: str | None = None  # --io direct: the reader that ran ("io_uring", "threads", "python")
+    single_session: bool = False  # model.onnx once per token, every row resident (dipdeploy.runtime.whole)
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
@@ -125,7 +126,8 @@ class RunStats:
             flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
             kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level, prefill=engine.cfg.prefill,
-            native_cache=engine.native_cache, io_engine=engine.flash.reader_kind,
+            native_cache=engine.native_cache and not engine.single_session, io_engine=engine.flash.reader_kind,
+            single_session=engine.single_session,
         )
 
     def as_dict(self) -> dict:
@@ -168,6 +170,7 @@ class RunStats:
         rows.append(("time", f"{parts} (Flash reads {s.get('flash_io', 0):.3f} s, emulated wait "
                              f"{s.get('flash_emulated_wait', 0):.3f} s, inside cache)"))
         kernels = f"native library ({self.kernel_set})" if self.native else "ONNX fallback functions (stock ORT)"
-        rows.append(("kernels", f"{kernels}, accuracy level {self.accuracy_level}; cache step "
-                                f"{'native' if self.native_cache else 'numpy'}"))
+        path = ("model.onnx in one session per token, every row resident" if self.single_session
+                else f"per-layer graphs, cache step {'native' if self.native_cache else 'numpy'}")
+        rows.append(("kernels", f"{kernels}, accuracy level {self.accuracy_level}; {path}"))
         return rows
