@@ -16,7 +16,10 @@ long as the prompt), and a decode of ``--long`` tokens after the shortest prompt
 tokens in the KV cache of the default 1,024-token context). ``--cgroup`` runs the long row again inside
 a cgroup v1 memory group limited to its planned residency + ``--overhead`` MB (the limit counts the page
 cache); the group is removed afterwards. ``--before PATH`` adds the 50 % batch rows of another checkout.
-``--parts`` runs some of the row groups (grid, sweep, long, before), ``--modes`` some prefill modes.
+``--parts`` runs some of the row groups (grid, sweep, long, before, paths), ``--modes`` some prefill modes.
+``paths``: at 100 % (where ``Engine`` runs ``model.onnx`` in one session by itself, ``dipdeploy.runtime.whole``)
+each prompt and the long row on both paths, forced (``single_session`` True / False), with ``--cgroup`` the
+long rows in a cgroup too; the other rows let the engine choose (``path`` auto).
 
     python benchmarks/memory.py --bundle build/pf-bundle --quick --json rows.json
     python benchmarks/memory.py --bundle build/pf-bundle --before /work/main --cgroup
@@ -43,21 +46,23 @@ warnings.simplefilter("ignore")
 from dipdeploy.runtime.stats import memory_now
 imports = memory_now()
 from dipdeploy.runtime import Engine
-bundle, budget, io, prefill, chunk, tokens, ids_file = sys.argv[1:8]
+bundle, budget, io, prefill, chunk, tokens, ids_file, path = sys.argv[1:9]
 options = {"prefill_chunk": int(chunk)} if int(chunk) else {}
+if path != "auto":  # an older checkout has no single_session: only the auto rows run there
+    options["single_session"] = path == "single"
 eng = Engine(bundle, dram_budget=budget, native=True, io=io, prefill=prefill, **options)
 opened = memory_now()
 ids = json.load(open(ids_file))
 g = eng.generate(ids, int(tokens), stop_at_eos=False)
 end = memory_now()
-print(json.dumps({"planned": eng.residency.total, "prefill_planned": eng.residency.prefill, "kv": eng.residency.kv,
+print(json.dumps({"single_session": getattr(eng, "single_session", False), "planned": eng.residency.total, "prefill_planned": eng.residency.prefill, "kv": eng.residency.kv,
                   "imports": imports, "opened": opened, "end": end, "new_tokens": len(g.tokens),
                   "prefill_tok_s": g.stats.prefill_tok_s, "decode_tok_s": g.stats.decode_tok_s}))
 """
 
 
 def measure(checkout: Path, bundle: Path, ids_file: Path, budget: str, io: str, prefill: str, chunk: int,
-            tokens: int, overhead_mb: float, cgroup: Path | None = None) -> dict:
+            tokens: int, overhead_mb: float, cgroup: Path | None = None, path: str = "auto") -> dict:
     """One fresh process; ``chunk`` 0 keeps the checkout's default (an older checkout has no chunk)."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     pre = None
@@ -65,14 +70,14 @@ def measure(checkout: Path, bundle: Path, ids_file: Path, budget: str, io: str, 
         def pre():  # enter the group before the interpreter allocates anything
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
     p = subprocess.run([sys.executable, "-c", CHILD, str(bundle), budget, io, prefill, str(chunk), str(tokens),
-                        str(ids_file)], cwd=checkout, env=env, capture_output=True, text=True, preexec_fn=pre)
+                        str(ids_file), path], cwd=checkout, env=env, capture_output=True, text=True, preexec_fn=pre)
     if p.returncode != 0:
         return {"rc": p.returncode, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
     r = json.loads(p.stdout.strip().splitlines()[-1])
     mb = 1e6
     peak = r["end"]["VmHWM"] / mb
     planned = r["planned"] / mb
-    return {"rc": 0, "planned_mb": planned, "prefill_planned_mb": r["prefill_planned"] / mb, "kv_mb": r["kv"] / mb,
+    return {"rc": 0, "single_session": r["single_session"], "planned_mb": planned, "prefill_planned_mb": r["prefill_planned"] / mb, "kv_mb": r["kv"] / mb,
             "imports_mb": r["imports"]["VmRSS"] / mb, "opened_mb": r["opened"]["VmHWM"] / mb, "peak_rss_mb": peak,
             "anon_mb": r["end"]["RssAnon"] / mb, "file_mb": r["end"]["RssFile"] / mb,
             "shmem_mb": r["end"].get("RssShmem", 0) / mb, "pss_mb": r["end"].get("Pss", 0) / mb,
@@ -122,7 +127,7 @@ def main() -> None:
     ap.add_argument("--overhead", type=float, default=200.0, help="the fixed overhead (MB) the rows are held to")
     ap.add_argument("--cgroup", action="store_true", help="run the long row again in a cgroup of plan + overhead")
     ap.add_argument("--quick", action="store_true", help="50 %% only, one prompt of 300, no sweep, long run of 200")
-    ap.add_argument("--parts", default="grid,sweep,long,before", help="row groups to run")
+    ap.add_argument("--parts", default="grid,sweep,long,before,paths", help="row groups to run")
     ap.add_argument("--modes", default="batch,token", help="prefill modes of the grid")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -132,11 +137,12 @@ def main() -> None:
     bundle, longest, parts = a.bundle.resolve(), max(lengths), a.parts.split(",")
     rows = []
 
-    def row(checkout=ROOT, budget="50%", io="mmap", prefill="batch", chunk=0, n=longest, tokens=a.tokens, **extra):
-        base = {"checkout": "before" if checkout != ROOT else "this", "budget": budget, "io": io, "prefill": prefill,
-                "chunk": chunk or ("default" if prefill == "batch" else ""), "prompt": n, "tokens": tokens}
+    def row(checkout=ROOT, budget="50%", io="mmap", prefill="batch", chunk=0, n=longest, tokens=a.tokens, path="auto",
+            **extra):
+        base = {"checkout": "before" if checkout != ROOT else "this", "path": path, "budget": budget, "io": io,
+                "prefill": prefill, "chunk": chunk or ("default" if prefill == "batch" else ""), "prompt": n, "tokens": tokens}
         kw = dict(checkout=checkout, bundle=bundle, ids_file=files[n], budget=budget, io=io, prefill=prefill,
-                  chunk=chunk, tokens=tokens)
+                  chunk=chunk, tokens=tokens, path=path)
         r = {**base, **measure(**kw, overhead_mb=a.overhead), **extra}
         rows.append(r)
         print(r, file=sys.stderr, flush=True)
@@ -156,16 +162,23 @@ def main() -> None:
         if a.before is not None and "before" in parts:
             for n in lengths:
                 row(checkout=a.before.resolve(), n=n)
-        long_row = {}
+        longs = []
         if "long" in parts:
-            long_row, kw = row(n=min(lengths), tokens=long)
-        if a.cgroup and long_row.get("rc") == 0:
-            r = in_cgroup({k: long_row[k] for k in ("checkout", "budget", "io", "prefill", "chunk", "prompt", "tokens")},
-                          long_row["planned_mb"], a.overhead, **kw)
+            longs.append(row(n=min(lengths), tokens=long))
+        if "paths" in parts:
+            for n in lengths:
+                for path in ("per-layer", "single"):
+                    row(budget="100%", n=n, path=path)
+            longs += [row(budget="100%", n=min(lengths), tokens=long, path=path) for path in ("per-layer", "single")]
+        for long_row, kw in longs if a.cgroup else []:
+            if long_row.get("rc") != 0:
+                continue
+            keys = ("checkout", "path", "budget", "io", "prefill", "chunk", "prompt", "tokens")
+            r = in_cgroup({k: long_row[k] for k in keys}, long_row["planned_mb"], a.overhead, **kw)
             rows.append(r)
             print(r, file=sys.stderr, flush=True)
     print(json.dumps({**machine(), "lscpu": lscpu()}))
-    print(md_table(rows, ["checkout", "prefill", "chunk", "prompt", "tokens", "budget", "io", "cgroup", "limit_mb",
+    print(md_table(rows, ["checkout", "path", "single_session", "prefill", "chunk", "prompt", "tokens", "budget", "io", "cgroup", "limit_mb",
                           "planned_mb", "prefill_planned_mb", "opened_mb", "peak_rss_mb", "over_plan_mb", "within",
                           "anon_mb", "file_mb", "shmem_mb", "pss_mb", "cgroup_max_usage_mb", "limit_hits", "rc", "prefill_tok_s",
                           "decode_tok_s"]))

@@ -43,13 +43,15 @@ def test_one_session_decodes_what_the_per_layer_path_decodes_with_plain_dip(tiny
     assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(again.logits, got.logits))
 
 
-@pytest.mark.parametrize("attention", ["standard", "gqa"])
-def test_truncate_and_extend_continue_the_kv_cache(tiny_dipca_bundle, attention):
+@pytest.mark.parametrize("attention,native", [("standard", None), ("gqa", None), ("standard", False)])
+def test_truncate_and_extend_continue_the_kv_cache(tiny_dipca_bundle, attention, native):
     """A chat re-reads from a kept prefix: the shifted KV buffers (standard) must hold each layer's own
-    positions after ``truncate``, so feeding the dropped tokens again gives the same logits."""
+    positions after ``truncate``, so feeding the dropped tokens again gives the same logits (also on
+    stock ORT, through model.onnx's fallback functions: ``native=False``)."""
     from dipdeploy.runtime.sampler import Sampler
 
-    eng = Engine(tiny_dipca_bundle(attention), dram_budget="100%", prefill="token")
+    eng = Engine(tiny_dipca_bundle(attention), dram_budget="100%", prefill="token", native=native)
+    assert eng.single_session
     g = eng.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     keep = len(PROMPT) + 2
     eng.truncate(keep)

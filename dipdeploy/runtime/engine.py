@@ -18,7 +18,9 @@ of at most ``EngineConfig.prefill_chunk`` tokens, so its buffers are bounded and
 The KV cache is allocated once for the context and written
 in place (``kv.py``). γ = 1 with an all-resident cache is plain DIP; the cache
 rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
-reference and the simulator). Torch-free (floor 4).
+reference and the simulator). At a budget that holds every MLP row the engine runs the bundle's
+``model.onnx`` once per token instead (``dipdeploy.runtime.whole``, ``EngineConfig.single_session``).
+Torch-free (floor 4).
 """
 
 from __future__ import annotations
