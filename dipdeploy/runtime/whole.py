@@ -62,7 +62,7 @@ def why_not(manifest, budget: DramBudget, policy: str, plan: Residency) -> str |
     no ``model.onnx``, policy ``none`` (which holds no row by definition), or a budget that does not hold
     every row (a share below 100 %, or a size below ``plan.total``)."""
     if "model" not in manifest.graphs:
-        return "the bundle has no model.onnx (exported with --no-model?)"
+        return f"the manifest names no model.onnx; {REGENERATE}"
     if policy == "none":
         return "policy 'none' keeps no row resident"
     if budget.cache_frac is not None and budget.cache_frac < 1.0:
