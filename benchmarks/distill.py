@@ -55,9 +55,9 @@ COLS = ["method", "density", "allocation", "training", "adapter_rho", "ppl", "x_
         "train_tokens", "steps", "batch", "train_seqlen", "lr", "wall_s", "train_load_mean", "first_loss",
         "last_loss", "eval_s", "eval_load"]
 SECTION = "## Recovery by distillation from the dense model"
-#: The results file's record of the first, 10-step run, whose partial file was not kept: the generated
-#: section ends with it, kept as measured.
-FIRST_RUN = "### The first run"
+#: Where the hand-written reading of the runs starts (and the first 10-step run, whose partial file was not
+#: kept, as it was measured): the generated section ends with it, kept when the tables are rewritten.
+READING = "### Reading"
 LOAD_NAME = "bench-load.json"  # beside an adapter: the mean 1-minute load while it trained
 
 
@@ -352,8 +352,8 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
     path = RESULTS / ("lora-smollm2.md" if name == "distill-smollm2" else f"{name}.md")
     old = path.read_text() if path.is_file() else ""
     kept = old.split(SECTION)[0].rstrip() if SECTION in old else old.rstrip()
-    first = "\n" + old[old.index(FIRST_RUN):] if FIRST_RUN in old else ""
-    write_atomic(path, (kept + "\n\n" if kept else "") + text + first, force=True)  # this section is regenerated
+    reading = "\n" + old[old.index(READING, old.index(SECTION)):] if READING in old.partition(SECTION)[2] else ""
+    write_atomic(path, (kept + "\n\n" if kept else "") + text + reading, force=True)  # this section is regenerated
 
 
 if __name__ == "__main__":
