@@ -29,8 +29,9 @@ of those side by side (and the table run with ``--no-train`` meanwhile), then th
 
     python benchmarks/distill.py --quick    # 1 × 512 test tokens, 4 steps: a pipeline check
     python benchmarks/distill.py            # 4 × 2048 test tokens, 10 steps × 4 × 256 tokens
-    python benchmarks/distill.py --allocation greedy --steps 150 --batch 2 --train-seqlen 512 \
-        --warmup 10 --train distill@0.5      # one longer distillation (then run the table without --train)
+    python benchmarks/distill.py --allocation greedy --steps 70 --batch 2 --train-seqlen 512 --warmup 8 \
+        --save-steps 10 --train distill@0.5 --train-minutes 57   # the results file's run (then the table
+                                                                 # runs, same recipe, without --train)
 """
 
 from __future__ import annotations
