@@ -1,0 +1,64 @@
+"""benchmarks/distill.py's results section: gap closed against the untrained row of the same plan, the goal
+line against the dense row, and the hand-written reading kept when the tables are rewritten."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+INFO = {"cpu": "cpu", "cores": 2, "load_1min": 0.0}
+
+
+@pytest.fixture()
+def distill(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("distill", None)
+    mod = importlib.import_module("distill")
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["distill.py"])
+    return mod
+
+
+def _row(method, rho, allocation, training, ppl, **kw):
+    row = {"model": "tiny", "method": method, "density": rho, "target_density": rho, "allocation": allocation,
+           "training": training, "ppl": ppl, "tokens": 2047, "seqlen": 2048, "windows": 1, "train_tokens": 0,
+           "steps": 0, "wall_s": 0.0, "eval_s": 1.0, "eval_load": 1.0}
+    row.update(kw)
+    return row
+
+
+def _rows(distilled: float, steps: int = 70, planned: int = 70) -> list[dict]:
+    trained = dict(adapter_rho=0.5, train_tokens=1024 * steps, steps=steps, planned_steps=planned, batch=2,
+                   train_seqlen=512, lr=0.002, first_loss=0.33, last_loss=0.23)
+    return [_row("dense", 1.0, "-", "none", 20.0), _row("dip", 0.5, "uniform", "none", 30.0),
+            _row("dip", 0.5, "greedy", "none", 28.0), _row("dip", 0.5, "greedy", "distill", distilled, **trained)]
+
+
+def test_gap_closed_is_against_the_untrained_row_of_the_same_allocation(distill):
+    rows = _rows(24.0)
+    distill.derive(rows)
+    assert rows[-1]["gap_closed"] == pytest.approx((28.0 - 24.0) / (28.0 - 20.0))  # not (30 − 24) / (30 − 20)
+    assert rows[1]["gap_closed"] is None and rows[0]["x_dense"] == 1.0
+
+
+def test_goal_line_is_met_only_within_1_10_of_the_dense_row(distill):
+    assert "**met**" in distill.goal(_rows(21.9), 0.5)
+    line = distill.goal(_rows(22.1), 0.5)
+    assert "**NOT met**" in line and "1.105×" in line
+    assert "stopped by --train-minutes at step 40 of 70" in distill.goal(_rows(22.1, steps=40), 0.5)
+    assert "not measured yet" in distill.goal(_rows(22.1)[:3], 0.5)
+
+
+def test_rewriting_the_section_keeps_what_precedes_it_and_the_reading(distill):
+    path = distill.RESULTS / "lora-smollm2.md"
+    path.write_text(f"# title\n\nearlier section\n\n{distill.SECTION}\n\nold tables\n\n{distill.READING} (by hand)\n\nnotes\n")
+    distill.write_table(_rows(24.0), "distill-smollm2", INFO, distill.parse())
+    text = path.read_text()
+    assert text.startswith("# title\n\nearlier section\n\n" + distill.SECTION)
+    assert "old tables" not in text and text.count(distill.SECTION) == 1
+    assert text.endswith(f"{distill.READING} (by hand)\n\nnotes\n")
+    assert "| dip | 0.5 | greedy | distill | 0.5 | 24 |" in text
