@@ -38,7 +38,9 @@ NOTES = ("How each method was tuned (all on WikiText-2 validation, 4 × 512 toke
          "**joint** per-layer density and split together by a Lagrangian over Fisher-weighted per-layer error "
          "curves (docs/method.md, \"Joint allocation\"), kept only if it beats the uniform plan (default split "
          "1.1ρ) on held-out calibration tokens (else the row says uniform); **greedy** per-layer density from "
-         "end-to-end sensitivity; **TEAL** per-layer thresholds on |x| and |GLU~| at the (1 − share) quantiles, "
+         "end-to-end sensitivity; **greedy-split** the greedy densities, each layer's in/glu split then taken from "
+         "its own error curve (the joint allocation's per-layer split), kept only if it beats greedy on held-out "
+         "calibration tokens (else the row says greedy); **TEAL** per-layer thresholds on |x| and |GLU~| at the (1 − share) quantiles, "
          "uniform: DIP's searched split, joint: each layer's shares from the same joint allocation (the role of "
          "TEAL's own greedy per-layer allocation); **CATS** per-layer threshold on |act(W_g x)|; **DIP-CA** the "
          "joint DIP plan (variant allocation=greedy: the greedy one), γ = 0.5, LFU, cache half of each group's rows; "
@@ -55,16 +57,18 @@ def configs(quick: bool) -> list[tuple[str, float, dict]]:
     """Priority order: per density (0.5 first, then 0.4, 0.6, 0.75: where DIP trails TEAL most first) DIP
     uniform and joint (per-layer density and split, docs/method.md "Joint allocation"), TEAL uniform and
     with the same joint allocation, CATS, DIP-CA (γ = 0.5) on the joint plan, DIP with the greedy
-    allocation and with the `wina-in` score (docs/method.md "Scores"), alone and together; at ρ = 0.5
+    allocation (alone and with each layer's split from its error curve, ``greedy-split``) and with the `wina-in` score (docs/method.md "Scores"), alone and together; at ρ = 0.5
     also the WINA score under the joint allocation and DIP-CA on the greedy plans (with either score);
     then the single-group baselines."""
     if quick:
         return [("dense", 1.0, {})] + [(m, 0.5, {}) for m in ("dip", "teal", "cats", "dip-ca")]
     joint, greedy, wina_in = {"allocation": "joint"}, {"allocation": "greedy"}, {"score": "wina-in"}
+    greedy_split = {"allocation": "greedy-split"}
     out = [("dense", 1.0, {})]
     for rho in (0.5, 0.4, 0.6, 0.75):
         out += [("dip", rho, {}), ("dip", rho, joint), ("teal", rho, {}), ("teal", rho, joint), ("cats", rho, {}),
-                ("dip-ca", rho, joint), ("dip", rho, greedy), ("dip", rho, wina_in), ("dip", rho, {**greedy, **wina_in})]
+                ("dip-ca", rho, joint), ("dip", rho, greedy), ("dip", rho, greedy_split), ("dip", rho, wina_in),
+                ("dip", rho, {**greedy, **wina_in})]
         if rho == 0.5:
             out += [("dip", 0.5, {**joint, "score": "wina"}), ("dip-ca", 0.5, greedy),
                     ("dip-ca", 0.5, {**greedy, **wina_in})]

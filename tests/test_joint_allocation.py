@@ -145,3 +145,27 @@ def test_calibration_never_reads_the_test_split(data_dir, monkeypatch):
     assert len(seen) == 1 and torch.equal(seen[0], calib[:, :seen[0].shape[1]])
     test_rows = {tuple(r.tolist()) for r in ev.test}
     assert not any(tuple(r.tolist()) in test_rows for r in calib)
+
+
+def test_greedy_split_keeps_each_greedy_density_and_the_budget(tiny_llama):
+    """`greedy-split` re-splits each layer of the greedy plan at that layer's own density (the budget of
+    every layer and of the model stays), and keeps the re-split only when it wins on held-out tokens."""
+    c = tiny_llama.model.config
+    d, f, L = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    w = _calib()
+    greedy = calibrate(tiny_llama, SparsityConfig(method="dip", density=0.5, allocation="greedy"), w)
+    plan = calibrate(tiny_llama, SparsityConfig(method="dip", density=0.5, allocation="greedy-split"), w, curves={})
+    kls = plan.calibration["split_held_kl"]
+    assert set(kls) == {"as-given", "split"} and kls["as-given"] != kls["split"]
+    assert plan.calibration["greedy_strength"] == greedy.calibration["greedy_strength"]
+    won = kls["split"] < kls["as-given"]
+    assert plan.allocation == ("greedy-split" if won else "greedy")
+    assert (plan.calibration["split_choice"] == "split") == won
+    assert abs(_bytes_per_token(plan.layers, d, f) - 3 * d * f * L * 0.5) <= d / 2 + 2 * f
+    for i, lp in enumerate(plan.layers):  # each layer's density is the greedy one within a row per group
+        assert abs(density(lp.k_in, lp.k_glu, d, f) - greedy.layer_density(i)) <= 0.02
+        assert 1 <= lp.k_in <= d and 1 <= lp.k_glu <= f
+    if not won:
+        assert [(lp.k_in, lp.k_glu) for lp in plan.layers] == [(lp.k_in, lp.k_glu) for lp in greedy.layers]
+    with pytest.raises(ValueError, match="greedy-split"):
+        calibrate(tiny_llama, SparsityConfig(method="teal", density=0.5, allocation="greedy-split"), w)

@@ -77,7 +77,7 @@ def write_json(rows, path: Optional[Path], force: bool) -> None:
 _S, _EV = SparsityConfig, EvalConfig
 MODEL = typer.Option(defaults.MODEL, "--model", "-m", help="registry name, HF directory, .gguf file or hub id")
 RHO_IN = typer.Option(None, "--rho-in", help="input share ρ_in for teal/dip/dip-ca; default: calibrated")
-ALLOC = typer.Option(_S.allocation, "--allocation", help="per-layer allocation: uniform | greedy | joint (per-layer density and split, docs/method.md)")
+ALLOC = typer.Option(_S.allocation, "--allocation", help="per-layer allocation: uniform | greedy | joint (per-layer density and split) | greedy-split (greedy densities, per-layer split; docs/method.md)")
 SCORE = typer.Option(_S.score, "--score", help="DIP score: abs (|x|) | wina (|x_i|·‖W_:,i‖₂, and |GLU~|·‖W_d[:,j]‖₂) | wina-in (the input group only, folded into the weights on export)")
 GAMMA = typer.Option(_S.gamma, "--gamma", help="DIP-CA re-weighting of non-resident rows (1 = plain DIP)")
 POLICY = typer.Option(_S.policy, "--policy", help="DIP-CA cache policy in the torch reference: lru | lfu")

@@ -28,7 +28,7 @@ from dipdeploy.paths import write_atomic
 PLAN_VERSION = 1
 METHODS = ("dense", "glu", "gate", "up", "cats", "teal", "dip", "dip-ca")
 SCORES = ("abs", "wina", "wina-in")  # dipdeploy.sparsity.scores
-ALLOCATIONS = ("uniform", "greedy", "joint")
+ALLOCATIONS = ("uniform", "greedy", "joint", "greedy-split")
 CA_POLICIES = ("lru", "lfu")  # policies usable inside the torch reference (Belady needs the future)
 
 
