@@ -123,3 +123,20 @@ def chat_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("chat") / "bundle"
     export(lm, cfg, out, make_plan(lm, cfg))
     return out
+
+
+@pytest.fixture
+def benchmark_module(tmp_path, monkeypatch):
+    """``benchmark_module("accuracy")``: a fresh import of ``benchmarks/<name>.py`` writing its results
+    under ``tmp_path`` instead of ``benchmarks/results``."""
+    import importlib
+    import sys
+
+    def load(name: str):
+        monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        sys.modules.pop(name, None)
+        mod = importlib.import_module(name)
+        monkeypatch.setattr(mod, "RESULTS", tmp_path)
+        return mod
+
+    return load

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture()
-def accuracy(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    sys.modules.pop("accuracy", None)
-    mod = importlib.import_module("accuracy")
-    monkeypatch.setattr(mod, "RESULTS", tmp_path)
-    return mod
+def accuracy(benchmark_module):
+    return benchmark_module("accuracy")
 
 
 def _row(method, rho, ppl, variant="-", **kw):

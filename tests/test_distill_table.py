@@ -3,22 +3,16 @@ line against the dense row, and the hand-written reading kept when the tables ar
 
 from __future__ import annotations
 
-import importlib
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 INFO = {"cpu": "cpu", "cores": 2, "load_1min": 0.0}
 
 
 @pytest.fixture()
-def distill(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    sys.modules.pop("distill", None)
-    mod = importlib.import_module("distill")
-    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+def distill(benchmark_module, monkeypatch):
+    mod = benchmark_module("distill")
     monkeypatch.setattr(sys, "argv", ["distill.py"])
     return mod
 
