@@ -19,7 +19,7 @@ import sys
 import time
 
 from _common import lscpu, machine, md_table, write_rows_json
-from flash import LLAMA_1B, POLICY, RESULTS, ensure_bundles, run_in_group, storage
+from flash import LLAMA_1B, POLICY, RESULTS, ROOT, ensure_bundles, run_in_group, storage
 
 from dipdeploy.cache.split import CACHE_SPLITS
 from dipdeploy.paths import write_atomic
@@ -89,7 +89,7 @@ def main() -> None:
         rows = sweep("smollm2-135m", ("25%", "50%", "75%"), 64, args.repeats, args.timeout)
         if not args.no_1b:
             rows += sweep(LLAMA_1B, ("50%",), 16, args.repeats, args.timeout)
-    disk = storage(RESULTS)
+    disk = storage(ROOT / "build")  # where the bundles are read from
     errors = [f"- {r['model']} {r['method']} {r['budget']} {r['split']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join([
         "# Cache split: even against reads (benchmarks/cache_split.py)", "",

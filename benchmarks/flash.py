@@ -50,9 +50,9 @@ from _common import lscpu, machine, md_table, memory_group, write_rows_json
 
 from peers import PEERS, build_genai, build_gguf
 
+from dipdeploy.cache.split import CACHE_SPLIT
 from dipdeploy.paths import write_atomic
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_THREADS
-from dipdeploy.runtime.budget import CACHE_SPLIT
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, split_by_reads
+from dipdeploy.runtime.blockio import miss_cost
 
 DEFAULT_CONTEXT = 1024  # `run` and `chat`: KV-cache tokens reserved in the budget, when the bundle has that many positions
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -152,8 +153,6 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
     if policy == "none":
         cap = [[0 for _ in layer] for layer in cap]
     elif split == "reads":
-        from dipdeploy.runtime.blockio import miss_cost
-
         cap = split_by_reads(groups, sum(c * g.row_bytes for cl, gl in zip(cap, groups) for c, g in zip(cl, gl)),
                              miss_cost)
     caches = sum(c * g.row_bytes for cl, gl in zip(cap, groups) for c, g in zip(cl, gl))
