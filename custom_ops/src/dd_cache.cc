@@ -15,6 +15,13 @@
 // read-only mapping of the bundle's MLP file at the byte offsets the Flash store gives for each array
 // (offset + row * row_bytes); without a mapping the step only returns the rows and slots to read and
 // the Flash store reads them (pread, direct). Plain C ABI for ctypes; no ORT types.
+//
+// The same step also runs inside a graph (the ops CacheStep and CacheSettle of dd_ops.cc, declared in
+// dd_cache.h): the graph carries each group's handle as an int64 input, so a handle is checked against
+// the groups alive in this process before a kernel touches it, and the step counts its misses, requests,
+// bytes and copy time in the group for the host to collect once per token (dd_cache_drain).
+#include "dd_cache.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -22,6 +29,8 @@
 #include <cstdint>
 #include <cstring>
 #include <ctime>
+#include <mutex>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -39,6 +48,7 @@ constexpr int64_t kNoStaging = -3;    // more rows need staging than the slab ha
 constexpr int64_t kNoFreeSlot = -4;   // settle: no free slot for an admitted row
 constexpr int64_t kOutsideFile = -5;  // a row's bytes lie outside the mapped file
 constexpr int64_t kBadArgs = -6;
+constexpr int64_t kNoMapping = -7;    // a graph step without the mapped file to copy the misses from
 
 struct Group {
   int64_t rows, capacity, staging;
@@ -61,7 +71,17 @@ struct Group {
   std::vector<int64_t> cand, dropped, misses, admitted_rows, given, release, deferred_rows, deferred_from, to;
   std::vector<int64_t> where;  // [rows]: position of a row in the selection, -1 elsewhere (kept so)
   std::vector<uint64_t> keys;
+  // the graph step's own outputs besides the slots, and what it read since the last drain:
+  // misses (rows), requests (runs of adjacent rows x arrays), bytes, copy nanoseconds
+  std::vector<uint8_t> op_hits;
+  std::vector<int64_t> op_rows, op_slots;
+  int64_t totals[4] = {0, 0, 0, 0};
 };
+
+// The groups alive in this process: a graph's handle input is only a number, so a kernel checks it here
+// before using it as a pointer (a stale or forged handle is an error, not a crash).
+std::mutex live_mutex;
+std::unordered_set<const void *> live_groups;
 
 // policies.py _pack: ((primary << SEC | secondary) << IDX) | (rows - 1 - index), in wrapping int64
 // arithmetic as numpy computes it.
@@ -256,13 +276,26 @@ __attribute__((visibility("default"))) void * dd_cache_new(int64_t rows, int64_t
     g->row_of = row_of;
     g->next_use = next_use;
     g->next_use_steps = next_use_steps;
+    std::lock_guard<std::mutex> lock(live_mutex);
+    live_groups.insert(g);
     return g;
   } catch (...) {
     return nullptr;
   }
 }
 
-__attribute__((visibility("default"))) void dd_cache_free(void * g) { delete static_cast<Group *>(g); }
+__attribute__((visibility("default"))) void dd_cache_free(void * g) {
+  {
+    std::lock_guard<std::mutex> lock(live_mutex);
+    live_groups.erase(g);
+  }
+  delete static_cast<Group *>(g);
+}
+
+__attribute__((visibility("default"))) int dd_cache_live(const void * g) {
+  std::lock_guard<std::mutex> lock(live_mutex);
+  return live_groups.count(g) != 0;
+}
 
 // The slab arrays (`slabs[a]`: capacity + staging rows of row_bytes[a]) and their rows' file offsets;
 // `map` (may be NULL: the caller reads) is the MLP file mapped read-only, `map_len` bytes.
@@ -333,6 +366,60 @@ __attribute__((visibility("default"))) int64_t dd_cache_settle(void * gp) {
   g->deferred_rows.clear();
   g->deferred_from.clear();
   return n;
+}
+
+// dd_cache_select for a kernel (CacheStep): the selection `sel` [k] → `slots` [k], the misses copied from
+// the mapping (required: no caller is left to read them) and counted in the group's totals.
+__attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, const int64_t * sel, int64_t k,
+                                                                   int64_t * slots) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g || k < 0) return kBadArgs;
+  if (!g->map) return kNoMapping;
+  try {
+    g->op_hits.resize(size_t(k));
+    g->op_rows.resize(size_t(k));
+    g->op_slots.resize(size_t(k));
+  } catch (...) {
+    return kBadArgs;
+  }
+  int64_t info[2] = {0, 0};
+  int64_t n = dd_cache_select(g, sel, k, slots, g->op_hits.data(), g->op_rows.data(), g->op_slots.data(), info);
+  if (n <= 0) return n;
+  int64_t row_bytes = 0;
+  for (int64_t rb : g->row_bytes) row_bytes += rb;
+  g->totals[0] += n;
+  g->totals[1] += info[1] * int64_t(g->slabs.size());
+  g->totals[2] += n * row_bytes;
+  g->totals[3] += info[0];
+  return n;
+}
+
+// The graph steps' totals of `n` groups summed into out[4] (misses, requests, bytes, copy ns), each
+// group's reset: the host's once-per-token collection for the Flash store's counters.
+__attribute__((visibility("default"))) int64_t dd_cache_drain(void * const * groups, int64_t n, int64_t * out) {
+  if (n < 0 || (n > 0 && !groups) || !out) return kBadArgs;
+  for (int i = 0; i < 4; ++i) out[i] = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    Group * g = static_cast<Group *>(groups[j]);
+    if (!g) return kBadArgs;
+    for (int i = 0; i < 4; ++i) {
+      out[i] += g->totals[i];
+      g->totals[i] = 0;
+    }
+  }
+  return 0;
+}
+
+__attribute__((visibility("default"))) const char * dd_cache_error(int64_t code) {
+  switch (code) {
+    case kOutOfRange: return "a selected row lies outside the group's rows";
+    case kOutOfStep: return "slot table out of step with the cache: a hit has no slot or a miss holds one";
+    case kNoStaging: return "more rows need staging than the slab has";
+    case kNoFreeSlot: return "no free slot for an admitted row after the step";
+    case kOutsideFile: return "a row's bytes lie outside the mapped MLP file: the bundle is truncated";
+    case kNoMapping: return "the group reads no mapped MLP file (the cache step in the graph copies from it: --io mmap)";
+    default: return "bad arguments";
+  }
 }
 
 // Forget a pending step (the Python side handed the state to the numpy reference).

@@ -6,6 +6,7 @@
 // inputs) and builds every variadic input with the first input's dtype, so it could neither keep the
 // contract's optional inputs nor reject a wrong dtype with an error. No exception crosses this file's
 // boundary: every failure is an OrtStatus naming the op, the input and the fix.
+#include "dd_cache.h"
 #include "dd_kernels.h"
 
 #include "onnxruntime_c_api.h"
@@ -644,6 +645,90 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
 }
 
 // ---------------------------------------------------------------------------------------------
+// CacheStep(indices [1,K] i64, handle [1] i64) -> slots [1,K] i64
+// CacheSettle(X f32, handle [1] i64) -> X
+//
+// The host runtime's per-token cache step (dd_cache.cc) as graph nodes, so a whole decoder with its row
+// caches runs as one session (dipdeploy/runtime/fused.py). `handle` is a group made by the host; the
+// step updates that group's state and copies its misses into the slab the next SparseGatherMatMul
+// reads; CacheSettle runs the deferred moves of the slot rule once X (which depends on that
+// SparseGatherMatMul) exists, and passes X on, so that every later node, the next group's CacheStep
+// included, runs after it. Both ops have side effects: the graph orders them by these data edges only.
+
+struct dd_cache_op_kernel {
+    const OrtApi * api;
+};
+
+OrtStatus * ORT_API_CALL dd_cache_op_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo *,
+                                            void ** kernel) {
+    *kernel = new (std::nothrow) dd_cache_op_kernel{api};
+    return *kernel ? nullptr : dd_error(api, ORT_FAIL, "cache op: out of memory");
+}
+
+OrtStatus * dd_cache_handle(const OrtApi * api, OrtKernelContext * ctx, const char * op, void ** group) {
+    dd_view h;
+    DD_TRY(dd_input(api, ctx, 1, &h));
+    if (!h.present || h.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 || h.numel != 1) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'handle' must be one int64", op);
+    }
+    void * g = reinterpret_cast<void *>(static_cast<intptr_t>(*static_cast<const int64_t *>(h.data)));
+    if (!dd_cache_live(g)) {
+        return dd_error(api, ORT_INVALID_ARGUMENT,
+                        "%s: input 'handle' names no live cache group; bind the handles the engine made", op);
+    }
+    *group = g;
+    return nullptr;
+}
+
+OrtStatus * ORT_API_CALL dd_cstep_compute(void * kernel_ptr, OrtKernelContext * ctx) {
+    const OrtApi * api = static_cast<const dd_cache_op_kernel *>(kernel_ptr)->api;
+    const char * op = "CacheStep";
+    dd_view idx;
+    DD_TRY(dd_input(api, ctx, 0, &idx));
+    DD_TRY(dd_expect(api, idx, op, "indices", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, 2));
+    if (idx.dims[0] != 1) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'indices' must be one token's selection [1, K], got N=%lld",
+                        op, (long long) idx.dims[0]);
+    }
+    void * g = nullptr;
+    DD_TRY(dd_cache_handle(api, ctx, op, &g));
+    OrtValue * out = nullptr;
+    DD_TRY(api->KernelContext_GetOutput(ctx, 0, idx.dims, 2, &out));
+    void * slots = nullptr;
+    DD_TRY(api->GetTensorMutableData(out, &slots));
+    const int64_t rc = dd_cache_graph_step(g, static_cast<const int64_t *>(idx.data), idx.dims[1],
+                                           static_cast<int64_t *>(slots));
+    if (rc < 0) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: %s", op, dd_cache_error(rc));
+    }
+    return nullptr;
+}
+
+OrtStatus * ORT_API_CALL dd_csettle_compute(void * kernel_ptr, OrtKernelContext * ctx) {
+    const OrtApi * api = static_cast<const dd_cache_op_kernel *>(kernel_ptr)->api;
+    const char * op = "CacheSettle";
+    dd_view x;
+    DD_TRY(dd_input(api, ctx, 0, &x));
+    if (!x.present || x.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'X' must be float32", op);
+    }
+    void * g = nullptr;
+    DD_TRY(dd_cache_handle(api, ctx, op, &g));
+    const int64_t rc = dd_cache_settle(g);
+    if (rc < 0) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: %s", op, dd_cache_error(rc));
+    }
+    OrtValue * out = nullptr;
+    DD_TRY(api->KernelContext_GetOutput(ctx, 0, x.dims, x.rank, &out));
+    void * y = nullptr;
+    DD_TRY(api->GetTensorMutableData(out, &y));
+    if (x.numel > 0 && y != x.data) {
+        std::memcpy(y, x.data, (size_t) x.numel * sizeof(float));
+    }
+    return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Op declarations
 
 struct dd_op_decl {
@@ -707,13 +792,31 @@ const dd_op_decl dd_sgmm_decl = {
     [](void * k) { delete static_cast<dd_sgmm_kernel *>(k); },
 };
 
+const dd_op_decl dd_cstep_decl = {
+    "CacheStep", 2,
+    {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64},
+    {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED},
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, dd_cache_op_create, dd_cstep_compute,
+    [](void * k) { delete static_cast<dd_cache_op_kernel *>(k); },
+};
+
+const dd_op_decl dd_csettle_decl = {
+    "CacheSettle", 2,
+    {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64},
+    {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED},
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, dd_cache_op_create, dd_csettle_compute,
+    [](void * k) { delete static_cast<dd_cache_op_kernel *>(k); },
+};
+
 // The op objects must outlive every session that uses them, so they live for the whole process
 // (built once, immutable afterwards).
 struct dd_ops {
-    dd_op topk, sgmm;
+    dd_op topk, sgmm, cstep, csettle;
     dd_ops() {
         dd_op_init(&topk, &dd_topk_decl);
         dd_op_init(&sgmm, &dd_sgmm_decl);
+        dd_op_init(&cstep, &dd_cstep_decl);
+        dd_op_init(&csettle, &dd_csettle_decl);
     }
 };
 
@@ -742,6 +845,8 @@ __attribute__((visibility("default"))) OrtStatus * ORT_API_CALL RegisterCustomOp
     // ORT does not take ownership, so it is intentionally never released (one small object per call).
     DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.topk)));
     DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.sgmm)));
+    DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.cstep)));
+    DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.csettle)));
     return api->AddCustomOpDomain(options, domain);
 }
 

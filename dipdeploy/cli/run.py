@@ -65,6 +65,9 @@ SINGLE = typer.Option(_E.single_session, "--single-session/--per-layer", help="a
                       "session per token, every row resident from the start, so DIP-CA is plain DIP (default: when "
                       "the budget holds every MLP row and no --trace is asked for), or the per-layer graphs with the "
                       "host cache step (caches start empty)")
+FUSED = typer.Option(_E.fused, "--fused", help="below 100 %: the per-layer graphs joined into one session per "
+                     "token, the cache step inside the graph (the same decisions; --io mmap; the prompt is fed "
+                     "one token at a time; no --trace)")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
                       "structure, sizes and the other files' sha256 are always checked)")
@@ -91,7 +94,7 @@ def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampl
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
             threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill, thread_pool=_E.thread_pool,
             prefill_chunk=_E.prefill_chunk, io_engine=_E.io_engine, io_gap=_E.io_gap, cache_split=_E.cache_split,
-            single_session=_E.single_session):
+            single_session=_E.single_session, fused=_E.fused):
     from dipdeploy.runtime import Engine, parse_bandwidth
     from dipdeploy.runtime.engine import PREFILL_MODES
     from dipdeploy.runtime.blockio import IO_ENGINES
@@ -127,7 +130,7 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
              flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
              io=io, io_threads=io_threads, io_engine=io_engine, io_gap=io_gap, context=context, threads=threads, thread_pool=thread_pool, verify=verify,
              pinned_counts=counts, prefill=prefill, prefill_chunk=prefill_chunk, cache_split=cache_split,
-             single_session=single_session)
+             single_session=single_session, fused=fused)
     engine = Engine(bundle, cfg)
     if engine.flash.note:
         typer.echo(f"note: {engine.flash.note}", err=True)
@@ -169,7 +172,7 @@ def run_cmd(
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY, single_session: Optional[bool] = SINGLE,
-    temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
+    fused: bool = FUSED, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED,
     chat: bool = typer.Option(False, "--chat", help="format the prompt as one user turn with the bundle's chat "
                               "template (default: raw completion)"),
@@ -194,10 +197,12 @@ def run_cmd(
         if trace is not None:  # a trace is the per-layer path's selections (dipdeploy.runtime.whole)
             if single_session:
                 raise ValueError("--trace records the per-layer graphs' selections: drop --single-session")
+            if fused:
+                raise ValueError("--trace records the per-layer graphs' selections: drop --fused")
             single_session = False
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
                          threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split,
-                         single_session)
+                         single_session, fused)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -234,7 +239,8 @@ def chat_cmd(
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
-    thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
+    thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: bool = FUSED,
+    temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
 ) -> None:
     """Interactive chat through the bundle's chat template: streams each answer, then one line of stats.
@@ -248,7 +254,7 @@ def chat_cmd(
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
                          threads, None, False, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split,
-                         single_session)
+                         single_session, fused)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

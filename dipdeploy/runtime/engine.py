@@ -99,7 +99,10 @@ class EngineConfig:
     per-layer graphs and the host cache step (``dipdeploy.runtime.whole``: at a budget that holds every
     MLP row all rows are resident from the start, so DIP-CA is plain DIP); None: whenever the budget
     holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
-    per-layer path (empty caches at the start; traces, selections)."""
+    per-layer path (empty caches at the start; traces, selections).
+    ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
+    (``dipdeploy.runtime.fused``: the same native step, at any budget); needs ``--io mmap`` and the op
+    library, feeds the prompt one token at a time, records no selections."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -123,6 +126,7 @@ class EngineConfig:
     shared_staging: bool | None = None  # None: where the platform can (staging.supported)
     cache_split: str = CACHE_SPLIT
     single_session: bool | None = None  # model.onnx once per token; None: when the budget holds every row
+    fused: bool = False  # the per-layer graphs joined into one session, the cache step in the graph
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
@@ -147,6 +151,8 @@ class EngineConfig:
             raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
         if self.thread_pool not in THREAD_POOLS:
             raise ValueError(f"thread pool {self.thread_pool!r} unknown; choose one of {', '.join(THREAD_POOLS)}")
+        if self.fused and self.single_session:
+            raise ValueError("fused and single_session are two one-session modes: choose one")
         DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
 
 
@@ -272,13 +278,17 @@ class Engine:
         self.kv = KvCache(KvShape(self.num_layers, dec["num_key_value_heads"], dec["head_size"], self.cfg.context),
                           (m.export_config or {}).get("attention", "standard"))
         self._check_memory_limit()
-        self.whole = self._open_whole(session_options, native)
+        self.fused = None
+        self.whole = None if self.cfg.fused else self._open_whole(session_options, native)
         if self.whole is None:
             from dipdeploy.arch import arch_of
 
             config = (m.source or {}).get("config") or {}
             self.embedding = EmbeddingRows(self.path, m, arch_of(config).embedding_multiplier(config))
-            self._open_sessions(session_options, native)
+            if self.cfg.fused:
+                self._open_fused(session_options, native)
+            else:
+                self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
                                 bandwidth=self.cfg.flash_bandwidth, io_threads=self.cfg.io_threads,
                                 io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap)
@@ -312,14 +322,33 @@ class Engine:
         self.dram_dense_per_token = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
         return whole
 
+    def _open_fused(self, session_options, native: bool) -> None:
+        """The joined decoder (``dipdeploy.runtime.fused``), or the one line why it cannot run."""
+        from dipdeploy.runtime import fused
+
+        reason = fused.why_not(self.cfg, self.manifest, self.num_layers)
+        if reason is None and not native:
+            reason = "the cache step in the graph is the op library's: build it (make ops)"
+        if reason is None and self._cache_library is None:
+            reason = "the op library predates the native cache step: rebuild it (make ops)"
+        if reason is not None:
+            raise ValueError(f"--fused: {reason}; or run the per-layer graphs (drop --fused)")
+        options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
+        self.shared = SharedInitializers(self.path, self.manifest)
+        gamma = None if self.gamma == self.baked_gamma else self.gamma
+        self.fused = fused.FusedModel(self.path, self.shared.apply(shared_arena(options)), self.kv, self.cfg.context,
+                                      self.d, self.decoder["vocab_size"], self.num_layers, gamma,
+                                      self.cfg.accuracy_level)
+
     @property
     def single_session(self) -> bool:
         """Whether this engine runs ``model.onnx`` once per token (``dipdeploy.runtime.whole``)."""
         return self.whole is not None
 
-    @staticmethod
-    def _per_layer_only(what: str) -> str:
-        """The one line for what only the per-layer path has (``dipdeploy.runtime.whole``)."""
+    def _per_layer_only(self, what: str) -> str:
+        """The one line for what only the per-layer path has (``dipdeploy.runtime.whole`` and ``fused``)."""
+        if self.fused is not None:
+            return f"{what} need the per-layer graphs, and this engine runs them joined (--fused): drop fused"
         return (f"{what} need the per-layer graphs, and this engine runs model.onnx in one session (the budget "
                 f"holds every row): give single_session=False (--per-layer)")
 
@@ -389,8 +418,11 @@ class Engine:
         m, cfg = self.manifest, self.cfg
         arrays = []
         for i in range(self.num_layers):
-            up_args = [a for a in self.up[i].session.get_inputs() if a.name.startswith("up_gate.")]
-            down_args = [a for a in self.down[i].session.get_inputs() if a.name.startswith("down.")]
+            if self.fused is not None:
+                up_args, down_args = self.fused.slab_inputs(i, "up_gate"), self.fused.slab_inputs(i, "down")
+            else:
+                up_args = [a for a in self.up[i].session.get_inputs() if a.name.startswith("up_gate.")]
+                down_args = [a for a in self.down[i].session.get_inputs() if a.name.startswith("down.")]
             arrays.append((group_arrays(m, self.path, i, "up_gate", up_args),
                            group_arrays(m, self.path, i, "down", down_args)))
         def shape(rows: int, group, k: int) -> GroupShape:
@@ -402,7 +434,7 @@ class Engine:
             raise ValueError("shared staging needs memfd_create (Linux); leave shared_staging unset")
         shared = sum(a.shared_bytes + b.shared_bytes for a, b in arrays)
         dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes() + self.embedding.nbytes + shared
-        batch = cfg.prefill == "batch"
+        batch = cfg.prefill == "batch" and self.fused is None  # the joined graph feeds the prompt token by token
         self._prefill_shapes = _prefill_buffers(arrays, (self.d, self.f)) if batch else {}
         self._chunk_shapes = _chunk_buffers(min(cfg.prefill_chunk, cfg.context), self.d, self.f, self.k) if batch else {}
         prefill = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._prefill_shapes)
@@ -423,7 +455,12 @@ class Engine:
                       for pair, k_pair, caps in zip(arrays, self.k, self.residency.capacity)]
         self.row_bytes = [(a.row_bytes, b.row_bytes) for a, b in arrays]
         self.dram_dense_per_token = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
-        self._bind_buffers()
+        if self.fused is None:
+            self._bind_buffers()
+        else:  # the graph steps the cache itself: the native steps get scratch selection/slot buffers
+            for pair, ks in zip(self.slabs, self.k):
+                for slab, k in zip(pair, ks):
+                    slab.bind(np.zeros((1, k), np.int64), np.zeros((1, k), np.int64))
 
     def _bind_buffers(self) -> None:
         """Allocate every fixed-shape tensor of the decode loop once and bind it to its sessions.
@@ -500,6 +537,8 @@ class Engine:
                               else np.zeros(slab.rows))
                     pinned = static_rows(np.asarray(counts), slab.capacity)
                 slab.reset(policy, future=None if future is None else future[i][g], pinned=pinned)
+        if self.fused is not None:
+            self.fused.bind_groups(self.slabs)
         self.kv.reset()
         self._state = {"pos": 0, "ids": []}
 
@@ -523,6 +562,8 @@ class Engine:
         token overwrites: a recorder that keeps them copies them."""
         if self.whole is not None:
             return self._whole_run([int(token)], timer, record)
+        if self.fused is not None:
+            return self._fused_step(int(token), timer, record)
         st, b = self._state, self.buf
         pos = st["pos"]
         if pos >= self.cfg.context:
@@ -688,6 +729,37 @@ class Engine:
         st["ids"].extend(int(t) for t in ids)
         return logits
 
+    def _fused_step(self, token: int, timer: Timer, record) -> np.ndarray:
+        """One token through the joined decoder; its reads are counted from the native groups' totals."""
+        from dipdeploy.runtime.native_cache import drain
+
+        if record is not None:
+            raise ValueError(self._per_layer_only("per-layer selections"))
+        st = self._state
+        timer.start()
+        self.embedding.read(token, self.fused.hidden)
+        timer.lap("embed+head")
+        logits = self.fused.run(st["pos"]).copy()
+        timer.lap("fused graph")
+        misses, requests, nbytes, seconds = drain(self._cache_library, self.fused.handles)
+        if misses:
+            self.flash.account(nbytes, requests, seconds)
+        self.flash.settle()
+        timer.lap("cache")
+        st["pos"] += 1
+        st["ids"].append(token)
+        return logits
+
+    def native_hits(self) -> np.ndarray:
+        """[layer, group, (hits, lookups)] since the caches' reset, from the native state (the joined
+        graph's steps)."""
+        out = np.zeros((self.num_layers, 2, 2), np.int64)
+        for i, pair in enumerate(self.slabs):
+            for g, slab in enumerate(pair):
+                c = slab.native_state().state.counters
+                out[i, g] = (c[1], c[1] + c[2])
+        return out
+
     def _fill_prefill(self, slab: GroupSlab, selected: np.ndarray) -> dict[str, np.ndarray]:
         """The prefill buffers of ``slab``'s arrays, holding every row of ``selected`` at its row index:
         rows resident in the slab copied from it, the others read from Flash (once, coalesced)."""
@@ -839,27 +911,31 @@ class Engine:
                 record(i, s_in, s_glu, h_in, h_glu)
 
         feed = note
-        if self.whole is not None:
+        if self.whole is not None or self.fused is not None:
             if trace is not None or record is not None:
                 raise ValueError(self._per_layer_only("traces and recorded selections"))
             feed = None
         resident = np.array(self.k, np.int64)[:, :, None]  # one-session mode: every lookup is a hit
+        base = self.native_hits() if self.fused is not None else None
 
         def fed(n: int) -> None:
             if self.whole is not None:
                 hits[...] += n * resident
+            elif self.fused is not None:
+                hits[...] = self.native_hits() - base
 
         stream = TextStream(self.tokenizer, sampler.stop)
         new, kept, finish = [], [], "length"
         t0, flash0 = time.perf_counter(), self.flash.counters.snapshot()
         logits = None
-        if self.cfg.prefill == "batch" and ids:
+        by_token = self.cfg.prefill == "token" or self.fused is not None
+        if not by_token and ids:
             if stopped():
                 finish = "interrupted"
             else:
                 logits = self.prefill([int(t) for t in ids], timer, feed, on_prefill)
                 fed(len(ids))
-        for n, t in enumerate(ids if self.cfg.prefill == "token" else []):
+        for n, t in enumerate(ids if by_token else []):
             if stopped():
                 finish = "interrupted"
                 break

@@ -46,7 +46,20 @@ def cache_library(path: str):
     lib.dd_cache_select.argtypes = [_P, _P, _I64, _P, _P, _P, _P, _P]
     lib.dd_cache_settle.restype, lib.dd_cache_settle.argtypes = _I64, [_P]
     lib.dd_cache_drop_step.restype, lib.dd_cache_drop_step.argtypes = None, [_P]
+    if hasattr(lib, "dd_cache_drain"):  # the graph step's counters (dipdeploy.runtime.fused)
+        lib.dd_cache_drain.restype, lib.dd_cache_drain.argtypes = _I64, [_P, _I64, _P]
     return lib
+
+
+def drain(library: str, handles: np.ndarray) -> tuple[int, int, int, float]:
+    """What the CacheStep nodes of the groups ``handles`` (int64 addresses) read since the last drain:
+    (misses, requests, bytes, seconds copying); the groups' counters restart from zero."""
+    lib = cache_library(library)
+    if lib is None or not hasattr(lib, "dd_cache_drain"):
+        raise RuntimeError(f"{library} has no dd_cache_drain: rebuild it (make ops)")
+    out = np.zeros(4, np.int64)
+    _check(lib.dd_cache_drain(handles.ctypes.data, handles.size, out.ctypes.data), 0)
+    return int(out[0]), int(out[1]), int(out[2]), float(out[3]) * 1e-9
 
 
 def _check(rc: int, rows: int) -> int:
@@ -122,6 +135,11 @@ class NativeCache:
                       _P(self._hits.ctypes.data), _P(self.read_rows.ctypes.data), _P(self.read_slots.ctypes.data),
                       _P(self.info.ctypes.data))
         self.push(cache, table)
+
+    @property
+    def handle(self) -> int:
+        """The group's address in the op library: a graph's CacheStep/CacheSettle ``handle`` input."""
+        return int(self._handle)
 
     @property
     def resident(self) -> np.ndarray:

@@ -152,6 +152,16 @@ class GroupSlab:
         """Residency before this token (bool [rows]): the ``cache_*`` input of TopKColumnMask."""
         return self._native.resident if self._native_owns else self._cache.resident[0]
 
+    def native_state(self) -> NativeCache:
+        """The native step, owning the state (pushed from numpy if a prefill or a test changed it): what a
+        graph that steps the cache itself binds (``dipdeploy.runtime.fused``)."""
+        if self._native is None:
+            raise RuntimeError("this group has no native cache step (reset it with the op library's path first)")
+        if not self._native_owns:
+            self._native.push(self._cache, self._table)
+            self._native_owns = True
+        return self._native
+
     def select(self, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Record the selection [K]; read the misses into their slots. Returns (slots [1, K], hits [K])."""
         self._to_numpy()

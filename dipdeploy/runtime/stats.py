@@ -93,6 +93,7 @@ class RunStats:
     native_cache: bool = False  # the per-token cache step ran in the op library (EngineConfig.native_cache)
     io_engine: str | None = None  # --io direct: the reader that ran ("io_uring", "threads", "python")
     single_session: bool = False  # model.onnx once per token, every row resident (dipdeploy.runtime.whole)
+    fused: bool = False  # the per-layer graphs joined, the cache step in the graph (dipdeploy.runtime.fused)
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
@@ -125,9 +126,9 @@ class RunStats:
                                     "flash_emulated_wait": flash_prefill.emulated_wait + flash_decode.emulated_wait},
             flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
-            kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level, prefill=engine.cfg.prefill,
+            kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level, prefill="token" if engine.fused is not None else engine.cfg.prefill,
             native_cache=engine.native_cache and not engine.single_session, io_engine=engine.flash.reader_kind,
-            single_session=engine.single_session,
+            single_session=engine.single_session, fused=engine.fused is not None,
         )
 
     def as_dict(self) -> dict:
@@ -168,9 +169,11 @@ class RunStats:
         parts = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(s.items(), key=lambda kv: -kv[1])
                           if not k.startswith("flash_"))
         rows.append(("time", f"{parts} (Flash reads {s.get('flash_io', 0):.3f} s, emulated wait "
-                             f"{s.get('flash_emulated_wait', 0):.3f} s, inside cache)"))
+                             f"{s.get('flash_emulated_wait', 0):.3f} s, inside "
+                             f"{'the fused graph' if self.fused else 'cache'})"))
         kernels = f"native library ({self.kernel_set})" if self.native else "ONNX fallback functions (stock ORT)"
         path = ("model.onnx in one session per token, every row resident" if self.single_session
+                else "per-layer graphs joined in one session per token, cache step in the graph" if self.fused
                 else f"per-layer graphs, cache step {'native' if self.native_cache else 'numpy'}")
         rows.append(("kernels", f"{kernels}, accuracy level {self.accuracy_level}; {path}"))
         return rows

@@ -78,12 +78,16 @@ def check_past_consumers(model_path: Path, layers: int) -> None:
     Shape: the shifted present buffers (module docstring) would otherwise overwrite a past still to be read."""
     import onnx
 
-    graph = onnx.load(str(model_path), load_external_data=False).graph
+    check_past_readers(onnx.load(str(model_path), load_external_data=False).graph, layers, str(model_path))
+
+
+def check_past_readers(graph, layers: int, where: str) -> None:
+    """``check_past_consumers`` on a loaded graph (``where`` names it in the error)."""
     past = {f"past_key_values.{i}.{w}" for i in range(layers) for w in ("key", "value")}
     for node in graph.node:
         for name in set(node.input) & past:
             if node.op_type not in ("Concat", "Shape"):
-                raise BundleError(f"{model_path}: {name} is read by a {node.op_type} node ({node.name}), so the KV "
+                raise BundleError(f"{where}: {name} is read by a {node.op_type} node ({node.name}), so the KV "
                                   f"cache cannot be written in place; {REGENERATE}")
 
 

@@ -1,0 +1,272 @@
+"""The whole decoder in one session at any budget: the row caches stepped inside the graph.
+
+Below a budget that holds every MLP row the per-layer path runs 3 graphs per layer with the host's cache
+step between them (92 session runs per SmolLM2 token); its cost outside ORT's kernels is what
+``benchmarks/results/host.md`` measures (DESIGN.md, "The cache inside the graph"). Here the bundle's own
+per-layer graphs are joined, at load time, into one decoder graph, and the host step becomes two nodes of
+the op library per layer group (custom_ops/src/dd_cache.cc, the same native step with the same rules):
+
+* ``CacheStep(indices, handle) -> slots`` after each TopKColumnMask: looks the selection up in the group's
+  cache, updates it, assigns slab slots and copies the misses from the mapped MLP file into the slab;
+* ``CacheSettle(X, handle) -> X`` on the tensor that follows the group's SparseGatherMatMul (the GLU for
+  up|gate, the MLP output for down): the slot rule's deferred moves, then X passed on.
+
+The graph's data edges order the side effects: a group's TopKColumnMask reads its residency (bound to the
+native state, so no copy) before its CacheStep, which feeds the SparseGatherMatMul, whose output feeds the
+CacheSettle, whose output every later node depends on, the next group's CacheStep included; so no two
+groups' steps are pending at once and the shared staging window (``staging.py``) stays valid. ORT's
+sequential executor runs the graph (the engine never enables the parallel one).
+
+Semantics are the per-layer path's token-by-token ones, decision for decision: the same native step on
+the same selections; only ORT's fusion across the joined graphs can change floating-point rounding. What
+this mode does not have: the misses are copied from the mapped file (``--io mmap``, the natural row
+order: the step has no Flash store to call), the prompt is fed one token at a time (a cache step is per
+token), and, as with ``whole.py``, no per-layer selections for traces or recorders. ``handle`` inputs are
+the native groups' addresses as int64; the op checks each against the groups alive in the process.
+
+Torch-free (floor 4) apart from the ``onnx`` package that joins the graphs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError
+from dipdeploy.ops.nodes import DOMAIN, TOPK_OP
+from dipdeploy.runtime.sessions import Bound, Buffer
+
+#: the ops the joined graph adds (custom_ops/src/dd_ops.cc)
+STEP_OP, SETTLE_OP = "CacheStep", "CacheSettle"
+GROUPS = ("up_gate", "down")
+
+
+def group_input(layer: int, name: str) -> str:
+    """The joined graph's name for a per-layer graph's input ``name`` of layer ``layer`` (a slab array
+    ``up_gate.qweight``, a residency ``cache_in``, a ``handle``)."""
+    return f"layer.{layer}.{name}"
+
+
+def why_not(cfg, manifest, layers: int) -> str | None:
+    """Why the cache cannot run inside the graph for this engine configuration (None: it can)."""
+    if cfg.io != "mmap":
+        return f"--io {cfg.io}: the cache step in the graph copies the misses from the mapped file (--io mmap)"
+    if cfg.policy == "belady":
+        return "policy 'belady' needs the recorded future, which only the per-layer path records"
+    if cfg.native is False or cfg.native_cache is False:
+        return "the cache step in the graph is the op library's: it needs the native kernels and cache step"
+    names = manifest.graphs.get("layers", [])
+    missing = [n for i in range(layers) for n in (f"layer.{i}.attn.onnx", f"layer.{i}.mlp_up.onnx",
+                                                  f"layer.{i}.mlp_down.onnx") if n not in names]
+    if missing or "positions.onnx" not in names or "head.onnx" not in names:
+        return f"the bundle lacks per-layer graphs ({(missing or ['positions.onnx/head.onnx'])[0]}); {REGENERATE}"
+    return None
+
+
+class _Joiner:
+    """Copies subgraphs into one graph, renaming every internal value with a prefix."""
+
+    def __init__(self):
+        import onnx
+
+        self.onnx = onnx
+        self.nodes, self.inputs, self.outputs = [], {}, []
+        self.initializers: dict[str, object] = {}
+        self.opsets: dict[str, int] = {}
+        self.ir_version = 0
+
+    def add(self, model, prefix: str, inputs: dict[str, str], outputs: dict[str, str],
+            gamma: float | None = None) -> None:
+        """Add ``model``'s nodes: its graph inputs named in ``inputs`` read the given joined values,
+        the others become joined graph inputs under the same map or, unmapped, keep their name; its
+        outputs are renamed by ``outputs``; initializers named ``model.*`` (the bundle's tensors, unique per
+        graph or shared like the RoPE tables) keep their names, other values get ``prefix``."""
+        g = model.graph
+        self.ir_version = max(self.ir_version, model.ir_version)
+        for op in model.opset_import:
+            self.opsets[op.domain] = max(self.opsets.get(op.domain, 0), op.version)
+        names = dict(inputs)
+        for init in g.initializer:
+            names[init.name] = init.name if init.name.startswith("model.") else prefix + init.name
+        names.update(outputs)
+        rename = lambda n: n if n == "" else names.get(n, prefix + n)  # noqa: E731
+        for init in g.initializer:
+            new = rename(init.name)
+            if new not in self.initializers:
+                t = self.onnx.TensorProto()
+                t.CopyFrom(init)
+                t.name = new
+                self.initializers[new] = t
+        for vi in g.input:
+            if vi.name in inputs and not inputs[vi.name].startswith("@"):
+                continue  # wired to a value of the joined graph
+            new = inputs.get(vi.name, vi.name).lstrip("@")
+            names[vi.name] = new
+            if new not in self.inputs:
+                v = self.onnx.ValueInfoProto()
+                v.CopyFrom(vi)
+                v.name = new
+                self.inputs[new] = v
+        for node in g.node:
+            n = self.onnx.NodeProto()
+            n.CopyFrom(node)
+            n.name = prefix + node.name
+            n.input[:] = [rename(x) for x in node.input]
+            n.output[:] = [rename(x) for x in node.output]
+            if gamma is not None and n.op_type == TOPK_OP and n.domain == DOMAIN:
+                attrs = [a for a in n.attribute if a.name != "gamma"]
+                del n.attribute[:]
+                n.attribute.extend(attrs + [self.onnx.helper.make_attribute("gamma", float(gamma))])
+            self.nodes.append(n)
+
+    def output(self, model, name: str, new: str) -> None:
+        for vo in model.graph.output:
+            if vo.name == name:
+                v = self.onnx.ValueInfoProto()
+                v.CopyFrom(vo)
+                v.name = new
+                self.outputs.append(v)
+                return
+        raise BundleError(f"graph output {name} is missing; {REGENERATE}")
+
+    def step(self, indices: str, handle: str, slots: str, name: str) -> None:
+        self.nodes.append(self.onnx.helper.make_node(STEP_OP, [indices, handle], [slots], name=name, domain=DOMAIN))
+
+    def settle(self, produced: str, handle: str, name: str) -> None:
+        """Insert a CacheSettle on ``produced``: its producer now writes ``produced.raw`` and every reader
+        of ``produced`` reads the settled copy."""
+        raw = produced + ".raw"
+        at = next(i for i, n in enumerate(self.nodes) if produced in n.output)
+        producer = self.nodes[at]
+        producer.output[:] = [raw if x == produced else x for x in producer.output]
+        node = self.onnx.helper.make_node(SETTLE_OP, [raw, handle], [produced], name=name, domain=DOMAIN)
+        self.nodes.insert(at + 1, node)  # the nodes stay in topological order
+
+    def model(self):
+        h = self.onnx.helper
+        graph = h.make_graph(self.nodes, "dipdeploy_fused_decoder", list(self.inputs.values()), self.outputs,
+                             list(self.initializers.values()))
+        opsets = [h.make_opsetid(d, v) for d, v in sorted(self.opsets.items())]
+        return h.make_model(graph, opset_imports=opsets, ir_version=self.ir_version)
+
+
+def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None):
+    """The decoder of ``bundle`` as one ONNX model (module docstring): positions, every layer's attention,
+    MLP up and down graphs with a CacheStep/CacheSettle pair per group, the head. Inputs: ``hidden``
+    (the embedded token, [1, 1, d]), ``attention_mask``, ``position_ids``, the past K/V, and per layer
+    ``layer.{i}.cache_in``/``cache_glu`` (residency), ``layer.{i}.up_gate.*``/``down.*`` (slabs) and
+    ``layer.{i}.up_gate.handle``/``down.handle``; outputs ``logits`` and the presents. ``gamma`` (None: the
+    bundle's) rewrites every TopKColumnMask, as the per-layer sessions do."""
+    import onnx
+
+    load = lambda name: onnx.load(str(bundle / name), load_external_data=False)  # noqa: E731
+    j = _Joiner()
+    pos = load("positions.onnx")
+    shared = {o.name: o.name for o in pos.graph.output}
+    j.add(pos, "positions/", {}, shared)
+    hidden, mlp_out = "@hidden", None
+    for i in range(layers):
+        attn, up, down = load(f"layer.{i}.attn.onnx"), load(f"layer.{i}.mlp_up.onnx"), load(f"layer.{i}.mlp_down.onnx")
+        p = f"l{i}."
+        handles = {g: group_input(i, f"{g}.handle") for g in GROUPS}
+        wired = {**shared, "hidden": hidden, "cache_in": "@" + group_input(i, "cache_in")}
+        if mlp_out is not None:
+            wired["mlp_out"] = mlp_out
+        present = {o.name: o.name for o in attn.graph.output if o.name.startswith("present.")}
+        j.add(attn, p + "attn/", wired, {"hidden_attn": p + "hidden_attn", "x": p + "x",
+                                         "in_indices": p + "in_indices", **present}, gamma)
+        for name in present:
+            j.output(attn, name, name)
+        for g in GROUPS:
+            j.inputs.setdefault(handles[g], onnx.helper.make_tensor_value_info(handles[g], onnx.TensorProto.INT64, [1]))
+        j.step(p + "in_indices", handles["up_gate"], p + "in_slots", p + "up_gate.step")
+        slab_up = {vi.name: "@" + group_input(i, vi.name) for vi in up.graph.input if vi.name.startswith("up_gate.")}
+        j.add(up, p + "up/", {"x": p + "x", "in_indices": p + "in_indices", "in_slots": p + "in_slots",
+                              "cache_glu": "@" + group_input(i, "cache_glu"), **slab_up},
+              {"glu": p + "glu", "glu_indices": p + "glu_indices"}, gamma)
+        j.settle(p + "glu", handles["up_gate"], p + "up_gate.settle")
+        j.step(p + "glu_indices", handles["down"], p + "glu_slots", p + "down.step")
+        slab_down = {vi.name: "@" + group_input(i, vi.name) for vi in down.graph.input if vi.name.startswith("down.")}
+        j.add(down, p + "down/", {"glu": p + "glu", "glu_indices": p + "glu_indices", "glu_slots": p + "glu_slots",
+                                  "hidden_attn": p + "hidden_attn", **slab_down}, {"mlp_out": p + "mlp_out"})
+        j.settle(p + "mlp_out", handles["down"], p + "down.settle")
+        hidden, mlp_out = p + "hidden_attn", p + "mlp_out"
+    head = load("head.onnx")
+    j.add(head, "head/", {"hidden": hidden, "mlp_out": mlp_out}, {"logits": "logits"})
+    j.output(head, "logits", "logits")
+    return j.model()
+
+
+class FusedModel:
+    """The joined decoder in one ORT session bound to preallocated buffers and to the groups' slabs and
+    native state (``bind_groups`` after every cache reset: a reset makes new native groups)."""
+
+    def __init__(self, path: Path, options, kv, context: int, d: int, vocab: int, layers: int,
+                 gamma: float | None, accuracy_level: int | None):
+        import onnxruntime as ort
+
+        model = fuse_graphs(path, layers, gamma)
+        if kv.attention == "standard":
+            from dipdeploy.runtime.whole import check_past_readers
+
+            check_past_readers(model.graph, layers, f"{path} (joined per-layer graphs)")
+        if accuracy_level is not None:
+            from dipdeploy.ops.nodes import with_accuracy_level
+
+            model = with_accuracy_level(model, accuracy_level)
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path))
+        if (path / MLP_FILE).stat().st_size == 0:
+            raise BundleError(f"{path / MLP_FILE} is empty; {REGENERATE}")
+        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self.bound = Bound(self.session)
+        self.kv, self.context, self.layers = kv, context, layers
+        self.hidden = np.zeros((1, 1, d), np.float32)
+        self.positions = Buffer(np.zeros(1, np.int64))
+        self.mask = Buffer(np.ones(context, np.int64))
+        self.logits = np.zeros((1, 1, vocab), np.float32)
+        self.bound.input("hidden", self.hidden)
+        self.bound.output("logits", self.logits)
+        self.handles = np.zeros(2 * layers, np.int64)  # bound: the graph reads each group's handle here
+        self.input_names = {i.name for i in self.session.get_inputs()}
+
+    def slab_inputs(self, layer: int, group: str) -> list:
+        """The session's slab inputs of one group with the per-layer graph's names (``up_gate.qweight``…),
+        as ``slab.group_arrays`` takes them."""
+        prefix = group_input(layer, group + ".")
+        return [_Arg(a.name[len(group_input(layer, "")):], a.shape) for a in self.session.get_inputs()
+                if a.name.startswith(prefix) and not a.name.endswith(".handle")]
+
+    def bind_groups(self, slabs) -> None:
+        """Bind every group's slab arrays, residency and native handle (``GroupSlab.native_state``)."""
+        b = self.bound
+        for i, pair in enumerate(slabs):
+            for g, (group, slab) in enumerate(zip(GROUPS, pair)):
+                nat = slab.native_state()
+                for name, value in slab.feeds.items():
+                    b.input(group_input(i, name), value)
+                b.input(group_input(i, ("cache_in", "cache_glu")[g]), nat.state.resident.view(bool))
+                self.handles[2 * i + g] = nat.handle
+                b.input(group_input(i, f"{group}.handle"), self.handles[2 * i + g: 2 * i + g + 1])
+
+    def run(self, pos: int) -> np.ndarray:
+        """One token (``hidden`` already holds its embedding) at position ``pos``; the logits [V] (a view of
+        the bound buffer). The KV cache advances by one."""
+        if pos + 1 > self.context:
+            raise ValueError(f"context of {self.context} tokens is full; raise --context")
+        b = self.bound
+        self.positions.array[0] = pos
+        b.input_at("position_ids", self.positions, (1, 1))
+        b.input_at("attention_mask", self.mask, (1, pos + 1))
+        self.kv.bind_session(b, 1)
+        b.run()
+        self.kv.commit_session()
+        self.kv.advance(1)
+        return self.logits[0, -1]
+
+
+class _Arg:
+    """A graph input as ``slab.group_arrays`` reads it (ORT's ``NodeArg``: name and shape)."""
+
+    def __init__(self, name: str, shape):
+        self.name, self.shape = name, shape

@@ -1,0 +1,158 @@
+"""The cache inside the graph (``dipdeploy.runtime.fused``): the ops CacheStep/CacheSettle take the numpy
+reference's decisions (slots, residency, slab bytes, counters) on random traces, exactly; the joined
+decoder decodes what the per-layer path decodes (near-tie-aware) at budgets below 100 %, through the
+shared staging window too; what it cannot do is refused in one line; a forged handle is an error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dipdeploy.cache import RowCache, SlotTable
+from dipdeploy.ops.native import library_path, session_options
+from dipdeploy.runtime import Engine
+from dipdeploy.runtime.native_cache import NativeCache, cache_library, drain
+
+LIB = library_path()
+pytestmark = pytest.mark.skipif(LIB is None or cache_library(str(LIB)) is None
+                                or not hasattr(cache_library(str(LIB)), "dd_cache_drain"),
+                                reason="native library with the graph cache step not built (make ops)")
+PROMPT = [3, 17, 42, 9, 100, 7, 64, 5, 11]
+ROW_BYTES = 4  # one float32 per row: the op graph below multiplies by it
+
+
+def _step_graph(rows: int, k: int):
+    """indices → CacheStep → slots; Y = Σ slab[slots] (read through the slots, as SparseGatherMatMul
+    does) → CacheSettle → out: one group's cycle as the joined decoder runs it."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from dipdeploy.ops.nodes import DOMAIN
+
+    nodes = [h.make_node("CacheStep", ["indices", "handle"], ["slots"], domain=DOMAIN),
+             h.make_node("Gather", ["slab", "slots"], ["rows"], axis=0),
+             h.make_node("ReduceSum", ["rows"], ["y"], keepdims=0),
+             h.make_node("CacheSettle", ["y", "handle"], ["out"], domain=DOMAIN)]
+    graph = h.make_graph(nodes, "step", [h.make_tensor_value_info("indices", T.INT64, [1, k]),
+                                         h.make_tensor_value_info("handle", T.INT64, [1]),
+                                         h.make_tensor_value_info("slab", T.FLOAT, ["S"])],
+                         [h.make_tensor_value_info("slots", T.INT64, [1, k]),
+                          h.make_tensor_value_info("out", T.FLOAT, [])])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)],
+                        ir_version=onnx.IR_VERSION)
+
+
+@pytest.mark.parametrize("policy,capacity", [("lfu", 30), ("lru", 5), ("none", 0), ("lfu", 80)])
+def test_cache_step_op_takes_the_reference_decisions(policy, capacity, tmp_path):
+    import onnxruntime as ort
+
+    rows, k, steps = 80, 12, 30
+    rng = np.random.default_rng(7)
+    weights = rng.standard_normal(rows).astype(np.float32)
+    path = tmp_path / "mlp.bin"
+    weights.tofile(path)
+    data = np.memmap(path, np.uint8, mode="r")
+    ref = RowCache(rows, capacity, policy)
+    table = SlotTable(rows, ref.capacity, k)
+    mine = RowCache(rows, capacity, policy)
+    mine_table = SlotTable(rows, mine.capacity, k)
+    slab = np.zeros(table.slab_rows, np.float32)
+    nat = NativeCache(str(LIB), mine, mine_table, [slab.view(np.uint8).reshape(-1, ROW_BYTES)], [0], [ROW_BYTES],
+                      data, np.zeros((1, k), np.int64), np.zeros((1, k), np.int64))
+    sess = ort.InferenceSession(_step_graph(rows, k).SerializeToString(), session_options(1, True),
+                                providers=["CPUExecutionProvider"])
+    handle = np.array([nat.handle], np.int64)
+    hot = rng.choice(rows, 20, replace=False)
+    misses = 0
+    for t in range(steps):
+        sel = np.concatenate([rng.choice(hot, 6, replace=False),
+                              rng.choice(np.setdiff1d(np.arange(rows), hot), k - 6, replace=False)])
+        hits = ref.access(sel[None])[0]
+        step = table.assign(sel, hits, ref.resident[0])
+        misses += len(step.read_rows)
+        slots, out = sess.run(None, {"indices": sel[None], "handle": handle, "slab": slab})
+        assert np.array_equal(slots[0], step.slots), t
+        assert np.array_equal(nat.resident, ref.resident[0]), t
+        assert np.isclose(out, weights[sel].sum(), rtol=1e-5), t  # the rows read through the slots were the file's
+        table.finish(step)  # the op settled after the read
+        assert np.array_equal(nat.state.slot_of, table.slot_of), t
+        held = np.flatnonzero(table.slot_of >= 0)
+        assert np.array_equal(slab[table.slot_of[held]], weights[held]), t
+    assert nat.state.counters.tolist() == [ref.step, ref.hits, ref.misses]
+    got = drain(str(LIB), handle)
+    assert got[0] == misses and got[2] == misses * ROW_BYTES
+    assert drain(str(LIB), handle)[:3] == (0, 0, 0)  # drained
+    nat.close()
+    with pytest.raises(Exception, match="no live cache group"):  # a freed (or forged) handle is refused
+        sess.run(None, {"indices": np.arange(k, dtype=np.int64)[None], "handle": handle, "slab": slab})
+
+
+def _agree(ref, got) -> None:
+    from dipdeploy.agreement import compare_free_running, compare_logits, tolerance_for
+
+    tol = tolerance_for(sparse=True, quantised=True)
+    run = compare_free_running(ref.logits, ref.tokens, got.tokens, tie=tol.tie)
+    assert run.ok, run
+    same = run.first_difference if run.first_difference is not None else len(ref.tokens)
+    assert same >= 1
+    logits = compare_logits(ref.logits[:same], got.logits[:same], tol)
+    assert logits.ok, logits.describe()
+
+
+@pytest.mark.parametrize("attention", ["standard", "gqa"])
+@pytest.mark.parametrize("budget,policy", [("50%", "lfu"), ("30%", "none"), ("100%", "lru")])
+def test_fused_decoder_decodes_what_the_per_layer_path_decodes(tiny_dipca_bundle, attention, budget, policy):
+    """DIP-CA as the bundle bakes it: the residency the graph's TopKColumnMask reads is the native state
+    the CacheStep before it updated, token by token. Policy none sends every row through the shared
+    staging window."""
+    bundle = tiny_dipca_bundle(attention)
+    kw = dict(dram_budget=budget, policy=policy, prefill="token")
+    per_layer = Engine(bundle, single_session=False, **kw)
+    fused = Engine(bundle, fused=True, **kw)
+    assert fused.fused is not None and not fused.single_session
+    ref = per_layer.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)
+    got = fused.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)
+    _agree(ref, got)
+    lookups = sum(a + b for a, b in fused.k) * (len(PROMPT) + len(got.tokens) - 1)
+    assert fused.native_hits()[:, :, 1].sum() == lookups
+    assert 0 <= got.stats.hit_rate < 1 and got.stats.flash_mb_per_token > 0  # rows came from the file
+    if policy == "none":
+        assert got.stats.hit_rate == 0
+    again = fused.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)  # a reset binds new groups
+    assert again.tokens == got.tokens
+
+
+def test_fused_refusals(tiny_dipca_bundle):
+    bundle = tiny_dipca_bundle()
+    with pytest.raises(ValueError, match="--io mmap"):
+        Engine(bundle, fused=True, io="pread")
+    with pytest.raises(ValueError, match="belady"):
+        Engine(bundle, fused=True, policy="belady", gamma=1.0)
+    with pytest.raises(ValueError, match="choose one"):
+        Engine(bundle, fused=True, single_session=True)
+    eng = Engine(bundle, fused=True, dram_budget="50%")
+    with pytest.raises(ValueError, match="drop fused"):
+        eng.generate(PROMPT, 2, trace=eng.trace_recorder())
+
+
+def test_joined_graph_holds_each_per_layer_node_once_and_a_step_pair_per_group(tiny_dipca_bundle):
+    import onnx
+
+    from dipdeploy.runtime.fused import SETTLE_OP, STEP_OP, fuse_graphs
+
+    bundle = tiny_dipca_bundle()
+    layers = len(Engine(bundle, fused=True).k)
+    model = fuse_graphs(bundle, layers)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count(STEP_OP) == ops.count(SETTLE_OP) == 2 * layers
+    parts = ["positions.onnx", "head.onnx"] + [f"layer.{i}.{g}.onnx" for i in range(layers)
+                                               for g in ("attn", "mlp_up", "mlp_down")]
+    per_layer = sum(len(onnx.load(str(bundle / p), load_external_data=False).graph.node) for p in parts)
+    assert len(ops) == per_layer + 4 * layers
+    seen = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
+    for node in model.graph.node:  # topological order, every value produced once
+        assert all(x in seen for x in node.input if x), node.name
+        out = {x for x in node.output if x}
+        assert not seen & out, node.name
+        seen |= out
