@@ -9,6 +9,11 @@ prompt; 50 %), side by side in one run and interleaved per repeat so load hits b
 * ``single`` (100 % only): ``model.onnx`` in one session per token (``dipdeploy.runtime.whole``: every
   row resident, so DIP-CA is plain DIP), the mode ``Engine`` picks by itself at a budget that holds every
   row; ``numpy`` and ``native`` are forced onto the per-layer graphs there (``single_session=False``);
+* ``fused`` (both budgets): the per-layer graphs joined into one session per token with the cache step
+  inside the graph (``dipdeploy.runtime.fused``: the native step as the CacheStep/CacheSettle nodes, the
+  same decisions as ``native``); the prompt is fed token by token there, so its decode starts from the same
+  caches as ``native`` only at 100 % after the prompt, and the 50 % hit rates differ by the prompt's
+  batched warm-up;
 * ``genai``: the same bundle's ``model.onnx`` in onnxruntime-genai's own loop (scripts/genai_decode.py
   with the Python of ``--genai-python``, 1 intra-op thread): the target of the host-overhead goal.
 
@@ -20,7 +25,8 @@ Split of a decode token (ms, median of the repeats):
   compare it with another profile (benchmarks/kernel_gap.py profiles model.onnx under genai), not with
   genai's unprofiled token;
 * ``storage``: time inside the Flash reads of the misses (``flash_io_decode``), memcpy from the page
-  cache here (the file is cached), zero at 100 % once the prompt has filled the caches;
+  cache here (the file is cached), zero at 100 % once the prompt has filled the caches; ``fused``
+  copies inside its CacheStep kernels, so there ``host`` is the token less the kernels alone;
 * ``cpu_ms_per_token`` / ``ort_cpu_ms`` / ``outside_ort_cpu_share``: the token in CPU time (the process's,
   one ORT thread), which other jobs on a shared machine inflate less than wall time, inside the session
   runs, and the share outside them (host and reads);
@@ -55,6 +61,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The history of the city begins in the early"
 GENAI_PYTHON = "/work/venv-genai/bin/python"
+MODE = {"single": "single", "fused": "fused"}  # the paths that are not the per-layer graphs
 COLS = ["budget", "path", "tok_s", "ms_per_token", "kernel_ms", "storage_ms", "host_ms", "host_share", "ort_run_ms",
         "python_ms", "cpu_ms_per_token", "ort_cpu_ms", "outside_ort_cpu_share", "loop_cpu_ms", "hit_rate", "x_genai",
         "x_genai_cpu", "load_1min"]
@@ -93,18 +100,25 @@ class RunClock:
         Bound.run = timed
 
 
-def engine_row(path: Path, budget: str, native_cache: bool, tokens: int, clock: RunClock, single: bool = False) -> dict:
-    """Decode tokens/s, ORT's run time and the storage wait of one warm engine."""
+def _engine(path: Path, budget: str, mode: str, native_cache: bool = True, context: int = 256):
+    """The engine of a path: ``per-layer`` (forced), ``single`` (model.onnx) or ``fused``."""
     from dipdeploy.runtime import Engine
 
-    eng = Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=256, single_session=single)
+    return Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=context,
+                  single_session={"per-layer": False, "single": True}.get(mode), fused=mode == "fused")
+
+
+def engine_row(path: Path, budget: str, native_cache: bool, tokens: int, clock: RunClock, mode: str = "per-layer") -> dict:
+    """Decode tokens/s, ORT's run time and the storage wait of one warm engine."""
+    eng = _engine(path, budget, mode, native_cache)
     cpu = []
     for n in (4, tokens):  # the first also warms the sessions (first-run allocations)
         c0 = time.process_time()
         clock.calls.clear()
         s = eng.generate(PROMPT, n, stop_at_eos=False).stats
         cpu.append(time.process_time() - c0)
-    prefill_runs = 1 if single else 3 * eng.num_layers + 1  # one batched run of every graph
+    # one batched run of every graph; the joined graph runs once per prompt token
+    prefill_runs = {"single": 1, "fused": s.prompt_tokens}.get(mode, 3 * eng.num_layers + 1)
     eng.close()
     steps = s.new_tokens - 1
     ort = clock.calls[prefill_runs:]
@@ -116,15 +130,13 @@ def engine_row(path: Path, budget: str, native_cache: bool, tokens: int, clock: 
             "ort_cpu_ms": 1e3 * sum(c for _, c in ort) / steps}
 
 
-def loop_cpu_ms(path: Path, budget: str, native_cache: bool, steps: int = 200, single: bool = False) -> float:
+def loop_cpu_ms(path: Path, budget: str, native_cache: bool, steps: int = 200, mode: str = "per-layer") -> float:
     """CPU ms per token of ``Engine.step`` with the session runs stubbed out (see the module docstring)."""
-    from dipdeploy.runtime import Engine
     from dipdeploy.runtime.sessions import Bound
     from dipdeploy.runtime.stats import Timer
 
-    eng = Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=steps + 8,
-                 single_session=single)
-    record = None if single else (lambda *a: None)  # one session: no per-layer selections to record
+    eng = _engine(path, budget, mode, native_cache, context=steps + 8)
+    record = (lambda *a: None) if mode == "per-layer" else None  # one session: no per-layer selections
     eng.generate(PROMPT, 4, stop_at_eos=False)  # real selections in the graph buffers
     plain, timer = Bound.run, Timer()
     Bound.run = lambda bound: None
@@ -141,10 +153,9 @@ def loop_cpu_ms(path: Path, budget: str, native_cache: bool, steps: int = 200, s
     return 1e3 * cpu / steps
 
 
-def kernel_ms(path: Path, budget: str, tokens: int, single: bool = False) -> float:
+def kernel_ms(path: Path, budget: str, tokens: int, mode: str = "per-layer") -> float:
     """ORT kernel milliseconds per decode token, from ORT's profiler (see the module docstring)."""
     import dipdeploy.ops.native as native
-    from dipdeploy.runtime import Engine
 
     plain, opened = native.session_options, []
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,13 +168,15 @@ def kernel_ms(path: Path, budget: str, tokens: int, single: bool = False) -> flo
 
         native.session_options = profiled
         try:
-            eng = Engine(path, dram_budget=budget, native=True, context=256, single_session=single)
+            eng = _engine(path, budget, mode)
         finally:
             native.session_options = plain
         g = eng.generate(PROMPT, tokens, stop_at_eos=False)  # one batched prefill run, then decode runs
-        groups = ([[eng.whole.bound]] if single else (eng.attn, eng.up, eng.down, [eng.positions, eng.head]))
+        one = {"single": lambda: eng.whole.bound, "fused": lambda: eng.fused.bound}.get(mode)
+        groups = [[one()]] if one else (eng.attn, eng.up, eng.down, [eng.positions, eng.head])
         sessions = [b.session for group in groups for b in group]
-        total = sum(r.kernel_us for s in sessions for r in session_runs(Path(s.end_profiling())))  # after the prefill
+        skip = g.stats.prompt_tokens if mode == "fused" else 1  # the prefill's runs
+        total = sum(r.kernel_us for s in sessions for r in session_runs(Path(s.end_profiling()), skip))
         eng.close()
     return total / 1e3 / (len(g.tokens) - 1)
 
@@ -187,10 +200,11 @@ def median_rows(samples: dict[tuple, list[dict]], kernels: dict[str, list[float]
         for key in runs[0]:
             row[key] = statistics.median(r[key] for r in runs)
         if path != "genai":
-            row["kernel_ms"] = statistics.median(kernels[(budget, path == "single")])
+            row["kernel_ms"] = statistics.median(kernels[(budget, MODE.get(path, "per-layer"))])
             row["ort_run_ms"] = row.pop("ort_ms")
-            row["python_ms"] = row["ms_per_token"] - row["ort_run_ms"] - row["storage_ms"]
-            row["host_ms"] = row["ms_per_token"] - row["kernel_ms"] - row["storage_ms"]
+            inside = path == "fused"  # its reads are inside the CacheStep kernels and the session run
+            row["python_ms"] = row["ms_per_token"] - row["ort_run_ms"] - (0 if inside else row["storage_ms"])
+            row["host_ms"] = row["ms_per_token"] - row["kernel_ms"] - (0 if inside else row["storage_ms"])
             row["host_share"] = row["host_ms"] / row["ms_per_token"]
             row["outside_ort_cpu_share"] = 1 - row["ort_cpu_ms"] / row["cpu_ms_per_token"]
             if genai:
@@ -207,6 +221,13 @@ def goals(rows: list[dict]) -> str:
             ok = min(r["x_genai"], r["x_genai_cpu"]) >= 0.9
             out.append(f"- budget 100%, one session per token: {r['x_genai']:.2f}× onnxruntime-genai's tokens/s, "
                        f"{r['x_genai_cpu']:.2f}× by CPU time per token ({'met' if ok else 'NOT met'}, goal ≥ 0.9×)")
+        if r["path"] == "fused":
+            ok = max(r["host_share"], r["outside_ort_cpu_share"]) <= 0.10
+            out.append(f"- budget {r['budget']}, joined graph (cache step inside): host overhead {r['host_ms']:.2f} ms = "
+                       f"{r['host_share']:.0%} of a {r['ms_per_token']:.2f} ms token by wall time; by CPU time "
+                       f"{r['outside_ort_cpu_share']:.0%} outside ORT's run ({'met' if ok else 'NOT met'}, goal ≤ 10 %)"
+                       + (f"; {r['x_genai']:.2f}× onnxruntime-genai's tokens/s, {r['x_genai_cpu']:.2f}× by CPU"
+                          if r.get("x_genai") is not None else ""))
         if r["path"] == "native":
             cpu = (f"; by CPU time {r['outside_ort_cpu_share']:.0%} of the token lies outside ORT's runs" +
                    (f", the decode loop alone {r['loop_cpu_ms']:.2f} ms = {r['loop_cpu_ms'] / r['cpu_ms_per_token']:.0%}"
@@ -242,14 +263,14 @@ def main() -> None:
     clock = RunClock()
     for rep in range(repeats):
         for budget in budgets:
-            kernels.setdefault((budget, False), []).append(kernel_ms(path, budget, tokens))
-        kernels.setdefault(("100%", True), []).append(kernel_ms(path, "100%", tokens, single=True))
+            for mode in ("per-layer", "fused") + (("single",) if budget == "100%" else ()):
+                kernels.setdefault((budget, mode), []).append(kernel_ms(path, budget, tokens, mode))
         for budget in budgets:
-            for name in ("numpy", "native", "single") if budget == "100%" else ("numpy", "native"):
-                single = name == "single"
-                r = engine_row(path, budget, name != "numpy", tokens, clock, single)
+            for name in ("numpy", "native", "fused") + (("single",) if budget == "100%" else ()):
+                mode = MODE.get(name, "per-layer")
+                r = engine_row(path, budget, name != "numpy", tokens, clock, mode)
                 if budget == "100%":
-                    r["loop_cpu_ms"] = loop_cpu_ms(path, budget, name != "numpy", single=single)
+                    r["loop_cpu_ms"] = loop_cpu_ms(path, budget, name != "numpy", mode=mode)
                 samples.setdefault((budget, name), []).append(r)
                 print(f"repeat {rep + 1} {budget:>4} {name:6s}: {r['tok_s']:.1f} tok/s", flush=True)
         if genai_python:
@@ -277,7 +298,9 @@ def write_table(rows: list[dict], info: dict, tokens: int, repeats: int, loads: 
             f"native kernels, 1 ORT thread, mmap reads; median of {repeats} repeat(s), the paths interleaved in each. "
             f"`numpy`: the per-token cache step in numpy (the reference, main's path); `native`: in the op library "
             f"(custom_ops/src/dd_cache.cc), both on the per-layer graphs; `single`: model.onnx in one session per "
-            f"token (dipdeploy/runtime/whole.py, every row resident: plain DIP); `genai`: the same bundle's model.onnx in onnxruntime-genai's own loop, "
+            f"token (dipdeploy/runtime/whole.py, every row resident: plain DIP); `fused`: the per-layer graphs joined "
+            f"into one session per token, the cache step inside it (dipdeploy/runtime/fused.py; prompt fed token by "
+            f"token; its storage is inside its kernels, so its host_ms is the token less the kernels); `genai`: the same bundle's model.onnx in onnxruntime-genai's own loop, "
             f"1 intra-op thread. `kernel_ms`: ORT's profiled kernel time per token (same for both per-layer paths); "
             f"`storage_ms`: inside the reads of the misses (page cache → slab); `host_ms`: the rest of the token. "
             f"`x_genai`: tok/s over genai's.\n\n"

@@ -98,3 +98,10 @@ def test_calibrated_is_refused_where_nothing_can_be_traced(tmp_path):
     with pytest.raises(ValueError, match="--row-order natural"):
         export(lm, cfg, tmp_path / "b", None)  # no plan: a dense bundle, nothing streamed
     assert not (tmp_path / "b").exists()
+
+
+def test_the_joined_decoder_refuses_a_calibrated_order(bundles):
+    """The cache step in the graph reads logical rows at natural offsets; only the Flash store maps them."""
+    with pytest.raises(ValueError, match="calibrated order"):
+        Engine(bundles["calibrated"], dram_budget="50%", fused=True)
+    assert Engine(bundles["natural"], dram_budget="50%", fused=True).fused is not None

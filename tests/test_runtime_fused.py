@@ -11,11 +11,10 @@ import pytest
 from dipdeploy.cache import RowCache, SlotTable
 from dipdeploy.ops.native import library_path, session_options
 from dipdeploy.runtime import Engine
-from dipdeploy.runtime.native_cache import NativeCache, cache_library, drain
+from dipdeploy.runtime.native_cache import NativeCache, drain, graph_step_library
 
 LIB = library_path()
-pytestmark = pytest.mark.skipif(LIB is None or cache_library(str(LIB)) is None
-                                or not hasattr(cache_library(str(LIB)), "dd_cache_drain"),
+pytestmark = pytest.mark.skipif(LIB is None or graph_step_library(str(LIB)) is None,
                                 reason="native library with the graph cache step not built (make ops)")
 PROMPT = [3, 17, 42, 9, 100, 7, 64, 5, 11]
 ROW_BYTES = 4  # one float32 per row: the op graph below multiplies by it
@@ -38,52 +37,84 @@ def _step_graph(rows: int, k: int):
                                          h.make_tensor_value_info("handle", T.INT64, [1]),
                                          h.make_tensor_value_info("slab", T.FLOAT, ["S"])],
                          [h.make_tensor_value_info("slots", T.INT64, [1, k]),
+                          h.make_tensor_value_info("rows", T.FLOAT, [1, k]),
                           h.make_tensor_value_info("out", T.FLOAT, [])])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)],
                         ir_version=onnx.IR_VERSION)
 
 
+@pytest.mark.parametrize("io", ["mmap", "direct"])
 @pytest.mark.parametrize("policy,capacity", [("lfu", 30), ("lru", 5), ("none", 0), ("lfu", 80)])
-def test_cache_step_op_takes_the_reference_decisions(policy, capacity, tmp_path):
+def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_path):
+    """``direct``: the step reads its misses itself, with the requests ``blockio.plan_reads`` plans (rows
+    of 4 KiB + 4 B and 4 B in two arrays, a read-through gap of one block)."""
     import onnxruntime as ort
+
+    from dipdeploy.quant.layout import BLOCK
+    from dipdeploy.runtime.blockio import MAX_REQUEST, plan_reads
+    from dipdeploy.runtime.flash import FlashStore
 
     rows, k, steps = 80, 12, 30
     rng = np.random.default_rng(7)
     weights = rng.standard_normal(rows).astype(np.float32)
     path = tmp_path / "mlp.bin"
-    weights.tofile(path)
+    wide = BLOCK + ROW_BYTES  # the first array's rows straddle blocks
+    pad = rng.integers(0, 256, rows * wide + 123, dtype=np.uint8)
+    offsets = [123, 123 + rows * wide]
+    with open(path, "wb") as f:
+        f.write(pad.tobytes())
+        f.write(weights.tobytes())
     data = np.memmap(path, np.uint8, mode="r")
+    wide_rows = data[123:123 + rows * wide].reshape(rows, wide)
     ref = RowCache(rows, capacity, policy)
     table = SlotTable(rows, ref.capacity, k)
     mine = RowCache(rows, capacity, policy)
     mine_table = SlotTable(rows, mine.capacity, k)
     slab = np.zeros(table.slab_rows, np.float32)
-    nat = NativeCache(str(LIB), mine, mine_table, [slab.view(np.uint8).reshape(-1, ROW_BYTES)], [0], [ROW_BYTES],
-                      data, np.zeros((1, k), np.int64), np.zeros((1, k), np.int64))
+    slab_wide = np.zeros((table.slab_rows, wide), np.uint8)
+    nat = NativeCache(str(LIB), mine, mine_table, [slab_wide, slab.view(np.uint8).reshape(-1, ROW_BYTES)], offsets,
+                      [wide, ROW_BYTES], data if io == "mmap" else None, np.zeros((1, k), np.int64),
+                      np.zeros((1, k), np.int64))
+    flash = FlashStore(path, io="direct") if io == "direct" else None
+    if flash is not None:
+        nat.read_through(flash.native_reader(rows * (wide + ROW_BYTES) + 4 * BLOCK), MAX_REQUEST, 1, BLOCK)
     sess = ort.InferenceSession(_step_graph(rows, k).SerializeToString(), session_options(1, True),
                                 providers=["CPUExecutionProvider"])
     handle = np.array([nat.handle], np.int64)
     hot = rng.choice(rows, 20, replace=False)
-    misses = 0
+    misses, device, requests = 0, 0, 0
     for t in range(steps):
         sel = np.concatenate([rng.choice(hot, 6, replace=False),
                               rng.choice(np.setdiff1d(np.arange(rows), hot), k - 6, replace=False)])
         hits = ref.access(sel[None])[0]
         step = table.assign(sel, hits, ref.resident[0])
         misses += len(step.read_rows)
-        slots, out = sess.run(None, {"indices": sel[None], "handle": handle, "slab": slab})
+        if len(step.read_rows):
+            plan = plan_reads(offsets, [wide, ROW_BYTES], step.read_rows, max_gap=1)
+            size = path.stat().st_size  # a request reaching past the end of the file returns the rest
+            device += int(np.minimum(plan.length, size - plan.offset).sum())
+            requests += plan.requests
+        slots, got_rows, out = sess.run(None, {"indices": sel[None], "handle": handle, "slab": slab})
         assert np.array_equal(slots[0], step.slots), t
         assert np.array_equal(nat.resident, ref.resident[0]), t
-        assert np.isclose(out, weights[sel].sum(), rtol=1e-5), t  # the rows read through the slots were the file's
+        assert np.array_equal(got_rows[0], weights[sel]), t  # the rows read through the slots are the file's
+        assert np.isclose(out, got_rows.sum(), rtol=1e-5, atol=1e-6), t  # settled after the read, X passed on
         table.finish(step)  # the op settled after the read
         assert np.array_equal(nat.state.slot_of, table.slot_of), t
         held = np.flatnonzero(table.slot_of >= 0)
         assert np.array_equal(slab[table.slot_of[held]], weights[held]), t
+        assert np.array_equal(slab_wide[table.slot_of[held]], wide_rows[held]), t
     assert nat.state.counters.tolist() == [ref.step, ref.hits, ref.misses]
     got = drain(str(LIB), handle)
-    assert got[0] == misses and got[2] == misses * ROW_BYTES
-    assert drain(str(LIB), handle)[:3] == (0, 0, 0)  # drained
+    assert got.misses == misses and got.wanted == misses * (wide + ROW_BYTES)
+    if io == "direct":  # the same requests as the Flash store's plan, every byte of them read
+        assert (got.device, got.requests) == (device, requests)
+    else:
+        assert got.device == 0
+    assert drain(str(LIB), handle).misses == 0  # drained
     nat.close()
+    if flash is not None:
+        flash.close()
     with pytest.raises(Exception, match="no live cache group"):  # a freed (or forged) handle is refused
         sess.run(None, {"indices": np.arange(k, dtype=np.int64)[None], "handle": handle, "slab": slab})
 
@@ -101,13 +132,14 @@ def _agree(ref, got) -> None:
 
 
 @pytest.mark.parametrize("attention", ["standard", "gqa"])
-@pytest.mark.parametrize("budget,policy", [("50%", "lfu"), ("30%", "none"), ("100%", "lru")])
-def test_fused_decoder_decodes_what_the_per_layer_path_decodes(tiny_dipca_bundle, attention, budget, policy):
+@pytest.mark.parametrize("budget,policy,io", [("50%", "lfu", "mmap"), ("30%", "none", "mmap"), ("100%", "lru", "mmap"),
+                                              ("50%", "lfu", "direct")])
+def test_fused_decoder_decodes_what_the_per_layer_path_decodes(tiny_dipca_bundle, attention, budget, policy, io):
     """DIP-CA as the bundle bakes it: the residency the graph's TopKColumnMask reads is the native state
     the CacheStep before it updated, token by token. Policy none sends every row through the shared
-    staging window."""
+    staging window; ``direct``: the steps read their misses from the file themselves."""
     bundle = tiny_dipca_bundle(attention)
-    kw = dict(dram_budget=budget, policy=policy, prefill="token")
+    kw = dict(dram_budget=budget, policy=policy, prefill="token", io=io)
     per_layer = Engine(bundle, single_session=False, **kw)
     fused = Engine(bundle, fused=True, **kw)
     assert fused.fused is not None and not fused.single_session
@@ -117,6 +149,8 @@ def test_fused_decoder_decodes_what_the_per_layer_path_decodes(tiny_dipca_bundle
     lookups = sum(a + b for a, b in fused.k) * (len(PROMPT) + len(got.tokens) - 1)
     assert fused.native_hits()[:, :, 1].sum() == lookups
     assert 0 <= got.stats.hit_rate < 1 and got.stats.flash_mb_per_token > 0  # rows came from the file
+    if io == "direct":
+        assert got.stats.flash_device_mb_per_token >= got.stats.flash_mb_per_token
     if policy == "none":
         assert got.stats.hit_rate == 0
     again = fused.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)  # a reset binds new groups

@@ -19,7 +19,10 @@
 // The same step also runs inside a graph (the ops CacheStep and CacheSettle of dd_ops.cc, declared in
 // dd_cache.h): the graph carries each group's handle as an int64 input, so a handle is checked against
 // the groups alive in this process before a kernel touches it, and the step counts its misses, requests,
-// bytes and copy time in the group for the host to collect once per token (dd_cache_drain).
+// bytes and read time in the group for the host to collect once per token (dd_cache_drain). With no
+// caller left to read the misses, a graph step either copies them from the mapping or reads them itself
+// through the Flash store's reader (dd_io.cc) with block-aligned requests planned as
+// dipdeploy/runtime/blockio.py plan_reads plans them (dd_cache_direct).
 #include "dd_cache.h"
 
 #include <sys/mman.h>
@@ -48,7 +51,22 @@ constexpr int64_t kNoStaging = -3;    // more rows need staging than the slab ha
 constexpr int64_t kNoFreeSlot = -4;   // settle: no free slot for an admitted row
 constexpr int64_t kOutsideFile = -5;  // a row's bytes lie outside the mapped file
 constexpr int64_t kBadArgs = -6;
-constexpr int64_t kNoMapping = -7;    // a graph step without the mapped file to copy the misses from
+constexpr int64_t kNoMapping = -7;    // a graph step with neither the mapped file nor a reader
+constexpr int64_t kBounce = -8;       // the misses' blocks do not fit in the bounce buffer
+constexpr int64_t kReadFailed = -9;   // a read failed or came back short (errno in Direct::error)
+
+// The Flash store's O_DIRECT reader for a graph step (dd_cache_direct): its file, its dd_io.cc reader,
+// the block-aligned bounce buffer the plan reserves (Residency.read), and plan_reads' parameters.
+struct Direct {
+  int fd = -1;
+  void * io = nullptr;
+  bool ring = false;
+  int64_t block = 4096, max_request = 0, max_gap = 0;
+  uint8_t * bounce = nullptr;
+  int64_t bounce_len = 0;
+  int64_t error = 0;
+  std::vector<int64_t> start, end, order, src, offset, length, need, place;
+};
 
 struct Group {
   int64_t rows, capacity, staging;
@@ -75,7 +93,8 @@ struct Group {
   // misses (rows), requests (runs of adjacent rows x arrays), bytes, copy nanoseconds
   std::vector<uint8_t> op_hits;
   std::vector<int64_t> op_rows, op_slots;
-  int64_t totals[4] = {0, 0, 0, 0};
+  int64_t totals[5] = {0, 0, 0, 0, 0};  // and bytes read from the device
+  Direct direct;
 };
 
 // The groups alive in this process: a graph's handle input is only a number, so a kernel checks it here
@@ -241,6 +260,79 @@ int64_t copy_rows(Group & g, const int64_t * rows, const int64_t * slots, int64_
   return 0;
 }
 
+}  // namespace
+
+extern "C" int64_t dd_io_read(void * pool, int fd, int64_t n, const int64_t * offset, const int64_t * length,
+                              const int64_t * need, uint8_t * dest, const int64_t * place, int64_t * failed);
+extern "C" int64_t dd_io_ring_read(void * ring, int fd, int64_t n, const int64_t * offset, const int64_t * length,
+                                   const int64_t * need, uint8_t * dest, const int64_t * place, int64_t * failed);
+
+namespace {
+
+// blockio.py plan_reads for the misses' rows (ascending) of every array, read into the bounce buffer and
+// copied into their slots. Adds the device bytes and the requests; returns 0 or an error code.
+int64_t read_direct(Group & g, const int64_t * rows, const int64_t * slots, int64_t n, int64_t * device,
+                    int64_t * requests) {
+  Direct & d = g.direct;
+  const int64_t arrays = int64_t(g.slabs.size()), m = n * arrays, block = d.block;
+  d.start.resize(size_t(m));
+  d.end.resize(size_t(m));
+  d.order.resize(size_t(m));
+  d.src.resize(size_t(m));
+  for (int64_t a = 0; a < arrays; ++a)
+    for (int64_t i = 0; i < n; ++i) {
+      d.start[size_t(a * n + i)] = g.offset[size_t(a)] + rows[i] * g.row_bytes[size_t(a)];
+      d.end[size_t(a * n + i)] = d.start[size_t(a * n + i)] + g.row_bytes[size_t(a)];
+    }
+  for (int64_t j = 0; j < m; ++j) d.order[size_t(j)] = j;
+  std::stable_sort(d.order.begin(), d.order.end(), [&](int64_t x, int64_t y) { return d.start[size_t(x)] < d.start[size_t(y)]; });
+  d.offset.clear();
+  d.length.clear();
+  d.need.clear();
+  d.place.clear();
+  int64_t b1 = 0, total = 0;  // the running max of the items' last blocks, as plan_reads' accumulate
+  for (int64_t lo = 0; lo < m;) {
+    const int64_t g0 = d.start[size_t(d.order[size_t(lo)])] / block;
+    int64_t hi = lo, gend = 0;
+    for (; hi < m; ++hi) {
+      const int64_t j = d.order[size_t(hi)];
+      if (hi > lo && d.start[size_t(j)] / block > b1 + d.max_gap) break;
+      b1 = std::max(b1, (d.end[size_t(j)] + block - 1) / block);
+      gend = std::max(gend, d.end[size_t(j)]);
+      d.src[size_t(j)] = total + d.start[size_t(j)] - g0 * block;
+    }
+    const int64_t glen = (b1 - g0) * block;
+    for (int64_t k = 0; k * d.max_request < glen; ++k) {
+      const int64_t off = g0 * block + k * d.max_request, len = std::min(d.max_request, glen - k * d.max_request);
+      d.offset.push_back(off);
+      d.length.push_back(len);
+      d.need.push_back(std::min(std::max(gend - off, int64_t(0)), len));
+      d.place.push_back(total + k * d.max_request);
+    }
+    total += glen;
+    lo = hi;
+  }
+  if (total > d.bounce_len) return kBounce;
+  int64_t failed = -1;
+  const int64_t nreq = int64_t(d.offset.size());
+  const int64_t got = d.ring ? dd_io_ring_read(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(),
+                                               d.bounce, d.place.data(), &failed)
+                             : dd_io_read(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(), d.bounce,
+                                          d.place.data(), &failed);
+  if (got < 0) {
+    d.error = -got;
+    return kReadFailed;
+  }
+  for (int64_t a = 0; a < arrays; ++a) {
+    const int64_t rb = g.row_bytes[size_t(a)];
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(g.slabs[size_t(a)] + slots[i] * rb, d.bounce + d.src[size_t(a * n + i)], size_t(rb));
+  }
+  *device += got;
+  *requests += nreq;
+  return 0;
+}
+
 int64_t now_ns() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -374,7 +466,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
                                                                    int64_t * slots) {
   Group * g = static_cast<Group *>(gp);
   if (!g || k < 0) return kBadArgs;
-  if (!g->map) return kNoMapping;
+  if (!g->map && g->direct.fd < 0) return kNoMapping;
   try {
     g->op_hits.resize(size_t(k));
     g->op_rows.resize(size_t(k));
@@ -387,22 +479,60 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
   if (n <= 0) return n;
   int64_t row_bytes = 0;
   for (int64_t rb : g->row_bytes) row_bytes += rb;
+  if (g->map) {
+    g->totals[1] += info[1] * int64_t(g->slabs.size());
+  } else {
+    const int64_t t0 = now_ns();
+    try {
+      const int64_t rc = read_direct(*g, g->op_rows.data(), g->op_slots.data(), n, &g->totals[4], &g->totals[1]);
+      if (rc < 0) return rc;
+    } catch (...) {
+      return kBadArgs;
+    }
+    info[0] = now_ns() - t0;
+  }
   g->totals[0] += n;
-  g->totals[1] += info[1] * int64_t(g->slabs.size());
   g->totals[2] += n * row_bytes;
   g->totals[3] += info[0];
   return n;
 }
 
-// The graph steps' totals of `n` groups summed into out[4] (misses, requests, bytes, copy ns), each
-// group's reset: the host's once-per-token collection for the Flash store's counters.
+// A graph step without a mapping reads its misses itself: `fd` (O_DIRECT where the Flash store got it),
+// `io` a dd_io.cc pool (ring = 0) or ring (ring = 1), `bounce` a block-aligned buffer of `bounce_len`
+// bytes shared by every group (one group reads at a time), plan_reads' block, max_request and max_gap.
+__attribute__((visibility("default"))) int64_t dd_cache_direct(void * gp, int fd, void * io, int ring, int64_t block,
+                                                               int64_t max_request, int64_t max_gap, uint8_t * bounce,
+                                                               int64_t bounce_len) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g || fd < 0 || !io || block < 1 || max_request < block || max_request % block || max_gap < 0 || !bounce ||
+      bounce_len < 0)
+    return kBadArgs;
+  Direct & d = g->direct;
+  d.fd = fd;
+  d.io = io;
+  d.ring = ring != 0;
+  d.block = block;
+  d.max_request = max_request;
+  d.max_gap = max_gap;
+  d.bounce = bounce;
+  d.bounce_len = bounce_len;
+  return 0;
+}
+
+// The errno of a group's last failed read (kReadFailed).
+__attribute__((visibility("default"))) int64_t dd_cache_read_errno(const void * gp) {
+  return gp ? static_cast<const Group *>(gp)->direct.error : 0;
+}
+
+// The graph steps' totals of `n` groups summed into out[5] (misses, requests, bytes wanted, read or copy
+// ns, bytes read from the device), each group's reset: the host's once-per-token collection.
 __attribute__((visibility("default"))) int64_t dd_cache_drain(void * const * groups, int64_t n, int64_t * out) {
   if (n < 0 || (n > 0 && !groups) || !out) return kBadArgs;
-  for (int i = 0; i < 4; ++i) out[i] = 0;
+  for (int i = 0; i < 5; ++i) out[i] = 0;
   for (int64_t j = 0; j < n; ++j) {
     Group * g = static_cast<Group *>(groups[j]);
     if (!g) return kBadArgs;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 5; ++i) {
       out[i] += g->totals[i];
       g->totals[i] = 0;
     }
@@ -417,7 +547,9 @@ __attribute__((visibility("default"))) const char * dd_cache_error(int64_t code)
     case kNoStaging: return "more rows need staging than the slab has";
     case kNoFreeSlot: return "no free slot for an admitted row after the step";
     case kOutsideFile: return "a row's bytes lie outside the mapped MLP file: the bundle is truncated";
-    case kNoMapping: return "the group reads no mapped MLP file (the cache step in the graph copies from it: --io mmap)";
+    case kNoMapping: return "the group has neither the mapped MLP file nor a reader to read its misses with";
+    case kBounce: return "the misses' blocks exceed the bounce buffer the plan reserved";
+    case kReadFailed: return "a read of the MLP file failed or came back short: the bundle may be truncated; run `dipdeploy inspect --verify`";
     default: return "bad arguments";
   }
 }

@@ -39,10 +39,11 @@ from dipdeploy.cache import POLICIES, static_rows
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
+from dipdeploy.quant.layout import BLOCK
 from dipdeploy.runtime import staging
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, IO_THREADS, bounce_bytes
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, IO_THREADS, MAX_REQUEST, bounce_bytes
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
@@ -325,12 +326,13 @@ class Engine:
     def _open_fused(self, session_options, native: bool) -> None:
         """The joined decoder (``dipdeploy.runtime.fused``), or the one line why it cannot run."""
         from dipdeploy.runtime import fused
+        from dipdeploy.runtime.native_cache import graph_step_library
 
         reason = fused.why_not(self.cfg, self.manifest, self.num_layers)
         if reason is None and not native:
             reason = "the cache step in the graph is the op library's: build it (make ops)"
-        if reason is None and self._cache_library is None:
-            reason = "the op library predates the native cache step: rebuild it (make ops)"
+        if reason is None and (self._cache_library is None or graph_step_library(self._cache_library) is None):
+            reason = "the op library predates the cache step in the graph: rebuild it (make ops)"
         if reason is not None:
             raise ValueError(f"--fused: {reason}; or run the per-layer graphs (drop --fused)")
         options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
@@ -458,9 +460,16 @@ class Engine:
         if self.fused is None:
             self._bind_buffers()
         else:  # the graph steps the cache itself: the native steps get scratch selection/slot buffers
+            if any(a.position is not None for pair in arrays for g in pair for a in g.per_row):
+                raise ValueError("--fused: the bundle's rows are in a calibrated order, which only the Flash store "
+                                 "reads; drop --fused")
             for pair, ks in zip(self.slabs, self.k):
                 for slab, k in zip(pair, ks):
                     slab.bind(np.zeros((1, k), np.int64), np.zeros((1, k), np.int64))
+            self._graph_reader = self.flash.native_reader(read) if cfg.io == "direct" else None
+            if cfg.io == "direct" and self._graph_reader is None:
+                raise ValueError("--fused --io direct reads with the op library's reader, which this library lacks: "
+                                 "rebuild it (make ops)")
 
     def _bind_buffers(self) -> None:
         """Allocate every fixed-shape tensor of the decode loop once and bind it to its sessions.
@@ -538,6 +547,10 @@ class Engine:
                     pinned = static_rows(np.asarray(counts), slab.capacity)
                 slab.reset(policy, future=None if future is None else future[i][g], pinned=pinned)
         if self.fused is not None:
+            if self._graph_reader is not None:
+                for pair in self.slabs:
+                    for slab in pair:
+                        slab.native_state().read_through(self._graph_reader, MAX_REQUEST, self.cfg.io_gap, BLOCK)
             self.fused.bind_groups(self.slabs)
         self.kv.reset()
         self._state = {"pos": 0, "ids": []}
@@ -741,9 +754,10 @@ class Engine:
         timer.lap("embed+head")
         logits = self.fused.run(st["pos"]).copy()
         timer.lap("fused graph")
-        misses, requests, nbytes, seconds = drain(self._cache_library, self.fused.handles)
-        if misses:
-            self.flash.account(nbytes, requests, seconds)
+        reads = drain(self._cache_library, self.fused.handles)
+        if reads.misses:
+            self.flash.account(reads.wanted, reads.requests, reads.seconds)
+            self.flash.counters.device_bytes += reads.device
         self.flash.settle()
         timer.lap("cache")
         st["pos"] += 1

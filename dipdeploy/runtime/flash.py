@@ -125,6 +125,15 @@ class FlashStore:
         self.counters = FlashCounters()
         self._debt = 0.0
 
+    def native_reader(self, bounce: int):
+        """``--io direct`` with the op library's reader, for a caller that reads through it in C++ (the
+        joined decoder's cache steps, ``dipdeploy.runtime.fused``): (fd, reader handle, whether it is an
+        io_uring ring, a block-aligned bounce buffer of ``bounce`` bytes); None without one."""
+        handle = getattr(self._reader, "_handle", None)
+        if self.io != "direct" or not handle:
+            return None
+        return self.fd, handle, self._reader.kind == "io_uring", self._bounce.get(bounce)
+
     @property
     def reader_kind(self) -> str | None:
         """``--io direct``: which reader runs the requests ("io_uring", "threads" or "python"); else None."""

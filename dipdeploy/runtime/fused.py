@@ -18,10 +18,12 @@ groups' steps are pending at once and the shared staging window (``staging.py``)
 sequential executor runs the graph (the engine never enables the parallel one).
 
 Semantics are the per-layer path's token-by-token ones, decision for decision: the same native step on
-the same selections; only ORT's fusion across the joined graphs can change floating-point rounding. What
-this mode does not have: the misses are copied from the mapped file (``--io mmap``, the natural row
-order: the step has no Flash store to call), the prompt is fed one token at a time (a cache step is per
-token), and, as with ``whole.py``, no per-layer selections for traces or recorders. ``handle`` inputs are
+the same selections; only ORT's fusion across the joined graphs can change floating-point rounding. The
+misses are copied from the mapped file (``--io mmap``) or read by the step itself with the Flash store's
+reader and the same block-aligned requests (``--io direct``: ``dd_cache_direct``, ``blockio.plan_reads``
+in C++); the bundle's natural row order only. What this mode does not have: the prompt is fed one token
+at a time (a cache step is per token), and, as with ``whole.py``, no per-layer selections for traces or
+recorders. ``handle`` inputs are
 the native groups' addresses as int64; the op checks each against the groups alive in the process.
 
 Torch-free (floor 4) apart from the ``onnx`` package that joins the graphs.
@@ -50,8 +52,9 @@ def group_input(layer: int, name: str) -> str:
 
 def why_not(cfg, manifest, layers: int) -> str | None:
     """Why the cache cannot run inside the graph for this engine configuration (None: it can)."""
-    if cfg.io != "mmap":
-        return f"--io {cfg.io}: the cache step in the graph copies the misses from the mapped file (--io mmap)"
+    if cfg.io not in ("mmap", "direct"):
+        return (f"--io {cfg.io}: the cache step in the graph copies the misses from the mapped file (--io mmap) or "
+                f"reads them with the op library's reader (--io direct)")
     if cfg.policy == "belady":
         return "policy 'belady' needs the recorded future, which only the per-layer path records"
     if cfg.native is False or cfg.native_cache is False:

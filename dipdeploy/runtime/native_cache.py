@@ -46,20 +46,39 @@ def cache_library(path: str):
     lib.dd_cache_select.argtypes = [_P, _P, _I64, _P, _P, _P, _P, _P]
     lib.dd_cache_settle.restype, lib.dd_cache_settle.argtypes = _I64, [_P]
     lib.dd_cache_drop_step.restype, lib.dd_cache_drop_step.argtypes = None, [_P]
-    if hasattr(lib, "dd_cache_drain"):  # the graph step's counters (dipdeploy.runtime.fused)
+    if hasattr(lib, "dd_cache_direct"):  # the graph step (dipdeploy.runtime.fused): its reads and counters
         lib.dd_cache_drain.restype, lib.dd_cache_drain.argtypes = _I64, [_P, _I64, _P]
+        lib.dd_cache_direct.restype = _I64
+        lib.dd_cache_direct.argtypes = [_P, ctypes.c_int, _P, ctypes.c_int, _I64, _I64, _I64, _P, _I64]
     return lib
 
 
-def drain(library: str, handles: np.ndarray) -> tuple[int, int, int, float]:
-    """What the CacheStep nodes of the groups ``handles`` (int64 addresses) read since the last drain:
-    (misses, requests, bytes, seconds copying); the groups' counters restart from zero."""
+@dataclass(frozen=True)
+class GraphReads:
+    """What CacheStep nodes read since the last ``drain``."""
+
+    misses: int  # rows
+    requests: int
+    wanted: int  # the rows' bytes
+    seconds: float  # inside the copies or reads
+    device: int  # bytes read from the device (--io direct; 0 with the mapping)
+
+
+def graph_step_library(library: str):
+    """The op library with the graph step's functions, or None if it predates them."""
     lib = cache_library(library)
-    if lib is None or not hasattr(lib, "dd_cache_drain"):
+    return lib if lib is not None and hasattr(lib, "dd_cache_direct") else None
+
+
+def drain(library: str, handles: np.ndarray) -> GraphReads:
+    """What the CacheStep nodes of the groups ``handles`` (int64 addresses) read since the last drain; the
+    groups' counters restart from zero."""
+    lib = graph_step_library(library)
+    if lib is None:
         raise RuntimeError(f"{library} has no dd_cache_drain: rebuild it (make ops)")
-    out = np.zeros(4, np.int64)
+    out = np.zeros(5, np.int64)
     _check(lib.dd_cache_drain(handles.ctypes.data, handles.size, out.ctypes.data), 0)
-    return int(out[0]), int(out[1]), int(out[2]), float(out[3]) * 1e-9
+    return GraphReads(int(out[0]), int(out[1]), int(out[2]), float(out[3]) * 1e-9, int(out[4]))
 
 
 def _check(rc: int, rows: int) -> int:
@@ -154,6 +173,15 @@ class NativeCache:
 
     def settle(self) -> None:
         _check(self._lib.dd_cache_settle(self._handle), self.rows)
+
+    def read_through(self, reader, max_request: int, max_gap: int, block: int) -> None:
+        """Let a graph step read this group's misses itself (no mapping): ``reader`` is
+        ``FlashStore.native_reader``'s (fd, handle, ring, bounce), the requests planned as
+        ``blockio.plan_reads`` plans them."""
+        fd, handle, ring, bounce = reader
+        self._bounce = bounce  # kept alive: the library holds its address
+        _check(self._lib.dd_cache_direct(self._handle, fd, handle, int(ring), block, max_request, max_gap,
+                                         bounce.ctypes.data, bounce.size), self.rows)
 
     def pull(self, cache: RowCache, table: SlotTable) -> None:
         """Copy the state into the numpy reference objects (which then own it)."""
