@@ -190,3 +190,17 @@ def test_joined_graph_holds_each_per_layer_node_once_and_a_step_pair_per_group(t
         out = {x for x in node.output if x}
         assert not seen & out, node.name
         seen |= out
+
+
+def test_a_chat_continues_its_conversation_on_the_joined_decoder(chat_bundle):
+    """``chat`` keeps its KV cache and truncates it when the history changes; the joined decoder binds
+    the same KV buffers, so the second turn continues the first."""
+    from dipdeploy.runtime import Sampler
+    from dipdeploy.runtime.chat import Chat
+
+    chat = Chat(Engine(chat_bundle, dram_budget="50%", fused=True, context=256), Sampler(), None)
+    chat.say("first question", 6)
+    chat.say("second question", 6)
+    assert [m["role"] for m in chat.turns] == ["user", "assistant", "user", "assistant"]
+    ids = chat.engine.encode(chat.template.render(chat.history[:3], add_generation_prompt=True))
+    assert chat.engine.sequence[: len(ids)] == ids
