@@ -19,7 +19,9 @@ cache); the group is removed afterwards. ``--before PATH`` adds the 50 % batch r
 ``--parts`` runs some of the row groups (grid, sweep, long, before, paths), ``--modes`` some prefill modes.
 ``paths``: at 100 % (where ``Engine`` runs ``model.onnx`` in one session by itself, ``dipdeploy.runtime.whole``)
 each prompt and the long row on both paths, forced (``single_session`` True / False), with ``--cgroup`` the
-long rows in a cgroup too; the other rows let the engine choose (``path`` auto).
+long rows in a cgroup too; the other rows let the engine choose (``path`` auto). ``fused``: at 50 %, mmap
+and direct, the long row on the per-layer graphs and on the joined decoder (``dipdeploy.runtime.fused``,
+which feeds the prompt token by token), with ``--cgroup`` in a cgroup too.
 
     python benchmarks/memory.py --bundle build/pf-bundle --quick --json rows.json
     python benchmarks/memory.py --bundle build/pf-bundle --before /work/main --cgroup
@@ -48,7 +50,9 @@ imports = memory_now()
 from dipdeploy.runtime import Engine
 bundle, budget, io, prefill, chunk, tokens, ids_file, path = sys.argv[1:9]
 options = {"prefill_chunk": int(chunk)} if int(chunk) else {}
-if path != "auto":  # an older checkout has no single_session: only the auto rows run there
+if path == "fused":  # the per-layer graphs joined, the cache step in the graph (dipdeploy.runtime.fused)
+    options["fused"] = True
+elif path != "auto":  # an older checkout has no single_session: only the auto rows run there
     options["single_session"] = path == "single"
 eng = Engine(bundle, dram_budget=budget, native=True, io=io, prefill=prefill, **options)
 opened = memory_now()
@@ -170,6 +174,9 @@ def main() -> None:
                 for path in ("per-layer", "single"):
                     row(budget="100%", n=n, path=path)
             longs += [row(budget="100%", n=min(lengths), tokens=long, path=path) for path in ("per-layer", "single")]
+        if "fused" in parts:
+            longs += [row(budget="50%", io=io, n=min(lengths), tokens=long, path=path)
+                      for io in ("mmap", "direct") for path in ("per-layer", "fused")]
         for long_row, kw in longs if a.cgroup else []:
             if long_row.get("rc") != 0:
                 continue

@@ -35,3 +35,40 @@ def test_block_reads_never_fewer_bytes_than_rows_and_never_more_requests(row_byt
     bu, ru = flash_reads(m, row_bytes, unit)
     assert (bu >= b1).all() and (ru <= r1).all()
     assert (bu % unit == 0).all()
+
+
+@pytest.mark.parametrize("row_bytes,gap", [(306, 4), (306, 0), (9216, 4), (1152, 1), (4096, 8)])
+def test_the_runtime_read_model_is_the_runtime_plan(row_bytes, gap):
+    """With a gap and the request cut, the simulator's bytes and requests are what the runtime's Flash
+    store plans for the same rows (``blockio.plan_reads``, one array starting on a block)."""
+    from dipdeploy.quant.layout import BLOCK
+    from dipdeploy.runtime.blockio import MAX_REQUEST, plan_reads
+
+    rng = np.random.default_rng(row_bytes + gap)
+    m = rng.random((6, 400)) < rng.uniform(0.02, 0.6, (6, 1))
+    m[0] = False  # a token with no miss
+    m[1] = True  # every row: one run, cut into requests
+    b, r = flash_reads(m, row_bytes, BLOCK, gap, MAX_REQUEST)
+    for t in range(len(m)):
+        rows = np.flatnonzero(m[t])
+        if not len(rows):
+            assert b[t] == 0 and r[t] == 0
+            continue
+        plan = plan_reads([0], [row_bytes], rows, max_gap=gap)
+        assert (b[t], r[t]) == (plan.device_bytes, plan.requests), t
+
+
+def test_a_gap_reads_through_and_saves_a_request():
+    b, r = flash_reads(mask(64, [0, 35]), 100, 1024, gap=3)  # blocks 0 and 3: the two between read through
+    assert b[0] == 4 * 1024 and r[0] == 1
+    b, r = flash_reads(mask(64, [0, 50]), 100, 1024, gap=3)  # blocks 0 and 4: a gap of 3 blocks still joins
+    assert b[0] == 5 * 1024 and r[0] == 1
+    b, r = flash_reads(mask(64, [0, 62]), 100, 1024, gap=3)  # blocks 0 and 6: too far apart
+    assert b[0] == 2 * 1024 and r[0] == 2
+
+
+def test_a_negative_io_gap_is_refused():
+    from dipdeploy.sim import SimConfig
+
+    with pytest.raises(ValueError, match="io gap"):
+        SimConfig(io_gap=-1)

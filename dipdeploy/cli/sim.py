@@ -65,6 +65,9 @@ def simulate_cmd(
     cache_split: str = typer.Option(None, "--cache-split", help="How the MLP caches' bytes are shared between the "
                                     "groups: even (the same share of each group's rows) or reads (the group whose "
                                     "misses cost the device more per byte first), as `run --cache-split`."),
+    io_gap: int = typer.Option(None, "--io-gap", help="On a device with a read unit, model the runtime's reads: "
+                               "read through gaps of up to N blocks and cut requests at 128 KiB, as `run --io-gap` "
+                               "(default 0: touching blocks coalesce only)."),
     tokens: int = typer.Option(None, "--tokens", help="Use only the first N trace tokens (quick runs)."),
     overlap: bool = typer.Option(False, "--overlap", help="Plot and compare the overlapped variant max(DRAM, Flash)."),
     plot: Path = typer.Option(None, "--plot", help="Write the tokens/s-vs-DRAM curves to this PNG."),
@@ -91,7 +94,7 @@ def simulate_cmd(
             raise ValueError(f"--tokens {tokens}: give at least 1 token (or leave --tokens out for all)")
         given = {"device": device, "model": model, "precision": precision, "context": context, "warmup": warmup,
                  "preload": False if cold else None, "gamma_warmup": gamma_warmup, "fixed_top_n": fixed_top_n,
-                 "cache_split": cache_split}
+                 "cache_split": cache_split, "io_gap": io_gap}
         base = SimConfig(**{k: v for k, v in given.items() if v is not None})
         defaults = {f.name: f.default for f in fields(SimConfig)}
         methods = _csv(method) or [base.method]

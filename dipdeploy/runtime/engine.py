@@ -26,6 +26,7 @@ Torch-free (floor 4).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import time
 import warnings
@@ -329,6 +330,8 @@ class Engine:
         from dipdeploy.runtime.native_cache import graph_step_library
 
         reason = fused.why_not(self.cfg, self.manifest, self.num_layers)
+        if reason is None and importlib.util.find_spec("onnx") is None:
+            reason = "joining the per-layer graphs needs the onnx package (pip install onnx)"
         if reason is None and not native:
             reason = "the cache step in the graph is the op library's: build it (make ops)"
         if reason is None and (self._cache_library is None or graph_step_library(self._cache_library) is None):

@@ -26,7 +26,7 @@ at a time (a cache step is per token), and, as with ``whole.py``, no per-layer s
 recorders. ``handle`` inputs are
 the native groups' addresses as int64; the op checks each against the groups alive in the process.
 
-Torch-free (floor 4) apart from the ``onnx`` package that joins the graphs.
+Torch-free (floor 4); joining the graphs needs the ``onnx`` package, which plain ``run`` does not.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError
-from dipdeploy.ops.nodes import DOMAIN, TOPK_OP
+from dipdeploy.ops.schemas import DOMAIN, TOPK_OP
 from dipdeploy.runtime.sessions import Bound, Buffer
 
 #: the ops the joined graph adds (custom_ops/src/dd_ops.cc)

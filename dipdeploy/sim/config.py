@@ -29,7 +29,9 @@ class SimConfig:
     most used rows, as a runtime would load them at start-up (False: cold, empty caches — a short trace
     then mostly measures the cold start). ``model``: target shape from the registry (None: the trace's
     own model). ``cache_split``: how the MLP caches' bytes are shared among the two groups
-    (``dipdeploy.cache.split``; the runtime's ``--cache-split``).
+    (``dipdeploy.cache.split``; the runtime's ``--cache-split``). ``io_gap``: on a device with a read unit,
+    model the runtime's reads (``--io-gap`` blocks read through between touched ones, requests cut at
+    ``blockio.MAX_REQUEST``, ``flashio``); 0: touching blocks coalesce only, uncut (the paper's model).
     """
 
     device: str = "a18"
@@ -47,6 +49,7 @@ class SimConfig:
     preload: bool = True
     seed: int = 0
     cache_split: str = CACHE_SPLIT
+    io_gap: int = 0
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -57,6 +60,8 @@ class SimConfig:
             raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
         if self.cache_split not in CACHE_SPLITS:
             raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
+        if type(self.io_gap) is not int or self.io_gap < 0:
+            raise ValueError(f"io gap must be a whole number of blocks >= 0, got {self.io_gap!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
         if self.dram_budget is not None and self.dram_budget <= 0:

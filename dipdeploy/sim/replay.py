@@ -50,15 +50,16 @@ class GroupCounts:
     def hit_rows(self) -> float:
         return float((self.selected - self.missed).sum())
 
-    def reads(self, row_bytes: float, unit: int) -> tuple[np.ndarray, np.ndarray]:
-        """(Flash bytes [T], requests [T]) for rows of ``row_bytes`` read in blocks of ``unit`` bytes."""
-        key = (float(row_bytes), int(unit))
+    def reads(self, row_bytes: float, unit: int, gap: int = 0, max_request: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(Flash bytes [T], requests [T]) for rows of ``row_bytes`` read in blocks of ``unit`` bytes, through
+        gaps of ``gap`` blocks, in requests of at most ``max_request`` bytes (``flashio.flash_reads``)."""
+        key = (float(row_bytes), int(unit), int(gap), int(max_request))
         if key not in self._reads:
             nbytes = np.zeros(len(self.selected))
             requests = np.zeros(len(self.selected))
             for packed, w in zip(self.masks, self.weights):
                 missed = np.unpackbits(packed, axis=-1, count=self.rows).astype(bool)
-                b, r = flash_reads(missed, row_bytes, unit)
+                b, r = flash_reads(missed, row_bytes, unit, gap, max_request)
                 nbytes += w * b
                 requests += w * r
             self._reads[key] = (nbytes, requests)

@@ -76,14 +76,18 @@ def shape_only_pattern(shape: ModelShape) -> AccessPattern:
                          weights=np.ones(shape.num_hidden_layers), source_layers=[])
 
 
-def cost(counts: ReplayCounts, plan: MemoryPlan, device: DeviceProfile) -> dict:
-    """Per-token bytes and times from replay counts (module docstring)."""
+def cost(counts: ReplayCounts, plan: MemoryPlan, device: DeviceProfile, io_gap: int = 0) -> dict:
+    """Per-token bytes and times from replay counts (module docstring); ``io_gap`` > 0 models the runtime's
+    reads (``SimConfig.io_gap``)."""
+    from dipdeploy.runtime.blockio import MAX_REQUEST
+
     kv_read = plan.kv_bytes
     dram = (plan.non_mlp_read_bytes + kv_read + counts.inp.selected * plan.row_bytes_in
             + counts.glu.selected * plan.row_bytes_glu)
     unit = device.flash.read_unit
-    bytes_in, req_in = counts.inp.reads(plan.row_bytes_in, unit)
-    bytes_glu, req_glu = counts.glu.reads(plan.row_bytes_glu, unit)
+    cut = MAX_REQUEST if io_gap > 0 else 0
+    bytes_in, req_in = counts.inp.reads(plan.row_bytes_in, unit, io_gap, cut)
+    bytes_glu, req_glu = counts.glu.reads(plan.row_bytes_glu, unit, io_gap, cut)
     flash, requests = bytes_in + bytes_glu, req_in + req_glu
     t_dram = dram / device.dram_bandwidth
     t_flash = device.flash.read_time(requests, flash)
@@ -126,7 +130,7 @@ def simulate(trace: Trace | None, cfg: SimConfig, pattern: AccessPattern | None 
         counts = replay(pattern, plan.capacity_in, plan.capacity_glu, cfg)
         if memo is not None:
             memo[key] = counts
-    c = cost(counts, plan, device)
+    c = cost(counts, plan, device, cfg.io_gap)
     return SimResult(
         device=device.name, model=name, trace_model=trace.model if trace is not None else None,
         method=cfg.method if cfg.method != "traced" else f"traced:{trace.method}",
