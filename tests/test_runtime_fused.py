@@ -13,6 +13,8 @@ from dipdeploy.ops.native import library_path, session_options
 from dipdeploy.runtime import Engine
 from dipdeploy.runtime.native_cache import NativeCache, drain, graph_step_library
 
+from twin_checks import assert_generations_agree
+
 LIB = library_path()
 pytestmark = pytest.mark.skipif(LIB is None or graph_step_library(str(LIB)) is None,
                                 reason="native library with the graph cache step not built (make ops)")
@@ -119,18 +121,6 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
         sess.run(None, {"indices": np.arange(k, dtype=np.int64)[None], "handle": handle, "slab": slab})
 
 
-def _agree(ref, got) -> None:
-    from dipdeploy.agreement import compare_free_running, compare_logits, tolerance_for
-
-    tol = tolerance_for(sparse=True, quantised=True)
-    run = compare_free_running(ref.logits, ref.tokens, got.tokens, tie=tol.tie)
-    assert run.ok, run
-    same = run.first_difference if run.first_difference is not None else len(ref.tokens)
-    assert same >= 1
-    logits = compare_logits(ref.logits[:same], got.logits[:same], tol)
-    assert logits.ok, logits.describe()
-
-
 @pytest.mark.parametrize("attention", ["standard", "gqa"])
 @pytest.mark.parametrize("budget,policy,io", [("50%", "lfu", "mmap"), ("30%", "none", "mmap"), ("100%", "lru", "mmap"),
                                               ("50%", "lfu", "direct")])
@@ -145,7 +135,7 @@ def test_fused_decoder_decodes_what_the_per_layer_path_decodes(tiny_dipca_bundle
     assert fused.fused is not None and not fused.single_session
     ref = per_layer.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)
     got = fused.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)
-    _agree(ref, got)
+    assert_generations_agree(ref, got)
     lookups = sum(a + b for a, b in fused.k) * (len(PROMPT) + len(got.tokens) - 1)
     assert fused.native_hits()[:, :, 1].sum() == lookups
     assert 0 <= got.stats.hit_rate < 1 and got.stats.flash_mb_per_token > 0  # rows came from the file

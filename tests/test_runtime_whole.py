@@ -8,22 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dipdeploy.agreement import compare_free_running, compare_logits, tolerance_for
 from dipdeploy.runtime import Engine
 
+from twin_checks import assert_generations_agree
+
 PROMPT = [3, 17, 42, 9, 100, 7, 64, 5, 11]
-TOL = tolerance_for(sparse=True, quantised=True)
-
-
-def _agree(ref, got) -> None:
-    """``got`` free-running against the reference ``ref`` (greedy): tokens equal up to a near-tie of the
-    reference's logits, and the logits close on the steps before any parting."""
-    run = compare_free_running(ref.logits, ref.tokens, got.tokens, tie=TOL.tie)
-    assert run.ok, run
-    same = run.first_difference if run.first_difference is not None else len(ref.tokens)
-    assert same >= 1
-    logits = compare_logits(ref.logits[:same], got.logits[:same], TOL)
-    assert logits.ok, logits.describe()
 
 
 @pytest.mark.parametrize("attention", ["standard", "gqa"])
@@ -35,7 +24,7 @@ def test_one_session_decodes_what_the_per_layer_path_decodes_with_plain_dip(tiny
     assert one.single_session and not per_layer.single_session
     ref = per_layer.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)
     got = one.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)
-    _agree(ref, got)
+    assert_generations_agree(ref, got)
     assert got.stats.single_session and got.stats.hit_rate == 1.0 and got.stats.flash_mb_per_token == 0
     # the engine is reusable: a second sequence starts from an empty KV cache
     again = one.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)

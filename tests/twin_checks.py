@@ -34,3 +34,17 @@ def assert_runs_agree(ref_logits, ref_sel, got_logits, got_sel, prompt_len: int,
     res = compare_runs(ref_logits, tokens, ref_sel, got_logits, tokens, got_sel, prompt_len, tol)
     assert res.ok, res.describe()
     return res
+
+
+def assert_generations_agree(ref, got) -> None:
+    """``got`` free-running against the reference generation ``ref`` (greedy, ``keep_logits``): tokens equal
+    up to a near-tie of the reference's logits, and the logits close on the steps before any parting."""
+    from dipdeploy.agreement import compare_free_running, compare_logits, tolerance_for
+
+    tol = tolerance_for(sparse=True, quantised=True)
+    run = compare_free_running(ref.logits, ref.tokens, got.tokens, tie=tol.tie)
+    assert run.ok, run
+    same = run.first_difference if run.first_difference is not None else len(ref.tokens)
+    assert same >= 1
+    logits = compare_logits(ref.logits[:same], got.logits[:same], tol)
+    assert logits.ok, logits.describe()
