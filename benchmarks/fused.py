@@ -93,6 +93,29 @@ def goals(rows: list[dict]) -> list[str]:
     return out
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """tok/s per configuration, the two paths side by side, one panel per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        labels = list(dict.fromkeys(f"{r['method']}\n{r['split']}" for r in rows if r["model"] == model))
+        for j, mode in enumerate(("per-layer", "fused")):
+            got = {f"{r['method']}\n{r['split']}": r.get("tok_s") or 0 for r in rows
+                   if r["model"] == model and r["path"] == mode}
+            ax.bar([i + 0.4 * j for i in range(len(labels))], [got.get(x, 0) for x in labels], 0.4, label=mode)
+        ax.set_xticks([i + 0.2 for i in range(len(labels))], labels, fontsize=8)
+        ax.set(title=f"{model}, 50 % budget, cgroup-limited, --io direct", ylabel="decode tok/s")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="SmolLM2 only, 1 repeat, 8 tokens")
@@ -140,8 +163,10 @@ def main() -> None:
         "- `path`: per-layer = 3 graphs per layer with the host cache step between them; fused = one session per "
         "token, the cache step inside the graph; `x_per_layer` = tok/s over the per-layer row of the same "
         "configuration", "",
-        md_table(rows, COLS), "", "Against the goals (this run):", "", *goals(rows), "", *errors, ""])
+        md_table(rows, COLS), "", f"![tok/s per configuration]({name}.png)", "", "Against the goals (this run):", "",
+        *goals(rows), "", *errors, ""])
     write_atomic(RESULTS / f"{name}.md", text, force=True)
+    plot(rows, RESULTS / f"{name}.png")
     print(text)
 
 
