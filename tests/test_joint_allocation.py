@@ -169,3 +169,19 @@ def test_greedy_split_keeps_each_greedy_density_and_the_budget(tiny_llama):
         assert [(lp.k_in, lp.k_glu) for lp in plan.layers] == [(lp.k_in, lp.k_glu) for lp in greedy.layers]
     with pytest.raises(ValueError, match="greedy-split"):
         calibrate(tiny_llama, SparsityConfig(method="teal", density=0.5, allocation="greedy-split"), w)
+
+
+def test_the_joint_fallback_is_the_searched_split(tiny_llama, monkeypatch):
+    """The ``uniform`` candidate of the joint allocation is the uniform plan at the searched split, as
+    the uniform allocation calibrates it, not the default split."""
+    import dipdeploy.sparsity.calibrate as cal
+
+    w = _calib()
+    seen = {}
+    real = cal._held_kl
+    monkeypatch.setattr(cal, "_held_kl", lambda lm, plan, cands, held: seen.update(cands) or real(lm, plan, cands, held))
+    splits = {(0.5, "abs"): (0.7, {"split_nll": {"0.700": 1.0}})}  # a split the default (1.1 ρ = 0.55) is not
+    calibrate(tiny_llama, SparsityConfig(method="dip", density=0.5, allocation="joint"), w, splits=splits, curves={})
+    uniform = calibrate(tiny_llama, SparsityConfig(method="dip", density=0.5), w, splits=splits)
+    assert [(lp.k_in, lp.k_glu) for lp in seen["uniform"]] == [(lp.k_in, lp.k_glu) for lp in uniform.layers]
+    assert uniform.rho_in == pytest.approx(0.7, abs=0.01)
