@@ -194,3 +194,17 @@ def test_a_chat_continues_its_conversation_on_the_joined_decoder(chat_bundle):
     assert [m["role"] for m in chat.turns] == ["user", "assistant", "user", "assistant"]
     ids = chat.engine.encode(chat.template.render(chat.history[:3], add_generation_prompt=True))
     assert chat.engine.sequence[: len(ids)] == ids
+
+
+def test_prefill_on_the_joined_decoder_is_token_by_token(tiny_dipca_bundle):
+    """``Engine.prefill`` (what a caller batches) feeds the joined decoder one token at a time, with
+    progress per token, and continues as ``generate`` does."""
+    from dipdeploy.runtime.stats import Timer
+
+    eng = Engine(tiny_dipca_bundle(), dram_budget="50%", fused=True)
+    ref = eng.generate(PROMPT, 1, keep_logits=True, stop_at_eos=False)
+    eng.reset()
+    seen = []
+    logits = eng.prefill(PROMPT, Timer(), progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(i + 1, len(PROMPT)) for i in range(len(PROMPT))]
+    assert np.array_equal(logits, ref.logits[0]) and eng.sequence == PROMPT

@@ -103,8 +103,8 @@ class EngineConfig:
     holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
     per-layer path (empty caches at the start; traces, selections).
     ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
-    (``dipdeploy.runtime.fused``: the same native step, at any budget); needs ``--io mmap`` and the op
-    library, feeds the prompt one token at a time, records no selections."""
+    (``dipdeploy.runtime.fused``: the same native step, at any budget); needs ``--io mmap`` or ``direct``
+    and the op library, feeds the prompt one token at a time, records no selections."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -630,10 +630,18 @@ class Engine:
         layer (``_prefill_chunk``); returns the logits [V] after the last token. A chunk attends to the
         earlier ones through the KV cache, as a decoded token does, so chunking changes only the
         floating-point summation, and bounds the working set by the chunk instead of the prompt.
-        ``progress(done, total)`` follows each chunk."""
+        ``progress(done, total)`` follows each chunk. The joined decoder (``fused``) feeds the tokens one
+        by one: its cache step is per token."""
         st, n = self._state, len(ids)
         if st["pos"] + n > self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
+        if self.fused is not None:
+            logits = None
+            for j, t in enumerate(ids):
+                logits = self._fused_step(int(t), timer, record)
+                if progress is not None:
+                    progress(j + 1, n)
+            return logits
         if self.whole is not None:
             size = self.whole.chunk
             for start in range(0, n, size):
@@ -938,7 +946,9 @@ class Engine:
         def fed(n: int) -> None:
             if self.whole is not None:
                 hits[...] += n * resident
-            elif self.fused is not None:
+
+        def counted() -> None:  # the joined graph's lookups, from the native counters (not per token)
+            if self.fused is not None:
                 hits[...] = self.native_hits() - base
 
         stream = TextStream(self.tokenizer, sampler.stop)
@@ -961,6 +971,7 @@ class Engine:
             if on_prefill is not None:
                 on_prefill(n + 1, len(ids))
         t1, flash1 = time.perf_counter(), self.flash.counters.snapshot()
+        counted()
         hits_prefill = hits.copy()
         for n in range(max_new_tokens if finish != "interrupted" else 0):
             if stopped():
@@ -981,6 +992,7 @@ class Engine:
             fed(1)
         show(stream.finish())
         t2 = time.perf_counter()
+        counted()
         stats = RunStats.collect(self, len(ids), len(new), t1 - t0, t2 - t1, timer, hits, hits_prefill,
                                  flash1 - flash0, self.flash.counters - flash1, memory_now())
         return Generation(prompt, stream.text, new, stats, kept, finish)
