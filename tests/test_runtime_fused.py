@@ -208,3 +208,14 @@ def test_prefill_on_the_joined_decoder_is_token_by_token(tiny_dipca_bundle):
     logits = eng.prefill(PROMPT, Timer(), progress=lambda done, total: seen.append((done, total)))
     assert seen == [(i + 1, len(PROMPT)) for i in range(len(PROMPT))]
     assert np.array_equal(logits, ref.logits[0]) and eng.sequence == PROMPT
+
+
+def test_a_gamma_other_than_the_bundles_reaches_the_joined_graph(tiny_dipca_bundle):
+    """``gamma`` rewrites every TopKColumnMask of the joined graph, as it does the per-layer sessions'."""
+    bundle = tiny_dipca_bundle()
+    kw = dict(dram_budget="50%", prefill="token", gamma=1.0)
+    ref = Engine(bundle, single_session=False, **kw).generate(PROMPT, 10, keep_logits=True, stop_at_eos=False)
+    got = Engine(bundle, fused=True, **kw).generate(PROMPT, 10, keep_logits=True, stop_at_eos=False)
+    assert_generations_agree(ref, got)
+    baked = Engine(bundle, fused=True, dram_budget="50%").generate(PROMPT, 10, keep_logits=True, stop_at_eos=False)
+    assert not all(np.array_equal(a, b) for a, b in zip(baked.logits, got.logits))  # γ changed the selections

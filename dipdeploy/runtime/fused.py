@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError
-from dipdeploy.ops.schemas import DOMAIN, TOPK_OP
-from dipdeploy.runtime.sessions import Bound, Buffer
+from dipdeploy.ops.schemas import DOMAIN
+from dipdeploy.runtime.sessions import Bound, Buffer, set_gamma
 
 #: the ops the joined graph adds (custom_ops/src/dd_ops.cc)
 STEP_OP, SETTLE_OP = "CacheStep", "CacheSettle"
@@ -85,10 +85,11 @@ class _Joiner:
 
     def add(self, model, prefix: str, inputs: dict[str, str], outputs: dict[str, str],
             gamma: float | None = None) -> None:
-        """Add ``model``'s nodes: its graph inputs named in ``inputs`` read the given joined values,
-        the others become joined graph inputs under the same map or, unmapped, keep their name; its
-        outputs are renamed by ``outputs``; initializers named ``model.*`` (the bundle's tensors, unique per
-        graph or shared like the RoPE tables) keep their names, other values get ``prefix``."""
+        """Add ``model``'s nodes. ``inputs`` maps its graph inputs: to a value of the joined graph, or,
+        written ``@name``, to the joined graph input ``name``; an unmapped input becomes a joined graph
+        input of its own name. ``outputs`` renames its outputs. Initializers named ``model.*`` (the
+        bundle's tensors, unique per graph or shared like the RoPE tables) keep their names; every other
+        value gets ``prefix``. ``gamma``: DIP-CA's γ for its TopKColumnMask nodes (None: as exported)."""
         g = model.graph
         self.ir_version = max(self.ir_version, model.ir_version)
         for op in model.opset_import:
@@ -121,11 +122,9 @@ class _Joiner:
             n.name = prefix + node.name
             n.input[:] = [rename(x) for x in node.input]
             n.output[:] = [rename(x) for x in node.output]
-            if gamma is not None and n.op_type == TOPK_OP and n.domain == DOMAIN:
-                attrs = [a for a in n.attribute if a.name != "gamma"]
-                del n.attribute[:]
-                n.attribute.extend(attrs + [self.onnx.helper.make_attribute("gamma", float(gamma))])
             self.nodes.append(n)
+        if gamma is not None:
+            set_gamma(self.nodes[-len(g.node):], gamma)
 
     def output(self, model, name: str, new: str) -> None:
         for vo in model.graph.output:

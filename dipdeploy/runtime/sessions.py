@@ -87,6 +87,17 @@ class SharedInitializers:
         return options
 
 
+def set_gamma(nodes, gamma: float) -> None:
+    """Give every TopKColumnMask among ``nodes`` (ONNX ``NodeProto``s) DIP-CA's ``gamma``."""
+    import onnx
+
+    for node in nodes:
+        if node.op_type == TOPK_OP and node.domain == DOMAIN:
+            attrs = [a for a in node.attribute if a.name != "gamma"]
+            del node.attribute[:]
+            node.attribute.extend(attrs + [onnx.helper.make_attribute("gamma", float(gamma))])
+
+
 def open_session(path: Path, options, gamma: float | None = None, accuracy_level: int | None = None):
     """An ORT CPU session for ``path``; with ``gamma`` every TopKColumnMask gets that γ, with
     ``accuracy_level`` every MatMulNBits and SparseGatherMatMul that level (``with_accuracy_level``)."""
@@ -101,11 +112,7 @@ def open_session(path: Path, options, gamma: float | None = None, accuracy_level
 
     model = onnx.load(str(path), load_external_data=False)
     if gamma is not None:
-        for node in model.graph.node:
-            if node.op_type == TOPK_OP and node.domain == DOMAIN:
-                attrs = [a for a in node.attribute if a.name != "gamma"]
-                del node.attribute[:]
-                node.attribute.extend(attrs + [onnx.helper.make_attribute("gamma", float(gamma))])
+        set_gamma(model.graph.node, gamma)
     if accuracy_level is not None:
         model = with_accuracy_level(model, accuracy_level)
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
