@@ -11,7 +11,8 @@
 #    loads libstdc++ only later (with onnxruntime). Leak checking is off: the interpreter never frees
 #    some of its memory at exit.
 #    The Flash store's native reads (src/dd_io.cc) and the native cache step (src/dd_cache.cc), no kernel
-#    set involved, run once: the native cases of IO_TESTS and the random-trace cases of CACHE_TESTS.
+#    set involved, run once: the native cases of IO_TESTS, the random-trace cases of CACHE_TESTS, and the
+#    cache step inside a graph (GRAPH_TESTS: the CacheStep/CacheSettle ops and one joined decoder).
 # 3. Counts the distinct sanitizer reports in each stage's output; fails on any report or failed test.
 # Each stage's log is kept in build/custom_ops-asan/logs/.
 set -euo pipefail
@@ -22,6 +23,8 @@ out="$root/build/custom_ops-asan"
 ORT_TESTS=(tests/test_ops_harness.py tests/test_ops_errors.py tests/test_ops_hostile.py)
 IO_TESTS=(tests/test_flash_direct.py -k "(threads or io_uring) and not run_through")
 CACHE_TESTS=(tests/test_native_cache.py -k "not engine")
+# the cache step inside a graph (CacheStep/CacheSettle, both readers) and one joined decoder reading with O_DIRECT
+GRAPH_TESTS=(tests/test_runtime_fused.py -k "cache_step_op or (decodes and direct and standard)")
 KERNEL_SETS=(portable avx2 default)
 # A report's first line (UBSan: file:line:col: runtime error: ...); a failing test may print it twice.
 REPORT='[^ ]+:[0-9]+:[0-9]+: runtime error: .*|ERROR: (Address|Leak)Sanitizer: .*|AddressSanitizer: CHECK failed: .*'
@@ -74,6 +77,9 @@ grep -hE '[0-9]+ passed' "$logs/io-tests.log" | sed 's/^/    /'
 stage "cache-tests" env DIPDEPLOY_OPS_LIB="$out/libdipdeploy_ops.so" LD_PRELOAD="$libasan $libstdcxx" \
   "$py" -m pytest -o addopts= -q --capture=sys -p no:cacheprovider "${CACHE_TESTS[@]}"
 grep -hE '[0-9]+ passed' "$logs/cache-tests.log" | sed 's/^/    /'
+stage "graph-step-tests" env DIPDEPLOY_OPS_LIB="$out/libdipdeploy_ops.so" LD_PRELOAD="$libasan $libstdcxx" \
+  "$py" -m pytest -o addopts= -q --capture=sys -p no:cacheprovider "${GRAPH_TESTS[@]}"
+grep -hE '[0-9]+ passed' "$logs/graph-step-tests.log" | sed 's/^/    /'
 if [ "$failed" != 0 ]; then
   echo "ops-sanitize: FAILED (logs in $logs)" >&2
   exit 1
