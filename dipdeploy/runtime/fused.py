@@ -33,6 +33,7 @@ measured here) for a graph it only needs once.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -224,7 +225,11 @@ def joined_model(path: Path, layers: int, gamma: float | None, accuracy_level: i
     """``_joined_bytes`` in a child process (module docstring); its one-line error becomes a BundleError."""
     args = [str(path), str(layers), "" if gamma is None else repr(float(gamma)),
             "" if accuracy_level is None else str(accuracy_level), str(int(standard_attention))]
-    done = subprocess.run([sys.executable, "-m", "dipdeploy.runtime.fused", *args], capture_output=True)
+    import dipdeploy
+
+    root = str(Path(dipdeploy.__file__).resolve().parents[1])  # the child imports this dipdeploy, wherever it lies
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, "-m", "dipdeploy.runtime.fused", *args], capture_output=True, env=env)
     if done.returncode != 0:
         lines = done.stderr.decode(errors="replace").strip().splitlines()
         raise BundleError(lines[-1] if lines else f"joining the graphs of {path} failed")
