@@ -72,6 +72,14 @@ def why_not(cfg, manifest, layers: int) -> str | None:
     return None
 
 
+def _renamed(proto, name: str):
+    """A copy of an ONNX message (tensor, value info, node) under another name."""
+    out = type(proto)()
+    out.CopyFrom(proto)
+    out.name = name
+    return out
+
+
 class _Joiner:
     """Copies subgraphs into one graph, renaming every internal value with a prefix."""
 
@@ -103,24 +111,16 @@ class _Joiner:
         for init in g.initializer:
             new = rename(init.name)
             if new not in self.initializers:
-                t = self.onnx.TensorProto()
-                t.CopyFrom(init)
-                t.name = new
-                self.initializers[new] = t
+                self.initializers[new] = _renamed(init, new)
         for vi in g.input:
             if vi.name in inputs and not inputs[vi.name].startswith("@"):
                 continue  # wired to a value of the joined graph
             new = inputs.get(vi.name, vi.name).lstrip("@")
             names[vi.name] = new
             if new not in self.inputs:
-                v = self.onnx.ValueInfoProto()
-                v.CopyFrom(vi)
-                v.name = new
-                self.inputs[new] = v
+                self.inputs[new] = _renamed(vi, new)
         for node in g.node:
-            n = self.onnx.NodeProto()
-            n.CopyFrom(node)
-            n.name = prefix + node.name
+            n = _renamed(node, prefix + node.name)
             n.input[:] = [rename(x) for x in node.input]
             n.output[:] = [rename(x) for x in node.output]
             self.nodes.append(n)
@@ -130,10 +130,7 @@ class _Joiner:
     def output(self, model, name: str, new: str) -> None:
         for vo in model.graph.output:
             if vo.name == name:
-                v = self.onnx.ValueInfoProto()
-                v.CopyFrom(vo)
-                v.name = new
-                self.outputs.append(v)
+                self.outputs.append(_renamed(vo, new))
                 return
         raise BundleError(f"graph output {name} is missing; {REGENERATE}")
 
