@@ -89,11 +89,12 @@ struct Group {
   std::vector<int64_t> cand, dropped, misses, admitted_rows, given, release, deferred_rows, deferred_from, to;
   std::vector<int64_t> where;  // [rows]: position of a row in the selection, -1 elsewhere (kept so)
   std::vector<uint64_t> keys;
-  // the graph step's own outputs besides the slots, and what it read since the last drain:
-  // misses (rows), requests (runs of adjacent rows x arrays), bytes, copy nanoseconds
+  // the graph step's own outputs besides the slots, and what it read since the last drain: misses (rows),
+  // requests (runs of adjacent rows x arrays from the mapping, the reader's requests), bytes wanted, copy or
+  // read nanoseconds, bytes read from the device
   std::vector<uint8_t> op_hits;
   std::vector<int64_t> op_rows, op_slots;
-  int64_t totals[5] = {0, 0, 0, 0, 0};  // and bytes read from the device
+  int64_t totals[5] = {0, 0, 0, 0, 0};
   Direct direct;
 };
 
@@ -274,6 +275,7 @@ namespace {
 int64_t read_direct(Group & g, const int64_t * rows, const int64_t * slots, int64_t n, int64_t * device,
                     int64_t * requests) {
   Direct & d = g.direct;
+  d.error = 0;
   const int64_t arrays = int64_t(g.slabs.size()), m = n * arrays, block = d.block;
   d.start.resize(size_t(m));
   d.end.resize(size_t(m));

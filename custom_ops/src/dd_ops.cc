@@ -699,7 +699,9 @@ OrtStatus * ORT_API_CALL dd_cstep_compute(void * kernel_ptr, OrtKernelContext * 
     const int64_t rc = dd_cache_graph_step(g, static_cast<const int64_t *>(idx.data), idx.dims[1],
                                            static_cast<int64_t *>(slots));
     if (rc < 0) {
-        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: %s", op, dd_cache_error(rc));
+        const int64_t err = dd_cache_read_errno(g);
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: %s%s%s", op, dd_cache_error(rc), err ? ": " : "",
+                        err ? std::strerror(int(err)) : "");
     }
     return nullptr;
 }
