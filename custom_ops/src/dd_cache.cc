@@ -275,7 +275,6 @@ namespace {
 int64_t read_direct(Group & g, const int64_t * rows, const int64_t * slots, int64_t n, int64_t * device,
                     int64_t * requests) {
   Direct & d = g.direct;
-  d.error = 0;
   const int64_t arrays = int64_t(g.slabs.size()), m = n * arrays, block = d.block;
   d.start.resize(size_t(m));
   d.end.resize(size_t(m));
@@ -469,6 +468,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
   Group * g = static_cast<Group *>(gp);
   if (!g || k < 0) return kBadArgs;
   if (!g->map && g->direct.fd < 0) return kNoMapping;
+  g->direct.error = 0;  // the errno of this step's read, if it fails
   try {
     g->op_hits.resize(size_t(k));
     g->op_rows.resize(size_t(k));
