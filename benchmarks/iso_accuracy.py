@@ -13,10 +13,10 @@ LFU on ``--device`` at a DRAM budget that holds the non-MLP weights plus ``--mlp
 top-K, so their throughput is DIP's at that density (their reuse pattern is not simulated).
 
     # full protocol (16 × 2048), the dense end swept, the rows of the accuracy table as further grid points:
-    python benchmarks/iso_accuracy.py --methods dip,dip-greedy --grid 0.75,0.95,0.05 --refine 1 \
+    python benchmarks/iso_accuracy.py --methods dip,teal --grid 0.75,0.95,0.05 --refine 1 \
         --seed-from benchmarks/results/accuracy-smollm2.md --part a &
-    python benchmarks/iso_accuracy.py --methods teal,cats ... --part b
-    python benchmarks/iso_accuracy.py --methods dip,dip-greedy,teal,cats ... --table-only --force
+    python benchmarks/iso_accuracy.py --methods dip-greedy --refine 0 ... --part b   # beside it
+    python benchmarks/iso_accuracy.py --methods dip,teal,dip-greedy --refine-for dip-greedy=0 ... --table-only --force
     python benchmarks/iso_accuracy.py --quick    # 2 windows × 512 tokens, DIP only, ρ ≥ 0.85 (≈3 min)
     python benchmarks/iso_accuracy.py --rows results/.accuracy-smollm2-2x1024.a.partial.json,...  # no new evals
 
@@ -220,6 +220,8 @@ def main() -> None:
     ap.add_argument("--methods", default="dip-joint,teal-joint,cats", help=f"comma list of {', '.join(METHODS)}")
     ap.add_argument("--grid", default="0.4,0.95,0.05", help="lo,hi,step of the density sweep")
     ap.add_argument("--refine", type=int, default=2, help="bisection steps after the sweep")
+    ap.add_argument("--refine-for", default="", help="comma list of LABEL=N: another number of bisection "
+                    "steps for these methods (e.g. dip-greedy=0, whose calibration takes minutes per density)")
     ap.add_argument("--device", default="a18")
     ap.add_argument("--mlp-frac", type=float, default=0.5, help="share of the MLP the DRAM budget holds")
     ap.add_argument("--trace-tokens", type=int, default=256)
@@ -245,6 +247,12 @@ def main() -> None:
         refuse(f"--grid {args.grid!r}: give lo,hi,step, e.g. 0.75,0.95,0.05")
     if not (0 < lo <= hi < 1 and step > 0):
         refuse(f"--grid {args.grid}: need 0 < lo <= hi < 1 and step > 0")
+    try:
+        refine_for = {k: int(v) for k, v in (kv.split("=") for kv in args.refine_for.split(",") if kv)}
+    except ValueError:
+        refuse(f"--refine-for {args.refine_for!r}: give LABEL=N[,LABEL=N], e.g. dip-greedy=0")
+    if set(refine_for) - set(labels):
+        refuse(f"--refine-for names {','.join(sorted(set(refine_for) - set(labels)))}, not among --methods")
     name = table_name(args.model, args.windows, args.seqlen) if not args.quick else f"iso-accuracy-{args.model.split('-')[0]}-quick"
     out_md = RESULTS / f"{name}.md"
     if out_md.exists() and not args.force:
@@ -297,9 +305,10 @@ def main() -> None:
             return r["ppl"]
 
         for tol in TOLERANCES:
-            iso = lowest_density(ppl_at, dense, tol, grid, args.refine, memo)
+            refine = refine_for.get(label, args.refine)
+            iso = lowest_density(ppl_at, dense, tol, grid, refine, memo)
             rho = iso.density
-            rows.append({"method": label, "tolerance": f"+{tol:.0%}", "ppl_limit": iso.limit,
+            rows.append({"method": label, "tolerance": f"+{tol:.0%}", "refine": refine, "ppl_limit": iso.limit,
                          "lowest_density": rho if rho is not None else "none in grid",
                          "at_grid_floor": iso.at_grid_floor, "bracket": iso.bracket, "ppl": iso.ppl,
                          "tok_s": throughput_at(ev, rho, args.device, args.mlp_frac, args.trace_tokens, tput)
@@ -311,7 +320,8 @@ def main() -> None:
            f"on the test tokens), no bisection" if measured is not None else
            f"Sweep {args.grid} (lo,hi,step)" + (f" plus the densities of --seed-from {args.seed_from.name}"
                                                  if args.seed_from else "")
-           + f", then {args.refine} bisection steps (each a real evaluation)")
+           + f", then {args.refine} bisection steps (each a real evaluation)"
+           + "".join(f"; {k}: {v}" for k, v in refine_for.items()))
     title = (f"{args.model}, WikiText-2 test {args.windows}×{args.seqlen}; tok/s simulated on {args.device}, "
              f"BQ4, DRAM = non-MLP + {args.mlp_frac:.0%} of MLP, LFU")
     plot(curves, dense, tput, dense_tput, RESULTS / f"{name}.png", title)
@@ -325,6 +335,7 @@ def main() -> None:
     write_rows_json([{"dense": dense, "iso": rows, "sweep": sweep_rows}], args.json)
     regen = (f"python benchmarks/iso_accuracy.py --windows {args.windows} --seqlen {args.seqlen} "
              f"--methods {','.join(labels)} --grid {args.grid} --refine {args.refine}"
+             + (f" --refine-for {args.refine_for}" if refine_for else "")
              + (f" --seed-from benchmarks/results/{args.seed_from.name}" if args.seed_from else "") + " --force"
              if not args.quick else "python benchmarks/iso_accuracy.py --quick --force")
     text = (f"# {name}: lowest MLP density within +1 % / +3 % of dense perplexity (`benchmarks/iso_accuracy.py`)\n\n"
@@ -334,7 +345,7 @@ def main() -> None:
             f"(dense {dense_tput:.4g} tok/s); TEAL and CATS take DIP's figure at the same ρ (same bytes per "
             f"token; their reuse pattern is not simulated). Machine: {info['cpu']}, {info['cores']} cores, "
             f"load {info['load_1min']} at the start of this run; {time.time() - t0:.0f} s.\n\n"
-            f"{md_table(rows, ['method', 'tolerance', 'ppl_limit', 'lowest_density', 'at_grid_floor', 'bracket', 'ppl', 'tok_s'])}"
+            f"{md_table(rows, ['method', 'tolerance', 'refine', 'ppl_limit', 'lowest_density', 'at_grid_floor', 'bracket', 'ppl', 'tok_s'])}"
             f"\n\nThe sweep (plotted in {name}.png; `density` is the grid coordinate, the target density, "
             f"`density_test` the one realised on the test tokens where recorded, `source` where the figure "
             f"was measured):\n\n"
