@@ -56,6 +56,8 @@ METHODS = {
     "cats": ("cats", {}),
 }
 TOLERANCES = (0.01, 0.03)
+#: The source of a point this script evaluated (a seeded point names its table; only those are grid points).
+MEASURED = "iso_accuracy.py"
 FULL = (16, 2048)
 
 
@@ -289,14 +291,14 @@ def main() -> None:
         else:
             memo = {p.rho: p.ppl for p in points if p.label == label}
             grid = sorted(set(sweep_grid(lo, hi, step)) | {p.rho for p in points if p.label == label
-                                                           and p.source != "this run"})
+                                                           and p.source != MEASURED})
 
         def ppl_at(rho, label=label):
             if args.table_only or measured is not None:
                 refuse(f"--table-only: {label} at ρ = {rho:g} is not in the partial files; run without --table-only")
             method, over = METHODS[label]
             r = ev.row(method, rho, **over)
-            p = Point(label, round(rho, 6), r["ppl"], r["density_test"], "this run", r["calib_s"], r["eval_s"])
+            p = Point(label, round(rho, 6), r["ppl"], r["density_test"], MEASURED, r["calib_s"], r["eval_s"])
             partial.points.append(p)
             partial.save()
             by_point[(label, p.rho)] = p

@@ -94,11 +94,11 @@ def test_partial_files_resume_and_are_shared_between_parts(benchmark_module):
     name = iso.table_name("smollm2-135m", 16, 2048)
     a = iso.Partial(name, "a", "smollm2-135m", 16, 2048)
     a.dense = 20.7
-    a.points.append(iso.Point("dip", 0.9, 20.8, 0.8995, "this run", 40.0, 230.0))
+    a.points.append(iso.Point("dip", 0.9, 20.8, 0.8995, iso.MEASURED, 40.0, 230.0))
     a.save()
     other = iso.Partial(name, "x", "smollm2-135m", 2, 1024)  # same file name, other protocol: not read
     other.dense = 30.0
-    other.points.append(iso.Point("teal", 0.9, 31.0, 0.9, "this run"))
+    other.points.append(iso.Point("teal", 0.9, 31.0, 0.9, iso.MEASURED))
     other.save()
     assert iso.Partial(name, "a", "smollm2-135m", 16, 2048).points == a.points  # a killed run resumes
     dense, points = iso.Partial(name, "b", "smollm2-135m", 16, 2048).all_points()
