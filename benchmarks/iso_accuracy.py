@@ -59,6 +59,8 @@ TOLERANCES = (0.01, 0.03)
 #: The source of a point this script evaluated (a seeded point names its table; only those are grid points).
 MEASURED = "iso_accuracy.py"
 FULL = (16, 2048)
+#: The lower plots' PPL range, × dense: past +3 % with room for the points just below the crossings.
+ZOOM = 1.08
 
 
 @dataclass
@@ -184,26 +186,34 @@ def _measured(files: str) -> dict:
 
 
 def plot(curves: dict, dense_ppl: float, tput: dict, dense_tput: float, out: Path, title: str) -> None:
+    """PPL against density and against tokens/s: the whole sweep (log scale) above, the band up to
+    ZOOM × dense below, where the +1 % / +3 % crossings lie (CATS' low-density points, thousands, would
+    otherwise flatten every method onto the dense line)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
-    for label, pts in curves.items():
-        rs = sorted(pts)
-        a.plot(rs, [pts[r] for r in rs], marker="o", ms=3, label=label)
-        b.plot([tput[round(r, 6)] for r in rs], [pts[r] for r in rs], marker="o", ms=3, label=label)
-    for ax in (a, b):
-        for tol, ls in zip(TOLERANCES, (":", "--")):
-            ax.axhline(dense_ppl * (1 + tol), color="grey", ls=ls, lw=0.8, label=f"dense +{tol:.0%}")
-        ax.set_yscale("log")
-        ax.set_ylabel("WikiText-2 perplexity")
-        ax.grid(alpha=0.3)
-    b.plot([dense_tput], [dense_ppl], marker="*", ms=10, color="k", ls="", label="dense")
-    a.set_xlabel("MLP density ρ (fraction of MLP weight bytes read per token)")
-    b.set_xlabel("simulated tokens/s")
-    a.legend(fontsize=7)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), dpi=120)
+    for row, zoom in zip(axes, (False, True)):
+        a, b = row
+        for label, pts in curves.items():
+            rs = sorted(pts)
+            a.plot(rs, [pts[r] for r in rs], marker="o", ms=3, label=label)
+            b.plot([tput[round(r, 6)] for r in rs], [pts[r] for r in rs], marker="o", ms=3, label=label)
+        for ax in row:
+            for tol, ls in zip(TOLERANCES, (":", "--")):
+                ax.axhline(dense_ppl * (1 + tol), color="grey", ls=ls, lw=0.8, label=f"dense +{tol:.0%}")
+            if zoom:
+                ax.set_ylim(dense_ppl * 0.995, dense_ppl * ZOOM)
+            else:
+                ax.set_yscale("log")
+            ax.set_ylabel("WikiText-2 perplexity" + (f" (up to {ZOOM:g} × dense)" if zoom else ""))
+            ax.grid(alpha=0.3)
+        b.plot([dense_tput], [dense_ppl], marker="*", ms=10, color="k", ls="", label="dense")
+        a.set_xlabel("MLP density ρ (fraction of MLP weight bytes read per token)")
+        b.set_xlabel("simulated tokens/s")
+    axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     tmp = out.with_name(f".{out.name}.tmp.png")
