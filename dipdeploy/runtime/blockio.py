@@ -166,6 +166,11 @@ class NativeReader:
             if not self._handle:
                 raise RuntimeError(f"dd_io_pool_new({threads}) failed")
 
+    @property
+    def handle(self) -> int | None:
+        """The reader in the op library (a dd_io pool or ring), for C++ that reads through it."""
+        return self._handle
+
     def read(self, fd: int, path: str, plan: BlockPlan, dest: np.ndarray) -> int:
         failed = ctypes.c_int64(-1)
         got = self._read(self._handle, fd, plan.requests, plan.offset.ctypes.data, plan.length.ctypes.data,

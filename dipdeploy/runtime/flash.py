@@ -129,7 +129,7 @@ class FlashStore:
         """``--io direct`` with the op library's reader, for a caller that reads through it in C++ (the
         joined decoder's cache steps, ``dipdeploy.runtime.fused``): (fd, reader handle, whether it is an
         io_uring ring, a block-aligned bounce buffer of ``bounce`` bytes); None without one."""
-        handle = getattr(self._reader, "_handle", None)
+        handle = getattr(self._reader, "handle", None)  # the Python reader has none
         if self.io != "direct" or not handle:
             return None
         return self.fd, handle, self._reader.kind == "io_uring", self._bounce.get(bounce)
