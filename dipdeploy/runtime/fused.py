@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError
+from dipdeploy.export.manifest import REGENERATE, BundleError
 from dipdeploy.ops.schemas import DOMAIN
 from dipdeploy.runtime.sessions import Bound, Buffer, set_gamma
 
@@ -243,8 +243,6 @@ class FusedModel:
 
         model = joined_model(path, layers, gamma, accuracy_level, kv.attention == "standard")
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path))
-        if (path / MLP_FILE).stat().st_size == 0:
-            raise BundleError(f"{path / MLP_FILE} is empty; {REGENERATE}")
         self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         self.bound = Bound(self.session)
         self.kv, self.context, self.layers = kv, context, layers
@@ -255,7 +253,6 @@ class FusedModel:
         self.bound.input("hidden", self.hidden)
         self.bound.output("logits", self.logits)
         self.handles = np.zeros(2 * layers, np.int64)  # bound: the graph reads each group's handle here
-        self.input_names = {i.name for i in self.session.get_inputs()}
 
     def slab_inputs(self, layer: int, group: str) -> list:
         """The session's slab inputs of one group with the per-layer graph's names (``up_gate.qweight``…),
