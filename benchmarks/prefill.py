@@ -6,7 +6,9 @@ test (300; ``--quick`` 100), a DRAM budget of 50 % of the MLP bytes, LFU, the bu
 unthrottled (page cache). Each ORT thread setting (``--threads 1,2``: 1 thread, then each count above
 1 with each ``--thread-pool``, dipdeploy/runtime/threadpool.py) runs in its own process, as a shared
 pool is its process's for good; in it each mode gets a fresh engine and runs the prompt (once to warm
-up), then the prompt and 16 greedy tokens, then the prompt alone for its time breakdown; the rows say
+up), then the prompt and 16 greedy tokens, then the prompt alone for its time breakdown; ``--paths
+per-layer,fused`` measures each mode on the per-layer graphs and on the joined decoder
+(``dipdeploy.runtime.fused``: its batched prefill runs each chunk through the one graph); the rows say
 prefill and decode tokens/s, the process's CPU seconds per wall second over the prompt and tokens
 (spinning workers show there), its RSS and OS threads after them, the Flash MB the prompt read, and,
 for the batch, the share of each group's rows the prompt's tokens selected (the union the batch reads once: why a union read, not a
@@ -33,7 +35,7 @@ from _common import lscpu, machine, md_table, write_rows_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
-COLS = ["prefill", "threads", "thread_pool", "prompt_tokens", "prefill_tok_s", "decode_tok_s", "cpu_per_wall",
+COLS = ["path", "prefill", "threads", "thread_pool", "prompt_tokens", "prefill_tok_s", "decode_tok_s", "cpu_per_wall",
         "rss_mb", "os_threads", "prompt_flash_mb", "union_in", "union_glu", "first_token", "resident_mb"]
 
 
@@ -57,10 +59,11 @@ def prompt_ids(engine, n: int) -> list[int]:
     return ids[:n]
 
 
-def measure(path: Path, mode: str, n: int, new: int, threads: int, pool: str) -> dict:
+def measure(path: Path, mode: str, n: int, new: int, threads: int, pool: str, graphs: str = "per-layer") -> dict:
     from dipdeploy.runtime import Engine, Sampler
 
-    eng = Engine(path, dram_budget="50%", policy="lfu", prefill=mode, threads=threads, thread_pool=pool)
+    fused = graphs == "fused"
+    eng = Engine(path, dram_budget="50%", policy="lfu", prefill=mode, threads=threads, thread_pool=pool, fused=fused)
     ids = prompt_ids(eng, n)
     sel: dict[tuple[int, int], set] = {}
 
@@ -70,15 +73,16 @@ def measure(path: Path, mode: str, n: int, new: int, threads: int, pool: str) ->
 
     eng.reset()
     before = eng.flash.counters.snapshot()
-    eng.extend(ids, 0, Sampler(), record=keep)
+    eng.extend(ids, 0, Sampler(), record=None if fused else keep)  # the joined graph records no selections
     flash = eng.flash.counters - before
     cpu0, t0 = os.times(), time.perf_counter()
     g = eng.generate(ids, new, stop_at_eos=False)
     cpu1, wall = os.times(), time.perf_counter() - t0
     eng.reset()
     again = eng.extend(ids, 0, Sampler())  # the prompt alone, warm: its time breakdown
-    union = [np.mean([len(sel[(i, grp)]) / rows for i in range(eng.num_layers)]) for grp, rows in ((0, eng.d), (1, eng.f))]
-    row = {"prefill": mode, "threads": threads, "thread_pool": pool if threads > 1 else "-", "prompt_tokens": n,
+    union = [np.mean([len(sel[(i, grp)]) / rows for i in range(eng.num_layers)]) if sel else None
+             for grp, rows in ((0, eng.d), (1, eng.f))]
+    row = {"path": graphs, "prefill": mode, "threads": threads, "thread_pool": pool if threads > 1 else "-", "prompt_tokens": n,
            "prefill_tok_s": g.stats.prefill_tok_s, "decode_tok_s": g.stats.decode_tok_s,
            "cpu_per_wall": (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall,
            "rss_mb": g.stats.memory.get("VmRSS", 0) / 1e6, "os_threads": len(os.listdir("/proc/self/task")),
@@ -98,12 +102,13 @@ def settings(threads: list[int]) -> list[tuple[int, str]]:
     return [(t, pool) for t in threads for pool in (THREAD_POOLS if t > 1 else THREAD_POOLS[:1])]
 
 
-def in_child(path: Path, n: int, threads: int, pool: str) -> list[dict]:
-    """Both modes at one thread setting, measured in a fresh process (a shared pool is its process's)."""
+def in_child(path: Path, n: int, threads: int, pool: str, graphs: str) -> list[dict]:
+    """Both modes at one thread setting on one path, measured in a fresh process (a shared pool is its
+    process's)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, __file__, "--bundle", str(path), "--tokens", str(n), "--child", f"{threads}:{pool}",
-               "--json", str(out)]
+               "--paths", graphs, "--json", str(out)]
         subprocess.run(cmd, check=True)
         return json.loads(out.read_text())
 
@@ -114,6 +119,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 300; --quick 100)")
     ap.add_argument("--bundle", type=Path, default=None)
     ap.add_argument("--threads", default="1,2", help="ORT intra-op thread counts, comma-separated")
+    ap.add_argument("--paths", default="per-layer", help="per-layer and/or fused (the joined decoder), comma-separated")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # THREADS:POOL, one setting (in_child)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -121,17 +127,22 @@ def main() -> None:
     path = bundle(args.bundle)
     if args.child:
         threads, pool = args.child.split(":")
-        write_rows_json([measure(path, mode, n, 16, int(threads), pool) for mode in ("token", "batch")], args.json)
+        write_rows_json([measure(path, mode, n, 16, int(threads), pool, args.paths) for mode in ("token", "batch")],
+                        args.json)
         return
-    rows = [r for t, pool in settings([int(t) for t in args.threads.split(",")]) for r in in_child(path, n, t, pool)]
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or any(p not in ("per-layer", "fused") for p in paths):
+        ap.error(f"--paths {args.paths!r}: choose per-layer and/or fused")
+    rows = [r for t, pool in settings([int(t) for t in args.threads.split(",")]) for graphs in paths
+            for r in in_child(path, n, t, pool, graphs)]
     info = {**machine(), "lscpu": lscpu()}
     print(json.dumps(info, indent=1))
     print(md_table(rows, COLS))
     token = rows[0]["prefill_tok_s"]
     for r in rows:
         if r["prefill"] == "batch":
-            print(f"batch, {r['threads']} thread(s) {r['thread_pool']}: {r['prefill_tok_s'] / token:.1f}x the "
-                  f"1-thread token mode's prefill")
+            print(f"batch, {r['path']}, {r['threads']} thread(s) {r['thread_pool']}: {r['prefill_tok_s'] / token:.1f}x "
+                  f"the first row's ({rows[0]['path']}, 1 thread) token mode's prefill")
     print(f"resident plan {rows[1]['resident_mb']:.1f} MB (batch) vs {rows[0]['resident_mb']:.1f} MB (token); "
           f"model.onnx would hold {rows[0]['model_onnx_weights_mb']:.1f} MB of weights")
     write_rows_json([{**r, "machine": info} for r in rows], args.json)

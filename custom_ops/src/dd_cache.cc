@@ -96,6 +96,13 @@ struct Group {
   std::vector<int64_t> op_rows, op_slots;
   int64_t totals[5] = {0, 0, 0, 0, 0};
   Direct direct;
+  // a batched prefill (dd_cache_prefill): per array a full-height buffer [rows, row_bytes], the one the
+  // graph's SparseGatherMatMul reads while it is set; the chunk's selection [tokens, k] the fill took,
+  // which the settle warms the cache from
+  std::vector<uint8_t *> full;
+  std::vector<int64_t> chunk, chunk_rows, chunk_missing;
+  std::vector<uint8_t> mark;
+  int64_t chunk_tokens = 0;
 };
 
 // The groups alive in this process: a graph's handle input is only a number, so a kernel checks it here
@@ -125,6 +132,27 @@ inline int64_t key_of(const Group & g, int64_t r) {
   }
 }
 
+// policies.py RowCache._admit on a residency already marked with the selected rows: the top-C by the
+// policy's unique key stay, the others go into g.dropped.
+void admit(Group & g) {
+  g.cand.clear();
+  for (int64_t r = 0; r < g.rows; ++r)
+    if (g.resident[r]) g.cand.push_back(r);
+  const int64_t over = int64_t(g.cand.size()) - g.capacity;
+  if (over > 0) {  // drop the `over` lowest keys (unique, so the set is the reference's)
+    g.keys.resize(g.cand.size());
+    for (size_t i = 0; i < g.cand.size(); ++i)
+      g.keys[i] = uint64_t(key_of(g, g.cand[i])) ^ (uint64_t(1) << 63);  // signed order as unsigned
+    std::nth_element(g.keys.begin(), g.keys.begin() + (over - 1), g.keys.end());
+    const uint64_t tie = (uint64_t(1) << kIdxBits) - 1;  // the low bits hold rows - 1 - index exactly
+    for (int64_t i = 0; i < over; ++i) {
+      const int64_t r = g.rows - 1 - int64_t(g.keys[size_t(i)] & tie);
+      g.resident[r] = 0;
+      g.dropped.push_back(r);
+    }
+  }
+}
+
 // policies.py RowCache._access_one: hits, statistics, then the top-C admission (_admit).
 int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits) {
   for (int64_t j = 0; j < k; ++j)
@@ -142,22 +170,7 @@ int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits) {
   g.dropped.clear();
   if (g.policy == kStatic || g.policy == kNone || g.capacity <= 0) return 0;
   for (int64_t j = 0; j < k; ++j) g.resident[sel[j]] = 1;
-  g.cand.clear();
-  for (int64_t r = 0; r < g.rows; ++r)
-    if (g.resident[r]) g.cand.push_back(r);
-  const int64_t over = int64_t(g.cand.size()) - g.capacity;
-  if (over > 0) {  // drop the `over` lowest keys (unique, so the set is the reference's)
-    g.keys.resize(g.cand.size());
-    for (size_t i = 0; i < g.cand.size(); ++i)
-      g.keys[i] = uint64_t(key_of(g, g.cand[i])) ^ (uint64_t(1) << 63);  // signed order as unsigned
-    std::nth_element(g.keys.begin(), g.keys.begin() + (over - 1), g.keys.end());
-    const uint64_t tie = (uint64_t(1) << kIdxBits) - 1;  // the low bits hold rows - 1 - index exactly
-    for (int64_t i = 0; i < over; ++i) {
-      const int64_t r = g.rows - 1 - int64_t(g.keys[size_t(i)] & tie);
-      g.resident[r] = 0;
-      g.dropped.push_back(r);
-    }
-  }
+  admit(g);
   return 0;
 }
 
@@ -243,16 +256,18 @@ int64_t assign(Group & g, const int64_t * sel, int64_t k, const uint8_t * hits, 
   return int64_t(misses.size());
 }
 
-// The misses' rows from the mapping into their slots, every array; then the span's pages leave this
+// The misses' rows from the mapping into their slots of `dest` (the slabs, or a prefill's full-height
+// buffers), every array; then the span's pages leave this
 // process's mapping (flash.py FlashStore._unmap_pages: they stay in the page cache, not in RSS).
-int64_t copy_rows(Group & g, const int64_t * rows, const int64_t * slots, int64_t n) {
+int64_t copy_rows(Group & g, const int64_t * rows, const int64_t * slots, int64_t n,
+                  const std::vector<uint8_t *> & dest) {
   const long page = sysconf(_SC_PAGESIZE);
   for (size_t a = 0; a < g.slabs.size(); ++a) {
     const int64_t rb = g.row_bytes[a];
     for (int64_t i = 0; i < n; ++i) {
       int64_t at = g.offset[a] + rows[i] * rb;
       if (at < 0 || at + rb > g.map_len) return kOutsideFile;
-      std::memcpy(g.slabs[a] + slots[i] * rb, g.map + at, size_t(rb));
+      std::memcpy(dest[a] + slots[i] * rb, g.map + at, size_t(rb));
     }
     int64_t start = g.offset[a] + rows[0] * rb, end = g.offset[a] + (rows[n - 1] + 1) * rb;
     int64_t lo = start - start % page;
@@ -271,9 +286,10 @@ extern "C" int64_t dd_io_ring_read(void * ring, int fd, int64_t n, const int64_t
 namespace {
 
 // blockio.py plan_reads for the misses' rows (ascending) of every array, read into the bounce buffer and
-// copied into their slots. Adds the device bytes and the requests; returns 0 or an error code.
-int64_t read_direct(Group & g, const int64_t * rows, const int64_t * slots, int64_t n, int64_t * device,
-                    int64_t * requests) {
+// copied into their slots of `dest` (as copy_rows). Adds the device bytes and the requests; returns 0 or an
+// error code.
+int64_t read_direct(Group & g, const int64_t * rows, const int64_t * slots, int64_t n,
+                    const std::vector<uint8_t *> & dest, int64_t * device, int64_t * requests) {
   Direct & d = g.direct;
   const int64_t arrays = int64_t(g.slabs.size()), m = n * arrays, block = d.block;
   d.start.resize(size_t(m));
@@ -327,7 +343,7 @@ int64_t read_direct(Group & g, const int64_t * rows, const int64_t * slots, int6
   for (int64_t a = 0; a < arrays; ++a) {
     const int64_t rb = g.row_bytes[size_t(a)];
     for (int64_t i = 0; i < n; ++i)
-      std::memcpy(g.slabs[size_t(a)] + slots[i] * rb, d.bounce + d.src[size_t(a * n + i)], size_t(rb));
+      std::memcpy(dest[size_t(a)] + slots[i] * rb, d.bounce + d.src[size_t(a * n + i)], size_t(rb));
   }
   *device += got;
   *requests += nreq;
@@ -338,6 +354,99 @@ int64_t now_ns() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+constexpr int64_t kOneToken = -10;  // a step outside a prefill with more than one token's selection
+
+// A batched prefill's fill (engine.py Engine._fill_prefill): every row the chunk's selection `sel`
+// [tokens * k] names is placed once in the full-height buffers at its row index (the rows the cache holds
+// copied from their slots, the others read like misses, counted in the totals); the slots the
+// SparseGatherMatMul reads are the row indices themselves. The selection is kept for the settle.
+int64_t prefill_fill(Group & g, const int64_t * sel, int64_t tokens, int64_t k, int64_t * slots) {
+  const int64_t m = tokens * k;
+  for (int64_t j = 0; j < m; ++j)
+    if (sel[j] < 0 || sel[j] >= g.rows) return kOutOfRange;
+  g.chunk.assign(sel, sel + m);
+  g.chunk_tokens = tokens;
+  std::memcpy(slots, sel, size_t(m) * sizeof(int64_t));
+  g.mark.assign(size_t(g.rows), 0);
+  for (int64_t j = 0; j < m; ++j) g.mark[size_t(sel[j])] = 1;
+  g.chunk_missing.clear();
+  for (int64_t r = 0; r < g.rows; ++r) {
+    if (!g.mark[size_t(r)]) continue;
+    const int64_t s = g.slot_of[r];
+    if (s < 0) {
+      g.chunk_missing.push_back(r);
+      continue;
+    }
+    for (size_t a = 0; a < g.slabs.size(); ++a)
+      std::memcpy(g.full[a] + r * g.row_bytes[a], g.slabs[a] + s * g.row_bytes[a], size_t(g.row_bytes[a]));
+  }
+  const int64_t n = int64_t(g.chunk_missing.size());
+  if (n == 0) return 0;
+  const int64_t * rows = g.chunk_missing.data();
+  const int64_t t0 = now_ns();
+  if (g.map) {
+    const int64_t rc = copy_rows(g, rows, rows, n, g.full);
+    if (rc < 0) return rc;
+    int64_t runs = 1;
+    for (int64_t i = 1; i < n; ++i) runs += rows[i] != rows[i - 1] + 1;
+    g.totals[1] += runs * int64_t(g.slabs.size());
+  } else {
+    const int64_t rc = read_direct(g, rows, rows, n, g.full, &g.totals[4], &g.totals[1]);
+    if (rc < 0) return rc;
+  }
+  int64_t row_bytes = 0;
+  for (int64_t rb : g.row_bytes) row_bytes += rb;
+  g.totals[0] += n;
+  g.totals[2] += n * row_bytes;
+  g.totals[3] += now_ns() - t0;
+  return n;
+}
+
+// A batched prefill's settle (engine.py Engine._warm): the cache takes the chunk's selections in token
+// order (policies.py RowCache.access_steps: hits against the residency before the chunk, last use and
+// use counts as the steps leave them, the top-C of resident ∪ selected), the slot table follows
+// (slots.py SlotTable.rebase: rows no longer resident free their slots, newly resident rows take the
+// lowest free ones in row order) and the new rows are copied from the full-height buffers into the slab.
+int64_t prefill_warm(Group & g) {
+  const int64_t tokens = g.chunk_tokens;
+  if (tokens == 0) return 0;
+  const int64_t m = int64_t(g.chunk.size()), k = m / tokens;
+  const int64_t * sel = g.chunk.data();
+  int64_t n_hit = 0;
+  for (int64_t j = 0; j < m; ++j) n_hit += g.resident[sel[j]];
+  g.counters[1] += n_hit;
+  g.counters[2] += m - n_hit;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t step = g.counters[0] + t + 1;
+    for (int64_t j = t * k; j < (t + 1) * k; ++j) {
+      g.last_use[sel[j]] = std::max(g.last_use[sel[j]], step);
+      ++g.uses[sel[j]];  // numpy's bincount over the chunk
+    }
+  }
+  g.counters[0] += tokens;
+  g.dropped.clear();
+  if (!(g.policy == kStatic || g.policy == kNone || g.capacity <= 0)) {
+    for (int64_t j = 0; j < m; ++j) g.resident[sel[j]] = 1;
+    admit(g);
+  }
+  for (int64_t s = 0; s < g.capacity; ++s)
+    if (g.row_of[s] >= 0 && !g.resident[g.row_of[s]]) free_row(g, g.row_of[s]);
+  g.admitted_rows.clear();
+  for (int64_t r = 0; r < g.rows; ++r)
+    if (g.resident[r] && g.slot_of[r] < 0) g.admitted_rows.push_back(r);
+  const int64_t n = int64_t(g.admitted_rows.size());
+  g.given.resize(size_t(n));
+  if (take(g, g.admitted_rows.data(), n, g.given.data()) != n) return kNoFreeSlot;
+  for (size_t a = 0; a < g.slabs.size(); ++a) {
+    const int64_t rb = g.row_bytes[a];
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(g.slabs[a] + g.given[size_t(i)] * rb, g.full[a] + g.admitted_rows[size_t(i)] * rb, size_t(rb));
+  }
+  g.chunk.clear();
+  g.chunk_tokens = 0;
+  return n;
 }
 
 }  // namespace
@@ -428,7 +537,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const 
       info[1] = runs;
       if (g->map) {
         int64_t t0 = now_ns();
-        rc = copy_rows(*g, read_rows, read_slots, n);
+        rc = copy_rows(*g, read_rows, read_slots, n, g->slabs);
         info[0] = now_ns() - t0;
         if (rc < 0) return rc;
       }
@@ -461,14 +570,24 @@ __attribute__((visibility("default"))) int64_t dd_cache_settle(void * gp) {
   return n;
 }
 
-// dd_cache_select for a kernel (CacheStep): the selection `sel` [k] → `slots` [k], the misses copied from
-// the mapping (required: no caller is left to read them) and counted in the group's totals.
-__attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, const int64_t * sel, int64_t k,
-                                                                   int64_t * slots) {
+// dd_cache_select for a kernel (CacheStep): the selection `sel` [1, k] → `slots` [1, k], the misses copied
+// from the mapping or read with the group's reader (no caller is left to read them) and counted in the
+// group's totals. During a batched prefill (dd_cache_prefill) the chunk's selection [tokens, k] is
+// placed in the full-height buffers instead (prefill_fill).
+__attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, const int64_t * sel, int64_t tokens,
+                                                                   int64_t k, int64_t * slots) {
   Group * g = static_cast<Group *>(gp);
-  if (!g || k < 0) return kBadArgs;
+  if (!g || k < 0 || tokens < 0) return kBadArgs;
   if (!g->map && g->direct.fd < 0) return kNoMapping;
   g->direct.error = 0;  // the errno of this step's read, if it fails
+  if (!g->full.empty()) {
+    try {
+      return prefill_fill(*g, sel, tokens, k, slots);
+    } catch (...) {
+      return kBadArgs;
+    }
+  }
+  if (tokens != 1) return kOneToken;
   try {
     g->op_hits.resize(size_t(k));
     g->op_rows.resize(size_t(k));
@@ -486,7 +605,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
   } else {
     const int64_t t0 = now_ns();
     try {
-      const int64_t rc = read_direct(*g, g->op_rows.data(), g->op_slots.data(), n, &g->totals[4], &g->totals[1]);
+      const int64_t rc = read_direct(*g, g->op_rows.data(), g->op_slots.data(), n, g->slabs, &g->totals[4], &g->totals[1]);
       if (rc < 0) return rc;
     } catch (...) {
       return kBadArgs;
@@ -521,6 +640,40 @@ __attribute__((visibility("default"))) int64_t dd_cache_direct(void * gp, int fd
   return 0;
 }
 
+// A batched prefill on the graph (dipdeploy/runtime/fused.py): with `n` (the group's arrays) full-height
+// buffers `bufs[a]` ([rows, row_bytes[a]], the ones the graph's SparseGatherMatMul is bound to meanwhile),
+// CacheStep fills them with each chunk's rows and CacheSettle warms the cache from the chunk's selection;
+// n = 0 ends it. Belady's key depends on the step, which a chunk takes at once: refused.
+__attribute__((visibility("default"))) int64_t dd_cache_prefill(void * gp, int64_t n, uint8_t ** bufs) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g) return kBadArgs;
+  g->chunk.clear();
+  g->chunk_tokens = 0;
+  if (n == 0) {
+    g->full.clear();
+    return 0;
+  }
+  if (n != int64_t(g->slabs.size()) || !bufs || g->policy == kBelady) return kBadArgs;
+  if (!g->release.empty() || !g->deferred_rows.empty()) return kOutOfStep;  // a token's step is pending
+  for (int64_t a = 0; a < n; ++a)
+    if (!bufs[a]) return kBadArgs;
+  g->full.assign(bufs, bufs + n);
+  return 0;
+}
+
+// CacheSettle's work: the slot rule's deferred moves after a token's step, or, during a batched prefill,
+// the warm-up from the chunk's selection (prefill_warm). Returns the rows moved or placed.
+__attribute__((visibility("default"))) int64_t dd_cache_graph_settle(void * gp) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g) return kBadArgs;
+  if (g->full.empty()) return dd_cache_settle(g);
+  try {
+    return prefill_warm(*g);
+  } catch (...) {
+    return kBadArgs;
+  }
+}
+
 // The errno of a group's last failed read (kReadFailed).
 __attribute__((visibility("default"))) int64_t dd_cache_read_errno(const void * gp) {
   return gp ? static_cast<const Group *>(gp)->direct.error : 0;
@@ -552,6 +705,7 @@ __attribute__((visibility("default"))) const char * dd_cache_error(int64_t code)
     case kNoMapping: return "the group has neither the mapped MLP file nor a reader to read its misses with";
     case kBounce: return "the misses' blocks exceed the bounce buffer the plan reserved";
     case kReadFailed: return "a read of the MLP file failed or came back short: the bundle may be truncated; run `dipdeploy inspect --verify`";
+    case kOneToken: return "input 'indices' must be one token's selection [1, K] outside a batched prefill";
     default: return "bad arguments";
   }
 }

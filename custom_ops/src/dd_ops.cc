@@ -645,7 +645,7 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
 }
 
 // ---------------------------------------------------------------------------------------------
-// CacheStep(indices [1,K] i64, handle [1] i64) -> slots [1,K] i64
+// CacheStep(indices [N,K] i64, handle [1] i64) -> slots [N,K] i64 (N = 1 but in a batched prefill)
 // CacheSettle(X f32, handle [1] i64) -> X
 //
 // The host runtime's per-token cache step (dd_cache.cc) as graph nodes, so a whole decoder with its row
@@ -654,6 +654,8 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
 // reads; CacheSettle runs the deferred moves of the slot rule once X (which depends on that
 // SparseGatherMatMul) exists, and passes X on, so that every later node, the next group's CacheStep
 // included, runs after it. Both ops have side effects: the graph orders them by these data edges only.
+// While the host runs a batched prefill (dd_cache_prefill), the same two nodes fill the full-height
+// buffers with a chunk's rows and warm the cache from its selection instead (dd_cache.cc).
 
 struct dd_cache_op_kernel {
     const OrtApi * api;
@@ -686,17 +688,13 @@ OrtStatus * ORT_API_CALL dd_cstep_compute(void * kernel_ptr, OrtKernelContext * 
     dd_view idx;
     DD_TRY(dd_input(api, ctx, 0, &idx));
     DD_TRY(dd_expect(api, idx, op, "indices", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, 2));
-    if (idx.dims[0] != 1) {
-        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'indices' must be one token's selection [1, K], got N=%lld",
-                        op, (long long) idx.dims[0]);
-    }
     void * g = nullptr;
     DD_TRY(dd_cache_handle(api, ctx, op, &g));
     OrtValue * out = nullptr;
     DD_TRY(api->KernelContext_GetOutput(ctx, 0, idx.dims, 2, &out));
     void * slots = nullptr;
     DD_TRY(api->GetTensorMutableData(out, &slots));
-    const int64_t rc = dd_cache_graph_step(g, static_cast<const int64_t *>(idx.data), idx.dims[1],
+    const int64_t rc = dd_cache_graph_step(g, static_cast<const int64_t *>(idx.data), idx.dims[0], idx.dims[1],
                                            static_cast<int64_t *>(slots));
     if (rc < 0) {
         const int64_t err = dd_cache_read_errno(g);
@@ -716,7 +714,7 @@ OrtStatus * ORT_API_CALL dd_csettle_compute(void * kernel_ptr, OrtKernelContext 
     }
     void * g = nullptr;
     DD_TRY(dd_cache_handle(api, ctx, op, &g));
-    const int64_t rc = dd_cache_settle(g);
+    const int64_t rc = dd_cache_graph_settle(g);
     if (rc < 0) {
         return dd_error(api, ORT_INVALID_ARGUMENT, "%s: %s", op, dd_cache_error(rc));
     }

@@ -104,7 +104,8 @@ class EngineConfig:
     per-layer path (empty caches at the start; traces, selections).
     ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
     (``dipdeploy.runtime.fused``: the same native step, at any budget); needs ``--io mmap`` or ``direct``
-    and the op library, feeds the prompt one token at a time, records no selections."""
+    and the op library, records no selections; its batched prefill runs each chunk through the same graph,
+    with the per-layer path's semantics."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -341,9 +342,10 @@ class Engine:
         options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
         self.shared = SharedInitializers(self.path, self.manifest)
         gamma = None if self.gamma == self.baked_gamma else self.gamma
+        chunk = min(self.cfg.prefill_chunk, self.cfg.context) if self.cfg.prefill == "batch" else 1
         self.fused = fused.FusedModel(self.path, self.shared.apply(shared_arena(options)), self.kv, self.cfg.context,
                                       self.d, self.decoder["vocab_size"], self.num_layers, gamma,
-                                      self.cfg.accuracy_level)
+                                      self.cfg.accuracy_level, chunk)
 
     @property
     def single_session(self) -> bool:
@@ -439,7 +441,7 @@ class Engine:
             raise ValueError("shared staging needs memfd_create (Linux); leave shared_staging unset")
         shared = sum(a.shared_bytes + b.shared_bytes for a, b in arrays)
         dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes() + self.embedding.nbytes + shared
-        batch = cfg.prefill == "batch" and self.fused is None  # the joined graph feeds the prompt token by token
+        batch = cfg.prefill == "batch"  # the joined graph's activations for a chunk are ORT's, of the same sizes
         self._prefill_shapes = _prefill_buffers(arrays, (self.d, self.f)) if batch else {}
         self._chunk_shapes = _chunk_buffers(min(cfg.prefill_chunk, cfg.context), self.d, self.f, self.k) if batch else {}
         prefill = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._prefill_shapes)
@@ -554,7 +556,7 @@ class Engine:
                 for pair in self.slabs:
                     for slab in pair:
                         slab.native_state().read_through(self._graph_reader, MAX_REQUEST, self.cfg.io_gap, BLOCK)
-            self.fused.bind_groups(self.slabs)
+            self.fused.bind_groups(self.slabs, self._full_buffers if self.fused.prefill_bound is not None else None)
         self.kv.reset()
         self._state = {"pos": 0, "ids": []}
 
@@ -630,17 +632,30 @@ class Engine:
         layer (``_prefill_chunk``); returns the logits [V] after the last token. A chunk attends to the
         earlier ones through the KV cache, as a decoded token does, so chunking changes only the
         floating-point summation, and bounds the working set by the chunk instead of the prompt.
-        ``progress(done, total)`` follows each chunk. The joined decoder (``fused``) feeds the tokens one
-        by one: its cache step is per token."""
+        ``progress(done, total)`` follows each chunk. The joined decoder (``fused``) runs each chunk through
+        its one graph (``_fused_chunk``), with the same semantics."""
         st, n = self._state, len(ids)
         if st["pos"] + n > self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
         if self.fused is not None:
-            logits = None
-            for j, t in enumerate(ids):
-                logits = self._fused_step(int(t), timer, record)
-                if progress is not None:
-                    progress(j + 1, n)
+            if record is not None:
+                raise ValueError(self._per_layer_only("per-layer selections"))
+            size = self.fused.chunk
+            groups = [slab.native_state() for pair in self.slabs for slab in pair]
+            if size > 1:
+                for slab, nat in zip((slab for pair in self.slabs for slab in pair), groups):
+                    full = self._full_buffers(slab)
+                    nat.prefill([full[a.name] for a in slab.arrays.per_row])
+            try:
+                for start in range(0, n, size):
+                    chunk = ids[start:start + size]
+                    logits = self._fused_chunk(chunk, timer) if size > 1 else self._fused_step(int(chunk[0]), timer, None)
+                    if progress is not None:
+                        progress(min(start + size, n), n)
+            finally:
+                if size > 1:
+                    for nat in groups:
+                        nat.prefill(None)
             return logits
         if self.whole is not None:
             size = self.whole.chunk
@@ -649,8 +664,7 @@ class Engine:
                 if progress is not None:
                     progress(min(start + size, n), n)
             return logits
-        if self._prefill_arrays is None:
-            self._prefill_arrays = {key: np.zeros(key[0], key[1]) for key in self._prefill_shapes}
+        if not self._chunk_arrays:  # the full-height buffers: ``_full_buffers``
             self._chunk_arrays = {name: np.zeros(size, dtype) for name, (size, dtype) in self._chunk_shapes.items()}
             self._prefill_bound = [tuple(Bound(s.session) for s in (self.attn[i], self.up[i], self.down[i]))
                                    for i in range(self.num_layers)]
@@ -755,8 +769,6 @@ class Engine:
 
     def _fused_step(self, token: int, timer: Timer, record) -> np.ndarray:
         """One token through the joined decoder; its reads are counted from the native groups' totals."""
-        from dipdeploy.runtime.native_cache import drain
-
         if record is not None:
             raise ValueError(self._per_layer_only("per-layer selections"))
         st = self._state
@@ -765,15 +777,46 @@ class Engine:
         timer.lap("embed+head")
         logits = self.fused.run(st["pos"]).copy()
         timer.lap("fused graph")
+        self._drain_graph_reads()
+        timer.lap("cache")
+        st["pos"] += 1
+        st["ids"].append(token)
+        return logits
+
+    def _fused_chunk(self, ids: list[int], timer: Timer) -> np.ndarray:
+        """A chunk of the prompt through the joined decoder in one run, the groups in prefill mode (set by
+        ``prefill``): the per-layer path's batched prefill (``_prefill_chunk``) inside the graph."""
+        st, n = self._state, len(ids)
+        timer.start()
+        hidden = self.fused.chunk_hidden.array[: n * self.d].reshape(n, self.d)
+        for j, t in enumerate(ids):
+            self.embedding.read(int(t), hidden[j])
+        timer.lap("embed+head")
+        logits = self.fused.run_chunk(st["pos"], n).copy()
+        timer.lap("fused graph")
+        self._drain_graph_reads()
+        timer.lap("cache")
+        st["pos"] += n
+        st["ids"].extend(int(t) for t in ids)
+        return logits
+
+    def _drain_graph_reads(self) -> None:
+        """The CacheStep nodes' reads since the last run, into the Flash store's counters."""
+        from dipdeploy.runtime.native_cache import drain
+
         reads = drain(self._cache_library, self.fused.handles)
         if reads.misses:
             self.flash.account(reads.wanted, reads.requests, reads.seconds)
             self.flash.counters.device_bytes += reads.device
         self.flash.settle()
-        timer.lap("cache")
-        st["pos"] += 1
-        st["ids"].append(token)
-        return logits
+
+    def _full_buffers(self, slab: GroupSlab) -> dict[str, np.ndarray]:
+        """``slab``'s per-row arrays' names → the batched prefill's full-height buffers (one per shape,
+        shared by every layer: ``_prefill_buffers``), allocated on first use."""
+        if self._prefill_arrays is None:
+            self._prefill_arrays = {key: np.zeros(key[0], key[1]) for key in self._prefill_shapes}
+        return {a.name: self._prefill_arrays[((slab.rows, *a.row_shape), str(np.dtype(a.dtype)))]
+                for a in slab.arrays.per_row}
 
     def native_hits(self) -> np.ndarray:
         """[layer, group, (hits, lookups)] since the caches' reset, from the native state (the joined
@@ -788,8 +831,7 @@ class Engine:
     def _fill_prefill(self, slab: GroupSlab, selected: np.ndarray) -> dict[str, np.ndarray]:
         """The prefill buffers of ``slab``'s arrays, holding every row of ``selected`` at its row index:
         rows resident in the slab copied from it, the others read from Flash (once, coalesced)."""
-        bufs = {a.name: self._prefill_arrays[((slab.rows, *a.row_shape), str(np.dtype(a.dtype)))]
-                for a in slab.arrays.per_row}
+        bufs = self._full_buffers(slab)
         rows = np.unique(selected)
         slots = slab.table.slot_of[rows]
         held = slots >= 0
@@ -955,7 +997,7 @@ class Engine:
         new, kept, finish = [], [], "length"
         t0, flash0 = time.perf_counter(), self.flash.counters.snapshot()
         logits = None
-        by_token = self.cfg.prefill == "token" or self.fused is not None
+        by_token = self.cfg.prefill == "token"
         if not by_token and ids:
             if stopped():
                 finish = "interrupted"

@@ -21,9 +21,10 @@ Semantics are the per-layer path's token-by-token ones, decision for decision: t
 the same selections; only ORT's fusion across the joined graphs can change floating-point rounding. The
 misses are copied from the mapped file (``--io mmap``) or read by the step itself with the Flash store's
 reader and the same block-aligned requests (``--io direct``: ``dd_cache_direct``, ``blockio.plan_reads``
-in C++); the bundle's natural row order only. What this mode does not have: the prompt is fed one token
-at a time (a cache step is per token), and, as with ``whole.py``, no per-layer selections for traces or
-recorders. ``handle`` inputs are
+in C++); the bundle's natural row order only. A batched prefill runs the same graph on a chunk of the
+prompt (``FusedModel.run_chunk``) with the per-layer path's semantics: plain DIP inside the chunk, the
+caches warmed from its selections afterwards (README, "The host runtime"). What this mode does not have,
+as with ``whole.py``: per-layer selections for traces or recorders. ``handle`` inputs are
 the native groups' addresses as int64; the op checks each against the groups alive in the process.
 
 Torch-free (floor 4). Joining the graphs needs the ``onnx`` package, which plain ``run`` does not; it runs
@@ -147,6 +148,17 @@ class _Joiner:
         node = self.onnx.helper.make_node(SETTLE_OP, [raw, handle], [produced], name=name, domain=DOMAIN)
         self.nodes.insert(at + 1, node)  # the nodes stay in topological order
 
+    def last(self, value: str) -> str:
+        """``value`` [1, N, d] cut to its last position [1, 1, d]: the head needs the logits after the last
+        token only (a batched prefill's chunk would otherwise cost N · vocab logits)."""
+        h, T = self.onnx.helper, self.onnx.TensorProto
+        for name, v in (("starts", -1), ("ends", 2**63 - 1), ("axes", 1)):
+            self.initializers.setdefault(f"last/{name}", h.make_tensor(f"last/{name}", T.INT64, [1], [v]))
+        out = value + ".last"
+        self.nodes.append(h.make_node("Slice", [value, "last/starts", "last/ends", "last/axes"], [out],
+                                      name=out + "/slice"))
+        return out
+
     def model(self):
         h = self.onnx.helper
         graph = h.make_graph(self.nodes, "dipdeploy_fused_decoder", list(self.inputs.values()), self.outputs,
@@ -157,8 +169,8 @@ class _Joiner:
 
 def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None):
     """The decoder of ``bundle`` as one ONNX model (module docstring): positions, every layer's attention,
-    MLP up and down graphs with a CacheStep/CacheSettle pair per group, the head. Inputs: ``hidden``
-    (the embedded token, [1, 1, d]), ``attention_mask``, ``position_ids``, the past K/V, and per layer
+    MLP up and down graphs with a CacheStep/CacheSettle pair per group, the head on the last position.
+    Inputs: ``hidden`` (the embedded tokens, [1, N, d]), ``attention_mask``, ``position_ids``, the past K/V, and per layer
     ``layer.{i}.cache_in``/``cache_glu`` (residency), ``layer.{i}.up_gate.*``/``down.*`` (slabs) and
     ``layer.{i}.up_gate.handle``/``down.handle``; outputs ``logits`` and the presents. ``gamma`` (None: the
     bundle's) rewrites every TopKColumnMask, as the per-layer sessions do."""
@@ -197,7 +209,7 @@ def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None):
         j.settle(p + "mlp_out", handles["down"], p + "down.settle")
         hidden, mlp_out = p + "hidden_attn", p + "mlp_out"
     head = load("head.onnx")
-    j.add(head, "head/", {"hidden": hidden, "mlp_out": mlp_out}, {"logits": "logits"})
+    j.add(head, "head/", {"hidden": j.last(hidden), "mlp_out": j.last(mlp_out)}, {"logits": "logits"})
     j.output(head, "logits", "logits")
     return j.model()
 
@@ -235,24 +247,39 @@ def joined_model(path: Path, layers: int, gamma: float | None, accuracy_level: i
 
 class FusedModel:
     """The joined decoder in one ORT session bound to preallocated buffers and to the groups' slabs and
-    native state (``bind_groups`` after every cache reset: a reset makes new native groups)."""
+    native state (``bind_groups`` after every cache reset: a reset makes new native groups).
+
+    A batched prefill (``chunk`` > 1 tokens per run) runs the same session through a second binding: the
+    slab inputs bound to the engine's full-height prefill buffers, every residency input to all-resident
+    (the prompt selects by plain DIP, as the per-layer path's batched prefill does), while the groups are
+    in ``NativeCache.prefill`` mode, in which the same CacheStep/CacheSettle nodes fill those buffers
+    with a chunk's rows and warm the caches from its selections."""
 
     def __init__(self, path: Path, options, kv, context: int, d: int, vocab: int, layers: int,
-                 gamma: float | None, accuracy_level: int | None):
+                 gamma: float | None, accuracy_level: int | None, chunk: int = 1):
         import onnxruntime as ort
 
         model = joined_model(path, layers, gamma, accuracy_level, kv.attention == "standard")
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path))
+        # ORT's memory patterns are planned per set of input shapes, and the attention mask grows by one
+        # position per token: the arena kept 13 MB more anonymous memory after 40 SmolLM2 tokens with them
+        # (203 against 189 MB, the per-layer path 190), at the same prefill and decode speed without them
+        options.enable_mem_pattern = False
         self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         self.bound = Bound(self.session)
-        self.kv, self.context, self.layers = kv, context, layers
+        self.kv, self.context, self.layers, self.chunk = kv, context, layers, chunk
         self.hidden = np.zeros((1, 1, d), np.float32)
-        self.positions = Buffer(np.zeros(1, np.int64))
+        self.positions = Buffer(np.zeros(chunk, np.int64))
         self.mask = Buffer(np.ones(context, np.int64))
         self.logits = np.zeros((1, 1, vocab), np.float32)
         self.bound.input("hidden", self.hidden)
         self.bound.output("logits", self.logits)
         self.handles = np.zeros(2 * layers, np.int64)  # bound: the graph reads each group's handle here
+        self.prefill_bound = self.chunk_hidden = None
+        if chunk > 1:
+            self.prefill_bound = Bound(self.session)
+            self.chunk_hidden = Buffer(np.zeros(chunk * d, np.float32))
+            self.prefill_bound.output("logits", self.logits)
 
     def slab_inputs(self, layer: int, group: str) -> list:
         """The session's slab inputs of one group with the per-layer graph's names (``up_gate.qweight``…),
@@ -261,17 +288,28 @@ class FusedModel:
         return [_Arg(a.name[len(group_input(layer, "")):], a.shape) for a in self.session.get_inputs()
                 if a.name.startswith(prefix) and not a.name.endswith(".handle")]
 
-    def bind_groups(self, slabs) -> None:
-        """Bind every group's slab arrays, residency and native handle (``GroupSlab.native_state``)."""
-        b = self.bound
+    def bind_groups(self, slabs, full=None) -> None:
+        """Bind every group's slab arrays, residency and native handle (``GroupSlab.native_state``); with a
+        prefill binding, also its full-height buffers (``full(slab)``: the slab arrays' names → buffers)
+        and all-resident residency."""
+        b, p = self.bound, self.prefill_bound
+        everything = {}
         for i, pair in enumerate(slabs):
             for g, (group, slab) in enumerate(zip(GROUPS, pair)):
                 nat = slab.native_state()
+                residency = group_input(i, ("cache_in", "cache_glu")[g])
+                handle = self.handles[2 * i + g: 2 * i + g + 1]
+                self.handles[2 * i + g] = nat.handle
                 for name, value in slab.feeds.items():
                     b.input(group_input(i, name), value)
-                b.input(group_input(i, ("cache_in", "cache_glu")[g]), nat.state.resident.view(bool))
-                self.handles[2 * i + g] = nat.handle
-                b.input(group_input(i, f"{group}.handle"), self.handles[2 * i + g: 2 * i + g + 1])
+                b.input(residency, nat.state.resident.view(bool))
+                b.input(group_input(i, f"{group}.handle"), handle)
+                if p is None:
+                    continue
+                for name, value in {**slab.arrays.shared, **full(slab)}.items():
+                    p.input(group_input(i, name), value)
+                p.input(residency, everything.setdefault(slab.rows, np.ones(slab.rows, bool)))
+                p.input(group_input(i, f"{group}.handle"), handle)
 
     def run(self, pos: int) -> np.ndarray:
         """One token (``hidden`` already holds its embedding) at position ``pos``; the logits [V] (a view of
@@ -286,6 +324,24 @@ class FusedModel:
         b.run()
         self.kv.commit_session()
         self.kv.advance(1)
+        return self.logits[0, -1]
+
+    def run_chunk(self, pos: int, n: int) -> np.ndarray:
+        """``n`` ≤ ``chunk`` tokens (``chunk_hidden`` holds their embeddings) at positions ``pos``…, through
+        the prefill binding, the groups in prefill mode; the logits [V] after the last one."""
+        if pos + n > self.context:
+            raise ValueError(f"context of {self.context} tokens is full; raise --context")
+        if self.prefill_bound is None or not 1 <= n <= self.chunk:
+            raise ValueError(f"a chunk holds 1 to {self.chunk if self.prefill_bound else 0} tokens, got {n}")
+        b = self.prefill_bound
+        self.positions.array[:n] = np.arange(pos, pos + n)
+        b.input_at("hidden", self.chunk_hidden, (1, n, self.hidden.shape[-1]))
+        b.input_at("position_ids", self.positions, (1, n))
+        b.input_at("attention_mask", self.mask, (1, pos + n))
+        self.kv.bind_session(b, n)
+        b.run()
+        self.kv.commit_session()
+        self.kv.advance(n)
         return self.logits[0, -1]
 
 

@@ -50,6 +50,8 @@ def cache_library(path: str):
         lib.dd_cache_drain.restype, lib.dd_cache_drain.argtypes = _I64, [_P, _I64, _P]
         lib.dd_cache_direct.restype = _I64
         lib.dd_cache_direct.argtypes = [_P, ctypes.c_int, _P, ctypes.c_int, _I64, _I64, _I64, _P, _I64]
+    if hasattr(lib, "dd_cache_prefill"):  # the graph's batched prefill
+        lib.dd_cache_prefill.restype, lib.dd_cache_prefill.argtypes = _I64, [_P, _I64, _P]
     return lib
 
 
@@ -65,9 +67,10 @@ class GraphReads:
 
 
 def graph_step_library(library: str):
-    """The op library with the graph step's functions, or None if it predates them."""
+    """The op library with the graph step's functions (its batched prefill too), or None if it predates
+    them."""
     lib = cache_library(library)
-    return lib if lib is not None and hasattr(lib, "dd_cache_direct") else None
+    return lib if lib is not None and hasattr(lib, "dd_cache_prefill") else None
 
 
 def drain(library: str, handles: np.ndarray) -> GraphReads:
@@ -139,6 +142,7 @@ class NativeCache:
         if not self._handle:
             raise RuntimeError("dd_cache_new refused the group's shape")
         self._slabs = slabs  # kept alive: the library holds their pointers
+        self._full: list[np.ndarray] | None = None
         self._mapping = mapping
         pointers = (ctypes.c_void_p * max(len(slabs), 1))(*[a.ctypes.data for a in slabs])
         offs, rbs = np.asarray(offsets, np.int64), np.asarray(row_bytes, np.int64)
@@ -182,6 +186,23 @@ class NativeCache:
         self._bounce = bounce  # kept alive: the library holds its address
         _check(self._lib.dd_cache_direct(self._handle, fd, handle, int(ring), block, max_request, max_gap,
                                          bounce.ctypes.data, bounce.size), self.rows)
+
+    def prefill(self, buffers: list[np.ndarray] | None) -> None:
+        """Start (``buffers``: one full-height [rows, …] array per slab array, in the slabs' order) or end
+        (None) a batched prefill on the graph: meanwhile its CacheStep places each chunk's rows in
+        ``buffers`` at their row index and its CacheSettle warms the cache from the chunk's selection
+        (custom_ops/src/dd_cache.cc ``dd_cache_prefill``; the numpy counterpart is the per-layer path's
+        ``Engine._fill_prefill`` and ``_warm``)."""
+        if buffers is None:
+            self._full = None
+            _check(self._lib.dd_cache_prefill(self._handle, 0, None), self.rows)
+            return
+        if len(buffers) != len(self._slabs) or any(b.shape[0] != self.rows or not b.flags.c_contiguous
+                                                   or b[0].nbytes != s[0].nbytes for b, s in zip(buffers, self._slabs)):
+            raise ValueError("a prefill takes one contiguous [rows, …] buffer per slab array, rows as the slab's")
+        self._full = buffers  # kept alive: the library holds their addresses
+        pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
+        _check(self._lib.dd_cache_prefill(self._handle, len(buffers), pointers), self.rows)
 
     def pull(self, cache: RowCache, table: SlotTable) -> None:
         """Copy the state into the numpy reference objects (which then own it)."""

@@ -127,7 +127,7 @@ class RunStats:
             flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
             kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level,
-            prefill="token" if engine.fused is not None else engine.cfg.prefill,
+            prefill=engine.cfg.prefill,
             native_cache=engine.native_cache and not engine.single_session, io_engine=engine.flash.reader_kind,
             single_session=engine.single_session, fused=engine.fused is not None,
         )
