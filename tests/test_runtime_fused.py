@@ -24,9 +24,10 @@ PROMPT = [3, 17, 42, 9, 100, 7, 64, 5, 11]
 ROW_BYTES = 4  # one float32 per row: the op graph below multiplies by it
 
 
-def _step_graph(rows: int, k: int):
-    """indices → CacheStep → slots; Y = Σ slab[slots] (read through the slots, as SparseGatherMatMul
-    does) → CacheSettle → out: one group's cycle as the joined decoder runs it."""
+def _step_graph(k: int, tokens=1):
+    """indices [tokens, K] → CacheStep → slots; Y = Σ slab[slots] (read through the slots, as
+    SparseGatherMatMul does) → CacheSettle → out: one group's cycle as the joined decoder runs it (a
+    symbolic ``tokens``: a batched prefill's chunk)."""
     import onnx
     from onnx import TensorProto as T
     from onnx import helper as h
@@ -37,14 +38,31 @@ def _step_graph(rows: int, k: int):
              h.make_node("Gather", ["slab", "slots"], ["rows"], axis=0),
              h.make_node("ReduceSum", ["rows"], ["y"], keepdims=0),
              h.make_node("CacheSettle", ["y", "handle"], ["out"], domain=DOMAIN)]
-    graph = h.make_graph(nodes, "step", [h.make_tensor_value_info("indices", T.INT64, [1, k]),
+    graph = h.make_graph(nodes, "step", [h.make_tensor_value_info("indices", T.INT64, [tokens, k]),
                                          h.make_tensor_value_info("handle", T.INT64, [1]),
                                          h.make_tensor_value_info("slab", T.FLOAT, ["S"])],
-                         [h.make_tensor_value_info("slots", T.INT64, [1, k]),
-                          h.make_tensor_value_info("rows", T.FLOAT, [1, k]),
+                         [h.make_tensor_value_info("slots", T.INT64, [tokens, k]),
+                          h.make_tensor_value_info("rows", T.FLOAT, [tokens, k]),
                           h.make_tensor_value_info("out", T.FLOAT, [])])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)],
                         ir_version=onnx.IR_VERSION)
+
+
+def _row_file(tmp_path, rng, rows: int, lead: int):
+    """An MLP file of ``lead`` bytes of padding, then two row arrays: rows of 4 KiB + 4 B that straddle
+    blocks, then one float32 per row. Returns (path, offsets, wide, the mapped file, the float rows, the
+    wide rows as the file holds them)."""
+    from dipdeploy.quant.layout import BLOCK
+
+    weights = rng.standard_normal(rows).astype(np.float32)
+    path = tmp_path / "mlp.bin"
+    wide = BLOCK + ROW_BYTES
+    pad = rng.integers(0, 256, rows * wide + lead, dtype=np.uint8)
+    with open(path, "wb") as f:
+        f.write(pad.tobytes())
+        f.write(weights.tobytes())
+    data = np.memmap(path, np.uint8, mode="r")
+    return path, [lead, lead + rows * wide], wide, data, weights, data[lead:lead + rows * wide].reshape(rows, wide)
 
 
 @pytest.mark.parametrize("io", ["mmap", "direct"])
@@ -60,16 +78,7 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
 
     rows, k, steps = 80, 12, 30
     rng = np.random.default_rng(7)
-    weights = rng.standard_normal(rows).astype(np.float32)
-    path = tmp_path / "mlp.bin"
-    wide = BLOCK + ROW_BYTES  # the first array's rows straddle blocks
-    pad = rng.integers(0, 256, rows * wide + 123, dtype=np.uint8)
-    offsets = [123, 123 + rows * wide]
-    with open(path, "wb") as f:
-        f.write(pad.tobytes())
-        f.write(weights.tobytes())
-    data = np.memmap(path, np.uint8, mode="r")
-    wide_rows = data[123:123 + rows * wide].reshape(rows, wide)
+    path, offsets, wide, data, weights, wide_rows = _row_file(tmp_path, rng, rows, 123)
     ref = RowCache(rows, capacity, policy)
     table = SlotTable(rows, ref.capacity, k)
     mine = RowCache(rows, capacity, policy)
@@ -82,7 +91,7 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
     flash = FlashStore(path, io="direct") if io == "direct" else None
     if flash is not None:
         nat.read_through(flash.native_reader(rows * (wide + ROW_BYTES) + 4 * BLOCK), MAX_REQUEST, 1, BLOCK)
-    sess = ort.InferenceSession(_step_graph(rows, k).SerializeToString(), session_options(1, True),
+    sess = ort.InferenceSession(_step_graph(k).SerializeToString(), session_options(1, True),
                                 providers=["CPUExecutionProvider"])
     handle = np.array([nat.handle], np.int64)
     hot = rng.choice(rows, 20, replace=False)
@@ -123,28 +132,6 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
         sess.run(None, {"indices": np.arange(k, dtype=np.int64)[None], "handle": handle, "slab": slab})
 
 
-def _chunk_graph(k: int):
-    """``_step_graph`` for a chunk of N tokens ([N, K] indices): a batched prefill's cycle."""
-    import onnx
-    from onnx import TensorProto as T
-    from onnx import helper as h
-
-    from dipdeploy.ops.nodes import DOMAIN
-
-    nodes = [h.make_node("CacheStep", ["indices", "handle"], ["slots"], domain=DOMAIN),
-             h.make_node("Gather", ["slab", "slots"], ["rows"], axis=0),
-             h.make_node("ReduceSum", ["rows"], ["y"], keepdims=0),
-             h.make_node("CacheSettle", ["y", "handle"], ["out"], domain=DOMAIN)]
-    graph = h.make_graph(nodes, "chunk", [h.make_tensor_value_info("indices", T.INT64, ["N", k]),
-                                          h.make_tensor_value_info("handle", T.INT64, [1]),
-                                          h.make_tensor_value_info("slab", T.FLOAT, ["S"])],
-                         [h.make_tensor_value_info("slots", T.INT64, ["N", k]),
-                          h.make_tensor_value_info("rows", T.FLOAT, ["N", k]),
-                          h.make_tensor_value_info("out", T.FLOAT, [])])
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)],
-                        ir_version=onnx.IR_VERSION)
-
-
 @pytest.mark.parametrize("io", ["mmap", "direct"])
 @pytest.mark.parametrize("policy,capacity", [("lfu", 30), ("lru", 5), ("none", 0), ("static", 25)])
 def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, capacity, io, tmp_path):
@@ -162,16 +149,7 @@ def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, cap
 
     rows, k = 80, 12
     rng = np.random.default_rng(11)
-    weights = rng.standard_normal(rows).astype(np.float32)
-    path = tmp_path / "mlp.bin"
-    wide = BLOCK + ROW_BYTES
-    pad = rng.integers(0, 256, rows * wide + 77, dtype=np.uint8)
-    offsets = [77, 77 + rows * wide]
-    with open(path, "wb") as f:
-        f.write(pad.tobytes())
-        f.write(weights.tobytes())
-    data = np.memmap(path, np.uint8, mode="r")
-    wide_rows = data[77:77 + rows * wide].reshape(rows, wide)
+    path, offsets, wide, data, weights, wide_rows = _row_file(tmp_path, rng, rows, 77)
     pinned = static_rows(rng.random(rows), capacity) if policy == "static" else None
     ref = RowCache(rows, capacity, policy, pinned=pinned)
     table = SlotTable(rows, ref.capacity, k)
@@ -191,7 +169,7 @@ def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, cap
     if flash is not None:
         nat.read_through(flash.native_reader(rows * (wide + ROW_BYTES) + 4 * BLOCK), MAX_REQUEST, 1, BLOCK)
     full, full_wide = np.zeros(rows, np.float32), np.zeros((rows, wide), np.uint8)
-    sess = ort.InferenceSession(_chunk_graph(k).SerializeToString(), session_options(1, True),
+    sess = ort.InferenceSession(_step_graph(k, "N").SerializeToString(), session_options(1, True),
                                 providers=["CPUExecutionProvider"])
     handle = np.array([nat.handle], np.int64)
 
@@ -224,7 +202,7 @@ def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, cap
             plan = plan_reads(offsets, [wide, ROW_BYTES], missing, max_gap=1)
             size = path.stat().st_size
             assert (got.device, got.requests) == (int(np.minimum(plan.length, size - plan.offset).sum()), plan.requests)
-    step_graph = ort.InferenceSession(_step_graph(rows, k).SerializeToString(), session_options(1, True),
+    step_graph = ort.InferenceSession(_step_graph(k).SerializeToString(), session_options(1, True),
                                       providers=["CPUExecutionProvider"])
     for t in range(8):  # decoding continues on the warmed state
         sel = selections(1)[0]

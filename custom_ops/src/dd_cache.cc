@@ -100,7 +100,7 @@ struct Group {
   // graph's SparseGatherMatMul reads while it is set; the chunk's selection [tokens, k] the fill took,
   // which the settle warms the cache from
   std::vector<uint8_t *> full;
-  std::vector<int64_t> chunk, chunk_rows, chunk_missing;
+  std::vector<int64_t> chunk, chunk_missing;
   std::vector<uint8_t> mark;
   int64_t chunk_tokens = 0;
 };
@@ -356,6 +356,16 @@ int64_t now_ns() {
   return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
 
+// A graph step's `n` misses read in `ns` nanoseconds, counted for dd_cache_drain (the requests are counted
+// where they are made: runs of adjacent rows from the mapping, the reader's requests).
+void count_reads(Group & g, int64_t n, int64_t ns) {
+  int64_t row_bytes = 0;
+  for (int64_t rb : g.row_bytes) row_bytes += rb;
+  g.totals[0] += n;
+  g.totals[2] += n * row_bytes;
+  g.totals[3] += ns;
+}
+
 constexpr int64_t kOneToken = -10;  // a step outside a prefill with more than one token's selection
 
 // A batched prefill's fill (engine.py Engine._fill_prefill): every row the chunk's selection `sel`
@@ -396,11 +406,7 @@ int64_t prefill_fill(Group & g, const int64_t * sel, int64_t tokens, int64_t k, 
     const int64_t rc = read_direct(g, rows, rows, n, g.full, &g.totals[4], &g.totals[1]);
     if (rc < 0) return rc;
   }
-  int64_t row_bytes = 0;
-  for (int64_t rb : g.row_bytes) row_bytes += rb;
-  g.totals[0] += n;
-  g.totals[2] += n * row_bytes;
-  g.totals[3] += now_ns() - t0;
+  count_reads(g, n, now_ns() - t0);
   return n;
 }
 
@@ -598,8 +604,6 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
   int64_t info[2] = {0, 0};
   int64_t n = dd_cache_select(g, sel, k, slots, g->op_hits.data(), g->op_rows.data(), g->op_slots.data(), info);
   if (n <= 0) return n;
-  int64_t row_bytes = 0;
-  for (int64_t rb : g->row_bytes) row_bytes += rb;
   if (g->map) {
     g->totals[1] += info[1] * int64_t(g->slabs.size());
   } else {
@@ -612,9 +616,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
     }
     info[0] = now_ns() - t0;
   }
-  g->totals[0] += n;
-  g->totals[2] += n * row_bytes;
-  g->totals[3] += info[0];
+  count_reads(*g, n, info[0]);
   return n;
 }
 

@@ -66,8 +66,8 @@ SINGLE = typer.Option(_E.single_session, "--single-session/--per-layer", help="a
                       "the budget holds every MLP row and no --trace is asked for), or the per-layer graphs with the "
                       "host cache step (caches start empty)")
 FUSED = typer.Option(_E.fused, "--fused", help="below 100 %: the per-layer graphs joined into one session per "
-                     "token, the cache step inside the graph (the same decisions; --io mmap; the prompt is fed "
-                     "one token at a time; no --trace)")
+                     "token, the cache step inside the graph (the same decisions; --io mmap or direct; the prompt "
+                     "in chunks through the same graph unless --prefill token; no --trace)")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
                       "structure, sizes and the other files' sha256 are always checked)")

@@ -641,11 +641,11 @@ class Engine:
             if record is not None:
                 raise ValueError(self._per_layer_only("per-layer selections"))
             size = self.fused.chunk
-            groups = [slab.native_state() for pair in self.slabs for slab in pair]
+            slabs = [slab for pair in self.slabs for slab in pair]
             if size > 1:
-                for slab, nat in zip((slab for pair in self.slabs for slab in pair), groups):
+                for slab in slabs:
                     full = self._full_buffers(slab)
-                    nat.prefill([full[a.name] for a in slab.arrays.per_row])
+                    slab.native_state().prefill([full[a.name] for a in slab.arrays.per_row])
             try:
                 for start in range(0, n, size):
                     chunk = ids[start:start + size]
@@ -654,8 +654,8 @@ class Engine:
                         progress(min(start + size, n), n)
             finally:
                 if size > 1:
-                    for nat in groups:
-                        nat.prefill(None)
+                    for slab in slabs:
+                        slab.native_state().prefill(None)
             return logits
         if self.whole is not None:
             size = self.whole.chunk
