@@ -144,6 +144,7 @@ def child(spec: dict) -> dict:
                  native=True, context=256, io_threads=spec["io_threads"], io_engine=spec.get("io_engine", IO_ENGINE),
                  cache_split=spec.get("cache_split", CACHE_SPLIT), io_gap=spec.get("io_gap", IO_GAP),
                  gamma=spec.get("gamma"), fused=spec.get("fused", False),
+                 overlap_reads=spec.get("overlap_reads", True),
                  prefill=spec.get("prefill", "batch"))
     eng.generate(PROMPT, 4, stop_at_eos=False)  # warm up the sessions and the caches
     for pair in eng.slabs:
@@ -457,7 +458,9 @@ def main() -> None:
         "keep the file). `peak_group_mb`: the group's peak charge (anonymous + page cache) while decoding",
         "- dip-ca: LFU, the bundle's γ; dense-static: a ρ = 1 bundle, its most used rows pinned. `variant`: the "
         "same bundles at 50 % with another policy or γ (`dip`: γ = 1, plain DIP), or `--cache-split reads` (the "
-        "cache bytes to the groups whose misses cost most reading per byte: the down rows first)", "",
+        "cache bytes to the groups whose misses cost most reading per byte: the down rows first)",
+        "- path: the per-layer graphs with the host cache step (`fused=False`), the prompt batched; "
+        "benchmarks/fused.py compares the joined decoder, the default below 100 %, on the same bundles", "",
         "Per decode token: `wanted_mb` the rows the caches missed; `device_mb` bytes read from the block device "
         "(/proc/self/io read_bytes from the first generated token on); `requests` the store's reads; `waste` = "
         "device / wanted.", "",

@@ -1,5 +1,5 @@
 """The joined decoder against the per-layer graphs on real reads: the same bundles, budget and cgroup limit,
-the two paths paired in one run (``dipdeploy.runtime.fused``; benchmarks/flash.py's child and memory
+the paths paired in one run (``dipdeploy.runtime.fused``; benchmarks/flash.py's child and memory
 groups, ``--io direct``, cold).
 
 Per model (SmolLM2-135M BQ4 and the ≈1 B random-weight Llama of flash.py), at a 50 % MLP budget under the
@@ -7,11 +7,13 @@ cgroup v1 limit flash.py sets (the group's warmed-up anonymous + mapped pages + 
 (LFU, the bundle's γ 0.5) and dense-static (ρ = 1, static pinning), each with the even and the ``reads``
 cache split: the per-layer path (3 graphs per layer, the host cache step between them) and ``fused``
 (one session per token, CacheStep/CacheSettle in the graph reading the misses with the same reader and
-requests). The configurations of one repeat run back to back, repeats interleave them, and the table
+requests), once reading a group's misses before its product (``fused-serial``, ``overlap_reads=False``)
+and once while it multiplies the resident rows (``fused``, CacheBegin/CacheEnd: the default). The
+configurations of one repeat run back to back, repeats interleave them, and the table
 gives the median per configuration; ratios are taken inside the run. Both paths feed the prompt token by
 token here (``--prefill token``), so the caches a decode starts from are the same.
 
-    python benchmarks/fused.py                      # both models, 2 repeats, 16 tokens (~25 min on 2 cores)
+    python benchmarks/fused.py                      # both models, 2 repeats, 16 tokens (~40 min on 2 cores)
     python benchmarks/fused.py --quick --json o.json   # SmolLM2 only, 1 repeat, 8 tokens
 """
 
@@ -32,20 +34,22 @@ from dipdeploy.paths import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SPLITS = ("even", "reads")
-COLS = ["model", "method", "split", "path", "tok_s", "x_per_layer", "device_mb", "requests", "hit_rate", "peak_group_mb",
-        "limit_mb", "repeats", "load_1min"]
+PATHS = ("per-layer", "fused-serial", "fused")
+COLS = ["model", "method", "split", "path", "tok_s", "x_per_layer", "x_serial", "device_mb", "requests", "hit_rate",
+        "peak_group_mb", "limit_mb", "repeats", "load_1min"]
 
 
 def configs(models: tuple[str, ...]) -> list[dict]:
-    return [dict(model=m, method=method, split=split, fused=fused) for m in models for method in flash.BUNDLES
-            for split in SPLITS for fused in (False, True)]
+    return [dict(model=m, method=method, split=split, path=path) for m in models for method in flash.BUNDLES
+            for split in SPLITS for path in PATHS]
 
 
 def run(c: dict, paths: dict, tokens: int, args) -> dict:
     bundle = paths[c["model"]][c["method"], "natural"]
     spec = dict(method=c["method"], policy=flash.POLICY[c["method"]], bundle=str(bundle), budget="50%", io="direct",
                 limited=True, io_threads=flash.IO_THREADS, io_engine=flash.IO_ENGINE, cache_split=c["split"],
-                fused=c["fused"], tokens=tokens, slack=args.slack_1b if c["model"] == flash.LLAMA_1B else args.slack,
+                fused=c["path"] != "per-layer", overlap_reads=c["path"] == "fused", tokens=tokens,
+                slack=args.slack_1b if c["model"] == flash.LLAMA_1B else args.slack,
                 prefill="token")
     return flash.run_in_group(spec, args.timeout)
 
@@ -54,8 +58,8 @@ def median_rows(samples: dict[tuple, list[dict]]) -> list[dict]:
     rows = []
     for key, runs in samples.items():
         ok = [r for r in runs if r.get("tok_s")]
-        model, method, split, fused = key
-        row = dict(model=model, method=method, split=split, path="fused" if fused else "per-layer", repeats=len(ok))
+        model, method, split, path = key
+        row = dict(model=model, method=method, split=split, path=path, repeats=len(ok))
         if not ok:
             row["error"] = runs[-1].get("error")
             rows.append(row)
@@ -65,9 +69,10 @@ def median_rows(samples: dict[tuple, list[dict]]) -> list[dict]:
         rows.append(row)
     by = {(r["model"], r["method"], r["split"], r["path"]): r for r in rows}
     for r in rows:
-        base = by.get((r["model"], r["method"], r["split"], "per-layer"), {})
-        if r.get("tok_s") and base.get("tok_s"):
-            r["x_per_layer"] = r["tok_s"] / base["tok_s"]
+        for col, path in (("x_per_layer", "per-layer"), ("x_serial", "fused-serial")):
+            base = by.get((r["model"], r["method"], r["split"], path), {})
+            if r["path"] != path and r.get("tok_s") and base.get("tok_s") and (col == "x_per_layer" or r["path"] == "fused"):
+                r[col] = r["tok_s"] / base["tok_s"]
     return rows
 
 
@@ -75,7 +80,7 @@ def goals(rows: list[dict]) -> list[str]:
     out = []
     for model in dict.fromkeys(r["model"] for r in rows):
         at = {(r["method"], r["split"], r["path"]): r.get("tok_s") for r in rows if r["model"] == model}
-        for path in ("per-layer", "fused"):
+        for path in PATHS:
             dip, dense = at.get(("dip-ca", "even", path)), at.get(("dense-static", "even", path))
             best_dip = max((v for (m, _, p), v in at.items() if m == "dip-ca" and p == path and v), default=None)
             best_dense = max((v for (m, _, p), v in at.items() if m == "dense-static" and p == path and v), default=None)
@@ -90,6 +95,10 @@ def goals(rows: list[dict]) -> list[str]:
         if fused:
             out.append(f"- {model}: the joined decoder / the per-layer path, same configuration: "
                        f"{min(fused):.2f}–{max(fused):.2f}×")
+        overlap = [r["x_serial"] for r in rows if r["model"] == model and r.get("x_serial")]
+        if overlap:
+            out.append(f"- {model}: reads overlapped with the resident rows' product / read first: "
+                       f"{min(overlap):.2f}–{max(overlap):.2f}×")
     return out
 
 
@@ -104,11 +113,12 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.6), squeeze=False)
     for ax, model in zip(axes[0], models):
         labels = list(dict.fromkeys(f"{r['method']}\n{r['split']}" for r in rows if r["model"] == model))
-        for j, mode in enumerate(("per-layer", "fused")):
+        width = 0.8 / len(PATHS)
+        for j, mode in enumerate(PATHS):
             got = {f"{r['method']}\n{r['split']}": r.get("tok_s") or 0 for r in rows
                    if r["model"] == model and r["path"] == mode}
-            ax.bar([i + 0.4 * j for i in range(len(labels))], [got.get(x, 0) for x in labels], 0.4, label=mode)
-        ax.set_xticks([i + 0.2 for i in range(len(labels))], labels, fontsize=8)
+            ax.bar([i + width * j for i in range(len(labels))], [got.get(x, 0) for x in labels], width, label=mode)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], labels, fontsize=8)
         ax.set(title=f"{model}, 50 % budget, cgroup-limited, --io direct", ylabel="decode tok/s")
         ax.title.set_fontsize(9)
         ax.legend(fontsize=8)
@@ -139,9 +149,9 @@ def main() -> None:
         for c in configs(models):
             t = time.time()
             res = {**run(c, paths, tokens, args), "load_1min": round(os.getloadavg()[0], 2)}
-            samples.setdefault((c["model"], c["method"], c["split"], c["fused"]), []).append(res)
-            print(f"repeat {rep + 1} {c['model']:12s} {c['method']:12s} {c['split']:5s} "
-                  f"{'fused' if c['fused'] else 'per-layer':9s} " + (res.get("error") or
+            samples.setdefault((c["model"], c["method"], c["split"], c["path"]), []).append(res)
+            print(f"repeat {rep + 1} {c['model']:12s} {c['method']:12s} {c['split']:5s} {c['path']:12s} "
+                  + (res.get("error") or
                   f"{res['tok_s']:.2f} tok/s, device {res['device_mb']:.1f} MB/token") + f" ({time.time() - t:.0f} s)",
                   flush=True)
     rows = median_rows(samples)
@@ -160,9 +170,11 @@ def main() -> None:
         f"warm-up (slabs touched, MLP file dropped) + {args.slack >> 20} MiB (SmolLM2) or {args.slack_1b >> 20} "
         "MiB (1 B), as benchmarks/flash.py; `peak_group_mb` the group's peak charge while decoding",
         f"- {flash.LLAMA_1B}: random weights (benchmarks/llama-1b.json); its tokens mean nothing, bytes and speed carry over",
-        "- `path`: per-layer = 3 graphs per layer with the host cache step between them; fused = one session per "
-        "token, the cache step inside the graph; `x_per_layer` = tok/s over the per-layer row of the same "
-        "configuration", "",
+        "- `path`: per-layer = 3 graphs per layer with the host cache step between them; fused-serial = one session "
+        "per token, the cache step inside the graph, a group's misses read before its product; fused = the same, "
+        "the misses read while the group's resident rows are multiplied (CacheBegin/CacheEnd, the default); "
+        "`x_per_layer` = tok/s over the per-layer row of the same configuration, `x_serial` over the fused-serial "
+        "row", "",
         md_table(rows, COLS), "", f"![tok/s per configuration]({name}.png)", "", "Against the goals (this run):", "",
         *goals(rows), "", *errors, ""])
     write_atomic(RESULTS / f"{name}.md", text, force=True)

@@ -101,7 +101,8 @@ def engine(path: Path, context: int, profile_dir: str | None = None):
 
     native.session_options = profiled if profile_dir else plain
     try:
-        return Engine(path, dram_budget="100%", native=True, context=context, single_session=False)  # the per-layer path
+        return Engine(path, dram_budget="100%", native=True, context=context, single_session=False,
+                      fused=False)  # the per-layer path
     finally:
         native.session_options = plain
 

@@ -19,9 +19,10 @@ cache); the group is removed afterwards. ``--before PATH`` adds the 50 % batch r
 ``--parts`` runs some of the row groups (grid, sweep, long, before, paths), ``--modes`` some prefill modes.
 ``paths``: at 100 % (where ``Engine`` runs ``model.onnx`` in one session by itself, ``dipdeploy.runtime.whole``)
 each prompt and the long row on both paths, forced (``single_session`` True / False), with ``--cgroup`` the
-long rows in a cgroup too; the other rows let the engine choose (``path`` auto). ``fused``: at 50 %, mmap
-and direct, the long row on the per-layer graphs and on the joined decoder (``dipdeploy.runtime.fused``,
-which feeds the prompt token by token), with ``--cgroup`` in a cgroup too.
+long rows in a cgroup too; the other rows let the engine choose (``path`` auto: below 100 % the joined
+decoder wherever it can run). ``fused``: at 50 %, mmap and direct, the long row on the per-layer graphs
+with the host cache step (``fused=False``) and on the joined decoder (``dipdeploy.runtime.fused``, its
+prompt in chunks through the same graph), with ``--cgroup`` in a cgroup too.
 
     python benchmarks/memory.py --bundle build/pf-bundle --quick --json rows.json
     python benchmarks/memory.py --bundle build/pf-bundle --before /work/main --cgroup
@@ -54,6 +55,8 @@ if path == "fused":  # the per-layer graphs joined, the cache step in the graph 
     options["fused"] = True
 elif path != "auto":  # an older checkout has no single_session: only the auto rows run there
     options["single_session"] = path == "single"
+    if path == "per-layer":  # the host cache step (below 100 % the default joins the graphs where it can)
+        options["fused"] = False
 eng = Engine(bundle, dram_budget=budget, native=True, io=io, prefill=prefill, **options)
 opened = memory_now()
 ids = json.load(open(ids_file))

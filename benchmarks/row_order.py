@@ -33,7 +33,8 @@ SKIP = 8  # held-out tokens from this one on: the prompt's are a batched prefill
 def decode_trace(bundle: Path, prompt: str, tokens: int, budget: str):
     from dipdeploy.runtime import Engine
 
-    eng = Engine(bundle, dram_budget=budget, policy="lfu", io="mmap", context=512, prefill="token")
+    eng = Engine(bundle, dram_budget=budget, policy="lfu", io="mmap", context=512, prefill="token",
+                 fused=False)  # a trace is the host cache step's selections
     rec = eng.trace_recorder()
     eng.generate(prompt, tokens, stop_at_eos=False, trace=rec)
     eng.close()

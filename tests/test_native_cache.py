@@ -158,7 +158,7 @@ PROMPT = [3, 14, 15, 92, 65, 35]
 def _generate(bundle, **kw):
     from dipdeploy.runtime import Engine
 
-    eng = Engine(bundle, dram_budget="30%", context=64, **kw)
+    eng = Engine(bundle, dram_budget="30%", context=64, fused=False, **kw)  # a trace: the host step's selections
     rec = eng.trace_recorder()
     g = eng.generate(PROMPT, 10, keep_logits=True, stop_at_eos=False, trace=rec)
     tail = eng.generate(PROMPT[:3], 6, keep_logits=True, stop_at_eos=False)  # a second sequence: reset

@@ -50,7 +50,8 @@ def test_unlimited_budget_and_gamma_1_equals_model_onnx(dipca_bundle, io, native
 
         if library_path() is None:
             pytest.skip("native library not built (make ops)")
-    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, native=native, io=io, prefill="token")
+    eng = Engine(out, dram_budget="100%", single_session=False, fused=False, gamma=1.0, native=native, io=io,
+                 prefill="token")
     g = eng.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     assert all(np.array_equal(a, b) for a, b in zip(logits, g.logits))  # one engine: bit-equal by contract
@@ -66,7 +67,8 @@ def test_accuracy_level_override_equals_model_onnx_at_that_level(dipca_bundle, n
     if native and library_path() is None:
         pytest.skip("native library not built (make ops)")
     out, _, _ = dipca_bundle
-    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, native=native, accuracy_level=4)
+    eng = Engine(out, dram_budget="100%", single_session=False, fused=False, gamma=1.0, native=native,
+                 accuracy_level=4)
     g = eng.generate(PROMPT, 8, stop_at_eos=False)
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     ref_logits, ref_sel = model_onnx_run(out / "model.onnx", _Spec, PROMPT, g.tokens, native=native, level=4)

@@ -48,6 +48,35 @@ def _step_graph(k: int, tokens=1):
                         ir_version=onnx.IR_VERSION)
 
 
+def _split_graph(k: int, tokens=1):
+    """The step in two halves as ``_Joiner.split_step`` wires them: CacheBegin → a product over the hits'
+    slots → CacheEnd → a product over the misses' slots → their sum → CacheSettle."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from dipdeploy.ops.nodes import DOMAIN
+
+    nodes = [h.make_node("CacheBegin", ["indices", "handle"], ["hit_idx", "hit_slots"], domain=DOMAIN),
+             h.make_node("Gather", ["slab", "hit_slots"], ["hit_rows"], axis=0),
+             h.make_node("ReduceSum", ["hit_rows", "axis"], ["y_hit"], keepdims=1),
+             h.make_node("CacheEnd", ["y_hit", "handle"], ["y_ready", "miss_idx", "miss_slots"], domain=DOMAIN),
+             h.make_node("Gather", ["slab", "miss_slots"], ["miss_rows"], axis=0),
+             h.make_node("ReduceSum", ["miss_rows", "axis"], ["y_miss"], keepdims=1),
+             h.make_node("Add", ["y_ready", "y_miss"], ["y"]),
+             h.make_node("CacheSettle", ["y", "handle"], ["out"], domain=DOMAIN)]
+    i64 = lambda name: h.make_tensor_value_info(name, T.INT64, [tokens, None])  # noqa: E731
+    f32 = lambda name: h.make_tensor_value_info(name, T.FLOAT, [tokens, None])  # noqa: E731
+    graph = h.make_graph(nodes, "split", [h.make_tensor_value_info("indices", T.INT64, [tokens, k]),
+                                          h.make_tensor_value_info("handle", T.INT64, [1]),
+                                          h.make_tensor_value_info("slab", T.FLOAT, ["S"])],
+                         [i64("hit_idx"), i64("hit_slots"), i64("miss_idx"), i64("miss_slots"), f32("hit_rows"),
+                          f32("miss_rows"), f32("out")],
+                         [h.make_tensor("axis", T.INT64, [1], [1])])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)],
+                        ir_version=onnx.IR_VERSION)
+
+
 def _row_file(tmp_path, rng, rows: int, lead: int):
     """An MLP file of ``lead`` bytes of padding, then two row arrays: rows of 4 KiB + 4 B that straddle
     blocks, then one float32 per row. Returns (path, offsets, wide, the mapped file, the float rows, the
@@ -130,6 +159,90 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
         flash.close()
     with pytest.raises(Exception, match="no live cache group"):  # a freed (or forged) handle is refused
         sess.run(None, {"indices": np.arange(k, dtype=np.int64)[None], "handle": handle, "slab": slab})
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_product_over_no_rows_is_zero(native):
+    """CacheEnd's misses are empty when every row was resident, CacheBegin's hits when none was."""
+    import onnxruntime as ort
+
+    from dipdeploy.ops.formats import OpWeights
+    from dipdeploy.ops.nodes import make_sgmm_model
+
+    rng = np.random.default_rng(3)
+    w = OpWeights.from_matrix(rng.standard_normal((32, 40)).astype(np.float32))
+    sess = ort.InferenceSession(make_sgmm_model(w, 32, slab=True).SerializeToString(), session_options(1, native),
+                                providers=["CPUExecutionProvider"])
+    none = np.zeros((2, 0), np.int64)
+    y = sess.run(None, {"X": rng.standard_normal((2, 32)).astype(np.float32), "indices": none, "slots": none})[0]
+    assert y.shape == (2, 40) and not y.any()
+
+
+@pytest.mark.parametrize("io", ["mmap", "direct"])
+@pytest.mark.parametrize("policy,capacity", [("lfu", 30), ("none", 0), ("lfu", 80)])
+def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy, capacity, io, tmp_path):
+    """CacheBegin takes CacheStep's decisions and gives the hits (selection order) and their slots, CacheEnd
+    the misses (ascending rows, their read slots) once read: together the reference's slots, every
+    product over the file's rows, the same reads; a batched prefill's chunk is all hits."""
+    import onnxruntime as ort
+
+    from dipdeploy.quant.layout import BLOCK
+    from dipdeploy.runtime.blockio import MAX_REQUEST, plan_reads
+    from dipdeploy.runtime.flash import FlashStore
+
+    rows, k, steps = 80, 12, 20
+    rng = np.random.default_rng(5)
+    path, offsets, wide, data, weights, wide_rows = _row_file(tmp_path, rng, rows, 321)
+    ref = RowCache(rows, capacity, policy)
+    table = SlotTable(rows, ref.capacity, k)
+    mine = RowCache(rows, capacity, policy)
+    mine_table = SlotTable(rows, mine.capacity, k)
+    slab = np.zeros(table.slab_rows, np.float32)
+    slab_wide = np.zeros((table.slab_rows, wide), np.uint8)
+    nat = NativeCache(str(LIB), mine, mine_table, [slab_wide, slab.view(np.uint8).reshape(-1, ROW_BYTES)], offsets,
+                      [wide, ROW_BYTES], data if io == "mmap" else None, np.zeros((1, k), np.int64),
+                      np.zeros((1, k), np.int64))
+    flash = FlashStore(path, io="direct") if io == "direct" else None
+    if flash is not None:
+        nat.read_through(flash.native_reader(rows * (wide + ROW_BYTES) + 4 * BLOCK), MAX_REQUEST, 1, BLOCK)
+    sess = ort.InferenceSession(_split_graph(k).SerializeToString(), session_options(1, True),
+                                providers=["CPUExecutionProvider"])
+    handle = np.array([nat.handle], np.int64)
+    device = requests = 0
+    for t in range(steps):
+        sel = rng.choice(rows, k, replace=False) if t % 2 else rng.choice(40, k, replace=False)
+        hits = ref.access(sel[None])[0]
+        step = table.assign(sel, hits, ref.resident[0])
+        if len(step.read_rows):
+            plan = plan_reads(offsets, [wide, ROW_BYTES], step.read_rows, max_gap=1)
+            device += int(np.minimum(plan.length, path.stat().st_size - plan.offset).sum())
+            requests += plan.requests
+        hi, hs, mi, ms, hit_rows, miss_rows, out = sess.run(None, {"indices": sel[None], "handle": handle,
+                                                                    "slab": slab})
+        assert np.array_equal(hi[0], sel[hits]) and np.array_equal(hs[0], step.slots[hits]), t
+        assert np.array_equal(mi[0], step.read_rows) and np.array_equal(ms[0], step.read_slots), t
+        assert np.array_equal(hit_rows[0], weights[sel[hits]]) and np.array_equal(miss_rows[0], weights[mi[0]]), t
+        assert np.isclose(out.sum(), weights[sel].sum(), rtol=1e-5, atol=1e-5), t
+        table.finish(step)
+        assert np.array_equal(nat.state.slot_of, table.slot_of), t
+        held = np.flatnonzero(table.slot_of >= 0)
+        assert np.array_equal(slab_wide[table.slot_of[held]], wide_rows[held]), t
+    got = drain(str(LIB), handle)
+    assert got.misses == ref.misses and got.wanted == ref.misses * (wide + ROW_BYTES)
+    if io == "direct":
+        assert (got.device, got.requests) == (device, requests)
+    full, full_wide = np.zeros(rows, np.float32), np.zeros((rows, wide), np.uint8)
+    chunk = np.stack([rng.choice(rows, k, replace=False) for _ in range(5)])
+    nat.prefill([full_wide, full.view(np.uint8).reshape(-1, ROW_BYTES)])
+    prefill = ort.InferenceSession(_split_graph(k, "N").SerializeToString(), session_options(1, True),
+                                   providers=["CPUExecutionProvider"])
+    hi, hs, mi, ms, hit_rows, _, _ = prefill.run(None, {"indices": chunk, "handle": handle, "slab": full})
+    nat.prefill(None)
+    assert np.array_equal(hi, chunk) and np.array_equal(hs, chunk) and mi.shape == ms.shape == (5, 0)
+    assert np.array_equal(hit_rows, weights[chunk])
+    nat.close()
+    if flash is not None:
+        flash.close()
 
 
 @pytest.mark.parametrize("io", ["mmap", "direct"])
@@ -228,7 +341,7 @@ def test_fused_decoder_decodes_what_the_per_layer_path_decodes(tiny_dipca_bundle
     staging window; ``direct``: the steps read their misses from the file themselves."""
     bundle = tiny_dipca_bundle(attention)
     kw = dict(dram_budget=budget, policy=policy, prefill="token", io=io)
-    per_layer = Engine(bundle, single_session=False, **kw)
+    per_layer = Engine(bundle, single_session=False, fused=False, **kw)
     fused = Engine(bundle, fused=True, **kw)
     assert fused.fused is not None and not fused.single_session
     ref = per_layer.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)
@@ -254,8 +367,44 @@ def test_fused_refusals(tiny_dipca_bundle):
     with pytest.raises(ValueError, match="choose one"):
         Engine(bundle, fused=True, single_session=True)
     eng = Engine(bundle, fused=True, dram_budget="50%")
-    with pytest.raises(ValueError, match="drop fused"):
+    with pytest.raises(ValueError, match=r"fused=False \(--no-fused\)"):
         eng.generate(PROMPT, 2, trace=eng.trace_recorder())
+
+
+def test_the_default_joins_the_graphs_where_it_can_and_steps_the_cache_on_the_host_elsewhere(tiny_dipca_bundle):
+    """fused=None: the joined decoder below 100 % unless something known at open is in its way; the
+    whole model where the budget holds every row; fused=False keeps the host step."""
+    bundle = tiny_dipca_bundle()
+    eng = Engine(bundle, dram_budget="50%")
+    assert eng.fused is not None and not eng.single_session
+    assert eng.generate(PROMPT, 2, stop_at_eos=False).stats.fused
+    for kw in ({"io": "pread"}, {"policy": "belady", "gamma": 1.0}, {"native": False}, {"native_cache": False},
+               {"fused": False}):
+        eng = Engine(bundle, dram_budget="50%", **kw)
+        assert eng.fused is None and not eng.single_session, kw
+        assert not eng.generate(PROMPT, 2, stop_at_eos=False).stats.fused, kw
+    assert Engine(bundle, dram_budget="100%").single_session
+    assert Engine(bundle, dram_budget="100%", single_session=False).fused is not None
+
+
+def test_cli_run_joins_the_graphs_by_default_and_traces_on_the_host_step(tiny_dipca_bundle, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dipdeploy.cli import app
+
+    bundle, runner = tiny_dipca_bundle(), CliRunner()
+    base = ["run", str(bundle), "-p", "hello", "-n", "3", "--dram-budget", "50%"]
+    for n, (extra, joined) in enumerate((([], True), (["--no-fused"], False), (["--io", "pread"], False),
+                                         (["--trace", str(tmp_path / "t.json")], False))):
+        out = tmp_path / f"{n}.json"
+        res = runner.invoke(app, [*base, *extra, "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        assert json.loads(out.read_text())["fused"] is joined, extra
+    for extra, named in ((["--trace", str(tmp_path / "u.json")], "--trace"), (["--io", "pread"], "--io pread")):
+        res = runner.invoke(app, [*base, "--fused", *extra])
+        assert res.exit_code == 2 and named in res.output, res.output
 
 
 def test_joined_graph_holds_each_per_layer_node_once_and_a_step_pair_per_group(tiny_dipca_bundle):
@@ -306,7 +455,7 @@ def test_the_joined_decoders_batched_prefill_is_the_per_layer_paths(tiny_dipca_b
     bundle = tiny_dipca_bundle("gqa")
     prompt = PROMPT * 3  # 27 tokens: chunks of 8, the last of 3
     kw = dict(dram_budget=budget, policy=policy, io=io, prefill_chunk=8)
-    per_layer = Engine(bundle, single_session=False, **kw)
+    per_layer = Engine(bundle, single_session=False, fused=False, **kw)
     fused = Engine(bundle, fused=True, **kw)
     assert fused.fused.chunk == 8
     ref = per_layer.generate(prompt, 10, keep_logits=True, stop_at_eos=False)
@@ -332,7 +481,7 @@ def test_a_gamma_other_than_the_bundles_reaches_the_joined_graph(tiny_dipca_bund
     """``gamma`` rewrites every TopKColumnMask of the joined graph, as it does the per-layer sessions'."""
     bundle = tiny_dipca_bundle()
     kw = dict(dram_budget="50%", prefill="token", gamma=1.0)
-    ref = Engine(bundle, single_session=False, **kw).generate(PROMPT, 10, keep_logits=True, stop_at_eos=False)
+    ref = Engine(bundle, single_session=False, fused=False, **kw).generate(PROMPT, 10, keep_logits=True, stop_at_eos=False)
     got = Engine(bundle, fused=True, **kw).generate(PROMPT, 10, keep_logits=True, stop_at_eos=False)
     assert_generations_agree(ref, got)
     baked = Engine(bundle, fused=True, dram_budget="50%").generate(PROMPT, 10, keep_logits=True, stop_at_eos=False)

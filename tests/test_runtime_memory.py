@@ -34,7 +34,7 @@ def _kv_addresses(eng: Engine) -> set[int]:
 
 def test_kv_storage_is_sized_to_the_context_and_never_reallocated(bundle):
     out, attention = bundle
-    eng = Engine(out, dram_budget="50%", context=24)
+    eng = Engine(out, dram_budget="50%", context=24, fused=False)  # the per-layer sessions' bindings
     assert eng.kv.attention == attention
     floats = 2 * 16 * 24  # heads × head_dim × context, per layer and K/V
     layers = 2 if attention == "gqa" else 3  # the standard layout keeps one spare layer buffer

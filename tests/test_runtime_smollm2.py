@@ -38,7 +38,7 @@ def smol_bundle(tmp_path_factory):
 
 def test_smollm2_unlimited_budget_equals_model_onnx(smol_bundle):
     out, lm, _, ids = smol_bundle
-    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, prefill="token")
+    eng = Engine(out, dram_budget="100%", single_session=False, fused=False, gamma=1.0, prefill="token")
     g = eng.generate(ids.tolist(), 12, stop_at_eos=False)
     c = lm.model.config
 
@@ -62,7 +62,7 @@ def test_smollm2_dipca_equals_torch_reference(smol_bundle):
     sparsify_(model, ref_plan)
     reset_caches(model)
     ref_tokens, _ = torch_greedy(model, ids, 12)
-    eng = Engine(out, dram_budget="50%", policy="lfu")
+    eng = Engine(out, dram_budget="50%", policy="lfu", fused=False)
     logits, sel = eng.teacher_forced(ids.tolist(), ref_tokens)
     token, twin = compare_with_twin(model, ids.tolist(), ref_tokens, logits, sel,
                                     tolerance_for(sparse=True, quantised=True))

@@ -19,7 +19,8 @@ PROMPT = [3, 17, 42, 9, 100, 7, 64, 5, 11]
 @pytest.mark.parametrize("prefill", ["batch", "token"])
 def test_one_session_decodes_what_the_per_layer_path_decodes_with_plain_dip(tiny_dipca_bundle, attention, prefill):
     bundle = tiny_dipca_bundle(attention)
-    per_layer = Engine(bundle, dram_budget="100%", single_session=False, gamma=1.0, prefill="token")
+    per_layer = Engine(bundle, dram_budget="100%", single_session=False, fused=False, gamma=1.0,
+                       prefill="token")
     one = Engine(bundle, dram_budget="100%", prefill=prefill, prefill_chunk=4)  # the prompt in 3 chunks
     assert one.single_session and not per_layer.single_session
     ref = per_layer.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)

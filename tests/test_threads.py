@@ -34,7 +34,7 @@ _CHILD = textwrap.dedent("""
     bundle, native, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
     prompt = [int(t) for t in sys.argv[4].split(",")]
     res = {}
-    eng = Engine(bundle, dram_budget="100%", single_session=False, gamma=1.0, native=native, prefill="token", threads=2,
+    eng = Engine(bundle, dram_budget="100%", single_session=False, fused=False, gamma=1.0, native=native, prefill="token", threads=2,
                  thread_pool="shared")
     g = eng.generate(prompt, 6, stop_at_eos=False)
     res["tokens"] = g.tokens
@@ -75,7 +75,8 @@ def test_per_session_two_threads_equal_model_onnx_with_unlimited_budget_and_gamm
     """Decode path (token by token), teacher forced on its own greedy tokens: logits and selections
     agree with model.onnx on 1 thread."""
     out = tiny_dipca_bundle()
-    eng = Engine(out, dram_budget="100%", single_session=False, gamma=1.0, native=NATIVE, prefill="token", threads=2)
+    eng = Engine(out, dram_budget="100%", single_session=False, fused=False, gamma=1.0, native=NATIVE, prefill="token",
+                 threads=2)
     g = eng.generate(PROMPT, 6, stop_at_eos=False)
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     ref_logits, ref_sel = _model_onnx(out, g.tokens)

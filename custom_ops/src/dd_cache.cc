@@ -66,6 +66,9 @@ struct Direct {
   int64_t bounce_len = 0;
   int64_t error = 0;
   std::vector<int64_t> start, end, order, src, offset, length, need, place;
+  // a read begun and not yet ended (begin_direct .. end_direct); the ring reads at once, its result kept
+  bool pending = false;
+  int64_t got = 0;
 };
 
 struct Group {
@@ -93,7 +96,10 @@ struct Group {
   // requests (runs of adjacent rows x arrays from the mapping, the reader's requests), bytes wanted, copy or
   // read nanoseconds, bytes read from the device
   std::vector<uint8_t> op_hits;
-  std::vector<int64_t> op_rows, op_slots;
+  std::vector<int64_t> op_rows, op_slots, op_all;
+  // between CacheBegin and CacheEnd (dd_cache_graph_begin/end): the misses whose rows are on their way, -1
+  // when no step is open, and the nanoseconds the begin spent reading or starting the reads
+  int64_t open_misses = -1, begin_ns = 0;
   int64_t totals[5] = {0, 0, 0, 0, 0};
   Direct direct;
   // a batched prefill (dd_cache_prefill): per array a full-height buffer [rows, row_bytes], the one the
@@ -282,15 +288,17 @@ extern "C" int64_t dd_io_read(void * pool, int fd, int64_t n, const int64_t * of
                               const int64_t * need, uint8_t * dest, const int64_t * place, int64_t * failed);
 extern "C" int64_t dd_io_ring_read(void * ring, int fd, int64_t n, const int64_t * offset, const int64_t * length,
                                    const int64_t * need, uint8_t * dest, const int64_t * place, int64_t * failed);
+extern "C" int64_t dd_io_begin(void * pool, int fd, int64_t n, const int64_t * offset, const int64_t * length,
+                               const int64_t * need, uint8_t * dest, const int64_t * place);
+extern "C" int64_t dd_io_end(void * pool, int64_t * failed);
 
 namespace {
 
-// blockio.py plan_reads for the misses' rows (ascending) of every array, read into the bounce buffer and
-// copied into their slots of `dest` (as copy_rows). Adds the device bytes and the requests; returns 0 or an
-// error code.
-int64_t read_direct(Group & g, const int64_t * rows, const int64_t * slots, int64_t n,
-                    const std::vector<uint8_t *> & dest, int64_t * device, int64_t * requests) {
+// blockio.py plan_reads for the misses' rows (ascending) of every array, started into the bounce buffer: the
+// pool's threads read while the caller goes on (the ring reads at once). end_direct completes it.
+int64_t begin_direct(Group & g, const int64_t * rows, int64_t n) {
   Direct & d = g.direct;
+  if (d.pending) return kOutOfStep;
   const int64_t arrays = int64_t(g.slabs.size()), m = n * arrays, block = d.block;
   d.start.resize(size_t(m));
   d.end.resize(size_t(m));
@@ -330,24 +338,49 @@ int64_t read_direct(Group & g, const int64_t * rows, const int64_t * slots, int6
     lo = hi;
   }
   if (total > d.bounce_len) return kBounce;
-  int64_t failed = -1;
   const int64_t nreq = int64_t(d.offset.size());
-  const int64_t got = d.ring ? dd_io_ring_read(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(),
-                                               d.bounce, d.place.data(), &failed)
-                             : dd_io_read(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(), d.bounce,
-                                          d.place.data(), &failed);
+  int64_t failed = -1;
+  d.got = d.ring ? dd_io_ring_read(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(), d.bounce,
+                                   d.place.data(), &failed)
+                 : dd_io_begin(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(), d.bounce,
+                               d.place.data());
+  if (d.got < 0) {
+    d.error = -d.got;
+    return kReadFailed;
+  }
+  d.pending = true;
+  return 0;
+}
+
+// Waits for begin_direct's reads and copies each row into its slot of `dest` (as copy_rows). Adds the
+// device bytes and the requests; returns 0 or an error code.
+int64_t end_direct(Group & g, const int64_t * slots, int64_t n, const std::vector<uint8_t *> & dest, int64_t * device,
+                   int64_t * requests) {
+  Direct & d = g.direct;
+  if (!d.pending) return kOutOfStep;
+  d.pending = false;
+  int64_t failed = -1;
+  const int64_t got = d.ring ? d.got : dd_io_end(d.io, &failed);
   if (got < 0) {
     d.error = -got;
     return kReadFailed;
   }
+  const int64_t arrays = int64_t(g.slabs.size());
   for (int64_t a = 0; a < arrays; ++a) {
     const int64_t rb = g.row_bytes[size_t(a)];
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(dest[size_t(a)] + slots[i] * rb, d.bounce + d.src[size_t(a * n + i)], size_t(rb));
   }
   *device += got;
-  *requests += nreq;
+  *requests += int64_t(d.offset.size());
   return 0;
+}
+
+// Both halves at once: the misses' rows read into their slots of `dest`.
+int64_t read_direct(Group & g, const int64_t * rows, const int64_t * slots, int64_t n,
+                    const std::vector<uint8_t *> & dest, int64_t * device, int64_t * requests) {
+  const int64_t rc = begin_direct(g, rows, n);
+  return rc < 0 ? rc : end_direct(g, slots, n, dest, device, requests);
 }
 
 int64_t now_ns() {
@@ -459,6 +492,8 @@ int64_t prefill_warm(Group & g) {
 
 extern "C" {
 
+void dd_cache_drop_step(void * gp);
+
 // A group over caller-owned state (see Group); `policy` indexes dipdeploy.cache.POLICIES; `next_use`
 // ([next_use_steps, rows] int32) is required by belady. NULL on bad arguments.
 __attribute__((visibility("default"))) void * dd_cache_new(int64_t rows, int64_t capacity, int64_t staging,
@@ -497,6 +532,7 @@ __attribute__((visibility("default"))) void dd_cache_free(void * g) {
     std::lock_guard<std::mutex> lock(live_mutex);
     live_groups.erase(g);
   }
+  if (g) dd_cache_drop_step(g);  // a read a failed run left in flight ends before its group does
   delete static_cast<Group *>(g);
 }
 
@@ -620,6 +656,98 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
   return n;
 }
 
+// CacheBegin's work (the joined decoder reading while it multiplies, dipdeploy/runtime/fused.py): the step
+// of dd_cache_graph_step for the selection `sel` [tokens, k], with the misses' reads only started (the
+// group's reader) or already copied (the mapping), and the hits' entries of the selection and their slots
+// in `idx`, `slots` (hits in selection order, [1, H]) for the SparseGatherMatMul over the resident rows,
+// which runs while the reads are in flight. Returns H. In a batched prefill every row of the chunk is
+// placed first (prefill_fill), so all of `sel` counts as hits ([tokens, k]) and CacheEnd has none left.
+__attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, const int64_t * sel, int64_t tokens,
+                                                                    int64_t k, int64_t * idx, int64_t * slots) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g || k < 0 || tokens < 0) return kBadArgs;
+  if (g->open_misses >= 0) return kOutOfStep;
+  if (!g->map && g->direct.fd < 0) return kNoMapping;
+  g->direct.error = 0;
+  if (!g->full.empty()) {
+    try {
+      const int64_t rc = prefill_fill(*g, sel, tokens, k, slots);
+      if (rc < 0) return rc;
+    } catch (...) {
+      return kBadArgs;
+    }
+    std::memcpy(idx, sel, size_t(tokens * k) * sizeof(int64_t));
+    g->open_misses = 0;
+    g->begin_ns = 0;
+    return tokens * k;
+  }
+  if (tokens != 1) return kOneToken;
+  try {
+    g->op_hits.resize(size_t(k));
+    g->op_rows.resize(size_t(k));
+    g->op_slots.resize(size_t(k));
+    g->op_all.resize(size_t(k));
+  } catch (...) {
+    return kBadArgs;
+  }
+  int64_t info[2] = {0, 0};
+  const int64_t n = dd_cache_select(g, sel, k, g->op_all.data(), g->op_hits.data(), g->op_rows.data(),
+                                    g->op_slots.data(), info);
+  if (n < 0) return n;
+  int64_t h = 0;
+  for (int64_t j = 0; j < k; ++j)
+    if (g->op_hits[size_t(j)]) {
+      idx[h] = sel[j];
+      slots[h] = g->op_all[size_t(j)];
+      ++h;
+    }
+  g->begin_ns = info[0];
+  if (n > 0 && g->map) {
+    g->totals[1] += info[1] * int64_t(g->slabs.size());
+  } else if (n > 0) {
+    const int64_t t0 = now_ns();
+    try {
+      const int64_t rc = begin_direct(*g, g->op_rows.data(), n);
+      if (rc < 0) return rc;
+    } catch (...) {
+      return kBadArgs;
+    }
+    g->begin_ns = now_ns() - t0;
+  }
+  g->open_misses = n;
+  return h;
+}
+
+// The misses of the step CacheBegin opened (0 in a batched prefill), or an error if none is open.
+__attribute__((visibility("default"))) int64_t dd_cache_graph_misses(const void * gp) {
+  const Group * g = static_cast<const Group *>(gp);
+  if (!g) return kBadArgs;
+  return g->open_misses >= 0 ? g->open_misses : kOutOfStep;
+}
+
+// CacheEnd's work: waits for the open step's reads, copies the rows into their staging slots and gives the
+// misses' rows (their entries of the selection: a row of a group is its input column) and slots in `idx`,
+// `slots` ([1, M], M = dd_cache_graph_misses), for the SparseGatherMatMul over the rows just read. Returns M.
+__attribute__((visibility("default"))) int64_t dd_cache_graph_end(void * gp, int64_t * idx, int64_t * slots) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g) return kBadArgs;
+  const int64_t n = g->open_misses;
+  if (n < 0) return kOutOfStep;
+  g->open_misses = -1;
+  if (n == 0) return 0;
+  int64_t ns = g->begin_ns;
+  if (!g->map) {
+    const int64_t t0 = now_ns();
+    const int64_t rc = end_direct(*g, g->op_slots.data(), n, g->slabs, &g->totals[4], &g->totals[1]);
+    if (rc < 0) return rc;
+    ns += now_ns() - t0;
+  }
+  count_reads(*g, n, ns);
+  std::memcpy(idx, g->op_rows.data(), size_t(n) * sizeof(int64_t));
+  std::memcpy(slots, g->op_slots.data(), size_t(n) * sizeof(int64_t));
+  return n;
+}
+
 // A graph step without a mapping reads its misses itself: `fd` (O_DIRECT where the Flash store got it),
 // `io` a dd_io.cc pool (ring = 0) or ring (ring = 1), `bounce` a block-aligned buffer of `bounce_len`
 // bytes shared by every group (one group reads at a time), plan_reads' block, max_request and max_gap.
@@ -719,6 +847,12 @@ __attribute__((visibility("default"))) void dd_cache_drop_step(void * gp) {
   g->release.clear();
   g->deferred_rows.clear();
   g->deferred_from.clear();
+  if (g->direct.pending && !g->direct.ring) {  // a run that failed between CacheBegin and CacheEnd
+    int64_t failed = -1;
+    dd_io_end(g->direct.io, &failed);
+  }
+  g->direct.pending = false;
+  g->open_misses = -1;
 }
 
 }  // extern "C"

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unistd.h>
@@ -124,6 +125,12 @@ struct Pool {
   }
 
   void run(Batch & b) {
+    begin(b);
+    end(b);
+  }
+
+  // The workers start on `b` and the caller returns at once (the reads overlap what it does next)...
+  void begin(Batch & b) {
     {
       std::lock_guard<std::mutex> g(m);
       batch = &b;
@@ -131,11 +138,17 @@ struct Pool {
       ++generation;
     }
     wake.notify_all();
+  }
+
+  // ... until it takes the requests left over itself and waits for the workers.
+  void end(Batch & b) {
     drain(b);
     std::unique_lock<std::mutex> g(m);
     idle.wait(g, [&] { return busy == 0; });
     batch = nullptr;
   }
+
+  std::unique_ptr<Batch> pending;  // dd_io_begin's batch until dd_io_end
 };
 
 
@@ -298,6 +311,36 @@ __attribute__((visibility("default"))) int64_t dd_io_read(void * pool, int fd, i
   Batch b(fd, n, offset, length, need, dest, place);
   static_cast<Pool *>(pool)->run(b);
   return b.result(failed);
+}
+
+// dd_io_read in two halves: dd_io_begin hands the requests to the pool's other threads and returns, so the
+// caller computes while they read (the joined decoder multiplies a group's resident rows meanwhile,
+// dd_cache.cc); dd_io_end reads the requests still left on the calling thread, waits for the others and
+// returns dd_io_read's result. The arrays must stay valid until dd_io_end; one batch per pool at a time
+// (-EBUSY otherwise). A pool of one thread reads everything in dd_io_end.
+__attribute__((visibility("default"))) int64_t dd_io_begin(void * pool, int fd, int64_t n, const int64_t * offset,
+                                                         const int64_t * length, const int64_t * need, uint8_t * dest,
+                                                         const int64_t * place) {
+  if (pool == nullptr || n < 0) return -EINVAL;
+  Pool * p = static_cast<Pool *>(pool);
+  if (p->pending) return -EBUSY;
+  try {
+    p->pending.reset(new Batch(fd, n, offset, length, need, dest, place));
+  } catch (...) {
+    return -ENOMEM;
+  }
+  p->begin(*p->pending);
+  return 0;
+}
+
+__attribute__((visibility("default"))) int64_t dd_io_end(void * pool, int64_t * failed) {
+  if (pool == nullptr) return -EINVAL;
+  Pool * p = static_cast<Pool *>(pool);
+  if (!p->pending) return -EINVAL;
+  p->end(*p->pending);
+  const int64_t got = p->pending->result(failed);
+  p->pending.reset();
+  return got;
 }
 
 // An io_uring ring of at least `depth` entries, or NULL where the kernel has none or refuses it (the

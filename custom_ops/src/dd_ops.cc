@@ -563,6 +563,10 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
     if (n == 0 || p.o == 0) {
         return nullptr;
     }
+    if (k == 0) {  // no rows selected (CacheEnd's misses when every row was resident): Y = 0
+        std::memset(out_data, 0, (size_t) (n * p.o) * sizeof(float));
+        return nullptr;
+    }
     p.n = n;
     p.d = d;
     p.k = k;
@@ -682,6 +686,12 @@ OrtStatus * dd_cache_handle(const OrtApi * api, OrtKernelContext * ctx, const ch
     return nullptr;
 }
 
+OrtStatus * dd_cache_status(const OrtApi * api, const char * op, void * g, int64_t rc) {
+    const int64_t err = dd_cache_read_errno(g);
+    return dd_error(api, ORT_INVALID_ARGUMENT, "%s: %s%s%s", op, dd_cache_error(rc), err ? ": " : "",
+                    err ? std::strerror(int(err)) : "");
+}
+
 OrtStatus * ORT_API_CALL dd_cstep_compute(void * kernel_ptr, OrtKernelContext * ctx) {
     const OrtApi * api = static_cast<const dd_cache_op_kernel *>(kernel_ptr)->api;
     const char * op = "CacheStep";
@@ -697,9 +707,7 @@ OrtStatus * ORT_API_CALL dd_cstep_compute(void * kernel_ptr, OrtKernelContext * 
     const int64_t rc = dd_cache_graph_step(g, static_cast<const int64_t *>(idx.data), idx.dims[0], idx.dims[1],
                                            static_cast<int64_t *>(slots));
     if (rc < 0) {
-        const int64_t err = dd_cache_read_errno(g);
-        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: %s%s%s", op, dd_cache_error(rc), err ? ": " : "",
-                        err ? std::strerror(int(err)) : "");
+        return dd_cache_status(api, op, g, rc);
     }
     return nullptr;
 }
@@ -728,6 +736,89 @@ OrtStatus * ORT_API_CALL dd_csettle_compute(void * kernel_ptr, OrtKernelContext 
     return nullptr;
 }
 
+// CacheBegin(indices [N,K] i64, handle [1] i64) -> hit_indices [N,H] i64, hit_slots [N,H] i64
+// CacheEnd(Y f32, handle [1] i64) -> Y, miss_indices [N,M] i64, miss_slots [N,M] i64
+//
+// CacheStep in two halves, so the reads overlap the compute (dipdeploy/runtime/fused.py, --io direct):
+// CacheBegin steps the cache and starts the misses' reads, and gives the hits' selected entries and slots
+// to a SparseGatherMatMul over the resident rows, which runs while the reads are in flight; CacheEnd, on
+// that product, waits for the reads, copies the rows into their staging slots and gives the misses'
+// entries and slots to a second SparseGatherMatMul; the graph adds the two. In a batched prefill every
+// selected row is placed by CacheBegin (H = K, M = 0).
+
+OrtStatus * dd_index_pair(const OrtApi * api, OrtKernelContext * ctx, size_t first, int64_t rows, int64_t cols,
+                          const int64_t * idx, const int64_t * slots) {
+    const int64_t dims[2] = {rows, cols};
+    const int64_t * src[2] = {idx, slots};
+    for (size_t i = 0; i < 2; ++i) {
+        OrtValue * out = nullptr;
+        DD_TRY(api->KernelContext_GetOutput(ctx, first + i, dims, 2, &out));
+        void * data = nullptr;
+        DD_TRY(api->GetTensorMutableData(out, &data));
+        if (rows * cols > 0) {
+            std::memcpy(data, src[i], (size_t) (rows * cols) * sizeof(int64_t));
+        }
+    }
+    return nullptr;
+}
+
+OrtStatus * ORT_API_CALL dd_cbegin_compute(void * kernel_ptr, OrtKernelContext * ctx) {
+    const OrtApi * api = static_cast<const dd_cache_op_kernel *>(kernel_ptr)->api;
+    const char * op = "CacheBegin";
+    dd_view idx;
+    DD_TRY(dd_input(api, ctx, 0, &idx));
+    DD_TRY(dd_expect(api, idx, op, "indices", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, 2));
+    void * g = nullptr;
+    DD_TRY(dd_cache_handle(api, ctx, op, &g));
+    thread_local std::vector<int64_t> hit_idx, hit_slots;
+    try {
+        hit_idx.resize((size_t) idx.numel);
+        hit_slots.resize((size_t) idx.numel);
+    } catch (const std::exception &) {
+        return dd_error(api, ORT_FAIL, "%s: out of memory", op);
+    }
+    const int64_t h = dd_cache_graph_begin(g, static_cast<const int64_t *>(idx.data), idx.dims[0], idx.dims[1],
+                                           hit_idx.data(), hit_slots.data());
+    if (h < 0) {
+        return dd_cache_status(api, op, g, h);
+    }
+    const int64_t rows = idx.dims[0];
+    return dd_index_pair(api, ctx, 0, rows, rows > 0 ? h / rows : 0, hit_idx.data(), hit_slots.data());
+}
+
+OrtStatus * ORT_API_CALL dd_cend_compute(void * kernel_ptr, OrtKernelContext * ctx) {
+    const OrtApi * api = static_cast<const dd_cache_op_kernel *>(kernel_ptr)->api;
+    const char * op = "CacheEnd";
+    dd_view y;
+    DD_TRY(dd_input(api, ctx, 0, &y));
+    DD_TRY(dd_expect(api, y, op, "Y", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 2));
+    void * g = nullptr;
+    DD_TRY(dd_cache_handle(api, ctx, op, &g));
+    const int64_t m = dd_cache_graph_misses(g);
+    if (m < 0) {
+        return dd_cache_status(api, op, g, m);
+    }
+    thread_local std::vector<int64_t> miss_idx, miss_slots;
+    try {
+        miss_idx.resize((size_t) m);
+        miss_slots.resize((size_t) m);
+    } catch (const std::exception &) {
+        return dd_error(api, ORT_FAIL, "%s: out of memory", op);
+    }
+    const int64_t rc = dd_cache_graph_end(g, miss_idx.data(), miss_slots.data());
+    if (rc < 0) {
+        return dd_cache_status(api, op, g, rc);
+    }
+    OrtValue * out = nullptr;
+    DD_TRY(api->KernelContext_GetOutput(ctx, 0, y.dims, y.rank, &out));
+    void * data = nullptr;
+    DD_TRY(api->GetTensorMutableData(out, &data));
+    if (y.numel > 0 && data != y.data) {
+        std::memcpy(data, y.data, (size_t) y.numel * sizeof(float));
+    }
+    return dd_index_pair(api, ctx, 1, y.dims[0], m, miss_idx.data(), miss_slots.data());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Op declarations
 
@@ -736,7 +827,8 @@ struct dd_op_decl {
     size_t n_inputs;
     ONNXTensorElementDataType in_types[4];
     OrtCustomOpInputOutputCharacteristic in_chars[4];
-    ONNXTensorElementDataType out_type;
+    size_t n_outputs;
+    ONNXTensorElementDataType out_types[3];
     OrtStatusPtr (ORT_API_CALL * create)(const OrtCustomOp *, const OrtApi *, const OrtKernelInfo *, void **);
     OrtStatusPtr (ORT_API_CALL * compute)(void *, OrtKernelContext *);
     void (ORT_API_CALL * destroy)(void *);
@@ -758,8 +850,8 @@ void dd_op_init(dd_op * op, const dd_op_decl * decl) {
     op->GetExecutionProviderType = [](const OrtCustomOp *) -> const char * { return "CPUExecutionProvider"; };
     op->GetInputType = [](const OrtCustomOp * o, size_t i) { return dd_decl_of(o)->in_types[i]; };
     op->GetInputTypeCount = [](const OrtCustomOp * o) { return dd_decl_of(o)->n_inputs; };
-    op->GetOutputType = [](const OrtCustomOp * o, size_t) { return dd_decl_of(o)->out_type; };
-    op->GetOutputTypeCount = [](const OrtCustomOp *) -> size_t { return 1; };
+    op->GetOutputType = [](const OrtCustomOp * o, size_t i) { return dd_decl_of(o)->out_types[i]; };
+    op->GetOutputTypeCount = [](const OrtCustomOp * o) { return dd_decl_of(o)->n_outputs; };
     op->KernelDestroy = decl->destroy;
     op->GetInputCharacteristic = [](const OrtCustomOp * o, size_t i) { return dd_decl_of(o)->in_chars[i]; };
     op->GetOutputCharacteristic = [](const OrtCustomOp *, size_t) { return INPUT_OUTPUT_REQUIRED; };
@@ -779,7 +871,7 @@ const dd_op_decl dd_topk_decl = {
     {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL,
      ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
     {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_OPTIONAL, INPUT_OUTPUT_OPTIONAL, INPUT_OUTPUT_OPTIONAL},
-    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, dd_topk_create, dd_topk_compute,
+    1, {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64}, dd_topk_create, dd_topk_compute,
     [](void * k) { delete static_cast<dd_topk_kernel *>(k); },
 };
 
@@ -788,7 +880,7 @@ const dd_op_decl dd_sgmm_decl = {
     {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
      ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED},
     {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_OPTIONAL, INPUT_OUTPUT_VARIADIC},
-    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, dd_sgmm_create, dd_sgmm_compute,
+    1, {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT}, dd_sgmm_create, dd_sgmm_compute,
     [](void * k) { delete static_cast<dd_sgmm_kernel *>(k); },
 };
 
@@ -796,7 +888,7 @@ const dd_op_decl dd_cstep_decl = {
     "CacheStep", 2,
     {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64},
     {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED},
-    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, dd_cache_op_create, dd_cstep_compute,
+    1, {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64}, dd_cache_op_create, dd_cstep_compute,
     [](void * k) { delete static_cast<dd_cache_op_kernel *>(k); },
 };
 
@@ -804,19 +896,38 @@ const dd_op_decl dd_csettle_decl = {
     "CacheSettle", 2,
     {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64},
     {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED},
-    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, dd_cache_op_create, dd_csettle_compute,
+    1, {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT}, dd_cache_op_create, dd_csettle_compute,
+    [](void * k) { delete static_cast<dd_cache_op_kernel *>(k); },
+};
+
+const dd_op_decl dd_cbegin_decl = {
+    "CacheBegin", 2,
+    {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64},
+    {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED},
+    2, {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64}, dd_cache_op_create, dd_cbegin_compute,
+    [](void * k) { delete static_cast<dd_cache_op_kernel *>(k); },
+};
+
+const dd_op_decl dd_cend_decl = {
+    "CacheEnd", 2,
+    {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64},
+    {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED},
+    3, {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64},
+    dd_cache_op_create, dd_cend_compute,
     [](void * k) { delete static_cast<dd_cache_op_kernel *>(k); },
 };
 
 // The op objects must outlive every session that uses them, so they live for the whole process
 // (built once, immutable afterwards).
 struct dd_ops {
-    dd_op topk, sgmm, cstep, csettle;
+    dd_op topk, sgmm, cstep, csettle, cbegin, cend;
     dd_ops() {
         dd_op_init(&topk, &dd_topk_decl);
         dd_op_init(&sgmm, &dd_sgmm_decl);
         dd_op_init(&cstep, &dd_cstep_decl);
         dd_op_init(&csettle, &dd_csettle_decl);
+        dd_op_init(&cbegin, &dd_cbegin_decl);
+        dd_op_init(&cend, &dd_cend_decl);
     }
 };
 
@@ -847,6 +958,8 @@ __attribute__((visibility("default"))) OrtStatus * ORT_API_CALL RegisterCustomOp
     DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.sgmm)));
     DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.cstep)));
     DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.csettle)));
+    DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.cbegin)));
+    DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.cend)));
     return api->AddCustomOpDomain(options, domain);
 }
 

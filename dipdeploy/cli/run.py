@@ -63,11 +63,12 @@ THREAD_POOL = typer.Option(_E.thread_pool, "--thread-pool", help="above 1 thread
                            "workers spin)")
 SINGLE = typer.Option(_E.single_session, "--single-session/--per-layer", help="all in DRAM: model.onnx in one "
                       "session per token, every row resident from the start, so DIP-CA is plain DIP (default: when "
-                      "the budget holds every MLP row and no --trace is asked for), or the per-layer graphs with the "
-                      "host cache step (caches start empty)")
-FUSED = typer.Option(_E.fused, "--fused", help="below 100 %: the per-layer graphs joined into one session per "
-                     "token, the cache step inside the graph (the same decisions; --io mmap or direct; the prompt "
-                     "in chunks through the same graph unless --prefill token; no --trace)")
+                      "the budget holds every MLP row and no --trace is asked for), or the per-layer graphs (caches "
+                      "start empty; joined or not: --fused/--no-fused)")
+FUSED = typer.Option(_E.fused, "--fused/--no-fused", help="below 100 %: the per-layer graphs joined into one "
+                     "session per token, the cache step inside the graph (the same decisions, faster), or "
+                     "--no-fused: one session per graph, the cache step on the host. Default: joined wherever it "
+                     "can run (--io mmap or direct, the op library, no belady, no --trace)")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
                       "structure, sizes and the other files' sha256 are always checked)")
@@ -172,7 +173,7 @@ def run_cmd(
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY, single_session: Optional[bool] = SINGLE,
-    fused: bool = FUSED, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
+    fused: Optional[bool] = FUSED, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED,
     chat: bool = typer.Option(False, "--chat", help="format the prompt as one user turn with the bundle's chat "
                               "template (default: raw completion)"),
@@ -199,7 +200,7 @@ def run_cmd(
                 raise ValueError("--trace records the per-layer graphs' selections: drop --single-session")
             if fused:
                 raise ValueError("--trace records the per-layer graphs' selections: drop --fused")
-            single_session = False
+            single_session, fused = False, False
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
                          threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split,
                          single_session, fused)
@@ -239,7 +240,7 @@ def chat_cmd(
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
-    thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: bool = FUSED,
+    thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: Optional[bool] = FUSED,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
 ) -> None:

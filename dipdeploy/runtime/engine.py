@@ -103,9 +103,15 @@ class EngineConfig:
     holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
     per-layer path (empty caches at the start; traces, selections).
     ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
-    (``dipdeploy.runtime.fused``: the same native step, at any budget); needs ``--io mmap`` or ``direct``
-    and the op library, records no selections; its batched prefill runs each chunk through the same graph,
-    with the per-layer path's semantics."""
+    (``dipdeploy.runtime.fused``: the same native step, at any budget; 1.16–1.45× the per-layer path's
+    decode, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
+    natural row order, takes no Belady and records no selections (traces, ``teacher_forced``); its
+    batched prefill runs each chunk through the same graph, with the per-layer path's semantics.
+    None: whenever it can (``Engine._why_not_fused``), else the per-layer graphs with the host cache step;
+    True: insist (an error where it cannot); False: always the host cache step.
+    ``overlap_reads``: the joined decoder with ``--io direct`` reads a group's misses while it multiplies
+    the group's resident rows (``CacheBegin``/``CacheEnd``, custom_ops/README.md); False reads them
+    first, as the per-layer path does (benchmarks/fused.py measures both)."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -129,7 +135,8 @@ class EngineConfig:
     shared_staging: bool | None = None  # None: where the platform can (staging.supported)
     cache_split: str = CACHE_SPLIT
     single_session: bool | None = None  # model.onnx once per token; None: when the budget holds every row
-    fused: bool = False  # the per-layer graphs joined into one session, the cache step in the graph
+    fused: bool | None = None  # the per-layer graphs joined, the cache step in the graph; None: where it can
+    overlap_reads: bool = True  # joined, --io direct: the misses read while the resident rows are multiplied
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
@@ -288,7 +295,10 @@ class Engine:
 
             config = (m.source or {}).get("config") or {}
             self.embedding = EmbeddingRows(self.path, m, arch_of(config).embedding_multiplier(config))
-            if self.cfg.fused:
+            reason = None if self.cfg.fused is False else self._why_not_fused(native)
+            if self.cfg.fused and reason is not None:
+                raise ValueError(f"--fused: {reason}; or run the per-layer graphs (drop --fused)")
+            if self.cfg.fused is not False and reason is None:
                 self._open_fused(session_options, native)
             else:
                 self._open_sessions(session_options, native)
@@ -325,8 +335,8 @@ class Engine:
         self.dram_dense_per_token = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
         return whole
 
-    def _open_fused(self, session_options, native: bool) -> None:
-        """The joined decoder (``dipdeploy.runtime.fused``), or the one line why it cannot run."""
+    def _why_not_fused(self, native: bool) -> str | None:
+        """Why the joined decoder cannot run this engine (``EngineConfig.fused``), None when it can."""
         from dipdeploy.runtime import fused
         from dipdeploy.runtime.native_cache import graph_step_library
 
@@ -337,15 +347,20 @@ class Engine:
             reason = "the cache step in the graph is the op library's: build it (make ops)"
         if reason is None and (self._cache_library is None or graph_step_library(self._cache_library) is None):
             reason = "the op library predates the cache step in the graph: rebuild it (make ops)"
-        if reason is not None:
-            raise ValueError(f"--fused: {reason}; or run the per-layer graphs (drop --fused)")
+        return reason
+
+    def _open_fused(self, session_options, native: bool) -> None:
+        """The joined decoder (``dipdeploy.runtime.fused``)."""
+        from dipdeploy.runtime import fused
+
         options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
         self.shared = SharedInitializers(self.path, self.manifest)
         gamma = None if self.gamma == self.baked_gamma else self.gamma
         chunk = min(self.cfg.prefill_chunk, self.cfg.context) if self.cfg.prefill == "batch" else 1
         self.fused = fused.FusedModel(self.path, self.shared.apply(shared_arena(options)), self.kv, self.cfg.context,
                                       self.d, self.decoder["vocab_size"], self.num_layers, gamma,
-                                      self.cfg.accuracy_level, chunk)
+                                      self.cfg.accuracy_level, chunk,
+                                      overlap=self.cfg.io == "direct" and self.cfg.overlap_reads)
 
     @property
     def single_session(self) -> bool:
@@ -355,7 +370,8 @@ class Engine:
     def _per_layer_only(self, what: str) -> str:
         """The one line for what only the per-layer path has (``dipdeploy.runtime.whole`` and ``fused``)."""
         if self.fused is not None:
-            return f"{what} need the per-layer graphs, and this engine runs them joined (--fused): drop fused"
+            return (f"{what} need the per-layer graphs with the host cache step, and this engine runs them joined "
+                    f"(the cache step in the graph): give fused=False (--no-fused)")
         return (f"{what} need the per-layer graphs, and this engine runs model.onnx in one session (the budget "
                 f"holds every row): give single_session=False (--per-layer)")
 
@@ -465,9 +481,6 @@ class Engine:
         if self.fused is None:
             self._bind_buffers()
         else:  # the graph steps the cache itself: the native steps get scratch selection/slot buffers
-            if any(a.position is not None for pair in arrays for g in pair for a in g.per_row):
-                raise ValueError("--fused: the bundle's rows are in a calibrated order, which only the Flash store "
-                                 "reads; drop --fused")
             for pair, ks in zip(self.slabs, self.k):
                 for slab, k in zip(pair, ks):
                     slab.bind(np.zeros((1, k), np.int64), np.zeros((1, k), np.int64))

@@ -11,6 +11,11 @@ the op library per layer group (custom_ops/src/dd_cache.cc, the same native step
 * ``CacheSettle(X, handle) -> X`` on the tensor that follows the group's SparseGatherMatMul (the GLU for
   up|gate, the MLP output for down): the slot rule's deferred moves, then X passed on.
 
+With ``--io direct`` each CacheStep is split in two (``CacheBegin``/``CacheEnd``, ``_Joiner.split_step``):
+the misses' reads start on the reader's threads while a SparseGatherMatMul multiplies the resident rows,
+then a second one multiplies the rows just read, and the two products are added: the reads overlap that
+compute (DESIGN.md, "Reads overlapped with compute").
+
 The graph's data edges order the side effects: a group's TopKColumnMask reads its residency (bound to the
 native state, so no copy) before its CacheStep, which feeds the SparseGatherMatMul, whose output feeds the
 CacheSettle, whose output every later node depends on, the next group's CacheStep included; so no two
@@ -47,6 +52,8 @@ from dipdeploy.runtime.sessions import Bound, Buffer, set_gamma
 
 #: the ops the joined graph adds (custom_ops/src/dd_ops.cc)
 STEP_OP, SETTLE_OP = "CacheStep", "CacheSettle"
+BEGIN_OP, END_OP = "CacheBegin", "CacheEnd"  # the step in two halves, the reads overlapping the resident rows' product
+SGMM_OP = "SparseGatherMatMul"
 GROUPS = ("up_gate", "down")
 
 
@@ -63,6 +70,8 @@ def why_not(cfg, manifest, layers: int) -> str | None:
                 f"reads them with the op library's reader (--io direct)")
     if cfg.policy == "belady":
         return "policy 'belady' needs the recorded future, which only the per-layer path records"
+    if (manifest.row_order or {}).get("order", "natural") != "natural":
+        return "the bundle's rows are in a calibrated order, which only the Flash store reads"
     if cfg.native is False or cfg.native_cache is False:
         return "the cache step in the graph is the op library's: it needs the native kernels and cache step"
     names = manifest.graphs.get("layers", [])
@@ -138,6 +147,31 @@ class _Joiner:
     def step(self, indices: str, handle: str, slots: str, name: str) -> None:
         self.nodes.append(self.onnx.helper.make_node(STEP_OP, [indices, handle], [slots], name=name, domain=DOMAIN))
 
+    def split_step(self, indices: str, handle: str, slots: str, name: str) -> None:
+        """The step in two halves around the group's SparseGatherMatMul (the one node that reads ``slots``):
+        CacheBegin starts the misses' reads and feeds a product over the resident rows; CacheEnd on that
+        product waits for the reads and feeds a product over the rows just read; their sum is the
+        original output. The misses are read while the resident rows are multiplied."""
+        h = self.onnx.helper
+        readers = [i for i, n in enumerate(self.nodes) if slots in n.input]
+        if len(readers) != 1 or self.nodes[readers[0]].op_type != SGMM_OP or self.nodes[readers[0]].input[1] != indices:
+            raise BundleError(f"{name}: the slots must feed one {SGMM_OP} over {indices}; {REGENERATE}")
+        at, sgmm = readers[0], self.nodes[readers[0]]
+        y, x, weights = sgmm.output[0], sgmm.input[0], list(sgmm.input[3:])
+        parts = []
+        for part, idx, slot in (("hit", name + ".hit_indices", name + ".hit_slots"),
+                                ("miss", name + ".miss_indices", name + ".miss_slots")):
+            node = _renamed(sgmm, f"{sgmm.name}.{part}")
+            node.input[:] = [x, idx, slot, *weights]
+            node.output[:] = [f"{y}.{part}"]
+            parts.append(node)
+        begin = h.make_node(BEGIN_OP, [indices, handle], [name + ".hit_indices", name + ".hit_slots"],
+                            name=name + ".begin", domain=DOMAIN)
+        end = h.make_node(END_OP, [f"{y}.hit", handle], [f"{y}.hit.ready", name + ".miss_indices", name + ".miss_slots"],
+                          name=name + ".end", domain=DOMAIN)
+        add = h.make_node("Add", [f"{y}.hit.ready", f"{y}.miss"], [y], name=name + ".sum")
+        self.nodes[at:at + 1] = [begin, parts[0], end, parts[1], add]
+
     def settle(self, produced: str, handle: str, name: str) -> None:
         """Insert a CacheSettle on ``produced``: its producer now writes ``produced.raw`` and every reader
         of ``produced`` reads the settled copy."""
@@ -167,9 +201,11 @@ class _Joiner:
         return h.make_model(graph, opset_imports=opsets, ir_version=self.ir_version)
 
 
-def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None):
+def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None, overlap: bool = False):
     """The decoder of ``bundle`` as one ONNX model (module docstring): positions, every layer's attention,
     MLP up and down graphs with a CacheStep/CacheSettle pair per group, the head on the last position.
+    ``overlap``: each CacheStep split into CacheBegin/CacheEnd around two products (``_Joiner.split_step``),
+    for a reader that reads in the background (``--io direct``).
     Inputs: ``hidden`` (the embedded tokens, [1, N, d]), ``attention_mask``, ``position_ids``, the past K/V, and per layer
     ``layer.{i}.cache_in``/``cache_glu`` (residency), ``layer.{i}.up_gate.*``/``down.*`` (slabs) and
     ``layer.{i}.up_gate.handle``/``down.handle``; outputs ``logits`` and the presents. ``gamma`` (None: the
@@ -196,16 +232,22 @@ def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None):
             j.output(attn, name, name)
         for g in GROUPS:
             j.inputs.setdefault(handles[g], onnx.helper.make_tensor_value_info(handles[g], onnx.TensorProto.INT64, [1]))
-        j.step(p + "in_indices", handles["up_gate"], p + "in_slots", p + "up_gate.step")
+        if not overlap:
+            j.step(p + "in_indices", handles["up_gate"], p + "in_slots", p + "up_gate.step")
         slab_up = {vi.name: "@" + group_input(i, vi.name) for vi in up.graph.input if vi.name.startswith("up_gate.")}
         j.add(up, p + "up/", {"x": p + "x", "in_indices": p + "in_indices", "in_slots": p + "in_slots",
                               "cache_glu": "@" + group_input(i, "cache_glu"), **slab_up},
               {"glu": p + "glu", "glu_indices": p + "glu_indices"}, gamma)
+        if overlap:
+            j.split_step(p + "in_indices", handles["up_gate"], p + "in_slots", p + "up_gate.step")
         j.settle(p + "glu", handles["up_gate"], p + "up_gate.settle")
-        j.step(p + "glu_indices", handles["down"], p + "glu_slots", p + "down.step")
+        if not overlap:
+            j.step(p + "glu_indices", handles["down"], p + "glu_slots", p + "down.step")
         slab_down = {vi.name: "@" + group_input(i, vi.name) for vi in down.graph.input if vi.name.startswith("down.")}
         j.add(down, p + "down/", {"glu": p + "glu", "glu_indices": p + "glu_indices", "glu_slots": p + "glu_slots",
                                   "hidden_attn": p + "hidden_attn", **slab_down}, {"mlp_out": p + "mlp_out"})
+        if overlap:
+            j.split_step(p + "glu_indices", handles["down"], p + "glu_slots", p + "down.step")
         j.settle(p + "mlp_out", handles["down"], p + "down.settle")
         hidden, mlp_out = p + "hidden_attn", p + "mlp_out"
     head = load("head.onnx")
@@ -215,9 +257,9 @@ def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None):
 
 
 def _joined_bytes(path: Path, layers: int, gamma: float | None, accuracy_level: int | None,
-                  standard_attention: bool) -> bytes:
+                  standard_attention: bool, overlap: bool) -> bytes:
     """The serialized joined model (what ``joined_model`` runs in its child)."""
-    model = fuse_graphs(path, layers, gamma)
+    model = fuse_graphs(path, layers, gamma, overlap)
     if accuracy_level is not None:
         from dipdeploy.ops.nodes import with_accuracy_level
 
@@ -230,10 +272,10 @@ def _joined_bytes(path: Path, layers: int, gamma: float | None, accuracy_level: 
 
 
 def joined_model(path: Path, layers: int, gamma: float | None, accuracy_level: int | None,
-                 standard_attention: bool) -> bytes:
+                 standard_attention: bool, overlap: bool = False) -> bytes:
     """``_joined_bytes`` in a child process (module docstring); its one-line error becomes a BundleError."""
     args = [str(path), str(layers), "" if gamma is None else repr(float(gamma)),
-            "" if accuracy_level is None else str(accuracy_level), str(int(standard_attention))]
+            "" if accuracy_level is None else str(accuracy_level), str(int(standard_attention)), str(int(overlap))]
     import dipdeploy
 
     root = str(Path(dipdeploy.__file__).resolve().parents[1])  # the child imports this dipdeploy, wherever it lies
@@ -256,10 +298,10 @@ class FusedModel:
     with a chunk's rows and warm the caches from its selections."""
 
     def __init__(self, path: Path, options, kv, context: int, d: int, vocab: int, layers: int,
-                 gamma: float | None, accuracy_level: int | None, chunk: int = 1):
+                 gamma: float | None, accuracy_level: int | None, chunk: int = 1, overlap: bool = False):
         import onnxruntime as ort
 
-        model = joined_model(path, layers, gamma, accuracy_level, kv.attention == "standard")
+        model = joined_model(path, layers, gamma, accuracy_level, kv.attention == "standard", overlap)
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path))
         # ORT's memory patterns are planned per set of input shapes, and the attention mask grows by one
         # position per token: the arena kept 13 MB more anonymous memory after 40 SmolLM2 tokens with them
@@ -352,10 +394,11 @@ class _Arg:
         self.name, self.shape = name, shape
 
 
-if __name__ == "__main__":  # joined_model's child: BUNDLE LAYERS GAMMA LEVEL STANDARD → the model's bytes on stdout
-    bundle, n, g, level, standard = sys.argv[1:6]
+if __name__ == "__main__":  # joined_model's child: BUNDLE LAYERS GAMMA LEVEL STANDARD OVERLAP → the model's bytes
+    bundle, n, g, level, standard, overlap = sys.argv[1:7]
     try:
-        out = _joined_bytes(Path(bundle), int(n), float(g) if g else None, int(level) if level else None, standard == "1")
+        out = _joined_bytes(Path(bundle), int(n), float(g) if g else None, int(level) if level else None,
+                            standard == "1", overlap == "1")
     except (BundleError, OSError) as err:
         sys.exit(f"{err}")
     sys.stdout.buffer.write(out)

@@ -80,7 +80,8 @@ def run_engine(bundle: Path, ids: list[int], greedy: int, native: bool, threads:
     """Greedy tokens and the logits before each of them from the host runtime."""
     from dipdeploy.runtime import Engine, EngineConfig
 
-    engine = Engine(bundle, EngineConfig(dram_budget=budget, native=native, threads=threads))
+    engine = Engine(bundle, EngineConfig(dram_budget=budget, native=native, threads=threads,
+                                          fused=False))  # teacher_forced: the host step's selections
     try:
         g = engine.generate(ids, greedy, keep_logits=True, stop_at_eos=False)
         _, sel = engine.teacher_forced(ids, g.tokens)  # the same engine: bit-equal to generate's run
