@@ -692,14 +692,20 @@ OrtStatus * dd_cache_status(const OrtApi * api, const char * op, void * g, int64
                     err ? std::strerror(int(err)) : "");
 }
 
+// Input 0 (`name`, a 2-D tensor of `type`) and the live group input 1 names: how every step op begins.
+OrtStatus * dd_cache_inputs(const OrtApi * api, OrtKernelContext * ctx, const char * op, const char * name,
+                            ONNXTensorElementDataType type, dd_view * x, void ** g) {
+    DD_TRY(dd_input(api, ctx, 0, x));
+    DD_TRY(dd_expect(api, *x, op, name, type, 2));
+    return dd_cache_handle(api, ctx, op, g);
+}
+
 OrtStatus * ORT_API_CALL dd_cstep_compute(void * kernel_ptr, OrtKernelContext * ctx) {
     const OrtApi * api = static_cast<const dd_cache_op_kernel *>(kernel_ptr)->api;
     const char * op = "CacheStep";
     dd_view idx;
-    DD_TRY(dd_input(api, ctx, 0, &idx));
-    DD_TRY(dd_expect(api, idx, op, "indices", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, 2));
     void * g = nullptr;
-    DD_TRY(dd_cache_handle(api, ctx, op, &g));
+    DD_TRY(dd_cache_inputs(api, ctx, op, "indices", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, &idx, &g));
     OrtValue * out = nullptr;
     DD_TRY(api->KernelContext_GetOutput(ctx, 0, idx.dims, 2, &out));
     void * slots = nullptr;
@@ -762,21 +768,26 @@ OrtStatus * dd_index_pair(const OrtApi * api, OrtKernelContext * ctx, size_t fir
     return nullptr;
 }
 
+// Scratch for `n` entries and their slots (the op's outputs' sizes are known only after the step).
+OrtStatus * dd_index_scratch(const OrtApi * api, const char * op, int64_t n, std::vector<int64_t> & idx,
+                             std::vector<int64_t> & slots) {
+    try {
+        idx.resize((size_t) n);
+        slots.resize((size_t) n);
+    } catch (const std::exception &) {
+        return dd_error(api, ORT_FAIL, "%s: out of memory", op);
+    }
+    return nullptr;
+}
+
 OrtStatus * ORT_API_CALL dd_cbegin_compute(void * kernel_ptr, OrtKernelContext * ctx) {
     const OrtApi * api = static_cast<const dd_cache_op_kernel *>(kernel_ptr)->api;
     const char * op = "CacheBegin";
     dd_view idx;
-    DD_TRY(dd_input(api, ctx, 0, &idx));
-    DD_TRY(dd_expect(api, idx, op, "indices", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, 2));
     void * g = nullptr;
-    DD_TRY(dd_cache_handle(api, ctx, op, &g));
+    DD_TRY(dd_cache_inputs(api, ctx, op, "indices", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, &idx, &g));
     thread_local std::vector<int64_t> hit_idx, hit_slots;
-    try {
-        hit_idx.resize((size_t) idx.numel);
-        hit_slots.resize((size_t) idx.numel);
-    } catch (const std::exception &) {
-        return dd_error(api, ORT_FAIL, "%s: out of memory", op);
-    }
+    DD_TRY(dd_index_scratch(api, op, idx.numel, hit_idx, hit_slots));
     const int64_t h = dd_cache_graph_begin(g, static_cast<const int64_t *>(idx.data), idx.dims[0], idx.dims[1],
                                            hit_idx.data(), hit_slots.data());
     if (h < 0) {
@@ -790,21 +801,14 @@ OrtStatus * ORT_API_CALL dd_cend_compute(void * kernel_ptr, OrtKernelContext * c
     const OrtApi * api = static_cast<const dd_cache_op_kernel *>(kernel_ptr)->api;
     const char * op = "CacheEnd";
     dd_view y;
-    DD_TRY(dd_input(api, ctx, 0, &y));
-    DD_TRY(dd_expect(api, y, op, "Y", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 2));
     void * g = nullptr;
-    DD_TRY(dd_cache_handle(api, ctx, op, &g));
+    DD_TRY(dd_cache_inputs(api, ctx, op, "Y", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &y, &g));
     const int64_t m = dd_cache_graph_misses(g);
     if (m < 0) {
         return dd_cache_status(api, op, g, m);
     }
     thread_local std::vector<int64_t> miss_idx, miss_slots;
-    try {
-        miss_idx.resize((size_t) m);
-        miss_slots.resize((size_t) m);
-    } catch (const std::exception &) {
-        return dd_error(api, ORT_FAIL, "%s: out of memory", op);
-    }
+    DD_TRY(dd_index_scratch(api, op, m, miss_idx, miss_slots));
     const int64_t rc = dd_cache_graph_end(g, miss_idx.data(), miss_slots.data());
     if (rc < 0) {
         return dd_cache_status(api, op, g, rc);
