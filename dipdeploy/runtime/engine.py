@@ -103,8 +103,8 @@ class EngineConfig:
     holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
     per-layer path (empty caches at the start; traces, selections).
     ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
-    (``dipdeploy.runtime.fused``: the same native step, at any budget; 1.16–1.45× the per-layer path's
-    decode, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
+    (``dipdeploy.runtime.fused``: the same native step, at any budget; 1.16–1.69× the per-layer path's
+    decode on real reads, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
     natural row order, takes no Belady and records no selections (traces, ``teacher_forced``); its
     batched prefill runs each chunk through the same graph, with the per-layer path's semantics.
     None: whenever it can (``Engine._why_not_fused``), else the per-layer graphs with the host cache step;
