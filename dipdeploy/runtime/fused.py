@@ -47,13 +47,12 @@ from pathlib import Path
 import numpy as np
 
 from dipdeploy.export.manifest import REGENERATE, BundleError
-from dipdeploy.ops.schemas import DOMAIN
+from dipdeploy.ops.schemas import DOMAIN, SGMM_OP
 from dipdeploy.runtime.sessions import Bound, Buffer, set_gamma
 
 #: the ops the joined graph adds (custom_ops/src/dd_ops.cc)
 STEP_OP, SETTLE_OP = "CacheStep", "CacheSettle"
 BEGIN_OP, END_OP = "CacheBegin", "CacheEnd"  # the step in two halves, the reads overlapping the resident rows' product
-SGMM_OP = "SparseGatherMatMul"
 GROUPS = ("up_gate", "down")
 
 
