@@ -438,7 +438,8 @@ def runtime_golden(bundle: Path) -> dict:
 
     runs = []
     for policy in ("lfu", "lru", "none"):
-        eng = Engine(bundle, policy=policy, dram_budget="50%", threads=1, prefill="token")
+        eng = Engine(bundle, policy=policy, dram_budget="50%", threads=1, prefill="token",
+                     fused=False)  # a trace: the host cache step the Java engine mirrors
         rec = TraceRecorder(source="runtime", model="tiny-llama", hidden_size=eng.d, intermediate_size=eng.f,
                             num_layers=eng.num_layers, method="dip-ca", density=0.5)
         gen = eng.generate(RUNTIME_PROMPT, 8, trace=rec, stop_at_eos=False)
