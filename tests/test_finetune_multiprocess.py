@@ -83,3 +83,17 @@ def test_finetune_two_processes(tmp_path, finetune_inputs, data_dir):
                              "--max-windows", "1", "--data-dir", str(data_dir)])
     assert ev.exit_code == 0, ev.output
     assert "tiny-llama" in ev.output
+
+
+def test_refusal_waits_for_process_zero(monkeypatch):
+    """A refusing process other than 0 sleeps (the launcher ends it once process 0 has reported and exited),
+    so it can never take process 0 down before the error line; process 0 and a single process never wait."""
+    from dipdeploy.finetune import launch
+
+    slept = []
+    monkeypatch.setattr(launch.time, "sleep", slept.append)
+    launch.ProcessInfo(0, 2).await_main_refusal()
+    launch.ProcessInfo().await_main_refusal()
+    assert slept == []
+    launch.ProcessInfo(1, 2).await_main_refusal(5.0)
+    assert slept == [5.0]

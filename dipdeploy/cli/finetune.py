@@ -119,8 +119,7 @@ def finetune_cmd(
             res = finetune(lm, p, cfg, out, data_dir=data_dir, resume=resume, force=force, progress=False,
                            callbacks=(_step_counter(stage),), device=where)
     except (ValueError, OSError, KeyError) as err:
-        if not proc.is_main:  # every process refuses; process 0 says why, once
-            raise typer.Exit(2)
+        proc.await_main_refusal()  # every process refuses alike; process 0 says why, once
         fail(err)
     say(f"adapter → {res.out_dir}: {res.steps} steps, {res.train_tokens} tokens, "
                   f"loss {res.first_loss:.4f} → {res.last_loss:.4f}, {res.wall_s} s")
