@@ -96,7 +96,7 @@ struct Group {
   // requests (runs of adjacent rows x arrays from the mapping, the reader's requests), bytes wanted, copy or
   // read nanoseconds, bytes read from the device
   std::vector<uint8_t> op_hits;
-  std::vector<int64_t> op_rows, op_slots, op_all;
+  std::vector<int64_t> op_rows, op_slots;
   // between CacheBegin and CacheEnd (dd_cache_graph_begin/end): the misses whose rows are on their way, -1
   // when no step is open, and the nanoseconds the begin spent reading or starting the reads
   int64_t open_misses = -1, begin_ns = 0;
@@ -612,34 +612,42 @@ __attribute__((visibility("default"))) int64_t dd_cache_settle(void * gp) {
   return n;
 }
 
-// dd_cache_select for a kernel (CacheStep): the selection `sel` [1, k] → `slots` [1, k], the misses copied
-// from the mapping or read with the group's reader (no caller is left to read them) and counted in the
-// group's totals. During a batched prefill (dd_cache_prefill) the chunk's selection [tokens, k] is
-// placed in the full-height buffers instead (prefill_fill).
-__attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, const int64_t * sel, int64_t tokens,
-                                                                   int64_t k, int64_t * slots) {
-  Group * g = static_cast<Group *>(gp);
+// What CacheStep and CacheBegin share: the checks, then during a batched prefill (dd_cache_prefill) the
+// chunk's selection `sel` [tokens, k] placed in the full-height buffers (prefill_fill, which writes the rows'
+// indices to `slots` [tokens, k]; *filled = true), else one token's dd_cache_select into `slots` [k] and the
+// op scratch (hits, the misses' rows and slots), its misses copied from the mapping if there is one.
+// Returns what the fill or the select returns.
+static int64_t open_step(Group * g, const int64_t * sel, int64_t tokens, int64_t k, int64_t * slots, int64_t * info,
+                         bool * filled) {
+  *filled = false;
   if (!g || k < 0 || tokens < 0) return kBadArgs;
   if (!g->map && g->direct.fd < 0) return kNoMapping;
   g->direct.error = 0;  // the errno of this step's read, if it fails
-  if (!g->full.empty()) {
-    try {
-      return prefill_fill(*g, sel, tokens, k, slots);
-    } catch (...) {
-      return kBadArgs;
-    }
-  }
-  if (tokens != 1) return kOneToken;
   try {
+    if (!g->full.empty()) {
+      *filled = true;
+      return prefill_fill(*g, sel, tokens, k, slots);
+    }
+    if (tokens != 1) return kOneToken;
     g->op_hits.resize(size_t(k));
     g->op_rows.resize(size_t(k));
     g->op_slots.resize(size_t(k));
   } catch (...) {
     return kBadArgs;
   }
+  return dd_cache_select(g, sel, k, slots, g->op_hits.data(), g->op_rows.data(), g->op_slots.data(), info);
+}
+
+// dd_cache_select for a kernel (CacheStep): the selection `sel` [1, k] → `slots` [1, k], the misses copied
+// from the mapping or read with the group's reader (no caller is left to read them) and counted in the
+// group's totals. During a batched prefill the chunk's selection [tokens, k] is placed instead (open_step).
+__attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, const int64_t * sel, int64_t tokens,
+                                                                   int64_t k, int64_t * slots) {
+  Group * g = static_cast<Group *>(gp);
   int64_t info[2] = {0, 0};
-  int64_t n = dd_cache_select(g, sel, k, slots, g->op_hits.data(), g->op_rows.data(), g->op_slots.data(), info);
-  if (n <= 0) return n;
+  bool filled = false;
+  const int64_t n = open_step(g, sel, tokens, k, slots, info, &filled);
+  if (filled || n <= 0) return n;
   if (g->map) {
     g->totals[1] += info[1] * int64_t(g->slabs.size());
   } else {
@@ -665,40 +673,22 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
 __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, const int64_t * sel, int64_t tokens,
                                                                     int64_t k, int64_t * idx, int64_t * slots) {
   Group * g = static_cast<Group *>(gp);
-  if (!g || k < 0 || tokens < 0) return kBadArgs;
-  if (g->open_misses >= 0) return kOutOfStep;
-  if (!g->map && g->direct.fd < 0) return kNoMapping;
-  g->direct.error = 0;
-  if (!g->full.empty()) {
-    try {
-      const int64_t rc = prefill_fill(*g, sel, tokens, k, slots);
-      if (rc < 0) return rc;
-    } catch (...) {
-      return kBadArgs;
-    }
+  if (g && g->open_misses >= 0) return kOutOfStep;
+  int64_t info[2] = {0, 0};
+  bool filled = false;
+  const int64_t n = open_step(g, sel, tokens, k, slots, info, &filled);  // slots: every entry's, for now
+  if (n < 0) return n;
+  if (filled) {
     std::memcpy(idx, sel, size_t(tokens * k) * sizeof(int64_t));
     g->open_misses = 0;
     g->begin_ns = 0;
     return tokens * k;
   }
-  if (tokens != 1) return kOneToken;
-  try {
-    g->op_hits.resize(size_t(k));
-    g->op_rows.resize(size_t(k));
-    g->op_slots.resize(size_t(k));
-    g->op_all.resize(size_t(k));
-  } catch (...) {
-    return kBadArgs;
-  }
-  int64_t info[2] = {0, 0};
-  const int64_t n = dd_cache_select(g, sel, k, g->op_all.data(), g->op_hits.data(), g->op_rows.data(),
-                                    g->op_slots.data(), info);
-  if (n < 0) return n;
   int64_t h = 0;
-  for (int64_t j = 0; j < k; ++j)
+  for (int64_t j = 0; j < k; ++j)  // the hits, compacted in place (h <= j)
     if (g->op_hits[size_t(j)]) {
       idx[h] = sel[j];
-      slots[h] = g->op_all[size_t(j)];
+      slots[h] = slots[j];
       ++h;
     }
   g->begin_ns = info[0];
