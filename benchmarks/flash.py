@@ -48,7 +48,7 @@ from pathlib import Path
 
 from _common import lscpu, machine, md_table, memory_group, write_rows_json
 
-from peers import PEERS, build_genai, build_gguf
+from peers import LLAMA_PEERS, PEERS, build_genai, build_gguf
 
 from dipdeploy.cache.split import CACHE_SPLIT
 from dipdeploy.paths import write_atomic
@@ -57,6 +57,7 @@ from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_THREADS
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The history of the city begins in the early"
+PATHS = {"per-layer": False, "default": None}  # --path → EngineConfig.fused
 BUNDLES = {  # method → (folder under build/, export options); dip-ca is `dipdeploy export --method dip-ca
     #           --quant bq4 --rho-in 0.55 --out build/flash-bundle`
     "dip-ca": ("flash-bundle", dict(method="dip-ca", rho_in=0.55)),
@@ -78,7 +79,7 @@ VARIANTS = (  # at 50 %, --io direct, limited: the issue's other methods on the 
     ("γ 0.3, split reads", "dip-ca", dict(gamma=0.3, cache_split="reads")),
     ("split reads", "dense-static", dict(cache_split="reads")),
 )
-COLS = ["method", "variant", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
+COLS = ["method", "variant", "path", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
 
 
@@ -175,7 +176,7 @@ def child(spec: dict) -> dict:
            "hit_rate": s.hit_rate, "peak_rss_mb": memory_now().get("VmHWM", 0) / 1e6,
            "peak_group_mb": int((group / "memory.max_usage_in_bytes").read_text()) / 1e6,
            "limit_mb": limit / 1e6 if limit else None, "flash_io_s": s.seconds["flash_io"], "note": eng.flash.note,
-           "reader": s.io_engine}
+           "reader": s.io_engine, "path": "fused" if s.fused else "per-layer"}
     eng.close()
     return row
 
@@ -267,8 +268,8 @@ def run_configs(cfgs: list[dict], paths: dict[tuple[str, str], Path], tokens: in
     rows = []
     for c in cfgs:
         t = time.time()
-        spec = {"policy": POLICY[c["method"]], **c, "bundle": str(paths[c["method"], c["row_order"]]),
-                "tokens": tokens, "slack": args.slack}
+        spec = {"policy": POLICY[c["method"]], "fused": PATHS[args.path], **c,
+                "bundle": str(paths[c["method"], c["row_order"]]), "tokens": tokens, "slack": args.slack}
         res = run_in_group(spec, args.timeout)
         row = {**c, "budget": c["budget"] if c["limited"] else f"{c['budget']}, unlimited", **res,
                "load_1min": round(os.getloadavg()[0], 2)}
@@ -333,7 +334,8 @@ def plot_1b(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for method, style in (("dip-ca", "-o"), ("dense-static", "--s"), (PEERS[0], ":^"), (PEERS[1], "-.v")):
+    for method, style in (("dip-ca", "-o"), ("dense-static", "--s"), (PEERS[0], ":^"), (PEERS[1], "-.v"),
+                          (PEERS[2], "-.x")):
         pts = [r for r in rows if r["method"] == method and r.get("limit_mb") and r.get("tok_s") and not r.get("variant")]
         if not pts:  # a peer that did not fit under any limit: the table says why
             continue
@@ -372,7 +374,7 @@ def section_1b(args) -> None:
             spec = dict(peer=method, model=str(model), prompt=PROMPT, tokens=tokens, threads=1,
                         limit=int(limit_mb * 1e6) if limit_mb else None)
             res = run_in_group(spec, args.timeout, cmd)
-            rows.append({"method": method, "io": "mmap" if method == PEERS[1] else "read at load", "budget": budget,
+            rows.append({"method": method, "io": "mmap" if method in LLAMA_PEERS else "read at load", "budget": budget,
                          **res, "load_1min": round(os.getloadavg()[0], 2)})
             print(f"{method:24s} {budget:16s} " + (res.get("error") or f"{res['tok_s']:.2f} tok/s, device "
                   f"{res['device_mb']:.1f} MB/token") + f" ({time.time() - t:.0f} s)", flush=True)
@@ -392,15 +394,18 @@ def section_1b(args) -> None:
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",
         "- ours: streamed exports (`dipdeploy export --stream`) with a uniform plan (as the SmolLM2 bundles: "
-        "`--rho-in`), BQ4, `--io direct`, native kernels; dip-ca ρ_in 0.55, LFU; dense-static ρ = 1, "
+        "`--rho-in`), BQ4, `--io direct`, native kernels, "
+        f"`--path {args.path}` (`path`: fused, the joined decoder; per-layer, the host cache step); dip-ca ρ_in 0.55, LFU; dense-static ρ = 1, "
         "static pinning. `limit_mb`: as in the SmolLM2 table above (the group's anonymous + mapped pages after "
         f"warm-up, slabs touched, MLP file dropped) + {args.slack >> 20} MiB (`--slack`)",
         f"- peers (benchmarks/peers.py), each in its own group: {PEERS[0]} (its builder, `-p int4 -e cpu`, "
         f"its own decode loop), {PEERS[1]} (convert_hf_to_gguf.py → Q4_0, llama-cpp-python, use_mmap; tok_s "
-        "from llama.cpp's eval timer). A peer's `limit_mb` is the DIP-CA run's at the same budget, set after "
+        f"from llama.cpp's eval timer; its CPU backend repacks the Q4_0 weights into anonymous memory) and "
+        f"{PEERS[2]} (the same with `use_extra_bufts` off, llama.cpp's `--no-repack`: the weights are used from "
+        "the mapped file's pages, which the kernel can drop). A peer's `limit_mb` is the DIP-CA run's at the same budget, set after "
         "its warm-up with the model files dropped from the page cache; device MB from /proc/self/io", "",
-        md_table(rows, ["method", "variant", "io", "budget", "tok_s", "device_mb", "hit_rate", "peak_rss_mb", "peak_group_mb",
-                        "limit_mb", "load_1min"]), "",
+        md_table(rows, ["method", "variant", "path", "io", "budget", "tok_s", "device_mb", "requests", "hit_rate",
+                        "peak_rss_mb", "peak_group_mb", "limit_mb", "load_1min"]), "",
         "Against the goals (this run, 50 %, limited):", "", *goals(rows), "", *notes, *errors, ""])
     path = RESULTS / f"{name}.md"
     kept = path.read_text().split(SECTION_1B)[0].rstrip() + "\n\n" if path.is_file() else ""
@@ -425,6 +430,9 @@ def main() -> None:
     ap.add_argument("--row-order", default="natural", help="bundles' row orders, comma-separated (natural,calibrated: "
                     "side by side; results in flash-row-order.md)")
     ap.add_argument("--no-thread-sweep", action="store_true", help="skip the reads-in-flight sweep")
+    ap.add_argument("--path", choices=tuple(PATHS), default="per-layer",
+                    help="our engine's path: per-layer (the host cache step, fused=False) or default (the joined "
+                         "decoder wherever it can run, as `dipdeploy run` chooses; Belady stays per-layer)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -459,8 +467,10 @@ def main() -> None:
         "- dip-ca: LFU, the bundle's γ; dense-static: a ρ = 1 bundle, its most used rows pinned. `variant`: the "
         "same bundles at 50 % with another policy or γ (`dip`: γ = 1, plain DIP), or `--cache-split reads` (the "
         "cache bytes to the groups whose misses cost most reading per byte: the down rows first)",
-        "- path: the per-layer graphs with the host cache step (`fused=False`), the prompt batched; "
-        "benchmarks/fused.py compares the joined decoder, the default below 100 %, on the same bundles", "",
+        f"- path (`--path {args.path}`): " + ("the per-layer graphs with the host cache step (`fused=False`)"
+                                             if args.path == "per-layer" else "the engine's default (`path` per row)")
+        + ", the prompt batched; benchmarks/fused.py compares the joined decoder, the default below 100 %, with the "
+        "per-layer path on the same bundles", "",
         "Per decode token: `wanted_mb` the rows the caches missed; `device_mb` bytes read from the block device "
         "(/proc/self/io read_bytes from the first generated token on); `requests` the store's reads; `waste` = "
         "device / wanted.", "",

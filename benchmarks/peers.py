@@ -41,7 +41,13 @@ import sys
 import time
 from pathlib import Path
 
-PEERS = ("onnxruntime-genai int4", "llama.cpp Q4_0 mmap")  # the method names of the table's rows
+#: The method names of the table's rows. llama.cpp runs twice: as it loads by default, where its CPU backend
+#: repacks Q4_0 weights into interleaved blocks in anonymous memory (``use_extra_bufts``: a copy the kernel
+#: cannot reclaim, so the model must fit in memory), and with the repacking off, computing from the mapped
+#: file's pages, which the kernel can drop and read again (``--no-repack``, what a user whose model does
+#: not fit in memory runs).
+PEERS = ("onnxruntime-genai int4", "llama.cpp Q4_0 mmap", "llama.cpp Q4_0 mmap, no repack")
+LLAMA_PEERS = PEERS[1:]
 WARMUP = 4  # tokens decoded before the files are dropped and the limit set, as flash.py's child does
 
 
@@ -136,6 +142,16 @@ def llama_child(spec: dict, group: Path) -> dict:
     import llama_cpp
     from llama_cpp import Llama
 
+    if spec["peer"] == PEERS[2]:  # Llama() takes its model parameters from this function: no repack
+        defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+        def no_repack():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_cpp.llama_cpp.llama_model_default_params = no_repack
+
     # v1 charges a cached page to the group that first read it: dropped first, the model's pages fault in
     # charged to this group, so its limit can evict them (and starts cold)
     drop_files([Path(spec["model"])])
@@ -177,10 +193,12 @@ def child(spec: dict) -> dict:
 
 
 def build_genai(python: str, checkpoint: Path, out: Path) -> None:
-    """onnxruntime-genai's own builder: int4 (MatMulNBits), CPU, from the local checkpoint folder."""
+    """onnxruntime-genai's own builder: int4 (MatMulNBits), CPU, from the local checkpoint folder. Run from
+    build/: ``python -m`` puts the working folder first on the path, where benchmarks/kernels.py would
+    shadow the ``kernels`` package transformers imports."""
     cache = out.with_name(out.name + ".cache")
     subprocess.run([python, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out),
-                    "-p", "int4", "-e", "cpu", "-c", str(cache)], check=True)
+                    "-p", "int4", "-e", "cpu", "-c", str(cache)], check=True, cwd=out.parent)
 
 
 def build_gguf(python: str, convert: Path, checkpoint: Path, out: Path) -> None:
@@ -189,12 +207,12 @@ def build_gguf(python: str, convert: Path, checkpoint: Path, out: Path) -> None:
     bf16 = out.with_name(out.stem + "-bf16.gguf")
     if not bf16.is_file():
         subprocess.run([python, str(convert), str(checkpoint), "--outtype", "bf16", "--outfile", str(bf16)],
-                       check=True)
+                       check=True, cwd=out.parent)
     tmp = out.with_name(out.name + ".tmp")
     quantise = ("import sys, llama_cpp as l; p = l.llama_model_quantize_default_params(); "
                 "p.ftype = l.LLAMA_FTYPE_MOSTLY_Q4_0; p.nthread = 2; "
                 "sys.exit(l.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))")
-    subprocess.run([python, "-c", quantise, str(bf16), str(tmp)], check=True)
+    subprocess.run([python, "-c", quantise, str(bf16), str(tmp)], check=True, cwd=out.parent)
     tmp.replace(out)
 
 
