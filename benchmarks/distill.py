@@ -16,7 +16,8 @@ Rows (WikiText-2 test PPL, every adapter merged as `export --lora` merges it):
 - ``dip``, training ``lm`` (``--dip-lm``): DIP plus the same training with the next-token objective, to
   tell the objective's share from the training text's.
 
-The training text is Python's pydoc topics (``--data``; dipdeploy/finetune/data.py), never WikiText.
+The training text (``--data``; dipdeploy/finetune/data.py) is Python's pydoc topics or, with ``--data
+dense-samples``, text the dense model samples itself (a fresh window per training window); never WikiText.
 `gap_closed` = (PPL_DIP − PPL) / (PPL_DIP − PPL_dense), against the untrained DIP row of the same plan;
 `x_dense_lm` = PPL / PPL of the dense + LM row.
 
@@ -52,7 +53,7 @@ from dipdeploy.paths import write_atomic
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COLS = ["method", "density", "allocation", "training", "adapter_rho", "ppl", "x_dense", "x_dense_lm", "gap_closed",
+COLS = ["method", "density", "allocation", "training", "data", "adapter_rho", "ppl", "x_dense", "x_dense_lm", "gap_closed",
         "train_tokens", "steps", "batch", "train_seqlen", "lr", "wall_s", "train_load_mean", "first_loss",
         "last_loss", "eval_s", "eval_load"]
 SECTION = "## Recovery by distillation from the dense model"
@@ -81,7 +82,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--train-minutes", type=float,
                     help="stop training after this many minutes (the adapter keeps the steps done)")
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--data", default="pydoc-topics")
+    ap.add_argument("--data", default="pydoc-topics", help="training text: pydoc-topics | dense-samples (the dense "
+                    "model's own samples; use a --work of its own: adapter names do not say their text)")
     ap.add_argument("--dip-lm", action="store_true", help="also DIP + the LM objective on the same text")
     ap.add_argument("--train", help="only train this adapter (distill@RHO, dense-lm, dip-lm) and exit")
     ap.add_argument("--no-dense", action="store_true", help="leave the two dense rows to another process")
@@ -162,6 +164,7 @@ class Bench:
             train.update(batch=meta["lora"]["batch_size"], train_seqlen=meta["lora"]["seqlen"], lr=meta["lora"]["lr"],
                          planned_steps=meta["lora"]["steps"])
             row["adapter_rho"] = parse_name(adapter.name)[2]
+            row["data"] = meta["lora"]["data"]
             if (adapter / LOAD_NAME).is_file():
                 train.update(json.loads((adapter / LOAD_NAME).read_text()))
         row["eval_load"] = round(os.getloadavg()[0], 1)
@@ -204,7 +207,13 @@ def _callbacks(name: str, steps: int, minutes: float | None, loads: list[float])
 
 
 def key(row: dict) -> tuple:
-    return row["method"], row["target_density"], row["allocation"], row["training"]
+    """A row's identity in the partial file: the rows of adapters trained on different text coexist."""
+    return row["method"], row["target_density"], row["allocation"], row["training"], data_of(row)
+
+
+def data_of(row: dict) -> str:
+    """The training text of a row ("-" untrained; rows from before the column were all pydoc topics)."""
+    return "-" if row["training"] == "none" else row.get("data") or "pydoc-topics"
 
 
 def parse_name(name: str) -> tuple[str, str, float]:
@@ -250,7 +259,8 @@ def main() -> None:
 
     def want(method: str, rho: float, training: str, adapter_name: str | None) -> None:
         alloc = "-" if method == "dense" else args.allocation
-        if training not in args.trainings.split(",") or (method, rho, alloc, training) in {key(r) for r in merged()}:
+        data = "-" if training == "none" else args.data
+        if training not in args.trainings.split(",") or (method, rho, alloc, training, data) in {key(r) for r in merged()}:
             return
         where = bench.root if method == "dense" else bench.work
         if adapter_name and args.no_train and not (where / adapter_name / "adapter_config.json").is_file():
@@ -307,7 +317,7 @@ def goal(rows: list[dict], rho: float) -> str:
         extra = f"; {rec['ppl'] / dense_lm:.3f}× the dense + LM row" if dense_lm else ""
         if rec.get("planned_steps", rec["steps"]) > rec["steps"]:
             extra += f" (training stopped by --train-minutes at step {rec['steps']} of {rec['planned_steps']})"
-        lines.append(f"{head}, {rec['allocation']} plan, {rec['steps']} steps: {rec['ppl']:.3f} = {ratio:.3f}× "
+        lines.append(f"{head}, {rec['allocation']} plan, {data_of(rec)}, {rec['steps']} steps: {rec['ppl']:.3f} = {ratio:.3f}× "
                      f"dense {dense:.3f} (limit {1.10 * dense:.3f}){extra}: **{'met' if ratio <= 1.10 else 'NOT met'}**.")
     return "\n".join(lines)
 
@@ -322,8 +332,10 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
     for windows, seqlen in sorted({(r["windows"], r["seqlen"]) for r in rows}, reverse=True):
         part = [r for r in rows if (r["windows"], r["seqlen"]) == (windows, seqlen)]
         derive(part)
+        for r in part:
+            r["data"] = data_of(r)
         part.sort(key=lambda r: (r["method"] != "dense", r["target_density"], r["allocation"],
-                                 order.index(r["training"])))
+                                 order.index(r["training"]), r["data"]))
         tables.append(f"### {windows} × {seqlen} tokens of WikiText-2 test ({part[0]['tokens']} predicted tokens)\n\n"
                       f"{md_table(part, COLS)}\n\n{goal(part, 0.5)}\n")
     text = (f"{SECTION}\n\n"
@@ -334,8 +346,10 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
             f"allocation calibrated on WikiText-2 validation (4 × 512 tokens). Training: LoRA rank {cfg.rank}, α "
             f"{cfg.lora_alpha:g}, targets {','.join(cfg.targets)}, AdamW, {cfg.scheduler} schedule after linear "
             f"warm-up, `steps` × `batch` × `train_seqlen` tokens at `lr` (per row; `steps` is the steps done), "
-            f"bf16 autocast forward, on `{cfg.data}` (Python's bundled pydoc topics, "
-            f"dipdeploy/finetune/data.py: no WikiText). `distill`: KL(dense ‖ student) at temperature 1, the teacher "
+            f"bf16 autocast forward, on the row's `data` (dipdeploy/finetune/data.py, never WikiText): "
+            f"`pydoc-topics`, Python's bundled pydoc topics (220 windows of 512 tokens, so more steps are more "
+            f"epochs), or `dense-samples`, text the dense model samples itself at temperature 1, a fresh window "
+            f"for every window trained on. `distill`: KL(dense ‖ student) at temperature 1, the teacher "
             f"the same base weights run dense with the adapter off; `lm`: next-token cross-entropy. One distilled "
             f"adapter per `adapter_rho`, applied under each row's own plan. `x_dense` = PPL / dense untrained; "
             f"`x_dense_lm` = PPL / dense + the same LM training; `gap_closed` = (PPL_DIP − PPL) / (PPL_DIP − "

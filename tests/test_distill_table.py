@@ -55,4 +55,14 @@ def test_rewriting_the_section_keeps_what_precedes_it_and_the_reading(distill):
     assert text.startswith("# title\n\nearlier section\n\n" + distill.SECTION)
     assert "old tables" not in text and text.count(distill.SECTION) == 1
     assert text.endswith(f"{distill.READING} (by hand)\n\nnotes\n")
-    assert "| dip | 0.5 | greedy | distill | 0.5 | 24 |" in text
+    assert "| dip | 0.5 | greedy | distill | pydoc-topics | 0.5 | 24 |" in text
+
+
+def test_adapters_trained_on_other_text_are_rows_of_their_own(distill):
+    """A row from before the data column is a pydoc-topics row; a dense-samples row beside it is kept."""
+    rows = _rows(24.0)
+    samples = {**rows[-1], "ppl": 23.0, "data": "dense-samples"}
+    assert distill.key(rows[-1]) != distill.key(samples)
+    assert distill.data_of(rows[-1]) == "pydoc-topics" and distill.data_of(rows[0]) == "-"
+    lines = distill.goal(rows + [samples], 0.5).splitlines()
+    assert len(lines) == 2 and "pydoc-topics" in lines[0] and "dense-samples" in lines[1]

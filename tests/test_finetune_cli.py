@@ -25,3 +25,15 @@ def test_finetune_cli(tmp_path, finetune_inputs):
 def test_finetune_cli_bad_option(tmp_path):
     res = runner.invoke(app, ["finetune", "--model", "tiny-llama", "--targets", "up,mlp", "--out", str(tmp_path / "a")])
     assert res.exit_code == 2 and "targets" in res.output
+
+
+def test_finetune_cli_distills_on_the_dense_models_samples(tmp_path, finetune_inputs):
+    plan, _ = finetune_inputs
+    out = tmp_path / "adapter"
+    res = runner.invoke(app, ["finetune", "--model", "tiny-llama", "--plan", str(plan), "--steps", "2",
+                              "--seqlen", "16", "--batch-size", "2", "--rank", "2", "--objective", "distill",
+                              "--data", "dense-samples", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "sampling 4 windows of 16 tokens" in res.output
+    meta = read_metadata(out)
+    assert meta["train"]["windows"] == 4 and meta["train"]["text"] == "dense-samples"

@@ -116,6 +116,22 @@ def test_distilled_adapter_loads_in_eval_lora(distilled, tmp_path):
     assert SparsityPlan.load(out / "plan.json").layers == plan.layers
 
 
+def test_dense_samples_are_the_models_own_seeded_windows():
+    """``dense-samples``: one window per window trained on, BOS first, then tokens the dense model sampled;
+    the same seed gives the same windows (a resumed run trains on the same text), another seed others."""
+    from dipdeploy.finetune.data import dense_samples, training_text
+
+    lm = load_model("tiny-llama")
+    cfg = LoraConfig(objective="distill", data="dense-samples", steps=3, batch_size=2, seqlen=12)
+    w = training_windows(lm, cfg)
+    assert w.shape == (6, 12) and w.dtype == torch.long
+    assert (w[:, 0] == (lm.tokenizer.bos_token_id or 0)).all()
+    assert int(w.min()) >= 0 and int(w.max()) < lm.model.config.vocab_size
+    assert torch.equal(w, dense_samples(lm, 6, 12, cfg.seed))
+    assert not torch.equal(w, dense_samples(lm, 6, 12, cfg.seed + 1))
+    assert training_text(cfg) == "" and not lm.model.training
+
+
 def test_objective_defaults_and_sources():
     assert LoraConfig().objective == "lm" and LoraConfig().data == "wikitext2-valid"
     assert LoraConfig(objective="distill").data == "pydoc-topics"

@@ -10,7 +10,7 @@ TARGETS = ("up", "gate", "down", "attn")
 #: dense base model's next-token distribution (KL(dense ‖ student), temperature 1) with the masks active.
 OBJECTIVES = ("lm", "distill")
 #: Training text other than a user file (dipdeploy/finetune/data.py); never the evaluation (test) split.
-DATA = ("wikitext2-valid", "pydoc-topics")
+DATA = ("wikitext2-valid", "pydoc-topics", "dense-samples")
 #: The text each objective trains on when none is named. Distillation must not see WikiText at all: its
 #: gain would then mix recovery from pruning with domain adaptation to the evaluation text
 #: (benchmarks/results/lora-smollm2.md, the control rows).
