@@ -139,6 +139,9 @@ class Bench:
             return out
         plan = SparsityPlan.load(self.plan(1.0 if method == "dense" else rho))
         loads: list[float] = []
+        if cfg.data == "dense-samples":  # minutes before the first logged step
+            print(f"{name}: sampling {cfg.steps * cfg.batch_size} windows of {cfg.seqlen} tokens from the dense "
+                  "model first", flush=True)
         res = finetune(load_model(self.args.model), plan, cfg, out, resume=True, progress=False,
                        callbacks=_callbacks(name, cfg.steps, self.args.train_minutes, loads))
         (out / LOAD_NAME).write_text(json.dumps({"train_load_mean": round(sum(loads) / len(loads), 1) if loads else None}))
