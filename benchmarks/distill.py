@@ -48,6 +48,7 @@ from _common import machine, md_table, write_rows_json
 
 from dipdeploy.eval import EvalConfig, Evaluator
 from dipdeploy.finetune import LoraConfig, apply_lora, finetune
+from dipdeploy.finetune.data import sampled_windows, samples_the_model
 from dipdeploy.loading import load_model
 from dipdeploy.paths import write_atomic
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
@@ -139,8 +140,8 @@ class Bench:
             return out
         plan = SparsityPlan.load(self.plan(1.0 if method == "dense" else rho))
         loads: list[float] = []
-        if cfg.data == "dense-samples":  # minutes before the first logged step
-            print(f"{name}: sampling {cfg.steps * cfg.batch_size} windows of {cfg.seqlen} tokens from the dense "
+        if samples_the_model(cfg):  # minutes before the first logged step
+            print(f"{name}: sampling {sampled_windows(cfg)} windows of {cfg.seqlen} tokens from the dense "
                   "model first", flush=True)
         res = finetune(load_model(self.args.model), plan, cfg, out, resume=True, progress=False,
                        callbacks=_callbacks(name, cfg.steps, self.args.train_minutes, loads))
@@ -262,7 +263,7 @@ def main() -> None:
 
     def want(method: str, rho: float, training: str, adapter_name: str | None) -> None:
         alloc = "-" if method == "dense" else args.allocation
-        data = "-" if training == "none" else args.data
+        data = data_of({"training": training, "data": args.data})
         if training not in args.trainings.split(",") or (method, rho, alloc, training, data) in {key(r) for r in merged()}:
             return
         where = bench.root if method == "dense" else bench.work

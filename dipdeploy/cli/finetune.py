@@ -93,7 +93,7 @@ def finetune_cmd(
             sp = SparsityConfig(**_given(method=method, density=density, rho_in=rho_in, gamma=gamma))
             if sp.method not in ("dip", "dip-ca"):
                 raise ValueError(f"--method {sp.method}: finetune trains under dip or dip-ca")
-        from dipdeploy.finetune.data import samples_the_model, training_text
+        from dipdeploy.finetune.data import sampled_windows, samples_the_model, training_text
 
         training_text(cfg, data_dir)  # refuses WikiText test (and, for distill, validation) text before any work
         check_inputs(model=model)
@@ -116,7 +116,7 @@ def finetune_cmd(
             f"ρ={p.density:.4f}: {cfg.total_steps(proc.world_size)} steps × {cfg.tokens_per_step} tokens"
             + (f" × {proc.world_size} processes" if proc.world_size > 1 else ""))
         if samples_the_model(cfg):  # minutes before the first step: say so
-            say(f"sampling {cfg.total_steps() * cfg.batch_size * cfg.grad_accum} windows of {cfg.seqlen} tokens "
+            say(f"sampling {sampled_windows(cfg)} windows of {cfg.seqlen} tokens "
                 f"from the dense model first (--data dense-samples)")
         with progress.stage("train LoRA, steps", total=cfg.total_steps(proc.world_size)) as stage:
             res = finetune(lm, p, cfg, out, data_dir=data_dir, resume=resume, force=force, progress=False,

@@ -89,6 +89,11 @@ def samples_the_model(cfg: LoraConfig) -> bool:
     return cfg.text_file is None and cfg.data == "dense-samples"
 
 
+def sampled_windows(cfg: LoraConfig) -> int:
+    """How many windows ``dense-samples`` draws: one per window the training reads."""
+    return cfg.total_steps() * cfg.batch_size * cfg.grad_accum
+
+
 def training_text(cfg: LoraConfig, data_dir: str | Path | None = None) -> str:
     """The training text, checked against the evaluation text (the CLI calls this before any work);
     empty for ``dense-samples``, which has no text until the model writes it."""
@@ -105,8 +110,7 @@ def training_windows(lm, cfg: LoraConfig, data_dir: str | Path | None = None) ->
     from dipdeploy.eval.data import windows
 
     if samples_the_model(cfg):
-        return dense_samples(lm, cfg.total_steps() * cfg.batch_size * cfg.grad_accum, cfg.seqlen, cfg.seed,
-                             cfg.bf16)
+        return dense_samples(lm, sampled_windows(cfg), cfg.seqlen, cfg.seed, cfg.bf16)
     return windows(lm.tokenizer, training_text(cfg, data_dir), cfg.seqlen, None)
 
 
