@@ -233,8 +233,8 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
     ordered = sorted(rows, key=lambda r: (r["target_density"], r["method"], r["variant"]))
     load = info["load_1min"]
     load = f"load {load} at start" if isinstance(load, (int, float)) else load
-    cols = ["method", "variant", "target_density", "density", "density_test", "rho_in", "allocation", "score", "gamma",
-            "policy", "cache_frac", "ppl", "ppl_x_dense", "calib_s", "eval_s"]
+    cols = ["method", "variant", "target_density", "density", "density_test", "rho_in", "allocation", "greedy_strength",
+            "score", "gamma", "policy", "cache_frac", "ppl", "ppl_x_dense", "calib_s", "eval_s"]
     text = (f"# {name}: WikiText-2 test perplexity of sparse MLP methods\n\n"
             f"Model {rows[0]['model']}, {windows} windows × {seqlen} tokens ({rows[0]['tokens']} predicted tokens), "
             f"prefill and decode both sparsified; calibration: WikiText-2 validation (4 × 512 tokens).\n"
@@ -242,7 +242,8 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
             f"(other jobs shared the CPU, so times are indicative only). "
             f"`density` is the MLP density ρ = (2ρ_in + ρ_glu)/3 of the plan (thresholds: expected on calibration text), "
             f"`density_test` the density realised on the test tokens (TEAL, CATS: measured; top-K methods: exact); "
-            f"`rho_in` the mean input share.\n\n{NOTES}\n\n"
+            f"`rho_in` the mean input share; `greedy_strength` the skew the greedy allocation chose by held-out KL "
+            f"(0: it kept the uniform plan; empty: not greedy, or not recorded).\n\n{NOTES}\n\n"
             f"{md_table(ordered, cols)}\n\n{goals(rows)}{_missing(rows, planned)}Regenerate: `python benchmarks/accuracy.py` "
             f"(resumes from benchmarks/results/.{name}.partial.json).\n")
     (RESULTS / f"{name}.md").write_text(text)

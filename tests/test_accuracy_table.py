@@ -29,13 +29,15 @@ def _table(accuracy, rows, name="acc"):
 
 
 def test_kept_rows_read_back_what_the_table_wrote(accuracy):
-    rows = [_row("dense", 1.0, 20.0), _row("dip", 0.5, 28.5), _row("dip", 0.5, 27.4, "allocation=greedy"),
+    rows = [_row("dense", 1.0, 20.0), _row("dip", 0.5, 28.5),
+            _row("dip", 0.5, 27.4, "allocation=greedy", greedy_strength=0.1),
             _row("dip-ca", 0.5, 32.9, "gamma=0.5", gamma=0.5, policy="lfu", cache_frac=0.5)]
     kept = {r["key"]: r for r in accuracy.kept_rows(_table(accuracy, rows))}
     assert set(kept) == {'dense|1.0|{}', 'dip|0.5|{}', 'dip|0.5|{"allocation": "greedy"}', 'dip-ca|0.5|{"gamma": 0.5}'}
     greedy = kept['dip|0.5|{"allocation": "greedy"}']
-    assert (greedy["ppl"], greedy["allocation"], greedy["tokens"], greedy["windows"], greedy["seqlen"]) == \
-        (27.4, "greedy", 2046, 2, 1024)
+    assert (greedy["ppl"], greedy["allocation"], greedy["greedy_strength"], greedy["tokens"], greedy["windows"],
+            greedy["seqlen"]) == (27.4, "greedy", 0.1, 2046, 2, 1024)
+    assert kept['dip|0.5|{}']["greedy_strength"] is None
     assert kept['dip-ca|0.5|{"gamma": 0.5}']["cache_frac"] == 0.5
     # the keys are the ones the planned configurations get, so a kept row is not run again
     assert accuracy._key("dip", 0.5, {"allocation": "greedy"}) in kept

@@ -51,3 +51,23 @@ def test_prefix_tokenisation_equals_whole_text(data_dir, smollm2):
     whole = smollm2.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
     w = windows(smollm2.tokenizer, text, 512, 3)
     assert (w.reshape(-1) == whole[: 3 * 512]).all()
+
+
+def test_a_greedy_row_records_the_strength_it_chose(data_dir):
+    """The greedy allocation keeps the uniform plan (strength 0) when no skew lowers the held-out KL; the
+    row says which it chose, so a table can tell a greedy plan from the uniform one."""
+    from dipdeploy.sparsity.plan import SparsityConfig, allocation_label
+
+    def row(allocation):
+        (r,) = evaluate(EvalConfig(model="tiny-llama", method="dip", density="0.5", seqlen=64, max_windows=1,
+                                   data_dir=str(data_dir), calib_windows=2, calib_seqlen=64, progress=False,
+                                   sparsity=SparsityConfig(rho_in=0.55, allocation=allocation)))
+        return r
+
+    greedy, uniform = row("greedy"), row("uniform")
+    assert greedy["allocation"] == "greedy" and greedy["greedy_strength"] in (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4)
+    assert uniform["allocation"] == "uniform" and uniform["greedy_strength"] is None
+    assert allocation_label("greedy", 0.0) == "greedy (strength 0: uniform)"
+    assert allocation_label("greedy", 0.15) == "greedy (strength 0.15)"
+    assert allocation_label("greedy-split", 0.0) == "greedy-split (strength 0)"  # its splits may still differ
+    assert (allocation_label("uniform", None), allocation_label("joint", 0.2)) == ("uniform", "joint")

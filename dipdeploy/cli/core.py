@@ -18,7 +18,7 @@ from dipdeploy.demo import DemoConfig
 from dipdeploy.eval import EvalConfig
 from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig
 from dipdeploy.registry import list_models
-from dipdeploy.sparsity.plan import SparsityConfig
+from dipdeploy.sparsity.plan import SparsityConfig, allocation_label
 from dipdeploy.torchdevice import DEFAULT_DEVICE
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
@@ -60,6 +60,7 @@ def print_rows(rows: list[dict], title: str) -> None:
     cols = list(_ROW_COLUMNS)
     table = make_table(*_ROW_COLUMNS.values(), title=title, wrap=("quant",))
     for r in rows:
+        r = {**r, "allocation": allocation_label(r.get("allocation", "-"), r.get("greedy_strength"))}
         table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols])
     console.print(table)
 
@@ -245,8 +246,9 @@ def calibrate_cmd(
         plan.save(out, force=force)
     except (ValueError, OSError, KeyError) as err:
         fail(err)
+    allocation = allocation_label(plan.allocation, plan.calibration.get("greedy_strength"))
     console.print(f"plan for {plan.model}: {plan.method}, density {plan.density:.4f} "
-                  f"(ρ_in {plan.rho_in}, {plan.allocation}) → {out}")
+                  f"(ρ_in {plan.rho_in}, {allocation}) → {out}")
 
 
 _DEMO = DemoConfig  # the demo's defaults (dipdeploy/demo.py)

@@ -164,6 +164,16 @@ class SparsityPlan:
             )
 
 
+def allocation_label(allocation: str, greedy_strength: float | None) -> str:
+    """The allocation as tables print it: a greedy plan with the strength its held-out KL chose
+    (``calibrate.allocate_greedy``), since strength 0 is the uniform plan, which greedy keeps when no skew
+    lowers the KL, and a table that says only "greedy" hides that."""
+    if greedy_strength is None or allocation not in ("greedy", "greedy-split"):
+        return allocation
+    uniform = greedy_strength == 0 and allocation == "greedy"  # greedy-split may still split per layer
+    return f"{allocation} (strength {greedy_strength:g}{': uniform' if uniform else ''})"
+
+
 def split_for(method: str, rho: float, rho_in: float | None) -> tuple[float, float]:
     """(ρ_in, ρ_glu) that realise density ρ for a method, given the input share for DIP-like methods."""
     if method == "dense":
