@@ -71,3 +71,22 @@ def test_a_greedy_row_records_the_strength_it_chose(data_dir):
     assert allocation_label("greedy", 0.15) == "greedy (strength 0.15)"
     assert allocation_label("greedy-split", 0.0) == "greedy-split (strength 0)"  # its splits may still differ
     assert (allocation_label("uniform", None), allocation_label("joint", 0.2)) == ("uniform", "joint")
+
+
+def test_logit_chunks_shrink_with_the_batch_not_the_nll(tiny_llama, monkeypatch):
+    """The lm_head runs in chunks of positions sized so B × positions × vocab fp32 logits stay bounded
+    (eval's DIP-CA batch of 16 windows of Gemma 3's 262k vocabulary would otherwise need ~17 GB); the
+    chunking changes the memory, not the NLL."""
+    import torch
+
+    from dipdeploy.eval import perplexity as P
+
+    assert P.logit_chunk(1, 49152) == 512 and P.logit_chunk(16, 262144) == 32 and P.logit_chunk(1, 10**12) == 1
+    torch.manual_seed(0)
+    vocab = tiny_llama.model.config.vocab_size
+    batch = torch.randint(0, vocab, (3, 40))
+    whole = P.window_nll(tiny_llama.model, batch)
+    monkeypatch.setattr(P, "_LOGIT_ELEMENTS", 3 * 7 * vocab)  # 7 positions per chunk, the last one shorter
+    assert P.logit_chunk(3, vocab) == 7
+    chunked = P.window_nll(tiny_llama.model, batch)
+    assert chunked[1] == whole[1] == 3 * 39 and chunked[0] == pytest.approx(whole[0], rel=1e-5)

@@ -18,7 +18,17 @@ from dipdeploy.arch import arch_of_model
 from dipdeploy.sparsity.methods import reset_caches
 
 
-_LOGIT_CHUNK = 512  # positions per lm_head chunk: B×T×vocab fp32 logits would not fit for long windows
+#: fp32 logits per lm_head chunk (512 MiB; cross-entropy's log-softmax holds as many again): B×T×vocab would
+#: not fit for long windows, and a fixed count of positions would not either for a batch of windows of a
+#: large vocabulary (16 × 512 positions of Gemma 3's 262,144 tokens: 8.6 GB, twice that with the softmax)
+_LOGIT_ELEMENTS = 1 << 27
+_LOGIT_CHUNK = 512  # positions per chunk at most, whatever the budget allows
+
+
+def logit_chunk(batch: int, vocab: int) -> int:
+    """Positions per lm_head chunk for ``batch`` windows: at most ``_LOGIT_CHUNK``, and few enough that the
+    chunk's logits stay within ``_LOGIT_ELEMENTS``."""
+    return max(1, min(_LOGIT_CHUNK, _LOGIT_ELEMENTS // max(1, batch * vocab)))
 
 
 @torch.no_grad()
@@ -32,12 +42,12 @@ def window_nll(model, batch: torch.Tensor) -> tuple[float, int]:
     reset_caches(model)
     hidden = model.model(batch, use_cache=False).last_hidden_state[:, :-1]  # [B, T-1, d]
     target = batch[:, 1:]
-    nll = 0.0
-    for start in range(0, hidden.shape[1], _LOGIT_CHUNK):
-        logits = model.lm_head(hidden[:, start : start + _LOGIT_CHUNK]).float() * scale
+    nll, chunk = 0.0, logit_chunk(batch.shape[0], model.config.vocab_size)
+    for start in range(0, hidden.shape[1], chunk):
+        logits = model.lm_head(hidden[:, start : start + chunk]).float() * scale
         if cap:
             logits = torch.tanh(logits / cap) * cap
-        tgt = target[:, start : start + _LOGIT_CHUNK]
+        tgt = target[:, start : start + chunk]
         nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum"))
     return nll, target.numel()
 
