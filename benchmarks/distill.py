@@ -1,4 +1,5 @@
-"""SmolLM2-135M: recovery of DIP by distillation from the dense model, against equally trained dense controls.
+"""Recovery of DIP by distillation from the dense model, against equally trained dense controls
+(SmolLM2-135M; another registry model with ``--model``).
 
 Rows (WikiText-2 test PPL, every adapter merged as `export --lora` merges it):
 
@@ -13,6 +14,8 @@ Rows (WikiText-2 test PPL, every adapter merged as `export --lora` merges it):
   validation).
 - ``dip``, training ``distill``: DIP plus the LoRA adapter distilled (KL(dense ‖ student), masks active)
   at the density ``adapter_rho``; at other densities the same adapter is applied under that density's plan.
+  ``--hidden-weight W`` adds the dense model's hidden state after every layer as a second target at weight
+  W (``hidden_weight`` column; its adapters need a ``--work`` of their own, the recipe differs).
 - ``dip``, training ``lm`` (``--dip-lm``): DIP plus the same training with the next-token objective, to
   tell the objective's share from the training text's.
 
@@ -54,9 +57,9 @@ from dipdeploy.paths import write_atomic
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COLS = ["method", "density", "allocation", "training", "data", "adapter_rho", "ppl", "x_dense", "x_dense_lm", "gap_closed",
-        "train_tokens", "steps", "batch", "train_seqlen", "lr", "wall_s", "train_load_mean", "first_loss",
-        "last_loss", "eval_s", "eval_load"]
+COLS = ["method", "density", "allocation", "training", "data", "hidden_weight", "adapter_rho", "ppl", "x_dense",
+        "x_dense_lm", "gap_closed", "train_tokens", "steps", "batch", "train_seqlen", "lr", "wall_s", "train_load_mean",
+        "first_loss", "last_loss", "eval_s", "eval_load"]
 SECTION = "## Recovery by distillation from the dense model"
 #: Where the hand-written reading of the runs starts (and the first 10-step run, whose partial file was not
 #: kept, as it was measured): the generated section ends with it, kept when the tables are rewritten.
@@ -85,6 +88,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--data", default="pydoc-topics", help="training text: pydoc-topics | dense-samples (the dense "
                     "model's own samples; use a --work of its own: adapter names do not say their text)")
+    ap.add_argument("--hidden-weight", type=float, default=0.0,
+                    help="distill: weight of the per-layer hidden-state term against the KL (0: logits only)")
     ap.add_argument("--dip-lm", action="store_true", help="also DIP + the LM objective on the same text")
     ap.add_argument("--train", help="only train this adapter (distill@RHO, dense-lm, dip-lm) and exit")
     ap.add_argument("--no-dense", action="store_true", help="leave the two dense rows to another process")
@@ -100,7 +105,9 @@ def parse() -> argparse.Namespace:
 
 def lora_config(args, objective: str) -> LoraConfig:
     """The one training recipe every adapter of the table shares; only the objective differs."""
-    return LoraConfig(objective=objective, data=args.data, steps=4 if args.quick else args.steps,
+    return LoraConfig(objective=objective, data=args.data,
+                      hidden_weight=args.hidden_weight if objective == "distill" else 0.0,
+                      steps=4 if args.quick else args.steps,
                       seqlen=args.train_seqlen, batch_size=args.batch, lr=args.lr,
                       warmup_steps=1 if args.quick else args.warmup, logging_steps=1 if args.quick else 5,
                       save_steps=2 if args.quick else args.save_steps, bf16=True)
@@ -169,6 +176,7 @@ class Bench:
                          planned_steps=meta["lora"]["steps"])
             row["adapter_rho"] = parse_name(adapter.name)[2]
             row["data"] = meta["lora"]["data"]
+            row["hidden_weight"] = meta["lora"].get("hidden_weight", 0.0)
             if (adapter / LOAD_NAME).is_file():
                 train.update(json.loads((adapter / LOAD_NAME).read_text()))
         row["eval_load"] = round(os.getloadavg()[0], 1)
@@ -212,12 +220,18 @@ def _callbacks(name: str, steps: int, minutes: float | None, loads: list[float])
 
 def key(row: dict) -> tuple:
     """A row's identity in the partial file: the rows of adapters trained on different text coexist."""
-    return row["method"], row["target_density"], row["allocation"], row["training"], data_of(row)
+    return row["method"], row["target_density"], row["allocation"], row["training"], data_of(row), hidden_of(row)
 
 
 def data_of(row: dict) -> str:
     """The training text of a row ("-" untrained; rows from before the column were all pydoc topics)."""
     return "-" if row["training"] == "none" else row.get("data") or "pydoc-topics"
+
+
+def hidden_of(row: dict) -> float:
+    """The weight of the hidden-state term a row's adapter was distilled with (0: logits only, and every row
+    from before the column)."""
+    return float(row.get("hidden_weight") or 0.0) if row["training"] == "distill" else 0.0
 
 
 def parse_name(name: str) -> tuple[str, str, float]:
@@ -264,7 +278,9 @@ def main() -> None:
     def want(method: str, rho: float, training: str, adapter_name: str | None) -> None:
         alloc = "-" if method == "dense" else args.allocation
         data = data_of({"training": training, "data": args.data})
-        if training not in args.trainings.split(",") or (method, rho, alloc, training, data) in {key(r) for r in merged()}:
+        hidden = hidden_of({"training": training, "hidden_weight": args.hidden_weight})
+        if (training not in args.trainings.split(",")
+                or (method, rho, alloc, training, data, hidden) in {key(r) for r in merged()}):
             return
         where = bench.root if method == "dense" else bench.work
         if adapter_name and args.no_train and not (where / adapter_name / "adapter_config.json").is_file():
@@ -321,8 +337,9 @@ def goal(rows: list[dict], rho: float) -> str:
         extra = f"; {rec['ppl'] / dense_lm:.3f}× the dense + LM row" if dense_lm else ""
         if rec.get("planned_steps", rec["steps"]) > rec["steps"]:
             extra += f" (training stopped by --train-minutes at step {rec['steps']} of {rec['planned_steps']})"
-        lines.append(f"{head}, {rec['allocation']} plan, {data_of(rec)}, {rec['steps']} steps: {rec['ppl']:.3f} = {ratio:.3f}× "
-                     f"dense {dense:.3f} (limit {1.10 * dense:.3f}){extra}: **{'met' if ratio <= 1.10 else 'NOT met'}**.")
+        hidden = f", hidden states ×{hidden_of(rec):g}" if hidden_of(rec) else ""
+        lines.append(f"{head}, {rec['allocation']} plan, {data_of(rec)}{hidden}, {rec['steps']} steps: "
+                     f"{rec['ppl']:.3f} = {ratio:.3f}× dense {dense:.3f} (limit {1.10 * dense:.3f}){extra}: **{'met' if ratio <= 1.10 else 'NOT met'}**.")
     return "\n".join(lines)
 
 
@@ -337,9 +354,9 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
         part = [r for r in rows if (r["windows"], r["seqlen"]) == (windows, seqlen)]
         derive(part)
         for r in part:
-            r["data"] = data_of(r)
+            r["data"], r["hidden_weight"] = data_of(r), hidden_of(r) if r["training"] == "distill" else None
         part.sort(key=lambda r: (r["method"] != "dense", r["target_density"], r["allocation"],
-                                 order.index(r["training"]), r["data"]))
+                                 order.index(r["training"]), r["data"], r["hidden_weight"] or 0.0))
         tables.append(f"### {windows} × {seqlen} tokens of WikiText-2 test ({part[0]['tokens']} predicted tokens)\n\n"
                       f"{md_table(part, COLS)}\n\n{goal(part, 0.5)}\n")
     text = (f"{SECTION}\n\n"
@@ -354,7 +371,9 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
             f"`pydoc-topics`, Python's bundled pydoc topics (220 windows of 512 tokens, so more steps are more "
             f"epochs), or `dense-samples`, text the dense model samples itself at temperature 1, a fresh window "
             f"for every window trained on. `distill`: KL(dense ‖ student) at temperature 1, the teacher "
-            f"the same base weights run dense with the adapter off; `lm`: next-token cross-entropy. One distilled "
+            f"the same base weights run dense with the adapter off, plus, where `hidden_weight` > 0, that weight times "
+            f"the mean over layers of the relative squared error of the hidden state after each layer; `lm`: "
+            f"next-token cross-entropy. One distilled "
             f"adapter per `adapter_rho`, applied under each row's own plan. `x_dense` = PPL / dense untrained; "
             f"`x_dense_lm` = PPL / dense + the same LM training; `gap_closed` = (PPL_DIP − PPL) / (PPL_DIP − "
             f"PPL_dense untrained); `wall_s` = training time, losses = first and last logged (KL in nats/token for "

@@ -119,6 +119,8 @@ CASES = [
     ("finetune-rank", "finetune --model tiny-llama --out {new} --rank 0", "rank must be >= 1"),
     ("finetune-device", "finetune --model tiny-llama --out {new} --device tpu", "--device 'tpu' is unknown"),
     ("finetune-targets", "finetune --model tiny-llama --out {new} --targets up,ffn", "targets"),
+    ("finetune-hidden-weight-lm", "finetune --model tiny-llama --out {new} --hidden-weight 5",
+     "only with objective distill"),
     ("finetune-objective", "finetune --model tiny-llama --out {new} --objective kl", "objective 'kl' unknown"),
     ("finetune-distill-on-wikitext", "finetune --model tiny-llama --out {new} --objective distill --data wikitext2-valid",
      "not WikiText"),

@@ -55,7 +55,7 @@ def test_rewriting_the_section_keeps_what_precedes_it_and_the_reading(distill):
     assert text.startswith("# title\n\nearlier section\n\n" + distill.SECTION)
     assert "old tables" not in text and text.count(distill.SECTION) == 1
     assert text.endswith(f"{distill.READING} (by hand)\n\nnotes\n")
-    assert "| dip | 0.5 | greedy | distill | pydoc-topics | 0.5 | 24 |" in text
+    assert "| dip | 0.5 | greedy | distill | pydoc-topics | 0 | 0.5 | 24 |" in text
 
 
 def test_adapters_trained_on_other_text_are_rows_of_their_own(distill):
@@ -66,3 +66,14 @@ def test_adapters_trained_on_other_text_are_rows_of_their_own(distill):
     assert distill.data_of(rows[-1]) == "pydoc-topics" and distill.data_of(rows[0]) == "-"
     lines = distill.goal(rows + [samples], 0.5).splitlines()
     assert len(lines) == 2 and "pydoc-topics" in lines[0] and "dense-samples" in lines[1]
+
+
+def test_adapters_distilled_with_the_hidden_term_are_rows_of_their_own(distill):
+    """A row from before the hidden_weight column is a logits-only row (weight 0); one distilled with the
+    hidden-state term beside it is kept, and its goal line says so."""
+    rows = _rows(24.0)
+    hidden = {**rows[-1], "ppl": 23.5, "hidden_weight": 10.0}
+    assert distill.key(rows[-1]) != distill.key(hidden)
+    assert distill.hidden_of(rows[-1]) == 0.0 and distill.hidden_of({**rows[0], "hidden_weight": 5.0}) == 0.0
+    lines = distill.goal(rows + [hidden], 0.5).splitlines()
+    assert len(lines) == 2 and "hidden states" not in lines[0] and "hidden states ×10" in lines[1]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from dipdeploy.cli import app
 from dipdeploy.finetune import LoraConfig, apply_lora, finetune, read_metadata
 from dipdeploy.finetune.data import check_not_evaluation_text, pydoc_topics, source_text, training_windows
-from dipdeploy.finetune.distill import kl_to_teacher, teacher_logits
+from dipdeploy.finetune.distill import hidden_match, kl_to_teacher, teacher_logits
 from dipdeploy.loading import load_model
 from dipdeploy.sparsity.methods import sparsify_
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan, uniform_plan
@@ -182,3 +182,48 @@ def test_cli_refuses_wikitext_in_one_line_before_loading(fake_wikitext, tmp_path
     line = res.output.strip()
     assert res.exit_code == 2 and len(line.splitlines()) == 1 and line.startswith("error:"), line
     assert "WikiText-2 validation" in line and "--data pydoc-topics" in line and not out.exists()
+
+
+def test_hidden_match_is_zero_for_the_teacher_and_ignores_the_embeddings():
+    g = torch.Generator().manual_seed(1)
+    t = tuple(torch.randn(2, 5, 8, generator=g) * (i + 1) for i in range(4))
+    assert float(hidden_match(t, t)) == pytest.approx(0.0, abs=1e-7)
+    moved_embeddings = (t[0] + 3.0,) + t[1:]
+    assert float(hidden_match(moved_embeddings, t)) == pytest.approx(0.0, abs=1e-7)
+    off = tuple(x + 0.1 * x.norm() / x.numel() ** 0.5 * torch.randn(x.shape, generator=g) for x in t)
+    assert 0.005 < float(hidden_match(off, t)) < 0.02  # ≈ 0.1² relative, whatever each layer's scale
+    with pytest.raises(ValueError):
+        hidden_match(t, t[:-1])
+
+
+def test_hidden_weight_is_for_distillation_only():
+    assert LoraConfig(objective="distill", hidden_weight=0.5).hidden_weight == 0.5
+    with pytest.raises(ValueError, match="only with objective distill"):
+        LoraConfig(hidden_weight=0.5)
+    with pytest.raises(ValueError, match="hidden_weight -1"):
+        LoraConfig(objective="distill", hidden_weight=-1)
+
+
+def test_the_hidden_term_trains_and_lowers_the_hidden_error_more_than_logits_alone(tmp_path):
+    """Both recipes from the same seed and text: the one with the hidden-state term must end with every
+    layer's hidden state closer to the dense model's than the logits-only one (it is what that term optimises;
+    the check fails if the term is not passed to the loss)."""
+    text = tmp_path / "train.txt"
+    text.write_text("pack my box with five dozen liquor jugs; the quick brown fox jumps over it. " * 60)
+    plan = _plan(load_model("tiny-llama"), density=0.4)
+    errors = {}
+    for weight in (0.0, 10.0):
+        cfg = LoraConfig(objective="distill", hidden_weight=weight, steps=30, lr=1e-2, seqlen=24, batch_size=2,
+                         warmup_steps=0, logging_steps=1, save_steps=30, rank=4, text_file=str(text), seed=0)
+        out = tmp_path / f"adapter-{weight}"
+        res = finetune(load_model("tiny-llama"), plan, cfg, out, progress=False)
+        assert res.steps == 30 and all(math.isfinite(h["loss"]) for h in res.log_history if "loss" in h)
+        assert read_metadata(out)["lora"]["hidden_weight"] == weight
+        windows = training_windows(load_model("tiny-llama"), cfg)
+        student = apply_lora(load_model("tiny-llama"), out, merge=False, plan=plan)
+        sparsify_(student.model, plan)
+        with torch.no_grad():
+            s = student.model(windows, output_hidden_states=True).hidden_states
+            t = load_model("tiny-llama").model(windows, output_hidden_states=True).hidden_states
+        errors[weight] = float(hidden_match(s, t))
+    assert errors[10.0] < 0.93 * errors[0.0], errors  # measured: 0.00419 against 0.00475 (untrained 0.00598)

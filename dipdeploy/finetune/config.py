@@ -29,7 +29,9 @@ class LoraConfig:
     ``alpha=None`` means 2·rank, the usual LoRA scaling of 2.
     ``bf16`` runs the forward under bf16 autocast (GPU, or a CPU with AVX512-BF16: 1.5× faster on this
     project's CPU); the LoRA weights and the optimizer stay fp32, and evaluation stays fp32.
-    ``objective`` is one of :data:`OBJECTIVES`; ``data=None`` means the objective's own text
+    ``objective`` is one of :data:`OBJECTIVES`; ``hidden_weight`` (distill only) adds the dense model's hidden
+    state after every decoder layer as a second target (:func:`dipdeploy.finetune.distill.hidden_match`), at
+    that weight against the KL; 0 is logits only. ``data=None`` means the objective's own text
     (:data:`DEFAULT_DATA`), resolved here so the saved config names the text actually used.
     """
 
@@ -47,6 +49,7 @@ class LoraConfig:
     grad_accum: int = 1
     seqlen: int = 512
     objective: str = "lm"
+    hidden_weight: float = 0.0
     data: str | None = None
     text_file: str | None = None
     save_steps: int = 50
@@ -80,6 +83,9 @@ class LoraConfig:
             raise ValueError(f"scheduler {self.scheduler!r} unknown; choose one of {', '.join(SCHEDULERS)}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective {self.objective!r} unknown; choose one of {', '.join(OBJECTIVES)}")
+        if self.hidden_weight < 0 or (self.hidden_weight and self.objective != "distill"):
+            raise ValueError(f"hidden_weight {self.hidden_weight}: give a weight >= 0, and only with objective distill "
+                             f"(the hidden states are the dense teacher's)")
         if self.data is None:
             self.data = DEFAULT_DATA[self.objective]
         if self.data not in DATA:

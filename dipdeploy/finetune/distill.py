@@ -10,6 +10,10 @@ well, the teacher carries the information a one-hot label throws away.
 The teacher is the student's own base weights run dense with the adapter switched off (peft
 ``disable_adapter``, the SparseMLP wrappers lifted by :func:`dense_paths`): no second copy of the model in
 memory, and by construction exactly the base model the adapter will later be merged into.
+
+With ``hidden_weight`` the dense model's hidden state after every decoder layer is a second target
+(:func:`hidden_match`): the logits' KL says only how wrong the last layer's output is, while every layer's
+pruning error is visible in its own hidden state, so each layer's adapter gets a signal of its own.
 """
 
 from __future__ import annotations
@@ -23,8 +27,24 @@ from dipdeploy.finetune.adapter import dense_paths
 @torch.no_grad()
 def teacher_logits(peft_model, hf: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """Logits of the dense base model: no adapter, no masks (``hf`` is the model inside ``peft_model``)."""
+    return teacher_outputs(peft_model, hf, input_ids).logits
+
+
+@torch.no_grad()
+def teacher_outputs(peft_model, hf: torch.nn.Module, input_ids: torch.Tensor, hidden_states: bool = False):
+    """The dense base model's outputs (logits, and with ``hidden_states`` every layer's hidden state)."""
     with peft_model.disable_adapter(), dense_paths(hf):
-        return peft_model(input_ids=input_ids).logits
+        return peft_model(input_ids=input_ids, output_hidden_states=hidden_states)
+
+
+def hidden_match(student: tuple[torch.Tensor, ...], teacher: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Mean over decoder layers of ‖h_student − h_teacher‖² / ‖h_teacher‖², each layer's hidden state
+    over the whole batch (HF ``hidden_states``: the embeddings first, which the adapter cannot change, so
+    they are left out). Relative, so a family whose residual stream grows large (Gemma scales its
+    embeddings by √d) weighs its layers as evenly as one whose stream stays small."""
+    terms = [((s.float() - t.float()).pow(2).sum() / t.float().pow(2).sum().clamp_min(1e-12))
+             for s, t in zip(student[1:], teacher[1:], strict=True)]
+    return torch.stack(terms).mean()
 
 
 def kl_to_teacher(student: torch.Tensor, teacher: torch.Tensor, num_items: int | torch.Tensor | None = None) -> torch.Tensor:
@@ -40,12 +60,19 @@ def kl_to_teacher(student: torch.Tensor, teacher: torch.Tensor, num_items: int |
 class DistillLoss:
     """The Trainer's ``compute_loss_func``: it receives the student's outputs and the labels, which are the
     input windows themselves (:class:`dipdeploy.finetune.train.WindowDataset`), so the teacher reads the
-    same tokens."""
+    same tokens. With ``hidden_weight`` the student's outputs must carry their hidden states (the trainer
+    asks for them, :mod:`dipdeploy.finetune.train`); the hidden term, a mean over this batch, is scaled by
+    its share of ``num_items`` as the KL's sum is divided by it, so gradient accumulation weighs both alike."""
 
-    def __init__(self, peft_model, hf: torch.nn.Module):
+    def __init__(self, peft_model, hf: torch.nn.Module, hidden_weight: float = 0.0):
         self.peft_model = peft_model
         self.hf = hf
+        self.hidden_weight = hidden_weight
 
     def __call__(self, outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
-        teacher = teacher_logits(self.peft_model, self.hf, labels)
-        return kl_to_teacher(outputs.logits, teacher, num_items_in_batch)
+        teacher = teacher_outputs(self.peft_model, self.hf, labels, hidden_states=bool(self.hidden_weight))
+        loss = kl_to_teacher(outputs.logits, teacher.logits, num_items_in_batch)
+        if not self.hidden_weight:
+            return loss
+        share = labels.shape[0] * (labels.shape[1] - 1) / num_items_in_batch if num_items_in_batch else 1.0
+        return loss + self.hidden_weight * share * hidden_match(outputs.hidden_states, teacher.hidden_states)
