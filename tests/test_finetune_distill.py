@@ -205,9 +205,9 @@ def test_hidden_weight_is_for_distillation_only():
 
 
 def test_the_hidden_term_trains_and_lowers_the_hidden_error_more_than_logits_alone(tmp_path):
-    """Both recipes from the same seed and text: the one with the hidden-state term must end with every
-    layer's hidden state closer to the dense model's than the logits-only one (it is what that term optimises;
-    the check fails if the term is not passed to the loss)."""
+    """Both recipes from the same seed and text: the one with the hidden-state term must end with the hidden
+    states closer to the dense model's, on the mean over layers, than the logits-only one (it is what that
+    term optimises; the check fails if the term is not passed to the loss)."""
     text = tmp_path / "train.txt"
     text.write_text("pack my box with five dozen liquor jugs; the quick brown fox jumps over it. " * 60)
     plan = _plan(load_model("tiny-llama"), density=0.4)
