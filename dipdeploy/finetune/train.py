@@ -93,11 +93,10 @@ def _trainer_class():
         """Trainer whose saves/loads see plain module paths and whose DIP-CA caches start cold per batch."""
 
         hf_model: torch.nn.Module  # the HF causal LM inside the PeftModel (where the SparseMLPs live)
-        hidden_states: bool = False  # the student returns every layer's hidden state (distillation's second term)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             reset_caches(self.hf_model)
-            if self.hidden_states:  # the hidden-state term of distillation needs the student's
+            if getattr(self.compute_loss_func, "hidden_weight", 0):  # DistillLoss's hidden term needs the student's
                 inputs = {**inputs, "output_hidden_states": True}
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
@@ -170,7 +169,7 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
         loss_func = DistillLoss(model, hf, cfg.hidden_weight) if cfg.objective == "distill" else None
         trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress, device), train_dataset=data,
                                    callbacks=list(callbacks), compute_loss_func=loss_func)
-        trainer.hf_model, trainer.hidden_states = hf, bool(cfg.hidden_weight)
+        trainer.hf_model = hf
         if not progress:  # the caller reports (dipdeploy/progress.py): no per-log dicts on stdout either
             from transformers.trainer_callback import PrinterCallback
 
@@ -190,8 +189,7 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
                      "wall_s": result.wall_s,
                      "first_loss": result.first_loss, "last_loss": result.last_loss,
                      "windows": len(data), "resumed": bool(has_ckpt),
-                     "objective": cfg.objective, "hidden_weight": cfg.hidden_weight,
-                     "text": cfg.text_file or cfg.data}
+                     "objective": cfg.objective, "text": cfg.text_file or cfg.data}
             with atomic_dir(out) as tmp, dense_paths(hf):
                 model.save_pretrained(tmp)
                 write_metadata(tmp, lm, plan, cfg, train, base_fp)
