@@ -194,8 +194,7 @@ def child(spec: dict) -> dict:
 
 def build_genai(python: str, checkpoint: Path, out: Path) -> None:
     """onnxruntime-genai's own builder: int4 (MatMulNBits), CPU, from the local checkpoint folder. Run from
-    build/: ``python -m`` puts the working folder first on the path, where benchmarks/kernels.py would
-    shadow the ``kernels`` package transformers imports."""
+    build/: ``python -m`` puts the working folder first on the import path, where no module of ours belongs."""
     cache = out.with_name(out.name + ".cache")
     subprocess.run([python, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out),
                     "-p", "int4", "-e", "cpu", "-c", str(cache)], check=True, cwd=out.parent)

@@ -22,8 +22,8 @@ Each time is the median of repeated `run_with_iobinding` calls, the cases of a s
 that load changes on this shared machine hit them alike (at Mistral shapes the fallback runs on its own); "bytes" counts the weight bytes the
 implementation must read (selected rows only for sparse, all for dense) and GB/s = bytes / time.
 
-    python benchmarks/kernels.py --quick            # < 2 min: ρ_row = 0.5, no fallback at Mistral shapes
-    python benchmarks/kernels.py --json out.json    # full
+    python benchmarks/gather_kernels.py --quick            # < 2 min: ρ_row = 0.5, no fallback at Mistral shapes
+    python benchmarks/gather_kernels.py --json out.json    # full
 
 Writes benchmarks/results/kernels.md.
 """
@@ -384,7 +384,7 @@ def write_markdown(rows: list[Row], info: dict, path: Path, quick: bool) -> None
     dense = {(r.shape, r.threads): r.median_us for r in rows if r.impl == "dense"}
     rel = lambda r: f"{r.median_us / dense[(r.shape, r.threads)]:.2f}" if (r.shape, r.threads) in dense else "–"  # noqa: E731
     lines = [
-        "# SparseGatherMatMul kernels (benchmarks/kernels.py)",
+        "# SparseGatherMatMul kernels (benchmarks/gather_kernels.py)",
         "",
         f"Machine: {info['cpu']}, {info['cores']} cores; "
         f"onnxruntime {info['onnxruntime']}; native kernel set: {info['native_isa']}. "
