@@ -43,7 +43,8 @@ NOTES = ("How each method was tuned (all on WikiText-2 validation, 4 × 512 toke
          "calibration tokens (else the row says greedy); **TEAL** per-layer thresholds on |x| and |GLU~| at the (1 − share) quantiles, "
          "uniform: DIP's searched split, joint: each layer's shares from the same joint allocation (the role of "
          "TEAL's own greedy per-layer allocation); **CATS** per-layer threshold on |act(W_g x)|; **DIP-CA** the "
-         "joint DIP plan (variant allocation=greedy: the greedy one), γ = 0.5, LFU, cache half of each group's rows; "
+         "joint DIP plan (variant allocation=greedy: the greedy one), γ = 0.5, LFU, cache half of each group's rows "
+         "(variant cache_split=reads: half the MLP rows' bytes, shared as `run --cache-split reads` shares them); "
          "**wina-in** DIP's input score |x_i|·s_i^0.5, its split searched like abs's. Rows are compared at equal MLP bytes "
          "read per token (`density_test`).")
 PEERS = ("dip", "dip-ca", "teal", "cats", "gate", "up")
@@ -58,7 +59,8 @@ def configs(quick: bool) -> list[tuple[str, float, dict]]:
     uniform and joint (per-layer density and split, docs/method.md "Joint allocation"), TEAL uniform and
     with the same joint allocation, CATS, DIP-CA (γ = 0.5) on the joint plan, DIP with the greedy
     allocation (alone and with each layer's split from its error curve, ``greedy-split``) and with the `wina-in` score (docs/method.md "Scores"), alone and together; at ρ = 0.5
-    also the WINA score under the joint allocation and DIP-CA on the greedy plans (with either score);
+    also the WINA score under the joint allocation and DIP-CA on the greedy plans (with either score, and
+    under the ``reads`` cache split);
     then the single-group baselines."""
     if quick:
         return [("dense", 1.0, {})] + [(m, 0.5, {}) for m in ("dip", "teal", "cats", "dip-ca")]
@@ -71,7 +73,7 @@ def configs(quick: bool) -> list[tuple[str, float, dict]]:
                 ("dip", rho, {**greedy, **wina_in})]
         if rho == 0.5:
             out += [("dip", 0.5, {**joint, "score": "wina"}), ("dip-ca", 0.5, greedy),
-                    ("dip-ca", 0.5, {**greedy, **wina_in})]
+                    ("dip-ca", 0.5, {**greedy, **wina_in}), ("dip-ca", 0.5, {**greedy, "cache_split": "reads"})]
     for rho in (0.5, 0.4, 0.6, 0.75):
         out += [(m, rho, {}) for m in ("gate", "up")] + ([("glu", rho, {})] if rho == 0.75 else [])
     return [c for c in out if reachable(c[0], c[1])]

@@ -77,24 +77,37 @@ def test_accuracy_level_override_equals_model_onnx_at_that_level(dipca_bundle, n
         Engine(out, accuracy_level=2)
 
 
-@pytest.mark.parametrize("policy,budget", [("lfu", "50%"), ("lru", "25%"), ("none", "50%")])
-def test_dipca_equals_torch_reference_under_a_budget(dipca_bundle, policy, budget):
-    """Same γ, policy and capacity (round(frac·rows) per group) as the torch DIP-CA reference: fed the
-    reference's tokens, the runtime's selections pass the top-K check and the twin's logits agree."""
+@pytest.mark.parametrize("policy,budget,split", [("lfu", "50%", "even"), ("lru", "25%", "even"), ("none", "50%", "even"),
+                                                 ("lfu", "50%", "reads"), ("lru", "25%", "reads")])
+def test_dipca_equals_torch_reference_under_a_budget(dipca_bundle, policy, budget, split):
+    """Same γ, policy and capacities (round(frac·rows) per group, re-spent by the cache split) as the torch
+    DIP-CA reference: fed the reference's tokens, the runtime's selections pass the top-K check and the twin's
+    logits agree."""
+    from dipdeploy.export.mlp import stored_row_bytes
+    from dipdeploy.quant.config import calibrated_config
+    from dipdeploy.runtime.blockio import miss_cost
     from dipdeploy.sparsity.methods import reset_caches, sparsify_
 
     out, lm, plan = dipca_bundle
     ref_plan = copy.deepcopy(plan)
     frac = DramBudget.parse(budget).cache_frac
     ref_plan.method, ref_plan.gamma, ref_plan.policy, ref_plan.cache_frac = "dip-ca", 0.3, policy, frac
+    ref_plan.cache_split = split
+    ref_plan.row_bytes = stored_row_bytes(calibrated_config("bq4"), plan.hidden_size, plan.intermediate_size)
     if policy == "none":
         ref_plan.cache_frac = 0.0
     model = copy.deepcopy(lm.model)
     sparsify_(model, ref_plan)
     reset_caches(model)
     ref_tokens, _ = torch_greedy(model, np.array(PROMPT), 10)
-    eng = Engine(out, dram_budget=budget, policy=policy, native=False)
+    eng = Engine(out, dram_budget=budget, policy=policy, native=False, cache_split=split)
     assert eng.gamma == pytest.approx(0.3)
+    if policy != "none":
+        assert ref_plan.cache_capacity(miss_cost) == eng.residency.capacity
+        if split == "reads":  # the down rows are the smaller ones: they get a larger share than even gives
+            even = [[round(frac * plan.hidden_size), round(frac * plan.intermediate_size)]] * len(plan.layers)
+            assert eng.residency.capacity != even
+            assert all(c[1] > e[1] for c, e in zip(eng.residency.capacity, even))
     logits, sel = eng.teacher_forced(PROMPT, ref_tokens)
     token, twin = compare_with_twin(model, PROMPT, ref_tokens, logits, sel, tolerance_for(sparse=True, quantised=True))
     assert token.ok and twin.ok, f"{token.describe()}; {twin.as_dict()}"

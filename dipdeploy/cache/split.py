@@ -1,7 +1,9 @@
 """How a cache budget is shared among the MLP groups: the one rule of the runtime's plan and the simulator's.
 
-``even`` (the paper's §5 and the torch DIP-CA reference): the same fraction of every group's rows.
+``even`` (the paper's §5): the same fraction of every group's rows.
 ``reads``: the same bytes, spent where a cached byte saves the most reading (:func:`split_by_reads`).
+The runtime's plan, the simulator's and the torch DIP-CA reference (``SparsityPlan.cache_split``) all
+apply one of these, so ``eval`` measures the perplexity of the split ``run`` uses.
 
 Floor 1: no dependencies.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import Callable, Protocol, Sequence
 
 CACHE_SPLITS = ("even", "reads")
-CACHE_SPLIT = "even"  # the torch DIP-CA reference's rule (one cache_frac for every group), so eval and run agree
+CACHE_SPLIT = "even"
 
 
 class Group(Protocol):
@@ -46,3 +48,15 @@ def split_by_reads(groups: Sequence[Sequence[Group]], cache_bytes: float,
         if left <= 0:
             break
     return cap
+
+
+def spend(split: str, even: Sequence[Sequence[int]], groups: Sequence[Sequence[Group]],
+          miss_cost: Callable[[float], float]) -> list[list[int]]:
+    """The capacities [layer][group] of ``split``, given the ``even`` split's: ``reads`` spends the bytes
+    ``even`` gives the caches by :func:`split_by_reads` instead."""
+    if split not in CACHE_SPLITS:
+        raise ValueError(f"cache split {split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
+    if split == "even":
+        return [list(layer) for layer in even]
+    return split_by_reads(groups, sum(c * g.row_bytes for cl, gl in zip(even, groups) for c, g in zip(cl, gl)),
+                          miss_cost)

@@ -45,10 +45,10 @@ def models_cmd() -> None:
 
 
 def _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac, fixed_top_n,
-                      gamma_warmup):
+                      gamma_warmup, cache_split=SparsityConfig.cache_split):
     return SparsityConfig(method=method, density=density, rho_in=rho_in, allocation=allocation, score=score,
                           gamma=gamma, policy=policy, cache_frac=cache_frac, fixed_top_n=fixed_top_n,
-                          gamma_warmup=gamma_warmup)
+                          gamma_warmup=gamma_warmup, cache_split=cache_split)
 
 
 #: eval's table: row key → column header (short, so nine columns fit 80)
@@ -82,7 +82,7 @@ ALLOC = typer.Option(_S.allocation, "--allocation", help="per-layer allocation: 
 SCORE = typer.Option(_S.score, "--score", help="DIP score: abs (|x|) | wina (|x_i|·‖W_:,i‖₂, and |GLU~|·‖W_d[:,j]‖₂) | wina-in (the input group only, folded into the weights on export)")
 GAMMA = typer.Option(_S.gamma, "--gamma", help="DIP-CA re-weighting of non-resident rows (1 = plain DIP)")
 POLICY = typer.Option(_S.policy, "--policy", help="DIP-CA cache policy in the torch reference: lru | lfu")
-CACHE = typer.Option(_S.cache_frac, "--cache-frac", help="DIP-CA cache capacity, fraction of each group's rows")
+CACHE = typer.Option(_S.cache_frac, "--cache-frac", help="DIP-CA cache capacity, fraction of the MLP rows' bytes")
 TOPN = typer.Option(_S.fixed_top_n, "--fixed-top-n", help="DIP-CA: exempt the n largest |x| from re-weighting")
 WARM = typer.Option(_S.gamma_warmup, "--gamma-warmup", help="DIP-CA: tokens over which γ goes from 1 to --gamma")
 DATA = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/ (default: $DIPDEPLOY_DATA)")
@@ -147,6 +147,10 @@ def eval_cmd(
     batch_size: Optional[int] = typer.Option(None, help="windows run side by side (default: 16 for dip-ca, else 1)"),
     rho_in: Optional[float] = RHO_IN, allocation: str = ALLOC, score: str = SCORE, gamma: float = GAMMA,
     policy: str = POLICY, cache_frac: float = CACHE, fixed_top_n: int = TOPN, gamma_warmup: int = WARM,
+    cache_split: str = typer.Option(_S.cache_split, "--cache-split", help="DIP-CA: how the cache's bytes are shared "
+                                    "between the groups, as `run --cache-split`: even (the same fraction of each "
+                                    "group's rows) | reads (where a cached byte saves the most reading; rows priced "
+                                    "in the --quant format, fp32 without it)"),
     quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3 (and their "
                                         "-gptq variants)"),
     quant_scope: str = typer.Option(_EV.quant_scope, help="all: attention and lm_head in BQ4 blocks too, as "
@@ -177,7 +181,7 @@ def eval_cmd(
         floats(density, "--density")
         # the knobs every row shares; each row sets its own method and density (evaluate)
         sp = _sparsity_options(_S.method, _S.density, rho_in, allocation, score, gamma, policy, cache_frac,
-                               fixed_top_n, gamma_warmup)
+                               fixed_top_n, gamma_warmup, cache_split)
         cfg = EvalConfig(model=model, method=method, density=density, plan=str(plan) if plan else None,
                          seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
                          text_file=str(text_file) if text_file else None, data_dir=str(data_dir) if data_dir else None,

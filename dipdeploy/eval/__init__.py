@@ -181,6 +181,17 @@ class Evaluator:
             self._calib = self._windows(self.cfg.calib_windows)
         return self._calib.to(device_of(self.lm.model))
 
+    def row_bytes(self) -> list[int]:
+        """What one up|gate and one down row take in the bundle ``export --quant`` would write with this
+        evaluation's format (fp32 rows without --quant): the ``reads`` cache split prices misses by them."""
+        from dipdeploy.export.mlp import stored_row_bytes
+
+        if self.cfg.weights is not None and self.cfg.quant is None:
+            raise ValueError("--cache-split reads prices rows in the bundle's format; with --weights give it as --quant")
+        c = self.lm.model.config
+        return stored_row_bytes(self.cfg.quant_config() if self.cfg.quant else None, c.hidden_size,
+                                c.intermediate_size)
+
     def plan_for(self, sparsity: SparsityConfig):
         from dipdeploy.sparsity.calibrate import calibrate
         from dipdeploy.sparsity.plan import SparsityPlan
@@ -208,6 +219,8 @@ class Evaluator:
         cfg = self.cfg
         t0 = time.time()
         plan = self.plan_for(replace(cfg.sparsity, method=method, density=density, **overrides))
+        if plan is not None and method == "dip-ca" and plan.cache_split == "reads" and plan.row_bytes is None:
+            plan = replace(plan, row_bytes=self.row_bytes())
         if plan is not None:
             sparsify_(self.lm.model, plan)
         t1 = time.time()
@@ -232,7 +245,7 @@ class Evaluator:
             "greedy_strength": plan.calibration.get("greedy_strength") if plan else None,
             "score": plan.score if plan else "-",
             "gamma": plan.gamma if plan else 1.0, "policy": plan.policy if ca else "-",
-            "cache_frac": plan.cache_frac if ca else None,
+            "cache_frac": plan.cache_frac if ca else None, "cache_split": plan.cache_split if ca else None,
             "lora": self.lora, **self.qinfo, "calib_s": round(t1 - t0, 1), "eval_s": round(time.time() - t1, 1),
         }
 

@@ -93,6 +93,28 @@ def group_geometry(ow: OpWeights) -> GroupGeometry:
     return GroupGeometry((0,) * len(row_bytes), row_bytes)
 
 
+def stored_row_bytes(mlp_cfg, d: int, f: int) -> list[int]:
+    """The Flash file's bytes of one up|gate row (2F values) and one down row (d values) in ``mlp_cfg``'s
+    format (fp32 when None), from one row put through the exporter's own quantiser: what a miss of each
+    group reads, and what the ``reads`` cache split prices (``SparsityPlan.row_bytes``). A format whose
+    rows share tables (VQ3) has no bytes of its own per row: refused."""
+    from dataclasses import replace
+
+    from dipdeploy.quant.fake import quantize_group
+
+    if getattr(mlp_cfg, "error_feedback", False):  # the same bytes; feedback would need calibration statistics
+        mlp_cfg = replace(mlp_cfg, error_feedback=False)
+    out = []
+    for cols in (2 * f, d):
+        row = np.random.default_rng(0).standard_normal((1, cols)).astype(np.float32)
+        ow = OpWeights.from_matrix(row) if mlp_cfg is None else OpWeights.from_packed(quantize_group(row, mlp_cfg, None))
+        if weight_format(ow.format).shared:
+            raise ValueError(f"{ow.format} rows share codebooks, so a row's bytes are not its own; price the cache "
+                             "split in bq4 (--quant bq4) or use --cache-split even")
+        out.append(sum(group_geometry(ow).row_bytes))
+    return out
+
+
 def _attrs(ow: OpWeights) -> dict:
     return {"fmt": ow.format, "cols": ow.cols, **dict(ow.attrs)}
 

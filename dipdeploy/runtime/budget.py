@@ -19,7 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, split_by_reads
+from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, spend
 from dipdeploy.runtime.blockio import miss_cost
 
 DEFAULT_CONTEXT = 1024  # `run` and `chat`: KV-cache tokens reserved in the budget, when the bundle has that many positions
@@ -152,8 +152,7 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
         cap = [[int(frac * g.rows) for g in layer] for layer in groups]
     if policy == "none":
         cap = [[0 for _ in layer] for layer in cap]
-    elif split == "reads":
-        cap = split_by_reads(groups, sum(c * g.row_bytes for cl, gl in zip(cap, groups) for c, g in zip(cl, gl)),
-                             miss_cost)
+    else:
+        cap = spend(split, cap, groups, miss_cost)
     caches = sum(c * g.row_bytes for cl, gl in zip(cap, groups) for c, g in zip(cl, gl))
     return Residency(dense_bytes, kv_bytes, staging, caches, frac, cap, prefill_bytes, read_bytes, split)

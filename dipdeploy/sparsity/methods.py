@@ -271,8 +271,10 @@ def _dip_ca(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
     B, T, d = x.shape
     F = m.plan.intermediate_size
     if m.caches is None or m.caches[0].batch != B:
-        frac, pol = m.plan.cache_frac, m.plan.policy
-        m.caches = (RowCache(d, round(frac * d), pol, batch=B), RowCache(F, round(frac * F), pol, batch=B))
+        from dipdeploy.runtime.blockio import miss_cost
+
+        cap_in, cap_glu = m.plan.cache_capacity(miss_cost)[m.index]
+        m.caches = (RowCache(d, cap_in, m.plan.policy, batch=B), RowCache(F, cap_glu, m.plan.policy, batch=B))
     s_in = m.score_in(x)
     sel_in = _ca_select(m, "in", m.caches[0], s_in.detach().float().cpu().numpy(), m.layer.k_in)
     gate, up = m.gate_up(x * mask_from_indices(sel_in, x.shape, x.device))

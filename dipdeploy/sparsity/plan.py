@@ -23,6 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, spend
 from dipdeploy.paths import write_atomic
 
 PLAN_VERSION = 1
@@ -37,7 +38,8 @@ class SparsityConfig:
     """What the user asks for; calibration turns it into a :class:`SparsityPlan`.
 
     ``rho_in=None`` means: calibrate the split between ρ_in and ρ_glu on calibration text.
-    ``cache_frac`` is the DIP-CA cache capacity as a fraction of each group's rows.
+    ``cache_frac`` is the DIP-CA cache capacity as a fraction of each group's rows' bytes, shared among the
+    groups by ``cache_split`` (``dipdeploy.cache.split``, as the runtime shares a budget).
     """
 
     method: str = "dip"
@@ -48,6 +50,7 @@ class SparsityConfig:
     gamma: float = 0.5  # at cache_frac 0.5: PPL 48.8 vs 131.8 at γ = 0.2 (benchmarks/results/runtime-smollm2.md)
     policy: str = "lfu"
     cache_frac: float = 0.5
+    cache_split: str = CACHE_SPLIT
     fixed_top_n: int = 0
     gamma_warmup: int = 0
 
@@ -77,6 +80,8 @@ class SparsityConfig:
             )
         if not 0.0 <= self.cache_frac <= 1.0:
             raise ValueError(f"cache_frac must lie in [0, 1], got {self.cache_frac}")
+        if self.cache_split not in CACHE_SPLITS:
+            raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
 
 
 def min_density(method: str) -> float:
@@ -86,6 +91,13 @@ def min_density(method: str) -> float:
 def density(k_in: int, k_glu: int, d: int, f: int) -> float:
     """Eq. ρ for input-and-GLU pruning (teal, dip, dip-ca)."""
     return (2 * k_in / d + k_glu / f) / 3
+
+
+@dataclass(frozen=True)
+class _Group:  # dipdeploy.cache.split.Group
+    rows: int
+    row_bytes: int
+    k: int
 
 
 @dataclass
@@ -108,6 +120,8 @@ class SparsityPlan:
     gamma: float = 1.0
     policy: str = "lfu"
     cache_frac: float = 0.5
+    cache_split: str = CACHE_SPLIT
+    row_bytes: list[int] | None = None  # one up|gate row and one down row as the bundle stores them
     fixed_top_n: int = 0
     gamma_warmup: int = 0
     allocation: str = "uniform"
@@ -125,6 +139,19 @@ class SparsityPlan:
         if self.method in ("gate", "up", "cats"):
             return (1 + 2 * lp.k_glu / f) / 3
         return density(lp.k_in, lp.k_glu, d, f)
+
+    def cache_capacity(self, miss_cost) -> list[list[int]]:
+        """Rows of each layer's two DIP-CA caches: round(cache_frac · rows) per group, as the runtime gives a
+        fractional budget (``runtime.budget.plan_residency``), re-spent by ``cache_split``; ``reads`` prices a
+        miss of a ``row_bytes`` row by ``miss_cost`` (the runtime's ``blockio.miss_cost``)."""
+        d, f, frac = self.hidden_size, self.intermediate_size, self.cache_frac
+        even = [[round(frac * d), round(frac * f)] for _ in self.layers]
+        if self.cache_split == "reads" and self.row_bytes is None:
+            raise ValueError("cache split 'reads' prices rows by their stored bytes and this plan has no row_bytes; "
+                             "give eval --quant (the bundle's format) or use --cache-split even")
+        rb_in, rb_glu = self.row_bytes or (0, 0)
+        groups = [[_Group(d, rb_in, lp.k_in), _Group(f, rb_glu, lp.k_glu)] for lp in self.layers]
+        return spend(self.cache_split, even, groups, miss_cost)
 
     def mean_density(self) -> float:
         return sum(self.layer_density(i) for i in range(len(self.layers))) / len(self.layers)
@@ -207,7 +234,8 @@ def uniform_plan(cfg: SparsityConfig, model: str, num_layers: int, d: int, f: in
         model=model, method=cfg.method, density=cfg.density, hidden_size=d, intermediate_size=f,
         layers=[LayerPlan(k_in, k_glu) for _ in range(num_layers)], score=cfg.score,
         gamma=cfg.gamma if cfg.method == "dip-ca" else 1.0, policy=cfg.policy, cache_frac=cfg.cache_frac,
-        fixed_top_n=cfg.fixed_top_n, gamma_warmup=cfg.gamma_warmup, allocation="uniform", rho_in=r_in,
+        cache_split=cfg.cache_split, fixed_top_n=cfg.fixed_top_n, gamma_warmup=cfg.gamma_warmup, allocation="uniform",
+        rho_in=r_in,
     )
     plan.density = plan.mean_density()
     return plan
