@@ -38,8 +38,8 @@ class SparsityConfig:
     """What the user asks for; calibration turns it into a :class:`SparsityPlan`.
 
     ``rho_in=None`` means: calibrate the split between ρ_in and ρ_glu on calibration text.
-    ``cache_frac`` is the DIP-CA cache capacity as a fraction of each group's rows' bytes, shared among the
-    groups by ``cache_split`` (``dipdeploy.cache.split``, as the runtime shares a budget).
+    ``cache_frac`` is the DIP-CA cache capacity as a fraction of the MLP rows' bytes (of each group's rows
+    under ``cache_split`` ``even``; ``reads`` shares them as the runtime shares a budget, ``dipdeploy.cache.split``).
     """
 
     method: str = "dip"
