@@ -14,9 +14,12 @@ Writes JSON (never committed; build/ is ignored) that the Java tests compare wit
   bundle.json     manifest parsing of a tiny exported bundle, accepted/rejected variants, verify() problems
                   of a damaged copy, per-layer graph I/O names, FlashStore reads (bytes and counters), and a
                   per-token MlpGroup run (slots + sha256 of the rows the op would read)
-  runtime.json    the Python host runtime (dipdeploy.runtime.Engine) on that bundle, greedy, per policy:
-                  prompt ids, generated tokens and text, every token's selections and hits per layer and
-                  group, cache capacities and the Flash byte/request totals (skipped if the runtime is absent)
+  runtime.json    the Python host runtime (dipdeploy.runtime.Engine) on that bundle, greedy, per policy and
+                  cache split: prompt ids, generated tokens and text, every token's selections and hits per
+                  layer and group, cache capacities and the Flash byte/request totals (skipped if the runtime
+                  is absent)
+  split.json      dipdeploy.cache.split on random groups (rows, row bytes, K, cache bytes): the capacities
+                  of the reads split, and blockio.miss_cost of row sizes around the 4 KiB block
   tokenizer.json  encode/decode with SmolLM2's tokenizer.json, the tiny models' byte tokenizer and the
                   SentencePiece-style BPE files of sp_tokenizers.py (Gemma, Llama 2, Metaspace; built here),
                   all from the `tokenizers` library
@@ -35,6 +38,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -437,15 +441,15 @@ def runtime_golden(bundle: Path) -> dict:
     from dipdeploy.trace import TraceRecorder
 
     runs = []
-    for policy in ("lfu", "lru", "none"):
-        eng = Engine(bundle, policy=policy, dram_budget="50%", threads=1, prefill="token",
+    for policy, split in (("lfu", "reads"), ("lru", "reads"), ("none", "reads"), ("lfu", "even")):
+        eng = Engine(bundle, policy=policy, dram_budget="50%", threads=1, prefill="token", cache_split=split,
                      fused=False)  # a trace: the host cache step the Java engine mirrors
         rec = TraceRecorder(source="runtime", model="tiny-llama", hidden_size=eng.d, intermediate_size=eng.f,
                             num_layers=eng.num_layers, method="dip-ca", density=0.5)
         gen = eng.generate(RUNTIME_PROMPT, 8, trace=rec, stop_at_eos=False)
         tr = rec.finish()
         runs.append({
-            "policy": policy, "prompt": RUNTIME_PROMPT, "prompt_ids": eng.encode(RUNTIME_PROMPT),
+            "policy": policy, "split": eng.residency.split, "prompt": RUNTIME_PROMPT, "prompt_ids": eng.encode(RUNTIME_PROMPT),
             "tokens": [int(t) for t in gen.tokens], "text": gen.text,
             "capacity": [[int(c) for c in layer] for layer in eng.residency.capacity],
             "k": [[int(a), int(b)] for a, b in eng.k],
@@ -456,6 +460,39 @@ def runtime_golden(bundle: Path) -> dict:
             "flash_bytes": int(eng.flash.counters.bytes), "flash_requests": int(eng.flash.counters.requests),
         })
     return {"available": True, "bundle": str(bundle), "runs": runs}
+
+
+def split_golden() -> dict:
+    """The reads split (``dipdeploy.cache.split.split_by_reads``) on random models: layers of two groups
+    whose rows, row bytes and K vary, some layers alike (one tier) and some groups empty, at several cache
+    byte counts; and ``blockio.miss_cost`` of row sizes around the block."""
+    from dipdeploy.cache.split import split_by_reads
+    from dipdeploy.runtime.blockio import BLOCK, miss_cost
+
+    rng = np.random.default_rng(7)
+    cases = []
+    for n in range(24):
+        layers = int(rng.integers(1, 6))
+        shape = []
+        for _ in range(layers):
+            layer = []
+            for _ in range(2):
+                rows = int(rng.integers(0, 3000)) if n % 7 == 6 else int(rng.integers(1, 3000))
+                layer.append(SimpleNamespace(rows=rows, row_bytes=int(rng.choice([2, 306, 1632, 4096, 4097, 9216,
+                                                                                      int(rng.integers(1, 20000))])),
+                                             k=int(rng.integers(0, rows + 1))))
+            shape.append(layer)
+        if n % 3 == 0:  # every layer alike: each group is one tier, filled to one fraction
+            shape = [shape[0]] * layers
+        total = sum(g.rows * g.row_bytes for layer in shape for g in layer)
+        for frac in (0.0, 0.1, 0.5, 0.93, 1.2):
+            cache = int(frac * total)
+            cases.append({"rows": [[g.rows for g in layer] for layer in shape],
+                          "row_bytes": [[g.row_bytes for g in layer] for layer in shape],
+                          "k": [[g.k for g in layer] for layer in shape], "cache_bytes": cache,
+                          "capacity": split_by_reads(shape, cache, miss_cost)})
+    sizes = [1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK, 306, 1632, 9216, 10 ** 6]
+    return {"cases": cases, "miss_cost": [{"row_bytes": b, "cost": miss_cost(b)} for b in sizes]}
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -562,6 +599,7 @@ def main() -> None:
         "slots.json": slots_golden(_TRACE),
         "bundle.json": bundle_golden(bundle, out),
         "runtime.json": runtime_golden(bundle),
+        "split.json": split_golden(),
         "tokenizer.json": tokenizer_golden(out),
     }
     for name, obj in parts.items():

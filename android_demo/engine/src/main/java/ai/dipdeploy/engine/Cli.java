@@ -8,7 +8,7 @@ import java.nio.file.Paths;
  *
  * <pre>
  *   java -cp engine-classes:onnxruntime-1.29.0.jar ai.dipdeploy.engine.Cli BUNDLE "prompt"
- *        [--tokens 32] [--policy lfu|lru|none] [--cache-frac 0.5] [--threads 2] [--native libdipdeploy_ops.so]
+ *        [--tokens 32] [--policy lfu|lru|none] [--cache-frac 0.5] [--cache-split reads|even] [--threads 2] [--native libdipdeploy_ops.so]
  *        [--temperature 0] [--top-p 1] [--seed 0]
  * </pre>
  *
@@ -29,7 +29,7 @@ public final class Cli {
 
     private static void run(String[] args) throws Exception {
         if (args.length < 2) {
-            System.err.println("usage: Cli BUNDLE PROMPT [--tokens N] [--policy P] [--cache-frac F] [--threads T] "
+            System.err.println("usage: Cli BUNDLE PROMPT [--tokens N] [--policy P] [--cache-frac F] [--cache-split S] [--threads T] "
                     + "[--native LIB] [--temperature T] [--top-p P] [--seed S]");
             System.exit(2);
         }
@@ -44,6 +44,7 @@ public final class Cli {
                 case "--tokens": tokens = Integer.parseInt(v); break;
                 case "--policy": opt.policy = v; break;
                 case "--cache-frac": opt.cacheFrac = Double.parseDouble(v); break;
+                case "--cache-split": opt.cacheSplit = v; break;
                 case "--threads": opt.threads = Integer.parseInt(v); break;
                 case "--native": opt.nativeLibraryPath = v; break;
                 case "--temperature": temperature = Float.parseFloat(v); break;

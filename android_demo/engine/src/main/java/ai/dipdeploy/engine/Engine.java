@@ -54,6 +54,7 @@ public final class Engine implements AutoCloseable {
     public static final class Options {
         public String policy;            // null: the manifest's (lfu for dip-ca), else lru/lfu/none
         public double cacheFrac = -1;    // < 0: the manifest's cache_frac (0.5 when absent)
+        public String cacheSplit = CacheSplit.DEFAULT; // how those bytes are shared by the groups: reads | even
         public int threads = 2;
         public String nativeLibraryPath; // e.g. context.getApplicationInfo().nativeLibraryDir + "/libdipdeploy_ops.so"
         public int maxContext = 2048;
@@ -151,12 +152,11 @@ public final class Engine implements AutoCloseable {
         upSlabs = (Map<String, OnnxTensor>[]) new Map<?, ?>[layers];
         downSlabs = (Map<String, OnnxTensor>[]) new Map<?, ?>[layers];
         flash = new FlashStore(bundle.resolve("mlp.bin"));
+        int[][] capacity = CacheSplit.forManifest(manifest, frac, policy, opt.cacheSplit);
         for (int i = 0; i < layers; i++) {
             Manifest.LayerPlan lp = manifest.layers.get(i);
-            upGroups[i] = new MlpGroup(manifest, i, "up_gate", lp.kIn, policy,
-                    MlpGroup.capacityFor(frac, d, policy), flash, null, null);
-            downGroups[i] = new MlpGroup(manifest, i, "down", lp.kGlu, policy,
-                    MlpGroup.capacityFor(frac, f, policy), flash, null, null);
+            upGroups[i] = new MlpGroup(manifest, i, "up_gate", lp.kIn, policy, capacity[i][0], flash, null, null);
+            downGroups[i] = new MlpGroup(manifest, i, "down", lp.kGlu, policy, capacity[i][1], flash, null, null);
             upSlabs[i] = slabTensors(upGroups[i]);
             downSlabs[i] = slabTensors(downGroups[i]);
             attn[i] = open(so, GraphNames.attnFile(i));

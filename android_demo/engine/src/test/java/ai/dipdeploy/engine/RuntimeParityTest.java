@@ -13,7 +13,7 @@ import org.junit.Test;
 
 /**
  * Parity with the Python host runtime ({@code dipdeploy.runtime.Engine}, greedy, on the tiny bundle): the
- * engine's pure part — tokenizer, cache capacities, the per-group protocol (RowCache + SlotTable + Flash
+ * engine's pure part — tokenizer, cache capacities under both cache splits, the per-group protocol (RowCache + SlotTable + Flash
  * reads) — fed the selections the runtime's graphs made, gives the runtime's hits and Flash totals.
  * (The graphs themselves need ORT's native library, which cannot run here.)
  */
@@ -33,16 +33,16 @@ public class RuntimeParityTest {
             assertArrayEquals(longs(run.get("prompt_ids")), tok.encode(s(run.get("prompt")), false));
             assertEquals(run.get("text"), tok.decode(longs(run.get("tokens"))));
             List<Object> caps = a(run.get("capacity")), ks = a(run.get("k"));
+            int[][] javaCaps = CacheSplit.forManifest(man, 0.5, policy, s(run.get("split")));
             try (FlashStore fs = new FlashStore(bundle.resolve("mlp.bin"))) {
                 for (int i = 0; i < man.numLayers(); i++) {
                     String[] groups = {"up_gate", "down"};
                     String[] sels = {"sel_in", "sel_glu"}, hits = {"hits_in", "hits_glu"};
-                    int[] rows = {man.hiddenSize(), man.intermediateSize()};
                     for (int gi = 0; gi < 2; gi++) {
                         long cap = longs(a(caps).get(i))[gi];
                         int k = (int) longs(a(ks).get(i))[gi];
-                        assertEquals(policy + " layer " + i + " " + groups[gi] + " capacity", cap,
-                                MlpGroup.capacityFor(0.5, rows[gi], policy));
+                        assertEquals(policy + " " + s(run.get("split")) + " layer " + i + " " + groups[gi]
+                                + " capacity", cap, javaCaps[i][gi]);
                         assertEquals(k, gi == 0 ? man.layers.get(i).kIn : man.layers.get(i).kGlu);
                         MlpGroup grp = new MlpGroup(man, i, groups[gi], k, policy, (int) cap, fs, null, null);
                         List<Object> sel = a(a(run.get(sels[gi])).get(i)), hit = a(a(run.get(hits[gi])).get(i));
