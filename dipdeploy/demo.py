@@ -88,9 +88,11 @@ def _one(cfg: DemoConfig, label: str, density: float, native: bool, force: bool,
     from dipdeploy.eval.perplexity import perplexity
     from dipdeploy.export.bundle import export
     from dipdeploy.export.config import ExportConfig
+    from dipdeploy.export.manifest import read_manifest
     from dipdeploy.loading import load_model
     from dipdeploy.runtime import Engine, EngineConfig, Sampler, parse_bandwidth
     from dipdeploy.runtime.template import ChatTemplate, messages
+    from dipdeploy.runtime.whole import mlp_row_bytes
     from dipdeploy.sparsity.methods import sparsify_, unsparsify_
     from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
 
@@ -106,6 +108,8 @@ def _one(cfg: DemoConfig, label: str, density: float, native: bool, force: bool,
                             validate_tokens=0), out, plan, force=force)
     progress(f"perplexity on {cfg.windows}×{cfg.seqlen} WikiText-2 test tokens (torch reference of the bundle)")
     unsparsify_(lm.model)  # export leaves it at plain DIP; the reference of a DIP-CA bundle has its cache
+    if method == "dip-ca":  # the cache split priced in the bundle's rows, as the runtime prices them
+        plan.row_bytes = list(mlp_row_bytes(read_manifest(out), 0))
     sparsify_(lm.model, plan)
     test = windows(lm.tokenizer, text, cfg.seqlen, cfg.windows)
     ppl, _ = perplexity(lm.model, test, 16 if method == "dip-ca" else 1)

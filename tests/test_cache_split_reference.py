@@ -54,10 +54,18 @@ def test_reference_caches_take_the_split(tiny_llama):
     assert sum(r[0] * rb[0] + r[1] * rb[1] for r in reads) <= sum(e[0] * rb[0] + e[1] * rb[1] for e in even)
 
 
-def test_reads_split_needs_row_bytes_and_plans_keep_it(tiny_llama):
+def test_reads_is_the_default_priced_in_fp32_without_row_bytes(tiny_llama):
+    """A plan without row bytes prices the reads split in fp32 rows, as eval without --quant does."""
+    c = tiny_llama.model.config
+    assert SparsityConfig(method="dip-ca").cache_split == "reads"
     plan = _plan(tiny_llama, "reads")
-    with pytest.raises(ValueError, match="row_bytes"):
-        plan.cache_capacity(miss_cost)
+    fp32 = _plan(tiny_llama, "reads", stored_row_bytes(None, c.hidden_size, c.intermediate_size))
+    assert plan.cache_capacity(miss_cost) == fp32.cache_capacity(miss_cost)
+    assert plan.cache_capacity(miss_cost) != _plan(tiny_llama, "even").cache_capacity(miss_cost)
+
+
+def test_plans_keep_the_split_and_row_bytes(tiny_llama):
+    plan = _plan(tiny_llama, "reads")
     plan.row_bytes = [100, 40]
     back = SparsityPlan.from_json(plan.to_json())
     assert back.cache_split == "reads" and back.row_bytes == [100, 40]

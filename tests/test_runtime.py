@@ -184,7 +184,8 @@ def test_budget_parsing_and_errors():
     groups = [[GroupShape(64, 40, 30), GroupShape(128, 20, 60)]]
     with pytest.raises(ValueError, match=r"resident minimum of .* MB"):
         plan_residency(DramBudget(total_bytes=1000), groups, 5000, 100, "lfu")
-    r = plan_residency(DramBudget(total_bytes=5000 + 100 + 30 * 40 + 60 * 20 + 2560), groups, 5000, 100, "lfu")
+    r = plan_residency(DramBudget(total_bytes=5000 + 100 + 30 * 40 + 60 * 20 + 2560), groups, 5000, 100, "lfu",
+                       split="even")
     assert r.cache_frac == pytest.approx(0.5) and r.capacity == [[32, 64]]
 
 
@@ -192,8 +193,8 @@ def test_reads_split_spends_the_even_bytes_on_the_small_rows_first():
     """SmolLM2's shapes: 306 B down rows cost a block and a request each, so split ``reads`` caches the down
     groups first with the bytes the even split would give; equal groups get equal fractions."""
     smol = [[GroupShape(576, 1632, 317), GroupShape(1536, 306, 614)] for _ in range(3)]
-    even = plan_residency(DramBudget(cache_frac=0.5), smol, 1000, 100, "lfu")
-    reads = plan_residency(DramBudget(cache_frac=0.5), smol, 1000, 100, "lfu", split="reads")
+    even = plan_residency(DramBudget(cache_frac=0.5), smol, 1000, 100, "lfu", split="even")
+    reads = plan_residency(DramBudget(cache_frac=0.5), smol, 1000, 100, "lfu")  # the default
     assert even.capacity == [[288, 768]] * 3
     assert reads.capacity == [[144, 1536]] * 3  # down whole, up|gate gets the rest: 288·1632 − 768·306 = 144·1632
     assert reads.caches <= even.caches and even.caches - reads.caches < 3 * 1632

@@ -148,9 +148,9 @@ def eval_cmd(
     rho_in: Optional[float] = RHO_IN, allocation: str = ALLOC, score: str = SCORE, gamma: float = GAMMA,
     policy: str = POLICY, cache_frac: float = CACHE, fixed_top_n: int = TOPN, gamma_warmup: int = WARM,
     cache_split: str = typer.Option(_S.cache_split, "--cache-split", help="DIP-CA: how the cache's bytes are shared "
-                                    "between the groups, as `run --cache-split`: even (the same fraction of each "
-                                    "group's rows) | reads (where a cached byte saves the most reading; rows priced "
-                                    "in the --quant format, fp32 without it)"),
+                                    "between the groups, as `run --cache-split`: reads (where a cached byte saves the "
+                                    "most reading; rows priced in the --quant format, fp32 without it) | even (the "
+                                    "same fraction of each group's rows)"),
     quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3 (and their "
                                         "-gptq variants)"),
     quant_scope: str = typer.Option(_EV.quant_scope, help="all: attention and lm_head in BQ4 blocks too, as "
@@ -321,8 +321,8 @@ def _demo_screen(cfg, rows, native: bool) -> None:
         cut = f" [dim][… {r.new_tokens} tokens][/]" if r.finish == "length" else ""
         answers.add_row(f"{r.label} {r.density:.2f}", escape(" ⏎ ".join(r.text.strip().splitlines())) + cut)
     console.print(answers)
-    console.print(f"\n[dim]Every row has the same DRAM budget ({cfg.dram_budget} of the MLP rows cached; dense pins "
-                  f"its most used rows, DIP-CA caches with LFU) and reads the rest from Flash emulated at "
+    console.print(f"\n[dim]Every row has the same DRAM budget (the bytes of {cfg.dram_budget} of the MLP rows cached, "
+                  f"small rows first; dense pins its most used rows, DIP-CA caches with LFU) and reads the rest from Flash emulated at "
                   f"{cfg.flash_bandwidth}. Perplexity: WikiText-2 test, {cfg.windows}×{cfg.seqlen} tokens, lower is "
                   f"better. Greedy answers. Try: dipdeploy chat {escape(rows[1].bundle)}[/]")
 

@@ -45,8 +45,8 @@ IO_ENGINE = typer.Option(_E.io_engine, "--io-engine", help="--io direct: threads
 IO_GAP = typer.Option(_E.io_gap, "--io-gap", help="--io direct: read through gaps of at most this many 4 KiB blocks "
                       "between wanted rows, so they cost one request, not two (0: only touching blocks coalesce)")
 CACHE_SPLIT = typer.Option(_E.cache_split, "--cache-split", help="how the budget's cache bytes are shared among the "
-                           "groups: even (the same share of every group's rows, as eval's DIP-CA) | reads (the "
-                           "groups whose misses cost most reading per byte first: small rows such as down's)")
+                           "groups: reads (the groups whose misses cost most reading per byte first: small rows "
+                           "such as down's) | even (the same share of every group's rows, the paper's)")
 CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved in the budget (tokens): "
                        f"prompt plus answer (run), the whole conversation (chat); default {DEFAULT_CONTEXT}, or "
                        f"the bundle's positions if fewer; more than those is refused")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dipdeploy.cache import POLICIES
-from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
+from dipdeploy.cache.split import CACHE_SPLITS
+from dipdeploy.sim.memory import SIM_CACHE_SPLIT
 from dipdeploy.sim.precision import PRECISIONS
 from dipdeploy.sparsity.plan import SparsityConfig
 
@@ -29,7 +30,7 @@ class SimConfig:
     most used rows, as a runtime would load them at start-up (False: cold, empty caches — a short trace
     then mostly measures the cold start). ``model``: target shape from the registry (None: the trace's
     own model). ``cache_split``: how the MLP caches' bytes are shared among the two groups
-    (``dipdeploy.cache.split``; the runtime's ``--cache-split``). ``io_gap``: on a device with a read unit,
+    (``dipdeploy.cache.split``; the runtime's ``--cache-split``; default ``memory.SIM_CACHE_SPLIT``). ``io_gap``: on a device with a read unit,
     model the runtime's reads (``--io-gap`` blocks read through between touched ones, requests cut at
     ``blockio.MAX_REQUEST``, ``flashio``); 0: touching blocks coalesce only, uncut (the paper's model).
     """
@@ -48,7 +49,7 @@ class SimConfig:
     warmup: int = 0
     preload: bool = True
     seed: int = 0
-    cache_split: str = CACHE_SPLIT
+    cache_split: str = SIM_CACHE_SPLIT
     io_gap: int = 0
 
     def __post_init__(self) -> None:

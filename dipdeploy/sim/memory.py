@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, split_by_reads
+from dipdeploy.cache.split import CACHE_SPLITS, split_by_reads
 from dipdeploy.registry import ModelShape
 
 
@@ -64,8 +64,13 @@ class _Group:
     k: float
 
 
+#: The simulator's cache split: the paper's (``even``), as its other defaults are the paper's model; the
+#: runtime's default, ``reads``, is ``simulate --cache-split reads``.
+SIM_CACHE_SPLIT = "even"
+
+
 def plan_memory(shape: ModelShape, budget: float, bytes_per_weight: float, context: int = 0,
-                kv_bytes_per_value: float = 2.0, split: str = CACHE_SPLIT, k: tuple[float, float] = (0.0, 0.0),
+                kv_bytes_per_value: float = 2.0, split: str = SIM_CACHE_SPLIT, k: tuple[float, float] = (0.0, 0.0),
                 flash=None) -> MemoryPlan:
     """``split`` ``reads`` needs ``k`` (rows selected per token and layer, input and GLU group) and ``flash``
     (the device's ``FlashModel``) to price a miss."""

@@ -38,8 +38,9 @@ class SparsityConfig:
     """What the user asks for; calibration turns it into a :class:`SparsityPlan`.
 
     ``rho_in=None`` means: calibrate the split between ρ_in and ρ_glu on calibration text.
-    ``cache_frac`` is the DIP-CA cache capacity as a fraction of the MLP rows' bytes (of each group's rows
-    under ``cache_split`` ``even``; ``reads`` shares them as the runtime shares a budget, ``dipdeploy.cache.split``).
+    ``cache_frac`` is the DIP-CA cache capacity as a fraction of the MLP rows' bytes, shared by ``cache_split``
+    as the runtime shares a budget (``dipdeploy.cache.split``): ``reads`` (default) where a cached byte saves
+    the most reading, ``even`` the same fraction of each group's rows (the paper's §5).
     """
 
     method: str = "dip"
@@ -93,6 +94,9 @@ def density(k_in: int, k_glu: int, d: int, f: int) -> float:
     return (2 * k_in / d + k_glu / f) / 3
 
 
+FP32_BYTES = 4  # what ``cache_capacity`` prices a value at when the plan has no row_bytes
+
+
 @dataclass(frozen=True)
 class _Group:  # dipdeploy.cache.split.Group
     rows: int
@@ -143,13 +147,12 @@ class SparsityPlan:
     def cache_capacity(self, miss_cost) -> list[list[int]]:
         """Rows of each layer's two DIP-CA caches: round(cache_frac · rows) per group, as the runtime gives a
         fractional budget (``runtime.budget.plan_residency``), re-spent by ``cache_split``; ``reads`` prices a
-        miss of a ``row_bytes`` row by ``miss_cost`` (the runtime's ``blockio.miss_cost``)."""
+        miss of a ``row_bytes`` row by ``miss_cost`` (the runtime's ``blockio.miss_cost``), fp32 rows when
+        the plan has no ``row_bytes`` (an unquantised model's: BQ4's rows have the same up|gate : down ratio,
+        and on SmolLM2 both give the same capacities, benchmarks/results/accuracy-smollm2.md)."""
         d, f, frac = self.hidden_size, self.intermediate_size, self.cache_frac
         even = [[round(frac * d), round(frac * f)] for _ in self.layers]
-        if self.cache_split == "reads" and self.row_bytes is None:
-            raise ValueError("cache split 'reads' prices rows by their stored bytes and this plan has no row_bytes; "
-                             "give eval --quant (the bundle's format) or use --cache-split even")
-        rb_in, rb_glu = self.row_bytes or (0, 0)
+        rb_in, rb_glu = self.row_bytes or (2 * f * FP32_BYTES, d * FP32_BYTES)
         groups = [[_Group(d, rb_in, lp.k_in), _Group(f, rb_glu, lp.k_glu)] for lp in self.layers]
         return spend(self.cache_split, even, groups, miss_cost)
 
