@@ -137,23 +137,25 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
 def miss_trace(lm, plan: SparsityPlan, wins) -> list[tuple]:
     """Per layer, the (up|gate, down) miss matrices [T, R] of the calibration windows: the rows each token
     selects under ``plan`` (DIP-CA with its own cache, as the torch reference decodes) that a cache of the
-    plan's ``cache_frac`` and ``policy`` did not hold before the token, every window starting cold. The
-    row order is built from them (docs/method.md, "Flash layout")."""
+    plan's capacities (``cache_frac`` shared by ``cache_split``) and ``policy`` did not hold before the
+    token, every window starting cold. The row order is built from them (docs/method.md, "Flash layout")."""
     import numpy as np
     import torch
 
     from dipdeploy.cache import RowCache
     from dipdeploy.quant.roworder import miss_matrix
+    from dipdeploy.runtime.blockio import miss_cost
     from dipdeploy.sparsity.methods import reset_caches, sparse_mlps, sparsify_, unsparsify_
 
     sizes = (plan.hidden_size, plan.intermediate_size)
     misses: list[tuple[list, list]] = [([], []) for _ in plan.layers]
+    capacity = plan.cache_capacity(miss_cost)
 
     def keep(i: int, arrays: dict) -> None:
         for g, key in enumerate(("sel_in", "sel_glu")):
             sel = arrays[key]
             sel = (sel.detach().cpu().numpy() if torch.is_tensor(sel) else np.asarray(sel))[0]
-            cache = RowCache(sizes[g], round(plan.cache_frac * sizes[g]), plan.policy)
+            cache = RowCache(sizes[g], capacity[i][g], plan.policy)
             for row in sel:
                 misses[i][g].append(row[~cache.access(row[None])[0]])
 
