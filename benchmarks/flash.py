@@ -75,9 +75,8 @@ VARIANTS = (  # at 50 %, --io direct, limited: the issue's other methods on the 
     ("dip belady", "dip-ca", dict(gamma=1.0, policy="belady")),
     ("γ 0.3", "dip-ca", dict(gamma=0.3)),
     ("γ 0.7", "dip-ca", dict(gamma=0.7)),
-    ("split reads", "dip-ca", dict(cache_split="reads")),
-    ("γ 0.3, split reads", "dip-ca", dict(gamma=0.3, cache_split="reads")),
-    ("split reads", "dense-static", dict(cache_split="reads")),
+    ("split even", "dip-ca", dict(cache_split="even")),
+    ("split even", "dense-static", dict(cache_split="even")),
 )
 COLS = ["method", "variant", "path", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
@@ -465,8 +464,9 @@ def main() -> None:
         f"touched and the MLP file dropped from the page cache, + {args.slack >> 20} MiB; empty = unlimited (the page cache may "
         "keep the file). `peak_group_mb`: the group's peak charge (anonymous + page cache) while decoding",
         "- dip-ca: LFU, the bundle's γ; dense-static: a ρ = 1 bundle, its most used rows pinned. `variant`: the "
-        "same bundles at 50 % with another policy or γ (`dip`: γ = 1, plain DIP), or `--cache-split reads` (the "
-        "cache bytes to the groups whose misses cost most reading per byte: the down rows first)",
+        f"same bundles at 50 % with another policy or γ (`dip`: γ = 1, plain DIP), or the other cache split; the "
+        f"rows without one use `--cache-split {CACHE_SPLIT}` (reads: the cache bytes to the groups whose misses cost "
+        "most reading per byte, the down rows first; even: the same share of every group's rows)",
         f"- path (`--path {args.path}`): " + ("the per-layer graphs with the host cache step (`fused=False`)"
                                              if args.path == "per-layer" else "the engine's default (`path` per row)")
         + ", the prompt batched; benchmarks/fused.py compares the joined decoder, the default below 100 %, with the "
