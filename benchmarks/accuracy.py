@@ -31,6 +31,7 @@ from pathlib import Path
 from _common import machine, md_table, write_rows_json
 
 from dipdeploy.eval import EvalConfig, Evaluator, reachable
+from dipdeploy.paths import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NOTES = ("How each method was tuned (all on WikiText-2 validation, 4 × 512 tokens, never test): **DIP uniform** "
@@ -43,11 +44,13 @@ NOTES = ("How each method was tuned (all on WikiText-2 validation, 4 × 512 toke
          "calibration tokens (else the row says greedy); **TEAL** per-layer thresholds on |x| and |GLU~| at the (1 − share) quantiles, "
          "uniform: DIP's searched split, joint: each layer's shares from the same joint allocation (the role of "
          "TEAL's own greedy per-layer allocation); **CATS** per-layer threshold on |act(W_g x)|; **DIP-CA** the "
-         "joint DIP plan (variant allocation=greedy: the greedy one), γ = 0.5, LFU, cache half of each group's rows "
-         "(variant cache_split=reads: half the MLP rows' bytes, shared as `run --cache-split reads` shares them); "
+         "joint DIP plan (variant allocation=greedy: the greedy one), γ = 0.5, LFU, a cache of half the MLP rows' bytes "
+         "shared by the row's `cache_split` (even: half of each group's rows; reads, the default: as `run "
+         "--cache-split reads` shares them); "
          "**wina-in** DIP's input score |x_i|·s_i^0.5, its split searched like abs's. Rows are compared at equal MLP bytes "
          "read per token (`density_test`).")
 PEERS = ("dip", "dip-ca", "teal", "cats", "gate", "up")
+REGENERATE = "Regenerate: "  # the generated part of a table ends with this line; what follows is kept
 #: What the table is read against: at every goal density the best DIP row at most the best TEAL row, and
 #: at ρ = 0.5 the best DIP row within this multiple of dense perplexity.
 GOAL_DENSITIES = (0.4, 0.5, 0.6, 0.75)
@@ -107,6 +110,8 @@ def kept_rows(table: Path) -> list[dict]:
         cells = dict(zip(head, (c.strip() for c in ln.strip("|").split("|"))))
         row = {c: _cell(v) for c, v in cells.items() if c != "ppl_x_dense"}
         over = {} if row["variant"] == "-" else dict(_override(kv) for kv in row["variant"].split(","))
+        if row["method"] == "dip-ca" and row.get("cache_split") in (None, ""):  # a table from before the column
+            row["cache_split"] = over.get("cache_split", "even")  # the only split there was, unless the variant says
         row.update(model=model, tokens=tokens, seqlen=seqlen, windows=windows, kept_from=table.name,
                    key=_key(row["method"], row["target_density"], over))
         rows.append(row)
@@ -236,7 +241,7 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
     load = info["load_1min"]
     load = f"load {load} at start" if isinstance(load, (int, float)) else load
     cols = ["method", "variant", "target_density", "density", "density_test", "rho_in", "allocation", "greedy_strength",
-            "score", "gamma", "policy", "cache_frac", "ppl", "ppl_x_dense", "calib_s", "eval_s"]
+            "score", "gamma", "policy", "cache_frac", "cache_split", "ppl", "ppl_x_dense", "calib_s", "eval_s"]
     text = (f"# {name}: WikiText-2 test perplexity of sparse MLP methods\n\n"
             f"Model {rows[0]['model']}, {windows} windows × {seqlen} tokens ({rows[0]['tokens']} predicted tokens), "
             f"prefill and decode both sparsified; calibration: WikiText-2 validation (4 × 512 tokens).\n"
@@ -246,9 +251,18 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
             f"`density_test` the density realised on the test tokens (TEAL, CATS: measured; top-K methods: exact); "
             f"`rho_in` the mean input share; `greedy_strength` the skew the greedy allocation chose by held-out KL "
             f"(0: it kept the uniform plan; empty: not greedy, or not recorded).\n\n{NOTES}\n\n"
-            f"{md_table(ordered, cols)}\n\n{goals(rows)}{_missing(rows, planned)}Regenerate: `python benchmarks/accuracy.py` "
+            f"{md_table(ordered, cols)}\n\n{goals(rows)}{_missing(rows, planned)}{REGENERATE}`python benchmarks/accuracy.py` "
             f"(resumes from benchmarks/results/.{name}.partial.json).\n")
-    (RESULTS / f"{name}.md").write_text(text)
+    path = RESULTS / f"{name}.md"
+    write_atomic(path, text + _notes(path), force=True)
+
+
+def _notes(path: Path) -> str:
+    """What follows the generated part of an existing table (the conditions of each run, written by hand):
+    kept when the table is rewritten."""
+    old = path.read_text() if path.is_file() else ""
+    at = old.find(REGENERATE)
+    return old[old.index("\n", at) + 1:] if at >= 0 and "\n" in old[at:] else ""
 
 
 def goals(rows: list[dict]) -> str:

@@ -62,3 +62,23 @@ def test_goals_compare_the_best_dip_with_the_best_teal(accuracy, monkeypatch):
     text = accuracy.goals(rows)
     assert "ρ = 0.5, DIP ≤ 1.25 × dense: **NOT met**" in text and "ρ = 0.5, DIP ≤ TEAL: **met**" in text
     assert "## Goals" in _table(accuracy, rows).read_text()
+
+
+def test_rewriting_a_table_keeps_its_notes_and_labels_the_cache_split(accuracy):
+    rows = [_row("dense", 1.0, 20.0), _row("dip-ca", 0.5, 29.9, cache_split="reads", gamma=0.5, policy="lfu")]
+    path = _table(accuracy, rows)
+    path.write_text(path.read_text() + "\n**Added by hand.** The conditions of a run.\n")
+    _table(accuracy, rows + [_row("dip", 0.5, 28.5)])
+    text = path.read_text()
+    assert text.count("**Added by hand.**") == 1 and text.index("| dip |") < text.index("**Added by hand.**")
+    assert "| reads |" in text
+    # a dip-ca row of a table written before the column ran under the only split there was, even
+    path.write_text("\n".join(_without_column(ln, 12) if ln.startswith("|") else ln for ln in text.splitlines()))
+    assert "cache_split" not in path.read_text().split("## Goals")[0].split("| method |")[1]
+    [ca] = [r for r in accuracy.kept_rows(path) if r["method"] == "dip-ca"]
+    assert ca["cache_split"] == "even" and ca["ppl"] == 29.9
+
+
+def _without_column(line: str, k: int) -> str:
+    cells = line.strip("|").split("|")
+    return "|" + "|".join(cells[:k] + cells[k + 1:]) + "|"
