@@ -34,6 +34,14 @@ def test_calibrate_and_trace(tmp_path, data_dir):
     assert runner.invoke(app, args).exit_code == 0
     res = runner.invoke(app, args)
     assert res.exit_code == 2 and "--force" in res.output  # never clobbered without --force
+    from dipdeploy.sparsity.plan import SparsityPlan
+
+    assert SparsityPlan.load(plan).cache_split == "reads"  # the runtime's default, kept in the plan
+    even = tmp_path / "even.json"
+    assert runner.invoke(app, args[:-1] + [str(even), "--cache-split", "even"]).exit_code == 0
+    assert SparsityPlan.load(even).cache_split == "even"
+    res = runner.invoke(app, args[:-1] + [str(tmp_path / "odd.json"), "--cache-split", "odd"])
+    assert res.exit_code == 2 and "cache split" in res.output
     trace = tmp_path / "t.npz"
     res = runner.invoke(app, ["trace", "--model", "tiny-llama", "--plan", str(plan), "--tokens", "32",
                               "--data-dir", str(data_dir), "--out", str(trace)])

@@ -85,6 +85,9 @@ POLICY = typer.Option(_S.policy, "--policy", help="DIP-CA cache policy in the to
 CACHE = typer.Option(_S.cache_frac, "--cache-frac", help="DIP-CA cache capacity, fraction of the MLP rows' bytes")
 TOPN = typer.Option(_S.fixed_top_n, "--fixed-top-n", help="DIP-CA: exempt the n largest |x| from re-weighting")
 WARM = typer.Option(_S.gamma_warmup, "--gamma-warmup", help="DIP-CA: tokens over which γ goes from 1 to --gamma")
+SPLIT = typer.Option(_S.cache_split, "--cache-split", help="DIP-CA: how the cache's bytes are shared between the "
+                     "groups, as `run --cache-split`: reads (where a cached byte saves the most reading; rows priced "
+                     "in fp32, or in eval's --quant format) | even (the same fraction of each group's rows)")
 DATA = typer.Option(None, "--data-dir", help="folder with wikitext-2-raw/ (default: $DIPDEPLOY_DATA)")
 FORCE = typer.Option(False, "--force", help="overwrite existing output files")
 # The calibrated VQ3 (quantize, eval --quant vq3, export --quant vq3): None = quant.config.calibrated_config's default
@@ -147,10 +150,7 @@ def eval_cmd(
     batch_size: Optional[int] = typer.Option(None, help="windows run side by side (default: 16 for dip-ca, else 1)"),
     rho_in: Optional[float] = RHO_IN, allocation: str = ALLOC, score: str = SCORE, gamma: float = GAMMA,
     policy: str = POLICY, cache_frac: float = CACHE, fixed_top_n: int = TOPN, gamma_warmup: int = WARM,
-    cache_split: str = typer.Option(_S.cache_split, "--cache-split", help="DIP-CA: how the cache's bytes are shared "
-                                    "between the groups, as `run --cache-split`: reads (where a cached byte saves the "
-                                    "most reading; rows priced in the --quant format, fp32 without it) | even (the "
-                                    "same fraction of each group's rows)"),
+    cache_split: str = SPLIT,
     quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3 (and their "
                                         "-gptq variants)"),
     quant_scope: str = typer.Option(_EV.quant_scope, help="all: attention and lm_head in BQ4 blocks too, as "
@@ -209,6 +209,7 @@ def calibrate_cmd(
     density: float = typer.Option(_S.density, help="target MLP density ρ"),
     rho_in: Optional[float] = RHO_IN, allocation: str = ALLOC, score: str = SCORE, gamma: float = GAMMA,
     policy: str = POLICY, cache_frac: float = CACHE, fixed_top_n: int = TOPN, gamma_warmup: int = WARM,
+    cache_split: str = SPLIT,
     text_file: Optional[Path] = typer.Option(None, help="calibration text (default: WikiText-2 validation)"),
     data_dir: Optional[Path] = DATA,
     windows: int = typer.Option(defaults.CALIB_WINDOWS, help="calibration windows"),
@@ -229,7 +230,7 @@ def calibrate_cmd(
         if windows < 1 or seqlen < 16:
             raise ValueError(f"--windows {windows} --seqlen {seqlen}: give at least 1 window of 16 tokens")
         cfg = _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac,
-                                fixed_top_n, gamma_warmup)
+                                fixed_top_n, gamma_warmup, cache_split)
         check_inputs(model=model)
         where = resolve_device(device or DEFAULT_DEVICE)
         from dipdeploy.eval.data import calibration_windows
