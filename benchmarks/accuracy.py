@@ -44,8 +44,8 @@ NOTES = ("How each method was tuned (all on WikiText-2 validation, 4 × 512 toke
          "calibration tokens (else the row says greedy); **TEAL** per-layer thresholds on |x| and |GLU~| at the (1 − share) quantiles, "
          "uniform: DIP's searched split, joint: each layer's shares from the same joint allocation (the role of "
          "TEAL's own greedy per-layer allocation); **CATS** per-layer threshold on |act(W_g x)|; **DIP-CA** the "
-         "joint DIP plan (variant allocation=greedy: the greedy one), γ = 0.5, LFU, a cache of half the MLP rows' bytes "
-         "shared by the row's `cache_split` (even: half of each group's rows; reads, the default: as `run "
+         "joint DIP plan (variant allocation=greedy: the greedy one), γ = 0.5, LFU, a cache of half the MLP rows' "
+         "bytes shared by the row's `cache_split` (even: half of each group's rows; reads, the default: as `run "
          "--cache-split reads` shares them); "
          "**wina-in** DIP's input score |x_i|·s_i^0.5, its split searched like abs's. Rows are compared at equal MLP bytes "
          "read per token (`density_test`).")
@@ -251,7 +251,8 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
             f"`density_test` the density realised on the test tokens (TEAL, CATS: measured; top-K methods: exact); "
             f"`rho_in` the mean input share; `greedy_strength` the skew the greedy allocation chose by held-out KL "
             f"(0: it kept the uniform plan; empty: not greedy, or not recorded).\n\n{NOTES}\n\n"
-            f"{md_table(ordered, cols)}\n\n{goals(rows)}{_missing(rows, planned)}{REGENERATE}`python benchmarks/accuracy.py` "
+            f"{md_table(ordered, cols)}\n\n{goals(rows)}{_missing(rows, planned)}"
+            f"{REGENERATE}`python benchmarks/accuracy.py` "
             f"(resumes from benchmarks/results/.{name}.partial.json).\n")
     path = RESULTS / f"{name}.md"
     write_atomic(path, text + _notes(path), force=True)

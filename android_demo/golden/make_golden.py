@@ -449,7 +449,8 @@ def runtime_golden(bundle: Path) -> dict:
         gen = eng.generate(RUNTIME_PROMPT, 8, trace=rec, stop_at_eos=False)
         tr = rec.finish()
         runs.append({
-            "policy": policy, "split": eng.residency.split, "prompt": RUNTIME_PROMPT, "prompt_ids": eng.encode(RUNTIME_PROMPT),
+            "policy": policy, "split": eng.residency.split, "prompt": RUNTIME_PROMPT,
+            "prompt_ids": eng.encode(RUNTIME_PROMPT),
             "tokens": [int(t) for t in gen.tokens], "text": gen.text,
             "capacity": [[int(c) for c in layer] for layer in eng.residency.capacity],
             "k": [[int(a), int(b)] for a, b in eng.k],

@@ -322,10 +322,11 @@ def _demo_screen(cfg, rows, native: bool) -> None:
         cut = f" [dim][… {r.new_tokens} tokens][/]" if r.finish == "length" else ""
         answers.add_row(f"{r.label} {r.density:.2f}", escape(" ⏎ ".join(r.text.strip().splitlines())) + cut)
     console.print(answers)
-    console.print(f"\n[dim]Every row has the same DRAM budget (the bytes of {cfg.dram_budget} of the MLP rows cached, "
-                  f"small rows first; dense pins its most used rows, DIP-CA caches with LFU) and reads the rest from Flash emulated at "
-                  f"{cfg.flash_bandwidth}. Perplexity: WikiText-2 test, {cfg.windows}×{cfg.seqlen} tokens, lower is "
-                  f"better. Greedy answers. Try: dipdeploy chat {escape(rows[1].bundle)}[/]")
+    console.print(f"\n[dim]Every row has the same DRAM budget (the bytes of {cfg.dram_budget} of the MLP rows "
+                  f"cached, small rows first; dense pins its most used rows, DIP-CA caches with LFU) and reads the "
+                  f"rest from Flash emulated at {cfg.flash_bandwidth}. Perplexity: WikiText-2 test, "
+                  f"{cfg.windows}×{cfg.seqlen} tokens, lower is better. Greedy answers. Try: dipdeploy chat "
+                  f"{escape(rows[1].bundle)}[/]")
 
 
 @app.command("trace")

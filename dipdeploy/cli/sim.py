@@ -63,8 +63,9 @@ def simulate_cmd(
     cold: bool = typer.Option(False, "--cold", help="Start dynamic caches empty instead of preloaded with the "
                               "most used rows of the warm-up tokens."),
     cache_split: str = typer.Option(None, "--cache-split", help="How the MLP caches' bytes are shared between the "
-                                    "groups: reads (the group whose misses cost the device more per byte first) or even "
-                                    "(the same share of each group's rows), as `run --cache-split` (default even, the paper's)."),
+                                    "groups: reads (the group whose misses cost the device more per byte first) or "
+                                    "even (the same share of each group's rows), as `run --cache-split` (default "
+                                    "even, the paper's)."),
     io_gap: int = typer.Option(None, "--io-gap", help="On a device with a read unit, model the runtime's reads: "
                                "read through gaps of up to N blocks and cut requests at 128 KiB, as `run --io-gap` "
                                "(default 0: touching blocks coalesce only)."),

@@ -30,9 +30,10 @@ class SimConfig:
     most used rows, as a runtime would load them at start-up (False: cold, empty caches — a short trace
     then mostly measures the cold start). ``model``: target shape from the registry (None: the trace's
     own model). ``cache_split``: how the MLP caches' bytes are shared among the two groups
-    (``dipdeploy.cache.split``; the runtime's ``--cache-split``; default ``memory.SIM_CACHE_SPLIT``). ``io_gap``: on a device with a read unit,
-    model the runtime's reads (``--io-gap`` blocks read through between touched ones, requests cut at
-    ``blockio.MAX_REQUEST``, ``flashio``); 0: touching blocks coalesce only, uncut (the paper's model).
+    (``dipdeploy.cache.split``; the runtime's ``--cache-split``; default ``memory.SIM_CACHE_SPLIT``).
+    ``io_gap``: on a device with a read unit, model the runtime's reads (``--io-gap`` blocks read through
+    between touched ones, requests cut at ``blockio.MAX_REQUEST``, ``flashio``); 0: touching blocks coalesce
+    only, uncut (the paper's model).
     """
 
     device: str = "a18"
