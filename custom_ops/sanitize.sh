@@ -13,8 +13,9 @@
 #    The Flash store's native reads (src/dd_io.cc) and the native cache step (src/dd_cache.cc), no kernel
 #    set involved, run once: the native cases of IO_TESTS, the random-trace cases of CACHE_TESTS, and the
 #    cache step inside a graph (GRAPH_TESTS: the CacheStep/CacheSettle ops, per token and in a batched
-#    prefill, the step split in CacheBegin/CacheEnd, and the joined decoder with O_DIRECT reads, whose reads
-#    overlap the products, token by token and batched).
+#    prefill, the step split in CacheBegin/CacheEnd, a read-ahead (CachePrefetch) handed to CacheBegin, and
+#    the joined decoder with O_DIRECT reads, whose reads overlap the products and the attention, token by
+#    token and batched).
 # 3. Counts the distinct sanitizer reports in each stage's output; fails on any report or failed test.
 # Each stage's log is kept in build/custom_ops-asan/logs/.
 set -euo pipefail
@@ -26,7 +27,7 @@ ORT_TESTS=(tests/test_ops_harness.py tests/test_ops_errors.py tests/test_ops_hos
 IO_TESTS=(tests/test_flash_direct.py -k "(threads or io_uring) and not run_through")
 CACHE_TESTS=(tests/test_native_cache.py -k "not engine")
 # the cache step inside a graph (CacheStep/CacheSettle, both readers) and one joined decoder reading with O_DIRECT
-GRAPH_TESTS=(tests/test_runtime_fused.py -k "cache_step_op or split_the_step or batched_prefill_take or (decodes and direct and standard) or (batched_prefill_is and direct)")
+GRAPH_TESTS=(tests/test_runtime_fused.py -k "cache_step_op or split_the_step or read_ahead_hands or batched_prefill_take or (decodes and direct and standard) or (batched_prefill_is and direct) or (reading_ahead and standard)")
 KERNEL_SETS=(portable avx2 default)
 # A report's first line (UBSan: file:line:col: runtime error: ...); a failing test may print it twice.
 REPORT='[^ ]+:[0-9]+:[0-9]+: runtime error: .*|ERROR: (Address|Leak)Sanitizer: .*|AddressSanitizer: CHECK failed: .*'

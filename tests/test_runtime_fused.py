@@ -261,6 +261,86 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
         flash.close()
 
 
+def _prefetch_graph(d: int, k: int):
+    """CachePrefetch(X, handle, H, W, C) -> X with TopKColumnMask's attributes (k; γ 1: plain DIP)."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from dipdeploy.ops.nodes import DOMAIN
+
+    node = h.make_node("CachePrefetch", ["X", "handle", "H", "W", "C"], ["Y"], domain=DOMAIN, k=k, gamma=1.0)
+    graph = h.make_graph([node], "prefetch", [h.make_tensor_value_info("X", T.FLOAT, [1, 3]),
+                                              h.make_tensor_value_info("handle", T.INT64, [1]),
+                                              h.make_tensor_value_info("H", T.FLOAT, [1, 1, d]),
+                                              h.make_tensor_value_info("W", T.FLOAT, [d]),
+                                              h.make_tensor_value_info("C", T.BOOL, [d])],
+                         [h.make_tensor_value_info("Y", T.FLOAT, [1, 3])])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)],
+                        ir_version=onnx.IR_VERSION)
+
+
+@pytest.mark.parametrize("policy,capacity", [("lfu", 30), ("none", 0)])
+def test_a_read_ahead_hands_its_misses_to_cache_begin_and_changes_no_decision(policy, capacity, tmp_path):
+    """CachePrefetch reads the rows of the top-K of |H ⊙ W| that are not resident; the next CacheBegin takes
+    the step's misses among them with the hits (hits in selection order, then those misses ascending) and
+    CacheEnd reads only the others: the reference's slots and products, every row read ahead counted with
+    its blocks and requests, and the ones the step missed counted as used."""
+    import onnxruntime as ort
+
+    from dipdeploy.runtime.blockio import plan_reads
+
+    rows, k, steps = 80, 12, 16
+    rng = np.random.default_rng(9)
+    path, offsets, wide, weights, wide_rows, ref, table, nat, flash, slab, slab_wide = _group(tmp_path, rng, rows, k, capacity, policy, "direct", 321)
+    opts = lambda: session_options(1, True)  # noqa: E731
+    ahead = ort.InferenceSession(_prefetch_graph(rows, k).SerializeToString(), opts(), providers=["CPUExecutionProvider"])
+    split = ort.InferenceSession(_split_graph(k).SerializeToString(), opts(), providers=["CPUExecutionProvider"])
+    handle = np.array([nat.handle], np.int64)
+    w = rng.uniform(0.5, 2.0, rows).astype(np.float32)
+    device = requests = read_ahead = used = 0
+    for t in range(steps):
+        sel = rng.choice(rows, k, replace=False) if t % 2 else rng.choice(40, k, replace=False)
+        guess = np.concatenate([sel[: k // 2], rng.choice(np.setdiff1d(np.arange(rows), sel), k - k // 2, replace=False)])
+        hvec = np.full(rows, 1e-3, np.float32)
+        hvec[guess] = (10.0 + np.arange(k)) / w[guess]  # |H ⊙ W| ranks exactly the guess first
+        resident = nat.state.resident.view(bool).copy()
+        x = rng.standard_normal((1, 3)).astype(np.float32)
+        y = ahead.run(None, {"X": x, "handle": handle, "H": hvec[None, None], "W": w, "C": resident})[0]
+        assert np.array_equal(y, x), t
+        early = np.unique(guess[~resident[guess]])
+        if len(early):
+            plan = plan_reads(offsets, [wide, ROW_BYTES], early, max_gap=1)
+            device += int(np.minimum(plan.length, path.stat().st_size - plan.offset).sum())
+            requests += plan.requests
+            read_ahead += len(early)
+        hits = ref.access(sel[None])[0]
+        step = table.assign(sel, hits, ref.resident[0])
+        arrived = np.isin(step.read_rows, early)
+        later = step.read_rows[~arrived]
+        used += int(arrived.sum())
+        if len(later):
+            plan = plan_reads(offsets, [wide, ROW_BYTES], later, max_gap=1)
+            device += int(np.minimum(plan.length, path.stat().st_size - plan.offset).sum())
+            requests += plan.requests
+        hi, hs, mi, ms, hit_rows, miss_rows, out = split.run(None, {"indices": sel[None], "handle": handle, "slab": slab})
+        assert np.array_equal(hi[0], np.concatenate([sel[hits], step.read_rows[arrived]])), t
+        assert np.array_equal(hs[0], np.concatenate([step.slots[hits], step.read_slots[arrived]])), t
+        assert np.array_equal(mi[0], later) and np.array_equal(ms[0], step.read_slots[~arrived]), t
+        assert np.array_equal(hit_rows[0], weights[hi[0]]) and np.array_equal(miss_rows[0], weights[mi[0]]), t
+        assert np.isclose(out.sum(), weights[sel].sum(), rtol=1e-5, atol=1e-5), t
+        table.finish(step)
+        assert np.array_equal(nat.state.slot_of, table.slot_of), t
+        held = np.flatnonzero(table.slot_of >= 0)
+        assert np.array_equal(slab_wide[table.slot_of[held]], wide_rows[held]), t
+    got = drain(str(LIB), handle)
+    assert got.misses == ref.misses and got.wanted == ref.misses * (wide + ROW_BYTES)
+    assert (got.device, got.requests, got.ahead, got.ahead_used) == (device, requests, read_ahead, used)
+    assert 0 < used < read_ahead
+    nat.close()
+    flash.close()
+
+
 @pytest.mark.parametrize("io", ["mmap", "direct"])
 @pytest.mark.parametrize("policy,capacity", [("lfu", 30), ("lru", 5), ("none", 0), ("static", 25)])
 def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, capacity, io, tmp_path):
@@ -355,6 +435,29 @@ def test_fused_decoder_decodes_what_the_per_layer_path_decodes(tiny_dipca_bundle
     assert again.tokens == got.tokens
 
 
+@pytest.mark.parametrize("attention", ["standard", "gqa"])
+def test_reading_ahead_changes_the_reads_not_the_tokens(tiny_dipca_bundle, attention):
+    """--io direct: the joined graph has a CachePrefetch before each layer's attention; the rows it reads
+    ahead are counted, and the decode is the one without it (near-tie-aware: the products add in another
+    order)."""
+    from dipdeploy.runtime.fused import PREFETCH_OP, fuse_graphs
+
+    bundle = tiny_dipca_bundle(attention)
+    kw = dict(dram_budget="50%", policy="lfu", prefill="token", io="direct", fused=True)
+    off, on = Engine(bundle, prefetch=False, **kw), Engine(bundle, **kw)
+    layers = len(on.k)
+    ops = [n.op_type for n in fuse_graphs(bundle, layers, overlap=True, prefetch=True).graph.node]
+    assert ops.count(PREFETCH_OP) == layers
+    assert PREFETCH_OP not in [n.op_type for n in fuse_graphs(bundle, layers, overlap=True).graph.node]
+    ref = off.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)
+    got = on.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)
+    assert_generations_agree(ref, got)
+    assert ref.stats.read_ahead_rows_per_token == 0
+    assert 0 < got.stats.read_ahead_used_per_token <= got.stats.read_ahead_rows_per_token
+    if got.tokens == ref.tokens:
+        assert got.stats.hit_rate == ref.stats.hit_rate
+
+
 def test_fused_refusals(tiny_dipca_bundle):
     bundle = tiny_dipca_bundle()
     with pytest.raises(ValueError, match="--io mmap"):
@@ -402,6 +505,25 @@ def test_cli_run_joins_the_graphs_by_default_and_traces_on_the_host_step(tiny_di
     for extra, named in ((["--trace", str(tmp_path / "u.json")], "--trace"), (["--io", "pread"], "--io pread")):
         res = runner.invoke(app, [*base, "--fused", *extra])
         assert res.exit_code == 2 and named in res.output, res.output
+
+
+def test_cli_run_reads_ahead_with_io_direct_unless_told_not_to(tiny_dipca_bundle, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dipdeploy.cli import app
+
+    bundle, runner = tiny_dipca_bundle(), CliRunner()
+    base = ["run", str(bundle), "-p", "hello", "-n", "6", "--dram-budget", "50%", "--io", "direct"]
+    ahead = {}
+    for flag in ("--prefetch", "--no-prefetch"):
+        out = tmp_path / f"{flag}.json"
+        res = runner.invoke(app, [*base, flag, "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        ahead[flag] = json.loads(out.read_text())["read_ahead_rows_per_token"]
+        assert ("read ahead per token" in res.output) == (flag == "--prefetch"), res.output
+    assert ahead["--prefetch"] > 0 and ahead["--no-prefetch"] == 0
 
 
 def test_joined_graph_holds_each_per_layer_node_once_and_a_step_pair_per_group(tiny_dipca_bundle):

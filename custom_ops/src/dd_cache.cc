@@ -100,7 +100,13 @@ struct Group {
   // between CacheBegin and CacheEnd (dd_cache_graph_begin/end): the misses whose rows are on their way, -1
   // when no step is open, and the nanoseconds the begin spent reading or starting the reads
   int64_t open_misses = -1, begin_ns = 0;
-  int64_t totals[5] = {0, 0, 0, 0, 0};
+  // a read-ahead (dd_cache_graph_prefetch) begun for the group's next step: the predicted rows that were not
+  // resident, ascending, while `ahead`; their place in the bounce buffer is Direct::src until CacheBegin
+  std::vector<int64_t> ahead_rows;
+  bool ahead = false;
+  int64_t ahead_ns = 0;
+  // ... and the rows read ahead, and those of them the step then missed (used), since the last drain
+  int64_t totals[7] = {0, 0, 0, 0, 0, 0, 0};
   Direct direct;
   // a batched prefill (dd_cache_prefill): per array a full-height buffer [rows, row_bytes], the one the
   // graph's SparseGatherMatMul reads while it is set; the chunk's selection [tokens, k] the fill took,
@@ -399,6 +405,53 @@ void count_reads(Group & g, int64_t n, int64_t ns) {
   g.totals[3] += ns;
 }
 
+// Ends the read-ahead of dd_cache_graph_prefetch, its reads counted (alone: a CacheStep, which does not take
+// it). take_ahead also copies the step's `n` misses it
+// holds (op_rows/op_slots) into their slots. Those are written to `rows`/`slots` and leave the misses, which
+// op_rows/op_slots keep compacted in order. Returns how many arrived, or an error code.
+int64_t end_ahead(Group & g) {
+  Direct & d = g.direct;
+  g.ahead = false;
+  d.pending = false;
+  int64_t failed = -1;
+  const int64_t got = dd_io_end(d.io, &failed);
+  if (got < 0) {
+    d.error = -got;
+    return kReadFailed;
+  }
+  g.totals[4] += got;
+  g.totals[1] += int64_t(d.offset.size());
+  return 0;
+}
+
+int64_t take_ahead(Group & g, int64_t n, int64_t * rows, int64_t * slots) {
+  const int64_t rc = end_ahead(g);
+  if (rc < 0) return rc;
+  const Direct & d = g.direct;
+  const int64_t m = int64_t(g.ahead_rows.size()), arrays = int64_t(g.slabs.size());
+  int64_t arrived = 0, rest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = g.op_rows[size_t(i)], s = g.op_slots[size_t(i)];
+    const auto it = std::lower_bound(g.ahead_rows.begin(), g.ahead_rows.end(), r);
+    if (it == g.ahead_rows.end() || *it != r) {
+      g.op_rows[size_t(rest)] = r;
+      g.op_slots[size_t(rest)] = s;
+      ++rest;
+      continue;
+    }
+    const int64_t j = it - g.ahead_rows.begin();
+    for (int64_t a = 0; a < arrays; ++a) {
+      const int64_t rb = g.row_bytes[size_t(a)];
+      std::memcpy(g.slabs[size_t(a)] + s * rb, d.bounce + d.src[size_t(a * m + j)], size_t(rb));
+    }
+    rows[arrived] = r;
+    slots[arrived] = s;
+    ++arrived;
+  }
+  g.totals[6] += arrived;
+  return arrived;
+}
+
 constexpr int64_t kOneToken = -10;  // a step outside a prefill with more than one token's selection
 
 // A batched prefill's fill (engine.py Engine._fill_prefill): every row the chunk's selection `sel`
@@ -644,6 +697,10 @@ static int64_t open_step(Group * g, const int64_t * sel, int64_t tokens, int64_t
 __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, const int64_t * sel, int64_t tokens,
                                                                    int64_t k, int64_t * slots) {
   Group * g = static_cast<Group *>(gp);
+  if (g && g->ahead) {
+    const int64_t rc = end_ahead(*g);
+    if (rc < 0) return rc;
+  }
   int64_t info[2] = {0, 0};
   bool filled = false;
   const int64_t n = open_step(g, sel, tokens, k, slots, info, &filled);
@@ -668,7 +725,9 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
 // of dd_cache_graph_step for the selection `sel` [tokens, k], with the misses' reads only started (the
 // group's reader) or already copied (the mapping), and the hits' entries of the selection and their slots
 // in `idx`, `slots` (hits in selection order, [1, H]) for the SparseGatherMatMul over the resident rows,
-// which runs while the reads are in flight. Returns H. In a batched prefill every row of the chunk is
+// which runs while the reads are in flight. The misses a read-ahead (dd_cache_graph_prefetch) holds are
+// copied to their slots here and join the hits ([1, H] then ends with them); CacheEnd reads only the others.
+// Returns H. In a batched prefill every row of the chunk is
 // placed first (prefill_fill), so all of `sel` counts as hits ([tokens, k]) and CacheEnd has none left.
 __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, const int64_t * sel, int64_t tokens,
                                                                     int64_t k, int64_t * idx, int64_t * slots) {
@@ -676,8 +735,8 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
   if (g && g->open_misses >= 0) return kOutOfStep;
   int64_t info[2] = {0, 0};
   bool filled = false;
-  const int64_t n = open_step(g, sel, tokens, k, slots, info, &filled);  // slots: every entry's, for now
-  if (n < 0) return n;
+  const int64_t misses = open_step(g, sel, tokens, k, slots, info, &filled);  // slots: every entry's, for now
+  if (misses < 0) return misses;
   if (filled) {
     std::memcpy(idx, sel, size_t(tokens * k) * sizeof(int64_t));
     g->open_misses = 0;
@@ -692,6 +751,20 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
       ++h;
     }
   g->begin_ns = info[0];
+  int64_t n = misses;
+  if (g->ahead) {  // the misses read ahead join the hits' product; only the others are read now
+    const int64_t t0 = now_ns();
+    int64_t arrived = 0;
+    try {
+      arrived = take_ahead(*g, n, idx + h, slots + h);
+    } catch (...) {
+      return kBadArgs;
+    }
+    if (arrived < 0) return arrived;
+    count_reads(*g, arrived, g->ahead_ns + now_ns() - t0);
+    h += arrived;
+    n -= arrived;
+  }
   if (n > 0 && g->map) {
     g->totals[1] += info[1] * int64_t(g->slabs.size());
   } else if (n > 0) {
@@ -706,6 +779,41 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
   }
   g->open_misses = n;
   return h;
+}
+
+// CachePrefetch's work (dipdeploy/runtime/fused.py): the rows of `pred` [k], a prediction of the group's
+// next selection made before the layer's attention runs, that are not resident, read with the group's reader
+// into the bounce buffer while the attention runs; the next CacheBegin takes the misses among them from
+// there and reads only the others. The cache's state does not change, so neither do its decisions; a wrong
+// prediction costs only reads. Nothing is read with the mapping, the ring (which reads at once), in a
+// batched prefill or while another read of the group is open. Returns the rows read ahead.
+__attribute__((visibility("default"))) int64_t dd_cache_graph_prefetch(void * gp, const int64_t * pred, int64_t k) {
+  Group * g = static_cast<Group *>(gp);
+  if (!g || k < 0 || (k > 0 && !pred)) return kBadArgs;
+  if (g->map || g->direct.fd < 0 || g->direct.ring || !g->full.empty() || g->direct.pending || g->ahead ||
+      g->open_misses >= 0)
+    return 0;
+  const int64_t t0 = now_ns();
+  try {
+    g->ahead_rows.clear();
+    for (int64_t j = 0; j < k; ++j) {
+      if (pred[j] < 0 || pred[j] >= g->rows) return kOutOfRange;
+      if (!g->resident[pred[j]]) g->ahead_rows.push_back(pred[j]);
+    }
+    std::sort(g->ahead_rows.begin(), g->ahead_rows.end());
+    g->ahead_rows.erase(std::unique(g->ahead_rows.begin(), g->ahead_rows.end()), g->ahead_rows.end());
+    const int64_t n = int64_t(g->ahead_rows.size());
+    if (n == 0) return 0;
+    const int64_t rc = begin_direct(*g, g->ahead_rows.data(), n);
+    if (rc == kBounce) return 0;  // more than the bounce buffer holds: the step reads them itself
+    if (rc < 0) return rc;
+    g->ahead = true;
+    g->ahead_ns = now_ns() - t0;
+    g->totals[5] += n;
+    return n;
+  } catch (...) {
+    return kBadArgs;
+  }
 }
 
 // The misses of the step CacheBegin opened (0 in a batched prefill), or an error if none is open.
@@ -799,15 +907,16 @@ __attribute__((visibility("default"))) int64_t dd_cache_read_errno(const void * 
   return gp ? static_cast<const Group *>(gp)->direct.error : 0;
 }
 
-// The graph steps' totals of `n` groups summed into out[5] (misses, requests, bytes wanted, read or copy
-// ns, bytes read from the device), each group's reset: the host's once-per-token collection.
+// The graph steps' totals of `n` groups summed into out[7] (misses, requests, bytes wanted, read or copy
+// ns, bytes read from the device, rows read ahead, rows read ahead that a step missed), each group's reset:
+// the host's once-per-token collection.
 __attribute__((visibility("default"))) int64_t dd_cache_drain(void * const * groups, int64_t n, int64_t * out) {
   if (n < 0 || (n > 0 && !groups) || !out) return kBadArgs;
-  for (int i = 0; i < 5; ++i) out[i] = 0;
+  for (int i = 0; i < 7; ++i) out[i] = 0;
   for (int64_t j = 0; j < n; ++j) {
     Group * g = static_cast<Group *>(groups[j]);
     if (!g) return kBadArgs;
-    for (int i = 0; i < 5; ++i) {
+    for (int i = 0; i < 7; ++i) {
       out[i] += g->totals[i];
       g->totals[i] = 0;
     }
@@ -842,6 +951,7 @@ __attribute__((visibility("default"))) void dd_cache_drop_step(void * gp) {
     dd_io_end(g->direct.io, &failed);
   }
   g->direct.pending = false;
+  g->ahead = false;
   g->open_misses = -1;
 }
 

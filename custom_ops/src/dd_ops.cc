@@ -222,9 +222,8 @@ void dd_topk_task(void * user, size_t n) {
     dd_topk_row(&job->params, job->x + (int64_t) n * d, res, job->colnorm, job->out + (int64_t) n * job->params.k);
 }
 
-OrtStatus * ORT_API_CALL dd_topk_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo * info,
-                                        void ** kernel) {
-    const char * op = "TopKColumnMask";
+// TopKColumnMask's attributes (CachePrefetch takes the same ones, as `op`).
+OrtStatus * dd_topk_attrs(const OrtApi * api, const OrtKernelInfo * info, const char * op, void ** kernel) {
     const int64_t k = dd_attr_int(api, info, "k", 0);
     const int64_t fixed = dd_attr_int(api, info, "fixed_top_n", 0);
     const float gamma = dd_attr_float(api, info, "gamma", 1.0f);
@@ -245,6 +244,11 @@ OrtStatus * ORT_API_CALL dd_topk_create(const OrtCustomOp *, const OrtApi * api,
     }
     *kernel = new (std::nothrow) dd_topk_kernel{api, k, gamma, fixed, wina};
     return *kernel ? nullptr : dd_error(api, ORT_FAIL, "%s: out of memory", op);
+}
+
+OrtStatus * ORT_API_CALL dd_topk_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo * info,
+                                        void ** kernel) {
+    return dd_topk_attrs(api, info, "TopKColumnMask", kernel);
 }
 
 OrtStatus * ORT_API_CALL dd_topk_compute(void * kernel_ptr, OrtKernelContext * ctx) {
@@ -823,14 +827,92 @@ OrtStatus * ORT_API_CALL dd_cend_compute(void * kernel_ptr, OrtKernelContext * c
     return dd_index_pair(api, ctx, 1, y.dims[0], m, miss_idx.data(), miss_slots.data());
 }
 
+// CachePrefetch(X f32, handle [1] i64, H f32 [1, 1, D] | [1, D], W f32 [D], C bool [D], colnorm? f32 [D]) -> X
+//
+// A read-ahead for the up|gate group of a pre-norm layer whose MLP input is x = RMSNorm(H + attn(H)) ⊙ W
+// (dipdeploy/runtime/fused.py inserts it where a layer has that form, with `X` the value the attention
+// starts from, so that it runs first). RMSNorm's per-token scale leaves a top-K unchanged, so the
+// TopKColumnMask of H ⊙ W with the same attributes, residency C and column norms predicts the group's
+// selection before the attention runs (recall 0.86-0.89 measured, dipdeploy/runtime/DESIGN.md); the rows
+// it names that are not resident are read meanwhile (dd_cache_graph_prefetch) and the group's CacheBegin
+// takes the misses among them. X passes on unchanged. A chunk of more than one token reads nothing ahead.
+
+OrtStatus * ORT_API_CALL dd_prefetch_create(const OrtCustomOp *, const OrtApi * api, const OrtKernelInfo * info,
+                                            void ** kernel) {
+    return dd_topk_attrs(api, info, "CachePrefetch", kernel);
+}
+
+OrtStatus * ORT_API_CALL dd_prefetch_compute(void * kernel_ptr, OrtKernelContext * ctx) {
+    const dd_topk_kernel * kn = static_cast<const dd_topk_kernel *>(kernel_ptr);
+    const OrtApi * api = kn->api;
+    const char * op = "CachePrefetch";
+    dd_view x, h, w, c, cn;
+    DD_TRY(dd_input(api, ctx, 0, &x));
+    if (!x.present || x.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'X' must be float32", op);
+    }
+    void * g = nullptr;
+    DD_TRY(dd_cache_handle(api, ctx, op, &g));
+    DD_TRY(dd_input(api, ctx, 2, &h));
+    DD_TRY(dd_input(api, ctx, 3, &w));
+    DD_TRY(dd_input(api, ctx, 4, &c));
+    DD_TRY(dd_input(api, ctx, 5, &cn));
+    DD_TRY(dd_expect(api, w, op, "W", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 1));
+    const int64_t d = w.dims[0];
+    if (!h.present || h.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || h.rank < 1 || h.dims[h.rank - 1] != d) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'H' must be float32 [..., D=%lld]", op, (long long) d);
+    }
+    if (!c.present || c.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL || c.rank != 1 || c.dims[0] != d) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'C' must be bool [D=%lld]", op, (long long) d);
+    }
+    if (kn->wina != cn.present || (cn.present && (cn.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || cn.numel != d))) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: score='%s' %s input 'colnorm' (float32 [D])", op,
+                        kn->wina ? "wina" : "abs", kn->wina ? "needs" : "takes no");
+    }
+    if (kn->k < 1 || kn->k > d) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute k=%lld must lie in [1, D=%lld]", op,
+                        (long long) kn->k, (long long) d);
+    }
+    if (h.numel == d) {
+        thread_local std::vector<float> z;
+        thread_local std::vector<int64_t> pred;
+        try {
+            z.resize((size_t) d);
+            pred.resize((size_t) kn->k);
+        } catch (const std::exception &) {
+            return dd_error(api, ORT_FAIL, "%s: out of memory", op);
+        }
+        const float * hv = static_cast<const float *>(h.data);
+        const float * wv = static_cast<const float *>(w.data);
+        for (int64_t i = 0; i < d; ++i) {
+            z[(size_t) i] = hv[i] * wv[i];
+        }
+        const dd_topk_params params{d, kn->k, kn->gamma, kn->fixed_top_n};
+        dd_topk_row(&params, z.data(), static_cast<const uint8_t *>(c.data),
+                    cn.present ? static_cast<const float *>(cn.data) : nullptr, pred.data());
+        const int64_t rc = dd_cache_graph_prefetch(g, pred.data(), kn->k);
+        if (rc < 0) {
+            return dd_cache_status(api, op, g, rc);
+        }
+    }
+    OrtValue * out = nullptr;
+    DD_TRY(api->KernelContext_GetOutput(ctx, 0, x.dims, x.rank, &out));
+    void * y = nullptr;
+    DD_TRY(api->GetTensorMutableData(out, &y));
+    if (x.numel > 0 && y != x.data) {
+        std::memcpy(y, x.data, (size_t) x.numel * sizeof(float));
+    }
+    return nullptr;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Op declarations
 
 struct dd_op_decl {
     const char * name;
     size_t n_inputs;
-    ONNXTensorElementDataType in_types[4];
-    OrtCustomOpInputOutputCharacteristic in_chars[4];
+    ONNXTensorElementDataType in_types[6];
+    OrtCustomOpInputOutputCharacteristic in_chars[6];
     size_t n_outputs;
     ONNXTensorElementDataType out_types[3];
     OrtStatusPtr (ORT_API_CALL * create)(const OrtCustomOp *, const OrtApi *, const OrtKernelInfo *, void **);
@@ -921,10 +1003,20 @@ const dd_op_decl dd_cend_decl = {
     [](void * k) { delete static_cast<dd_cache_op_kernel *>(k); },
 };
 
+const dd_op_decl dd_cprefetch_decl = {
+    "CachePrefetch", 6,
+    {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+     ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+    {INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED, INPUT_OUTPUT_REQUIRED,
+     INPUT_OUTPUT_OPTIONAL},
+    1, {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT}, dd_prefetch_create, dd_prefetch_compute,
+    [](void * k) { delete static_cast<dd_topk_kernel *>(k); },
+};
+
 // The op objects must outlive every session that uses them, so they live for the whole process
 // (built once, immutable afterwards).
 struct dd_ops {
-    dd_op topk, sgmm, cstep, csettle, cbegin, cend;
+    dd_op topk, sgmm, cstep, csettle, cbegin, cend, cprefetch;
     dd_ops() {
         dd_op_init(&topk, &dd_topk_decl);
         dd_op_init(&sgmm, &dd_sgmm_decl);
@@ -932,6 +1024,7 @@ struct dd_ops {
         dd_op_init(&csettle, &dd_csettle_decl);
         dd_op_init(&cbegin, &dd_cbegin_decl);
         dd_op_init(&cend, &dd_cend_decl);
+        dd_op_init(&cprefetch, &dd_cprefetch_decl);
     }
 };
 
@@ -964,6 +1057,7 @@ __attribute__((visibility("default"))) OrtStatus * ORT_API_CALL RegisterCustomOp
     DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.csettle)));
     DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.cbegin)));
     DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.cend)));
+    DD_TRY(api->CustomOpDomain_Add(domain, const_cast<dd_op *>(&ops.cprefetch)));
     return api->AddCustomOpDomain(options, domain);
 }
 

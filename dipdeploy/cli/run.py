@@ -69,6 +69,9 @@ FUSED = typer.Option(_E.fused, "--fused/--no-fused", help="below 100 %: the per-
                      "session per token, the cache step inside the graph (the same decisions, faster), or "
                      "--no-fused: one session per graph, the cache step on the host. Default: joined wherever it "
                      "can run (--io mmap or direct, the op library, no belady, no --trace)")
+PREFETCH = typer.Option(_E.prefetch, "--prefetch/--no-prefetch", help="--io direct, joined: predict each layer's "
+                        "up|gate rows from its input and read the missing ones while its attention runs (the same "
+                        "decisions; a wrong guess costs reads), or read them only once selected")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
                       "structure, sizes and the other files' sha256 are always checked)")
@@ -95,7 +98,7 @@ def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampl
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
             threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill, thread_pool=_E.thread_pool,
             prefill_chunk=_E.prefill_chunk, io_engine=_E.io_engine, io_gap=_E.io_gap, cache_split=_E.cache_split,
-            single_session=_E.single_session, fused=_E.fused):
+            single_session=_E.single_session, fused=_E.fused, prefetch=_E.prefetch):
     from dipdeploy.runtime import Engine, parse_bandwidth
     from dipdeploy.runtime.engine import PREFILL_MODES
     from dipdeploy.runtime.blockio import IO_ENGINES
@@ -131,7 +134,7 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
              flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
              io=io, io_threads=io_threads, io_engine=io_engine, io_gap=io_gap, context=context, threads=threads, thread_pool=thread_pool, verify=verify,
              pinned_counts=counts, prefill=prefill, prefill_chunk=prefill_chunk, cache_split=cache_split,
-             single_session=single_session, fused=fused)
+             single_session=single_session, fused=fused, prefetch=prefetch)
     engine = Engine(bundle, cfg)
     if engine.flash.note:
         typer.echo(f"note: {engine.flash.note}", err=True)
@@ -173,8 +176,8 @@ def run_cmd(
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY, single_session: Optional[bool] = SINGLE,
-    fused: Optional[bool] = FUSED, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
-    stop: Optional[List[str]] = STOP, seed: int = SEED,
+    fused: Optional[bool] = FUSED, prefetch: bool = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K,
+    top_p: float = TOP_P, repetition_penalty: float = REP, stop: Optional[List[str]] = STOP, seed: int = SEED,
     chat: bool = typer.Option(False, "--chat", help="format the prompt as one user turn with the bundle's chat "
                               "template (default: raw completion)"),
     system: Optional[str] = SYSTEM,
@@ -203,7 +206,7 @@ def run_cmd(
             single_session, fused = False, False
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
                          threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split,
-                         single_session, fused)
+                         single_session, fused, prefetch)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -241,7 +244,7 @@ def chat_cmd(
     io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
     thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: Optional[bool] = FUSED,
-    temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
+    prefetch: bool = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
 ) -> None:
     """Interactive chat through the bundle's chat template: streams each answer, then one line of stats.
@@ -255,7 +258,7 @@ def chat_cmd(
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
                          threads, None, False, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split,
-                         single_session, fused)
+                         single_session, fused, prefetch)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

@@ -111,7 +111,10 @@ class EngineConfig:
     True: insist (an error where it cannot); False: always the host cache step.
     ``overlap_reads``: the joined decoder with ``--io direct`` reads a group's misses while it multiplies
     the group's resident rows (``CacheBegin``/``CacheEnd``, custom_ops/README.md); False reads them
-    first, as the per-layer path does (benchmarks/fused.py measures both)."""
+    first, as the per-layer path does (benchmarks/fused.py measures both).
+    ``prefetch``: with ``overlap_reads``, each pre-norm layer's up|gate selection is predicted from the
+    layer's input and the predicted misses are read while its attention runs (``CachePrefetch``,
+    DESIGN.md "Reads overlapped with compute"); the decisions do not change, a wrong guess costs reads."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -137,6 +140,7 @@ class EngineConfig:
     single_session: bool | None = None  # model.onnx once per token; None: when the budget holds every row
     fused: bool | None = None  # the per-layer graphs joined, the cache step in the graph; None: where it can
     overlap_reads: bool = True  # joined, --io direct: the misses read while the resident rows are multiplied
+    prefetch: bool = True  # ... and a layer's predicted up|gate misses read while its attention runs
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
@@ -360,7 +364,8 @@ class Engine:
         self.fused = fused.FusedModel(self.path, self.shared.apply(shared_arena(options)), self.kv, self.cfg.context,
                                       self.d, self.decoder["vocab_size"], self.num_layers, gamma,
                                       self.cfg.accuracy_level, chunk,
-                                      overlap=self.cfg.io == "direct" and self.cfg.overlap_reads)
+                                      overlap=self.cfg.io == "direct" and self.cfg.overlap_reads,
+                                      prefetch=self.cfg.prefetch)
 
     @property
     def single_session(self) -> bool:
@@ -821,6 +826,8 @@ class Engine:
         if reads.misses:
             self.flash.account(reads.wanted, reads.requests, reads.seconds)
             self.flash.counters.device_bytes += reads.device
+            self.flash.counters.ahead_rows += reads.ahead
+            self.flash.counters.ahead_used += reads.ahead_used
         self.flash.settle()
 
     def _full_buffers(self, slab: GroupSlab) -> dict[str, np.ndarray]:

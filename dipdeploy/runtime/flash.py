@@ -81,6 +81,8 @@ class FlashCounters:
     device_bytes: int = 0
     io_seconds: float = 0.0
     emulated_wait: float = 0.0
+    ahead_rows: int = 0  # rows the joined decoder's CachePrefetch nodes read ahead of the selection
+    ahead_used: int = 0  # ... that the selection then missed (read during the attention)
 
     def __sub__(self, other: "FlashCounters") -> "FlashCounters":
         return FlashCounters(*(a - b for a, b in zip(astuple(self), astuple(other))))

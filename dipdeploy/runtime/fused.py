@@ -14,7 +14,9 @@ the op library per layer group (custom_ops/src/dd_cache.cc, the same native step
 With ``--io direct`` each CacheStep is split in two (``CacheBegin``/``CacheEnd``, ``_Joiner.split_step``):
 the misses' reads start on the reader's threads while a SparseGatherMatMul multiplies the resident rows,
 then a second one multiplies the rows just read, and the two products are added: the reads overlap that
-compute (DESIGN.md, "Reads overlapped with compute").
+compute. With ``prefetch`` a ``CachePrefetch`` before each pre-norm layer's attention also predicts the
+layer's up|gate selection from its input and starts the reads of the predicted misses, which CacheBegin
+then takes (DESIGN.md, "Reads overlapped with compute").
 
 The graph's data edges order the side effects: a group's TopKColumnMask reads its residency (bound to the
 native state, so no copy) before its CacheStep, which feeds the SparseGatherMatMul, whose output feeds the
@@ -53,6 +55,8 @@ from dipdeploy.runtime.sessions import Bound, Buffer, set_gamma
 #: the ops the joined graph adds (custom_ops/src/dd_ops.cc)
 STEP_OP, SETTLE_OP = "CacheStep", "CacheSettle"
 BEGIN_OP, END_OP = "CacheBegin", "CacheEnd"  # the step in two halves, the reads overlapping the resident rows' product
+PREFETCH_OP = "CachePrefetch"  # a layer's up|gate misses predicted from its input and read during its attention
+_NORMS = ("SkipSimplifiedLayerNormalization", "SkipLayerNormalization")  # x = norm(attention + residual) · w
 GROUPS = ("up_gate", "down")
 
 
@@ -171,6 +175,41 @@ class _Joiner:
         add = h.make_node("Add", [f"{y}.hit.ready", f"{y}.miss"], [y], name=name + ".sum")
         self.nodes[at:at + 1] = [begin, parts[0], end, parts[1], add]
 
+    def prefetch(self, indices: str, handle: str, first: int, name: str) -> bool:
+        """Insert a CachePrefetch for the group whose TopKColumnMask writes ``indices``, if its layer (the
+        nodes from ``first`` on) has the pre-norm form x = norm(attention + h) · w: the op predicts the
+        selection from h · w with the TopKColumnMask's own attributes and inputs and reads the predicted
+        misses, and the attention reads its input through the op, so that the reads start before it runs
+        (custom_ops/src/dd_ops.cc). Returns whether it did."""
+        nodes = self.nodes[first:]
+        made = {o: n for n in nodes for o in n.output if o}
+        topk = next((n for n in nodes if indices in n.output), None)
+        if topk is None or len(topk.input) < 3 or not topk.input[2]:
+            return False
+        x = topk.input[0]
+        while x in made and made[x].op_type in ("Reshape", "Squeeze", "Identity"):
+            x = made[x].input[0]
+        post = made.get(x)
+        if post is None or post.op_type not in _NORMS or post.output[0] != x or len(post.input) < 3:
+            return False
+
+        def residual(v: str) -> bool:  # a layer input, or the running sum an input norm passes on
+            return v not in made or (made[v].op_type in _NORMS and len(made[v].output) > 3 and made[v].output[3] == v)
+
+        h = next((v for v in post.input[:2] if residual(v)), None)
+        if h is None or all(residual(v) for v in post.input[:2]):
+            return False
+        gate = made[h].output[0] if h in made else h  # what the attention starts from
+        ready = gate + ".prefetched"
+        for n in nodes:
+            n.input[:] = [ready if v == gate else v for v in n.input]
+        at = self.nodes.index(made[h]) + 1 if h in made else first
+        node = self.onnx.helper.make_node(PREFETCH_OP, [gate, handle, h, post.input[2], topk.input[2], *topk.input[3:4]],
+                                          [ready], name=name, domain=DOMAIN)
+        node.attribute.extend(a for a in topk.attribute if a.name in ("k", "gamma", "fixed_top_n", "score"))
+        self.nodes.insert(at, node)
+        return True
+
     def settle(self, produced: str, handle: str, name: str) -> None:
         """Insert a CacheSettle on ``produced``: its producer now writes ``produced.raw`` and every reader
         of ``produced`` reads the settled copy."""
@@ -200,11 +239,13 @@ class _Joiner:
         return h.make_model(graph, opset_imports=opsets, ir_version=self.ir_version)
 
 
-def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None, overlap: bool = False):
+def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None, overlap: bool = False,
+                prefetch: bool = False):
     """The decoder of ``bundle`` as one ONNX model (module docstring): positions, every layer's attention,
     MLP up and down graphs with a CacheStep/CacheSettle pair per group, the head on the last position.
     ``overlap``: each CacheStep split into CacheBegin/CacheEnd around two products (``_Joiner.split_step``),
-    for a reader that reads in the background (``--io direct``).
+    for a reader that reads in the background (``--io direct``); with it, ``prefetch`` adds a CachePrefetch
+    before each pre-norm layer's attention (``_Joiner.prefetch``).
     Inputs: ``hidden`` (the embedded tokens, [1, N, d]), ``attention_mask``, ``position_ids``, the past K/V, and per layer
     ``layer.{i}.cache_in``/``cache_glu`` (residency), ``layer.{i}.up_gate.*``/``down.*`` (slabs) and
     ``layer.{i}.up_gate.handle``/``down.handle``; outputs ``logits`` and the presents. ``gamma`` (None: the
@@ -225,8 +266,11 @@ def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None, overlap: 
         if mlp_out is not None:
             wired["mlp_out"] = mlp_out
         present = {o.name: o.name for o in attn.graph.output if o.name.startswith("present.")}
+        first = len(j.nodes)
         j.add(attn, p + "attn/", wired, {"hidden_attn": p + "hidden_attn", "x": p + "x",
                                          "in_indices": p + "in_indices", **present}, gamma)
+        if overlap and prefetch:
+            j.prefetch(p + "in_indices", handles["up_gate"], first, p + "up_gate.prefetch")
         for name in present:
             j.output(attn, name, name)
         for g in GROUPS:
@@ -256,9 +300,9 @@ def fuse_graphs(bundle: Path, layers: int, gamma: float | None = None, overlap: 
 
 
 def _joined_bytes(path: Path, layers: int, gamma: float | None, accuracy_level: int | None,
-                  standard_attention: bool, overlap: bool) -> bytes:
+                  standard_attention: bool, overlap: bool, prefetch: bool = False) -> bytes:
     """The serialized joined model (what ``joined_model`` runs in its child)."""
-    model = fuse_graphs(path, layers, gamma, overlap)
+    model = fuse_graphs(path, layers, gamma, overlap, prefetch)
     if accuracy_level is not None:
         from dipdeploy.ops.nodes import with_accuracy_level
 
@@ -271,10 +315,11 @@ def _joined_bytes(path: Path, layers: int, gamma: float | None, accuracy_level: 
 
 
 def joined_model(path: Path, layers: int, gamma: float | None, accuracy_level: int | None,
-                 standard_attention: bool, overlap: bool = False) -> bytes:
+                 standard_attention: bool, overlap: bool = False, prefetch: bool = False) -> bytes:
     """``_joined_bytes`` in a child process (module docstring); its one-line error becomes a BundleError."""
     args = [str(path), str(layers), "" if gamma is None else repr(float(gamma)),
-            "" if accuracy_level is None else str(accuracy_level), str(int(standard_attention)), str(int(overlap))]
+            "" if accuracy_level is None else str(accuracy_level), str(int(standard_attention)), str(int(overlap)),
+            str(int(prefetch))]
     import dipdeploy
 
     root = str(Path(dipdeploy.__file__).resolve().parents[1])  # the child imports this dipdeploy, wherever it lies
@@ -297,10 +342,11 @@ class FusedModel:
     with a chunk's rows and warm the caches from its selections."""
 
     def __init__(self, path: Path, options, kv, context: int, d: int, vocab: int, layers: int,
-                 gamma: float | None, accuracy_level: int | None, chunk: int = 1, overlap: bool = False):
+                 gamma: float | None, accuracy_level: int | None, chunk: int = 1, overlap: bool = False,
+                 prefetch: bool = False):
         import onnxruntime as ort
 
-        model = joined_model(path, layers, gamma, accuracy_level, kv.attention == "standard", overlap)
+        model = joined_model(path, layers, gamma, accuracy_level, kv.attention == "standard", overlap, prefetch)
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path))
         # ORT's memory patterns are planned per set of input shapes, and the attention mask grows by one
         # position per token: the arena kept 13 MB more anonymous memory after 40 SmolLM2 tokens with them
@@ -393,11 +439,11 @@ class _Arg:
         self.name, self.shape = name, shape
 
 
-if __name__ == "__main__":  # joined_model's child: BUNDLE LAYERS GAMMA LEVEL STANDARD OVERLAP → the model's bytes
-    bundle, n, g, level, standard, overlap = sys.argv[1:7]
+if __name__ == "__main__":  # joined_model's child: BUNDLE LAYERS GAMMA LEVEL STANDARD OVERLAP PREFETCH → the bytes
+    bundle, n, g, level, standard, overlap, prefetch = sys.argv[1:8]
     try:
         out = _joined_bytes(Path(bundle), int(n), float(g) if g else None, int(level) if level else None,
-                            standard == "1", overlap == "1")
+                            standard == "1", overlap == "1", prefetch == "1")
     except (BundleError, OSError) as err:
         sys.exit(f"{err}")
     sys.stdout.buffer.write(out)

@@ -64,6 +64,8 @@ class GraphReads:
     wanted: int  # the rows' bytes
     seconds: float  # inside the copies or reads
     device: int  # bytes read from the device (--io direct; 0 with the mapping)
+    ahead: int = 0  # rows read ahead by CachePrefetch nodes
+    ahead_used: int = 0  # ... of which a step then missed: read during the attention, not after the selection
 
 
 def graph_step_library(library: str):
@@ -79,9 +81,10 @@ def drain(library: str, handles: np.ndarray) -> GraphReads:
     lib = graph_step_library(library)
     if lib is None:
         raise RuntimeError(f"{library} has no dd_cache_drain: rebuild it (make ops)")
-    out = np.zeros(5, np.int64)
+    out = np.zeros(7, np.int64)
     _check(lib.dd_cache_drain(handles.ctypes.data, handles.size, out.ctypes.data), 0)
-    return GraphReads(int(out[0]), int(out[1]), int(out[2]), float(out[3]) * 1e-9, int(out[4]))
+    return GraphReads(int(out[0]), int(out[1]), int(out[2]), float(out[3]) * 1e-9, int(out[4]), int(out[5]),
+                      int(out[6]))
 
 
 def _check(rc: int, rows: int) -> int:

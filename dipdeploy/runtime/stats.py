@@ -94,6 +94,8 @@ class RunStats:
     io_engine: str | None = None  # --io direct: the reader that ran ("io_uring", "threads", "python")
     single_session: bool = False  # model.onnx once per token, every row resident (dipdeploy.runtime.whole)
     fused: bool = False  # the per-layer graphs joined, the cache step in the graph (dipdeploy.runtime.fused)
+    read_ahead_rows_per_token: float = 0.0  # joined, --io direct: rows CachePrefetch read before the selection
+    read_ahead_used_per_token: float = 0.0  # ... that the selection then missed
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
@@ -130,6 +132,7 @@ class RunStats:
             prefill=engine.cfg.prefill,
             native_cache=engine.native_cache and not engine.single_session, io_engine=engine.flash.reader_kind,
             single_session=engine.single_session, fused=engine.fused is not None,
+            read_ahead_rows_per_token=flash.ahead_rows / per, read_ahead_used_per_token=flash.ahead_used / per,
         )
 
     def as_dict(self) -> dict:
@@ -155,6 +158,11 @@ class RunStats:
             waste = self.flash_device_mb_per_token / self.flash_mb_per_token if self.flash_mb_per_token else 0.0
             rows.append(("read from device per token", f"{self.flash_device_mb_per_token:.3f} MB in {BLOCK // 1024} KiB "
                                                        f"blocks ({waste:.2f}× the rows' bytes)"))
+        if self.read_ahead_rows_per_token:
+            used = self.read_ahead_used_per_token / self.read_ahead_rows_per_token
+            rows.append(("read ahead per token", f"{self.read_ahead_rows_per_token:.0f} rows predicted and read during "
+                                                 f"the attention, {self.read_ahead_used_per_token:.0f} of them missed by "
+                                                 f"the selection ({used:.0%} used)"))
         rows += [
             ("DRAM read per token", f"{self.dram_mb_per_token:.2f} MB"),
             ("resident (planned)", f"{r['total'] / mb:.1f} MB = dense {r['dense'] / mb:.1f} + KV {r['kv'] / mb:.1f} + "
