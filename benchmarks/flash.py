@@ -145,6 +145,7 @@ def child(spec: dict) -> dict:
                  cache_split=spec.get("cache_split", CACHE_SPLIT), io_gap=spec.get("io_gap", IO_GAP),
                  gamma=spec.get("gamma"), fused=spec.get("fused", False),
                  overlap_reads=spec.get("overlap_reads", True),
+                 prefetch=spec.get("prefetch", True),
                  prefill=spec.get("prefill", "batch"))
     eng.generate(PROMPT, 4, stop_at_eos=False)  # warm up the sessions and the caches
     for pair in eng.slabs:
@@ -172,7 +173,8 @@ def child(spec: dict) -> dict:
     device = _io_read_bytes() - start[0]
     row = {"tok_s": s.decode_tok_s, "wanted_mb": s.flash_mb_per_token, "device_mb": device / (s.new_tokens - 1) / 1e6,
            "store_device_mb": s.flash_device_mb_per_token, "requests": s.flash_requests_per_token,
-           "hit_rate": s.hit_rate, "peak_rss_mb": memory_now().get("VmHWM", 0) / 1e6,
+           "hit_rate": s.hit_rate, "ahead_rows": s.read_ahead_rows_per_token, "ahead_used": s.read_ahead_used_per_token,
+           "peak_rss_mb": memory_now().get("VmHWM", 0) / 1e6,
            "peak_group_mb": int((group / "memory.max_usage_in_bytes").read_text()) / 1e6,
            "limit_mb": limit / 1e6 if limit else None, "flash_io_s": s.seconds["flash_io"], "note": eng.flash.note,
            "reader": s.io_engine, "path": "fused" if s.fused else "per-layer"}
