@@ -138,6 +138,24 @@ def _group(tmp_path, rng, rows: int, k: int, capacity: int, policy: str, io: str
     return _Group(path, offsets, wide, weights, wide_rows, ref, table, nat, flash, slab, slab_wide)
 
 
+def _reads(g: _Group, rows) -> tuple[int, int]:
+    """The device bytes and requests of reading ``rows`` as the op library plans them (one block of gap)."""
+    from dipdeploy.runtime.blockio import plan_reads
+
+    if not len(rows):
+        return 0, 0
+    plan = plan_reads(g.offsets, [g.wide, ROW_BYTES], rows, max_gap=1)
+    return int(np.minimum(plan.length, g.path.stat().st_size - plan.offset).sum()), plan.requests
+
+
+def _settled(g: _Group, step, t: int) -> None:
+    """The reference's settle, then the native slot table and the slab's held rows checked against it."""
+    g.table.finish(step)
+    assert np.array_equal(g.nat.state.slot_of, g.table.slot_of), t
+    held = np.flatnonzero(g.table.slot_of >= 0)
+    assert np.array_equal(g.slab_wide[g.table.slot_of[held]], g.wide_rows[held]), t
+
+
 @pytest.mark.parametrize("io", ["mmap", "direct"])
 @pytest.mark.parametrize("policy,capacity", [("lfu", 30), ("lru", 5), ("none", 0), ("lfu", 80)])
 def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_path):
@@ -216,11 +234,10 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
     product over the file's rows, the same reads; a batched prefill's chunk is all hits."""
     import onnxruntime as ort
 
-    from dipdeploy.runtime.blockio import plan_reads
-
     rows, k, steps = 80, 12, 20
     rng = np.random.default_rng(5)
-    path, offsets, wide, weights, wide_rows, ref, table, nat, flash, slab, slab_wide = _group(tmp_path, rng, rows, k, capacity, policy, io, 321)
+    g = _group(tmp_path, rng, rows, k, capacity, policy, io, 321)
+    path, offsets, wide, weights, wide_rows, ref, table, nat, flash, slab, slab_wide = g
     sess = ort.InferenceSession(_split_graph(k).SerializeToString(), session_options(1, True),
                                 providers=["CPUExecutionProvider"])
     handle = np.array([nat.handle], np.int64)
@@ -229,20 +246,15 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
         sel = rng.choice(rows, k, replace=False) if t % 2 else rng.choice(40, k, replace=False)
         hits = ref.access(sel[None])[0]
         step = table.assign(sel, hits, ref.resident[0])
-        if len(step.read_rows):
-            plan = plan_reads(offsets, [wide, ROW_BYTES], step.read_rows, max_gap=1)
-            device += int(np.minimum(plan.length, path.stat().st_size - plan.offset).sum())
-            requests += plan.requests
+        dev, req = _reads(g, step.read_rows)
+        device, requests = device + dev, requests + req
         hi, hs, mi, ms, hit_rows, miss_rows, out = sess.run(None, {"indices": sel[None], "handle": handle,
                                                                     "slab": slab})
         assert np.array_equal(hi[0], sel[hits]) and np.array_equal(hs[0], step.slots[hits]), t
         assert np.array_equal(mi[0], step.read_rows) and np.array_equal(ms[0], step.read_slots), t
         assert np.array_equal(hit_rows[0], weights[sel[hits]]) and np.array_equal(miss_rows[0], weights[mi[0]]), t
         assert np.isclose(out.sum(), weights[sel].sum(), rtol=1e-5, atol=1e-5), t
-        table.finish(step)
-        assert np.array_equal(nat.state.slot_of, table.slot_of), t
-        held = np.flatnonzero(table.slot_of >= 0)
-        assert np.array_equal(slab_wide[table.slot_of[held]], wide_rows[held]), t
+        _settled(g, step, t)
     got = drain(str(LIB), handle)
     assert got.misses == ref.misses and got.wanted == ref.misses * (wide + ROW_BYTES)
     if io == "direct":
@@ -288,15 +300,13 @@ def test_a_read_ahead_hands_its_misses_to_cache_begin_and_changes_no_decision(po
     its blocks and requests, and the ones the step missed counted as used."""
     import onnxruntime as ort
 
-    from dipdeploy.runtime.blockio import plan_reads
-
     rows, k, steps = 80, 12, 16
     rng = np.random.default_rng(9)
-    path, offsets, wide, weights, wide_rows, ref, table, nat, flash, slab, slab_wide = _group(tmp_path, rng, rows, k, capacity, policy, "direct", 321)
+    g = _group(tmp_path, rng, rows, k, capacity, policy, "direct", 321)
     opts = lambda: session_options(1, True)  # noqa: E731
     ahead = ort.InferenceSession(_prefetch_graph(rows, k).SerializeToString(), opts(), providers=["CPUExecutionProvider"])
     split = ort.InferenceSession(_split_graph(k).SerializeToString(), opts(), providers=["CPUExecutionProvider"])
-    handle = np.array([nat.handle], np.int64)
+    handle = np.array([g.nat.handle], np.int64)
     w = rng.uniform(0.5, 2.0, rows).astype(np.float32)
     device = requests = read_ahead = used = 0
     for t in range(steps):
@@ -304,41 +314,33 @@ def test_a_read_ahead_hands_its_misses_to_cache_begin_and_changes_no_decision(po
         guess = np.concatenate([sel[: k // 2], rng.choice(np.setdiff1d(np.arange(rows), sel), k - k // 2, replace=False)])
         hvec = np.full(rows, 1e-3, np.float32)
         hvec[guess] = (10.0 + np.arange(k)) / w[guess]  # |H ⊙ W| ranks exactly the guess first
-        resident = nat.state.resident.view(bool).copy()
+        resident = g.nat.state.resident.view(bool).copy()
         x = rng.standard_normal((1, 3)).astype(np.float32)
         y = ahead.run(None, {"X": x, "handle": handle, "H": hvec[None, None], "W": w, "C": resident})[0]
         assert np.array_equal(y, x), t
         early = np.unique(guess[~resident[guess]])
-        if len(early):
-            plan = plan_reads(offsets, [wide, ROW_BYTES], early, max_gap=1)
-            device += int(np.minimum(plan.length, path.stat().st_size - plan.offset).sum())
-            requests += plan.requests
-            read_ahead += len(early)
-        hits = ref.access(sel[None])[0]
-        step = table.assign(sel, hits, ref.resident[0])
+        hits = g.ref.access(sel[None])[0]
+        step = g.table.assign(sel, hits, g.ref.resident[0])
         arrived = np.isin(step.read_rows, early)
         later = step.read_rows[~arrived]
-        used += int(arrived.sum())
-        if len(later):
-            plan = plan_reads(offsets, [wide, ROW_BYTES], later, max_gap=1)
-            device += int(np.minimum(plan.length, path.stat().st_size - plan.offset).sum())
-            requests += plan.requests
-        hi, hs, mi, ms, hit_rows, miss_rows, out = split.run(None, {"indices": sel[None], "handle": handle, "slab": slab})
+        read_ahead, used = read_ahead + len(early), used + int(arrived.sum())
+        for rows_read in (early, later):
+            dev, req = _reads(g, rows_read)
+            device, requests = device + dev, requests + req
+        hi, hs, mi, ms, hit_rows, miss_rows, out = split.run(None, {"indices": sel[None], "handle": handle,
+                                                                     "slab": g.slab})
         assert np.array_equal(hi[0], np.concatenate([sel[hits], step.read_rows[arrived]])), t
         assert np.array_equal(hs[0], np.concatenate([step.slots[hits], step.read_slots[arrived]])), t
         assert np.array_equal(mi[0], later) and np.array_equal(ms[0], step.read_slots[~arrived]), t
-        assert np.array_equal(hit_rows[0], weights[hi[0]]) and np.array_equal(miss_rows[0], weights[mi[0]]), t
-        assert np.isclose(out.sum(), weights[sel].sum(), rtol=1e-5, atol=1e-5), t
-        table.finish(step)
-        assert np.array_equal(nat.state.slot_of, table.slot_of), t
-        held = np.flatnonzero(table.slot_of >= 0)
-        assert np.array_equal(slab_wide[table.slot_of[held]], wide_rows[held]), t
+        assert np.array_equal(hit_rows[0], g.weights[hi[0]]) and np.array_equal(miss_rows[0], g.weights[mi[0]]), t
+        assert np.isclose(out.sum(), g.weights[sel].sum(), rtol=1e-5, atol=1e-5), t
+        _settled(g, step, t)
     got = drain(str(LIB), handle)
-    assert got.misses == ref.misses and got.wanted == ref.misses * (wide + ROW_BYTES)
+    assert got.misses == g.ref.misses and got.wanted == g.ref.misses * (g.wide + ROW_BYTES)
     assert (got.device, got.requests, got.ahead, got.ahead_used) == (device, requests, read_ahead, used)
     assert 0 < used < read_ahead
-    nat.close()
-    flash.close()
+    g.nat.close()
+    g.flash.close()
 
 
 @pytest.mark.parametrize("io", ["mmap", "direct"])

@@ -704,6 +704,18 @@ OrtStatus * dd_cache_inputs(const OrtApi * api, OrtKernelContext * ctx, const ch
     return dd_cache_handle(api, ctx, op, g);
 }
 
+// Output 0 = the float32 input `x`, unchanged: how the ops with side effects order what follows them.
+OrtStatus * dd_pass_on(const OrtApi * api, OrtKernelContext * ctx, const dd_view & x) {
+    OrtValue * out = nullptr;
+    DD_TRY(api->KernelContext_GetOutput(ctx, 0, x.dims, x.rank, &out));
+    void * y = nullptr;
+    DD_TRY(api->GetTensorMutableData(out, &y));
+    if (x.numel > 0 && y != x.data) {
+        std::memcpy(y, x.data, (size_t) x.numel * sizeof(float));
+    }
+    return nullptr;
+}
+
 OrtStatus * ORT_API_CALL dd_cstep_compute(void * kernel_ptr, OrtKernelContext * ctx) {
     const OrtApi * api = static_cast<const dd_cache_op_kernel *>(kernel_ptr)->api;
     const char * op = "CacheStep";
@@ -736,14 +748,7 @@ OrtStatus * ORT_API_CALL dd_csettle_compute(void * kernel_ptr, OrtKernelContext 
     if (rc < 0) {
         return dd_error(api, ORT_INVALID_ARGUMENT, "%s: %s", op, dd_cache_error(rc));
     }
-    OrtValue * out = nullptr;
-    DD_TRY(api->KernelContext_GetOutput(ctx, 0, x.dims, x.rank, &out));
-    void * y = nullptr;
-    DD_TRY(api->GetTensorMutableData(out, &y));
-    if (x.numel > 0 && y != x.data) {
-        std::memcpy(y, x.data, (size_t) x.numel * sizeof(float));
-    }
-    return nullptr;
+    return dd_pass_on(api, ctx, x);
 }
 
 // CacheBegin(indices [N,K] i64, handle [1] i64) -> hit_indices [N,H] i64, hit_slots [N,H] i64
@@ -817,13 +822,7 @@ OrtStatus * ORT_API_CALL dd_cend_compute(void * kernel_ptr, OrtKernelContext * c
     if (rc < 0) {
         return dd_cache_status(api, op, g, rc);
     }
-    OrtValue * out = nullptr;
-    DD_TRY(api->KernelContext_GetOutput(ctx, 0, y.dims, y.rank, &out));
-    void * data = nullptr;
-    DD_TRY(api->GetTensorMutableData(out, &data));
-    if (y.numel > 0 && data != y.data) {
-        std::memcpy(data, y.data, (size_t) y.numel * sizeof(float));
-    }
+    DD_TRY(dd_pass_on(api, ctx, y));
     return dd_index_pair(api, ctx, 1, y.dims[0], m, miss_idx.data(), miss_slots.data());
 }
 
@@ -895,14 +894,7 @@ OrtStatus * ORT_API_CALL dd_prefetch_compute(void * kernel_ptr, OrtKernelContext
             return dd_cache_status(api, op, g, rc);
         }
     }
-    OrtValue * out = nullptr;
-    DD_TRY(api->KernelContext_GetOutput(ctx, 0, x.dims, x.rank, &out));
-    void * y = nullptr;
-    DD_TRY(api->GetTensorMutableData(out, &y));
-    if (x.numel > 0 && y != x.data) {
-        std::memcpy(y, x.data, (size_t) x.numel * sizeof(float));
-    }
-    return nullptr;
+    return dd_pass_on(api, ctx, x);
 }
 
 // ---------------------------------------------------------------------------------------------
