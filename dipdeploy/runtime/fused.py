@@ -184,8 +184,8 @@ class _Joiner:
         nodes = self.nodes[first:]
         made = {o: n for n in nodes for o in n.output if o}
         topk = next((n for n in nodes if indices in n.output), None)
-        if topk is None or len(topk.input) < 3 or not topk.input[2]:
-            return False
+        if topk is None or len(topk.input) < 3 or topk.input[1] or not topk.input[2]:
+            return False  # none, K as an input rather than the attribute, or no residency: nothing to predict with
         x = topk.input[0]
         while x in made and made[x].op_type in ("Reshape", "Squeeze", "Identity"):
             x = made[x].input[0]
