@@ -143,7 +143,7 @@ def child(spec: dict) -> dict:
     eng = Engine(spec["bundle"], dram_budget=spec["budget"], policy=spec["policy"], io=spec["io"], cold=True,
                  native=True, context=256, io_threads=spec["io_threads"], io_engine=spec.get("io_engine", IO_ENGINE),
                  cache_split=spec.get("cache_split", CACHE_SPLIT), io_gap=spec.get("io_gap", IO_GAP),
-                 gamma=spec.get("gamma"), fused=spec.get("fused", False),
+                 gamma=spec.get("gamma"), fused=spec.get("fused", False), accuracy_level=spec.get("accuracy_level"),
                  overlap_reads=spec.get("overlap_reads", True),
                  prefetch=spec.get("prefetch", True),
                  prefill=spec.get("prefill", "batch"))

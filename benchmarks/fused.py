@@ -17,7 +17,8 @@ token here (``--prefill token``), so the caches a decode starts from are the sam
 
     python benchmarks/fused.py                      # both models, 2 repeats, 16 tokens (~40 min on 2 cores)
     python benchmarks/fused.py --quick --json o.json   # SmolLM2 only, 1 repeat, 8 tokens
-    python benchmarks/fused.py --models llama-1b --splits reads --paths fused-overlap,fused   # a subset
+    python benchmarks/fused.py --models llama-1b --splits reads --paths fused-overlap,fused \
+        --accuracy-level 4 --name fused-a4      # a subset, int8 activations, into results/fused-a4.md
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def run(c: dict, paths: dict, tokens: int, args) -> dict:
                 fused=c["path"] != "per-layer", overlap_reads=c["path"] in ("fused-overlap", "fused"),
                 prefetch=c["path"] == "fused", tokens=tokens,
                 slack=args.slack_1b if c["model"] == flash.LLAMA_1B else args.slack,
-                prefill="token")
+                prefill="token", accuracy_level=args.accuracy_level)
     return flash.run_in_group(spec, args.timeout)
 
 
@@ -150,6 +151,9 @@ def main() -> None:
     ap.add_argument("--slack-1b", type=int, default=64 << 20, help="the 1 B model: bytes above the warmed-up charge "
                     "(flash.py's; its dense-static child needs it)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
+    ap.add_argument("--accuracy-level", type=int, choices=(0, 4), help="run every bundle at this MatMulNBits / BQ4 "
+                    "accuracy level (4: int8 activations); default: the bundles' own (0)")
+    ap.add_argument("--name", help="the results' file name (default: fused, or fused-quick with --quick)")
     args = ap.parse_args()
     splits, paths_run = tuple(args.splits.split(",")), tuple(args.paths.split(","))
     bad = [x for x in splits if x not in SPLITS] + [x for x in paths_run if x not in PATHS]
@@ -176,11 +180,14 @@ def main() -> None:
     write_rows_json(rows, args.json)
     errors = [f"- {r['model']} {r['method']} {r['split']} {r['path']}: {' '.join(str(r['error']).split())}"
               for r in rows if r.get("error")]
-    name = "fused" + ("-quick" if args.quick else "")
+    name = args.name or "fused" + ("-quick" if args.quick else "")
+    if "/" in name or not name:
+        ap.exit(2, f"fused.py: --name {name!r} must be a plain file name, e.g. fused-a4\n")
     text = "\n".join([
         f"# {name}: the joined decoder against the per-layer graphs on real reads (benchmarks/fused.py)", "",
         f"`python benchmarks/fused.py {' '.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "
-        f"\"{flash.PROMPT}\", cold, `--io direct`, native kernels, 1 ORT thread, prompt token by token; median of "
+        f"\"{flash.PROMPT}\", cold, `--io direct`, native kernels, 1 ORT thread, accuracy level "
+        f"{'of the bundles (0)' if args.accuracy_level is None else args.accuracy_level}, prompt token by token; median of "
         f"{repeats} interleaved repeat(s); {time.time() - t0:.0f} s", "",
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",
