@@ -71,6 +71,8 @@ struct Direct {
   int64_t got = 0;
 };
 
+constexpr int kTotals = 7;  // a group's counters, dd_cache_drain's out[]
+
 struct Group {
   int64_t rows, capacity, staging;
   int policy;
@@ -105,8 +107,9 @@ struct Group {
   std::vector<int64_t> ahead_rows;
   bool ahead = false;
   int64_t ahead_ns = 0;
-  // ... and the rows read ahead, and those of them the step then missed (used), since the last drain
-  int64_t totals[7] = {0, 0, 0, 0, 0, 0, 0};
+  // since the last drain (dd_cache_drain): misses, requests, bytes wanted, ns, device bytes, and the rows
+  // read ahead and those of them the step then missed (used)
+  int64_t totals[kTotals] = {};
   Direct direct;
   // a batched prefill (dd_cache_prefill): per array a full-height buffer [rows, row_bytes], the one the
   // graph's SparseGatherMatMul reads while it is set; the chunk's selection [tokens, k] the fill took,
@@ -358,11 +361,8 @@ int64_t begin_direct(Group & g, const int64_t * rows, int64_t n) {
   return 0;
 }
 
-// Waits for begin_direct's reads and copies each row into its slot of `dest` (as copy_rows). Adds the
-// device bytes and the requests; returns 0 or an error code.
-int64_t end_direct(Group & g, const int64_t * slots, int64_t n, const std::vector<uint8_t *> & dest, int64_t * device,
-                   int64_t * requests) {
-  Direct & d = g.direct;
+// Waits for begin_direct's reads and adds their device bytes and requests; returns 0 or an error code.
+int64_t wait_direct(Direct & d, int64_t * device, int64_t * requests) {
   if (!d.pending) return kOutOfStep;
   d.pending = false;
   int64_t failed = -1;
@@ -371,14 +371,23 @@ int64_t end_direct(Group & g, const int64_t * slots, int64_t n, const std::vecto
     d.error = -got;
     return kReadFailed;
   }
+  *device += got;
+  *requests += int64_t(d.offset.size());
+  return 0;
+}
+
+// wait_direct, then each row copied into its slot of `dest` (as copy_rows).
+int64_t end_direct(Group & g, const int64_t * slots, int64_t n, const std::vector<uint8_t *> & dest, int64_t * device,
+                   int64_t * requests) {
+  const int64_t rc = wait_direct(g.direct, device, requests);
+  if (rc < 0) return rc;
+  const Direct & d = g.direct;
   const int64_t arrays = int64_t(g.slabs.size());
   for (int64_t a = 0; a < arrays; ++a) {
     const int64_t rb = g.row_bytes[size_t(a)];
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(dest[size_t(a)] + slots[i] * rb, d.bounce + d.src[size_t(a * n + i)], size_t(rb));
   }
-  *device += got;
-  *requests += int64_t(d.offset.size());
   return 0;
 }
 
@@ -405,25 +414,16 @@ void count_reads(Group & g, int64_t n, int64_t ns) {
   g.totals[3] += ns;
 }
 
-// Ends the read-ahead of dd_cache_graph_prefetch, its reads counted (alone: a CacheStep, which does not take
-// it). take_ahead also copies the step's `n` misses it
-// holds (op_rows/op_slots) into their slots. Those are written to `rows`/`slots` and leave the misses, which
-// op_rows/op_slots keep compacted in order. Returns how many arrived, or an error code.
+// Ends the read-ahead of dd_cache_graph_prefetch, its reads counted; what a CacheStep, which does not take
+// its rows, does with it.
 int64_t end_ahead(Group & g) {
-  Direct & d = g.direct;
   g.ahead = false;
-  d.pending = false;
-  int64_t failed = -1;
-  const int64_t got = dd_io_end(d.io, &failed);
-  if (got < 0) {
-    d.error = -got;
-    return kReadFailed;
-  }
-  g.totals[4] += got;
-  g.totals[1] += int64_t(d.offset.size());
-  return 0;
+  return wait_direct(g.direct, &g.totals[4], &g.totals[1]);
 }
 
+// end_ahead, then the step's `n` misses (op_rows/op_slots) that the read-ahead holds copied into their slots
+// and written to `rows`/`slots`; they leave the misses, which op_rows/op_slots keep compacted in order.
+// Returns how many arrived, or an error code.
 int64_t take_ahead(Group & g, int64_t n, int64_t * rows, int64_t * slots) {
   const int64_t rc = end_ahead(g);
   if (rc < 0) return rc;
@@ -912,11 +912,11 @@ __attribute__((visibility("default"))) int64_t dd_cache_read_errno(const void * 
 // the host's once-per-token collection.
 __attribute__((visibility("default"))) int64_t dd_cache_drain(void * const * groups, int64_t n, int64_t * out) {
   if (n < 0 || (n > 0 && !groups) || !out) return kBadArgs;
-  for (int i = 0; i < 7; ++i) out[i] = 0;
+  for (int i = 0; i < kTotals; ++i) out[i] = 0;
   for (int64_t j = 0; j < n; ++j) {
     Group * g = static_cast<Group *>(groups[j]);
     if (!g) return kBadArgs;
-    for (int i = 0; i < 7; ++i) {
+    for (int i = 0; i < kTotals; ++i) {
       out[i] += g->totals[i];
       g->totals[i] = 0;
     }
