@@ -39,7 +39,11 @@ from dipdeploy.paths import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SPLITS = ("even", "reads")
-PATHS = ("per-layer", "fused-serial", "fused-overlap", "fused")
+# each path's engine options, in the order the x_* columns compare them
+PATHS = {"per-layer": dict(fused=False, overlap_reads=False, prefetch=False),
+         "fused-serial": dict(fused=True, overlap_reads=False, prefetch=False),
+         "fused-overlap": dict(fused=True, overlap_reads=True, prefetch=False),
+         "fused": dict(fused=True, overlap_reads=True, prefetch=True)}
 COLS = ["model", "method", "split", "path", "tok_s", "x_per_layer", "x_serial", "x_overlap", "device_mb", "requests",
         "ahead_rows", "ahead_used", "hit_rate", "peak_group_mb", "limit_mb", "repeats", "load_1min"]
 
@@ -53,8 +57,7 @@ def run(c: dict, paths: dict, tokens: int, args) -> dict:
     bundle = paths[c["model"]][c["method"], "natural"]
     spec = dict(method=c["method"], policy=flash.POLICY[c["method"]], bundle=str(bundle), budget="50%", io="direct",
                 limited=True, io_threads=flash.IO_THREADS, io_engine=flash.IO_ENGINE, cache_split=c["split"],
-                fused=c["path"] != "per-layer", overlap_reads=c["path"] in ("fused-overlap", "fused"),
-                prefetch=c["path"] == "fused", tokens=tokens,
+                **PATHS[c["path"]], tokens=tokens,
                 slack=args.slack_1b if c["model"] == flash.LLAMA_1B else args.slack,
                 prefill="token", accuracy_level=args.accuracy_level)
     return flash.run_in_group(spec, args.timeout)
@@ -75,9 +78,10 @@ def median_rows(samples: dict[tuple, list[dict]]) -> list[dict]:
             row[k] = statistics.median(r.get(k, 0) for r in ok)
         rows.append(row)
     by = {(r["model"], r["method"], r["split"], r["path"]): r for r in rows}
+    order = list(PATHS)
     for r in rows:
-        for col, path, over in (("x_per_layer", "per-layer", PATHS[1:]), ("x_serial", "fused-serial", PATHS[2:]),
-                                ("x_overlap", "fused-overlap", PATHS[3:])):
+        for col, path, over in (("x_per_layer", "per-layer", order[1:]), ("x_serial", "fused-serial", order[2:]),
+                                ("x_overlap", "fused-overlap", order[3:])):
             base = by.get((r["model"], r["method"], r["split"], path), {})
             if r["path"] in over and r.get("tok_s") and base.get("tok_s"):
                 r[col] = r["tok_s"] / base["tok_s"]
