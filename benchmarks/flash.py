@@ -41,6 +41,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -77,8 +79,11 @@ VARIANTS = (  # at 50 %, --io direct, limited: the issue's other methods on the 
     ("γ 0.7", "dip-ca", dict(gamma=0.7)),
     ("split even", "dip-ca", dict(cache_split="even")),
     ("split even", "dense-static", dict(cache_split="even")),
+    ("no read-ahead", "dip-ca", dict(prefetch=False)),
+    ("no read-ahead", "dense-static", dict(prefetch=False)),
 )
-COLS = ["method", "variant", "path", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
+BUDGETS = ("25%", "50%", "75%")
+COLS = ["method", "variant", "accuracy_level", "path", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
 
 
@@ -194,28 +199,38 @@ def run_in_group(spec: dict, timeout: float, cmd: list[str] | None = None) -> di
         return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _level(level: int | None) -> dict:
+    """A configuration's ``accuracy_level`` key: none for the bundles' own level."""
+    return {} if level is None else {"accuracy_level": level}
+
+
 def configs(quick: bool, ios: tuple[str, ...] = ("mmap", "pread", "direct"),
-            orders: tuple[str, ...] = ("natural",)) -> list[dict]:
-    budgets = ("50%",) if quick else ("25%", "50%", "75%")
+            orders: tuple[str, ...] = ("natural",), budgets: tuple[str, ...] = BUDGETS,
+            levels: tuple[int | None, ...] = (None,)) -> list[dict]:
+    budgets = ("50%",) if quick else budgets
     out = []
-    for method in BUNDLES:
-        for io in ios:
-            for b in budgets:
+    for level in levels:
+        for method in BUNDLES:
+            for io in ios:
+                for b in budgets:
+                    for order in orders:
+                        out.append(dict(method=method, row_order=order, io=io, budget=b, limited=True,
+                                        io_threads=IO_THREADS, io_engine=IO_ENGINE, **_level(level)))
                 for order in orders:
-                    out.append(dict(method=method, row_order=order, io=io, budget=b, limited=True,
-                                    io_threads=IO_THREADS, io_engine=IO_ENGINE))
-            for order in orders:
-                out.append(dict(method=method, row_order=order, io=io, budget=budgets[len(budgets) // 2],
-                                limited=False, io_threads=IO_THREADS, io_engine=IO_ENGINE))
+                    out.append(dict(method=method, row_order=order, io=io, budget=budgets[len(budgets) // 2],
+                                    limited=False, io_threads=IO_THREADS, io_engine=IO_ENGINE, **_level(level)))
     return out
 
 
-def variant_configs(quick: bool, ios: tuple[str, ...] = ("direct",)) -> list[dict]:
-    """:data:`VARIANTS` at 50 %, ``--io direct``, limited (none with --quick)."""
+def variant_configs(quick: bool, ios: tuple[str, ...] = ("direct",), labels: tuple[str, ...] | None = None,
+                    levels: tuple[int | None, ...] = (None,)) -> list[dict]:
+    """:data:`VARIANTS` (those named in ``labels``; None: all) at 50 %, ``--io direct``, limited, at each
+    accuracy level (none with --quick)."""
     if quick or "direct" not in ios:
         return []
     return [dict(method=method, variant=label, row_order="natural", io="direct", budget="50%", limited=True,
-                 io_threads=IO_THREADS, io_engine=IO_ENGINE, **over) for label, method, over in VARIANTS]
+                 io_threads=IO_THREADS, io_engine=IO_ENGINE, **_level(level), **over)
+            for level in levels for label, method, over in VARIANTS if labels is None or label in labels]
 
 
 def thread_configs(quick: bool, ios: tuple[str, ...] = ("direct",)) -> list[dict]:
@@ -304,25 +319,31 @@ def ensure_peer(method: str, args, checkpoint: Path) -> tuple[list[str], Path] |
 
 
 def goals(rows: list[dict]) -> list[str]:
-    """The issue's two ratios at the 50 % budget, limited, from this run's rows (docs/design.md §12): the
-    default configurations, then the fastest sparse variant against the fastest dense-static one."""
-    at = {r["method"]: r.get("tok_s") for r in rows if r["budget"] == "50%" and not r.get("variant")}
-    dip, dense = at.get("dip-ca"), at.get("dense-static")
-    peers = [at[m] for m in PEERS if at.get(m)]
+    """The issue's two ratios at the 50 % budget, limited, from this run's rows (docs/design.md §12), per
+    accuracy level of our rows: the default configurations, then the fastest sparse variant against the
+    fastest dense-static one; the peers' rows are the same at every level."""
+    at50 = [r for r in rows if r["budget"] == "50%" and r.get("tok_s")]
+    peers = [max(r["tok_s"] for r in at50 if r["method"] == m) for m in PEERS if any(r["method"] == m for r in at50)]
+    levels = sorted({r.get("accuracy_level") for r in rows if r["method"] in BUNDLES}, key=lambda v: -1 if v is None else v)
     out = []
-    if dip and dense:
-        out.append(f"- DIP-CA / dense-static at 50 %: {dip / dense:.2f}× (goal ≥ 1.5×: "
-                   f"{'met' if dip / dense >= 1.5 else 'not met'})")
-    best = {m: max((r for r in rows if r["budget"] == "50%" and r["method"] == m and r.get("tok_s")),
-                   key=lambda r: r["tok_s"], default=None) for m in ("dip-ca", "dense-static")}
-    if best["dip-ca"] and best["dense-static"] and any(r.get("variant") for r in rows):
-        a, b = best["dip-ca"], best["dense-static"]
-        out.append(f"- the fastest sparse row ({a.get('variant') or 'dip-ca'}) / the fastest dense-static row "
-                   f"({b.get('variant') or 'default'}) at 50 %: {a['tok_s'] / b['tok_s']:.2f}×")
-    if dip and peers:
-        out.append(f"- DIP-CA / the faster peer at the same limit: {dip / max(peers):.2f}× (goal ≥ 2×: "
-                   f"{'met' if dip / max(peers) >= 2 else 'not met'})")
-    missing = [m for m in PEERS if not at.get(m)]
+    for level in levels:
+        ours = [r for r in at50 if r["method"] in BUNDLES and r.get("accuracy_level") == level]
+        tag = "" if levels == [None] else f", accuracy level {'of the bundles' if level is None else level}"
+        at = {r["method"]: r["tok_s"] for r in ours if not r.get("variant")}
+        dip, dense = at.get("dip-ca"), at.get("dense-static")
+        if dip and dense:
+            out.append(f"- DIP-CA / dense-static at 50 %{tag}: {dip / dense:.2f}× (goal ≥ 1.5×: "
+                       f"{'met' if dip / dense >= 1.5 else 'not met'})")
+        best = {m: max((r for r in ours if r["method"] == m), key=lambda r: r["tok_s"], default=None)
+                for m in BUNDLES}
+        if best["dip-ca"] and best["dense-static"] and any(r.get("variant") for r in ours):
+            a, b = best["dip-ca"], best["dense-static"]
+            out.append(f"- the fastest sparse row ({a.get('variant') or 'dip-ca'}) / the fastest dense-static row "
+                       f"({b.get('variant') or 'default'}) at 50 %{tag}: {a['tok_s'] / b['tok_s']:.2f}×")
+        if dip and peers:
+            out.append(f"- DIP-CA / the faster peer at the same limit{tag}: {dip / max(peers):.2f}× (goal ≥ 2×: "
+                       f"{'met' if dip / max(peers) >= 2 else 'not met'})")
+    missing = [m for m in PEERS if not any(r["method"] == m for r in at50)]
     if missing:
         out.append(f"- no decode figure at 50 % for: {', '.join(missing)} (see the notes)")
     return out
@@ -334,15 +355,22 @@ def plot_1b(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if len({r["budget"] for r in rows if r.get("limit_mb")}) == 1:
+        return _bars_1b(rows, path)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    levels = sorted({r.get("accuracy_level") for r in rows if r["method"] in BUNDLES}, key=lambda v: -1 if v is None else v)
     for method, style in (("dip-ca", "-o"), ("dense-static", "--s"), (PEERS[0], ":^"), (PEERS[1], "-.v"),
                           (PEERS[2], "-.x")):
-        pts = [r for r in rows if r["method"] == method and r.get("limit_mb") and r.get("tok_s") and not r.get("variant")]
-        if not pts:  # a peer that did not fit under any limit: the table says why
-            continue
-        x = [float(r["budget"].rstrip("%")) for r in pts]
-        axes[0].plot(x, [r["tok_s"] for r in pts], style, label=method)
-        axes[1].plot(x, [r["device_mb"] for r in pts], style, label=method)
+        for level in levels if method in BUNDLES else (None,):
+            pts = [r for r in rows if r["method"] == method and r.get("accuracy_level") == level and r.get("limit_mb")
+                   and r.get("tok_s") and not r.get("variant")]
+            if not pts:  # a peer that did not fit under any limit: the table says why
+                continue
+            x = [float(r["budget"].rstrip("%")) for r in pts]
+            label = method + ("" if level is None else f", level {level}")
+            style_l = style[-1] if len(pts) == 1 else style  # one budget: a marker, no line
+            axes[0].plot(x, [r["tok_s"] for r in pts], style_l, label=label, fillstyle="none" if level == 4 else "full")
+            axes[1].plot(x, [r["device_mb"] for r in pts], style_l, label=label, fillstyle="none" if level == 4 else "full")
     _plot_variants(axes, rows)
     for ax, label in zip(axes, ("decode tok/s", "MB read from the device / token")):
         ax.set(xlabel="row-cache budget (% of MLP bytes); the peers under DIP-CA's limit", ylabel=label)
@@ -353,6 +381,48 @@ def plot_1b(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _bars_1b(rows: list[dict], path: Path) -> None:
+    """One limited budget: a bar per configuration that decoded under it, tok/s and device MB per token."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [r for r in rows if r.get("limit_mb") and r.get("tok_s")]
+    labels = [" ".join(str(v) for v in (r["method"], r.get("variant"),
+                                        None if r.get("accuracy_level") is None else f"level {r['accuracy_level']}")
+                       if v) for r in pts]
+    colors = ["tab:blue" if r["method"] == "dip-ca" else "tab:orange" if r["method"] == "dense-static" else "tab:gray"
+              for r in pts]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(pts) + 1.5), sharey=True)
+    for ax, key, unit in zip(axes, ("tok_s", "device_mb"), ("decode tok/s", "MB read from the device / token")):
+        ax.barh(labels, [r[key] for r in pts], color=colors)
+        ax.set(xlabel=unit)
+        ax.invert_yaxis()
+    axes[0].set_title(f"random-weight ≈1 B Llama, {pts[0]['budget']} budget, cgroup-limited (peers under DIP-CA's limit)",
+                      fontsize=9, loc="left")
+    axes[0].tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def median_rows(repeats: list[list[dict]]) -> list[dict]:
+    """One row per configuration from the repeats' rows (the same configurations in the same order): the
+    median of each figure over the runs that decoded, ``tok_s_runs`` each run's tok/s in the order run."""
+    out = []
+    for runs in zip(*repeats):
+        ok = [r for r in runs if r.get("tok_s")]
+        row = dict(runs[-1] if not ok else ok[0], repeats=len(ok))
+        for key in {k for r in ok for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}:
+            vals = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
+            row[key] = statistics.median(vals) if vals else None
+        row["tok_s_runs"] = " / ".join(f"{r['tok_s']:.2f}" for r in ok)
+        if ok:
+            row.pop("error", None)
+        out.append(row)
+    return out
+
+
 def section_1b(args) -> None:
     """The ≈1 B section (module docstring): ours at --io direct, then each peer under DIP-CA's limits."""
     tokens = 8 if args.quick else args.tokens
@@ -360,35 +430,47 @@ def section_1b(args) -> None:
     paths = ensure_bundles(LLAMA_1B)
     notes = []
     info, cpu, disk = machine(), lscpu(), storage(paths["dip-ca", "natural"])
-    rows = run_configs(configs(args.quick, ("direct",)) + variant_configs(args.quick), paths, tokens, args)
-    limits = [(r["budget"], r["limit_mb"]) for r in rows
-              if r["method"] == "dip-ca" and r.get("limit_mb") and not r.get("variant")]
-    unlimited = next(r["budget"] for r in rows if not r["limited"])
-    for method in PEERS:  # each built when its turn comes
+    peers = {}
+    for method in PEERS:  # each built once under build/
         peer = ensure_peer(method, args, checkpoint)
         if isinstance(peer, str):
             notes.append(f"- {method}: {peer}")
-            continue
-        cmd, model = peer
-        for budget, limit_mb in [*limits, (unlimited, None)]:
-            t = time.time()
-            spec = dict(peer=method, model=str(model), prompt=PROMPT, tokens=tokens, threads=1,
-                        limit=int(limit_mb * 1e6) if limit_mb else None)
-            res = run_in_group(spec, args.timeout, cmd)
-            rows.append({"method": method, "io": "mmap" if method in LLAMA_PEERS else "read at load", "budget": budget,
-                         **res, "load_1min": round(os.getloadavg()[0], 2)})
-            print(f"{method:24s} {budget:16s} " + (res.get("error") or f"{res['tok_s']:.2f} tok/s, device "
-                  f"{res['device_mb']:.1f} MB/token") + f" ({time.time() - t:.0f} s)", flush=True)
+        else:
+            peers[method] = peer
+    ours = (configs(args.quick, ("direct",), budgets=args.budgets, levels=args.accuracy_level)
+            + variant_configs(args.quick, labels=args.variants, levels=args.accuracy_level))
+    limits, repeats = {}, []
+    for i in range(args.repeats):  # every configuration once per repeat, ours then the peers
+        print(f"repeat {i + 1}/{args.repeats}", flush=True)
+        rows = run_configs(ours, paths, tokens, args)
+        if not limits:  # budget → the largest limit a default DIP-CA run had there in the first repeat
+            for r in rows:  # (the level-4 runs need ORT's int8 scratch)
+                if r["method"] == "dip-ca" and r.get("limit_mb") and not r.get("variant"):
+                    limits[r["budget"]] = max(limits.get(r["budget"], 0), r["limit_mb"])
+        unlimited = next(r["budget"] for r in rows if not r["limited"])
+        for method, (cmd, model) in peers.items():
+            for budget, limit_mb in [*limits.items(), (unlimited, None)]:
+                t = time.time()
+                spec = dict(peer=method, model=str(model), prompt=PROMPT, tokens=tokens, threads=1,
+                            limit=int(limit_mb * 1e6) if limit_mb else None)
+                res = run_in_group(spec, args.timeout, cmd)
+                rows.append({"method": method, "io": "mmap" if method in LLAMA_PEERS else "read at load",
+                             "budget": budget, **res, "load_1min": round(os.getloadavg()[0], 2)})
+                print(f"{method:24s} {budget:16s} " + (res.get("error") or f"{res['tok_s']:.2f} tok/s, device "
+                      f"{res['device_mb']:.1f} MB/token") + f" ({time.time() - t:.0f} s)", flush=True)
+        repeats.append(rows)
+    rows = median_rows(repeats)
     notes += sorted({f"- {r['note']}" for r in rows if r.get("note")})
     errors = [f"- {r['method']} {r['budget']}: {' '.join(r['error'].split())}" for r in rows if r.get("error")]
     ck = json.loads((checkpoint / "config.json").read_text())
     shape = ", ".join(f"{k} {ck[k]}" for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                "num_attention_heads", "num_key_value_heads", "vocab_size"))
-    name = "flash" + ("-quick" if args.quick else "")
+    name = args.name + ("-quick" if args.quick else "")
     text = "\n".join([
         SECTION_1B, "",
-        f"`python benchmarks/flash.py --model {LLAMA_1B}{' --quick' if args.quick else ''} --tokens {tokens} …` · "
-        f"{info} · {tokens} greedy tokens after \"{PROMPT}\", cold, 1 thread each", "",
+        f"`python benchmarks/flash.py {shlex.join(sys.argv[1:])}` · "
+        f"{info} · {tokens} greedy tokens after \"{PROMPT}\", cold, 1 thread each; {args.repeats} interleaved "
+        "repeat(s): the figures are medians, `tok_s_runs` each run's", "",
         f"**The weights are random** (scripts/random_checkpoint.py, benchmarks/llama-1b.json: {shape}; bf16; "
         f"the tokenizer is {LLAMA_1B_TOKENIZER}'s): the tokens say nothing about a trained model's; bytes, "
         "memory and speed carry over.", "",
@@ -397,15 +479,19 @@ def section_1b(args) -> None:
         "- ours: streamed exports (`dipdeploy export --stream`) with a uniform plan (as the SmolLM2 bundles: "
         "`--rho-in`), BQ4, `--io direct`, native kernels, "
         f"`--path {args.path}` (`path`: fused, the joined decoder; per-layer, the host cache step); dip-ca ρ_in 0.55, LFU; dense-static ρ = 1, "
-        "static pinning. `limit_mb`: as in the SmolLM2 table above (the group's anonymous + mapped pages after "
+        "static pinning; `accuracy_level`: MatMulNBits and BQ4 SparseGatherMatMul at 4 (int8 activations) "
+        "instead of the bundles' 0 (empty); `ahead_rows` / `ahead_used`: rows read during the attention per "
+        "token and those the selection then missed. `limit_mb`: as in the SmolLM2 table above (the group's anonymous + mapped pages after "
         f"warm-up, slabs touched, MLP file dropped) + {args.slack >> 20} MiB (`--slack`)",
         f"- peers (benchmarks/peers.py), each in its own group: {PEERS[0]} (its builder, `-p int4 -e cpu`, "
         f"its own decode loop), {PEERS[1]} (convert_hf_to_gguf.py → Q4_0, llama-cpp-python, use_mmap; tok_s "
         f"from llama.cpp's eval timer; its CPU backend repacks the Q4_0 weights into anonymous memory) and "
         f"{PEERS[2]} (the same with `use_extra_bufts` off, llama.cpp's `--no-repack`: the weights are used from "
-        "the mapped file's pages, which the kernel can drop). A peer's `limit_mb` is the DIP-CA run's at the same budget, set after "
+        "the mapped file's pages, which the kernel can drop). A peer's `limit_mb` is the DIP-CA run's at the same budget (the larger "
+        "where DIP-CA ran at two levels), set after "
         "its warm-up with the model files dropped from the page cache; device MB from /proc/self/io", "",
-        md_table(rows, ["method", "variant", "path", "io", "budget", "tok_s", "device_mb", "requests", "hit_rate",
+        md_table(rows, ["method", "variant", "accuracy_level", "path", "io", "budget", "tok_s", "tok_s_runs", "device_mb", "requests",
+                        "ahead_rows", "ahead_used", "hit_rate",
                         "peak_rss_mb", "peak_group_mb", "limit_mb", "load_1min"]), "",
         "Against the goals (this run, 50 %, limited):", "", *goals(rows), "", *notes, *errors, ""])
     path = RESULTS / f"{name}.md"
@@ -414,6 +500,37 @@ def section_1b(args) -> None:
     write_rows_json(rows, args.json)
     plot_1b(rows, RESULTS / f"{name}-{LLAMA_1B}.png")
     print(text)
+
+
+def _budgets(value: str) -> tuple[str, ...]:
+    out = tuple(value.split(","))
+    if not all(b.endswith("%") and b[:-1].isdigit() and 0 < int(b[:-1]) < 100 for b in out):
+        raise argparse.ArgumentTypeError(f"{value!r}: give shares of the MLP bytes below 100 %, e.g. 25%,50%")
+    return out
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a whole number of at least 1")
+    return int(value)
+
+
+def _levels(value: str) -> tuple[int | None, ...]:
+    out = tuple(None if v == "bundle" else int(v) if v in ("0", "4") else -1 for v in value.split(","))
+    if -1 in out:
+        raise argparse.ArgumentTypeError(f"{value!r}: give 0, 4 or bundle, comma-separated")
+    return out
+
+
+def _variants(value: str) -> tuple[str, ...]:
+    if value == "none":
+        return ()
+    known = {v[0] for v in VARIANTS}
+    out = tuple(value.split(","))
+    if not set(out) <= known:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {sorted(set(out) - known)}: give some of "
+                                         f"{sorted(known)}, or none")
+    return out
 
 
 def main() -> None:
@@ -434,6 +551,19 @@ def main() -> None:
     ap.add_argument("--path", choices=tuple(PATHS), default="per-layer",
                     help="our engine's path: per-layer (the host cache step, fused=False) or default (the joined "
                          "decoder wherever it can run, as `dipdeploy run` chooses; Belady stays per-layer)")
+    ap.add_argument("--budgets", type=_budgets, default=BUDGETS,
+                    help="limited budgets, comma-separated, e.g. 50%% (the unlimited row runs at the middle one); "
+                    "default: 25%%,50%%,75%%")
+    ap.add_argument("--accuracy-level", type=_levels, default=(None,),
+                    help="our runs' MatMulNBits / BQ4 accuracy levels, comma-separated: 0, 4 (int8 activations) or "
+                    "bundle (its own, 0); default: bundle")
+    ap.add_argument("--variants", type=_variants, default=None,
+                    help=f"the 50 %% variants to run, comma-separated labels ({', '.join(dict.fromkeys(v[0] for v in VARIANTS))}) "
+                    "or none; default: all")
+    ap.add_argument("--repeats", type=_positive, default=1, help=f"{LLAMA_1B}: runs of every configuration, interleaved; "
+                    "the table gives the medians")
+    ap.add_argument("--name", default="flash", help="results/NAME.md and its plot (default: flash, where the "
+                    "SmolLM2 and the 1 B sections each keep the other)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -449,16 +579,17 @@ def main() -> None:
     sweep_cfgs = [] if args.no_thread_sweep else thread_configs(args.quick, ios)
     if sweep_cfgs and "natural" not in orders:
         paths.update(ensure_bundles(args.model, ("natural",)))
-    rows = run_configs(configs(args.quick, ios, orders) + variant_configs(args.quick or orders != ("natural",), ios)
+    rows = run_configs(configs(args.quick, ios, orders, args.budgets, args.accuracy_level)
+                       + variant_configs(args.quick or orders != ("natural",), ios, args.variants, args.accuracy_level)
                        + sweep_cfgs, paths, tokens, args)
-    name = "flash" + ("-row-order" if orders != ("natural",) else "") + ("-quick" if args.quick else "")
+    name = args.name + ("-row-order" if orders != ("natural",) else "") + ("-quick" if args.quick else "")
     sweep = [r for r in rows if r.get("sweep")]
     main_rows = [r for r in rows if not r.get("sweep")]
     notes = sorted({r["note"] for r in rows if r.get("note")})
     errors = [f"- {r['method']} {r['io']} {r['budget']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join([
         "# Real reads from storage (benchmarks/flash.py)", "",
-        f"`python benchmarks/flash.py {' '.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "
+        f"`python benchmarks/flash.py {shlex.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "
         f"\"{PROMPT}\", cold, native kernels, 1 ORT thread", "",
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",

@@ -1,0 +1,86 @@
+"""benchmarks/flash.py's run plan and goal lines: accuracy levels, budgets and variants as chosen, and the
+ratios computed per level against the same peers; benchmarks/ceiling.py's ratio lines."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+
+@pytest.fixture()
+def flash(benchmark_module):
+    return benchmark_module("flash")
+
+
+def _row(method, tok_s, budget="50%", level=None, variant=None):
+    row = {"method": method, "budget": budget, "tok_s": tok_s}
+    if level is not None:
+        row["accuracy_level"] = level
+    if variant:
+        row["variant"] = variant
+    return row
+
+
+def test_configs_run_every_level_and_budget(flash):
+    cfgs = flash.configs(False, ("direct",), budgets=("50%",), levels=(0, 4))
+    limited = [(c["method"], c.get("accuracy_level")) for c in cfgs if c["limited"]]
+    assert sorted(limited) == [("dense-static", 0), ("dense-static", 4), ("dip-ca", 0), ("dip-ca", 4)]
+    assert all(c["budget"] == "50%" for c in cfgs)
+    assert "accuracy_level" not in flash.configs(False, ("direct",))[0]  # the bundle's own level
+
+
+def test_variant_configs_pick_by_label(flash):
+    picked = flash.variant_configs(False, labels=("no read-ahead",), levels=(4,))
+    assert {(c["method"], c["prefetch"], c["accuracy_level"]) for c in picked} == {
+        ("dip-ca", False, 4), ("dense-static", False, 4)}
+    assert flash.variant_configs(False, labels=()) == []
+    assert flash.variant_configs(True) == []  # --quick runs none
+
+
+def test_goals_per_level_against_the_same_peers(flash):
+    rows = [_row("dip-ca", 3.0, level=0), _row("dense-static", 2.4, level=0),
+            _row("dip-ca", 5.0, level=4), _row("dense-static", 4.0, level=4),
+            _row("dip-ca", 5.5, level=4, variant="no read-ahead"),
+            _row("dip-ca", 9.0, budget="50%, unlimited", level=4),
+            _row(flash.PEERS[2], 2.0), _row(flash.PEERS[1], 1.0)]
+    lines = flash.goals(rows)
+    assert "- DIP-CA / dense-static at 50 %, accuracy level 0: 1.25× (goal ≥ 1.5×: not met)" in lines
+    assert "- DIP-CA / the faster peer at the same limit, accuracy level 0: 1.50× (goal ≥ 2×: not met)" in lines
+    assert "- DIP-CA / the faster peer at the same limit, accuracy level 4: 2.50× (goal ≥ 2×: met)" in lines
+    assert any("(no read-ahead) / the fastest dense-static row (default) at 50 %, accuracy level 4: 1.38×" in x
+               for x in lines)
+    assert lines[-1] == f"- no decode figure at 50 % for: {flash.PEERS[0]} (see the notes)"
+
+
+def test_goals_without_levels_keep_their_wording(flash):
+    lines = flash.goals([_row("dip-ca", 3.0), _row("dense-static", 2.0)])
+    assert lines[0] == "- DIP-CA / dense-static at 50 %: 1.50× (goal ≥ 1.5×: met)"
+
+
+@pytest.mark.parametrize("parse, bad", [("_budgets", "120%"), ("_budgets", "half"), ("_levels", "2"),
+                                        ("_variants", "γ 0.9")])
+def test_bad_options_name_the_fix(flash, parse, bad):
+    with pytest.raises(argparse.ArgumentTypeError, match="give"):
+        getattr(flash, parse)(bad)
+    assert flash._levels("0,bundle,4") == (0, None, 4)
+
+
+def test_ceiling_lines_pair_the_methods_per_model_and_level(benchmark_module):
+    ceiling = benchmark_module("ceiling")
+    rows = [dict(model="m", level=0, method="dip-ca", token_ms=100.0),
+            dict(model="m", level=0, method="dense-static", token_ms=150.0),
+            dict(model="m", level=4, method="dip-ca", error="exit 1")]
+    assert ceiling.ceilings(rows) == [
+        "- m, accuracy level 0: dense-static / DIP-CA with nothing read 1.50× (150 against 100 ms a token)"]
+
+
+def test_median_rows_keep_each_run_and_the_failures(flash):
+    peer = {"method": "llama.cpp", "budget": "50%", "error": "does not fit"}
+    a = [_row("dip-ca", 3.0, level=4) | {"device_mb": 200.0}, peer]
+    b = [_row("dip-ca", 5.0, level=4) | {"device_mb": 210.0}, peer]
+    c = [{"method": "dip-ca", "budget": "50%", "accuracy_level": 4, "error": "exit -9"}, peer]
+    rows = flash.median_rows([a, b, c])
+    assert rows[0]["tok_s"] == 4.0 and rows[0]["device_mb"] == 205.0 and rows[0]["repeats"] == 2
+    assert rows[0]["tok_s_runs"] == "3.00 / 5.00" and "error" not in rows[0]
+    assert rows[1]["error"] == "does not fit" and rows[1]["repeats"] == 0
