@@ -34,6 +34,10 @@ between tokens, are not in the warmed-up charge):
 
     python benchmarks/flash.py --model llama-1b --tokens 16 --slack 67108864 --genai-python venv-genai/bin/python \
         --llama-python venv-llama/bin/python --llama-convert llama.cpp/convert_hf_to_gguf.py
+    # 50 % only, ours at accuracy levels 0 and 4 (the peers' int8 activations), with and without the
+    # read-ahead, 3 interleaved repeats, into results/flash-1b-levels.md (the same peer options as above)
+    python benchmarks/flash.py --model llama-1b --tokens 16 --slack 67108864 --path default --budgets 50% \
+        --accuracy-level 0,4 --variants 'no read-ahead' --repeats 3 --name flash-1b-levels …
 """
 
 from __future__ import annotations
