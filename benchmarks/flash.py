@@ -552,9 +552,9 @@ def main() -> None:
     ap.add_argument("--row-order", default="natural", help="bundles' row orders, comma-separated (natural,calibrated: "
                     "side by side; results in flash-row-order.md)")
     ap.add_argument("--no-thread-sweep", action="store_true", help="skip the reads-in-flight sweep")
-    ap.add_argument("--path", choices=tuple(PATHS), default="per-layer",
+    ap.add_argument("--path", choices=tuple(PATHS), default="default",
                     help="our engine's path: per-layer (the host cache step, fused=False) or default (the joined "
-                         "decoder wherever it can run, as `dipdeploy run` chooses; Belady stays per-layer)")
+                         "decoder wherever it can run, as `dipdeploy run` chooses; Belady and --io pread stay per-layer; the default)")
     ap.add_argument("--budgets", type=_budgets, default=BUDGETS,
                     help="limited budgets, comma-separated, e.g. 50%% (the unlimited row runs at the middle one); "
                     "default: 25%%,50%%,75%%")
