@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -24,6 +25,13 @@ def machine() -> dict:
         pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "load_1min": round(load, 2)}
+
+
+def positive_int(value: str) -> int:
+    """An argparse ``type`` for counts (repeats, tokens): a whole number of at least 1, or one line naming the fix."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a whole number of at least 1")
+    return int(value)
 
 
 def write_rows_json(rows: list[dict], path: str | None) -> None:

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import lscpu, machine, md_table, write_rows_json
+from _common import lscpu, machine, md_table, positive_int, write_rows_json
 
 import flash
 
@@ -134,14 +134,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="SmolLM2 only, 1 repeat, 8 tokens")
     ap.add_argument("--json", help="write the rows as a JSON list")
     ap.add_argument("--models", default=flash.LLAMA_1B, help=f"comma-separated: {flash.LLAMA_1B}, smollm2-135m")
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokens", type=positive_int, default=16, help="greedy tokens per run (the first is the prefill's)")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="unprofiled runs per configuration, interleaved")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per child")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
+    if args.tokens < 2:
+        ap.error("--tokens: give at least 2 (the first token comes from the prompt's run, the rest are timed)")
     models = ("smollm2-135m",) if args.quick else tuple(args.models.split(","))
     unknown = set(models) - {flash.LLAMA_1B, "smollm2-135m"}
     if unknown:

@@ -52,7 +52,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import lscpu, machine, md_table, memory_group, write_rows_json
+from _common import lscpu, machine, md_table, memory_group, positive_int, write_rows_json
 
 from peers import LLAMA_PEERS, PEERS, build_genai, build_gguf
 
@@ -513,12 +513,6 @@ def _budgets(value: str) -> tuple[str, ...]:
     return out
 
 
-def _positive(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: give a whole number of at least 1")
-    return int(value)
-
-
 def _levels(value: str) -> tuple[int | None, ...]:
     out = tuple(None if v == "bundle" else int(v) if v in ("0", "4") else -1 for v in value.split(","))
     if -1 in out:
@@ -564,7 +558,7 @@ def main() -> None:
     ap.add_argument("--variants", type=_variants, default=None,
                     help=f"the 50 %% variants to run, comma-separated labels ({', '.join(dict.fromkeys(v[0] for v in VARIANTS))}) "
                     "or none; default: all")
-    ap.add_argument("--repeats", type=_positive, default=1, help=f"{LLAMA_1B}: runs of every configuration, interleaved; "
+    ap.add_argument("--repeats", type=positive_int, default=1, help=f"{LLAMA_1B}: runs of every configuration, interleaved; "
                     "the table gives the medians")
     ap.add_argument("--name", default="flash", help="results/NAME.md and its plot (default: flash, where the "
                     "SmolLM2 and the 1 B sections each keep the other)")

@@ -59,7 +59,7 @@ def test_goals_without_levels_keep_their_wording(flash):
 
 
 @pytest.mark.parametrize("parse, bad", [("_budgets", "120%"), ("_budgets", "half"), ("_levels", "2"),
-                                        ("_variants", "γ 0.9")])
+                                        ("_variants", "γ 0.9"), ("positive_int", "0"), ("positive_int", "-2")])
 def test_bad_options_name_the_fix(flash, parse, bad):
     with pytest.raises(argparse.ArgumentTypeError, match="give"):
         getattr(flash, parse)(bad)
