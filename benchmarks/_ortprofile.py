@@ -1,5 +1,6 @@
 """Reading onnxruntime's profiler files (``SessionOptions.enable_profiling``): one definition for the
-benchmarks that split a decode token into kernels and ORT's per-run framework (host.py, kernel_gap.py).
+benchmarks that split a decode token into kernels and ORT's per-run framework (host.py, kernel_gap.py,
+ceiling.py), and the switch that turns the profiler on for an engine's sessions.
 
 A profile holds, per session run, a ``model_run`` event (the whole ``Run`` call inside ORT), a
 ``SequentialExecutor::Execute`` event (the node loop) and one ``*_kernel_time`` event per node, each
@@ -10,8 +11,10 @@ with each other, never a profiled figure with an unprofiled one (benchmarks/resu
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +49,27 @@ def node_key(name: str) -> str:
     name = name.removesuffix("_kernel_time")
     return "Transpose_token_* (inserted by ORT's transpose optimizer)" if _INSERTED.match(name) else \
         re.sub(r"layers\.\d+", "layers.*", name)
+
+
+@contextmanager
+def profiled_sessions(folder: str | Path):
+    """While inside, every session ``dipdeploy.ops.native.session_options`` makes is profiled by ORT into
+    ``folder``, one file per session (an ``Engine`` built inside is profiled throughout)."""
+    import dipdeploy.ops.native as native
+
+    plain, number = native.session_options, itertools.count()
+
+    def profiled(threads: int = 1, use_native: bool = True):
+        so = plain(threads, use_native)
+        so.enable_profiling = True
+        so.profile_file_prefix = str(Path(folder) / f"ort{next(number)}")
+        return so
+
+    native.session_options = profiled
+    try:
+        yield
+    finally:
+        native.session_options = plain
 
 
 def session_runs(profile: Path, skip: int = 1) -> list[Run]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import statistics
 import subprocess
@@ -49,28 +50,16 @@ COLS = ["model", "level", "method", "token_ms", "tok_s", "kernel_ms", *KINDS, "o
 
 def child(spec: dict) -> dict:
     """One configuration: decode ms per token unprofiled, or (``profile``) kernel ms per op kind."""
-    import dipdeploy.ops.native as native
     from dipdeploy.runtime import Engine
     from dipdeploy.runtime.engine import EngineConfig
 
-    from _ortprofile import session_runs
+    from _ortprofile import profiled_sessions, session_runs
 
     cfg = EngineConfig(dram_budget="100%", policy="static", io="direct", fused=True, single_session=False,
                        accuracy_level=spec["level"], context=256)
-    plain = native.session_options
     with tempfile.TemporaryDirectory() as tmp:
-        if spec["profile"]:
-            def profiled(threads: int = 1, use_native: bool = True):
-                so = plain(threads, use_native)
-                so.enable_profiling = True
-                so.profile_file_prefix = str(Path(tmp) / "ort")
-                return so
-
-            native.session_options = profiled
-        try:
+        with profiled_sessions(tmp) if spec["profile"] else contextlib.nullcontext():
             eng = Engine(spec["bundle"], cfg)
-        finally:
-            native.session_options = plain
         g = eng.generate(flash.PROMPT, spec["tokens"], stop_at_eos=False)
         if g.stats.flash_mb_per_token:
             raise RuntimeError(f"{spec['bundle']}: {g.stats.flash_mb_per_token:.3f} MB read per token at 100 %")

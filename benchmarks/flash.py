@@ -322,13 +322,18 @@ def ensure_peer(method: str, args, checkpoint: Path) -> tuple[list[str], Path] |
     return [args.llama_python, here], gguf
 
 
+def levels_in(rows: list[dict]) -> list[int | None]:
+    """The accuracy levels our rows ran at, the bundles' own (None) first."""
+    return sorted({r.get("accuracy_level") for r in rows if r["method"] in BUNDLES}, key=lambda v: -1 if v is None else v)
+
+
 def goals(rows: list[dict]) -> list[str]:
     """The issue's two ratios at the 50 % budget, limited, from this run's rows (docs/design.md §12), per
     accuracy level of our rows: the default configurations, then the fastest sparse variant against the
     fastest dense-static one; the peers' rows are the same at every level."""
     at50 = [r for r in rows if r["budget"] == "50%" and r.get("tok_s")]
     peers = [max(r["tok_s"] for r in at50 if r["method"] == m) for m in PEERS if any(r["method"] == m for r in at50)]
-    levels = sorted({r.get("accuracy_level") for r in rows if r["method"] in BUNDLES}, key=lambda v: -1 if v is None else v)
+    levels = levels_in(rows)
     out = []
     for level in levels:
         ours = [r for r in at50 if r["method"] in BUNDLES and r.get("accuracy_level") == level]
@@ -362,7 +367,7 @@ def plot_1b(rows: list[dict], path: Path) -> None:
     if len({r["budget"] for r in rows if r.get("limit_mb")}) == 1:
         return _bars_1b(rows, path)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    levels = sorted({r.get("accuracy_level") for r in rows if r["method"] in BUNDLES}, key=lambda v: -1 if v is None else v)
+    levels = levels_in(rows)
     for method, style in (("dip-ca", "-o"), ("dense-static", "--s"), (PEERS[0], ":^"), (PEERS[1], "-.v"),
                           (PEERS[2], "-.x")):
         for level in levels if method in BUNDLES else (None,):

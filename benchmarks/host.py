@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 from _common import machine, md_table, write_rows_json
-from _ortprofile import session_runs
+from _ortprofile import profiled_sessions, session_runs
 
 from dipdeploy.paths import write_atomic
 
@@ -155,22 +155,9 @@ def loop_cpu_ms(path: Path, budget: str, native_cache: bool, steps: int = 200, m
 
 def kernel_ms(path: Path, budget: str, tokens: int, mode: str = "per-layer") -> float:
     """ORT kernel milliseconds per decode token, from ORT's profiler (see the module docstring)."""
-    import dipdeploy.ops.native as native
-
-    plain, opened = native.session_options, []
     with tempfile.TemporaryDirectory() as tmp:
-        def profiled(threads: int = 1, use_native: bool = True):
-            so = plain(threads, use_native)
-            so.enable_profiling = True
-            so.profile_file_prefix = str(Path(tmp) / f"ort{len(opened)}")  # one file per session
-            opened.append(so)
-            return so
-
-        native.session_options = profiled
-        try:
+        with profiled_sessions(tmp):
             eng = _engine(path, budget, mode)
-        finally:
-            native.session_options = plain
         g = eng.generate(PROMPT, tokens, stop_at_eos=False)  # one batched prefill run, then decode runs
         one = {"single": lambda: eng.whole.bound, "fused": lambda: eng.fused.bound}.get(mode)
         groups = [[one()]] if one else (eng.attn, eng.up, eng.down, [eng.positions, eng.head])

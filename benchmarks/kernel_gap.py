@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import glob
 import json
 import os
@@ -61,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from _common import lscpu, md_table, write_rows_json
-from _ortprofile import Run, session_runs
+from _ortprofile import Run, profiled_sessions, session_runs
 from host import GENAI_PYTHON, PROMPT, ROOT, bundle, genai_row
 
 from dipdeploy.paths import write_atomic
@@ -87,24 +88,11 @@ def runs_alone(eng) -> None:
 
 def engine(path: Path, context: int, profile_dir: str | None = None):
     """A warm 100 %-budget engine over ``path``; with ``profile_dir``, every session profiled into it."""
-    import dipdeploy.ops.native as native
     from dipdeploy.runtime import Engine
 
-    plain, opened = native.session_options, []
-
-    def profiled(threads: int = 1, use_native: bool = True):
-        so = plain(threads, use_native)
-        so.enable_profiling = True
-        so.profile_file_prefix = str(Path(profile_dir) / f"ort{len(opened)}")  # one file per session
-        opened.append(so)
-        return so
-
-    native.session_options = profiled if profile_dir else plain
-    try:
+    with profiled_sessions(profile_dir) if profile_dir else contextlib.nullcontext():
         return Engine(path, dram_budget="100%", native=True, context=context, single_session=False,
                       fused=False)  # the per-layer path
-    finally:
-        native.session_options = plain
 
 
 def sessions_by_kind(eng) -> dict[str, list]:
