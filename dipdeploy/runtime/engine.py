@@ -823,7 +823,7 @@ class Engine:
         from dipdeploy.runtime.native_cache import drain
 
         reads = drain(self._cache_library, self.fused.handles)
-        if reads.misses:
+        if reads.misses or reads.ahead:  # a read-ahead that no step then missed still read its rows
             self.flash.account(reads.wanted, reads.requests, reads.seconds)
             self.flash.counters.device_bytes += reads.device
             self.flash.counters.ahead_rows += reads.ahead
