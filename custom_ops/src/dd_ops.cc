@@ -251,6 +251,22 @@ OrtStatus * ORT_API_CALL dd_topk_create(const OrtCustomOp *, const OrtApi * api,
     return dd_topk_attrs(api, info, "TopKColumnMask", kernel);
 }
 
+// The column norms input of a TopKColumnMask-like op (`op`): present exactly when score='wina', float32 [D].
+OrtStatus * dd_topk_colnorm(const OrtApi * api, const dd_topk_kernel * kn, const char * op, const dd_view & cn,
+                            int64_t d) {
+    if (kn->wina != cn.present) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: score='%s' %s input 'colnorm'", op, kn->wina ? "wina" : "abs",
+                        kn->wina ? "needs" : "takes no");
+    }
+    if (cn.present) {
+        DD_TRY(dd_expect(api, cn, op, "colnorm", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 1));
+        if (cn.dims[0] != d) {
+            return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'colnorm' must have shape [D=%lld]", op, (long long) d);
+        }
+    }
+    return nullptr;
+}
+
 OrtStatus * ORT_API_CALL dd_topk_compute(void * kernel_ptr, OrtKernelContext * ctx) {
     const dd_topk_kernel * kn = static_cast<const dd_topk_kernel *>(kernel_ptr);
     const OrtApi * api = kn->api;
@@ -286,16 +302,7 @@ OrtStatus * ORT_API_CALL dd_topk_compute(void * kernel_ptr, OrtKernelContext * c
         }
         res_stride = per_row ? d : 0;
     }
-    if (kn->wina != cn.present) {
-        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: score='%s' %s input 'colnorm'", op, kn->wina ? "wina" : "abs",
-                        kn->wina ? "needs" : "takes no");
-    }
-    if (cn.present) {
-        DD_TRY(dd_expect(api, cn, op, "colnorm", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 1));
-        if (cn.dims[0] != d) {
-            return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'colnorm' must have shape [D=%lld]", op, (long long) d);
-        }
-    }
+    DD_TRY(dd_topk_colnorm(api, kn, op, cn, d));
     const int64_t out_dims[2] = {n, k};
     OrtValue * out = nullptr;
     DD_TRY(api->KernelContext_GetOutput(ctx, 0, out_dims, 2, &out));
@@ -864,10 +871,7 @@ OrtStatus * ORT_API_CALL dd_prefetch_compute(void * kernel_ptr, OrtKernelContext
     if (!c.present || c.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL || c.rank != 1 || c.dims[0] != d) {
         return dd_error(api, ORT_INVALID_ARGUMENT, "%s: input 'C' must be bool [D=%lld]", op, (long long) d);
     }
-    if (kn->wina != cn.present || (cn.present && (cn.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || cn.numel != d))) {
-        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: score='%s' %s input 'colnorm' (float32 [D])", op,
-                        kn->wina ? "wina" : "abs", kn->wina ? "needs" : "takes no");
-    }
+    DD_TRY(dd_topk_colnorm(api, kn, op, cn, d));
     if (kn->k < 1 || kn->k > d) {
         return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute k=%lld must lie in [1, D=%lld]", op,
                         (long long) kn->k, (long long) d);
