@@ -141,6 +141,14 @@ def _io_read_bytes() -> int:
     return 0
 
 
+def belady_table_bytes(eng, steps: int) -> int:
+    """What Belady's offline optimum holds beyond the warmed-up charge: a next-use table per group
+    (``dipdeploy.cache.policies``: int32 [steps, rows]) and the native cache step's int32 copy of it, built
+    when the sequence starts and sized by its length (SmolLM2 at 64 tokens: about 37 MB, which the 4 MiB
+    slack does not hold). It is the oracle's bookkeeping, not a device's, so the limit grants it."""
+    return sum(2 * 4 * steps * slab.rows for pair in eng.slabs for slab in pair)
+
+
 def child(spec: dict) -> dict:
     """One configuration, inside the memory group ``spec['group']`` (see the module docstring)."""
     import numpy as np
@@ -170,6 +178,8 @@ def child(spec: dict) -> dict:
         # the kernel would evict it to make room for MLP pages and the limit would leak.
         stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
         limit = int(stat["rss"]) + int(stat["mapped_file"]) + spec["slack"]
+        if spec["policy"] == "belady":
+            limit += belady_table_bytes(eng, len(eng.encode(PROMPT)) + spec["tokens"])
         (group / "memory.limit_in_bytes").write_text(str(limit))
     (group / "memory.max_usage_in_bytes").write_text("0")
     start = []  # read_bytes when the first token is out: the decode steps begin
@@ -198,8 +208,10 @@ def run_in_group(spec: dict, timeout: float, cmd: list[str] | None = None) -> di
         done = subprocess.run([*(cmd or [sys.executable, __file__]), "--child", json.dumps(spec)], capture_output=True,
                               text=True, timeout=timeout, preexec_fn=enter, cwd=ROOT / "benchmarks")
         if done.returncode != 0:
-            oom = (group / "memory.failcnt").read_text().strip()
-            return {"error": f"exit {done.returncode} (memory.failcnt {oom}): {done.stderr.strip()[-300:]}"}
+            oom = int((group / "memory.failcnt").read_text())
+            why = "killed at the memory limit" if done.returncode == -9 and oom else f"exit {done.returncode}"
+            tail = " ".join(done.stderr.split())[-300:]
+            return {"error": f"{why} (memory.failcnt {oom})" + (f": {tail}" if tail else "")}
         return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -491,7 +503,7 @@ def section_1b(args) -> None:
         "static pinning; `accuracy_level`: MatMulNBits and BQ4 SparseGatherMatMul at 4 (int8 activations) "
         "instead of the bundles' 0 (empty); `ahead_rows` / `ahead_used`: rows read during the attention per "
         "token and those the selection then missed. `limit_mb`: as in the SmolLM2 table above (the group's anonymous + mapped pages after "
-        f"warm-up, slabs touched, MLP file dropped) + {args.slack >> 20} MiB (`--slack`)",
+        f"warm-up, slabs touched, MLP file dropped) + {args.slack >> 20} MiB (`--slack`; `dip belady`: + its next-use tables)",
         f"- peers (benchmarks/peers.py), each in its own group: {PEERS[0]} (its builder, `-p int4 -e cpu`, "
         f"its own decode loop), {PEERS[1]} (convert_hf_to_gguf.py → Q4_0, llama-cpp-python, use_mmap; tok_s "
         f"from llama.cpp's eval timer; its CPU backend repacks the Q4_0 weights into anonymous memory) and "
@@ -589,7 +601,8 @@ def main() -> None:
     sweep = [r for r in rows if r.get("sweep")]
     main_rows = [r for r in rows if not r.get("sweep")]
     notes = sorted({r["note"] for r in rows if r.get("note")})
-    errors = [f"- {r['method']} {r['io']} {r['budget']}: {r['error']}" for r in rows if r.get("error")]
+    errors = [f"- {r['method']}{' ' + r['variant'] if r.get('variant') else ''} {r['io']} {r['budget']}: {r['error']}"
+              for r in rows if r.get("error")]
     text = "\n".join([
         "# Real reads from storage (benchmarks/flash.py)", "",
         f"`python benchmarks/flash.py {shlex.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "
@@ -597,8 +610,9 @@ def main() -> None:
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",
         f"- cgroup v1 memory limit (`limit_mb`): the child group's anonymous + mapped pages after warm-up, its slabs "
-        f"touched and the MLP file dropped from the page cache, + {args.slack >> 20} MiB; empty = unlimited (the page cache may "
-        "keep the file). `peak_group_mb`: the group's peak charge (anonymous + page cache) while decoding",
+        f"touched and the MLP file dropped from the page cache, + {args.slack >> 20} MiB (`dip belady`: + its next-use tables, "
+        "`belady_table_bytes`); empty = unlimited (the page cache may keep the file). `peak_group_mb`: the group's peak "
+        "charge (anonymous + page cache) while decoding",
         "- dip-ca: LFU, the bundle's γ; dense-static: a ρ = 1 bundle, its most used rows pinned. `variant`: the "
         f"same bundles at 50 % with another policy or γ (`dip`: γ = 1, plain DIP), or the other cache split; the "
         f"rows without one use `--cache-split {CACHE_SPLIT}` (reads: the cache bytes to the groups whose misses cost "

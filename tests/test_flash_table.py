@@ -84,3 +84,20 @@ def test_median_rows_keep_each_run_and_the_failures(flash):
     assert rows[0]["tok_s"] == 4.0 and rows[0]["device_mb"] == 205.0 and rows[0]["repeats"] == 2
     assert rows[0]["tok_s_runs"] == "3.00 / 5.00" and "error" not in rows[0]
     assert rows[1]["error"] == "does not fit" and rows[1]["repeats"] == 0
+
+
+def test_belady_grant_covers_its_next_use_tables(flash):
+    """The limit's grant for Belady equals what its tables take: the cache's [steps, rows] table and the
+    native step's copy of it, per group."""
+    import types
+
+    import numpy as np
+
+    from dipdeploy.cache.policies import RowCache
+
+    rng = np.random.default_rng(0)
+    steps, shapes = 11, ((24, 6), (40, 9))  # (rows, K) of a layer's up|gate and down groups
+    eng = types.SimpleNamespace(slabs=[tuple(types.SimpleNamespace(rows=r) for r, _ in shapes)] * 3)
+    tables = [RowCache(r, r // 2, "belady", future=np.stack([rng.choice(r, k, replace=False) for _ in range(steps)]))
+              for r, k in shapes]
+    assert flash.belady_table_bytes(eng, steps) == 3 * sum(2 * c._next_use.nbytes for c in tables)
