@@ -126,6 +126,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=positive_int, default=16, help="greedy tokens per run (the first is the prefill's)")
     ap.add_argument("--repeats", type=positive_int, default=3, help="unprofiled runs per configuration, interleaved")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per child")
+    ap.add_argument("--name", default="ceiling", help="results/NAME.md and its plot (default: ceiling; another "
+                    "machine's run beside it, e.g. ceiling-xeon)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -166,7 +168,7 @@ def main() -> None:
         if errors:
             row["error"] = errors[-1]
         rows.append(row)
-    name = "ceiling" + ("-quick" if args.quick else "")
+    name = args.name + ("-quick" if args.quick else "")
     text = "\n".join([
         "# The compute ceiling: DIP-CA and dense-static with nothing read (benchmarks/ceiling.py)", "",
         f"`python benchmarks/ceiling.py {' '.join(sys.argv[1:])}` · {machine()} · {tokens} greedy tokens after "
