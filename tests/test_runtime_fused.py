@@ -607,3 +607,25 @@ def test_a_gamma_other_than_the_bundles_reaches_the_joined_graph(tiny_dipca_bund
     assert_generations_agree(ref, got)
     baked = Engine(bundle, fused=True, dram_budget="50%").generate(PROMPT, 10, keep_logits=True, stop_at_eos=False)
     assert not all(np.array_equal(a, b) for a, b in zip(baked.logits, got.logits))  # γ changed the selections
+
+
+def test_a_read_ahead_is_counted_when_no_step_missed(monkeypatch):
+    """A token whose CachePrefetch read rows that its steps then did not miss still read them: the device
+    bytes, requests and read-ahead rows reach the Flash store's counters; a token that read nothing adds
+    nothing."""
+    import types
+
+    import dipdeploy.runtime.native_cache as native_cache
+    from dipdeploy.runtime.flash import FlashCounters
+
+    accounted = []
+    flash = types.SimpleNamespace(counters=FlashCounters(), settle=lambda: None,
+                                  account=lambda *a: accounted.append(a))
+    eng = types.SimpleNamespace(_cache_library="lib", fused=types.SimpleNamespace(handles=np.zeros(2, np.int64)),
+                                flash=flash)
+    for reads in (native_cache.GraphReads(0, 3, 0, 0.002, 12288, ahead=4, ahead_used=0),
+                  native_cache.GraphReads(0, 0, 0, 0.0, 0)):
+        monkeypatch.setattr(native_cache, "drain", lambda library, handles, r=reads: r)
+        Engine._drain_graph_reads(eng)
+    assert accounted == [(0, 3, 0.002)]
+    assert (flash.counters.device_bytes, flash.counters.ahead_rows, flash.counters.ahead_used) == (12288, 4, 0)
