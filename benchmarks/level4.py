@@ -5,14 +5,14 @@ onnxruntime-genai's int4 export sets ``accuracy_level`` 4 on its MatMulNBits and
 multiply by 8-bit activations, so ``flash-1b-levels.md`` compares our bundles at level 4 with them; its
 random-weight 1 B model cannot say what level 4 does to a trained model's predictions. This runs the
 SmolLM2-135M bundles of ``flash.py`` (BQ4; DIP-CA ρ_in 0.55 with LFU, the same bundle at γ = 1 as plain
-DIP, dense-static ρ = 1 with its most used rows pinned) through ``Engine.teacher_forced`` at levels 0 and 4 on the same WikiText-2 test windows:
-the per-layer path, 1 thread, the budget's caches, so DIP-CA's mask is the one it decodes with. Each
-window starts a new sequence (empty caches). ``ppl_vs_level0`` is the level-4 perplexity over the level-0
+DIP, dense-static ρ = 1 with its most used rows pinned) through ``Engine.teacher_forced`` at levels 0 and
+4 on the same WikiText-2 test windows: the per-layer path, 1 thread, the budget's caches, so DIP-CA's mask
+is the one it decodes with. Each window starts a new sequence (empty caches). ``ppl_vs_level0`` is the level-4 perplexity over the level-0
 one of the same bundle; ``top1_agree`` the share of positions whose most likely next token is the same at
 both levels.
 
     python benchmarks/level4.py --quick       # 1 window of 128 tokens
-    python benchmarks/level4.py               # 4 windows of 512 tokens (about 3 min on 2 Xeon cores)
+    python benchmarks/level4.py               # 4 windows of 512 tokens (about 6 min on 2 Xeon cores)
 
 Writes benchmarks/results/level4.md (and --json OUT).
 """
