@@ -410,6 +410,8 @@ def _bars_1b(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     pts = [r for r in rows if r.get("limit_mb") and r.get("tok_s")]
+    if not pts:  # nothing decoded under the limit: the table's notes say why
+        return
     labels = [" ".join(str(v) for v in (r["method"], r.get("variant"),
                                         None if r.get("accuracy_level") is None else f"level {r['accuracy_level']}")
                        if v) for r in pts]

@@ -101,3 +101,10 @@ def test_belady_grant_covers_its_next_use_tables(flash):
     tables = [RowCache(r, r // 2, "belady", future=np.stack([rng.choice(r, k, replace=False) for _ in range(steps)]))
               for r, k in shapes]
     assert flash.belady_table_bytes(eng, steps) == 3 * sum(2 * c._next_use.nbytes for c in tables)
+
+
+def test_one_budget_plot_with_nothing_decoded_writes_nothing(flash, tmp_path):
+    rows = [{"method": "dip-ca", "budget": "50%", "limit_mb": 700.0, "error": "killed at the memory limit"},
+            {"method": flash.PEERS[0], "budget": "50%", "limit_mb": 700.0, "error": "does not fit"}]
+    flash.plot_1b(rows, tmp_path / "bars.png")
+    assert not (tmp_path / "bars.png").exists()
