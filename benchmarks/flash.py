@@ -412,21 +412,25 @@ def _bars_1b(rows: list[dict], path: Path) -> None:
     pts = [r for r in rows if r.get("limit_mb") and r.get("tok_s")]
     if not pts:  # nothing decoded under the limit: the table's notes say why
         return
-    labels = [" ".join(str(v) for v in (r["method"], r.get("variant"),
-                                        None if r.get("accuracy_level") is None else f"level {r['accuracy_level']}")
-                       if v) for r in pts]
+    labels = [_label(r) for r in pts]
     colors = ["tab:blue" if r["method"] == "dip-ca" else "tab:orange" if r["method"] == "dense-static" else "tab:gray"
               for r in pts]
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(pts) + 1.5), sharey=True)
     for ax, key, unit in zip(axes, ("tok_s", "device_mb"), ("decode tok/s", "MB read from the device / token")):
         ax.barh(labels, [r[key] for r in pts], color=colors)
         ax.set(xlabel=unit)
-        ax.invert_yaxis()
+    axes[0].invert_yaxis()  # the table's order from the top (the axes share y: once inverts both)
     axes[0].set_title(f"random-weight ≈1 B Llama, {pts[0]['budget']} budget, cgroup-limited (peers under DIP-CA's limit)",
                       fontsize=9, loc="left")
     axes[0].tick_params(axis="y", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _label(row: dict) -> str:
+    """A row's configuration in an error line or a bar's label: its method, variant and accuracy level."""
+    level = row.get("accuracy_level")
+    return " ".join(v for v in (row["method"], row.get("variant"), None if level is None else f"level {level}") if v)
 
 
 def median_rows(repeats: list[list[dict]]) -> list[dict]:
@@ -484,7 +488,7 @@ def section_1b(args) -> None:
         repeats.append(rows)
     rows = median_rows(repeats)
     notes += sorted({f"- {r['note']}" for r in rows if r.get("note")})
-    errors = [f"- {r['method']} {r['budget']}: {' '.join(r['error'].split())}" for r in rows if r.get("error")]
+    errors = [f"- {_label(r)} {r['budget']}: {' '.join(r['error'].split())}" for r in rows if r.get("error")]
     ck = json.loads((checkpoint / "config.json").read_text())
     shape = ", ".join(f"{k} {ck[k]}" for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                "num_attention_heads", "num_key_value_heads", "vocab_size"))
@@ -603,8 +607,7 @@ def main() -> None:
     sweep = [r for r in rows if r.get("sweep")]
     main_rows = [r for r in rows if not r.get("sweep")]
     notes = sorted({r["note"] for r in rows if r.get("note")})
-    errors = [f"- {r['method']}{' ' + r['variant'] if r.get('variant') else ''} {r['io']} {r['budget']}: {r['error']}"
-              for r in rows if r.get("error")]
+    errors = [f"- {_label(r)} {r['io']} {r['budget']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join([
         "# Real reads from storage (benchmarks/flash.py)", "",
         f"`python benchmarks/flash.py {shlex.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "

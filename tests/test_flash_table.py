@@ -108,3 +108,10 @@ def test_one_budget_plot_with_nothing_decoded_writes_nothing(flash, tmp_path):
             {"method": flash.PEERS[0], "budget": "50%", "limit_mb": 700.0, "error": "does not fit"}]
     flash.plot_1b(rows, tmp_path / "bars.png")
     assert not (tmp_path / "bars.png").exists()
+
+
+def test_error_lines_name_the_configuration(flash):
+    assert flash._label({"method": "dip-ca", "variant": "dip belady"}) == "dip-ca dip belady"
+    assert flash._label({"method": "dense-static", "accuracy_level": 4}) == "dense-static level 4"
+    assert flash._label({"method": "dip-ca", "variant": "no read-ahead", "accuracy_level": 0}) == \
+        "dip-ca no read-ahead level 0"
