@@ -71,7 +71,8 @@ FUSED = typer.Option(_E.fused, "--fused/--no-fused", help="below 100 %: the per-
                      "can run (--io mmap or direct, the op library, no belady, no --trace)")
 PREFETCH = typer.Option(_E.prefetch, "--prefetch/--no-prefetch", help="--io direct, joined: predict each layer's "
                         "up|gate rows from its input and read the missing ones while its attention runs (the same "
-                        "decisions; a wrong guess costs reads), or read them only once selected")
+                        "decisions; a wrong guess costs reads), or read them only once selected (faster where the "
+                        "token waits on the device: a fast CPU, --accuracy-level 4)")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
                       "structure, sizes and the other files' sha256 are always checked)")
