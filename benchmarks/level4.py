@@ -6,10 +6,11 @@ multiply by 8-bit activations, so ``flash-1b-levels.md`` compares our bundles at
 random-weight 1 B model cannot say what level 4 does to a trained model's predictions. This runs the
 SmolLM2-135M bundles of ``flash.py`` (BQ4; DIP-CA ρ_in 0.55 with LFU, the same bundle at γ = 1 as plain
 DIP, dense-static ρ = 1 with its most used rows pinned) through ``Engine.teacher_forced`` at levels 0 and
-4 on the same WikiText-2 test windows: the per-layer path, 1 thread, the budget's caches, so DIP-CA's mask
-is the one it decodes with. Each window starts a new sequence (empty caches). ``ppl_vs_level0`` is the level-4 perplexity over the level-0
-one of the same bundle; ``top1_agree`` the share of positions whose most likely next token is the same at
-both levels.
+4 on the same WikiText-2 test windows (``dipdeploy.eval.data.windows``, the bundle's tokenizer): the
+per-layer path, 1 thread, the budget's caches, so DIP-CA's mask is the one it decodes with. Each window
+starts a new sequence (empty caches). ``ppl_vs_level0`` is the level-4 perplexity over the level-0 one of
+the same bundle; ``top1_agree`` the share of positions whose most likely next token is the same at both
+levels.
 
     python benchmarks/level4.py --quick       # 1 window of 128 tokens
     python benchmarks/level4.py               # 4 windows of 512 tokens (about 6 min on 2 Xeon cores)
@@ -40,20 +41,6 @@ CONFIGS = {  # row label → (flash.py bundle, Engine options); dip is the DIP-C
     "dip": ("dip-ca", dict(policy="lfu", gamma=1.0)),
     "dip-ca": ("dip-ca", dict(policy=flash.POLICY["dip-ca"])),
 }
-
-
-def text_windows(eng, text: str, seqlen: int, count: int) -> list[list[int]]:
-    """``count`` consecutive windows of ``seqlen`` tokens from the start of ``text`` (the bundle's tokenizer,
-    no special tokens), tokenising a growing prefix as ``dipdeploy.eval.data.windows`` does."""
-    need, chars = count * seqlen, count * seqlen * 6
-    while True:
-        ids = eng.encode(text[:chars], special_tokens=False)
-        if len(ids) >= need + 256 or chars >= len(text):
-            break
-        chars *= 2
-    if len(ids) < need:
-        raise ValueError(f"the text has {len(ids)} tokens, fewer than {count} windows of {seqlen}")
-    return [ids[i * seqlen:(i + 1) * seqlen] for i in range(count)]
 
 
 def nll(logits: list[np.ndarray], targets: list[int]) -> np.ndarray:
@@ -103,13 +90,16 @@ def main() -> None:
     count, seqlen = (1, 128) if args.quick else (args.windows, args.seqlen)
     if seqlen < 2:
         ap.error("--seqlen: give at least 2 (a window predicts its tokens after the first)")
-    from dipdeploy.eval.data import load_text
+    from transformers import PreTrainedTokenizerFast
+
+    from dipdeploy.eval.data import load_text, windows as text_windows
     from dipdeploy.runtime import Engine
 
     paths = flash.ensure_bundles("smollm2-135m")
-    probe = Engine(paths["dense-static", "natural"], dram_budget=BUDGET)
+    probe = Engine(paths["dense-static", "natural"], dram_budget=BUDGET)  # the bundle's own tokenizer
     try:
-        windows = text_windows(probe, load_text(), seqlen, count)
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=probe.tokenizer)
+        windows = text_windows(tokenizer, load_text(), seqlen, count).tolist()
     finally:
         probe.close()
     rows = []

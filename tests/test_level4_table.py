@@ -1,9 +1,7 @@
 """benchmarks/level4.py's arithmetic: the NLL of the runtime's logits equals torch's cross-entropy, the level-4
-rows are compared with the same configuration's level-0 row, and the windows are consecutive token runs."""
+rows are compared with the same configuration's level-0 row."""
 
 from __future__ import annotations
-
-import types
 
 import numpy as np
 import pytest
@@ -34,10 +32,3 @@ def test_level4_rows_against_their_own_level0(level4):
     assert out[3]["ppl_vs_level0"] == pytest.approx(0.75) and out[3]["top1_agree"] == 1.0
     assert "ppl_vs_level0" not in out[0]
 
-
-def test_windows_are_consecutive_runs_of_the_text(level4):
-    eng = types.SimpleNamespace(encode=lambda text, special_tokens=True: [ord(c) for c in text])
-    text = "".join(chr(65 + i % 26) for i in range(2000))
-    assert level4.text_windows(eng, text, 5, 3) == [[65, 66, 67, 68, 69], [70, 71, 72, 73, 74], [75, 76, 77, 78, 79]]
-    with pytest.raises(ValueError, match="fewer than"):
-        level4.text_windows(eng, text[:10], 5, 3)
