@@ -142,11 +142,12 @@ def _io_read_bytes() -> int:
 
 
 def belady_table_bytes(eng, steps: int) -> int:
-    """What Belady's offline optimum holds beyond the warmed-up charge: a next-use table per group
-    (``dipdeploy.cache.policies``: int32 [steps, rows]) and the native cache step's int32 copy of it, built
-    when the sequence starts and sized by its length (SmolLM2 at 64 tokens: about 37 MB, which the 4 MiB
-    slack does not hold). It is the oracle's bookkeeping, not a device's, so the limit grants it."""
-    return sum(2 * 4 * steps * slab.rows for pair in eng.slabs for slab in pair)
+    """What Belady's offline optimum holds beyond the warmed-up charge, per group: the recorded future
+    selections (``Engine.generate``'s first pass, int64 [steps, K]) and the next-use table built from them
+    (``dipdeploy.cache.policies``: int32 [steps, rows], which the native cache step reads in place). Both
+    are made when the sequence starts and sized by its length (SmolLM2 at 64 tokens: about 37 MB, which the
+    4 MiB slack does not hold). They are the oracle's bookkeeping, not a device's, so the limit grants them."""
+    return sum(steps * (8 * slab.k + 4 * slab.rows) for pair in eng.slabs for slab in pair)
 
 
 def child(spec: dict) -> dict:
@@ -509,7 +510,7 @@ def section_1b(args) -> None:
         "static pinning; `accuracy_level`: MatMulNBits and BQ4 SparseGatherMatMul at 4 (int8 activations) "
         "instead of the bundles' 0 (empty); `ahead_rows` / `ahead_used`: rows read during the attention per "
         "token and those the selection then missed. `limit_mb`: as in the SmolLM2 table above (the group's anonymous + mapped pages after "
-        f"warm-up, slabs touched, MLP file dropped) + {args.slack >> 20} MiB (`--slack`; `dip belady`: + its next-use tables)",
+        f"warm-up, slabs touched, MLP file dropped) + {args.slack >> 20} MiB (`--slack`; `dip belady`: + its recorded selections and next-use tables)",
         f"- peers (benchmarks/peers.py), each in its own group: {PEERS[0]} (its builder, `-p int4 -e cpu`, "
         f"its own decode loop), {PEERS[1]} (convert_hf_to_gguf.py → Q4_0, llama-cpp-python, use_mmap; tok_s "
         f"from llama.cpp's eval timer; its CPU backend repacks the Q4_0 weights into anonymous memory) and "
@@ -615,7 +616,7 @@ def main() -> None:
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",
         f"- cgroup v1 memory limit (`limit_mb`): the child group's anonymous + mapped pages after warm-up, its slabs "
-        f"touched and the MLP file dropped from the page cache, + {args.slack >> 20} MiB (`dip belady`: + its next-use tables, "
+        f"touched and the MLP file dropped from the page cache, + {args.slack >> 20} MiB (`dip belady`: + its recorded selections and next-use tables, "
         "`belady_table_bytes`); empty = unlimited (the page cache may keep the file). `peak_group_mb`: the group's peak "
         "charge (anonymous + page cache) while decoding",
         "- dip-ca: LFU, the bundle's γ; dense-static: a ρ = 1 bundle, its most used rows pinned. `variant`: the "

@@ -87,8 +87,8 @@ def test_median_rows_keep_each_run_and_the_failures(flash):
 
 
 def test_belady_grant_covers_its_next_use_tables(flash):
-    """The limit's grant for Belady equals what its tables take: the cache's [steps, rows] table and the
-    native step's copy of it, per group."""
+    """The limit's grant for Belady equals what it holds per group: the recorded selections and the next-use
+    table built from them, which the native cache step reads in place (no copy)."""
     import types
 
     import numpy as np
@@ -97,10 +97,12 @@ def test_belady_grant_covers_its_next_use_tables(flash):
 
     rng = np.random.default_rng(0)
     steps, shapes = 11, ((24, 6), (40, 9))  # (rows, K) of a layer's up|gate and down groups
-    eng = types.SimpleNamespace(slabs=[tuple(types.SimpleNamespace(rows=r) for r, _ in shapes)] * 3)
-    tables = [RowCache(r, r // 2, "belady", future=np.stack([rng.choice(r, k, replace=False) for _ in range(steps)]))
-              for r, k in shapes]
-    assert flash.belady_table_bytes(eng, steps) == 3 * sum(2 * c._next_use.nbytes for c in tables)
+    eng = types.SimpleNamespace(slabs=[tuple(types.SimpleNamespace(rows=r, k=k) for r, k in shapes)] * 3)
+    futures = [np.stack([rng.choice(r, k, replace=False) for _ in range(steps)]).astype(np.int64) for r, k in shapes]
+    tables = [RowCache(r, r // 2, "belady", future=f) for (r, _), f in zip(shapes, futures)]
+    held = sum(c._next_use.nbytes + f.nbytes for c, f in zip(tables, futures))
+    assert np.shares_memory(np.ascontiguousarray(tables[0]._next_use[:, 0, :], dtype=np.int32), tables[0]._next_use)
+    assert flash.belady_table_bytes(eng, steps) == 3 * held
 
 
 def test_one_budget_plot_with_nothing_decoded_writes_nothing(flash, tmp_path):
