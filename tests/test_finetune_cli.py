@@ -37,3 +37,11 @@ def test_finetune_cli_distills_on_the_dense_models_samples(tmp_path, finetune_in
     assert "sampling 4 windows of 16 tokens" in res.output
     meta = read_metadata(out)
     assert meta["train"]["windows"] == 4 and meta["train"]["text"] == "dense-samples"
+    res = runner.invoke(app, ["finetune", "--model", "tiny-llama", "--plan", str(plan), "--steps", "2",
+                              "--seqlen", "16", "--batch-size", "2", "--rank", "2", "--objective", "distill",
+                              "--data", "dense-samples", "--sample-windows", "3", "--out", str(tmp_path / "capped")])
+    assert res.exit_code == 0, res.output
+    assert "sampling 3 windows of 16 tokens" in res.output
+    assert read_metadata(tmp_path / "capped")["train"]["windows"] == 3
+    res = runner.invoke(app, ["finetune", "--model", "tiny-llama", "--sample-windows", "0", "--out", str(tmp_path / "z")])
+    assert res.exit_code == 2 and "sample_windows" in res.output

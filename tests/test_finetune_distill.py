@@ -132,6 +132,25 @@ def test_dense_samples_are_the_models_own_seeded_windows():
     assert training_text(cfg) == "" and not lm.model.training
 
 
+def test_sample_windows_caps_the_draw_and_the_training_reads_them_in_turn(tmp_path):
+    """``sample_windows``: fewer windows drawn than trained on (seeded as the full draw), the Trainer going
+    over them again; never more than one per window trained."""
+    from dipdeploy.finetune.data import dense_samples, sampled_windows
+
+    full = LoraConfig(objective="distill", data="dense-samples", steps=3, batch_size=2, seqlen=12)
+    capped = LoraConfig(objective="distill", data="dense-samples", steps=3, batch_size=2, seqlen=12, sample_windows=2)
+    assert sampled_windows(full) == 6 and sampled_windows(capped) == 2
+    assert sampled_windows(LoraConfig(objective="distill", data="dense-samples", steps=1, batch_size=2,
+                                      sample_windows=50)) == 2
+    lm = load_model("tiny-llama")
+    w = training_windows(lm, capped)
+    assert w.shape == (2, 12) and torch.equal(w, dense_samples(lm, 2, 12, capped.seed))
+    res = finetune(lm, _plan(lm), capped, tmp_path / "a", progress=False)
+    assert res.steps == 3 and res.train_tokens == 3 * 2 * 12
+    assert read_metadata(tmp_path / "a")["train"]["windows"] == 2
+    assert next(lm.model.parameters()).device.type == "cpu"  # the model back where it came from
+
+
 def test_objective_defaults_and_sources():
     assert LoraConfig().objective == "lm" and LoraConfig().data == "wikitext2-valid"
     assert LoraConfig(objective="distill").data == "pydoc-topics"

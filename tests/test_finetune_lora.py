@@ -155,7 +155,8 @@ def test_resume_continues_from_the_checkpoint(tmp_path, text_file):
 @pytest.mark.parametrize("bad,match", [({"rank": 0}, "rank"), ({"targets": "up,mlp"}, "targets"),
                                        ({"data": "wikitext2-test"}, "data"), ({"scheduler": "step"}, "scheduler"),
                                        ({"dropout": 1.0}, "dropout"), ({"tokens": 0}, "tokens"),
-                                       ({"alpha": -1.0}, "alpha"), ({"lr": 0.0}, "lr")])
+                                       ({"alpha": -1.0}, "alpha"), ({"lr": 0.0}, "lr"),
+                                       ({"sample_windows": 0}, "sample_windows")])
 def test_lora_config_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         LoraConfig(**bad)

@@ -56,6 +56,9 @@ def finetune_cmd(
     data: Optional[str] = typer.Option(
         None, help=f"{' | '.join(SOURCES)} (never the test split; default: "
                    f"{', '.join(f'{v} for {k}' for k, v in DEFAULT_DATA.items())}); or --text-file"),
+    sample_windows: Optional[int] = typer.Option(
+        None, "--sample-windows", help="dense-samples: draw this many windows and train on them in turn (default: "
+                                       "one fresh window per window trained; sampling costs a forward per token)"),
     text_file: Optional[Path] = typer.Option(None, help="train on this UTF-8 text instead"),
     data_dir: Optional[Path] = DATA,
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (1 is fastest on a busy machine)"),
@@ -82,7 +85,7 @@ def finetune_cmd(
         cfg = LoraConfig(**_given(rank=rank, alpha=alpha, targets=targets, steps=steps, tokens=tokens, lr=lr,
                                   seqlen=seqlen, batch_size=batch_size, save_steps=save_steps, bf16=bf16,
                                   objective=objective, hidden_weight=hidden_weight, data=data,
-                                  text_file=str(text_file) if text_file else None))
+                                  sample_windows=sample_windows, text_file=str(text_file) if text_file else None))
         if threads is not None and threads < 1:
             raise ValueError(f"--threads {threads}: give at least 1")
         if proc.world_size > 1 and device is not None:

@@ -29,6 +29,9 @@ class LoraConfig:
     ``alpha=None`` means 2·rank, the usual LoRA scaling of 2.
     ``bf16`` runs the forward under bf16 autocast (GPU, or a CPU with AVX512-BF16: 1.5× faster on this
     project's CPU); the LoRA weights and the optimizer stay fp32, and evaluation stays fp32.
+    ``sample_windows`` (``dense-samples`` only) draws that many windows and trains on them in turn, so
+    fewer samples serve more steps (sampling one window costs a forward per token; None: one fresh window
+    per window trained).
     ``objective`` is one of :data:`OBJECTIVES`; ``hidden_weight`` (distill only) adds the dense model's hidden
     state after every decoder layer as a second target (:func:`dipdeploy.finetune.distill.hidden_match`), at
     that weight against the KL; 0 is logits only. ``data=None`` means the objective's own text
@@ -52,6 +55,7 @@ class LoraConfig:
     hidden_weight: float = 0.0
     data: str | None = None
     text_file: str | None = None
+    sample_windows: int | None = None
     save_steps: int = 50
     logging_steps: int = 10
     seed: int = 0
@@ -71,6 +75,8 @@ class LoraConfig:
             raise ValueError(f"seqlen must be >= 2, got {self.seqlen}")
         if self.tokens is not None and self.tokens < 1:
             raise ValueError(f"tokens must be >= 1 (or None to use steps), got {self.tokens}")
+        if self.sample_windows is not None and self.sample_windows < 1:
+            raise ValueError(f"sample_windows must be >= 1 (or None for one per window trained), got {self.sample_windows}")
         if self.alpha is not None and self.alpha <= 0:
             raise ValueError(f"alpha must be > 0 (or None for 2·rank), got {self.alpha}")
         if not 0.0 <= self.dropout < 1.0:

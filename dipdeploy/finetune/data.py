@@ -11,7 +11,8 @@ Sources (``LoraConfig.data`` or ``text_file``):
 - ``dense-samples`` — text the dense model samples itself (temperature 1 from its BOS token, one fresh
   window per training window, :func:`dense_samples`): the teacher's own distribution, so distillation
   matches it where the teacher puts its mass rather than on one corpus, and no window is seen twice
-  (on pydoc topics a second epoch lowered the training KL but not WikiText perplexity). Measured on
+  (on pydoc topics a second epoch lowered the training KL but not WikiText perplexity) unless
+  ``LoraConfig.sample_windows`` caps the draw. Sampled on the GPU where there is one. Measured on
   SmolLM2 at ρ = 0.5 it recovers no more than pydoc (26.43 against 26.42, benchmarks/results/lora-smollm2.md).
   Under a multi-process launch every process samples the same windows and trains on its share, so each
   sees fewer windows than steps × batch and repeats them;
@@ -90,8 +91,10 @@ def samples_the_model(cfg: LoraConfig) -> bool:
 
 
 def sampled_windows(cfg: LoraConfig) -> int:
-    """How many windows ``dense-samples`` draws: one per window the training reads."""
-    return cfg.total_steps() * cfg.batch_size * cfg.grad_accum
+    """How many windows ``dense-samples`` draws: one per window the training reads, or
+    ``cfg.sample_windows`` where that is fewer (the training then reads them in turn, epoch after epoch)."""
+    trained = cfg.total_steps() * cfg.batch_size * cfg.grad_accum
+    return trained if cfg.sample_windows is None else min(cfg.sample_windows, trained)
 
 
 def training_text(cfg: LoraConfig, data_dir: str | Path | None = None) -> str:
@@ -105,8 +108,8 @@ def training_text(cfg: LoraConfig, data_dir: str | Path | None = None) -> str:
 
 
 def training_windows(lm, cfg: LoraConfig, data_dir: str | Path | None = None) -> torch.Tensor:
-    """All non-overlapping ``cfg.seqlen`` windows of the training text (``dense-samples``: one sampled
-    window per window the training reads)."""
+    """All non-overlapping ``cfg.seqlen`` windows of the training text (``dense-samples``: the
+    :func:`sampled_windows` the model draws)."""
     from dipdeploy.eval.data import windows
 
     if samples_the_model(cfg):
@@ -114,7 +117,10 @@ def training_windows(lm, cfg: LoraConfig, data_dir: str | Path | None = None) ->
     return windows(lm.tokenizer, training_text(cfg, data_dir), cfg.seqlen, None)
 
 
-SAMPLE_BATCH = 32  # windows sampled side by side: one forward per position for all of them
+SAMPLE_BATCH = 32  # windows sampled side by side on a CPU: one forward per position for all of them
+#: ... on a GPU, where a step of the eager model costs its kernel launches whatever the batch, so a wider
+#: batch samples more windows in the same time (1,024 SmolLM2 windows of 512 tokens: about 12 GB of KV cache)
+SAMPLE_BATCH_GPU = 1024
 
 
 @torch.no_grad()
@@ -122,23 +128,29 @@ def dense_samples(lm, n: int, seqlen: int, seed: int, bf16: bool = False) -> tor
     """``n`` windows [n, seqlen] of the model's own text: its BOS token (the first vocabulary id where it
     has none), then ``seqlen - 1`` tokens sampled at temperature 1 from the full distribution, past EOS
     too (what follows an end is still the model's text). ``lm`` must be dense (no DIP masks): these are
-    the teacher's samples. Seeded, so a resumed run trains on the same windows; ``bf16``: the forward
-    under bf16 autocast, as the training's (1.4× faster on this project's CPU)."""
+    the teacher's samples. Seeded, so a resumed run trains on the same windows (on the same kind of
+    device: a GPU draws other numbers than a CPU from the same seed); ``bf16``: the forward under bf16
+    autocast, as the training's (1.4× faster on this project's CPU). Runs where the model is; the windows
+    come back on the CPU."""
     import inspect
 
+    from dipdeploy.torchdevice import device_of
+
     model = lm.model
+    device = device_of(model)
+    batch = SAMPLE_BATCH if device.type == "cpu" else SAMPLE_BATCH_GPU
     bos = lm.tokenizer.bos_token_id
     # transformers 5 renamed the KV-cache argument and output (past_key_values → cache)
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)
     out = torch.empty(n, seqlen, dtype=torch.long)
-    out[:, 0] = 0 if bos is None else bos
     was_training = model.training
     model.eval()
     try:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            for lo in range(0, n, SAMPLE_BATCH):
-                rows = out[lo:lo + SAMPLE_BATCH]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            for lo in range(0, n, batch):
+                rows = torch.empty(min(batch, n - lo), seqlen, dtype=torch.long, device=device)
+                rows[:, 0] = 0 if bos is None else bos
                 past, ids = None, rows[:, :1]
                 for t in range(1, seqlen):
                     res = model(input_ids=ids, use_cache=True, **{key: past})
@@ -146,6 +158,7 @@ def dense_samples(lm, n: int, seqlen: int, seed: int, bf16: bool = False) -> tor
                     probs = torch.softmax(res.logits[:, -1].float(), dim=-1)
                     rows[:, t] = torch.multinomial(probs, 1, generator=gen)[:, 0]
                     ids = rows[:, t:t + 1]
+                out[lo:lo + len(rows)] = rows.cpu()
     finally:
         model.train(was_training)
     return out

@@ -38,6 +38,7 @@ resume and data parallelism stay the Trainer's.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ from dipdeploy.finetune.launch import ProcessInfo
 from dipdeploy.paths import atomic_dir, check_output
 from dipdeploy.sparsity.methods import reset_caches, sparsify_, unsparsify_
 from dipdeploy.sparsity.plan import SparsityPlan
+from dipdeploy.torchdevice import device_of
 
 
 @dataclass
@@ -130,6 +132,15 @@ def _training_args(cfg: LoraConfig, ckpt: Path, progress: bool, device: str | No
     )
 
 
+def _train_device(device: str | None) -> torch.device:
+    """Where the Trainer puts the model (see :func:`_training_args`): the CPU, or this process's GPU
+    (``LOCAL_RANK``, which the launchers set). The model moves there before ``dense-samples`` are drawn,
+    so the teacher samples on the GPU too."""
+    if device == "cpu" or (device is None and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def _prepare_checkpoints(out: Path, resume: bool, force: bool) -> Path:
     ckpt = checkpoint_dir(out)
     if ckpt.exists() and not resume:
@@ -157,6 +168,8 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
     out = check_output(Path(out_dir), force, directory=True)
     ckpt = _prepare_checkpoints(out, resume, force)
     unsparsify_(lm.model)  # dense: ``dense-samples`` are the teacher's own text
+    home = device_of(lm.model)
+    lm.model.to(_train_device(device))
     data = WindowDataset(training_windows(lm, cfg, data_dir))
     base_fp = fingerprint(lm.model)
     peft_cfg = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.dropout, bias="none",
@@ -197,5 +210,5 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
                 shutil.rmtree(ckpt, ignore_errors=True)
     finally:
         unsparsify_(hf)
-        lm.model = model.unload()
+        lm.model = model.unload().to(home)
     return result
