@@ -36,6 +36,13 @@ of those side by side (and the table run with ``--no-train`` meanwhile), then th
     python benchmarks/distill.py --allocation greedy --steps 70 --batch 2 --train-seqlen 512 --warmup 8 \
         --save-steps 10 --train distill@0.5 --train-minutes 57   # the results file's run (then the table
                                                                  # runs, same recipe, without --train)
+
+On a GPU (the sampling and training run there; ``results/distill-smollm2-h200.md``: trained on an H200, the
+adapters then evaluated here with the same recipe flags, ``--no-train`` and ``--name``):
+
+    python benchmarks/distill.py --allocation greedy --data dense-samples --steps 800 --batch 16 \
+        --train-seqlen 512 --warmup 20 --sample-windows 4096 --rank 16 --targets up,gate,down,attn \
+        --train-minutes 4 --work W --train distill@0.5
 """
 
 from __future__ import annotations
@@ -57,7 +64,8 @@ from dipdeploy.paths import write_atomic
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COLS = ["method", "density", "allocation", "training", "data", "hidden_weight", "adapter_rho", "ppl", "x_dense",
+COLS = ["method", "density", "allocation", "training", "data", "hidden_weight", "rank", "targets", "sample_windows",
+        "adapter_rho", "ppl", "x_dense",
         "x_dense_lm", "gap_closed", "train_tokens", "steps", "batch", "train_seqlen", "lr", "wall_s", "train_load_mean",
         "first_loss", "last_loss", "eval_s", "eval_load"]
 SECTION = "## Recovery by distillation from the dense model"
@@ -88,6 +96,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--data", default="pydoc-topics", help="training text: pydoc-topics | dense-samples (the dense "
                     "model's own samples; use a --work of its own: adapter names do not say their text)")
+    ap.add_argument("--sample-windows", type=int,
+                    help="dense-samples: draw this many windows and train on them in turn (default: one per window "
+                    "trained)")
+    ap.add_argument("--rank", type=int, default=LoraConfig.rank, help="LoRA rank")
+    ap.add_argument("--targets", default=",".join(LoraConfig.targets),
+                    help="projections the adapter trains: up,gate,down[,attn]")
     ap.add_argument("--hidden-weight", type=float, default=0.0,
                     help="distill: weight of the per-layer hidden-state term against the KL (0: logits only)")
     ap.add_argument("--dip-lm", action="store_true", help="also DIP + the LM objective on the same text")
@@ -99,13 +113,16 @@ def parse() -> argparse.Namespace:
                     help="skip the rows whose adapter is not trained yet (another process is training it)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads; 1 is far faster than 2 on a shared, oversubscribed 2-core machine")
+    ap.add_argument("--name", help="the table's name (benchmarks/results/NAME.md and its partial file; default: "
+                    "lora-smollm2.md's section for SmolLM2, distill-FAMILY.md for another model)")
     ap.add_argument("--work", default="/tmp/dipdeploy-distill-bench", help="where adapters and plans go (not in git)")
     return ap.parse_args()
 
 
 def lora_config(args, objective: str) -> LoraConfig:
     """The one training recipe every adapter of the table shares; only the objective differs."""
-    return LoraConfig(objective=objective, data=args.data,
+    return LoraConfig(objective=objective, data=args.data, rank=args.rank, targets=args.targets,
+                      sample_windows=args.sample_windows,
                       hidden_weight=args.hidden_weight if objective == "distill" else 0.0,
                       steps=4 if args.quick else args.steps,
                       seqlen=args.train_seqlen, batch_size=args.batch, lr=args.lr,
@@ -163,6 +180,7 @@ class Bench:
         if adapter is not None:
             plan = SparsityPlan.load(self.plan(rho)) if method == "dip" else None
             ev.lm = apply_lora(load_model(self.args.model), adapter, merge=True, plan=plan, allow_other_plan=True)
+            ev.lm.model.to(ev.device)
         ev.cfg.plan = str(self.plan(rho)) if method == "dip" else None
         try:
             row = ev.row(method, rho)
@@ -177,6 +195,8 @@ class Bench:
             row["adapter_rho"] = parse_name(adapter.name)[2]
             row["data"] = meta["lora"]["data"]
             row["hidden_weight"] = meta["lora"].get("hidden_weight", 0.0)
+            row["rank"], row["targets"] = meta["lora"]["rank"], ",".join(meta["lora"]["targets"])
+            row["sample_windows"] = meta["lora"].get("sample_windows")
             if (adapter / LOAD_NAME).is_file():
                 train.update(json.loads((adapter / LOAD_NAME).read_text()))
         row["eval_load"] = round(os.getloadavg()[0], 1)
@@ -220,7 +240,19 @@ def _callbacks(name: str, steps: int, minutes: float | None, loads: list[float])
 
 def key(row: dict) -> tuple:
     """A row's identity in the partial file: the rows of adapters trained on different text coexist."""
-    return row["method"], row["target_density"], row["allocation"], row["training"], data_of(row), hidden_of(row)
+    return (row["method"], row["target_density"], row["allocation"], row["training"], data_of(row), hidden_of(row),
+            *recipe_of(row))
+
+
+#: the adapter recipe of every row from before the rank, targets and sample_windows columns
+OLD_RECIPE = {"rank": 16, "targets": "up,gate,down", "sample_windows": None}
+
+
+def recipe_of(row: dict) -> tuple:
+    """(rank, targets, sample_windows) of a trained row's adapter, ("-", "-", "-") for an untrained row."""
+    if row["training"] == "none":
+        return "-", "-", "-"
+    return tuple(row.get(k, v) for k, v in OLD_RECIPE.items())
 
 
 def data_of(row: dict) -> str:
@@ -249,7 +281,7 @@ def parse_name(name: str) -> tuple[str, str, float]:
 def main() -> None:
     args = parse()
     torch.set_num_threads(args.threads)
-    name = "distill-" + args.model.split("-")[0] + ("-quick" if args.quick else "")
+    name = args.name or "distill-" + args.model.split("-")[0] + ("-quick" if args.quick else "")
     partial = RESULTS / f".{name}.partial.json"
 
     def all_rows() -> list[dict]:
@@ -279,8 +311,10 @@ def main() -> None:
         alloc = "-" if method == "dense" else args.allocation
         data = data_of({"training": training, "data": args.data})
         hidden = hidden_of({"training": training, "hidden_weight": args.hidden_weight})
+        recipe = recipe_of({"training": training, "rank": args.rank, "targets": args.targets,
+                            "sample_windows": args.sample_windows})
         if (training not in args.trainings.split(",")
-                or (method, rho, alloc, training, data, hidden) in {key(r) for r in merged()}):
+                or (method, rho, alloc, training, data, hidden, *recipe) in {key(r) for r in merged()}):
             return
         where = bench.root if method == "dense" else bench.work
         if adapter_name and args.no_train and not (where / adapter_name / "adapter_config.json").is_file():
@@ -355,8 +389,9 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
         derive(part)
         for r in part:
             r["data"], r["hidden_weight"] = data_of(r), hidden_of(r) if r["training"] == "distill" else None
+            r["rank"], r["targets"], r["sample_windows"] = recipe_of(r)
         part.sort(key=lambda r: (r["method"] != "dense", r["target_density"], r["allocation"],
-                                 order.index(r["training"]), r["data"], r["hidden_weight"] or 0.0))
+                                 order.index(r["training"]), r["data"], r["hidden_weight"] or 0.0, str(recipe_of(r))))
         tables.append(f"### {windows} × {seqlen} tokens of WikiText-2 test ({part[0]['tokens']} predicted tokens)\n\n"
                       f"{md_table(part, COLS)}\n\n{goal(part, 0.5)}\n")
     text = (f"{SECTION}\n\n"
@@ -364,13 +399,13 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
             f"the 16 × 2048 protocol to fit this machine (the size heads each table), fp32, prefill and decode both "
             f"sparsified, every adapter merged into the fp32 weights (as `export --lora`). DIP: the plan's `allocation` "
             f"(uniform: one K for every layer; greedy: per-layer densities from end-to-end sensitivity), split and "
-            f"allocation calibrated on WikiText-2 validation (4 × 512 tokens). Training: LoRA rank {cfg.rank}, α "
-            f"{cfg.lora_alpha:g}, targets {','.join(cfg.targets)}, AdamW, {cfg.scheduler} schedule after linear "
+            f"allocation calibrated on WikiText-2 validation (4 × 512 tokens). Training: LoRA of the row's `rank` "
+            f"(α = 2 · rank) on its `targets` (attn: every attention projection), AdamW, {cfg.scheduler} schedule after linear "
             f"warm-up, `steps` × `batch` × `train_seqlen` tokens at `lr` (per row; `steps` is the steps done), "
             f"bf16 autocast forward, on the row's `data` (dipdeploy/finetune/data.py, never WikiText): "
             f"`pydoc-topics`, Python's bundled pydoc topics (220 windows of 512 tokens, so more steps are more "
             f"epochs), or `dense-samples`, text the dense model samples itself at temperature 1, a fresh window "
-            f"for every window trained on. `distill`: KL(dense ‖ student) at temperature 1, the teacher "
+            f"for every window trained on, or `sample_windows` of them trained on in turn. `distill`: KL(dense ‖ student) at temperature 1, the teacher "
             f"the same base weights run dense with the adapter off, plus, where `hidden_weight` > 0, that weight times "
             f"the mean over layers of the relative squared error of the hidden state after each layer; `lm`: "
             f"next-token cross-entropy. One distilled "
