@@ -372,6 +372,8 @@ def goal(rows: list[dict], rho: float) -> str:
         if rec.get("planned_steps", rec["steps"]) > rec["steps"]:
             extra += f" (training stopped by --train-minutes at step {rec['steps']} of {rec['planned_steps']})"
         hidden = f", hidden states ×{hidden_of(rec):g}" if hidden_of(rec) else ""
+        rank, targets, _ = recipe_of(rec)
+        hidden += f", rank {rank} on {targets}" if (rank, targets) != (OLD_RECIPE["rank"], OLD_RECIPE["targets"]) else ""
         lines.append(f"{head}, {rec['allocation']} plan, {data_of(rec)}{hidden}, {rec['steps']} steps: "
                      f"{rec['ppl']:.3f} = {ratio:.3f}× dense {dense:.3f} (limit {1.10 * dense:.3f}){extra}: **{'met' if ratio <= 1.10 else 'NOT met'}**.")
     return "\n".join(lines)
