@@ -77,6 +77,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="gaps 0 and the default, one repeat")
     ap.add_argument("--json", help="write the rows as JSON")
+    ap.add_argument("--name", default="read-gaps", help="results/NAME.md (default: read-gaps; another machine's run "
+                    "beside it, e.g. read-gaps-xeon)")
     args = ap.parse_args()
     if not (args.bundle / "manifest.json").is_file():
         ap.error(f"{args.bundle} holds no manifest.json; export a bundle first (benchmarks/flash.py --model llama-1b "
@@ -126,7 +128,7 @@ def main() -> None:
                         "max_bounce_mb", "repeats_s_per_token"]), "",
         f"Fewest seconds: {best['io_engine']}, gap {best['io_gap']} ({best['s_per_token']:.3f} s per token).", ""])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / ("read-gaps-quick.md" if args.quick else "read-gaps.md")).write_text(text)
+    (RESULTS / f"{args.name}{'-quick' if args.quick else ''}.md").write_text(text)
     write_rows_json(rows, args.json)
     print(text)
 
