@@ -373,7 +373,8 @@ def goal(rows: list[dict], rho: float) -> str:
             extra += f" (training stopped by --train-minutes at step {rec['steps']} of {rec['planned_steps']})"
         hidden = f", hidden states ×{hidden_of(rec):g}" if hidden_of(rec) else ""
         rank, targets, _ = recipe_of(rec)
-        hidden += f", rank {rank} on {targets}" if (rank, targets) != (OLD_RECIPE["rank"], OLD_RECIPE["targets"]) else ""
+        if (rank, targets) != (OLD_RECIPE["rank"], OLD_RECIPE["targets"]):
+            hidden += f", rank {rank} on {targets}"
         lines.append(f"{head}, {rec['allocation']} plan, {data_of(rec)}{hidden}, {rec['steps']} steps: "
                      f"{rec['ppl']:.3f} = {ratio:.3f}× dense {dense:.3f} (limit {1.10 * dense:.3f}){extra}: **{'met' if ratio <= 1.10 else 'NOT met'}**.")
     return "\n".join(lines)
@@ -402,12 +403,14 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
             f"sparsified, every adapter merged into the fp32 weights (as `export --lora`). DIP: the plan's `allocation` "
             f"(uniform: one K for every layer; greedy: per-layer densities from end-to-end sensitivity), split and "
             f"allocation calibrated on WikiText-2 validation (4 × 512 tokens). Training: LoRA of the row's `rank` "
-            f"(α = 2 · rank) on its `targets` (attn: every attention projection), AdamW, {cfg.scheduler} schedule after linear "
+            f"(α = 2 · rank) on its `targets` (attn: every attention projection), AdamW, {cfg.scheduler} schedule "
+            f"after linear "
             f"warm-up, `steps` × `batch` × `train_seqlen` tokens at `lr` (per row; `steps` is the steps done), "
             f"bf16 autocast forward, on the row's `data` (dipdeploy/finetune/data.py, never WikiText): "
             f"`pydoc-topics`, Python's bundled pydoc topics (220 windows of 512 tokens, so more steps are more "
             f"epochs), or `dense-samples`, text the dense model samples itself at temperature 1, a fresh window "
-            f"for every window trained on, or `sample_windows` of them trained on in turn. `distill`: KL(dense ‖ student) at temperature 1, the teacher "
+            f"for every window trained on, or `sample_windows` of them trained on in turn. `distill`: "
+            f"KL(dense ‖ student) at temperature 1, the teacher "
             f"the same base weights run dense with the adapter off, plus, where `hidden_weight` > 0, that weight times "
             f"the mean over layers of the relative squared error of the hidden state after each layer; `lm`: "
             f"next-token cross-entropy. One distilled "

@@ -43,5 +43,6 @@ def test_finetune_cli_distills_on_the_dense_models_samples(tmp_path, finetune_in
     assert res.exit_code == 0, res.output
     assert "sampling 3 windows of 16 tokens" in res.output
     assert read_metadata(tmp_path / "capped")["train"]["windows"] == 3
-    res = runner.invoke(app, ["finetune", "--model", "tiny-llama", "--sample-windows", "0", "--out", str(tmp_path / "z")])
+    res = runner.invoke(app, ["finetune", "--model", "tiny-llama", "--sample-windows", "0",
+                              "--out", str(tmp_path / "z")])
     assert res.exit_code == 2 and "sample_windows" in res.output

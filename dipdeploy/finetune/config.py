@@ -76,7 +76,8 @@ class LoraConfig:
         if self.tokens is not None and self.tokens < 1:
             raise ValueError(f"tokens must be >= 1 (or None to use steps), got {self.tokens}")
         if self.sample_windows is not None and self.sample_windows < 1:
-            raise ValueError(f"sample_windows must be >= 1 (or None for one per window trained), got {self.sample_windows}")
+            raise ValueError(f"sample_windows must be >= 1 (or None for one per window trained), "
+                             f"got {self.sample_windows}")
         if self.alpha is not None and self.alpha <= 0:
             raise ValueError(f"alpha must be > 0 (or None for 2·rank), got {self.alpha}")
         if not 0.0 <= self.dropout < 1.0:

@@ -168,10 +168,10 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
     out = check_output(Path(out_dir), force, directory=True)
     ckpt = _prepare_checkpoints(out, resume, force)
     unsparsify_(lm.model)  # dense: ``dense-samples`` are the teacher's own text
+    base_fp = fingerprint(lm.model)  # where the model came from, as apply_lora will check it
     home = device_of(lm.model)
     lm.model.to(_train_device(device))
     data = WindowDataset(training_windows(lm, cfg, data_dir))
-    base_fp = fingerprint(lm.model)
     peft_cfg = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.dropout, bias="none",
                                target_modules=target_modules(lm.arch, cfg.targets), task_type="CAUSAL_LM")
     torch.manual_seed(cfg.seed)  # LoRA A init
