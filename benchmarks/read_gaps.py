@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from _common import lscpu, machine, md_table, write_rows_json
 
+from dipdeploy.paths import write_atomic
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_THREADS, AlignedBuffer, make_reader, open_direct, plan_reads
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -128,7 +129,7 @@ def main() -> None:
                         "max_bounce_mb", "repeats_s_per_token"]), "",
         f"Fewest seconds: {best['io_engine']}, gap {best['io_gap']} ({best['s_per_token']:.3f} s per token).", ""])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}{'-quick' if args.quick else ''}.md").write_text(text)
+    write_atomic(RESULTS / f"{args.name}{'-quick' if args.quick else ''}.md", text, force=True)  # regenerated
     write_rows_json(rows, args.json)
     print(text)
 
