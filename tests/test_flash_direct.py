@@ -75,6 +75,46 @@ def test_direct_reads_are_the_bytes_of_the_file(tmp_path, reader, in_flight):
     store.close()
 
 
+@pytest.mark.skipif(not _ring_works(), reason="no io_uring here (or no op library)")
+def test_the_ring_reads_in_two_halves(tmp_path):
+    """dd_io_ring_begin submits and returns, dd_io_ring_end completes the batch: the file's bytes, a second
+    batch refused while one is open (-EBUSY), an end without a begin refused (-EINVAL)."""
+    import ctypes
+
+    from dipdeploy.ops.native import library_path
+
+    path, data = _file(tmp_path, FILE_SIZE)
+    rows = np.arange(0, 700, 25)  # rows blocks apart: a request each
+    plan = plan_reads([a.offset for a in ARRAYS], [a.row_bytes for a in ARRAYS], rows, max_gap=0)
+    lib = ctypes.CDLL(str(library_path()))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.dd_io_ring_new.restype, lib.dd_io_ring_new.argtypes = p, [ctypes.c_int]
+    lib.dd_io_ring_free.restype, lib.dd_io_ring_free.argtypes = None, [p]
+    lib.dd_io_ring_begin.restype, lib.dd_io_ring_begin.argtypes = i64, [p, ctypes.c_int, i64, p, p, p, p, p]
+    lib.dd_io_ring_end.restype, lib.dd_io_ring_end.argtypes = i64, [p, ctypes.POINTER(i64)]
+    ring = lib.dd_io_ring_new(4)  # fewer entries than requests: the end half submits the rest
+    assert ring and plan.requests > 4
+    aligned = blockio.AlignedBuffer()  # kept alive: the kernel writes into it
+    buf = aligned.get(plan.total)
+    fd, _ = blockio.open_direct(str(path))
+    failed = i64(-1)
+    try:
+        args = (plan.offset.ctypes.data, plan.length.ctypes.data, plan.need.ctypes.data, buf.ctypes.data,
+                plan.place.ctypes.data)
+        assert lib.dd_io_ring_end(ring, ctypes.byref(failed)) == -errno.EINVAL
+        assert lib.dd_io_ring_begin(ring, fd, plan.requests, *args) == 0
+        assert lib.dd_io_ring_begin(ring, fd, plan.requests, *args) == -errno.EBUSY
+        assert lib.dd_io_ring_end(ring, ctypes.byref(failed)) >= int(plan.need.sum())
+        assert lib.dd_io_ring_end(ring, ctypes.byref(failed)) == -errno.EINVAL
+    finally:
+        os.close(fd)
+        lib.dd_io_ring_free(ring)
+    for a, src in zip(ARRAYS, plan.src):
+        want = data[a.offset: a.offset + a.rows * a.row_bytes].reshape(a.rows, a.row_bytes)[rows]
+        got = np.stack([buf[s: s + a.row_bytes] for s in src.tolist()])
+        assert np.array_equal(got, want)  # bit-equal by contract
+
+
 def _expected(rows: np.ndarray, gap: int) -> tuple[int, int, int]:
     """Requests, device bytes and wanted bytes computed the slow way: the set of blocks each row touches,
     runs of blocks at most ``gap`` blocks apart (the blocks between read too), each run cut at MAX_REQUEST."""
@@ -235,16 +275,18 @@ def test_cli_run_reports_device_bytes(tiny_bundle, tmp_path):
 
 
 @pytest.mark.skipif(not _ring_works(), reason="no io_uring here (or no op library)")
-def test_run_through_the_ring_equals_the_threads(tiny_bundle):
-    """The two native readers fetch the same bytes: bit-equal logits, the same reads counted. Without the
-    read-ahead, which only the thread pool does (the ring reads at once), so that both run one graph."""
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_run_through_the_ring_equals_the_threads(tiny_bundle, prefetch):
+    """The two native readers fetch the same bytes, begun before the resident rows' product and ended
+    after it, with the read-ahead during the attention or without: bit-equal logits, the same reads
+    counted. A ring of 2 entries keeps most of a batch's requests for its end half."""
     from dipdeploy.runtime import Engine
 
     prompt = [3, 14, 15, 92, 65, 35]
     runs = {}
     for engine in ("threads", "io_uring"):
         eng = Engine(tiny_bundle, dram_budget="30%", policy="lfu", io="direct", cold=True, io_threads=2,
-                     io_engine=engine, prefetch=False)
+                     io_engine=engine, prefetch=prefetch)
         assert eng.flash.reader_kind == engine
         runs[engine] = eng.generate(prompt, 10, stop_at_eos=False, keep_logits=True)
         assert runs[engine].stats.io_engine == engine
@@ -253,6 +295,9 @@ def test_run_through_the_ring_equals_the_threads(tiny_bundle):
     assert a.tokens == b.tokens and all(np.array_equal(x, y) for x, y in zip(a.logits, b.logits))
     assert a.stats.flash_mb_per_token == b.stats.flash_mb_per_token
     assert a.stats.flash_requests_per_token == b.stats.flash_requests_per_token
+    assert a.stats.read_ahead_rows_per_token == b.stats.read_ahead_rows_per_token
+    assert a.stats.read_ahead_used_per_token == b.stats.read_ahead_used_per_token
+    assert (a.stats.read_ahead_rows_per_token > 0) == prefetch
 
 
 def test_the_bounce_buffer_never_outgrows_its_bound():

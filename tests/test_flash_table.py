@@ -50,6 +50,8 @@ def test_goals_per_level_against_the_same_peers(flash):
     assert "- DIP-CA / the faster peer at the same limit, accuracy level 4: 2.50× (goal ≥ 2×: met)" in lines
     assert any("(no read-ahead) / the fastest dense-static row (default) at 50 %, accuracy level 4: 1.38×" in x
                for x in lines)
+    assert "- DIP-CA with no read-ahead / the faster peer at the same limit, accuracy level 4: 2.75×" in lines
+    assert not any("DIP-CA with" in x and "level 0" in x for x in lines)  # the default row is the fastest there
     assert lines[-1] == f"- no decode figure at 50 % for: {flash.PEERS[0]} (see the notes)"
 
 

@@ -66,9 +66,7 @@ struct Direct {
   int64_t bounce_len = 0;
   int64_t error = 0;
   std::vector<int64_t> start, end, order, src, offset, length, need, place;
-  // a read begun and not yet ended (begin_direct .. end_direct); the ring reads at once, its result kept
-  bool pending = false;
-  int64_t got = 0;
+  bool pending = false;  // a read begun and not yet ended (begin_direct .. end_direct)
 };
 
 constexpr int kTotals = 7;  // a group's counters, dd_cache_drain's out[]
@@ -293,18 +291,18 @@ int64_t copy_rows(Group & g, const int64_t * rows, const int64_t * slots, int64_
 
 }  // namespace
 
-extern "C" int64_t dd_io_read(void * pool, int fd, int64_t n, const int64_t * offset, const int64_t * length,
-                              const int64_t * need, uint8_t * dest, const int64_t * place, int64_t * failed);
-extern "C" int64_t dd_io_ring_read(void * ring, int fd, int64_t n, const int64_t * offset, const int64_t * length,
-                                   const int64_t * need, uint8_t * dest, const int64_t * place, int64_t * failed);
 extern "C" int64_t dd_io_begin(void * pool, int fd, int64_t n, const int64_t * offset, const int64_t * length,
                                const int64_t * need, uint8_t * dest, const int64_t * place);
 extern "C" int64_t dd_io_end(void * pool, int64_t * failed);
+extern "C" int64_t dd_io_ring_begin(void * ring, int fd, int64_t n, const int64_t * offset, const int64_t * length,
+                                    const int64_t * need, uint8_t * dest, const int64_t * place);
+extern "C" int64_t dd_io_ring_end(void * ring, int64_t * failed);
 
 namespace {
 
 // blockio.py plan_reads for the misses' rows (ascending) of every array, started into the bounce buffer: the
-// pool's threads read while the caller goes on (the ring reads at once). end_direct completes it.
+// pool's threads, or the device with the ring's first requests, read while the caller goes on. end_direct
+// completes it.
 int64_t begin_direct(Group & g, const int64_t * rows, int64_t n) {
   Direct & d = g.direct;
   if (d.pending) return kOutOfStep;
@@ -348,13 +346,12 @@ int64_t begin_direct(Group & g, const int64_t * rows, int64_t n) {
   }
   if (total > d.bounce_len) return kBounce;
   const int64_t nreq = int64_t(d.offset.size());
-  int64_t failed = -1;
-  d.got = d.ring ? dd_io_ring_read(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(), d.bounce,
-                                   d.place.data(), &failed)
-                 : dd_io_begin(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(), d.bounce,
-                               d.place.data());
-  if (d.got < 0) {
-    d.error = -d.got;
+  const int64_t begun = d.ring ? dd_io_ring_begin(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(),
+                                                  d.bounce, d.place.data())
+                               : dd_io_begin(d.io, d.fd, nreq, d.offset.data(), d.length.data(), d.need.data(),
+                                             d.bounce, d.place.data());
+  if (begun < 0) {
+    d.error = -begun;
     return kReadFailed;
   }
   d.pending = true;
@@ -366,7 +363,7 @@ int64_t wait_direct(Direct & d, int64_t * device, int64_t * requests) {
   if (!d.pending) return kOutOfStep;
   d.pending = false;
   int64_t failed = -1;
-  const int64_t got = d.ring ? d.got : dd_io_end(d.io, &failed);
+  const int64_t got = d.ring ? dd_io_ring_end(d.io, &failed) : dd_io_end(d.io, &failed);
   if (got < 0) {
     d.error = -got;
     return kReadFailed;
@@ -785,12 +782,12 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
 // next selection made before the layer's attention runs, that are not resident, read with the group's reader
 // into the bounce buffer while the attention runs; the next CacheBegin takes the misses among them from
 // there and reads only the others. The cache's state does not change, so neither do its decisions; a wrong
-// prediction costs only reads. Nothing is read with the mapping, the ring (which reads at once), in a
-// batched prefill or while another read of the group is open. Returns the rows read ahead.
+// prediction costs only reads. Nothing is read with the mapping, in a batched prefill or while another read
+// of the group is open. Returns the rows read ahead.
 __attribute__((visibility("default"))) int64_t dd_cache_graph_prefetch(void * gp, const int64_t * pred, int64_t k) {
   Group * g = static_cast<Group *>(gp);
   if (!g || k < 0 || (k > 0 && !pred)) return kBadArgs;
-  if (g->map || g->direct.fd < 0 || g->direct.ring || !g->full.empty() || g->direct.pending || g->ahead ||
+  if (g->map || g->direct.fd < 0 || !g->full.empty() || g->direct.pending || g->ahead ||
       g->open_misses >= 0)
     return 0;
   const int64_t t0 = now_ns();
@@ -946,9 +943,10 @@ __attribute__((visibility("default"))) void dd_cache_drop_step(void * gp) {
   g->release.clear();
   g->deferred_rows.clear();
   g->deferred_from.clear();
-  if (g->direct.pending && !g->direct.ring) {  // a run that failed between CacheBegin and CacheEnd
+  if (g->direct.pending) {  // a run that failed between CacheBegin and CacheEnd: its reads still land
     int64_t failed = -1;
-    dd_io_end(g->direct.io, &failed);
+    if (g->direct.ring) dd_io_ring_end(g->direct.io, &failed);
+    else dd_io_end(g->direct.io, &failed);
   }
   g->direct.pending = false;
   g->ahead = false;

@@ -6,10 +6,13 @@
 // flight"). Two engines, the same contract (dd_io_read / dd_io_ring_read):
 // - a small persistent pool of pread threads (created once per store, not per batch), taking the
 //   requests in order from an atomic counter, the calling thread too (the default);
-// - an io_uring ring (Linux 5.1+, raw syscalls, no liburing): every request of a batch is submitted in
-//   one io_uring_enter and the kernel keeps up to `depth` in flight while this one thread waits. It
-//   spends less system CPU than the pool, but on this machine's virtio disk it is not faster by wall
-//   time (benchmarks/results/read-gaps.md); NULL where the kernel has none or refuses it.
+// - an io_uring ring (Linux 5.1+, raw syscalls, no liburing): the kernel keeps up to `depth` requests
+//   in flight, submitted in one io_uring_enter, the rest as reads complete, with no thread of its own.
+//   It spends less system CPU than the pool; by wall time it replayed the 1 B decode's reads slower than
+//   the pool on an AMD EPYC's virtio disk and 7-20 % faster on an Intel Xeon's
+//   (benchmarks/results/read-gaps.md, read-gaps-xeon.md); NULL where the kernel has none or refuses it.
+// Both have the same two halves (dd_io_begin / dd_io_end, dd_io_ring_begin / dd_io_ring_end) for a
+// caller that computes while the reads are in flight.
 // Plain C ABI for ctypes; no ORT types.
 #include <atomic>
 #include <cerrno>
@@ -213,75 +216,94 @@ struct Ring {
     return true;
   }
 
-  // Reads every request of the batch (the Batch contract above), at most `depth` in flight; a short
-  // read is resubmitted for the rest. On an error no new request is submitted, and the call returns only
-  // after every request in flight has completed: the kernel writes into the caller's buffer.
-  void read(Batch & b) {
-    std::vector<int64_t> done(size_t(b.n), 0), again;
+  // A batch in flight: the Batch plus how far each request got, the requests to submit again (short or
+  // interrupted reads) and the next one never submitted.
+  struct Run {
+    Batch b;
+    std::vector<int64_t> done, again;
     int64_t next = 0, inflight = 0;
-    auto finished = [&](int64_t i) {
+    bool broken = false;  // the ring itself failed: nothing more can be submitted or waited for
+
+    Run(int fd, int64_t n, const int64_t * offset, const int64_t * length, const int64_t * need, uint8_t * dest,
+        const int64_t * place)
+        : b(fd, n, offset, length, need, dest, place), done(size_t(n), 0) {}
+    bool more() const { return !broken && b.error.load() == 0 && (next < b.n || !again.empty()); }
+    bool busy() const { return !broken && (inflight > 0 || more()); }
+    void finished(int64_t i) {
       if (done[size_t(i)] < b.need[i]) {
         int expected = 0;
         if (b.error.compare_exchange_strong(expected, EIO)) b.failed.store(i);
       } else {
         b.got.fetch_add(done[size_t(i)]);
       }
-    };
-    while (inflight > 0 || (b.error.load() == 0 && (next < b.n || !again.empty()))) {
-      unsigned tail = *sq_tail, mask = *sq_mask, submit = 0;
-      while (b.error.load() == 0 && inflight < int64_t(depth) && (next < b.n || !again.empty())) {
-        int64_t i;
-        if (!again.empty()) {
-          i = again.back();
-          again.pop_back();
-        } else {
-          i = next++;
-        }
-        io_uring_sqe * e = &sqes[tail & mask];
-        std::memset(e, 0, sizeof *e);
-        e->opcode = IORING_OP_READ;
-        e->fd = b.fd;
-        e->addr = reinterpret_cast<uint64_t>(b.dest + b.place[i] + done[size_t(i)]);
-        e->len = unsigned(b.length[i] - done[size_t(i)]);
-        e->off = uint64_t(b.offset[i] + done[size_t(i)]);
-        e->user_data = uint64_t(i);
-        sq_array[tail & mask] = tail & mask;
-        ++tail;
-        ++submit;
-        ++inflight;
-      }
-      __atomic_store_n(sq_tail, tail, __ATOMIC_RELEASE);
-      submit = tail - __atomic_load_n(sq_head, __ATOMIC_ACQUIRE);  // with any an earlier call left unsubmitted
-      // with nothing left to submit, wait for every read in flight at once: one wake-up per batch
-      bool more = b.error.load() == 0 && (next < b.n || !again.empty());
-      auto wait = unsigned(more ? 1 : inflight);
-      long r = syscall(__NR_io_uring_enter, fd, submit, wait, IORING_ENTER_GETEVENTS, nullptr, 0);
-      if (r < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
-        // the ring itself failed: nothing more can be waited for safely, so stop here with the error
-        int expected = 0;
-        if (b.error.compare_exchange_strong(expected, errno)) b.failed.store(next > 0 ? next - 1 : 0);
-        return;
-      }
-      unsigned head = *cq_head, ctail = __atomic_load_n(cq_tail, __ATOMIC_ACQUIRE), cmask = *cq_mask;
-      for (; head != ctail; ++head) {
-        const io_uring_cqe & c = cqes[head & cmask];
-        auto i = int64_t(c.user_data);
-        --inflight;
-        if (c.res == -EINTR || c.res == -EAGAIN) {
-          again.push_back(i);
-        } else if (c.res < 0) {
-          int expected = 0;
-          if (b.error.compare_exchange_strong(expected, -c.res)) b.failed.store(i);
-        } else if (c.res == 0) {
-          finished(i);  // end of the file
-        } else {
-          done[size_t(i)] += c.res;
-          if (done[size_t(i)] < b.length[i]) again.push_back(i);
-          else finished(i);
-        }
-      }
-      __atomic_store_n(cq_head, head, __ATOMIC_RELEASE);
     }
+  };
+  std::unique_ptr<Run> pending;  // dd_io_ring_begin's batch until dd_io_ring_end
+
+  // One round of a Run (the Batch contract above), at most `depth` in flight: submit what the ring has
+  // room for, then, with `wait`, wait for one completion (for every read in flight when nothing is left
+  // to submit: one wake-up per batch) and take the completions; without, only submit, so the reads go on
+  // while the caller computes. A short read is submitted again for the rest. On an error no new request
+  // is submitted, and the rounds go on until every request in flight has completed: the kernel writes
+  // into the caller's buffer.
+  void round(Run & r, bool wait) {
+    Batch & b = r.b;
+    unsigned tail = *sq_tail, mask = *sq_mask;
+    while (r.more() && r.inflight < int64_t(depth)) {
+      int64_t i;
+      if (!r.again.empty()) {
+        i = r.again.back();
+        r.again.pop_back();
+      } else {
+        i = r.next++;
+      }
+      io_uring_sqe * e = &sqes[tail & mask];
+      std::memset(e, 0, sizeof *e);
+      e->opcode = IORING_OP_READ;
+      e->fd = b.fd;
+      e->addr = reinterpret_cast<uint64_t>(b.dest + b.place[i] + r.done[size_t(i)]);
+      e->len = unsigned(b.length[i] - r.done[size_t(i)]);
+      e->off = uint64_t(b.offset[i] + r.done[size_t(i)]);
+      e->user_data = uint64_t(i);
+      sq_array[tail & mask] = tail & mask;
+      ++tail;
+      ++r.inflight;
+    }
+    __atomic_store_n(sq_tail, tail, __ATOMIC_RELEASE);
+    unsigned submit = tail - __atomic_load_n(sq_head, __ATOMIC_ACQUIRE);  // with any an earlier call left
+    if (!wait && submit == 0) return;
+    auto want = unsigned(!wait ? 0 : r.more() ? 1 : r.inflight);
+    long got = syscall(__NR_io_uring_enter, fd, submit, want, wait ? IORING_ENTER_GETEVENTS : 0, nullptr, 0);
+    if (got < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
+      int expected = 0;
+      if (b.error.compare_exchange_strong(expected, errno)) b.failed.store(r.next > 0 ? r.next - 1 : 0);
+      r.broken = true;
+      return;
+    }
+    if (!wait) return;
+    unsigned head = *cq_head, ctail = __atomic_load_n(cq_tail, __ATOMIC_ACQUIRE), cmask = *cq_mask;
+    for (; head != ctail; ++head) {
+      const io_uring_cqe & c = cqes[head & cmask];
+      auto i = int64_t(c.user_data);
+      --r.inflight;
+      if (c.res == -EINTR || c.res == -EAGAIN) {
+        r.again.push_back(i);
+      } else if (c.res < 0) {
+        int expected = 0;
+        if (b.error.compare_exchange_strong(expected, -c.res)) b.failed.store(i);
+      } else if (c.res == 0) {
+        r.finished(i);  // end of the file
+      } else {
+        r.done[size_t(i)] += c.res;
+        if (r.done[size_t(i)] < b.length[i]) r.again.push_back(i);
+        else r.finished(i);
+      }
+    }
+    __atomic_store_n(cq_head, head, __ATOMIC_RELEASE);
+  }
+
+  void finish(Run & r) {
+    while (r.busy()) round(r, true);
   }
 };
 #endif
@@ -372,21 +394,54 @@ __attribute__((visibility("default"))) void dd_io_ring_free(void * ring) {
 #endif
 }
 
-// dd_io_read through the ring.
+// dd_io_read through the ring: dd_io_ring_begin and dd_io_ring_end at once.
+__attribute__((visibility("default"))) int64_t dd_io_ring_begin(void * ring, int fd, int64_t n, const int64_t * offset,
+                                                              const int64_t * length, const int64_t * need,
+                                                              uint8_t * dest, const int64_t * place);
+__attribute__((visibility("default"))) int64_t dd_io_ring_end(void * ring, int64_t * failed);
+
 __attribute__((visibility("default"))) int64_t dd_io_ring_read(void * ring, int fd, int64_t n, const int64_t * offset,
                                                              const int64_t * length, const int64_t * need,
                                                              uint8_t * dest, const int64_t * place, int64_t * failed) {
+  const int64_t begun = dd_io_ring_begin(ring, fd, n, offset, length, need, dest, place);
+  return begun < 0 ? begun : dd_io_ring_end(ring, failed);
+}
+
+// dd_io_begin / dd_io_end through the ring: dd_io_ring_begin submits the first `depth` requests and
+// returns, the device reading them while the caller computes; dd_io_ring_end submits the rest as reads
+// complete, waits, and returns dd_io_read's result. The arrays must stay valid until dd_io_ring_end; one
+// batch per ring at a time (-EBUSY otherwise).
+__attribute__((visibility("default"))) int64_t dd_io_ring_begin(void * ring, int fd, int64_t n, const int64_t * offset,
+                                                              const int64_t * length, const int64_t * need,
+                                                              uint8_t * dest, const int64_t * place) {
 #ifdef DD_IO_URING
   if (ring == nullptr || n < 0) return -EINVAL;
-  Batch b(fd, n, offset, length, need, dest, place);
+  Ring * r = static_cast<Ring *>(ring);
+  if (r->pending) return -EBUSY;
   try {
-    static_cast<Ring *>(ring)->read(b);
+    r->pending.reset(new Ring::Run(fd, n, offset, length, need, dest, place));
   } catch (...) {
     return -ENOMEM;
   }
-  return b.result(failed);
+  r->round(*r->pending, false);
+  return 0;
 #else
-  (void)ring, (void)fd, (void)n, (void)offset, (void)length, (void)need, (void)dest, (void)place, (void)failed;
+  (void)ring, (void)fd, (void)n, (void)offset, (void)length, (void)need, (void)dest, (void)place;
+  return -ENOSYS;
+#endif
+}
+
+__attribute__((visibility("default"))) int64_t dd_io_ring_end(void * ring, int64_t * failed) {
+#ifdef DD_IO_URING
+  if (ring == nullptr) return -EINVAL;
+  Ring * r = static_cast<Ring *>(ring);
+  if (!r->pending) return -EINVAL;
+  r->finish(*r->pending);
+  const int64_t got = r->pending->b.result(failed);
+  r->pending.reset();
+  return got;
+#else
+  (void)ring, (void)failed;
   return -ENOSYS;
 #endif
 }

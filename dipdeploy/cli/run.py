@@ -14,6 +14,8 @@ from rich.markup import escape
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
 from dipdeploy.cli.tables import table as make_table
+from dipdeploy.runtime.blockio import IO_RING_DEPTH as _IO_RING_DEPTH
+from dipdeploy.runtime.blockio import IO_THREADS as _IO_THREADS
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT
 from dipdeploy.runtime.engine import EngineConfig
 from dipdeploy.runtime.sampler import Sampler
@@ -39,9 +41,11 @@ IO = typer.Option(_E.io, "--io", help="Flash reads: mmap (MADV_RANDOM gathers) |
                   "one per run of adjacent rows; slower in Python) | direct (O_DIRECT, block-aligned, many in "
                   "flight: every miss from the device)")
 IO_THREADS = typer.Option(_E.io_threads, "--io-threads", help="--io direct: reads in flight (the io_uring queue "
-                          "depth or the op library's pread threads; a Python thread pool without the library)")
+                          f"depth, default {_IO_RING_DEPTH}, or the op library's pread threads, default {_IO_THREADS}; "
+                          "a Python thread pool without the library)")
 IO_ENGINE = typer.Option(_E.io_engine, "--io-engine", help="--io direct: threads (a pool of pread threads, as fio's "
-                         "--ioengine=psync with numjobs) | io_uring (one syscall per batch, as fio's --ioengine=io_uring)")
+                         "--ioengine=psync with numjobs) | io_uring (a ring that keeps many more reads in flight "
+                         "without a thread each, as fio's --ioengine=io_uring; the faster choice on some machines)")
 IO_GAP = typer.Option(_E.io_gap, "--io-gap", help="--io direct: read through gaps of at most this many 4 KiB blocks "
                       "between wanted rows, so they cost one request, not two (0: only touching blocks coalesce)")
 CACHE_SPLIT = typer.Option(_E.cache_split, "--cache-split", help="how the budget's cache bytes are shared among the "
@@ -109,7 +113,7 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
 
     if io not in IO_MODES:
         raise ValueError(f"--io {io}: choose one of {', '.join(IO_MODES)}")
-    if io_threads < 1:
+    if io_threads is not None and io_threads < 1:
         raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
     if io_engine not in IO_ENGINES:
         raise ValueError(f"--io-engine {io_engine}: choose one of {', '.join(IO_ENGINES)}")
@@ -173,7 +177,7 @@ def run_cmd(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    cold: bool = COLD, io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
+    cold: bool = COLD, io: str = IO, io_threads: Optional[int] = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY, single_session: Optional[bool] = SINGLE,
@@ -242,7 +246,7 @@ def chat_cmd(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    io: str = IO, io_threads: int = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
+    io: str = IO, io_threads: Optional[int] = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
     thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: Optional[bool] = FUSED,
     prefetch: bool = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,

@@ -13,10 +13,11 @@ keeps several reads in flight. The ranges land back to back in one aligned bounc
 rows are then gathered from it into their slab slots in one numpy step per array.
 
 The reads run in the native op library (custom_ops/src/dd_io.cc, through ctypes) when it is built: an
-pool of pread threads (``dd_io_read``) or an io_uring ring (``dd_io_ring_read``: one syscall per batch,
-the kernel keeping the requests in flight; less CPU, not faster here); without the library in
-a ``ThreadPoolExecutor`` of ``os.preadv`` calls. Same requests, same bytes; ``--io-engine`` chooses
-(the threads by default: faster here, benchmarks/results/read-gaps.md).
+pool of pread threads (``dd_io_read``) or an io_uring ring (``dd_io_ring_read``: the kernel keeping up
+to :data:`IO_RING_DEPTH` requests in flight, submitted in one syscall, with no thread of its own); without
+the library in a ``ThreadPoolExecutor`` of ``os.preadv`` calls. Same requests, same bytes; ``--io-engine``
+chooses (the threads by default, measured faster on an AMD EPYC, benchmarks/results/read-gaps.md; the
+ring is the faster one on an Intel Xeon, DESIGN.md "Reads").
 Torch-free (floor 4).
 """
 
@@ -33,7 +34,10 @@ import numpy as np
 from dipdeploy.quant.layout import BLOCK
 
 MAX_REQUEST = 128 * 1024  # bytes: longer coalesced ranges are split so several reads stay in flight
-IO_THREADS = 16  # reads in flight (benchmarks/results/flash.md measures 1, 4, 16 and 32)
+IO_THREADS = 16  # pread threads, reads in flight (benchmarks/results/flash.md measures 1, 4, 16 and 32)
+#: io_uring entries, reads in flight: the ring needs no thread per read, so it can keep far more in flight
+#: than the pool; on the Intel Xeon 256 against 16 decoded DIP-CA 1.2-1.35x faster (DESIGN.md, "Reads")
+IO_RING_DEPTH = 256
 IO_GAP = 4  # blocks: 30 % less read time on the 1 B decode at 1.6x the bytes (benchmarks/results/read-gaps.md)
 IO_ENGINES = ("threads", "io_uring")
 IO_ENGINE = "threads"  # faster by wall time than io_uring on this machine's virtio disk (read-gaps.md)
@@ -215,9 +219,18 @@ class PythonReader:
         self._pool.shutdown()
 
 
-def make_reader(threads: int = IO_THREADS, native: bool = True, engine: str = IO_ENGINE):
+def in_flight(engine: str, threads: int | None = None) -> int:
+    """Reads in flight: ``threads`` where given (``--io-threads``), else the engine's own default."""
+    if threads is not None:
+        return threads
+    return IO_RING_DEPTH if engine == "io_uring" else IO_THREADS
+
+
+def make_reader(threads: int | None = None, native: bool = True, engine: str = IO_ENGINE):
     """The native reader when the op library is built and has ``dd_io_read`` (its pread threads, or its
-    io_uring ring for ``engine`` "io_uring", refused where there is none), else the Python one."""
+    io_uring ring for ``engine`` "io_uring", refused where there is none), else the Python one; ``threads``
+    reads in flight (None: :func:`in_flight`'s default for the engine)."""
+    threads = in_flight(engine, threads)
     if threads < 1:
         raise ValueError(f"io threads={threads} must be >= 1")
     if engine not in IO_ENGINES:

@@ -44,7 +44,7 @@ from dipdeploy.quant.layout import BLOCK
 from dipdeploy.runtime import staging
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, IO_THREADS, MAX_REQUEST, bounce_bytes
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, MAX_REQUEST, bounce_bytes
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
@@ -127,7 +127,7 @@ class EngineConfig:
     flash_bandwidth: float | None = None
     cold: bool = False
     io: str = "mmap"
-    io_threads: int = IO_THREADS  # --io direct: reads in flight
+    io_threads: int | None = None  # --io direct: reads in flight; None: the engine's (blockio.in_flight)
     io_engine: str = IO_ENGINE  # --io direct: threads (pread pool) | io_uring
     io_gap: int = IO_GAP  # --io direct: blocks read through between wanted rows to save a request
     context: int | None = None

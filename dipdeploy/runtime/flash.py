@@ -49,7 +49,7 @@ from dataclasses import astuple, dataclass, field, replace
 
 import numpy as np
 
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_THREADS, AlignedBuffer, make_reader, open_direct, plan_reads
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, AlignedBuffer, make_reader, open_direct, plan_reads
 
 IO_MODES = ("mmap", "pread", "direct")
 _IOV_MAX = 1024
@@ -101,7 +101,7 @@ class FlashStore:
     """Positioned, counted, optionally paced reads of rows from one file (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike, *, io: str = "mmap", cold: bool = False,
-                 bandwidth: float | None = None, io_threads: int = IO_THREADS, native: bool = True,
+                 bandwidth: float | None = None, io_threads: int | None = None, native: bool = True,
                  io_engine: str = IO_ENGINE, io_gap: int = IO_GAP):
         if io not in IO_MODES:
             raise ValueError(f"io={io!r}: choose one of {', '.join(IO_MODES)}")
