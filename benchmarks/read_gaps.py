@@ -28,7 +28,8 @@ import numpy as np
 from _common import lscpu, machine, md_table, write_rows_json
 
 from dipdeploy.paths import write_atomic
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_THREADS, AlignedBuffer, make_reader, open_direct, plan_reads
+from dipdeploy.runtime.blockio import (IO_ENGINE, IO_GAP, AlignedBuffer, in_flight, make_reader, open_direct,
+                                       plan_reads)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +96,7 @@ def main() -> None:
     fd, note = open_direct(path)
     if note:
         print(f"note: {note}", file=sys.stderr)
-    readers = {e: make_reader(IO_THREADS, True, e) for e in ("threads", "io_uring")}
+    readers = {e: make_reader(None, True, e) for e in ("threads", "io_uring")}  # each at its default depth
     readers = {e: r for e, r in readers.items() if r.kind == e}  # no op library: the Python pool only
     buf = AlignedBuffer()
     plans = {g: [plan_reads(o, r, rows, max_gap=g) for o, r, rows in work] for g in gaps}
@@ -122,7 +123,8 @@ def main() -> None:
         f"`python benchmarks/read_gaps.py {' '.join(sys.argv[1:])}` · {machine()} · lscpu: {lscpu()}", "",
         f"- bundle `{args.bundle.name}`; trace `{trace.name}`: {tokens} decode tokens, {len(work)} batches (one per "
         f"group with misses); the misses of `dipdeploy run --io direct --cold --dram-budget {args.budget}`",
-        f"- O_DIRECT, {IO_THREADS} reads in flight; {repeats} repeat(s), gaps and readers interleaved; "
+        f"- O_DIRECT, reads in flight: {'; '.join(f'{e} {in_flight(e)}' for e in readers)}; {repeats} repeat(s), "
+        f"gaps and readers interleaved; "
         f"`s_per_token`: median seconds of one token's reads; defaults: `--io-gap {IO_GAP}`, `--io-engine {IO_ENGINE}`",
         f"- load (1 min) at the end: {os.getloadavg()[0]:.2f}", "",
         md_table(rows, ["io_engine", "io_gap", "s_per_token", "requests_per_token", "device_mb_per_token",
