@@ -9,7 +9,7 @@
 // - an io_uring ring (Linux 5.1+, raw syscalls, no liburing): the kernel keeps up to `depth` requests
 //   in flight, submitted in one io_uring_enter, the rest as reads complete, with no thread of its own.
 //   It spends less system CPU than the pool; by wall time it replayed the 1 B decode's reads slower than
-//   the pool on an AMD EPYC's virtio disk and 7-20 % faster on an Intel Xeon's
+//   the pool on an AMD EPYC's virtio disk (both 16 deep) and faster on an Intel Xeon's
 //   (benchmarks/results/read-gaps.md, read-gaps-xeon.md); NULL where the kernel has none or refuses it.
 // Both have the same two halves (dd_io_begin / dd_io_end, dd_io_ring_begin / dd_io_ring_end) for a
 // caller that computes while the reads are in flight.
