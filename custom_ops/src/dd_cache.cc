@@ -358,12 +358,17 @@ int64_t begin_direct(Group & g, const int64_t * rows, int64_t n) {
   return 0;
 }
 
+// The end half of begin_direct's reads, through the reader that began them: the bytes read or -errno.
+int64_t end_reads(Direct & d) {
+  int64_t failed = -1;
+  return d.ring ? dd_io_ring_end(d.io, &failed) : dd_io_end(d.io, &failed);
+}
+
 // Waits for begin_direct's reads and adds their device bytes and requests; returns 0 or an error code.
 int64_t wait_direct(Direct & d, int64_t * device, int64_t * requests) {
   if (!d.pending) return kOutOfStep;
   d.pending = false;
-  int64_t failed = -1;
-  const int64_t got = d.ring ? dd_io_ring_end(d.io, &failed) : dd_io_end(d.io, &failed);
+  const int64_t got = end_reads(d);
   if (got < 0) {
     d.error = -got;
     return kReadFailed;
@@ -943,11 +948,8 @@ __attribute__((visibility("default"))) void dd_cache_drop_step(void * gp) {
   g->release.clear();
   g->deferred_rows.clear();
   g->deferred_from.clear();
-  if (g->direct.pending) {  // a run that failed between CacheBegin and CacheEnd: its reads still land
-    int64_t failed = -1;
-    if (g->direct.ring) dd_io_ring_end(g->direct.io, &failed);
-    else dd_io_end(g->direct.io, &failed);
-  }
+  // a run that failed between CacheBegin and CacheEnd: its reads still land, so they are waited for
+  if (g->direct.pending) end_reads(g->direct);
   g->direct.pending = false;
   g->ahead = false;
   g->open_misses = -1;

@@ -127,7 +127,7 @@ def _training_args(cfg: LoraConfig, ckpt: Path, progress: bool, device: str | No
         logging_first_step=True, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2,
         seed=cfg.seed, data_seed=cfg.seed, report_to=[], remove_unused_columns=False,
         dataloader_num_workers=0, disable_tqdm=not progress, bf16=cfg.bf16,
-        use_cpu=device == "cpu" if device is not None else not torch.cuda.is_available(),
+        use_cpu=_train_device(device).type == "cpu",
         ddp_find_unused_parameters=False,
     )
 

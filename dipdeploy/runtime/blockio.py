@@ -40,7 +40,8 @@ IO_THREADS = 16  # pread threads, reads in flight (benchmarks/results/flash.md m
 IO_RING_DEPTH = 256
 IO_GAP = 4  # blocks: 30 % less read time on the 1 B decode at 1.6x the bytes (benchmarks/results/read-gaps.md)
 IO_ENGINES = ("threads", "io_uring")
-IO_ENGINE = "threads"  # faster by wall time than io_uring on this machine's virtio disk (read-gaps.md)
+IO_ENGINE = "threads"  # faster than the earlier, synchronous ring on an AMD EPYC (read-gaps.md); the ring as
+# it is now is faster on an Intel Xeon (DESIGN.md, "Reads") and was not measured on the EPYC
 REQUEST_BLOCKS = 8  # what one request costs in blocks' transfer: about 20 µs against 2.5 µs per block (read-gaps.md)
 
 
