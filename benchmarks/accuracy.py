@@ -23,6 +23,7 @@ over the full one.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import time
@@ -100,7 +101,9 @@ def kept_rows(table: Path) -> list[dict]:
     keys), so rows measured once are kept in the regenerated table without being run again. Columns the
     earlier table did not have (e.g. ``density_test``) stay empty."""
     text = table.read_text()
-    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    # the generated table only: the notes written by hand below it hold tables of their own
+    rest = itertools.dropwhile(lambda ln: not ln.startswith("|"), text.splitlines())
+    lines = list(itertools.takewhile(lambda ln: ln.startswith("|"), rest))
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     model = re.search(r"Model (\S+),", text).group(1)
     windows, seqlen = (int(v) for v in re.search(r"(\d+) windows × (\d+) tokens", text).groups())

@@ -79,6 +79,13 @@ def test_rewriting_a_table_keeps_its_notes_and_labels_the_cache_split(accuracy):
     assert ca["cache_split"] == "even" and ca["ppl"] == 29.9
 
 
+def test_kept_rows_skip_the_tables_of_notes_added_by_hand(accuracy):
+    path = _table(accuracy, [_row("dense", 1.0, 20.0), _row("dip", 0.5, 28.5)])
+    path.write_text(path.read_text() + "\n**Added by hand.**\n\n| method | allocation | PPL |\n|---|---|---|\n"
+                    "| dip | greedy (strength 0.1) | 21.14 |\n")
+    assert {r["key"] for r in accuracy.kept_rows(path)} == {"dense|1.0|{}", "dip|0.5|{}"}
+
+
 def _without_column(line: str, k: int) -> str:
     cells = line.strip("|").split("|")
     return "|" + "|".join(cells[:k] + cells[k + 1:]) + "|"
