@@ -151,6 +151,26 @@ def test_sample_windows_caps_the_draw_and_the_training_reads_them_in_turn(tmp_pa
     assert next(lm.model.parameters()).device.type == "cpu"  # the model back where it came from
 
 
+def test_a_failure_before_training_sends_the_model_home(tmp_path, monkeypatch):
+    """The model moves to the training device before its windows are drawn; if drawing them fails, it goes
+    back where it came from (a GPU would otherwise keep it)."""
+    from dipdeploy.finetune import train
+
+    lm = load_model("tiny-llama")
+    moves = []
+    monkeypatch.setattr(lm.model, "to", lambda dev: moves.append(dev) or lm.model)
+    monkeypatch.setattr(train, "_train_device", lambda device: "the training device")
+
+    def no_text(*a, **k):
+        raise RuntimeError("no text")
+
+    monkeypatch.setattr(train, "training_windows", no_text)
+    cfg = LoraConfig(objective="distill", data="dense-samples", steps=1, batch_size=1, seqlen=8)
+    with pytest.raises(RuntimeError, match="no text"):
+        finetune(lm, _plan(lm), cfg, tmp_path / "a", progress=False)
+    assert moves == ["the training device", torch.device("cpu")]
+
+
 def test_objective_defaults_and_sources():
     assert LoraConfig().objective == "lm" and LoraConfig().data == "wikitext2-valid"
     assert LoraConfig(objective="distill").data == "pydoc-topics"

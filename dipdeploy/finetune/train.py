@@ -171,14 +171,15 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
     base_fp = fingerprint(lm.model)  # where the model came from, as apply_lora will check it
     home = device_of(lm.model)
     lm.model.to(_train_device(device))
-    data = WindowDataset(training_windows(lm, cfg, data_dir))
-    peft_cfg = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.dropout, bias="none",
-                               target_modules=target_modules(lm.arch, cfg.targets), task_type="CAUSAL_LM")
-    torch.manual_seed(cfg.seed)  # LoRA A init
-    model = peft.get_peft_model(lm.model, peft_cfg)
-    hf = model.get_base_model()
-    sparsify_(hf, plan)
+    model = None
     try:
+        data = WindowDataset(training_windows(lm, cfg, data_dir))
+        peft_cfg = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.dropout, bias="none",
+                                   target_modules=target_modules(lm.arch, cfg.targets), task_type="CAUSAL_LM")
+        torch.manual_seed(cfg.seed)  # LoRA A init
+        model = peft.get_peft_model(lm.model, peft_cfg)
+        hf = model.get_base_model()
+        sparsify_(hf, plan)
         loss_func = DistillLoss(model, hf, cfg.hidden_weight) if cfg.objective == "distill" else None
         trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress, device), train_dataset=data,
                                    callbacks=list(callbacks), compute_loss_func=loss_func)
@@ -208,7 +209,10 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
                 write_metadata(tmp, lm, plan, cfg, train, base_fp)
             if not keep_checkpoints:
                 shutil.rmtree(ckpt, ignore_errors=True)
-    finally:
-        unsparsify_(hf)
-        lm.model = model.unload().to(home)
+    finally:  # the model goes home however training ended, the sampling of its windows included
+        if model is None:
+            lm.model.to(home)
+        else:
+            unsparsify_(model.get_base_model())
+            lm.model = model.unload().to(home)
     return result
