@@ -86,7 +86,7 @@ def configs(quick: bool) -> list[tuple[str, float, dict]]:
 def splits_from(table: Path) -> dict:
     """(density, score) → searched ρ_in of the uniform DIP/TEAL rows of an earlier results table: the
     split search is deterministic on the same calibration text, so a rerun need not repeat it."""
-    lines = [ln for ln in table.read_text().splitlines() if ln.startswith("|")]
+    lines = _table_lines(table.read_text())
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     found = {}
     for ln in lines[2:]:
@@ -96,14 +96,19 @@ def splits_from(table: Path) -> dict:
     return found
 
 
+def _table_lines(text: str) -> list[str]:
+    """The lines of a results file's generated table, the first one: the notes written by hand below it
+    hold tables of their own, with other columns."""
+    rest = itertools.dropwhile(lambda ln: not ln.startswith("|"), text.splitlines())
+    return list(itertools.takewhile(lambda ln: ln.startswith("|"), rest))
+
+
 def kept_rows(table: Path) -> list[dict]:
     """The rows of an earlier results table of the same protocol, as rows of this script (with their
     keys), so rows measured once are kept in the regenerated table without being run again. Columns the
     earlier table did not have (e.g. ``density_test``) stay empty."""
     text = table.read_text()
-    # the generated table only: the notes written by hand below it hold tables of their own
-    rest = itertools.dropwhile(lambda ln: not ln.startswith("|"), text.splitlines())
-    lines = list(itertools.takewhile(lambda ln: ln.startswith("|"), rest))
+    lines = _table_lines(text)
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     model = re.search(r"Model (\S+),", text).group(1)
     windows, seqlen = (int(v) for v in re.search(r"(\d+) windows × (\d+) tokens", text).groups())
