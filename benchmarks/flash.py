@@ -459,6 +459,12 @@ def median_rows(repeats: list[list[dict]]) -> list[dict]:
     return out
 
 
+def _with_runs(cols: list[str]) -> list[str]:
+    """``cols`` with each run's tok/s (``tok_s_runs``) after the median's."""
+    at = cols.index("tok_s") + 1
+    return cols[:at] + ["tok_s_runs"] + cols[at:]
+
+
 def section_1b(args) -> None:
     """The ≈1 B section (module docstring): ours at --io direct, then each peer under DIP-CA's limits."""
     tokens = 8 if args.quick else args.tokens
@@ -590,7 +596,7 @@ def main() -> None:
     ap.add_argument("--variants", type=_variants, default=None,
                     help=f"the 50 %% variants to run, comma-separated labels ({', '.join(dict.fromkeys(v[0] for v in VARIANTS))}) "
                     "or none; default: all")
-    ap.add_argument("--repeats", type=positive_int, default=1, help=f"{LLAMA_1B}: runs of every configuration, interleaved; "
+    ap.add_argument("--repeats", type=positive_int, default=1, help="runs of every configuration, interleaved; "
                     "the table gives the medians")
     ap.add_argument("--name", default="flash", help="results/NAME.md and its plot (default: flash, where the "
                     "SmolLM2 and the 1 B sections each keep the other)")
@@ -609,9 +615,14 @@ def main() -> None:
     sweep_cfgs = [] if args.no_thread_sweep else thread_configs(args.quick, ios)
     if sweep_cfgs and "natural" not in orders:
         paths.update(ensure_bundles(args.model, ("natural",)))
-    rows = run_configs(configs(args.quick, ios, orders, args.budgets, args.accuracy_level)
-                       + variant_configs(args.quick or orders != ("natural",), ios, args.variants, args.accuracy_level)
-                       + sweep_cfgs, paths, tokens, args)
+    cfgs = (configs(args.quick, ios, orders, args.budgets, args.accuracy_level)
+            + variant_configs(args.quick or orders != ("natural",), ios, args.variants, args.accuracy_level) + sweep_cfgs)
+    repeats = []
+    for i in range(args.repeats):  # every configuration once per repeat
+        if args.repeats > 1:
+            print(f"repeat {i + 1}/{args.repeats}", flush=True)
+        repeats.append(run_configs(cfgs, paths, tokens, args))
+    rows = median_rows(repeats) if args.repeats > 1 else repeats[0]
     name = args.name + ("-row-order" if orders != ("natural",) else "") + ("-quick" if args.quick else "")
     sweep = [r for r in rows if r.get("sweep")]
     main_rows = [r for r in rows if not r.get("sweep")]
@@ -620,7 +631,9 @@ def main() -> None:
     text = "\n".join([
         "# Real reads from storage (benchmarks/flash.py)", "",
         f"`python benchmarks/flash.py {shlex.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "
-        f"\"{PROMPT}\", cold, native kernels, 1 ORT thread", "",
+        f"\"{PROMPT}\", cold, native kernels, 1 ORT thread"
+        + (f"; {args.repeats} interleaved repeats: the figures are medians, `tok_s_runs` each run's"
+           if args.repeats > 1 else ""), "",
         f"- machine (lscpu): {cpu}",
         f"- storage: {disk}",
         f"- cgroup v1 memory limit (`limit_mb`): the child group's anonymous + mapped pages after warm-up, its slabs "
@@ -638,7 +651,7 @@ def main() -> None:
         "Per decode token: `wanted_mb` the rows the caches missed; `device_mb` bytes read from the block device "
         "(/proc/self/io read_bytes from the first generated token on); `requests` the store's reads; `waste` = "
         "device / wanted.", "",
-        md_table(main_rows, COLS), "",
+        md_table(main_rows, _with_runs(COLS) if args.repeats > 1 else COLS), "",
         *([f"Reads in flight (`--io-threads`, default {IO_THREADS}) by reader (`--io-engine`: threads, a pool of "
            f"pread threads, the main table's `{IO_ENGINE}`; io_uring, one syscall per batch): DIP-CA, `--io direct`, "
            "50 %, limited, in the order run. `flash_io_s`: seconds inside the reads over the whole call.", "",

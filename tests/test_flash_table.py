@@ -119,3 +119,30 @@ def test_error_lines_name_the_configuration(flash):
     assert flash._label({"method": "dense-static", "accuracy_level": 4}) == "dense-static level 4"
     assert flash._label({"method": "dip-ca", "variant": "no read-ahead", "accuracy_level": 0}) == \
         "dip-ca no read-ahead level 0"
+
+
+def test_the_smollm2_section_runs_every_configuration_per_repeat_and_gives_medians(flash, tmp_path, monkeypatch):
+    """``--repeats`` on the SmolLM2 section: each configuration once per repeat, in the same order, and
+    the table the medians with each run's tok/s."""
+    speeds = iter([10.0, 20.0, 30.0, 40.0,  # repeat 1: dip-ca limited, unlimited; dense-static the same
+                   12.0, 22.0, 32.0, 42.0, 11.0, 21.0, 31.0, 41.0])
+    run = []
+
+    def fake_run(spec, timeout, cmd=None):
+        run.append((spec["method"], spec["limited"]))
+        return {"tok_s": next(speeds), "wanted_mb": 1.0, "device_mb": 2.0, "requests": 3.0}
+
+    monkeypatch.setattr(flash, "run_in_group", fake_run)
+    monkeypatch.setattr(flash, "ensure_bundles", lambda model, orders: {
+        (m, o): tmp_path for m in ("dip-ca", "dense-static") for o in orders})
+    monkeypatch.setattr(flash, "storage", lambda path: "disk")
+    monkeypatch.setattr(flash, "lscpu", lambda: "cpu")
+    monkeypatch.setattr(flash, "plot", lambda rows, path: None)
+    monkeypatch.setattr(flash, "RESULTS", tmp_path)
+    monkeypatch.setattr("sys.argv", ["flash.py", "--io", "direct", "--budgets", "50%", "--variants", "none",
+                                     "--no-thread-sweep", "--repeats", "3", "--name", "t"])
+    flash.main()
+    assert run == [("dip-ca", True), ("dip-ca", False), ("dense-static", True), ("dense-static", False)] * 3
+    text = (tmp_path / "t.md").read_text()
+    assert "3 interleaved repeats" in text and "| tok_s | tok_s_runs |" in text
+    assert "| 11 | 10.00 / 12.00 / 11.00 |" in text and "| 41 | 40.00 / 42.00 / 41.00 |" in text
