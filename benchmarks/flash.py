@@ -455,6 +455,9 @@ def median_rows(repeats: list[list[dict]]) -> list[dict]:
         row["tok_s_runs"] = " / ".join(f"{r['tok_s']:.2f}" for r in ok)
         if ok:
             row.pop("error", None)
+            failed = [" ".join(r["error"].split()) for r in runs if not r.get("tok_s") and r.get("error")]
+            if failed:  # the median is of the others: say so beside the table
+                row["failed_runs"] = f"{len(failed)} of {len(runs)} runs failed ({'; '.join(failed)})"
         out.append(row)
     return out
 
@@ -504,6 +507,7 @@ def section_1b(args) -> None:
     rows = median_rows(repeats)
     notes += sorted({f"- {r['note']}" for r in rows if r.get("note")})
     errors = [f"- {_label(r)} {r['budget']}: {' '.join(r['error'].split())}" for r in rows if r.get("error")]
+    errors += [f"- {_label(r)} {r['budget']}: {r['failed_runs']}" for r in rows if r.get("failed_runs")]
     ck = json.loads((checkpoint / "config.json").read_text())
     shape = ", ".join(f"{k} {ck[k]}" for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                "num_attention_heads", "num_key_value_heads", "vocab_size"))
@@ -628,6 +632,7 @@ def main() -> None:
     main_rows = [r for r in rows if not r.get("sweep")]
     notes = sorted({r["note"] for r in rows if r.get("note")})
     errors = [f"- {_label(r)} {r['io']} {r['budget']}: {r['error']}" for r in rows if r.get("error")]
+    errors += [f"- {_label(r)} {r['io']} {r['budget']}: {r['failed_runs']}" for r in rows if r.get("failed_runs")]
     text = "\n".join([
         "# Real reads from storage (benchmarks/flash.py)", "",
         f"`python benchmarks/flash.py {shlex.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "

@@ -85,7 +85,8 @@ def test_median_rows_keep_each_run_and_the_failures(flash):
     rows = flash.median_rows([a, b, c])
     assert rows[0]["tok_s"] == 4.0 and rows[0]["device_mb"] == 205.0 and rows[0]["repeats"] == 2
     assert rows[0]["tok_s_runs"] == "3.00 / 5.00" and "error" not in rows[0]
-    assert rows[1]["error"] == "does not fit" and rows[1]["repeats"] == 0
+    assert rows[0]["failed_runs"] == "1 of 3 runs failed (exit -9)"  # the table's notes say so
+    assert rows[1]["error"] == "does not fit" and rows[1]["repeats"] == 0 and "failed_runs" not in rows[1]
 
 
 def test_belady_grant_covers_its_next_use_tables(flash):
@@ -125,12 +126,15 @@ def test_the_smollm2_section_runs_every_configuration_per_repeat_and_gives_media
     """``--repeats`` on the SmolLM2 section: each configuration once per repeat, in the same order, and
     the table the medians with each run's tok/s."""
     speeds = iter([10.0, 20.0, 30.0, 40.0,  # repeat 1: dip-ca limited, unlimited; dense-static the same
-                   12.0, 22.0, 32.0, 42.0, 11.0, 21.0, 31.0, 41.0])
+                   12.0, 22.0, None, 42.0, 11.0, 21.0, 31.0, 41.0])
     run = []
 
     def fake_run(spec, timeout, cmd=None):
         run.append((spec["method"], spec["limited"]))
-        return {"tok_s": next(speeds), "wanted_mb": 1.0, "device_mb": 2.0, "requests": 3.0}
+        tok_s = next(speeds)
+        if tok_s is None:
+            return {"error": "killed at the memory limit"}
+        return {"tok_s": tok_s, "wanted_mb": 1.0, "device_mb": 2.0, "requests": 3.0}
 
     monkeypatch.setattr(flash, "run_in_group", fake_run)
     monkeypatch.setattr(flash, "ensure_bundles", lambda model, orders: {
@@ -146,3 +150,5 @@ def test_the_smollm2_section_runs_every_configuration_per_repeat_and_gives_media
     text = (tmp_path / "t.md").read_text()
     assert "3 interleaved repeats" in text and "| tok_s | tok_s_runs |" in text
     assert "| 11 | 10.00 / 12.00 / 11.00 |" in text and "| 41 | 40.00 / 42.00 / 41.00 |" in text
+    assert "| 30.5 | 30.00 / 31.00 |" in text  # the killed run left out of the median, and said why:
+    assert "- dense-static direct 50%: 1 of 3 runs failed (killed at the memory limit)" in text
