@@ -272,12 +272,14 @@ def _plot_variants(axes, rows: list[dict]) -> None:
             ax.scatter([x], [r[key]], marker="xP*dv^<>"[i % 8], label=f"{r['method']} {r['variant']}")
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, model: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if len({r["budget"] for r in rows if r.get("limit_mb")}) == 1:  # levels and variants at one budget: bars
+        return _bars(rows, path, f"{model}, {{budget}} budget, cgroup-limited")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     orders = sorted({r["row_order"] for r in rows})
     for method, style in (("dip-ca", "-o"), ("dense-static", "--s")):
@@ -386,7 +388,7 @@ def plot_1b(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     if len({r["budget"] for r in rows if r.get("limit_mb")}) == 1:
-        return _bars_1b(rows, path)
+        return _bars(rows, path, "random-weight ≈1 B Llama, {budget} budget, cgroup-limited (peers under DIP-CA's limit)")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     levels = levels_in(rows)
     for method, style in (("dip-ca", "-o"), ("dense-static", "--s"), (PEERS[0], ":^"), (PEERS[1], "-.v"),
@@ -411,8 +413,9 @@ def plot_1b(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _bars_1b(rows: list[dict], path: Path) -> None:
-    """One limited budget: a bar per configuration that decoded under it, tok/s and device MB per token."""
+def _bars(rows: list[dict], path: Path, title: str) -> None:
+    """One limited budget: a bar per configuration that decoded under it, tok/s and device MB per token
+    (``title``'s ``{budget}`` names the budget)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -429,8 +432,7 @@ def _bars_1b(rows: list[dict], path: Path) -> None:
         ax.barh(labels, [r[key] for r in pts], color=colors)
         ax.set(xlabel=unit)
     axes[0].invert_yaxis()  # the table's order from the top (the axes share y: once inverts both)
-    axes[0].set_title(f"random-weight ≈1 B Llama, {pts[0]['budget']} budget, cgroup-limited (peers under DIP-CA's limit)",
-                      fontsize=9, loc="left")
+    axes[0].set_title(title.format(budget=pts[0]["budget"]), fontsize=9, loc="left")
     axes[0].tick_params(axis="y", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -668,7 +670,7 @@ def main() -> None:
     section = path.read_text().partition(SECTION_1B) if path.is_file() else ("", "", "")
     write_atomic(path, text + ("\n" + section[1] + section[2] if section[1] else ""), force=True)  # the 1 B one kept
     write_rows_json(rows, args.json)
-    plot(main_rows, RESULTS / f"{name}.png")
+    plot(main_rows, RESULTS / f"{name}.png", args.model)
     print(text)
 
 

@@ -141,7 +141,7 @@ def test_the_smollm2_section_runs_every_configuration_per_repeat_and_gives_media
         (m, o): tmp_path for m in ("dip-ca", "dense-static") for o in orders})
     monkeypatch.setattr(flash, "storage", lambda path: "disk")
     monkeypatch.setattr(flash, "lscpu", lambda: "cpu")
-    monkeypatch.setattr(flash, "plot", lambda rows, path: None)
+    monkeypatch.setattr(flash, "plot", lambda rows, path, model: None)
     monkeypatch.setattr(flash, "RESULTS", tmp_path)
     monkeypatch.setattr("sys.argv", ["flash.py", "--io", "direct", "--budgets", "50%", "--variants", "none",
                                      "--no-thread-sweep", "--repeats", "3", "--name", "t"])
@@ -152,3 +152,17 @@ def test_the_smollm2_section_runs_every_configuration_per_repeat_and_gives_media
     assert "| 11 | 10.00 / 12.00 / 11.00 |" in text and "| 41 | 40.00 / 42.00 / 41.00 |" in text
     assert "| 30.5 | 30.00 / 31.00 |" in text  # the killed run left out of the median, and said why:
     assert "- dense-static direct 50%: 1 of 3 runs failed (killed at the memory limit)" in text
+
+
+def test_one_budget_smollm2_plot_is_bars_per_configuration(flash, tmp_path, monkeypatch):
+    rows = [{"method": m, "budget": "50%", "limit_mb": 150.0, "tok_s": t, "device_mb": d, "io": "direct",
+             "row_order": "natural", "accuracy_level": lv}
+            for m, t, d, lv in (("dip-ca", 22.0, 39.0, 0), ("dense-static", 23.0, 21.6, 0), ("dip-ca", 22.5, 38.6, 4))]
+    flash.plot(rows, tmp_path / "bars.png", "smollm2-135m")
+    assert (tmp_path / "bars.png").stat().st_size > 0
+    titles = []
+    monkeypatch.setattr(flash, "_bars", lambda rows, path, title: titles.append(title))
+    flash.plot(rows, tmp_path / "again.png", "smollm2-135m")
+    assert titles == ["smollm2-135m, {budget} budget, cgroup-limited"]
+    flash.plot(rows + [dict(rows[0], budget="25%", limit_mb=140.0)], tmp_path / "lines.png", "smollm2-135m")
+    assert len(titles) == 1 and (tmp_path / "lines.png").is_file()  # two budgets: the lines over budgets
