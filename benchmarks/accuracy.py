@@ -222,7 +222,8 @@ def main() -> None:
             continue
         t = time.time()
         row = ev.row(method, rho, **over)
-        row.update(key=k, variant=",".join(f"{a}={b}" for a, b in over.items()) or "-", wall_s=round(time.time() - t, 1))
+        row.update(key=k, variant=",".join(f"{a}={b}" for a, b in over.items()) or "-", wall_s=round(time.time() - t, 1),
+                   cpu=info["cpu"])
         done.append(row)
         partial.write_text(json.dumps(done, indent=1))
         done_all = _all_parts(name, done, partial)
@@ -249,11 +250,11 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
     load = info["load_1min"]
     load = f"load {load} at start" if isinstance(load, (int, float)) else load
     cols = ["method", "variant", "target_density", "density", "density_test", "rho_in", "allocation", "greedy_strength",
-            "score", "gamma", "policy", "cache_frac", "cache_split", "ppl", "ppl_x_dense", "calib_s", "eval_s"]
+            "score", "gamma", "policy", "cache_frac", "cache_split", "ppl", "ppl_x_dense", "calib_s", "eval_s", "cpu"]
     text = (f"# {name}: WikiText-2 test perplexity of sparse MLP methods\n\n"
             f"Model {rows[0]['model']}, {windows} windows × {seqlen} tokens ({rows[0]['tokens']} predicted tokens), "
             f"prefill and decode both sparsified; calibration: WikiText-2 validation (4 × 512 tokens).\n"
-            f"Machine: {info['cpu']}, {info['cores']} cores, {load} "
+            f"Machine: {_machines(rows, info)}, {info['cores']} cores, {load} "
             f"(other jobs shared the CPU, so times are indicative only). "
             f"`density` is the MLP density ρ = (2ρ_in + ρ_glu)/3 of the plan (thresholds: expected on calibration text), "
             f"`density_test` the density realised on the test tokens (TEAL, CATS: measured; top-K methods: exact); "
@@ -264,6 +265,16 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
             f"(resumes from benchmarks/results/.{name}.partial.json).\n")
     path = RESULTS / f"{name}.md"
     write_atomic(path, text + _notes(path), force=True)
+
+
+def _machines(rows: list[dict], info: dict) -> str:
+    """The header's machine: rows kept from an earlier table or measured by another process may come from
+    another machine than the one writing the table, so each row names its own (``cpu``)."""
+    cpus = sorted({r["cpu"] for r in rows if r.get("cpu")})
+    if len(cpus) == 1 and all(r.get("cpu") for r in rows):
+        return cpus[0]
+    return (f"each row's `cpu` ({'; '.join(cpus) or 'none recorded'}; empty: a row kept from an earlier table, "
+            "whose machine the notes below name)")
 
 
 def _notes(path: Path) -> str:

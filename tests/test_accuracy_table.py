@@ -89,3 +89,15 @@ def test_kept_rows_skip_the_tables_of_notes_added_by_hand(accuracy):
 def _without_column(line: str, k: int) -> str:
     cells = line.strip("|").split("|")
     return "|" + "|".join(cells[:k] + cells[k + 1:]) + "|"
+
+
+def test_the_header_names_each_rows_machine_when_they_differ(accuracy):
+    one = _table(accuracy, [_row("dense", 1.0, 20.0, cpu="Xeon"), _row("dip", 0.5, 28.5, cpu="Xeon")])
+    assert "Machine: Xeon, 2 cores" in one.read_text()
+    mixed = _table(accuracy, [_row("dense", 1.0, 20.0, cpu="EPYC"), _row("dip", 0.5, 28.5, cpu="Xeon"),
+                              _row("teal", 0.5, 28.0)], name="mixed")
+    text = mixed.read_text()
+    assert "Machine: each row's `cpu` (EPYC; Xeon; empty: a row kept from an earlier table" in text
+    assert "cpu" in text.split("| method |")[1].split("\n")[0]  # a column of the table
+    kept = {r["key"]: r for r in accuracy.kept_rows(mixed)}
+    assert kept["dip|0.5|{}"]["cpu"] == "Xeon" and kept["teal|0.5|{}"]["cpu"] is None
