@@ -254,7 +254,7 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
     text = (f"# {name}: WikiText-2 test perplexity of sparse MLP methods\n\n"
             f"Model {rows[0]['model']}, {windows} windows × {seqlen} tokens ({rows[0]['tokens']} predicted tokens), "
             f"prefill and decode both sparsified; calibration: WikiText-2 validation (4 × 512 tokens).\n"
-            f"Machine: {_machines(rows, info)}, {info['cores']} cores, {load} "
+            f"Machine: {_machines(rows)}, {info['cores']} cores, {load} "
             f"(other jobs shared the CPU, so times are indicative only). "
             f"`density` is the MLP density ρ = (2ρ_in + ρ_glu)/3 of the plan (thresholds: expected on calibration text), "
             f"`density_test` the density realised on the test tokens (TEAL, CATS: measured; top-K methods: exact); "
@@ -267,7 +267,7 @@ def write_table(rows: list[dict], name: str, info: dict, windows: int, seqlen: i
     write_atomic(path, text + _notes(path), force=True)
 
 
-def _machines(rows: list[dict], info: dict) -> str:
+def _machines(rows: list[dict]) -> str:
     """The header's machine: rows kept from an earlier table or measured by another process may come from
     another machine than the one writing the table, so each row names its own (``cpu``)."""
     cpus = sorted({r["cpu"] for r in rows if r.get("cpu")})
