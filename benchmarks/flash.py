@@ -464,6 +464,17 @@ def median_rows(repeats: list[list[dict]]) -> list[dict]:
     return out
 
 
+def problem_lines(rows: list[dict], keys: tuple[str, ...] = ("budget",)) -> list[str]:
+    """The lines beside a table: each peer's note once, then each configuration that decoded in no run (its
+    error) or in only some (``failed_runs``, from :func:`median_rows`), named by :func:`_label` and ``keys``."""
+    def name(r: dict) -> str:
+        return " ".join([_label(r), *(str(r[k]) for k in keys if r.get(k))])
+
+    return (sorted({f"- {r['note']}" for r in rows if r.get("note")})
+            + [f"- {name(r)}: {' '.join(r['error'].split())}" for r in rows if r.get("error")]
+            + [f"- {name(r)}: {r['failed_runs']}" for r in rows if r.get("failed_runs")])
+
+
 def _with_runs(cols: list[str]) -> list[str]:
     """``cols`` with each run's tok/s (``tok_s_runs``) after the median's."""
     at = cols.index("tok_s") + 1
@@ -507,9 +518,6 @@ def section_1b(args) -> None:
                       f"{res['device_mb']:.1f} MB/token") + f" ({time.time() - t:.0f} s)", flush=True)
         repeats.append(rows)
     rows = median_rows(repeats)
-    notes += sorted({f"- {r['note']}" for r in rows if r.get("note")})
-    errors = [f"- {_label(r)} {r['budget']}: {' '.join(r['error'].split())}" for r in rows if r.get("error")]
-    errors += [f"- {_label(r)} {r['budget']}: {r['failed_runs']}" for r in rows if r.get("failed_runs")]
     ck = json.loads((checkpoint / "config.json").read_text())
     shape = ", ".join(f"{k} {ck[k]}" for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                "num_attention_heads", "num_key_value_heads", "vocab_size"))
@@ -541,7 +549,7 @@ def section_1b(args) -> None:
         md_table(rows, ["method", "variant", "accuracy_level", "path", "io", "budget", "tok_s", "tok_s_runs", "device_mb", "requests",
                         "ahead_rows", "ahead_used", "hit_rate",
                         "peak_rss_mb", "peak_group_mb", "limit_mb", "load_1min"]), "",
-        "Against the goals (this run, 50 %, limited):", "", *goals(rows), "", *notes, *errors, ""])
+        "Against the goals (this run, 50 %, limited):", "", *goals(rows), "", *notes, *problem_lines(rows), ""])
     path = RESULTS / f"{name}.md"
     kept = path.read_text().split(SECTION_1B)[0].rstrip() + "\n\n" if path.is_file() else ""
     write_atomic(path, kept + text, force=True)
@@ -628,13 +636,10 @@ def main() -> None:
         if args.repeats > 1:
             print(f"repeat {i + 1}/{args.repeats}", flush=True)
         repeats.append(run_configs(cfgs, paths, tokens, args))
-    rows = median_rows(repeats) if args.repeats > 1 else repeats[0]
+    rows = median_rows(repeats)
     name = args.name + ("-row-order" if orders != ("natural",) else "") + ("-quick" if args.quick else "")
     sweep = [r for r in rows if r.get("sweep")]
     main_rows = [r for r in rows if not r.get("sweep")]
-    notes = sorted({r["note"] for r in rows if r.get("note")})
-    errors = [f"- {_label(r)} {r['io']} {r['budget']}: {r['error']}" for r in rows if r.get("error")]
-    errors += [f"- {_label(r)} {r['io']} {r['budget']}: {r['failed_runs']}" for r in rows if r.get("failed_runs")]
     text = "\n".join([
         "# Real reads from storage (benchmarks/flash.py)", "",
         f"`python benchmarks/flash.py {shlex.join(sys.argv[1:])}` · {info} · {tokens} greedy tokens after "
@@ -665,7 +670,7 @@ def main() -> None:
            md_table(sweep, ["io_engine", "io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]),
            ""]
           if sweep_cfgs else []),
-        *notes, *errors, ""])
+        *problem_lines(rows, ("io", "budget")), ""])
     path = RESULTS / f"{name}.md"
     section = path.read_text().partition(SECTION_1B) if path.is_file() else ("", "", "")
     write_atomic(path, text + ("\n" + section[1] + section[2] if section[1] else ""), force=True)  # the 1 B one kept

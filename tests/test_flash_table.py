@@ -154,6 +154,40 @@ def test_the_smollm2_section_runs_every_configuration_per_repeat_and_gives_media
     assert "- dense-static direct 50%: 1 of 3 runs failed (killed at the memory limit)" in text
 
 
+def test_problem_lines_name_each_failure_once_in_both_sections(flash):
+    rows = [{"method": "dip-ca", "io": "direct", "budget": "50%", "tok_s": 9.0, "note": "--io direct: fell back"},
+            {"method": "dip-ca", "io": "direct", "budget": "25%", "error": "exit -9\n  killed", "note": "--io direct: fell back"},
+            {"method": "dense-static", "io": "direct", "budget": "50%", "accuracy_level": 4, "tok_s": 8.0,
+             "failed_runs": "1 of 3 runs failed (exit -9)"},
+            {"method": "llama.cpp", "budget": "50%", "error": "does not fit"}]
+    assert flash.problem_lines(rows, ("io", "budget")) == [
+        "- --io direct: fell back",  # once, however many rows carry it
+        "- dip-ca direct 25%: exit -9 killed",
+        "- llama.cpp 50%: does not fit",  # a key a row lacks is left out of its name
+        "- dense-static level 4 direct 50%: 1 of 3 runs failed (exit -9)"]
+
+
+def test_one_run_of_the_smollm2_section_lists_a_failed_configuration(flash, tmp_path, monkeypatch):
+    def fake_run(spec, timeout, cmd=None):
+        if spec["method"] == "dense-static" and spec["limited"]:
+            return {"error": "killed at\nthe memory limit"}
+        return {"tok_s": 10.0, "wanted_mb": 1.0, "device_mb": 2.0, "requests": 3.0}
+
+    monkeypatch.setattr(flash, "run_in_group", fake_run)
+    monkeypatch.setattr(flash, "ensure_bundles", lambda model, orders: {
+        (m, o): tmp_path for m in ("dip-ca", "dense-static") for o in orders})
+    monkeypatch.setattr(flash, "storage", lambda path: "disk")
+    monkeypatch.setattr(flash, "lscpu", lambda: "cpu")
+    monkeypatch.setattr(flash, "plot", lambda rows, path, model: None)
+    monkeypatch.setattr(flash, "RESULTS", tmp_path)
+    monkeypatch.setattr("sys.argv", ["flash.py", "--io", "direct", "--budgets", "50%", "--variants", "none",
+                                     "--no-thread-sweep", "--name", "t"])
+    flash.main()
+    text = (tmp_path / "t.md").read_text()
+    assert "tok_s_runs" not in text and "interleaved" not in text
+    assert "- dense-static direct 50%: killed at the memory limit" in text
+
+
 def test_one_budget_smollm2_plot_is_bars_per_configuration(flash, tmp_path, monkeypatch):
     rows = [{"method": m, "budget": "50%", "limit_mb": 150.0, "tok_s": t, "device_mb": d, "io": "direct",
              "row_order": "natural", "accuracy_level": lv}
