@@ -32,6 +32,7 @@ from pathlib import Path
 from _common import machine, md_table, write_rows_json
 
 from dipdeploy.eval import EvalConfig, Evaluator, reachable
+from dipdeploy.eval.paired import paired_ratio
 from dipdeploy.paths import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -285,6 +286,21 @@ def _notes(path: Path) -> str:
     return old[old.index("\n", at) + 1:] if at >= 0 and "\n" in old[at:] else ""
 
 
+#: Beside the intervals of the Goals: what they measure and what they do not (dipdeploy.eval.paired).
+PAIRED_NOTE = ("The intervals: the two rows' per-window NLLs on the same test windows, resampled together; "
+               "they show how much the verdict depends on the windows of text drawn, not on the machine's "
+               "arithmetic (compare rows of one `cpu`).")
+
+
+def _versus(a: dict, b: dict) -> str:
+    """``a``'s perplexity against ``b``'s as a change in percent, with the paired bootstrap interval when
+    both rows recorded each window's NLL on the same windows (rows kept from a table have none)."""
+    na, nb = a.get("window_nll"), b.get("window_nll")
+    if na and nb and len(na) == len(nb) and a["tokens"] == b["tokens"]:
+        return paired_ratio(na, nb, a["tokens"]).percent()
+    return f"{100 * (a['ppl'] / b['ppl'] - 1):+.2f} %"
+
+
 def goals(rows: list[dict]) -> str:
     """The Goals section: per goal density, the best DIP row against the best TEAL row (each method's
     lowest perplexity over its measured variants, so TEAL keeps its own best calibration), and the best DIP
@@ -303,13 +319,14 @@ def goals(rows: list[dict]) -> str:
             continue
         met = "met" if dip["ppl"] <= teal["ppl"] else "NOT met"
         lines.append(f"- ρ = {rho}, DIP ≤ TEAL: **{met}**: best DIP {dip['ppl']:.2f} ({dip['variant']}) vs best TEAL "
-                     f"{teal['ppl']:.2f} ({teal['variant']}), {100 * (dip['ppl'] / teal['ppl'] - 1):+.2f} %")
+                     f"{teal['ppl']:.2f} ({teal['variant']}), {_versus(dip, teal)}")
     rho, limit = GOAL_X_DENSE
     dip = best.get(("dip", rho))
     if dip is not None and dense is not None:
         met = "met" if dip["ppl"] <= limit * dense else "NOT met"
         lines.append(f"- ρ = {rho}, DIP ≤ {limit} × dense: **{met}**: best DIP {dip['ppl']:.2f} ({dip['variant']}) = "
                      f"{dip['ppl'] / dense:.3f} × dense {dense:.2f} (limit {limit * dense:.2f})")
+    lines += [f"- {PAIRED_NOTE}"] if any("paired bootstrap" in line for line in lines) else []
     for method in ("dip", "teal"):
         measured = {rho: sorted(r["variant"] for r in rows if r["method"] == method and r["target_density"] == rho)
                     for rho in GOAL_DENSITIES}

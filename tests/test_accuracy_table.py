@@ -101,3 +101,26 @@ def test_the_header_names_each_rows_machine_when_they_differ(accuracy):
     assert "cpu" in text.split("| method |")[1].split("\n")[0]  # a column of the table
     kept = {r["key"]: r for r in accuracy.kept_rows(mixed)}
     assert kept["dip|0.5|{}"]["cpu"] == "Xeon" and kept["teal|0.5|{}"]["cpu"] is None
+
+
+def test_goals_give_the_paired_interval_where_both_rows_recorded_their_windows(accuracy, monkeypatch):
+    import math
+
+    monkeypatch.setattr(accuracy, "GOAL_DENSITIES", (0.4, 0.5))
+
+    def nll_row(method, rho, per_window, **kw):
+        ppl = math.exp(sum(per_window) / 2046)
+        return _row(method, rho, ppl, window_nll=per_window, **kw)
+
+    rows = [_row("dense", 1.0, 20.0),
+            nll_row("dip", 0.5, [3300.0, 3100.0]), nll_row("teal", 0.5, [3302.0, 3104.0]),
+            _row("dip", 0.4, 45.0), nll_row("teal", 0.4, [3900.0, 3800.0])]
+    text = accuracy.goals(rows)
+    line = next(x for x in text.splitlines() if x.startswith("- ρ = 0.5, DIP ≤ TEAL"))
+    # each window: -2 and -4 nats over 1023 tokens; a draw of both windows the same gives the ends
+    assert "**met**" in line and "-0.29 % (paired bootstrap over the 2 windows: 95 % interval -0.39 … -0.20 %)" in line
+    line = next(x for x in text.splitlines() if x.startswith("- ρ = 0.4, DIP ≤ TEAL"))
+    assert "paired" not in line  # the DIP row kept from a table has no windows
+    assert "not on the machine's arithmetic" in text
+    rows[1]["window_nll"] = [3300.0, 3100.0, 3000.0]  # other windows: no pairing
+    assert "paired" not in accuracy.goals(rows)

@@ -228,9 +228,10 @@ class Evaluator:
         meter = DensityMeter(self.lm.model, plan) if method in ("teal", "cats") else nullcontext()
         try:
             n = int(self.test.shape[0])
+            nlls: list[float] = []
             with meter, self.progress.stage(f"eval {method} ρ={density:g}, windows", total=n) as stage:
                 ppl, tokens = perplexity(self.lm.model, self.test.to(device_of(self.lm.model)), batch,
-                                         on_batch=stage.advance)
+                                         on_batch=stage.advance, per_window=nlls)
         finally:
             unsparsify_(self.lm.model)
         realised = meter.density() if isinstance(meter, DensityMeter) else (plan.density if plan else 1.0)
@@ -240,6 +241,7 @@ class Evaluator:
             "density": round(plan.density if plan else 1.0, 4), "target_density": density,
             "density_test": round(realised, 4),
             "ppl": ppl, "tokens": tokens, "seqlen": cfg.seqlen, "windows": int(self.test.shape[0]),
+            "window_nll": [round(v, 4) for v in nlls],  # each test window's summed NLL (dipdeploy.eval.paired)
             "rho_in": round(plan.rho_in, 4) if plan and plan.rho_in else 1.0,
             "allocation": plan.allocation if plan else "-",
             "greedy_strength": plan.calibration.get("greedy_strength") if plan else None,

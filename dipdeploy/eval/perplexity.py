@@ -32,8 +32,8 @@ def logit_chunk(batch: int, vocab: int) -> int:
 
 
 @torch.no_grad()
-def window_nll(model, batch: torch.Tensor) -> tuple[float, int]:
-    """Summed NLL and number of predicted tokens for a batch of windows [B, T].
+def window_nlls(model, batch: torch.Tensor) -> torch.Tensor:
+    """Summed NLL of each window of a batch [B, T] (float64 [B]; T − 1 predicted tokens each).
 
     The head is applied here in chunks (not by the HF forward), so the family record's logit transform
     is applied here too: Granite's 1 / logits_scaling, a final soft-cap where a config sets one."""
@@ -42,24 +42,35 @@ def window_nll(model, batch: torch.Tensor) -> tuple[float, int]:
     reset_caches(model)
     hidden = model.model(batch, use_cache=False).last_hidden_state[:, :-1]  # [B, T-1, d]
     target = batch[:, 1:]
-    nll, chunk = 0.0, logit_chunk(batch.shape[0], model.config.vocab_size)
+    nll = torch.zeros(batch.shape[0], dtype=torch.float64)
+    chunk = logit_chunk(batch.shape[0], model.config.vocab_size)
     for start in range(0, hidden.shape[1], chunk):
         logits = model.lm_head(hidden[:, start : start + chunk]).float() * scale
         if cap:
             logits = torch.tanh(logits / cap) * cap
         tgt = target[:, start : start + chunk]
-        nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum"))
-    return nll, target.numel()
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
+        nll += ce.view(tgt.shape).double().sum(1).cpu()
+    return nll
+
+
+def window_nll(model, batch: torch.Tensor) -> tuple[float, int]:
+    """Summed NLL and number of predicted tokens for a batch of windows [B, T]."""
+    return float(window_nlls(model, batch).sum()), batch[:, 1:].numel()
 
 
 def perplexity(model, windows: torch.Tensor, batch_size: int = 1,
-               on_batch: Callable[[int], None] | None = None) -> tuple[float, int]:
+               on_batch: Callable[[int], None] | None = None,
+               per_window: list[float] | None = None) -> tuple[float, int]:
     """(PPL, predicted tokens) of ``model`` on ``windows`` [N, T]; ``on_batch(windows done)`` after each
-    batch (the CLI's progress, ``dipdeploy.progress``)."""
+    batch (the CLI's progress, ``dipdeploy.progress``); ``per_window`` receives each window's summed NLL in
+    order, for a paired comparison of two plans on the same windows (``dipdeploy.eval.paired``)."""
     total, count = 0.0, 0
     for batch in windows.split(batch_size):
-        nll, n = window_nll(model, batch)
-        total, count = total + nll, count + n
+        nlls = window_nlls(model, batch)
+        total, count = total + float(nlls.sum()), count + batch[:, 1:].numel()
+        if per_window is not None:
+            per_window.extend(nlls.tolist())
         if on_batch is not None:
             on_batch(batch.shape[0])
     return math.exp(total / count), count
