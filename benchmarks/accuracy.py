@@ -292,13 +292,19 @@ PAIRED_NOTE = ("The intervals: the two rows' per-window NLLs on the same test wi
                "arithmetic (compare rows of one `cpu`).")
 
 
-def _versus(a: dict, b: dict) -> str:
-    """``a``'s perplexity against ``b``'s as a change in percent, with the paired bootstrap interval when
-    both rows recorded each window's NLL on the same windows (rows kept from a table have none)."""
-    na, nb = a.get("window_nll"), b.get("window_nll")
+def _paired(a: dict | None, b: dict | None):
+    """The paired ratio of ``a``'s perplexity to ``b``'s (``dipdeploy.eval.paired``) when both rows recorded
+    each window's NLL on the same windows; None otherwise (rows kept from a table have none)."""
+    na, nb = (a or {}).get("window_nll"), (b or {}).get("window_nll")
     if na and nb and len(na) == len(nb) and a["tokens"] == b["tokens"]:
-        return paired_ratio(na, nb, a["tokens"]).percent()
-    return f"{100 * (a['ppl'] / b['ppl'] - 1):+.2f} %"
+        return paired_ratio(na, nb, a["tokens"])
+    return None
+
+
+def _versus(a: dict, b: dict) -> str:
+    """``a``'s perplexity against ``b``'s as a change in percent, with its paired interval where there is one."""
+    paired = _paired(a, b)
+    return paired.percent() if paired else f"{100 * (a['ppl'] / b['ppl'] - 1):+.2f} %"
 
 
 def goals(rows: list[dict]) -> str:
@@ -310,7 +316,8 @@ def goals(rows: list[dict]) -> str:
         k = (r["method"], r["target_density"])
         if r["method"] in ("dip", "teal") and (k not in best or r["ppl"] < best[k]["ppl"]):
             best[k] = r
-    dense = next((r["ppl"] for r in rows if r["method"] == "dense"), None)
+    dense_row = next((r for r in rows if r["method"] == "dense"), None)
+    dense = dense_row["ppl"] if dense_row else None
     lines = []
     for rho in GOAL_DENSITIES:
         dip, teal = best.get(("dip", rho)), best.get(("teal", rho))
@@ -325,7 +332,8 @@ def goals(rows: list[dict]) -> str:
     if dip is not None and dense is not None:
         met = "met" if dip["ppl"] <= limit * dense else "NOT met"
         lines.append(f"- ρ = {rho}, DIP ≤ {limit} × dense: **{met}**: best DIP {dip['ppl']:.2f} ({dip['variant']}) = "
-                     f"{dip['ppl'] / dense:.3f} × dense {dense:.2f} (limit {limit * dense:.2f})")
+                     f"{dip['ppl'] / dense:.3f} × dense {dense:.2f} (limit {limit * dense:.2f})"
+                     + (f"; against dense {paired.percent()}" if (paired := _paired(dip, dense_row)) else ""))
     lines += [f"- {PAIRED_NOTE}"] if any("paired bootstrap" in line for line in lines) else []
     for method in ("dip", "teal"):
         measured = {rho: sorted(r["variant"] for r in rows if r["method"] == method and r["target_density"] == rho)

@@ -122,5 +122,8 @@ def test_goals_give_the_paired_interval_where_both_rows_recorded_their_windows(a
     line = next(x for x in text.splitlines() if x.startswith("- ρ = 0.4, DIP ≤ TEAL"))
     assert "paired" not in line  # the DIP row kept from a table has no windows
     assert "not on the machine's arithmetic" in text
+    assert "× dense" in text and "against dense" not in text  # the dense row has no windows
+    rows[0] = nll_row("dense", 1.0, [3000.0, 3000.0])
+    assert "; against dense +" in accuracy.goals(rows)
     rows[1]["window_nll"] = [3300.0, 3100.0, 3000.0]  # other windows: no pairing
     assert "paired" not in accuracy.goals(rows)
