@@ -20,6 +20,7 @@ def test_eval_json_and_plot(tmp_path, data_dir):
     assert res.exit_code == 0, res.output
     rows = json.loads(out.read_text())
     assert [r["method"] for r in rows] == ["dense", "dip", "dip"] and png.stat().st_size > 1000
+    assert len(rows[0]["window_nll"]) == 1 and "against dense" not in res.output  # one window: no interval
 
 
 def test_bad_density_is_a_clear_error():

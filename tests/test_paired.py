@@ -52,3 +52,21 @@ def test_fixed_seed_gives_the_same_interval():
 def test_unpaired_or_single_windows_are_refused(a, b):
     with pytest.raises(ValueError, match="same windows"):
         paired_ratio(a, b, 100)
+
+
+def test_eval_lines_compare_each_row_with_the_first_at_its_density():
+    from dipdeploy.eval.paired import paired_lines
+
+    base, tokens = _windows(7, n=4)
+
+    def row(method, rho, shift):
+        return {"method": method, "target_density": rho, "tokens": tokens, "window_nll": list(base + shift)}
+
+    rows = [row("dense", 1.0, 0.0), row("teal", 0.6, 40.0), row("dip", 0.6, 50.0), row("cats", 0.6, 90.0),
+            row("dip", 0.5, 100.0)]
+    lines = paired_lines(rows)
+    assert [x.split(":")[0] for x in lines] == ["dip against teal at ρ = 0.6", "cats against teal at ρ = 0.6"]
+    assert lines[0].startswith(f"dip against teal at ρ = 0.6: PPL +{100 * (math.exp(40 / tokens) - 1):.2f} % (paired")
+    rows[2].pop("window_nll")  # a row without its windows
+    assert len(paired_lines(rows)) == 1
+    assert paired_lines([dict(r, window_nll=r.get("window_nll", [])[:1]) for r in rows]) == []  # one window each

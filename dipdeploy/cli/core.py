@@ -193,7 +193,11 @@ def eval_cmd(
         rows = evaluate(cfg, Progress())
     except (ValueError, OSError, KeyError) as err:
         fail(err)
+    from dipdeploy.eval.paired import paired_lines
+
     print_rows(rows, f"{rows[0]['model']} · WikiText-2 · seqlen {seqlen} · {rows[0]['windows']} windows")
+    for line in paired_lines(rows):
+        console.print(line)
     write_json(rows, json_out, force)
     if plot is not None:
         from dipdeploy.eval.plot import plot_pareto

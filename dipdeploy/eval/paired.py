@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Bootstrap resamples and the interval's coverage: 10,000 draws put a 95 % interval's ends within about
-#: 0.01 percentage points of their limit for SmolLM2's 16 windows.
+#: Bootstrap resamples and the interval's coverage: with 10,000 draws the ends of SmolLM2's 95 % intervals
+#: (16 windows, DIP against TEAL at ρ 0.6 and 0.75) moved by at most 0.05 percentage points over 20 seeds
+#: (standard deviation 0.004–0.014), a tenth of the intervals' half-widths.
 RESAMPLES = 10_000
 LEVEL = 0.95
 
@@ -57,3 +58,18 @@ def paired_ratio(nll_a: list[float], nll_b: list[float], tokens: int, level: flo
     tail = (1 - level) / 2
     low, high = np.quantile(ratios, [tail, 1 - tail])
     return PairedRatio(float(np.exp(diff.sum() / tokens)), float(low), float(high), int(a.size), level)
+
+
+def paired_lines(rows: list[dict]) -> list[str]:
+    """One line per row that shares its target density with an earlier row of the same evaluation: its
+    perplexity against the first such row's (``eval --method teal,dip`` gives DIP against TEAL); none
+    where there is a single window, which has no spread to resample."""
+    first: dict[float, dict] = {}
+    lines = []
+    for r in rows:
+        base = first.setdefault(r["target_density"], r)
+        if base is r or len(r.get("window_nll") or ()) < 2 or len(base.get("window_nll") or ()) < 2:
+            continue
+        ratio = paired_ratio(r["window_nll"], base["window_nll"], r["tokens"])
+        lines.append(f"{r['method']} against {base['method']} at ρ = {r['target_density']:g}: PPL {ratio.percent()}")
+    return lines
