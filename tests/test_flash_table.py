@@ -122,6 +122,20 @@ def test_error_lines_name_the_configuration(flash):
         "dip-ca no read-ahead level 0"
 
 
+def _smollm2_section(flash, tmp_path, monkeypatch, fake_run, *extra: str) -> None:
+    """Run flash.py's SmolLM2 section at 50 %, --io direct, with ``fake_run`` for each child; the table is t.md."""
+    monkeypatch.setattr(flash, "run_in_group", fake_run)
+    monkeypatch.setattr(flash, "ensure_bundles", lambda model, orders: {
+        (m, o): tmp_path for m in ("dip-ca", "dense-static") for o in orders})
+    monkeypatch.setattr(flash, "storage", lambda path: "disk")
+    monkeypatch.setattr(flash, "lscpu", lambda: "cpu")
+    monkeypatch.setattr(flash, "plot", lambda rows, path, model: None)
+    monkeypatch.setattr(flash, "RESULTS", tmp_path)
+    monkeypatch.setattr("sys.argv", ["flash.py", "--io", "direct", "--budgets", "50%", "--variants", "none",
+                                     "--no-thread-sweep", *extra, "--name", "t"])
+    flash.main()
+
+
 def test_the_smollm2_section_runs_every_configuration_per_repeat_and_gives_medians(flash, tmp_path, monkeypatch):
     """``--repeats`` on the SmolLM2 section: each configuration once per repeat, in the same order, and
     the table the medians with each run's tok/s."""
@@ -136,16 +150,7 @@ def test_the_smollm2_section_runs_every_configuration_per_repeat_and_gives_media
             return {"error": "killed at the memory limit"}
         return {"tok_s": tok_s, "wanted_mb": 1.0, "device_mb": 2.0, "requests": 3.0}
 
-    monkeypatch.setattr(flash, "run_in_group", fake_run)
-    monkeypatch.setattr(flash, "ensure_bundles", lambda model, orders: {
-        (m, o): tmp_path for m in ("dip-ca", "dense-static") for o in orders})
-    monkeypatch.setattr(flash, "storage", lambda path: "disk")
-    monkeypatch.setattr(flash, "lscpu", lambda: "cpu")
-    monkeypatch.setattr(flash, "plot", lambda rows, path, model: None)
-    monkeypatch.setattr(flash, "RESULTS", tmp_path)
-    monkeypatch.setattr("sys.argv", ["flash.py", "--io", "direct", "--budgets", "50%", "--variants", "none",
-                                     "--no-thread-sweep", "--repeats", "3", "--name", "t"])
-    flash.main()
+    _smollm2_section(flash, tmp_path, monkeypatch, fake_run, "--repeats", "3")
     assert run == [("dip-ca", True), ("dip-ca", False), ("dense-static", True), ("dense-static", False)] * 3
     text = (tmp_path / "t.md").read_text()
     assert "3 interleaved repeats" in text and "| tok_s | tok_s_runs |" in text
@@ -173,16 +178,7 @@ def test_one_run_of_the_smollm2_section_lists_a_failed_configuration(flash, tmp_
             return {"error": "killed at\nthe memory limit"}
         return {"tok_s": 10.0, "wanted_mb": 1.0, "device_mb": 2.0, "requests": 3.0}
 
-    monkeypatch.setattr(flash, "run_in_group", fake_run)
-    monkeypatch.setattr(flash, "ensure_bundles", lambda model, orders: {
-        (m, o): tmp_path for m in ("dip-ca", "dense-static") for o in orders})
-    monkeypatch.setattr(flash, "storage", lambda path: "disk")
-    monkeypatch.setattr(flash, "lscpu", lambda: "cpu")
-    monkeypatch.setattr(flash, "plot", lambda rows, path, model: None)
-    monkeypatch.setattr(flash, "RESULTS", tmp_path)
-    monkeypatch.setattr("sys.argv", ["flash.py", "--io", "direct", "--budgets", "50%", "--variants", "none",
-                                     "--no-thread-sweep", "--name", "t"])
-    flash.main()
+    _smollm2_section(flash, tmp_path, monkeypatch, fake_run)
     text = (tmp_path / "t.md").read_text()
     assert "tok_s_runs" not in text and "interleaved" not in text
     assert "- dense-static direct 50%: killed at the memory limit" in text
