@@ -13,6 +13,8 @@ interrupted run resumes where it stopped and the table always shows what was mea
     python benchmarks/accuracy.py --rows-from benchmarks/results/accuracy-smollm2.md \
         --splits-from benchmarks/results/accuracy-smollm2.md --part greedy --only dip:allocation=greedy
     python benchmarks/accuracy.py --table-only
+    # kept rows measured again (on this machine, with their windows' NLLs for the Goals' intervals):
+    python benchmarks/accuracy.py --remeasure --part again --only teal:- --densities 0.6
 
 Several processes may share the plan (``--part``, ``--only``, ``--densities``): each keeps its own partial
 file and every table is written from all of them; a row another process finished is not run again. A
@@ -26,6 +28,7 @@ import argparse
 import itertools
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -145,6 +148,31 @@ def _key(method: str, rho: float, over: dict) -> str:
     return f"{method}|{rho}|{json.dumps(over, sort_keys=True)}"
 
 
+def _selected(method: str, rho: float, over: dict, only: set[str] | None, rhos: set[float] | None) -> bool:
+    """Whether ``--only`` (method or method:variant entries) and ``--densities`` select a configuration."""
+    variant = ",".join(f"{a}={b}" for a, b in over.items()) or "-"
+    return (only is None or bool({method, f"{method}:{variant}"} & only)) and (rhos is None or rho in rhos)
+
+
+def forget_kept(name: str, keys: set[str], partial: Path) -> int:
+    """Drop ``keys`` from the table's `kept` partial file (and from this process's own, ``partial``) so that
+    they are measured again; how many kept rows went. A key another process measured is refused: its row
+    would stand twice in the table."""
+    kept = RESULTS / f".{name}.kept.partial.json"
+    for other in sorted(RESULTS.glob(f".{name}.*partial.json")):
+        if other not in (kept, partial) and keys & {r["key"] for r in json.loads(other.read_text())}:
+            raise ValueError(f"{other.name} has a row of the configurations to re-measure; remove it there (or "
+                             f"run with that file's --part) to measure it again")
+    dropped = 0
+    for path in (kept, partial):
+        if path.is_file():
+            rows = json.loads(path.read_text())
+            left = [r for r in rows if r["key"] not in keys]
+            dropped += (len(rows) - len(left)) if path == kept else 0
+            write_atomic(path, json.dumps(left, indent=1), force=True)
+    return dropped
+
+
 def _only(text: str) -> set[str]:
     """``--only``'s entries: a variant of several overrides keeps its commas (``dip:allocation=greedy,
     score=wina-in`` is one entry: a piece with ``=`` and no ``:`` continues the entry before it)."""
@@ -175,6 +203,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--table-only", action="store_true", help="write the table from the partial files and stop "
                     "(no model is loaded)")
+    ap.add_argument("--remeasure", action="store_true", help="measure the configurations --only and --densities "
+                    "select again although the `kept` partial file has them (rows of another machine, or without "
+                    "their windows' NLLs): their kept rows are dropped from it first")
     ap.add_argument("--curves", type=Path, help="the joint allocation's error curves (score abs) as an .npz with "
                     "`cost` [L, 10, 10] on sparsity.allocate.GRID, measured on the same calibration tokens, "
                     "so that several processes need not each measure them")
@@ -193,6 +224,18 @@ def main() -> None:
         if not kept.is_file():
             kept.write_text(json.dumps(kept_rows(args.rows_from), indent=1))
     done = json.loads(partial.read_text()) if partial.is_file() else []
+    only = _only(args.only) if args.only else None
+    rhos = {float(r) for r in args.densities.split(",")} if args.densities else None
+    selected = [c for c in configs(args.quick) if _selected(*c, only, rhos)]
+    if args.remeasure:
+        keys = {_key(*c) for c in selected}
+        try:
+            dropped = forget_kept(name, keys, partial)
+        except ValueError as err:
+            print(f"accuracy.py: error: {err}", file=sys.stderr)
+            sys.exit(2)
+        done = [r for r in done if r["key"] not in keys]
+        print(f"--remeasure: {dropped} kept row(s) dropped", flush=True)
     info = machine()
     if args.table_only:
         info["load_1min"] = "the load of each run: see the notes below (this table was written from the partial files)"
@@ -212,12 +255,7 @@ def main() -> None:
     if args.splits_from:
         for k, v in splits_from(args.splits_from).items():
             ev.splits.setdefault(k, v)
-    only = _only(args.only) if args.only else None
-    rhos = {float(r) for r in args.densities.split(",")} if args.densities else None
-    for method, rho, over in configs(args.quick):
-        variant = ",".join(f"{a}={b}" for a, b in over.items()) or "-"
-        if (only is not None and not {method, f"{method}:{variant}"} & only) or (rhos is not None and rho not in rhos):
-            continue
+    for method, rho, over in selected:
         k = _key(method, rho, over)
         if k in {r["key"] for r in _all_parts(name, done, partial)}:  # done here or by another process
             continue

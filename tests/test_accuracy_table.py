@@ -127,3 +127,35 @@ def test_goals_give_the_paired_interval_where_both_rows_recorded_their_windows(a
     assert "; against dense +" in accuracy.goals(rows)
     rows[1]["window_nll"] = [3300.0, 3100.0, 3000.0]  # other windows: no pairing
     assert "paired" not in accuracy.goals(rows)
+
+
+def test_remeasure_drops_the_selected_kept_rows_and_refuses_another_process_rows(accuracy, monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.setattr(accuracy, "RESULTS", tmp_path)
+    a, b = 'teal|0.6|{}', 'dip|0.6|{"allocation": "greedy"}'
+    kept, mine, other = (tmp_path / f".acc.{p}.partial.json" for p in ("kept", "mine", "other"))
+    kept.write_text(json.dumps([{"key": a}, {"key": b}]))
+    mine.write_text(json.dumps([{"key": a}]))
+    assert accuracy.forget_kept("acc", {a}, mine) == 1
+    assert [r["key"] for r in json.loads(kept.read_text())] == [b] and json.loads(mine.read_text()) == []
+    other.write_text(json.dumps([{"key": b}]))
+    with pytest.raises(ValueError, match=r"\.acc\.other\.partial\.json has a row"):
+        accuracy.forget_kept("acc", {b}, mine)
+    assert [r["key"] for r in json.loads(kept.read_text())] == [b]  # nothing dropped on refusal
+    assert accuracy._selected("dip", 0.6, {"allocation": "greedy"}, {"dip:allocation=greedy"}, {0.6})
+    assert not accuracy._selected("dip", 0.6, {}, {"dip:allocation=greedy"}, None)
+    assert accuracy._selected("dip", 0.75, {}, {"dip"}, None) and not accuracy._selected("dip", 0.75, {}, None, {0.6})
+
+
+def test_remeasure_of_another_process_row_is_exit_2_before_any_model_loads(accuracy, monkeypatch, tmp_path, capsys):
+    import json
+
+    monkeypatch.setattr(accuracy, "RESULTS", tmp_path)
+    monkeypatch.setattr(accuracy, "Evaluator", lambda *a, **k: pytest.fail("no model should load"))
+    (tmp_path / ".accuracy-smollm2.other.partial.json").write_text(json.dumps([{"key": "teal|0.6|{}"}]))
+    monkeypatch.setattr("sys.argv", ["accuracy.py", "--remeasure", "--part", "mine", "--only", "teal:-",
+                                     "--densities", "0.6"])
+    with pytest.raises(SystemExit) as stop:
+        accuracy.main()
+    assert stop.value.code == 2 and "other.partial.json has a row" in capsys.readouterr().err
