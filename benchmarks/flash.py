@@ -465,7 +465,7 @@ def median_rows(repeats: list[list[dict]]) -> list[dict]:
 
 
 def problem_lines(rows: list[dict], keys: tuple[str, ...] = ("budget",)) -> list[str]:
-    """The lines beside a table: each peer's note once, then each configuration that decoded in no run (its
+    """The lines beside a table: each distinct note once, then each configuration that decoded in no run (its
     error) or in only some (``failed_runs``, from :func:`median_rows`), named by :func:`_label` and ``keys``."""
     def name(r: dict) -> str:
         return " ".join([_label(r), *(str(r[k]) for k in keys if r.get(k))])
