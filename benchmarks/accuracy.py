@@ -35,7 +35,7 @@ from pathlib import Path
 from _common import machine, md_table, write_rows_json
 
 from dipdeploy.eval import EvalConfig, Evaluator, reachable
-from dipdeploy.eval.paired import paired_ratio
+from dipdeploy.eval.paired import paired_rows
 from dipdeploy.paths import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -148,10 +148,14 @@ def _key(method: str, rho: float, over: dict) -> str:
     return f"{method}|{rho}|{json.dumps(over, sort_keys=True)}"
 
 
+def _variant(over: dict) -> str:
+    """A configuration's overrides as its table's `variant` (``allocation=greedy,score=wina-in``; ``-``: none)."""
+    return ",".join(f"{a}={b}" for a, b in over.items()) or "-"
+
+
 def _selected(method: str, rho: float, over: dict, only: set[str] | None, rhos: set[float] | None) -> bool:
     """Whether ``--only`` (method or method:variant entries) and ``--densities`` select a configuration."""
-    variant = ",".join(f"{a}={b}" for a, b in over.items()) or "-"
-    return (only is None or bool({method, f"{method}:{variant}"} & only)) and (rhos is None or rho in rhos)
+    return (only is None or bool({method, f"{method}:{_variant(over)}"} & only)) and (rhos is None or rho in rhos)
 
 
 def forget_kept(name: str, keys: set[str], partial: Path) -> int:
@@ -261,7 +265,7 @@ def main() -> None:
             continue
         t = time.time()
         row = ev.row(method, rho, **over)
-        row.update(key=k, variant=",".join(f"{a}={b}" for a, b in over.items()) or "-", wall_s=round(time.time() - t, 1),
+        row.update(key=k, variant=_variant(over), wall_s=round(time.time() - t, 1),
                    cpu=info["cpu"])
         done.append(row)
         partial.write_text(json.dumps(done, indent=1))
@@ -330,18 +334,9 @@ PAIRED_NOTE = ("The intervals: the two rows' per-window NLLs on the same test wi
                "arithmetic (compare rows of one `cpu`).")
 
 
-def _paired(a: dict | None, b: dict | None):
-    """The paired ratio of ``a``'s perplexity to ``b``'s (``dipdeploy.eval.paired``) when both rows recorded
-    each window's NLL on the same windows; None otherwise (rows kept from a table have none)."""
-    na, nb = (a or {}).get("window_nll"), (b or {}).get("window_nll")
-    if na and nb and len(na) == len(nb) and a["tokens"] == b["tokens"]:
-        return paired_ratio(na, nb, a["tokens"])
-    return None
-
-
 def _versus(a: dict, b: dict) -> str:
     """``a``'s perplexity against ``b``'s as a change in percent, with its paired interval where there is one."""
-    paired = _paired(a, b)
+    paired = paired_rows(a, b)
     return paired.percent() if paired else f"{100 * (a['ppl'] / b['ppl'] - 1):+.2f} %"
 
 
@@ -371,7 +366,7 @@ def goals(rows: list[dict]) -> str:
         met = "met" if dip["ppl"] <= limit * dense else "NOT met"
         lines.append(f"- ρ = {rho}, DIP ≤ {limit} × dense: **{met}**: best DIP {dip['ppl']:.2f} ({dip['variant']}) = "
                      f"{dip['ppl'] / dense:.3f} × dense {dense:.2f} (limit {limit * dense:.2f})"
-                     + (f"; against dense {paired.percent()}" if (paired := _paired(dip, dense_row)) else ""))
+                     + (f"; against dense {paired.percent()}" if (paired := paired_rows(dip, dense_row)) else ""))
     lines += [f"- {PAIRED_NOTE}"] if any("paired bootstrap" in line for line in lines) else []
     for method in ("dip", "teal"):
         measured = {rho: sorted(r["variant"] for r in rows if r["method"] == method and r["target_density"] == rho)
@@ -384,7 +379,7 @@ def goals(rows: list[dict]) -> str:
 def _missing(rows: list[dict], planned: list) -> str:
     have = {(r["method"], r["target_density"], r["variant"]) for r in rows}
     todo = [f"{m} ρ={d}" + (f" ({','.join(f'{a}={b}' for a, b in o.items())})" if o else "")
-            for m, d, o in planned if (m, d, ",".join(f"{a}={b}" for a, b in o.items()) or "-") not in have]
+            for m, d, o in planned if (m, d, _variant(o)) not in have]
     return (f"**Planned, not measured at this protocol** (a run resumes them): {', '.join(todo)}.\n\n"
             if todo else "")
 

@@ -70,3 +70,14 @@ def test_eval_lines_compare_each_row_with_the_first_at_its_density():
     rows[2].pop("window_nll")  # a row without its windows
     assert len(paired_lines(rows)) == 1
     assert paired_lines([dict(r, window_nll=r.get("window_nll", [])[:1]) for r in rows]) == []  # one window each
+
+
+def test_rows_pair_only_on_the_same_windows_at_least_two():
+    from dipdeploy.eval.paired import paired_rows
+
+    base, tokens = _windows(8, n=3)
+    a, b = ({"tokens": tokens, "window_nll": list(base + s)} for s in (1.0, 0.0))
+    assert paired_rows(a, b) == paired_ratio(a["window_nll"], b["window_nll"], tokens)
+    assert paired_rows(a, None) is None and paired_rows(a, {"tokens": tokens}) is None  # a kept row
+    assert paired_rows(a, dict(b, window_nll=b["window_nll"][:2])) is None  # other windows
+    assert paired_rows(dict(a, window_nll=a["window_nll"][:1]), dict(b, window_nll=b["window_nll"][:1])) is None

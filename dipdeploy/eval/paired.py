@@ -60,16 +60,24 @@ def paired_ratio(nll_a: list[float], nll_b: list[float], tokens: int, level: flo
     return PairedRatio(float(np.exp(diff.sum() / tokens)), float(low), float(high), int(a.size), level)
 
 
+def paired_rows(a: dict | None, b: dict | None) -> PairedRatio | None:
+    """:func:`paired_ratio` of two evaluation rows (``Evaluator.row``) when both recorded the NLLs of the
+    same windows, at least 2; None otherwise (rows kept from a table have none; one window has no spread)."""
+    na, nb = (a or {}).get("window_nll") or [], (b or {}).get("window_nll") or []
+    if len(na) < 2 or len(na) != len(nb) or a["tokens"] != b["tokens"]:
+        return None
+    return paired_ratio(na, nb, a["tokens"])
+
+
 def paired_lines(rows: list[dict]) -> list[str]:
     """One line per row that shares its target density with an earlier row of the same evaluation: its
-    perplexity against the first such row's (``eval --method teal,dip`` gives DIP against TEAL); none
-    where there is a single window, which has no spread to resample."""
+    perplexity against the first such row's (``eval --method teal,dip`` gives DIP against TEAL), where
+    :func:`paired_rows` can pair them."""
     first: dict[float, dict] = {}
     lines = []
     for r in rows:
         base = first.setdefault(r["target_density"], r)
-        if base is r or len(r.get("window_nll") or ()) < 2 or len(base.get("window_nll") or ()) < 2:
-            continue
-        ratio = paired_ratio(r["window_nll"], base["window_nll"], r["tokens"])
-        lines.append(f"{r['method']} against {base['method']} at ρ = {r['target_density']:g}: PPL {ratio.percent()}")
+        ratio = None if base is r else paired_rows(r, base)
+        if ratio is not None:
+            lines.append(f"{r['method']} against {base['method']} at ρ = {r['target_density']:g}: PPL {ratio.percent()}")
     return lines
