@@ -104,7 +104,7 @@ def _engine(path: Path, budget: str, mode: str, native_cache: bool = True, conte
     """The engine of a path: ``per-layer`` (forced), ``single`` (model.onnx) or ``fused``."""
     from dipdeploy.runtime import Engine
 
-    return Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=context,
+    return Engine(path, dram_budget=budget, native=True, native_cache=native_cache, context=context, io="mmap",
                   single_session={"per-layer": False, "single": True}.get(mode), fused=mode == "fused")
 
 

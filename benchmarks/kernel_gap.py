@@ -92,7 +92,7 @@ def engine(path: Path, context: int, profile_dir: str | None = None):
 
     with profiled_sessions(profile_dir) if profile_dir else contextlib.nullcontext():
         return Engine(path, dram_budget="100%", native=True, context=context, single_session=False,
-                      fused=False)  # the per-layer path
+                      fused=False, io="mmap")  # the per-layer path
 
 
 def sessions_by_kind(eng) -> dict[str, list]:

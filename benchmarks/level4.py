@@ -56,7 +56,7 @@ def measure(bundle: Path, method: str, level: int, windows: list[list[int]]) -> 
     position's top-1 token."""
     from dipdeploy.runtime import Engine
 
-    eng = Engine(bundle, dram_budget=BUDGET, native=True, fused=False, context=len(windows[0]) + 1,
+    eng = Engine(bundle, dram_budget=BUDGET, native=True, fused=False, context=len(windows[0]) + 1, io="mmap",
                  accuracy_level=level, **CONFIGS[method][1])
     losses, top1, t0 = [], [], time.time()
     for w in windows:

@@ -63,7 +63,8 @@ def measure(path: Path, mode: str, n: int, new: int, threads: int, pool: str, gr
     from dipdeploy.runtime import Engine, Sampler
 
     fused = graphs == "fused"
-    eng = Engine(path, dram_budget="50%", policy="lfu", prefill=mode, threads=threads, thread_pool=pool, fused=fused)
+    eng = Engine(path, dram_budget="50%", policy="lfu", prefill=mode, threads=threads, thread_pool=pool, fused=fused,
+                 io="mmap")
     ids = prompt_ids(eng, n)
     sel: dict[tuple[int, int], set] = {}
 

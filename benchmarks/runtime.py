@@ -90,7 +90,7 @@ def measure(bundle: Path, c: dict, tokens: int, prompts: tuple[str, ...], bandwi
     for mode in ("emulated", "cold"):
         eng = Engine(bundle, dram_budget=f"{100 * c['budget_frac']:g}%", policy=c["policy"], gamma=c["gamma"],
                      native=True, flash_bandwidth=bandwidth if mode == "emulated" else None,
-                     cold=mode == "cold", context=512)
+                     cold=mode == "cold", context=512, io="mmap")
         eng.generate(prompts[0], 4, stop_at_eos=False)  # warm the sessions (first-run allocations)
         for prompt in prompts:
             s = eng.generate(prompt, tokens, stop_at_eos=False).stats

@@ -156,7 +156,7 @@ CASES = [
     # run
     ("run-context-too-long", "run {bundle} -p hi --context 100000 --no-native", "exceeds the 256 positions"),
     ("run-context-zero", "run {bundle} -p hi --context 0", "context must be >= 1"),
-    ("run-io", "run {bundle} -p hi --io odirect", "choose one of mmap, pread, direct"),
+    ("run-io", "run {bundle} -p hi --io odirect", "choose one of auto, mmap, pread, direct"),
     ("run-io-threads", "run {bundle} -p hi --io direct --io-threads 0", "--io-threads must be >= 1"),
     ("chat-io-threads", "chat {bundle} --io direct --io-threads 0", "--io-threads must be >= 1"),
     ("run-io-engine", "run {bundle} -p hi --io direct --io-engine aio", "--io-engine aio: choose one of threads, io_uring"),

@@ -328,3 +328,49 @@ def test_the_plan_holds_the_read_buffer_of_direct_reads(tiny_bundle):
     with pytest.raises(ValueError, match="read buffer"):
         Engine(tiny_bundle, dram_budget=f"{(direct.residency.total - direct.residency.caches) / 1e6 - 0.1:.1f}MB",
                io="direct", native=False, single_session=False)  # the per-layer plan's read buffer
+
+
+def _refuse_o_direct(monkeypatch):
+    real_open = os.open
+
+    def refusing_open(p, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(p, flags, *a)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+
+
+def test_io_auto_reads_direct_only_where_rows_stay_on_flash_and_o_direct_works(tmp_path, monkeypatch):
+    from dipdeploy.runtime.flash import choose_io
+
+    path, _ = _file(tmp_path, FILE_SIZE)
+    assert choose_io(path, rows_on_flash=True) == ("direct", "rows read from Flash")
+    assert choose_io(path, rows_on_flash=False) == ("mmap", "every MLP row resident")
+    _refuse_o_direct(monkeypatch)
+    assert choose_io(path, rows_on_flash=True) == ("mmap", "the filesystem refuses O_DIRECT")
+
+
+def test_engine_resolves_io_auto_once_the_plan_is_known(tiny_bundle, monkeypatch):
+    """The default ``auto`` becomes ``direct`` on the per-layer path below 100 % (the plan's read buffer
+    with it), ``mmap`` where model.onnx holds every row; the stats say which and why; a name that is no
+    mode is refused before the bundle opens."""
+    from dipdeploy.runtime import Engine, EngineConfig
+
+    assert EngineConfig().io == "auto"
+    below = Engine(tiny_bundle, dram_budget="30%", policy="lfu", native=False)
+    assert (below.cfg.io, below.io_why) == ("direct", "rows read from Flash") and below.residency.read > 0
+    stats = below.generate([3, 14, 15, 92], 4, stop_at_eos=False).stats
+    assert (stats.io, stats.io_why) == ("direct", "rows read from Flash")
+    assert stats.flash_device_mb_per_token is not None
+    assert "--io direct (auto: rows read from Flash)" in dict(stats.table())["Flash per token"]
+    given = Engine(tiny_bundle, dram_budget="30%", policy="lfu", io="mmap", native=False)
+    assert (given.cfg.io, given.io_why, given.residency.read) == ("mmap", "given", 0)
+    whole = Engine(tiny_bundle, dram_budget="100%", native=False)
+    if whole.single_session:
+        assert (whole.cfg.io, whole.io_why) == ("mmap", "every MLP row resident")
+    _refuse_o_direct(monkeypatch)
+    refused = Engine(tiny_bundle, dram_budget="30%", policy="lfu", native=False)
+    assert (refused.cfg.io, refused.io_why) == ("mmap", "the filesystem refuses O_DIRECT")
+    with pytest.raises(ValueError, match="choose one of auto, mmap, pread, direct"):
+        EngineConfig(io="odirect")

@@ -159,7 +159,7 @@ def test_the_plan_holds_one_chunk_and_a_budget_below_it_is_refused(bundle):
     from dipdeploy.runtime.engine import EngineConfig
 
     def fixed(chunk):
-        eng = Engine(bundle, native=False, dram_budget="0%", prefill_chunk=chunk)
+        eng = Engine(bundle, native=False, dram_budget="0%", prefill_chunk=chunk, io="mmap")
         r = eng.residency
         eng.close()
         return r.prefill, r.total - r.caches
@@ -167,9 +167,9 @@ def test_the_plan_holds_one_chunk_and_a_budget_below_it_is_refused(bundle):
     (small, small_fixed), (large, large_fixed) = fixed(4), fixed(64)
     assert 0 < small < large and large_fixed - small_fixed == large - small
     between = f"{(small_fixed + large_fixed) // 2}B"
-    Engine(bundle, native=False, dram_budget=between, prefill_chunk=4).close()
+    Engine(bundle, native=False, dram_budget=between, prefill_chunk=4, io="mmap").close()
     res = CliRunner().invoke(app, ["run", str(bundle), "-p", "hi", "--no-native", "--dram-budget", between,
-                                   "--prefill-chunk", "64"])
+                                   "--prefill-chunk", "64", "--io", "mmap"])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "prefill buffers" in res.output and "--prefill-chunk" in res.output
     assert EngineConfig().prefill_chunk == EngineConfig.prefill_chunk  # one default, the CLI's too

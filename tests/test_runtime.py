@@ -292,12 +292,13 @@ def test_vq3_bundle_streams_codes_and_keeps_codebooks(tmp_path, native):
     out = tmp_path / "vq3"
     export_model(ExportConfig(model="tiny-llama", method="dip", rho_in=0.6, quant="vq3", vq_hessian="none",
                               validate_tokens=2), out)
-    full = Engine(out, dram_budget="100%", single_session=False, native=native).generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
-    tight = Engine(out, dram_budget="25%", policy="lru", native=native)
+    full = Engine(out, dram_budget="100%", single_session=False, native=native, io="mmap").generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
+    tight = Engine(out, dram_budget="25%", policy="lru", native=native, io="mmap")
     g = tight.generate(PROMPT, 8, keep_logits=True, stop_at_eos=False)
     assert [a.name for a in tight.slabs[0][0].arrays.per_row] == ["up_gate.codes"]
     assert set(tight.slabs[0][0].arrays.shared) == {"up_gate.codebooks", "up_gate.codebook_scales"}
-    # one engine, γ = 1: the budget changes where rows live, not the arithmetic (bit-equal by contract)
+    # one path, γ = 1: the budget changes where rows live, not the arithmetic (bit-equal by contract; --io
+    # direct on the joined decoder sums the resident and the missed rows apart, another order of addition)
     assert g.tokens == full.tokens and g.stats.flash_mb_per_token > full.stats.flash_mb_per_token
     assert all(np.array_equal(a, b) for a, b in zip(g.logits, full.logits))
 
@@ -322,7 +323,8 @@ def test_reads_split_keeps_plain_dip_bit_equal_and_moves_the_misses(tiny_dipca_b
     bundle = tiny_dipca_bundle()
     runs = {}
     for split in ("even", "reads"):
-        eng = Engine(bundle, dram_budget="40%", policy="lfu", gamma=1.0, native=native, cache_split=split)
+        eng = Engine(bundle, dram_budget="40%", policy="lfu", gamma=1.0, native=native, cache_split=split,
+                     io="mmap")  # direct on the joined decoder adds resident and missed rows apart
         g = eng.generate([3, 14, 15, 92, 65, 35, 8, 9, 7], 10, keep_logits=True, stop_at_eos=False)
         runs[split] = (g.tokens, g.logits, eng.residency, [[s.capacity for s in pair] for pair in eng.slabs])
         eng.close()

@@ -37,9 +37,11 @@ NATIVE = typer.Option(None, "--native/--no-native", help="native kernels (defaul
 FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s")
 COLD = typer.Option(_E.cold, "--cold", help="drop the MLP file from the OS page cache before the run (real disk "
                     "reads)")
-IO = typer.Option(_E.io, "--io", help="Flash reads: mmap (MADV_RANDOM gathers) | pread (positioned reads, "
-                  "one per run of adjacent rows; slower in Python) | direct (O_DIRECT, block-aligned, many in "
-                  "flight: every miss from the device)")
+IO = typer.Option(_E.io, "--io", help="Flash reads: auto (direct where rows stay on Flash and the filesystem "
+                  "takes O_DIRECT, else mmap) | mmap (MADV_RANDOM gathers through the page cache: faster where "
+                  "the whole MLP file fits in free memory, thrashes under a memory limit that does not hold it) | "
+                  "pread (positioned reads, one per run of adjacent rows; slower in Python) | direct (O_DIRECT, "
+                  "block-aligned, many in flight: every miss from the device, the budget kept)")
 IO_THREADS = typer.Option(_E.io_threads, "--io-threads", help="--io direct: reads in flight (the io_uring queue "
                           f"depth, default {_IO_RING_DEPTH}, or the op library's pread threads, default {_IO_THREADS}; "
                           "a Python thread pool without the library)")
@@ -108,11 +110,11 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
     from dipdeploy.runtime.engine import PREFILL_MODES
     from dipdeploy.runtime.blockio import IO_ENGINES
     from dipdeploy.cache.split import CACHE_SPLITS
-    from dipdeploy.runtime.flash import IO_MODES
+    from dipdeploy.runtime.flash import IO_AUTO, IO_MODES
     from dipdeploy.runtime.threadpool import THREAD_POOLS
 
-    if io not in IO_MODES:
-        raise ValueError(f"--io {io}: choose one of {', '.join(IO_MODES)}")
+    if io != IO_AUTO and io not in IO_MODES:
+        raise ValueError(f"--io {io}: choose one of {', '.join((IO_AUTO,) + IO_MODES)}")
     if io_threads is not None and io_threads < 1:
         raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
     if io_engine not in IO_ENGINES:

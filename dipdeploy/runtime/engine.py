@@ -46,7 +46,7 @@ from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Re
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, MAX_REQUEST, bounce_bytes
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
-from dipdeploy.runtime.flash import FlashStore
+from dipdeploy.runtime.flash import IO_AUTO, IO_MODES, FlashStore, choose_io
 from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.positions import PositionValues
 from dipdeploy.runtime.sampler import Sampler
@@ -84,6 +84,9 @@ class EngineConfig:
     ``prefill_chunk``: "batch" runs at most this many tokens per graph run (a longer prompt in chunks,
     each attending to the earlier ones through the KV cache), so the prefill's working set is bounded
     by the chunk, not by the prompt (its buffers are in the plan: ``Residency.prefill``).
+    ``io``: how missed rows are read (``dipdeploy.runtime.flash``): "mmap", "pread", "direct", or "auto",
+    which the engine turns into "direct" where its plan leaves rows on Flash and the filesystem takes
+    ``O_DIRECT``, else "mmap" (``flash.choose_io``: only direct reads keep a budget under a memory limit).
     ``native_cache``: each token's cache lookup/update, slot assignment and mmap reads of the misses in
     the op library (custom_ops/src/dd_cache.cc, the rules of ``dipdeploy.cache``, decision for decision);
     False keeps them in numpy (the reference); None: whenever the native kernels are used
@@ -126,7 +129,7 @@ class EngineConfig:
     thread_pool: str = "per-session"  # "shared": ORT's one global pool for the process (threadpool.py)
     flash_bandwidth: float | None = None
     cold: bool = False
-    io: str = "mmap"
+    io: str = IO_AUTO  # resolved when the engine opens (Engine.io_why)
     io_threads: int | None = None  # --io direct: reads in flight; None: the engine's (blockio.in_flight)
     io_engine: str = IO_ENGINE  # --io direct: threads (pread pool) | io_uring
     io_gap: int = IO_GAP  # --io direct: blocks read through between wanted rows to save a request
@@ -157,6 +160,8 @@ class EngineConfig:
             raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.io != IO_AUTO and self.io not in IO_MODES:
+            raise ValueError(f"io {self.io!r} unknown; choose one of {', '.join((IO_AUTO,) + IO_MODES)}")
         if type(self.io_gap) is not int or self.io_gap < 0:
             raise ValueError(f"io gap must be a whole number of blocks >= 0, got {self.io_gap!r}")
         if self.io_engine not in IO_ENGINES:
@@ -294,6 +299,10 @@ class Engine:
         self._check_memory_limit()
         self.fused = None
         self.whole = None if self.cfg.fused else self._open_whole(session_options, native)
+        self.io_why = "given"  # why the engine reads with cfg.io: given, or what --io auto saw
+        if self.cfg.io == IO_AUTO:
+            io, self.io_why = choose_io(self.path / MLP_FILE, rows_on_flash=self.whole is None)
+            self.cfg = dataclasses.replace(self.cfg, io=io)
         if self.whole is None:
             from dipdeploy.arch import arch_of
 

@@ -87,6 +87,7 @@ class RunStats:
     budget: str
     native: bool
     io: str
+    io_why: str = "given"  # --io auto: why it chose ``io`` (flash.choose_io); "given" when the caller chose
     kernel_set: str | None = None  # the native library's kernel set on this CPU
     accuracy_level: int = 0
     prefill: str = "token"  # how the prompt was fed (EngineConfig.prefill)
@@ -128,6 +129,7 @@ class RunStats:
                                     "flash_emulated_wait": flash_prefill.emulated_wait + flash_decode.emulated_wait},
             flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
+            io_why=engine.io_why,
             kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level,
             prefill=engine.cfg.prefill,
             native_cache=engine.native_cache and not engine.single_session, io_engine=engine.flash.reader_kind,
@@ -144,8 +146,8 @@ class RunStats:
         r, mem, s = self.resident, self.memory, self.seconds
         bw = (f"emulated {self.flash_emulated_bandwidth / 1e9:g} GB/s" if self.flash_emulated_bandwidth
               else "unthrottled")
-        if self.io_engine:
-            bw += f"; reads by {self.io_engine}"
+        bw += f"; --io {self.io}" + ("" if self.io_why == "given" else f" (auto: {self.io_why})")
+        bw += f", reads by {self.io_engine}" if self.io_engine else ""
         total = sum(v for k, v in s.items() if not k.startswith("flash_")) or 1.0
         rows = [
             ("prompt", f"{self.prompt_tokens} tokens, {self.prefill_tok_s:.1f} tok/s ({'batched' if self.prefill == 'batch' else 'token by token'})"),
