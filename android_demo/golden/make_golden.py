@@ -443,7 +443,8 @@ def runtime_golden(bundle: Path) -> dict:
     runs = []
     for policy, split in (("lfu", "reads"), ("lru", "reads"), ("none", "reads"), ("lfu", "even")):
         eng = Engine(bundle, policy=policy, dram_budget="50%", threads=1, prefill="token", cache_split=split,
-                     fused=False)  # a trace: the host cache step the Java engine mirrors
+                     fused=False,  # a trace: the host cache step the Java engine mirrors
+                     io="mmap")  # the Java FlashStore reads rows as mmap does: one request per run of rows
         rec = TraceRecorder(source="runtime", model="tiny-llama", hidden_size=eng.d, intermediate_size=eng.f,
                             num_layers=eng.num_layers, method="dip-ca", density=0.5)
         gen = eng.generate(RUNTIME_PROMPT, 8, trace=rec, stop_at_eos=False)
