@@ -378,7 +378,7 @@ def goals(rows: list[dict]) -> str:
 
 def _missing(rows: list[dict], planned: list) -> str:
     have = {(r["method"], r["target_density"], r["variant"]) for r in rows}
-    todo = [f"{m} ρ={d}" + (f" ({','.join(f'{a}={b}' for a, b in o.items())})" if o else "")
+    todo = [f"{m} ρ={d}" + (f" ({_variant(o)})" if o else "")
             for m, d, o in planned if (m, d, _variant(o)) not in have]
     return (f"**Planned, not measured at this protocol** (a run resumes them): {', '.join(todo)}.\n\n"
             if todo else "")

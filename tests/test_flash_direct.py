@@ -182,8 +182,7 @@ def test_a_truncated_file_is_a_clear_error(tmp_path, reader):
     store.close()
 
 
-def test_refused_o_direct_falls_back_with_one_line(tmp_path, monkeypatch):
-    path, data = _file(tmp_path, FILE_SIZE)
+def _refuse_o_direct(monkeypatch):
     real_open = os.open
 
     def refusing_open(p, flags, *a):
@@ -192,6 +191,11 @@ def test_refused_o_direct_falls_back_with_one_line(tmp_path, monkeypatch):
         return real_open(p, flags, *a)
 
     monkeypatch.setattr(os, "open", refusing_open)
+
+
+def test_refused_o_direct_falls_back_with_one_line(tmp_path, monkeypatch):
+    path, data = _file(tmp_path, FILE_SIZE)
+    _refuse_o_direct(monkeypatch)
     store = FlashStore(path, io="direct", native=False)
     assert store.note is not None and "\n" not in store.note
     assert "refuses O_DIRECT" in store.note and "page cache" in store.note
@@ -328,17 +332,6 @@ def test_the_plan_holds_the_read_buffer_of_direct_reads(tiny_bundle):
     with pytest.raises(ValueError, match="read buffer"):
         Engine(tiny_bundle, dram_budget=f"{(direct.residency.total - direct.residency.caches) / 1e6 - 0.1:.1f}MB",
                io="direct", native=False, single_session=False)  # the per-layer plan's read buffer
-
-
-def _refuse_o_direct(monkeypatch):
-    real_open = os.open
-
-    def refusing_open(p, flags, *a):
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(p, flags, *a)
-
-    monkeypatch.setattr(os, "open", refusing_open)
 
 
 def test_io_auto_reads_direct_only_where_rows_stay_on_flash_and_o_direct_works(tmp_path, monkeypatch):
