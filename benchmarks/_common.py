@@ -41,6 +41,19 @@ def write_rows_json(rows: list[dict], path: str | None) -> None:
         tmp.replace(path)
 
 
+def publish(results: Path, name: str, quick: bool, text: str, rows: list[dict], json_path: str | None) -> Path:
+    """Write a benchmark's table to ``<results>/<name>[-quick].md`` (atomically, regenerated in place; the
+    benchmark's ``RESULTS``, which tests point elsewhere), its rows to ``--json`` and the table to stdout."""
+    from dipdeploy.paths import write_atomic
+
+    results.mkdir(exist_ok=True)
+    out = results / f"{name}{'-quick' if quick else ''}.md"
+    write_atomic(out, text, force=True)
+    write_rows_json(rows, json_path)
+    print(text)
+    return out
+
+
 def md_table(rows: list[dict], cols: list[str]) -> str:
     def fmt(v):
         if isinstance(v, float):

@@ -24,10 +24,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _common import lscpu, machine, md_table, memory_group, positive_int, write_rows_json
+from _common import lscpu, machine, md_table, memory_group, positive_int, publish
 
 import flash
-from dipdeploy.paths import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,10 +109,7 @@ def main() -> None:
         f"- load (1 min) at the end: {os.getloadavg()[0]:.2f}", "",
         md_table(rows, cols), "",
         *[f"- `--io {r['io']}`{' limited' if r['limit_mb'] else ''}: {r['errors']}" for r in rows if r["errors"]], ""])
-    RESULTS.mkdir(exist_ok=True)
-    write_atomic(RESULTS / f"{args.name}{'-quick' if args.quick else ''}.md", text, force=True)  # regenerated
-    write_rows_json(rows, args.json)
-    print(text)
+    publish(RESULTS, args.name, args.quick, text, rows, args.json)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import lscpu, machine, md_table, write_rows_json
+from _common import lscpu, machine, md_table, publish
 
-from dipdeploy.paths import write_atomic
 from dipdeploy.runtime.blockio import (IO_ENGINE, IO_GAP, AlignedBuffer, in_flight, make_reader, open_direct,
                                        plan_reads)
 
@@ -130,10 +129,7 @@ def main() -> None:
         md_table(rows, ["io_engine", "io_gap", "s_per_token", "requests_per_token", "device_mb_per_token",
                         "max_bounce_mb", "repeats_s_per_token"]), "",
         f"Fewest seconds: {best['io_engine']}, gap {best['io_gap']} ({best['s_per_token']:.3f} s per token).", ""])
-    RESULTS.mkdir(exist_ok=True)
-    write_atomic(RESULTS / f"{args.name}{'-quick' if args.quick else ''}.md", text, force=True)  # regenerated
-    write_rows_json(rows, args.json)
-    print(text)
+    publish(RESULTS, args.name, args.quick, text, rows, args.json)
 
 
 if __name__ == "__main__":
