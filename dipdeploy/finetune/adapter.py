@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from dipdeploy.arch import Arch, arch_of_model
-from dipdeploy.finetune.config import LoraConfig
+from dipdeploy.finetune.config import PROJECTIONS, LoraConfig
 from dipdeploy.sparsity.methods import SparseMLP, decoder_layers, sparse_mlps, sparsify_, unsparsify_
 from dipdeploy.sparsity.plan import SparsityPlan
 
@@ -37,7 +37,29 @@ def target_modules(arch: Arch, targets: tuple[str, ...]) -> list[str]:
     """peft ``target_modules`` for the roles in ``targets``, by the family record's module names. With
     Phi-3's fused ``gate_up_proj``, up and gate share one matrix, so asking for either adapts both (said
     here rather than silently)."""
-    return sorted({name for t in targets for name in arch.lora_modules(t)})
+    return sorted({name for t in targets if t in PROJECTIONS for name in arch.lora_modules(t)})
+
+
+def norm_modules(model: torch.nn.Module) -> list[str]:
+    """peft ``modules_to_save`` for ``targets`` with ``norms``: every decoder layer's norms of the family
+    record (before and, for Gemma's sandwich, after each sub-layer) and the final norm, by full path
+    under the causal LM, because peft matches these names as suffixes of module paths (the bare name
+    ``norm`` would also match ``input_layernorm``). Gemma 3's q/k norms are not among them: they shape
+    the attention, not the MLP input DIP scores."""
+    n = arch_of_model(model).norms
+    per_layer = [name for name in (n.attn_in, n.mlp_in, n.attn_out, n.mlp_out) if name]
+    layers = range(len(decoder_layers(model)))  # model.model.layers
+    return [f"model.layers.{i}.{name}" for i in layers for name in per_layer] + [f"model.{n.final}"]
+
+
+def keep_base_norms(peft_model: torch.nn.Module) -> None:
+    """Make a later ``unload()`` give back the base model's own norms: peft's unload keeps a
+    ``modules_to_save`` module's trained copy, while ``finetune`` must leave the model as it came."""
+    from peft.utils import ModulesToSaveWrapper
+
+    for module in peft_model.modules():
+        if isinstance(module, ModulesToSaveWrapper):
+            module.set_adapter([])
 
 
 def _raw_weight(module: torch.nn.Module) -> torch.Tensor:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 
-TARGETS = ("up", "gate", "down", "attn")
+TARGETS = ("up", "gate", "down", "attn", "norms")
+#: The roles LoRA adapts (the rest of TARGETS is trained whole: ``norms``).
+PROJECTIONS = ("up", "gate", "down", "attn")
 #: What the adapter is trained to do: ``lm``, next-token cross-entropy on the text; ``distill``, match the
 #: dense base model's next-token distribution (KL(dense ‖ student), temperature 1) with the masks active.
 OBJECTIVES = ("lm", "distill")
@@ -24,6 +26,9 @@ class LoraConfig:
 
     ``targets`` names projections by role (``up``, ``gate``, ``down``; ``attn`` adds every attention
     projection); :func:`dipdeploy.finetune.adapter.target_modules` maps roles to module names of the family record.
+    ``norms`` adds the RMSNorm weights, trained whole beside the LoRA (a few thousand numbers a layer;
+    :func:`dipdeploy.finetune.adapter.norm_modules`): the norm before the MLP sets both DIP's input scores
+    |RMSNorm(h) ⊙ w| and the values the kept columns multiply, which a LoRA on the projections cannot move.
     ``tokens``, when set, overrides ``steps``: steps = ⌈tokens / (batch_size · grad_accum · seqlen · processes)⌉,
     since each data-parallel process trains ``batch_size`` windows per step (:meth:`total_steps`).
     ``alpha=None`` means 2·rank, the usual LoRA scaling of 2.
@@ -66,8 +71,9 @@ class LoraConfig:
             self.targets = tuple(t.strip() for t in self.targets.split(",") if t.strip())
         self.targets = tuple(self.targets)
         bad = [t for t in self.targets if t not in TARGETS]
-        if bad or not self.targets:
-            raise ValueError(f"targets {self.targets!r} invalid; choose a non-empty subset of {', '.join(TARGETS)}")
+        if bad or not any(t in PROJECTIONS for t in self.targets):
+            raise ValueError(f"targets {self.targets!r} invalid; choose a subset of {', '.join(TARGETS)} with at "
+                             f"least one of {', '.join(PROJECTIONS)} (norms train beside a LoRA)")
         for name in ("rank", "steps", "batch_size", "grad_accum", "save_steps", "logging_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

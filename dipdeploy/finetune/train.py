@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from dipdeploy.finetune.adapter import dense_paths, fingerprint, target_modules, write_metadata
+from dipdeploy.finetune.adapter import dense_paths, fingerprint, keep_base_norms, norm_modules, target_modules, write_metadata
 from dipdeploy.finetune.config import LoraConfig
 from dipdeploy.finetune.data import training_windows
 from dipdeploy.finetune.distill import DistillLoss
@@ -175,7 +175,8 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
     try:
         data = WindowDataset(training_windows(lm, cfg, data_dir))
         peft_cfg = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.dropout, bias="none",
-                                   target_modules=target_modules(lm.arch, cfg.targets), task_type="CAUSAL_LM")
+                                   target_modules=target_modules(lm.arch, cfg.targets), task_type="CAUSAL_LM",
+                                   modules_to_save=norm_modules(lm.model) if "norms" in cfg.targets else None)
         torch.manual_seed(cfg.seed)  # LoRA A init
         model = peft.get_peft_model(lm.model, peft_cfg)
         hf = model.get_base_model()
@@ -214,5 +215,6 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
             lm.model.to(home)
         else:
             unsparsify_(model.get_base_model())
+            keep_base_norms(model)
             lm.model = model.unload().to(home)
     return result

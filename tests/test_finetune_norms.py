@@ -1,0 +1,96 @@
+"""`finetune --targets …,norms` on tiny-llama: the RMSNorm weights train whole beside the LoRA, the dense
+teacher keeps the base norms, the model is left as it came, and the adapter (merged or live) carries the
+trained norms into `eval --lora` and `export --lora`."""
+
+import pytest
+import torch
+
+from dipdeploy.finetune import LoraConfig, apply_lora, finetune
+from dipdeploy.finetune.adapter import norm_modules
+from dipdeploy.finetune.distill import teacher_logits
+from dipdeploy.loading import load_model
+from dipdeploy.sparsity.methods import sparsify_
+from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
+
+IDS = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(5))
+
+
+def _norms(model):
+    """Every norm weight ``norms`` trains, by path (tiny-llama: two a layer and the final one)."""
+    named = dict(model.named_modules())
+    return {name: named[name].weight.detach().clone() for name in norm_modules(model)}
+
+
+def _plan(lm, density=0.4):
+    c = lm.model.config
+    return uniform_plan(SparsityConfig(method="dip", density=density), lm.name, c.num_hidden_layers,
+                        c.hidden_size, c.intermediate_size)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    text = tmp_path_factory.mktemp("nt") / "train.txt"
+    text.write_text("pack my box with five dozen liquor jugs; the quick brown fox jumps over it. " * 60)
+    lm = load_model("tiny-llama")
+    before = _norms(lm.model)
+    plan = _plan(lm)
+    out = tmp_path_factory.mktemp("na") / "adapter"
+    cfg = LoraConfig(objective="distill", steps=6, lr=5e-3, seqlen=24, batch_size=2, warmup_steps=0,
+                     logging_steps=1, save_steps=6, rank=4, targets=("up", "gate", "down", "norms"),
+                     text_file=str(text), seed=0)
+    finetune(lm, plan, cfg, out, progress=False)
+    return lm, before, plan, out
+
+
+def test_norm_modules_name_each_layers_norms_and_the_final_one_by_full_path():
+    lm = load_model("tiny-llama")
+    names = norm_modules(lm.model)
+    layers = lm.model.config.num_hidden_layers
+    assert len(names) == 2 * layers + 1 and names[-1] == "model.norm"
+    assert "model.layers.0.post_attention_layernorm" in names
+    named = dict(lm.model.named_modules())
+    assert all(type(named[n]).__name__.endswith("RMSNorm") for n in names)
+
+
+def test_norms_train_and_the_model_is_left_as_it_came(trained):
+    lm, before, _, _ = trained
+    after = _norms(lm.model)
+    assert after.keys() == before.keys()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=0)
+
+
+def test_the_adapter_carries_trained_norms_merged_and_live(trained):
+    _, before, plan, out = trained
+    merged = apply_lora(load_model("tiny-llama"), out, merge=True, plan=plan)
+    trained_norms = _norms(merged.model)
+    moved = [n for n in before if not torch.equal(trained_norms[n], before[n])]
+    assert len(moved) == len(before), f"untrained norms: {sorted(set(before) - set(moved))}"
+    live = apply_lora(load_model("tiny-llama"), out, merge=False, plan=plan)
+    sparsify_(merged.model, plan)
+    sparsify_(live.model, plan)
+    with torch.no_grad():
+        torch.testing.assert_close(live.model(IDS).logits, merged.model(IDS).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_teacher_runs_the_base_norms_while_the_student_trains_its_own():
+    import peft
+
+    lm = load_model("tiny-llama")
+    plan = _plan(lm)
+    with torch.no_grad():
+        dense = lm.model(IDS).logits
+    model = peft.get_peft_model(lm.model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["up_proj"],
+                                                          modules_to_save=norm_modules(lm.model)))
+    hf = model.get_base_model()
+    sparsify_(hf, plan)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "modules_to_save" in name:
+                p.mul_(1.5)  # the student's norms move ...
+    torch.testing.assert_close(teacher_logits(model, hf, IDS), dense)  # ... never the teacher's
+
+
+def test_norms_alone_are_refused():
+    with pytest.raises(ValueError, match="norms train beside a LoRA"):
+        LoraConfig(targets=("norms",))
