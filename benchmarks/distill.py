@@ -15,7 +15,8 @@ Rows (WikiText-2 test PPL, every adapter merged as `export --lora` merges it):
 - ``dip``, training ``distill``: DIP plus the LoRA adapter distilled (KL(dense ‖ student), masks active)
   at the density ``adapter_rho``; at other densities the same adapter is applied under that density's plan.
   ``--hidden-weight W`` adds the dense model's hidden state after every layer as a second target at weight
-  W (``hidden_weight`` column; its adapters need a ``--work`` of their own, the recipe differs).
+  W (``hidden_weight`` column; its adapters need a ``--work`` of their own, the recipe differs);
+  ``--mlp-weight W`` each layer's dense MLP output on the student's own MLP input (``mlp_weight``, likewise).
 - ``dip``, training ``lm`` (``--dip-lm``): DIP plus the same training with the next-token objective, to
   tell the objective's share from the training text's.
 
@@ -64,7 +65,7 @@ from dipdeploy.paths import write_atomic
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COLS = ["method", "density", "allocation", "training", "data", "hidden_weight", "rank", "targets", "sample_windows",
+COLS = ["method", "density", "allocation", "training", "data", "hidden_weight", "mlp_weight", "rank", "targets", "sample_windows",
         "adapter_rho", "ppl", "x_dense",
         "x_dense_lm", "gap_closed", "train_tokens", "steps", "batch", "train_seqlen", "lr", "wall_s", "train_load_mean",
         "first_loss", "last_loss", "eval_s", "eval_load"]
@@ -104,6 +105,8 @@ def parse() -> argparse.Namespace:
                     help="projections the adapter trains: up,gate,down[,attn]")
     ap.add_argument("--hidden-weight", type=float, default=0.0,
                     help="distill: weight of the per-layer hidden-state term against the KL (0: logits only)")
+    ap.add_argument("--mlp-weight", type=float, default=0.0,
+                    help="distill: weight of the per-layer MLP-output term against the KL (0: off)")
     ap.add_argument("--dip-lm", action="store_true", help="also DIP + the LM objective on the same text")
     ap.add_argument("--train", help="only train this adapter (distill@RHO, dense-lm, dip-lm) and exit")
     ap.add_argument("--no-dense", action="store_true", help="leave the two dense rows to another process")
@@ -124,6 +127,7 @@ def lora_config(args, objective: str) -> LoraConfig:
     return LoraConfig(objective=objective, data=args.data, rank=args.rank, targets=args.targets,
                       sample_windows=args.sample_windows,
                       hidden_weight=args.hidden_weight if objective == "distill" else 0.0,
+                      mlp_weight=args.mlp_weight if objective == "distill" else 0.0,
                       steps=4 if args.quick else args.steps,
                       seqlen=args.train_seqlen, batch_size=args.batch, lr=args.lr,
                       warmup_steps=1 if args.quick else args.warmup, logging_steps=1 if args.quick else 5,
@@ -196,6 +200,7 @@ class Bench:
             row["data"] = meta["lora"]["data"]
             row["hidden_weight"] = meta["lora"].get("hidden_weight", 0.0)
             row["rank"], row["targets"] = meta["lora"]["rank"], ",".join(meta["lora"]["targets"])
+            row["mlp_weight"] = meta["lora"].get("mlp_weight", 0.0)
             row["sample_windows"] = meta["lora"].get("sample_windows")
             if (adapter / LOAD_NAME).is_file():
                 train.update(json.loads((adapter / LOAD_NAME).read_text()))
@@ -244,14 +249,14 @@ def key(row: dict) -> tuple:
             *recipe_of(row))
 
 
-#: the adapter recipe of every row from before the rank, targets and sample_windows columns
-OLD_RECIPE = {"rank": 16, "targets": "up,gate,down", "sample_windows": None}
+#: the adapter recipe of every row from before the rank, targets, sample_windows and mlp_weight columns
+OLD_RECIPE = {"rank": 16, "targets": "up,gate,down", "sample_windows": None, "mlp_weight": 0.0}
 
 
 def recipe_of(row: dict) -> tuple:
-    """(rank, targets, sample_windows) of a trained row's adapter, ("-", "-", "-") for an untrained row."""
+    """(rank, targets, sample_windows, mlp_weight) of a trained row's adapter, all "-" for an untrained row."""
     if row["training"] == "none":
-        return "-", "-", "-"
+        return ("-",) * len(OLD_RECIPE)
     return tuple(row.get(k, v) for k, v in OLD_RECIPE.items())
 
 
@@ -312,7 +317,8 @@ def main() -> None:
         data = data_of({"training": training, "data": args.data})
         hidden = hidden_of({"training": training, "hidden_weight": args.hidden_weight})
         recipe = recipe_of({"training": training, "rank": args.rank, "targets": args.targets,
-                            "sample_windows": args.sample_windows})
+                            "sample_windows": args.sample_windows,
+                            "mlp_weight": args.mlp_weight if training == "distill" else 0.0})
         if (training not in args.trainings.split(",")
                 or (method, rho, alloc, training, data, hidden, *recipe) in {key(r) for r in merged()}):
             return
@@ -372,7 +378,9 @@ def goal(rows: list[dict], rho: float) -> str:
         if rec.get("planned_steps", rec["steps"]) > rec["steps"]:
             extra += f" (training stopped by --train-minutes at step {rec['steps']} of {rec['planned_steps']})"
         hidden = f", hidden states ×{hidden_of(rec):g}" if hidden_of(rec) else ""
-        rank, targets, _ = recipe_of(rec)
+        rank, targets, _, mlp = recipe_of(rec)
+        if mlp:
+            hidden += f", MLP outputs ×{mlp:g}"
         if (rank, targets) != (OLD_RECIPE["rank"], OLD_RECIPE["targets"]):
             hidden += f", rank {rank} on {targets}"
         lines.append(f"{head}, {rec['allocation']} plan, {data_of(rec)}{hidden}, {rec['steps']} steps: "
@@ -392,7 +400,7 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
         derive(part)
         for r in part:
             r["data"], r["hidden_weight"] = data_of(r), hidden_of(r) if r["training"] == "distill" else None
-            r["rank"], r["targets"], r["sample_windows"] = recipe_of(r)
+            r["rank"], r["targets"], r["sample_windows"], r["mlp_weight"] = recipe_of(r)
         part.sort(key=lambda r: (r["method"] != "dense", r["target_density"], r["allocation"],
                                  order.index(r["training"]), r["data"], r["hidden_weight"] or 0.0, str(recipe_of(r))))
         tables.append(f"### {windows} × {seqlen} tokens of WikiText-2 test ({part[0]['tokens']} predicted tokens)\n\n"
@@ -412,7 +420,9 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
             f"for every window trained on, or `sample_windows` of them trained on in turn. `distill`: "
             f"KL(dense ‖ student) at temperature 1, the teacher "
             f"the same base weights run dense with the adapter off, plus, where `hidden_weight` > 0, that weight times "
-            f"the mean over layers of the relative squared error of the hidden state after each layer; `lm`: "
+            f"the mean over layers of the relative squared error of the hidden state after each layer, and where "
+            f"`mlp_weight` > 0, that weight times the mean over layers of the relative squared error of the MLP's "
+            f"output against the dense MLP's on the same input; `lm`: "
             f"next-token cross-entropy. One distilled "
             f"adapter per `adapter_rho`, applied under each row's own plan. `x_dense` = PPL / dense untrained; "
             f"`x_dense_lm` = PPL / dense + the same LM training; `gap_closed` = (PPL_DIP − PPL) / (PPL_DIP − "

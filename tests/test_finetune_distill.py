@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from dipdeploy.cli import app
 from dipdeploy.finetune import LoraConfig, apply_lora, finetune, read_metadata
 from dipdeploy.finetune.data import check_not_evaluation_text, pydoc_topics, source_text, training_windows
-from dipdeploy.finetune.distill import hidden_match, kl_to_teacher, teacher_logits
+from dipdeploy.finetune.distill import MlpTaps, hidden_match, kl_to_teacher, mlp_match, teacher_logits
 from dipdeploy.loading import load_model
 from dipdeploy.sparsity.methods import sparsify_
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan, uniform_plan
@@ -266,3 +266,65 @@ def test_the_hidden_term_trains_and_lowers_the_hidden_error_more_than_logits_alo
             t = load_model("tiny-llama").model(windows, output_hidden_states=True).hidden_states
         errors[weight] = float(hidden_match(s, t))
     assert errors[10.0] < 0.93 * errors[0.0], errors  # measured: 0.00419 against 0.00475 (untrained 0.00598)
+
+
+def _local_errors(student, plan, windows=IDS) -> list[float]:
+    """Each layer's ‖y − y_dense‖² / ‖y_dense‖² of ``student`` (an HF model) under ``plan``, y_dense from the
+    untouched base model's MLP on the student's own MLP input: mlp_match's formula, computed apart."""
+    sparsify_(student, plan)
+    taps = MlpTaps()
+    taps.attach(student)
+    with torch.no_grad():
+        student(windows)
+        base = load_model("tiny-llama").model.model.layers
+        return [float((y - base[i].mlp(x)).pow(2).sum() / base[i].mlp(x).pow(2).sum())
+                for i, (_, x, y) in enumerate(taps.seen)]
+
+
+def test_mlp_match_targets_the_dense_base_mlp_without_the_adapter():
+    lm = load_model("tiny-llama")
+    model = peft.get_peft_model(lm.model, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["up_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
+    hf = model.get_base_model()
+    for density in (1.0, 0.4):
+        plan = _plan(lm, density=density)
+        want = _local_errors(hf, plan)
+        assert len(want) == hf.config.num_hidden_layers and min(want) > 1e-3  # the adapter acts at any density
+        taps = MlpTaps()
+        taps.attach(hf)
+        with torch.no_grad():
+            hf(IDS)
+            got = float(mlp_match(model, taps.seen))
+        assert got == pytest.approx(sum(want) / len(want), rel=1e-5)
+    unmasked = peft.get_peft_model(load_model("tiny-llama").model, peft.LoraConfig(r=2, target_modules=["up_proj"]))
+    assert max(_local_errors(unmasked.get_base_model(), _plan(lm, density=1.0))) < 1e-10  # B = 0, no mask: dense
+
+
+def test_mlp_weight_is_for_distillation_only():
+    assert LoraConfig(objective="distill", mlp_weight=2.0).mlp_weight == 2.0
+    with pytest.raises(ValueError, match="mlp_weight 2.0: .*only with objective distill"):
+        LoraConfig(mlp_weight=2.0)
+
+
+def test_the_mlp_term_trains_and_lowers_the_local_mlp_error_more_than_logits_alone(tmp_path):
+    """Both recipes from the same seed and text: the one with the per-layer MLP term must end with each
+    layer's sparse MLP closer to the dense MLP on its own input than the logits-only one (what that term
+    optimises; the check fails if the taps or the term do not reach the loss)."""
+    text = tmp_path / "train.txt"
+    text.write_text("pack my box with five dozen liquor jugs; the quick brown fox jumps over it. " * 60)
+    plan = _plan(load_model("tiny-llama"), density=0.4)
+    errors = {}
+    for weight in (0.0, 10.0):
+        cfg = LoraConfig(objective="distill", mlp_weight=weight, steps=30, lr=1e-2, seqlen=24, batch_size=2,
+                         warmup_steps=0, logging_steps=1, save_steps=30, rank=4, text_file=str(text), seed=0)
+        out = tmp_path / f"adapter-{weight}"
+        res = finetune(load_model("tiny-llama"), plan, cfg, out, progress=False)
+        assert res.steps == 30 and all(math.isfinite(h["loss"]) for h in res.log_history if "loss" in h)
+        assert read_metadata(out)["lora"]["mlp_weight"] == weight
+        student = apply_lora(load_model("tiny-llama"), out, merge=True, plan=plan).model
+        local = _local_errors(student, plan, training_windows(load_model("tiny-llama"), cfg))
+        errors[weight] = sum(local) / len(local)
+    assert errors[10.0] < 0.9 * errors[0.0], errors

@@ -53,6 +53,9 @@ def finetune_cmd(
     hidden_weight: Optional[float] = typer.Option(
         None, "--hidden-weight", help="distill: also match the dense model's hidden state after every layer, at "
                                       f"this weight against the KL (default {_L.hidden_weight:g}: logits only)"),
+    mlp_weight: Optional[float] = typer.Option(
+        None, "--mlp-weight", help="distill: also match each layer's dense MLP output on the student's own MLP "
+                                   f"input, at this weight against the KL (default {_L.mlp_weight:g}: off)"),
     data: Optional[str] = typer.Option(
         None, help=f"{' | '.join(SOURCES)} (never the test split; default: "
                    f"{', '.join(f'{v} for {k}' for k, v in DEFAULT_DATA.items())}); or --text-file"),
@@ -84,7 +87,7 @@ def finetune_cmd(
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file})
         cfg = LoraConfig(**_given(rank=rank, alpha=alpha, targets=targets, steps=steps, tokens=tokens, lr=lr,
                                   seqlen=seqlen, batch_size=batch_size, save_steps=save_steps, bf16=bf16,
-                                  objective=objective, hidden_weight=hidden_weight, data=data,
+                                  objective=objective, hidden_weight=hidden_weight, mlp_weight=mlp_weight, data=data,
                                   sample_windows=sample_windows, text_file=str(text_file) if text_file else None))
         if threads is not None and threads < 1:
             raise ValueError(f"--threads {threads}: give at least 1")
@@ -119,7 +122,8 @@ def finetune_cmd(
                 calib = calibration_windows(lm.tokenizer, defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN, data_dir)
                 p = calibrate_on(lm, sp, calib, where or "cpu")
         say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}, objective {cfg.objective}"
-            f"{f' + hidden states ×{cfg.hidden_weight:g}' if cfg.hidden_weight else ''}, text "
+            f"{f' + hidden states ×{cfg.hidden_weight:g}' if cfg.hidden_weight else ''}"
+            f"{f' + MLP outputs ×{cfg.mlp_weight:g}' if cfg.mlp_weight else ''}, text "
             f"{cfg.text_file or cfg.data}) on {lm.name} under {p.method} "
             f"ρ={p.density:.4f}: {cfg.total_steps(proc.world_size)} steps × {cfg.tokens_per_step} tokens"
             + (f" × {proc.world_size} processes" if proc.world_size > 1 else ""))

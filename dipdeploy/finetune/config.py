@@ -39,7 +39,8 @@ class LoraConfig:
     per window trained).
     ``objective`` is one of :data:`OBJECTIVES`; ``hidden_weight`` (distill only) adds the dense model's hidden
     state after every decoder layer as a second target (:func:`dipdeploy.finetune.distill.hidden_match`), at
-    that weight against the KL; 0 is logits only. ``data=None`` means the objective's own text
+    that weight against the KL; 0 is logits only. ``mlp_weight`` (distill only) adds each layer's dense MLP
+    output on the student's own MLP input (:func:`dipdeploy.finetune.distill.mlp_match`), at that weight. ``data=None`` means the objective's own text
     (:data:`DEFAULT_DATA`), resolved here so the saved config names the text actually used.
     """
 
@@ -58,6 +59,7 @@ class LoraConfig:
     seqlen: int = 512
     objective: str = "lm"
     hidden_weight: float = 0.0
+    mlp_weight: float = 0.0
     data: str | None = None
     text_file: str | None = None
     sample_windows: int | None = None
@@ -96,9 +98,11 @@ class LoraConfig:
             raise ValueError(f"scheduler {self.scheduler!r} unknown; choose one of {', '.join(SCHEDULERS)}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective {self.objective!r} unknown; choose one of {', '.join(OBJECTIVES)}")
-        if self.hidden_weight < 0 or (self.hidden_weight and self.objective != "distill"):
-            raise ValueError(f"hidden_weight {self.hidden_weight}: give a weight >= 0, and only with objective distill "
-                             f"(the hidden states are the dense teacher's)")
+        for name in ("hidden_weight", "mlp_weight"):
+            w = getattr(self, name)
+            if w < 0 or (w and self.objective != "distill"):
+                raise ValueError(f"{name} {w}: give a weight >= 0, and only with objective distill (the target is "
+                                 f"the dense teacher's)")
         if self.data is None:
             self.data = DEFAULT_DATA[self.objective]
         if self.data not in DATA:

@@ -14,6 +14,10 @@ memory, and by construction exactly the base model the adapter will later be mer
 With ``hidden_weight`` the dense model's hidden state after every decoder layer is a second target
 (:func:`hidden_match`): the logits' KL says only how wrong the last layer's output is, while every layer's
 pruning error is visible in its own hidden state, so each layer's adapter gets a signal of its own.
+
+With ``mlp_weight`` each layer's MLP output is matched to the dense MLP run on the *student's* own MLP
+input (:func:`mlp_match`): a local target, free of the error the earlier layers pass on, which is what a
+layer's masks alone cost and its adapter alone can repair.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dipdeploy.finetune.adapter import dense_paths
+from dipdeploy.sparsity.methods import decoder_layers
 
 
 @torch.no_grad()
@@ -47,6 +52,40 @@ def hidden_match(student: tuple[torch.Tensor, ...], teacher: tuple[torch.Tensor,
     return torch.stack(terms).mean()
 
 
+class MlpTaps:
+    """Each layer's (sparse MLP, its input, its output) in the student's last forward, by forward hooks. The
+    hooks sit on the current SparseMLP wrappers, which the teacher's pass replaces (:func:`dense_paths`
+    unwraps and wraps again), so :meth:`attach` runs before every student forward."""
+
+    def __init__(self):
+        self.seen: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor]] = []
+        self._handles: list = []
+
+    def _hook(self, module, args, output):
+        self.seen.append((module, args[0], output))
+
+    def attach(self, hf: torch.nn.Module) -> None:
+        self.detach()
+        self._handles = [layer.mlp.register_forward_hook(self._hook) for layer in decoder_layers(hf)]
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self.seen = [], []
+
+
+def mlp_match(peft_model, seen: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Mean over layers of ‖y − y_dense‖² / ‖y_dense‖², y the student's sparse MLP output (masks and adapter)
+    and y_dense the base MLP's on the same input, dense and without the adapter (the SparseMLP's ``base``
+    under peft ``disable_adapter``), over the whole batch; relative per layer as :func:`hidden_match`."""
+    terms = []
+    for mlp, x, y in seen:
+        with torch.no_grad(), peft_model.disable_adapter():
+            target = mlp.base(x.detach()).float()
+        terms.append((y.float() - target).pow(2).sum() / target.pow(2).sum().clamp_min(1e-12))
+    return torch.stack(terms).mean()
+
+
 def kl_to_teacher(student: torch.Tensor, teacher: torch.Tensor, num_items: int | torch.Tensor | None = None) -> torch.Tensor:
     """Σ KL(teacher ‖ student) over the positions that predict a next token (all but the last), divided by
     ``num_items`` (the Trainer's count of predicted tokens, which makes gradient accumulation and
@@ -61,18 +100,24 @@ class DistillLoss:
     """The Trainer's ``compute_loss_func``: it receives the student's outputs and the labels, which are the
     input windows themselves (:class:`dipdeploy.finetune.train.WindowDataset`), so the teacher reads the
     same tokens. With ``hidden_weight`` the student's outputs must carry their hidden states (the trainer
-    asks for them, :mod:`dipdeploy.finetune.train`); the hidden term, a mean over this batch, is scaled by
-    its share of ``num_items`` as the KL's sum is divided by it, so gradient accumulation weighs both alike."""
+    asks for them, :mod:`dipdeploy.finetune.train`); with ``mlp_weight`` the trainer attaches ``taps`` before
+    each student forward. Each extra term, a mean over this batch, is scaled by its share of ``num_items``
+    as the KL's sum is divided by it, so gradient accumulation weighs them alike."""
 
-    def __init__(self, peft_model, hf: torch.nn.Module, hidden_weight: float = 0.0):
+    def __init__(self, peft_model, hf: torch.nn.Module, hidden_weight: float = 0.0, mlp_weight: float = 0.0):
         self.peft_model = peft_model
         self.hf = hf
         self.hidden_weight = hidden_weight
+        self.mlp_weight = mlp_weight
+        self.taps = MlpTaps() if mlp_weight else None
 
     def __call__(self, outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+        local = mlp_match(self.peft_model, self.taps.seen) if self.taps else None  # before the teacher rewraps
         teacher = teacher_outputs(self.peft_model, self.hf, labels, hidden_states=bool(self.hidden_weight))
         loss = kl_to_teacher(outputs.logits, teacher.logits, num_items_in_batch)
-        if not self.hidden_weight:
-            return loss
         share = labels.shape[0] * (labels.shape[1] - 1) / num_items_in_batch if num_items_in_batch else 1.0
-        return loss + self.hidden_weight * share * hidden_match(outputs.hidden_states, teacher.hidden_states)
+        if self.hidden_weight:
+            loss = loss + self.hidden_weight * share * hidden_match(outputs.hidden_states, teacher.hidden_states)
+        if local is not None:
+            loss = loss + self.mlp_weight * share * local
+        return loss

@@ -100,6 +100,8 @@ def _trainer_class():
             reset_caches(self.hf_model)
             if getattr(self.compute_loss_func, "hidden_weight", 0):  # DistillLoss's hidden term needs the student's
                 inputs = {**inputs, "output_hidden_states": True}
+            if getattr(self.compute_loss_func, "taps", None):  # ... its MLP term, each layer's input and output
+                self.compute_loss_func.taps.attach(self.hf_model)
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
@@ -181,7 +183,7 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
         model = peft.get_peft_model(lm.model, peft_cfg)
         hf = model.get_base_model()
         sparsify_(hf, plan)
-        loss_func = DistillLoss(model, hf, cfg.hidden_weight) if cfg.objective == "distill" else None
+        loss_func = DistillLoss(model, hf, cfg.hidden_weight, cfg.mlp_weight) if cfg.objective == "distill" else None
         trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress, device), train_dataset=data,
                                    callbacks=list(callbacks), compute_loss_func=loss_func)
         trainer.hf_model = hf
