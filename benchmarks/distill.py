@@ -65,8 +65,8 @@ from dipdeploy.paths import write_atomic
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COLS = ["method", "density", "allocation", "training", "data", "hidden_weight", "mlp_weight", "rank", "targets", "sample_windows",
-        "adapter_rho", "ppl", "x_dense",
+COLS = ["method", "density", "allocation", "training", "data", "hidden_weight", "mlp_weight", "rank", "targets",
+        "sample_windows", "adapter_rho", "ppl", "x_dense",
         "x_dense_lm", "gap_closed", "train_tokens", "steps", "batch", "train_seqlen", "lr", "wall_s", "train_load_mean",
         "first_loss", "last_loss", "eval_s", "eval_load"]
 SECTION = "## Recovery by distillation from the dense model"

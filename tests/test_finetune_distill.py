@@ -269,8 +269,8 @@ def test_the_hidden_term_trains_and_lowers_the_hidden_error_more_than_logits_alo
 
 
 def _local_errors(student, plan, windows=IDS) -> list[float]:
-    """Each layer's ‖y − y_dense‖² / ‖y_dense‖² of ``student`` (an HF model) under ``plan``, y_dense from the
-    untouched base model's MLP on the student's own MLP input: mlp_match's formula, computed apart."""
+    """Each layer's ‖y − y_dense‖² / ‖y_dense‖² of ``student`` (an HF model) under ``plan``, y_dense from
+    the untouched base model's MLP on the student's own MLP input: mlp_match's formula, computed apart."""
     sparsify_(student, plan)
     taps = MlpTaps()
     taps.attach(student)

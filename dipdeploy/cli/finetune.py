@@ -39,7 +39,8 @@ def finetune_cmd(
     gamma: Optional[float] = typer.Option(None, help="DIP-CA re-weighting of non-resident rows"),
     rank: Optional[int] = typer.Option(None, help=f"LoRA rank (default {_L.rank})"),
     alpha: Optional[float] = typer.Option(None, help="LoRA α (default 2·rank)"),
-    targets: Optional[str] = typer.Option(None, help=f"comma list of up, gate, down, attn (LoRA), norms (the RMSNorm weights, trained whole beside them; default {','.join(_L.targets)})"),
+    targets: Optional[str] = typer.Option(None, help="comma list of up, gate, down, attn (LoRA), norms (the RMSNorm "
+                                          f"weights, trained whole beside them; default {','.join(_L.targets)})"),
     steps: Optional[int] = typer.Option(None, help=f"optimizer steps (default {_L.steps})"),
     tokens: Optional[int] = typer.Option(None, help="training tokens (overrides --steps)"),
     lr: Optional[float] = typer.Option(None, help=f"peak learning rate (default {_L.lr:g})"),

@@ -27,8 +27,9 @@ class LoraConfig:
     ``targets`` names projections by role (``up``, ``gate``, ``down``; ``attn`` adds every attention
     projection); :func:`dipdeploy.finetune.adapter.target_modules` maps roles to module names of the family record.
     ``norms`` adds the RMSNorm weights, trained whole beside the LoRA (a few thousand numbers a layer;
-    :func:`dipdeploy.finetune.adapter.norm_modules`): the norm before the MLP sets both DIP's input scores
-    |RMSNorm(h) ⊙ w| and the values the kept columns multiply, which a LoRA on the projections cannot move.
+    :func:`dipdeploy.finetune.adapter.norm_modules`): the norm before the MLP scales both DIP's input scores
+    |RMSNorm(h) ⊙ w| and the values the kept columns multiply, which no LoRA on the projections reaches
+    directly. On SmolLM2 it did not pay (benchmarks/results/distill-recipes-smollm2.md).
     ``tokens``, when set, overrides ``steps``: steps = ⌈tokens / (batch_size · grad_accum · seqlen · processes)⌉,
     since each data-parallel process trains ``batch_size`` windows per step (:meth:`total_steps`).
     ``alpha=None`` means 2·rank, the usual LoRA scaling of 2.
@@ -40,8 +41,9 @@ class LoraConfig:
     ``objective`` is one of :data:`OBJECTIVES`; ``hidden_weight`` (distill only) adds the dense model's hidden
     state after every decoder layer as a second target (:func:`dipdeploy.finetune.distill.hidden_match`), at
     that weight against the KL; 0 is logits only. ``mlp_weight`` (distill only) adds each layer's dense MLP
-    output on the student's own MLP input (:func:`dipdeploy.finetune.distill.mlp_match`), at that weight. ``data=None`` means the objective's own text
-    (:data:`DEFAULT_DATA`), resolved here so the saved config names the text actually used.
+    output on the student's own MLP input (:func:`dipdeploy.finetune.distill.mlp_match`), at that weight.
+    ``data=None`` means the objective's own text (:data:`DEFAULT_DATA`), resolved here so the saved config
+    names the text actually used.
     """
 
     rank: int = 16

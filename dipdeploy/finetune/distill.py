@@ -16,8 +16,10 @@ With ``hidden_weight`` the dense model's hidden state after every decoder layer 
 pruning error is visible in its own hidden state, so each layer's adapter gets a signal of its own.
 
 With ``mlp_weight`` each layer's MLP output is matched to the dense MLP run on the *student's* own MLP
-input (:func:`mlp_match`): a local target, free of the error the earlier layers pass on, which is what a
-layer's masks alone cost and its adapter alone can repair.
+input (:func:`mlp_match`): a local target, what that layer's masks alone cost, free of the error the
+earlier layers pass on. Neither extra term paid on SmolLM2 (the hidden states:
+benchmarks/results/lora-smollm2.md; the MLP outputs, whose local error a rank-16 adapter moved by 3–4 %:
+benchmarks/results/distill-recipes-smollm2.md).
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ class MlpTaps:
 
 
 def mlp_match(peft_model, seen: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Mean over layers of ‖y − y_dense‖² / ‖y_dense‖², y the student's sparse MLP output (masks and adapter)
-    and y_dense the base MLP's on the same input, dense and without the adapter (the SparseMLP's ``base``
+    """Mean over layers of ‖y − y_dense‖² / ‖y_dense‖², y the student's sparse MLP output (masks and
+    adapter) and y_dense the base MLP's on the same input, dense and without the adapter (the SparseMLP's ``base``
     under peft ``disable_adapter``), over the whole batch; relative per layer as :func:`hidden_match`."""
     terms = []
     for mlp, x, y in seen:

@@ -46,7 +46,8 @@ from pathlib import Path
 
 import torch
 
-from dipdeploy.finetune.adapter import dense_paths, fingerprint, keep_base_norms, norm_modules, target_modules, write_metadata
+from dipdeploy.finetune.adapter import (dense_paths, fingerprint, keep_base_norms, norm_modules, target_modules,
+                                       write_metadata)
 from dipdeploy.finetune.config import LoraConfig
 from dipdeploy.finetune.data import training_windows
 from dipdeploy.finetune.distill import DistillLoss
