@@ -94,3 +94,21 @@ def test_the_teacher_runs_the_base_norms_while_the_student_trains_its_own():
 def test_norms_alone_are_refused():
     with pytest.raises(ValueError, match="norms train beside a LoRA"):
         LoraConfig(targets=("norms",))
+
+
+def test_export_merges_the_trained_norms_and_a_streamed_export_refuses_them(trained, tmp_path):
+    """The eager export merges the adapter with peft (the norms included), so the bundle's dense weights
+    change and it still agrees with torch; the streamed export's weight-by-weight merge cannot express a
+    module trained whole and says so before any work."""
+    from dipdeploy.export.bundle import export_model
+    from dipdeploy.export.config import ExportConfig
+
+    _, _, _, out = trained
+    kw = dict(model="tiny-llama", method="dip", rho_in=0.6, quant="bq4", validate_tokens=8)
+    base = export_model(ExportConfig(**kw), tmp_path / "base")
+    tuned = export_model(ExportConfig(lora=str(out), **kw), tmp_path / "tuned")
+    assert tuned.manifest.validation["agrees_stock"]
+    assert tuned.manifest.files["dense.bin"]["sha256"] != base.manifest.files["dense.bin"]["sha256"]
+    with pytest.raises(ValueError, match="modules_to_save"):
+        export_model(ExportConfig(lora=str(out), stream=True, **kw), tmp_path / "streamed")
+    assert not (tmp_path / "streamed").exists()
