@@ -42,14 +42,18 @@ def trained(tmp_path_factory):
     return lm, before, plan, out
 
 
-def test_norm_modules_name_each_layers_norms_and_the_final_one_by_full_path():
-    lm = load_model("tiny-llama")
+@pytest.mark.parametrize("model,per_layer", [("tiny-llama", 2), ("tiny-gemma3", 4), ("tiny-olmo2", 2),
+                                             ("tiny-phi3", 2)])
+def test_norm_modules_name_each_layers_norms_and_the_final_one_by_full_path(model, per_layer):
+    """Llama's two norms a layer, Gemma 3's four (sandwich), OLMo2's two after the sub-layers: each name one
+    RMSNorm module of the model, matched by peft exactly (no name is a suffix of another)."""
+    lm = load_model(model)
     names = norm_modules(lm.model)
     layers = lm.model.config.num_hidden_layers
-    assert len(names) == 2 * layers + 1 and names[-1] == "model.norm"
-    assert "model.layers.0.post_attention_layernorm" in names
+    assert len(names) == per_layer * layers + 1 and names[-1] == "model.norm"
     named = dict(lm.model.named_modules())
     assert all(type(named[n]).__name__.endswith("RMSNorm") for n in names)
+    assert not any(a != b and a.endswith(b) for a in named for b in names if a not in names)
 
 
 def test_norms_train_and_the_model_is_left_as_it_came(trained):
