@@ -243,22 +243,30 @@ def test_hidden_weight_is_for_distillation_only():
         LoraConfig(objective="distill", hidden_weight=-1)
 
 
+def _distil_pair(tmp_path, term: str):
+    """The same 30-step distillation of tiny-llama at ρ 0.4 twice, without and with ``term`` (a LoraConfig
+    weight) at 10: {weight: (adapter dir, plan, training windows)}."""
+    text = tmp_path / "train.txt"
+    text.write_text("pack my box with five dozen liquor jugs; the quick brown fox jumps over it. " * 60)
+    plan = _plan(load_model("tiny-llama"), density=0.4)
+    runs = {}
+    for weight in (0.0, 10.0):
+        cfg = LoraConfig(objective="distill", steps=30, lr=1e-2, seqlen=24, batch_size=2, warmup_steps=0,
+                         logging_steps=1, save_steps=30, rank=4, text_file=str(text), seed=0, **{term: weight})
+        out = tmp_path / f"adapter-{weight}"
+        res = finetune(load_model("tiny-llama"), plan, cfg, out, progress=False)
+        assert res.steps == 30 and all(math.isfinite(h["loss"]) for h in res.log_history if "loss" in h)
+        assert read_metadata(out)["lora"][term] == weight
+        runs[weight] = out, plan, training_windows(load_model("tiny-llama"), cfg)
+    return runs
+
+
 def test_the_hidden_term_trains_and_lowers_the_hidden_error_more_than_logits_alone(tmp_path):
     """Both recipes from the same seed and text: the one with the hidden-state term must end with the hidden
     states closer to the dense model's, on the mean over layers, than the logits-only one (it is what that
     term optimises; the check fails if the term is not passed to the loss)."""
-    text = tmp_path / "train.txt"
-    text.write_text("pack my box with five dozen liquor jugs; the quick brown fox jumps over it. " * 60)
-    plan = _plan(load_model("tiny-llama"), density=0.4)
     errors = {}
-    for weight in (0.0, 10.0):
-        cfg = LoraConfig(objective="distill", hidden_weight=weight, steps=30, lr=1e-2, seqlen=24, batch_size=2,
-                         warmup_steps=0, logging_steps=1, save_steps=30, rank=4, text_file=str(text), seed=0)
-        out = tmp_path / f"adapter-{weight}"
-        res = finetune(load_model("tiny-llama"), plan, cfg, out, progress=False)
-        assert res.steps == 30 and all(math.isfinite(h["loss"]) for h in res.log_history if "loss" in h)
-        assert read_metadata(out)["lora"]["hidden_weight"] == weight
-        windows = training_windows(load_model("tiny-llama"), cfg)
+    for weight, (out, plan, windows) in _distil_pair(tmp_path, "hidden_weight").items():
         student = apply_lora(load_model("tiny-llama"), out, merge=False, plan=plan)
         sparsify_(student.model, plan)
         with torch.no_grad():
@@ -313,18 +321,8 @@ def test_the_mlp_term_trains_and_lowers_the_local_mlp_error_more_than_logits_alo
     """Both recipes from the same seed and text: the one with the per-layer MLP term must end with each
     layer's sparse MLP closer to the dense MLP on its own input than the logits-only one (what that term
     optimises; the check fails if the taps or the term do not reach the loss)."""
-    text = tmp_path / "train.txt"
-    text.write_text("pack my box with five dozen liquor jugs; the quick brown fox jumps over it. " * 60)
-    plan = _plan(load_model("tiny-llama"), density=0.4)
     errors = {}
-    for weight in (0.0, 10.0):
-        cfg = LoraConfig(objective="distill", mlp_weight=weight, steps=30, lr=1e-2, seqlen=24, batch_size=2,
-                         warmup_steps=0, logging_steps=1, save_steps=30, rank=4, text_file=str(text), seed=0)
-        out = tmp_path / f"adapter-{weight}"
-        res = finetune(load_model("tiny-llama"), plan, cfg, out, progress=False)
-        assert res.steps == 30 and all(math.isfinite(h["loss"]) for h in res.log_history if "loss" in h)
-        assert read_metadata(out)["lora"]["mlp_weight"] == weight
-        student = apply_lora(load_model("tiny-llama"), out, merge=True, plan=plan).model
-        local = _local_errors(student, plan, training_windows(load_model("tiny-llama"), cfg))
+    for weight, (out, plan, windows) in _distil_pair(tmp_path, "mlp_weight").items():
+        local = _local_errors(apply_lora(load_model("tiny-llama"), out, merge=True, plan=plan).model, plan, windows)
         errors[weight] = sum(local) / len(local)
     assert errors[10.0] < 0.9 * errors[0.0], errors
