@@ -110,11 +110,11 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
     from dipdeploy.runtime.engine import PREFILL_MODES
     from dipdeploy.runtime.blockio import IO_ENGINES
     from dipdeploy.cache.split import CACHE_SPLITS
-    from dipdeploy.runtime.flash import IO_AUTO, IO_MODES
+    from dipdeploy.runtime.flash import IO_CHOICES
     from dipdeploy.runtime.threadpool import THREAD_POOLS
 
-    if io != IO_AUTO and io not in IO_MODES:
-        raise ValueError(f"--io {io}: choose one of {', '.join((IO_AUTO,) + IO_MODES)}")
+    if io not in IO_CHOICES:
+        raise ValueError(f"--io {io}: choose one of {', '.join(IO_CHOICES)}")
     if io_threads is not None and io_threads < 1:
         raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
     if io_engine not in IO_ENGINES:

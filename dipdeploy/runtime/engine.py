@@ -46,7 +46,7 @@ from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Re
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, MAX_REQUEST, bounce_bytes
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
-from dipdeploy.runtime.flash import IO_AUTO, IO_MODES, FlashStore, choose_io
+from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, FlashStore, choose_io
 from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.positions import PositionValues
 from dipdeploy.runtime.sampler import Sampler
@@ -160,8 +160,8 @@ class EngineConfig:
             raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.io != IO_AUTO and self.io not in IO_MODES:
-            raise ValueError(f"io {self.io!r} unknown; choose one of {', '.join((IO_AUTO,) + IO_MODES)}")
+        if self.io not in IO_CHOICES:
+            raise ValueError(f"io {self.io!r} unknown; choose one of {', '.join(IO_CHOICES)}")
         if type(self.io_gap) is not int or self.io_gap < 0:
             raise ValueError(f"io gap must be a whole number of blocks >= 0, got {self.io_gap!r}")
         if self.io_engine not in IO_ENGINES:

@@ -54,6 +54,7 @@ from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, AlignedBuffer, make_rea
 
 IO_MODES = ("mmap", "pread", "direct")
 IO_AUTO = "auto"  # the engine's default: one of IO_MODES, chosen by choose_io once the plan is known
+IO_CHOICES = (IO_AUTO,) + IO_MODES  # what a user may name (EngineConfig.io, --io)
 _IOV_MAX = 1024
 _SLEEP_SLICE = 1e-3  # pay emulated Flash time in sleeps of at least this
 _MAX_CREDIT = 2e-3  # oversleep credited to later reads, at most
