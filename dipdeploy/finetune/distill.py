@@ -80,11 +80,9 @@ def mlp_match(peft_model, seen: list[tuple[torch.nn.Module, torch.Tensor, torch.
     """Mean over layers of ‖y − y_dense‖² / ‖y_dense‖², y the student's sparse MLP output (masks and
     adapter) and y_dense the base MLP's on the same input, dense and without the adapter (the SparseMLP's ``base``
     under peft ``disable_adapter``), over the whole batch; relative per layer as :func:`hidden_match`."""
-    terms = []
-    for mlp, x, y in seen:
-        with torch.no_grad(), peft_model.disable_adapter():
-            target = mlp.base(x.detach()).float()
-        terms.append((y.float() - target).pow(2).sum() / target.pow(2).sum().clamp_min(1e-12))
+    with torch.no_grad(), peft_model.disable_adapter():  # one toggle of every LoRA layer, not one per MLP
+        targets = [mlp.base(x.detach()).float() for mlp, x, _ in seen]
+    terms = [(y.float() - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-12) for (_, _, y), t in zip(seen, targets)]
     return torch.stack(terms).mean()
 
 
