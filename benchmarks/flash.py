@@ -54,7 +54,7 @@ from pathlib import Path
 
 from _common import lscpu, machine, md_table, memory_group, positive_int, write_rows_json
 
-from peers import LLAMA_PEERS, PEERS, build_genai, build_gguf
+from peers import LLAMA_PEERS, PEERS, build_genai, build_gguf, read_bytes
 
 from dipdeploy.cache.split import CACHE_SPLIT
 from dipdeploy.paths import write_atomic
@@ -138,13 +138,6 @@ def ensure_bundles(model: str, orders: tuple[str, ...] = ("natural",)) -> dict[t
     return out
 
 
-def _io_read_bytes() -> int:
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    return 0
-
-
 def belady_table_bytes(eng, steps: int) -> int:
     """What Belady's offline optimum holds beyond the warmed-up charge, per group: the recorded future
     selections (``Engine.generate``'s first pass, int64 [steps, K]) and the next-use table built from them
@@ -191,10 +184,10 @@ def child(spec: dict) -> dict:
 
     def on_text(piece: str) -> None:
         if not start:
-            start.append(_io_read_bytes())
+            start.append(read_bytes())
 
     s = eng.generate(PROMPT, spec["tokens"], stop_at_eos=False, on_text=on_text).stats
-    device = _io_read_bytes() - start[0]
+    device = read_bytes() - start[0]
     row = {"tok_s": s.decode_tok_s, "wanted_mb": s.flash_mb_per_token, "device_mb": device / (s.new_tokens - 1) / 1e6,
            "store_device_mb": s.flash_device_mb_per_token, "requests": s.flash_requests_per_token,
            "hit_rate": s.hit_rate, "ahead_rows": s.read_ahead_rows_per_token, "ahead_used": s.read_ahead_used_per_token,
