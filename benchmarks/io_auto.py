@@ -32,9 +32,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 IOS = ("auto", "mmap", "direct")
 #: the child runs the CLI and prints its process's bytes read from the block device when it exits
-CHILD = ("import sys\nfrom dipdeploy.cli import app\ntry:\n    app()\nfinally:\n"
-         "    io = dict(line.split(': ') for line in open('/proc/self/io').read().splitlines())\n"
-         "    print('READ_BYTES', io['read_bytes'], file=sys.stderr)\n")
+CHILD = ("import sys\nfrom dipdeploy.cli import app\nfrom peers import read_bytes\ntry:\n    app()\nfinally:\n"
+         "    print('READ_BYTES', read_bytes(), file=sys.stderr)\n")
 
 
 def run_once(bundle: Path, io: str, budget: str, tokens: int, limit: int | None, out: Path) -> dict:
@@ -42,7 +41,7 @@ def run_once(bundle: Path, io: str, budget: str, tokens: int, limit: int | None,
             budget, "--io", io, "--cold", "--json", str(out), "--force"]
     with memory_group(f"io-auto-{io}", limit) as (group, enter):
         p = subprocess.run(argv, preexec_fn=enter, capture_output=True, text=True, cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "benchmarks")))})
         peak = int((group / "memory.max_usage_in_bytes").read_text())
     if p.returncode:
         last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
