@@ -67,6 +67,13 @@ class DemoRow:
         return asdict(self)
 
 
+def chat_hint(cfg: DemoConfig, bundle: str) -> list[str]:
+    """The ``dipdeploy chat`` arguments that talk to ``bundle`` under the demo's own conditions (its budget,
+    reads through the mapping paced at its Flash bandwidth), so the speed a user sees there is the one the
+    demo's table printed; the engine's default reader would read from this disk instead."""
+    return ["chat", bundle, "--dram-budget", cfg.dram_budget, "--io", "mmap", "--flash-bandwidth", cfg.flash_bandwidth]
+
+
 def run_demo(cfg: DemoConfig, force: bool, progress: Progress) -> tuple[list[DemoRow], bool]:
     """The rows (dense first) and whether the native op library ran them."""
     from dipdeploy.eval.data import load_text

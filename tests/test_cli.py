@@ -1,8 +1,10 @@
 import json
 
+import typer
 from typer.testing import CliRunner
 
 from dipdeploy.cli import app
+from dipdeploy.demo import DemoConfig, chat_hint
 
 runner = CliRunner()
 
@@ -93,6 +95,10 @@ def test_demo_sets_dense_against_dip_ca_on_one_screen(data_dir, tmp_path):
     assert rows[1]["flash_mb_per_token"] < rows[0]["flash_mb_per_token"]  # fewer rows read at ρ 0.6
     assert "perplexity" in res.output and "What is the capital of France?" in res.output
     assert "raw text" in res.output and "[1/2] dense" in res.output
+    hint = chat_hint(DemoConfig(), rows[1]["bundle"])  # the line it prints parses as chat, at the demo's settings
+    assert " ".join(hint).replace(" ", "") in res.output.replace(" ", "").replace("\n", "")
+    chat = typer.main.get_command(app).commands["chat"].make_context("chat", hint[1:]).params
+    assert (chat["dram_budget"], chat["io"], chat["flash_bandwidth"]) == ("50%", "mmap", "1GB/s")
     res = CliRunner().invoke(app, args[:-2])  # the bundles exist: replaced only with --force
     assert res.exit_code == 2 and "--force" in res.output
 

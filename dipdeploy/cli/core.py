@@ -14,7 +14,7 @@ from rich.markup import escape
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.tables import table as make_table
-from dipdeploy.demo import DemoConfig
+from dipdeploy.demo import DemoConfig, chat_hint
 from dipdeploy.eval import EvalConfig
 from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig
 from dipdeploy.registry import list_models
@@ -329,8 +329,9 @@ def _demo_screen(cfg, rows, native: bool) -> None:
     console.print(f"\n[dim]Every row has the same DRAM budget (the bytes of {cfg.dram_budget} of the MLP rows "
                   f"cached, small rows first; dense pins its most used rows, DIP-CA caches with LFU) and reads the "
                   f"rest from Flash emulated at {cfg.flash_bandwidth}. Perplexity: WikiText-2 test, "
-                  f"{cfg.windows}×{cfg.seqlen} tokens, lower is better. Greedy answers. Try: dipdeploy chat "
-                  f"{escape(rows[1].bundle)}[/]")
+                  f"{cfg.windows}×{cfg.seqlen} tokens, lower is better. Greedy answers.\nTry it under the same "
+                  f"conditions: dipdeploy {escape(' '.join(chat_hint(cfg, rows[1].bundle)))} (without --io and "
+                  f"--flash-bandwidth it reads the rows from this disk with O_DIRECT)[/]")
 
 
 @app.command("trace")
