@@ -108,3 +108,23 @@ def test_demo_refuses_bad_densities_in_one_line():
     assert res.exit_code == 2 and "--density" in res.output and len(res.output.strip().splitlines()) == 1
     res = CliRunner().invoke(app, ["demo", "--density", "1.2"])
     assert res.exit_code == 2 and "--density" in res.output
+
+
+def test_eval_with_a_plan_labels_and_meters_the_row_as_the_plan(tmp_path, data_dir):
+    """A TEAL plan given to `eval` without --method is evaluated, labelled and metered as TEAL at its own
+    density (not as the defaults' DIP at 0.5); a --method or --density that contradicts it is one line, exit 2."""
+    plan, rows = tmp_path / "teal.json", tmp_path / "rows.json"
+    res = runner.invoke(app, ["calibrate", "--model", "tiny-llama", "--method", "teal", "--density", "0.6",
+                              "--rho-in", "0.66", "--windows", "1", "--seqlen", "32", "--data-dir", str(data_dir),
+                              "--out", str(plan)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["eval", "--model", "tiny-llama", "--plan", str(plan), "--seqlen", "64",
+                              "--max-windows", "1", "--data-dir", str(data_dir), "--json", str(rows)])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(rows.read_text())
+    assert (row["method"], row["target_density"], row["density"]) == ("teal", 0.6, 0.6)
+    assert row["density_test"] != row["density"]  # measured on the test tokens, as for a calibrated TEAL row
+    for extra in (["--method", "dip"], ["--density", "0.5"]):
+        res = runner.invoke(app, ["eval", "--model", "tiny-llama", "--plan", str(plan), "--data-dir", str(data_dir),
+                                  *extra])
+        assert res.exit_code == 2 and "is a teal plan at ρ 0.6" in res.output, res.output

@@ -137,11 +137,13 @@ def floats(text: str, flag: str) -> list[float]:
 @app.command("eval")
 def eval_cmd(
     model: str = MODEL,
-    method: str = typer.Option(_S.method, help="comma list of: dense, glu, gate, up, cats, teal, dip, dip-ca "
-                               "(dense is evaluated once, at ρ = 1; cats: threshold on |act(W_g x)|, act = SiLU, "
-                               "or GELU for GeGLU)"),
-    density: str = typer.Option(f"{_S.density:g}", help="comma list of MLP densities ρ in (0, 1]"),
-    plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration)"),
+    method: Optional[str] = typer.Option(None, help="comma list of: dense, glu, gate, up, cats, teal, dip, dip-ca "
+                                         "(dense is evaluated once, at ρ = 1; cats: threshold on |act(W_g x)|, act = "
+                                         f"SiLU, or GELU for GeGLU) [default: {_S.method}, or the --plan's]"),
+    density: Optional[str] = typer.Option(None, help="comma list of MLP densities ρ in (0, 1] [default: "
+                                          f"{_S.density:g}, or the --plan's]"),
+    plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration; the "
+                                        "row is its method at its density)"),
     seqlen: int = typer.Option(_EV.seqlen, help="window length in tokens"),
     max_windows: Optional[int] = typer.Option(_EV.max_windows, help="evaluate at most this many windows (all: 0)"),
     dataset: str = typer.Option(_EV.dataset, help="wikitext2 (test split) or use --text-file"),
@@ -178,7 +180,8 @@ def eval_cmd(
                      outputs={"--json": json_out, "--plot": plot}, force=force)
         if lora is not None and not lora.is_dir():
             raise FileNotFoundError(f"--lora {lora} is not an adapter directory; give one from `dipdeploy finetune`")
-        floats(density, "--density")
+        if density is not None:
+            floats(density, "--density")
         # the knobs every row shares; each row sets its own method and density (evaluate)
         sp = _sparsity_options(_S.method, _S.density, rho_in, allocation, score, gamma, policy, cache_frac,
                                fixed_top_n, gamma_warmup, cache_split)

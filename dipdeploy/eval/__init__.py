@@ -13,7 +13,7 @@ from typing import Callable
 
 from dipdeploy import defaults
 from dipdeploy.progress import Progress
-from dipdeploy.sparsity.plan import METHODS, SparsityConfig
+from dipdeploy.sparsity.plan import METHODS, SparsityConfig, SparsityPlan
 from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES, device_of
 
 ROW_KEYS = ("model", "method", "density", "ppl", "tokens", "seqlen")
@@ -27,11 +27,27 @@ def _as_tuple(v, cast):
     return (cast(v),)
 
 
+def _plan_rows(path: str, method, density) -> tuple[tuple[str], tuple[float]]:
+    """The one (method, density) row a plan file evaluates: the plan's own, so the row is labelled and
+    metered (TEAL and CATS measure their realised density) as what runs. A method or density given beside
+    it must be the plan's (density within 0.01: a top-K plan's realised ρ is a whole number of rows off)."""
+    plan = SparsityPlan.load(path)
+    given_m = _as_tuple(method, str) if method is not None else (plan.method,)
+    given_d = _as_tuple(density, float) if density is not None else (plan.density,)
+    if len(given_m) > 1 or len(given_d) > 1:
+        raise ValueError("--plan fixes method and density; pass a single method/density or drop --plan")
+    if given_m[0] != plan.method or abs(given_d[0] - plan.density) >= 0.01:
+        raise ValueError(f"--plan {path} is a {plan.method} plan at ρ {plan.density:.4g}, not {given_m[0]} at "
+                         f"ρ {given_d[0]:g}; drop --method and --density (the plan sets them) or give the plan's")
+    return (plan.method,), (round(plan.density, 4),)
+
+
 @dataclass
 class EvalConfig:
     model: str = defaults.MODEL
-    method: str | tuple[str, ...] = SparsityConfig.method
-    density: float | tuple[float, ...] = SparsityConfig.density
+    # None: the plan's own with ``plan``, else SparsityConfig's
+    method: str | tuple[str, ...] | None = None
+    density: float | tuple[float, ...] | None = None
     plan: str | None = None
     seqlen: int = 2048
     max_windows: int | None = 16
@@ -57,8 +73,10 @@ class EvalConfig:
     device: str = DEFAULT_DEVICE  # where torch computes (dipdeploy.torchdevice); the rows are Python numbers
 
     def __post_init__(self) -> None:
-        self.method = _as_tuple(self.method, str)
-        self.density = _as_tuple(self.density, float)
+        own = _plan_rows(self.plan, self.method, self.density) if self.plan is not None else None
+        self.method = own[0] if own else _as_tuple(SparsityConfig.method if self.method is None else self.method, str)
+        self.density = own[1] if own else _as_tuple(SparsityConfig.density if self.density is None else self.density,
+                                                    float)
         for m in self.method:
             if m not in METHODS:
                 raise ValueError(f"method {m!r} unknown; choose from {', '.join(METHODS)}")
@@ -80,8 +98,6 @@ class EvalConfig:
             raise ValueError(f"embedding {self.embedding!r} unknown; choose one of {', '.join(defaults.EMBEDDINGS)}")
         if self.quant is not None and self.weights is not None:
             raise ValueError("--weights brings its own quantised MLP; drop --quant (or drop --weights)")
-        if self.plan is not None and (len(self.method) > 1 or len(self.density) > 1):
-            raise ValueError("--plan fixes method and density; pass a single method/density or drop --plan")
         vq = (self.vq_hessian, self.vq_feedback, self.vq_density)
         if self.quant is None and any(v is not None for v in vq):
             raise ValueError("--vq-hessian / --vq-feedback / --vq-density fit the VQ3 of --quant vq3"
@@ -194,7 +210,6 @@ class Evaluator:
 
     def plan_for(self, sparsity: SparsityConfig):
         from dipdeploy.sparsity.calibrate import calibrate
-        from dipdeploy.sparsity.plan import SparsityPlan
 
         if self.cfg.plan is not None:
             return SparsityPlan.load(self.cfg.plan)
