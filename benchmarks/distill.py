@@ -16,7 +16,8 @@ Rows (WikiText-2 test PPL, every adapter merged as `export --lora` merges it):
   at the density ``adapter_rho``; at other densities the same adapter is applied under that density's plan.
   ``--hidden-weight W`` adds the dense model's hidden state after every layer as a second target at weight
   W (``hidden_weight`` column; its adapters need a ``--work`` of their own, the recipe differs);
-  ``--mlp-weight W`` each layer's dense MLP output on the student's own MLP input (``mlp_weight``, likewise).
+  ``--mlp-weight W`` each layer's dense MLP output on the student's own MLP input (``mlp_weight``, likewise);
+  ``--targets …,norms`` trains the RMSNorm weights too, at ``--norm-lr-scale`` × the rate (``norm_lr_scale``).
 - ``dip``, training ``lm`` (``--dip-lm``): DIP plus the same training with the next-token objective, to
   tell the objective's share from the training text's.
 
@@ -66,7 +67,7 @@ from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COLS = ["method", "density", "allocation", "training", "data", "hidden_weight", "mlp_weight", "rank", "targets",
-        "sample_windows", "adapter_rho", "ppl", "x_dense",
+        "norm_lr_scale", "sample_windows", "adapter_rho", "ppl", "x_dense",
         "x_dense_lm", "gap_closed", "train_tokens", "steps", "batch", "train_seqlen", "lr", "wall_s", "train_load_mean",
         "first_loss", "last_loss", "eval_s", "eval_load"]
 SECTION = "## Recovery by distillation from the dense model"
@@ -102,11 +103,13 @@ def parse() -> argparse.Namespace:
                     "trained)")
     ap.add_argument("--rank", type=int, default=LoraConfig.rank, help="LoRA rank")
     ap.add_argument("--targets", default=",".join(LoraConfig.targets),
-                    help="projections the adapter trains: up,gate,down[,attn]")
+                    help="what the adapter trains: up,gate,down[,attn] (LoRA)[,norms] (the RMSNorm weights)")
     ap.add_argument("--hidden-weight", type=float, default=0.0,
                     help="distill: weight of the per-layer hidden-state term against the KL (0: logits only)")
     ap.add_argument("--mlp-weight", type=float, default=0.0,
                     help="distill: weight of the per-layer MLP-output term against the KL (0: off)")
+    ap.add_argument("--norm-lr-scale", type=float, default=LoraConfig.norm_lr_scale,
+                    help="with --targets …,norms: the norms' learning rate as a multiple of --lr (default %(default)g)")
     ap.add_argument("--dip-lm", action="store_true", help="also DIP + the LM objective on the same text")
     ap.add_argument("--train", help="only train this adapter (distill@RHO, dense-lm, dip-lm) and exit")
     ap.add_argument("--no-dense", action="store_true", help="leave the two dense rows to another process")
@@ -128,7 +131,7 @@ def lora_config(args, objective: str) -> LoraConfig:
                       sample_windows=args.sample_windows,
                       hidden_weight=args.hidden_weight if objective == "distill" else 0.0,
                       mlp_weight=args.mlp_weight if objective == "distill" else 0.0,
-                      steps=4 if args.quick else args.steps,
+                      norm_lr_scale=args.norm_lr_scale, steps=4 if args.quick else args.steps,
                       seqlen=args.train_seqlen, batch_size=args.batch, lr=args.lr,
                       warmup_steps=1 if args.quick else args.warmup, logging_steps=1 if args.quick else 5,
                       save_steps=2 if args.quick else args.save_steps, bf16=True)
@@ -201,6 +204,7 @@ class Bench:
             row["hidden_weight"] = meta["lora"].get("hidden_weight", 0.0)
             row["rank"], row["targets"] = meta["lora"]["rank"], ",".join(meta["lora"]["targets"])
             row["mlp_weight"] = meta["lora"].get("mlp_weight", 0.0)
+            row["norm_lr_scale"] = meta["lora"].get("norm_lr_scale", 1.0) if "norms" in meta["lora"]["targets"] else None
             row["sample_windows"] = meta["lora"].get("sample_windows")
             if (adapter / LOAD_NAME).is_file():
                 train.update(json.loads((adapter / LOAD_NAME).read_text()))
@@ -249,15 +253,20 @@ def key(row: dict) -> tuple:
             *recipe_of(row))
 
 
-#: the adapter recipe of every row from before the rank, targets, sample_windows and mlp_weight columns
-OLD_RECIPE = {"rank": 16, "targets": "up,gate,down", "sample_windows": None, "mlp_weight": 0.0}
+#: the adapter recipe of every row from before the rank, targets, sample_windows, mlp_weight and norm_lr_scale
+#: columns (the norms, where trained before their column, trained at the LoRA's own rate)
+OLD_RECIPE = {"rank": 16, "targets": "up,gate,down", "sample_windows": None, "mlp_weight": 0.0, "norm_lr_scale": 1.0}
 
 
 def recipe_of(row: dict) -> tuple:
-    """(rank, targets, sample_windows, mlp_weight) of a trained row's adapter, all "-" for an untrained row."""
+    """(rank, targets, sample_windows, mlp_weight, norm_lr_scale) of a trained row's adapter (norm_lr_scale
+    None where no norm was trained), all "-" for an untrained row."""
     if row["training"] == "none":
         return ("-",) * len(OLD_RECIPE)
-    return tuple(row.get(k, v) for k, v in OLD_RECIPE.items())
+    recipe = {k: row.get(k, v) for k, v in OLD_RECIPE.items()}
+    if "norms" not in recipe["targets"].split(","):
+        recipe["norm_lr_scale"] = None
+    return tuple(recipe.values())
 
 
 def data_of(row: dict) -> str:
@@ -318,7 +327,8 @@ def main() -> None:
         hidden = hidden_of({"training": training, "hidden_weight": args.hidden_weight})
         recipe = recipe_of({"training": training, "rank": args.rank, "targets": args.targets,
                             "sample_windows": args.sample_windows,
-                            "mlp_weight": args.mlp_weight if training == "distill" else 0.0})
+                            "mlp_weight": args.mlp_weight if training == "distill" else 0.0,
+                            "norm_lr_scale": args.norm_lr_scale})
         if (training not in args.trainings.split(",")
                 or (method, rho, alloc, training, data, hidden, *recipe) in {key(r) for r in merged()}):
             return
@@ -378,9 +388,11 @@ def goal(rows: list[dict], rho: float) -> str:
         if rec.get("planned_steps", rec["steps"]) > rec["steps"]:
             extra += f" (training stopped by --train-minutes at step {rec['steps']} of {rec['planned_steps']})"
         hidden = f", hidden states ×{hidden_of(rec):g}" if hidden_of(rec) else ""
-        rank, targets, _, mlp = recipe_of(rec)
+        rank, targets, _, mlp, norm_lr = recipe_of(rec)
         if mlp:
             hidden += f", MLP outputs ×{mlp:g}"
+        if norm_lr is not None:
+            hidden += f", the norms at {norm_lr:g} × lr"
         if (rank, targets) != (OLD_RECIPE["rank"], OLD_RECIPE["targets"]):
             hidden += f", rank {rank} on {targets}"
         lines.append(f"{head}, {rec['allocation']} plan, {data_of(rec)}{hidden}, {rec['steps']} steps: "
@@ -400,7 +412,7 @@ def write_table(rows: list[dict], name: str, info: dict, args) -> None:
         derive(part)
         for r in part:
             r["data"], r["hidden_weight"] = data_of(r), hidden_of(r) if r["training"] == "distill" else None
-            r["rank"], r["targets"], r["sample_windows"], r["mlp_weight"] = recipe_of(r)
+            r["rank"], r["targets"], r["sample_windows"], r["mlp_weight"], r["norm_lr_scale"] = recipe_of(r)
         part.sort(key=lambda r: (r["method"] != "dense", r["target_density"], r["allocation"],
                                  order.index(r["training"]), r["data"], r["hidden_weight"] or 0.0, str(recipe_of(r))))
         tables.append(f"### {windows} × {seqlen} tokens of WikiText-2 test ({part[0]['tokens']} predicted tokens)\n\n"

@@ -55,7 +55,7 @@ def test_rewriting_the_section_keeps_what_precedes_it_and_the_reading(distill):
     assert text.startswith("# title\n\nearlier section\n\n" + distill.SECTION)
     assert "old tables" not in text and text.count(distill.SECTION) == 1
     assert text.endswith(f"{distill.READING} (by hand)\n\nnotes\n")
-    assert "| dip | 0.5 | greedy | distill | pydoc-topics | 0 | 0 | 16 | up,gate,down |  | 0.5 | 24 |" in text
+    assert "| dip | 0.5 | greedy | distill | pydoc-topics | 0 | 0 | 16 | up,gate,down |  |  | 0.5 | 24 |" in text
 
 
 def test_adapters_trained_on_other_text_are_rows_of_their_own(distill):
@@ -87,11 +87,24 @@ def test_adapters_of_another_rank_or_targets_are_rows_of_their_own(distill):
     attn = {**rows[-1], "ppl": 23.0, "rank": 16, "targets": "up,gate,down,attn", "sample_windows": 4096}
     wide = {**attn, "ppl": 22.5, "rank": 64}
     keys = {distill.key(r) for r in (rows[-1], attn, wide)}
-    assert len(keys) == 3 and distill.recipe_of(rows[-1]) == (16, "up,gate,down", None, 0.0)
-    assert distill.recipe_of(rows[0]) == ("-", "-", "-", "-")
+    assert len(keys) == 3 and distill.recipe_of(rows[-1]) == (16, "up,gate,down", None, 0.0, None)
+    assert distill.recipe_of(rows[0]) == ("-",) * 5
     lines = distill.goal(rows + [attn, wide], 0.5).splitlines()
     assert len(lines) == 3 and "rank" not in lines[0]
     assert "rank 16 on up,gate,down,attn" in lines[1] and "rank 64 on up,gate,down,attn" in lines[2]
     local = {**rows[-1], "ppl": 23.8, "mlp_weight": 4.0}
     assert distill.key(local) != distill.key(rows[-1])
     assert "MLP outputs ×4" in distill.goal(rows + [local], 0.5).splitlines()[1]
+
+
+def test_norms_rows_carry_their_learning_rate_share(distill):
+    """A norms row from before the norm_lr_scale column trained its norms at the LoRA's rate (1); one at
+    another share is a row of its own; rows without norms have no share, whatever was passed."""
+    rows = _rows(24.0)
+    old = {**rows[-1], "targets": "up,gate,down,norms"}
+    low = {**old, "ppl": 23.7, "norm_lr_scale": 0.1}
+    assert distill.recipe_of(old)[-1] == 1.0 and distill.recipe_of(low)[-1] == 0.1
+    assert distill.recipe_of({**rows[-1], "norm_lr_scale": 0.1})[-1] is None
+    assert len({distill.key(r) for r in (rows[-1], old, low)}) == 3
+    lines = distill.goal(rows + [old, low], 0.5).splitlines()
+    assert "the norms at 1 × lr" in lines[1] and "the norms at 0.1 × lr" in lines[2]

@@ -116,3 +116,23 @@ def test_export_merges_the_trained_norms_and_a_streamed_export_refuses_them(trai
     with pytest.raises(ValueError, match="modules_to_save"):
         export_model(ExportConfig(lora=str(out), stream=True, **kw), tmp_path / "streamed")
     assert not (tmp_path / "streamed").exists()
+
+
+def test_the_norms_step_at_their_own_share_of_the_learning_rate(tmp_path):
+    """One Adam step moves each weight by about the learning rate (its first update is lr · g/|g|), so the
+    norms trained at norm_lr_scale 0.1 move a tenth as far as at 1, while the LoRA moves alike in both."""
+    text = tmp_path / "train.txt"
+    text.write_text("pack my box with five dozen liquor jugs; the quick brown fox jumps over it. " * 60)
+    moved = {}
+    for scale in (1.0, 0.1):
+        lm = load_model("tiny-llama")
+        plan, before = _plan(lm), _norms(lm.model)
+        out = tmp_path / f"adapter-{scale:g}"
+        cfg = LoraConfig(objective="distill", steps=1, lr=1e-2, scheduler="constant", seqlen=24, batch_size=2,
+                         warmup_steps=0, logging_steps=1, save_steps=1, rank=4, targets=("up", "gate", "down", "norms"),
+                         norm_lr_scale=scale, text_file=str(text), seed=0)
+        finetune(lm, plan, cfg, out, progress=False)
+        after = _norms(apply_lora(load_model("tiny-llama"), out, merge=True, plan=plan).model)
+        moved[scale] = max(float((after[n] - before[n]).abs().max()) for n in before)
+    assert moved[1.0] == pytest.approx(1e-2, rel=0.05)
+    assert moved[0.1] == pytest.approx(1e-3, rel=0.05)

@@ -44,6 +44,9 @@ def finetune_cmd(
     steps: Optional[int] = typer.Option(None, help=f"optimizer steps (default {_L.steps})"),
     tokens: Optional[int] = typer.Option(None, help="training tokens (overrides --steps)"),
     lr: Optional[float] = typer.Option(None, help=f"peak learning rate (default {_L.lr:g})"),
+    norm_lr_scale: Optional[float] = typer.Option(
+        None, "--norm-lr-scale", help="with --targets …,norms: the norms' learning rate as a multiple of --lr "
+                                      f"(default {_L.norm_lr_scale:g})"),
     seqlen: Optional[int] = typer.Option(None, help=f"training window length (default {_L.seqlen})"),
     batch_size: Optional[int] = typer.Option(None, help=f"windows per step per process (default {_L.batch_size})"),
     save_steps: Optional[int] = typer.Option(None, help=f"checkpoint every N steps (default {_L.save_steps})"),
@@ -87,7 +90,7 @@ def finetune_cmd(
         check_output(out, force, directory=True, flag="--out")
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file})
         cfg = LoraConfig(**_given(rank=rank, alpha=alpha, targets=targets, steps=steps, tokens=tokens, lr=lr,
-                                  seqlen=seqlen, batch_size=batch_size, save_steps=save_steps, bf16=bf16,
+                                  norm_lr_scale=norm_lr_scale, seqlen=seqlen, batch_size=batch_size, save_steps=save_steps, bf16=bf16,
                                   objective=objective, hidden_weight=hidden_weight, mlp_weight=mlp_weight, data=data,
                                   sample_windows=sample_windows, text_file=str(text_file) if text_file else None))
         if threads is not None and threads < 1:
@@ -122,7 +125,8 @@ def finetune_cmd(
             with progress.stage(f"calibrate {sp.method} ρ={sp.density:g}"):
                 calib = calibration_windows(lm.tokenizer, defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN, data_dir)
                 p = calibrate_on(lm, sp, calib, where or "cpu")
-        say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}, objective {cfg.objective}"
+        say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}"
+            f"{f', the norms at {cfg.norm_lr_scale:g} × lr' if 'norms' in cfg.targets else ''}, objective {cfg.objective}"
             f"{f' + hidden states ×{cfg.hidden_weight:g}' if cfg.hidden_weight else ''}"
             f"{f' + MLP outputs ×{cfg.mlp_weight:g}' if cfg.mlp_weight else ''}, text "
             f"{cfg.text_file or cfg.data}) on {lm.name} under {p.method} "

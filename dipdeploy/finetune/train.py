@@ -96,6 +96,7 @@ def _trainer_class():
         """Trainer whose saves/loads see plain module paths and whose DIP-CA caches start cold per batch."""
 
         hf_model: torch.nn.Module  # the HF causal LM inside the PeftModel (where the SparseMLPs live)
+        norm_lr_scale: float = 1.0  # LoraConfig.norm_lr_scale
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             reset_caches(self.hf_model)
@@ -105,6 +106,25 @@ def _trainer_class():
                 self.compute_loss_func.taps.attach(self.hf_model)
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
+
+        def create_optimizer(self):
+            """The Trainer's optimizer, with the trained norms (peft ``modules_to_save`` copies) in groups of
+            their own at ``norm_lr_scale`` × the learning rate; the scheduler then scales each group alike."""
+            opt = super().create_optimizer()
+            norms = {id(p) for n, p in self.model.named_parameters() if ".modules_to_save." in n}
+            if norms and self.norm_lr_scale != 1.0 and not getattr(self, "_norm_groups", False):
+                groups = []
+                for g in opt.param_groups:
+                    rest = {k: v for k, v in g.items() if k != "params"}
+                    for mine, lr in ((False, g["lr"]), (True, g["lr"] * self.norm_lr_scale)):
+                        params = [p for p in g["params"] if (id(p) in norms) == mine]
+                        if params:
+                            groups.append({**rest, "params": params, "lr": lr})
+                opt.param_groups.clear()
+                for g in groups:
+                    opt.add_param_group(g)
+                self._norm_groups = True
+            return opt
 
         def _save(self, output_dir=None, state_dict=None):
             with dense_paths(self.hf_model):
@@ -187,7 +207,7 @@ def finetune(lm, plan: SparsityPlan, cfg: LoraConfig, out_dir: str | Path, *, da
         loss_func = DistillLoss(model, hf, cfg.hidden_weight, cfg.mlp_weight) if cfg.objective == "distill" else None
         trainer = _trainer_class()(model=model, args=_training_args(cfg, ckpt, progress, device), train_dataset=data,
                                    callbacks=list(callbacks), compute_loss_func=loss_func)
-        trainer.hf_model = hf
+        trainer.hf_model, trainer.norm_lr_scale = hf, cfg.norm_lr_scale
         if not progress:  # the caller reports (dipdeploy/progress.py): no per-log dicts on stdout either
             from transformers.trainer_callback import PrinterCallback
 
