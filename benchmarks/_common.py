@@ -54,6 +54,17 @@ def publish(results: Path, name: str, quick: bool, text: str, rows: list[dict], 
     return out
 
 
+def save_figure(fig, out: Path) -> None:
+    """Lay out, write atomically (a reader never finds half a PNG) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out)
+
+
 def md_table(rows: list[dict], cols: list[str]) -> str:
     def fmt(v):
         if isinstance(v, float):

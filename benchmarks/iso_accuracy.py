@@ -39,7 +39,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _common import machine, md_table, write_rows_json
+from _common import machine, md_table, save_figure, write_rows_json
 
 from dipdeploy.eval import EvalConfig, Evaluator
 from dipdeploy.eval.iso import lowest_density, sweep_grid
@@ -215,11 +215,7 @@ def plot(curves: dict, dense_ppl: float, tput: dict, dense_tput: float, out: Pat
         b.set_xlabel("simulated tokens/s")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(out)
+    save_figure(fig, out)
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import lscpu, machine, md_table, positive_int, publish
+from _common import lscpu, machine, md_table, positive_int, publish, save_figure
 from flash import storage
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -239,11 +239,7 @@ def plot(rows: list[dict], curves: dict, dense_ppl: float, budgets: list[str], o
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(out)
+    save_figure(fig, out)
 
 
 if __name__ == "__main__":
