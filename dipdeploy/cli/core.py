@@ -331,7 +331,9 @@ def _demo_screen(cfg, rows, native: bool) -> None:
     console.print(answers)
     console.print(f"\n[dim]Every row has the same DRAM budget (the bytes of {cfg.dram_budget} of the MLP rows "
                   f"cached, small rows first; dense pins its most used rows, DIP-CA caches with LFU) and reads the "
-                  f"rest from Flash emulated at {cfg.flash_bandwidth}. Perplexity: WikiText-2 test, "
+                  f"rest from Flash emulated at {cfg.flash_bandwidth}, paced by the rows' bytes (a real device "
+                  f"reads whole 4 KiB blocks, so rows smaller than a block cost more there; SmolLM2 read from a "
+                  f"disk: benchmarks/results/iso-runtime-smollm2.md). Perplexity: WikiText-2 test, "
                   f"{cfg.windows}×{cfg.seqlen} tokens, lower is better. Greedy answers.\nTry it under the same "
                   f"conditions: dipdeploy {escape(' '.join(chat_hint(cfg, rows[1].bundle)))} (without --io and "
                   f"--flash-bandwidth it reads the rows from this disk with O_DIRECT)[/]")
