@@ -9,8 +9,9 @@ is the torch reference of each bundle (fake-quantised weights, the same plan, ca
 runtime computes up to rounding, README "Correctness") on WikiText-2 test windows, the protocol of
 ``dipdeploy eval``; speed, Flash and memory come from the runtime's own stats. Flash is the phone's,
 emulated: the rows' bytes read through the mapping (``--io mmap``, not the engine's default ``auto``)
-and paced at ``flash_bandwidth``, so the rows compare at one device whatever disk runs the demo
-(``benchmarks/flash.py`` measures real reads).
+and paced at ``flash_bandwidth``, so the rows compare at one device whatever disk runs the demo. The
+pacing charges the rows' bytes, not the 4 KiB blocks a real device returns, which favours rows smaller
+than a block (SmolLM2's); ``benchmarks/flash.py`` and ``benchmarks/iso_runtime.py`` measure real reads.
 """
 
 from __future__ import annotations
