@@ -31,7 +31,7 @@ class LoraConfig:
     |RMSNorm(h) ⊙ w| and the values the kept columns multiply, which no LoRA on the projections reaches
     directly. They train at ``norm_lr_scale`` × ``lr``: at the LoRA's own rate they cost SmolLM2 1.3 %
     perplexity, each step reshuffling the top-K in a way the gradient does not see; at a tenth of it they
-    gained 1.1 % on pydoc text and 0.4 % on the dense model's samples
+    gained 0.7–1.1 % on pydoc text (two seeds) and 0.4 % on the dense model's samples
     (benchmarks/results/distill-recipes-smollm2.md).
     ``tokens``, when set, overrides ``steps``: steps = ⌈tokens / (batch_size · grad_accum · seqlen · processes)⌉,
     since each data-parallel process trains ``batch_size`` windows per step (:meth:`total_steps`).
