@@ -90,8 +90,9 @@ def finetune_cmd(
         check_output(out, force, directory=True, flag="--out")
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file})
         cfg = LoraConfig(**_given(rank=rank, alpha=alpha, targets=targets, steps=steps, tokens=tokens, lr=lr,
-                                  norm_lr_scale=norm_lr_scale, seqlen=seqlen, batch_size=batch_size, save_steps=save_steps, bf16=bf16,
-                                  objective=objective, hidden_weight=hidden_weight, mlp_weight=mlp_weight, data=data,
+                                  norm_lr_scale=norm_lr_scale, seqlen=seqlen, batch_size=batch_size,
+                                  save_steps=save_steps, bf16=bf16, objective=objective,
+                                  hidden_weight=hidden_weight, mlp_weight=mlp_weight, data=data,
                                   sample_windows=sample_windows, text_file=str(text_file) if text_file else None))
         if threads is not None and threads < 1:
             raise ValueError(f"--threads {threads}: give at least 1")
@@ -125,8 +126,8 @@ def finetune_cmd(
             with progress.stage(f"calibrate {sp.method} ρ={sp.density:g}"):
                 calib = calibration_windows(lm.tokenizer, defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN, data_dir)
                 p = calibrate_on(lm, sp, calib, where or "cpu")
-        say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}"
-            f"{f', the norms at {cfg.norm_lr_scale:g} × lr' if 'norms' in cfg.targets else ''}, objective {cfg.objective}"
+        norms = f", the norms at {cfg.norm_lr_scale:g} × lr" if "norms" in cfg.targets else ""
+        say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}{norms}, objective {cfg.objective}"
             f"{f' + hidden states ×{cfg.hidden_weight:g}' if cfg.hidden_weight else ''}"
             f"{f' + MLP outputs ×{cfg.mlp_weight:g}' if cfg.mlp_weight else ''}, text "
             f"{cfg.text_file or cfg.data}) on {lm.name} under {p.method} "
