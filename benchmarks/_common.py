@@ -76,6 +76,19 @@ def md_table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(out)
 
 
+def md_tables(text: str) -> list[list[dict[str, str]]]:
+    """Every pipe table of a results file that starts a line, in order, each as its rows {column: cell,
+    stripped}: what :func:`md_table` writes, read back (the header and separator lines are not rows)."""
+    tables, block = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append([c.strip() for c in line.strip("|").split("|")])
+        elif block:
+            tables.append([dict(zip(block[0], cells)) for cells in block[2:]])
+            block = []
+    return tables
+
+
 def lscpu() -> str:
     """The CPU lines of ``lscpu`` that a figure depends on (model, cores, threads, hypervisor, L3)."""
     try:

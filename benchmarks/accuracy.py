@@ -25,14 +25,13 @@ over the full one.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import re
 import sys
 import time
 from pathlib import Path
 
-from _common import machine, md_table, write_rows_json
+from _common import machine, md_table, md_tables, write_rows_json
 
 from dipdeploy.eval import EvalConfig, Evaluator, reachable
 from dipdeploy.eval.paired import paired_rows
@@ -90,21 +89,17 @@ def configs(quick: bool) -> list[tuple[str, float, dict]]:
 def splits_from(table: Path) -> dict:
     """(density, score) → searched ρ_in of the uniform DIP/TEAL rows of an earlier results table: the
     split search is deterministic on the same calibration text, so a rerun need not repeat it."""
-    lines = _table_lines(table.read_text())
-    head = [c.strip() for c in lines[0].strip("|").split("|")]
     found = {}
-    for ln in lines[2:]:
-        row = dict(zip(head, (c.strip() for c in ln.strip("|").split("|"))))
+    for row in _generated_table(table.read_text()):
         if row.get("method") in ("dip", "teal") and row.get("allocation") == "uniform" and row.get("variant") == "-":
             found[(round(float(row["target_density"]), 6), row["score"])] = (float(row["rho_in"]), {"split": f"from {table.name}"})
     return found
 
 
-def _table_lines(text: str) -> list[str]:
-    """The lines of a results file's generated table, the first one: the notes written by hand below it
+def _generated_table(text: str) -> list[dict[str, str]]:
+    """The rows of a results file's generated table, the first one: the notes written by hand below it
     hold tables of their own, with other columns."""
-    rest = itertools.dropwhile(lambda ln: not ln.startswith("|"), text.splitlines())
-    return list(itertools.takewhile(lambda ln: ln.startswith("|"), rest))
+    return md_tables(text)[0]
 
 
 def kept_rows(table: Path) -> list[dict]:
@@ -112,14 +107,11 @@ def kept_rows(table: Path) -> list[dict]:
     keys), so rows measured once are kept in the regenerated table without being run again. Columns the
     earlier table did not have (e.g. ``density_test``) stay empty."""
     text = table.read_text()
-    lines = _table_lines(text)
-    head = [c.strip() for c in lines[0].strip("|").split("|")]
     model = re.search(r"Model (\S+),", text).group(1)
     windows, seqlen = (int(v) for v in re.search(r"(\d+) windows × (\d+) tokens", text).groups())
     tokens = int(re.search(r"\((\d+) predicted tokens\)", text).group(1))
     rows = []
-    for ln in lines[2:]:
-        cells = dict(zip(head, (c.strip() for c in ln.strip("|").split("|"))))
+    for cells in _generated_table(text):
         row = {c: _cell(v) for c, v in cells.items() if c != "ppl_x_dense"}
         over = {} if row["variant"] == "-" else dict(_override(kv) for kv in row["variant"].split(","))
         if row["method"] == "dip-ca" and row.get("cache_split") in (None, ""):  # a table from before the column

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import lscpu, machine, md_table, positive_int, publish, save_figure
+from _common import lscpu, machine, md_table, md_tables, positive_int, publish, save_figure
 from flash import storage
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,19 +52,7 @@ def sweep(table: Path) -> tuple[str, float, dict[str, dict[float, float]], list[
     dense = re.search(r"dense PPL ([\d.]+)", text)
     if not (model and dense):
         refuse(f"{table}: not an iso_accuracy.py table (no 'Model …, dense PPL …' line); give one with --from")
-    tables, rows = [], None
-    for line in text.splitlines():
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if rows is None:
-                rows, head = [], cells
-            elif not set(line) <= set("|-"):
-                rows.append(dict(zip(head, cells)))
-        elif rows is not None:
-            tables.append(rows)
-            rows = None
-    if rows is not None:
-        tables.append(rows)
+    tables = md_tables(text)
     iso = next((t for t in tables if t and "lowest_density" in t[0]), None)
     points = next((t for t in tables if t and "ppl_x_dense" in t[0]), None)
     if iso is None or points is None:
