@@ -109,10 +109,12 @@ def _trainer_class():
 
         def create_optimizer(self):
             """The Trainer's optimizer, with the trained norms (peft ``modules_to_save`` copies) in groups of
-            their own at ``norm_lr_scale`` × the learning rate; the scheduler then scales each group alike."""
+            their own at ``norm_lr_scale`` × the learning rate, split once, when the Trainer builds it (a later
+            call returns the same optimizer); the scheduler then scales each group alike."""
+            fresh = self.optimizer is None
             opt = super().create_optimizer()
             norms = {id(p) for n, p in self.model.named_parameters() if ".modules_to_save." in n}
-            if norms and self.norm_lr_scale != 1.0 and not getattr(self, "_norm_groups", False):
+            if fresh and norms and self.norm_lr_scale != 1.0:
                 groups = []
                 for g in opt.param_groups:
                     rest = {k: v for k, v in g.items() if k != "params"}
@@ -123,7 +125,6 @@ def _trainer_class():
                 opt.param_groups.clear()
                 for g in groups:
                     opt.add_param_group(g)
-                self._norm_groups = True
             return opt
 
         def _save(self, output_dir=None, state_dict=None):
