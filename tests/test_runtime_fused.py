@@ -163,7 +163,7 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
     of 4 KiB + 4 B and 4 B in two arrays, a read-through gap of one block)."""
     import onnxruntime as ort
 
-    from dipdeploy.runtime.blockio import plan_reads
+    from dipdeploy.runtime.blockio import plan_reads, touched_bytes
 
     rows, k, steps = 80, 12, 30
     rng = np.random.default_rng(7)
@@ -172,7 +172,7 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
                                 providers=["CPUExecutionProvider"])
     handle = np.array([nat.handle], np.int64)
     hot = rng.choice(rows, 20, replace=False)
-    misses, device, requests = 0, 0, 0
+    misses, device, requests, touched = 0, 0, 0, 0
     for t in range(steps):
         sel = np.concatenate([rng.choice(hot, 6, replace=False),
                               rng.choice(np.setdiff1d(np.arange(rows), hot), k - 6, replace=False)])
@@ -184,6 +184,7 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
             size = path.stat().st_size  # a request reaching past the end of the file returns the rest
             device += int(np.minimum(plan.length, size - plan.offset).sum())
             requests += plan.requests
+            touched += touched_bytes(offsets, [wide, ROW_BYTES], step.read_rows)
         slots, got_rows, out = sess.run(None, {"indices": sel[None], "handle": handle, "slab": slab})
         assert np.array_equal(slots[0], step.slots), t
         assert np.array_equal(nat.resident, ref.resident[0]), t
@@ -198,9 +199,9 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
     got = drain(str(LIB), handle)
     assert got.misses == misses and got.wanted == misses * (wide + ROW_BYTES)
     if io == "direct":  # the same requests as the Flash store's plan, every byte of them read
-        assert (got.device, got.requests) == (device, requests)
-    else:
-        assert got.device == 0
+        assert (got.blocks, got.requests) == (device, requests)
+    else:  # the blocks holding the rows copied from the mapping: what the emulated bandwidth paces
+        assert got.blocks == touched
     assert drain(str(LIB), handle).misses == 0  # drained
     nat.close()
     if flash is not None:
@@ -234,6 +235,8 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
     product over the file's rows, the same reads; a batched prefill's chunk is all hits."""
     import onnxruntime as ort
 
+    from dipdeploy.runtime.blockio import touched_bytes
+
     rows, k, steps = 80, 12, 20
     rng = np.random.default_rng(5)
     g = _group(tmp_path, rng, rows, k, capacity, policy, io, 321)
@@ -241,13 +244,14 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
     sess = ort.InferenceSession(_split_graph(k).SerializeToString(), session_options(1, True),
                                 providers=["CPUExecutionProvider"])
     handle = np.array([nat.handle], np.int64)
-    device = requests = 0
+    device = requests = touched = 0
     for t in range(steps):
         sel = rng.choice(rows, k, replace=False) if t % 2 else rng.choice(40, k, replace=False)
         hits = ref.access(sel[None])[0]
         step = table.assign(sel, hits, ref.resident[0])
         dev, req = _reads(g, step.read_rows)
         device, requests = device + dev, requests + req
+        touched += touched_bytes(offsets, [wide, ROW_BYTES], step.read_rows) if len(step.read_rows) else 0
         hi, hs, mi, ms, hit_rows, miss_rows, out = sess.run(None, {"indices": sel[None], "handle": handle,
                                                                     "slab": slab})
         assert np.array_equal(hi[0], sel[hits]) and np.array_equal(hs[0], step.slots[hits]), t
@@ -257,8 +261,9 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
         _settled(g, step, t)
     got = drain(str(LIB), handle)
     assert got.misses == ref.misses and got.wanted == ref.misses * (wide + ROW_BYTES)
+    assert got.blocks == (device if io == "direct" else touched)
     if io == "direct":
-        assert (got.device, got.requests) == (device, requests)
+        assert got.requests == requests
     full, full_wide = np.zeros(rows, np.float32), np.zeros((rows, wide), np.uint8)
     chunk = np.stack([rng.choice(rows, k, replace=False) for _ in range(5)])
     nat.prefill([full_wide, full.view(np.uint8).reshape(-1, ROW_BYTES)])
@@ -337,7 +342,7 @@ def test_a_read_ahead_hands_its_misses_to_cache_begin_and_changes_no_decision(po
         _settled(g, step, t)
     got = drain(str(LIB), handle)
     assert got.misses == g.ref.misses and got.wanted == g.ref.misses * (g.wide + ROW_BYTES)
-    assert (got.device, got.requests, got.ahead, got.ahead_used) == (device, requests, read_ahead, used)
+    assert (got.blocks, got.requests, got.ahead, got.ahead_used) == (device, requests, read_ahead, used)
     assert 0 < used < read_ahead
     g.nat.close()
     g.flash.close()
@@ -354,7 +359,7 @@ def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, cap
     import onnxruntime as ort
 
     from dipdeploy.cache import static_rows
-    from dipdeploy.runtime.blockio import plan_reads
+    from dipdeploy.runtime.blockio import plan_reads, touched_bytes
 
     rows, k = 80, 12
     rng = np.random.default_rng(11)
@@ -393,7 +398,9 @@ def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, cap
         if io == "direct" and len(missing):
             plan = plan_reads(offsets, [wide, ROW_BYTES], missing, max_gap=1)
             size = path.stat().st_size
-            assert (got.device, got.requests) == (int(np.minimum(plan.length, size - plan.offset).sum()), plan.requests)
+            assert (got.blocks, got.requests) == (int(np.minimum(plan.length, size - plan.offset).sum()), plan.requests)
+        elif len(missing):
+            assert got.blocks == touched_bytes(offsets, [wide, ROW_BYTES], missing)
     step_graph = ort.InferenceSession(_step_graph(k).SerializeToString(), session_options(1, True),
                                       providers=["CPUExecutionProvider"])
     for t in range(8):  # decoding continues on the warmed state
@@ -429,8 +436,9 @@ def test_fused_decoder_decodes_what_the_per_layer_path_decodes(tiny_dipca_bundle
     lookups = sum(a + b for a, b in fused.k) * (len(PROMPT) + len(got.tokens) - 1)
     assert fused.native_hits()[:, :, 1].sum() == lookups
     assert 0 <= got.stats.hit_rate < 1 and got.stats.flash_mb_per_token > 0  # rows came from the file
+    assert got.stats.flash_block_mb_per_token >= got.stats.flash_mb_per_token  # whole blocks, mmap too
     if io == "direct":
-        assert got.stats.flash_device_mb_per_token >= got.stats.flash_mb_per_token
+        assert got.stats.flash_device_mb_per_token == got.stats.flash_block_mb_per_token
     if policy == "none":
         assert got.stats.hit_rate == 0
     again = fused.generate(PROMPT, 12, keep_logits=True, stop_at_eos=False)  # a reset binds new groups
@@ -627,5 +635,5 @@ def test_a_read_ahead_is_counted_when_no_step_missed(monkeypatch):
                   native_cache.GraphReads(0, 0, 0, 0.0, 0)):
         monkeypatch.setattr(native_cache, "drain", lambda library, handles, r=reads: r)
         Engine._drain_graph_reads(eng)
-    assert accounted == [(0, 3, 0.002)]
-    assert (flash.counters.device_bytes, flash.counters.ahead_rows, flash.counters.ahead_used) == (12288, 4, 0)
+    assert accounted == [(0, 3, 0.002, 12288)]
+    assert (flash.counters.ahead_rows, flash.counters.ahead_used) == (4, 0)

@@ -70,6 +70,7 @@ struct Direct {
 };
 
 constexpr int kTotals = 7;  // a group's counters, dd_cache_drain's out[]
+constexpr int64_t kFlashBlock = 4096;  // blockio.py BLOCK: the unit a device returns for rows copied from the mapping
 
 struct Group {
   int64_t rows, capacity, staging;
@@ -105,7 +106,8 @@ struct Group {
   std::vector<int64_t> ahead_rows;
   bool ahead = false;
   int64_t ahead_ns = 0;
-  // since the last drain (dd_cache_drain): misses, requests, bytes wanted, ns, device bytes, and the rows
+  // since the last drain (dd_cache_drain): misses, requests, bytes wanted, ns, block bytes (read from the
+  // device by the reader; with the mapping, the blocks holding the copied rows: touched_bytes), and the rows
   // read ahead and those of them the step then missed (used)
   int64_t totals[kTotals] = {};
   Direct direct;
@@ -267,6 +269,28 @@ int64_t assign(Group & g, const int64_t * sel, int64_t k, const uint8_t * hits, 
     read_slots[i] = slots[misses[i]];
   }
   return int64_t(misses.size());
+}
+
+// The bytes of the whole `block`s that hold `rows` (n, ascending) of every array (`offset[a]` + row *
+// `row_bytes[a]`; arrays do not overlap): blockio.py touched_bytes, the blocks a device returns for rows read
+// through the page cache, where a row smaller than a block costs the whole block and rows that share a
+// block share its read. What the emulated Flash bandwidth paces (flash.py FlashStore.account).
+int64_t touched_bytes(int64_t arrays, const int64_t * offset, const int64_t * row_bytes, const int64_t * rows,
+                      int64_t n, int64_t block) {
+  std::vector<int64_t> by_offset(static_cast<size_t>(arrays));
+  for (int64_t a = 0; a < arrays; ++a) by_offset[size_t(a)] = a;
+  std::sort(by_offset.begin(), by_offset.end(), [&](int64_t x, int64_t y) { return offset[x] < offset[y]; });
+  int64_t blocks = 0, last = -1;  // the highest block counted so far
+  for (int64_t a : by_offset)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t b0 = (offset[a] + rows[i] * row_bytes[a]) / block;
+      const int64_t b1 = (offset[a] + (rows[i] + 1) * row_bytes[a] - 1) / block;
+      if (b1 > last) {
+        blocks += b1 - std::max(b0, last + 1) + 1;
+        last = b1;
+      }
+    }
+  return blocks * block;
 }
 
 // The misses' rows from the mapping into their slots of `dest` (the slabs, or a prefill's full-height
@@ -490,6 +514,7 @@ int64_t prefill_fill(Group & g, const int64_t * sel, int64_t tokens, int64_t k, 
     int64_t runs = 1;
     for (int64_t i = 1; i < n; ++i) runs += rows[i] != rows[i - 1] + 1;
     g.totals[1] += runs * int64_t(g.slabs.size());
+    g.totals[4] += touched_bytes(int64_t(g.slabs.size()), g.offset.data(), g.row_bytes.data(), rows, n, kFlashBlock);
   } else {
     const int64_t rc = read_direct(g, rows, rows, n, g.full, &g.totals[4], &g.totals[1]);
     if (rc < 0) return rc;
@@ -616,7 +641,8 @@ __attribute__((visibility("default"))) int64_t dd_cache_arrays(void * gp, int64_
 // One token's step for the selection `sel` [k] (distinct rows, as TopK gives them): hits [k], slots [k]
 // for the op, and the misses' rows and slots (ascending rows) in read_rows/read_slots [k]. With a
 // mapping the rows are copied into the slab; info[0] = the reads' nanoseconds, info[1] = runs of
-// adjacent rows. Returns the number of misses, or a negative error code.
+// adjacent rows, info[2] = the bytes of the blocks holding the misses' rows (touched_bytes). Returns the
+// number of misses, or a negative error code.
 __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const int64_t * sel, int64_t k,
                                                                int64_t * slots, uint8_t * hits, int64_t * read_rows,
                                                                int64_t * read_slots, int64_t * info) {
@@ -627,11 +653,13 @@ __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const 
     if (rc < 0) return rc;
     int64_t n = assign(*g, sel, k, hits, slots, read_rows, read_slots);
     if (n < 0) return n;
-    info[0] = info[1] = 0;
+    info[0] = info[1] = info[2] = 0;
     if (n > 0) {
       int64_t runs = 1;
       for (int64_t i = 1; i < n; ++i) runs += read_rows[i] != read_rows[i - 1] + 1;
       info[1] = runs;
+      info[2] = touched_bytes(int64_t(g->slabs.size()), g->offset.data(), g->row_bytes.data(), read_rows, n,
+                              kFlashBlock);
       if (g->map) {
         int64_t t0 = now_ns();
         rc = copy_rows(*g, read_rows, read_slots, n, g->slabs);
@@ -703,12 +731,13 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
     const int64_t rc = end_ahead(*g);
     if (rc < 0) return rc;
   }
-  int64_t info[2] = {0, 0};
+  int64_t info[3] = {0, 0, 0};
   bool filled = false;
   const int64_t n = open_step(g, sel, tokens, k, slots, info, &filled);
   if (filled || n <= 0) return n;
   if (g->map) {
     g->totals[1] += info[1] * int64_t(g->slabs.size());
+    g->totals[4] += info[2];
   } else {
     const int64_t t0 = now_ns();
     try {
@@ -735,7 +764,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
                                                                     int64_t k, int64_t * idx, int64_t * slots) {
   Group * g = static_cast<Group *>(gp);
   if (g && g->open_misses >= 0) return kOutOfStep;
-  int64_t info[2] = {0, 0};
+  int64_t info[3] = {0, 0, 0};
   bool filled = false;
   const int64_t misses = open_step(g, sel, tokens, k, slots, info, &filled);  // slots: every entry's, for now
   if (misses < 0) return misses;
@@ -769,6 +798,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
   }
   if (n > 0 && g->map) {
     g->totals[1] += info[1] * int64_t(g->slabs.size());
+    g->totals[4] += info[2];
   } else if (n > 0) {
     const int64_t t0 = now_ns();
     try {
@@ -904,14 +934,31 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_settle(void * gp) 
   }
 }
 
+// touched_bytes for a caller (blockio.py touched_bytes is held equal to it by tests/test_native_cache.py):
+// the bytes of the `block`s holding `rows` (n, ascending) of `arrays` arrays; -6 on bad arguments.
+__attribute__((visibility("default"))) int64_t dd_flash_touched_bytes(int64_t arrays, const int64_t * offset,
+                                                                      const int64_t * row_bytes, const int64_t * rows,
+                                                                      int64_t n, int64_t block) {
+  if (arrays < 0 || n < 0 || block < 1 || (arrays > 0 && (!offset || !row_bytes)) || (n > 0 && !rows)) return kBadArgs;
+  for (int64_t a = 0; a < arrays; ++a)
+    if (offset[a] < 0 || row_bytes[a] < 1) return kBadArgs;
+  for (int64_t i = 0; i < n; ++i)
+    if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return kBadArgs;
+  try {
+    return touched_bytes(arrays, offset, row_bytes, rows, n, block);
+  } catch (...) {
+    return kBadArgs;
+  }
+}
+
 // The errno of a group's last failed read (kReadFailed).
 __attribute__((visibility("default"))) int64_t dd_cache_read_errno(const void * gp) {
   return gp ? static_cast<const Group *>(gp)->direct.error : 0;
 }
 
 // The graph steps' totals of `n` groups summed into out[7] (misses, requests, bytes wanted, read or copy
-// ns, bytes read from the device, rows read ahead, rows read ahead that a step missed), each group's reset:
-// the host's once-per-token collection.
+// ns, block bytes (read from the device, or with the mapping the blocks holding the copied rows), rows read
+// ahead, rows read ahead that a step missed), each group's reset: the host's once-per-token collection.
 __attribute__((visibility("default"))) int64_t dd_cache_drain(void * const * groups, int64_t n, int64_t * out) {
   if (n < 0 || (n > 0 && !groups) || !out) return kBadArgs;
   for (int i = 0; i < kTotals; ++i) out[i] = 0;

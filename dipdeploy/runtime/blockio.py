@@ -110,6 +110,22 @@ def plan_reads(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, bl
                      n * int(sum(row_bytes)))
 
 
+def touched_bytes(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, block: int = BLOCK) -> int:
+    """The bytes of the whole blocks holding ``rows`` (ascending) of every array: what a device returns
+    for rows read through the page cache (``mmap``, ``pread``), a row smaller than a block costing the
+    whole block and rows that share one sharing its read; ``plan_reads(..., max_gap=0).total``, without
+    the plan. The emulated Flash bandwidth paces these bytes (``FlashStore.account``); the op library's
+    ``dd_flash_touched_bytes`` computes the same for its copies from the mapping."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) == 0:
+        return 0
+    first = np.concatenate([(off + rows * rb) // block for off, rb in sorted(zip(offsets, row_bytes))])
+    last = np.concatenate([(off + (rows + 1) * rb - 1) // block for off, rb in sorted(zip(offsets, row_bytes))])
+    seen = np.maximum.accumulate(last)  # the highest block counted up to each row
+    fresh = np.maximum(first[1:], seen[:-1] + 1)  # a row's first block not yet counted
+    return int((last[0] - first[0] + 1 + np.maximum(last[1:] - fresh + 1, 0).sum()) * block)
+
+
 def bounce_bytes(offsets: list[int], row_bytes: list[int], rows: int, *, block: int = BLOCK, max_gap: int = 0) -> int:
     """The most any batch of one group's rows can need in the bounce buffer: every block of each
     array's region (a batched prefill may read all of a group's rows), the gaps read through next to

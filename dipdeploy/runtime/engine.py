@@ -833,8 +833,7 @@ class Engine:
 
         reads = drain(self._cache_library, self.fused.handles)
         if reads.misses or reads.ahead:  # a read-ahead that no step then missed still read its rows
-            self.flash.account(reads.wanted, reads.requests, reads.seconds)
-            self.flash.counters.device_bytes += reads.device
+            self.flash.account(reads.wanted, reads.requests, reads.seconds, reads.blocks)
             self.flash.counters.ahead_rows += reads.ahead
             self.flash.counters.ahead_used += reads.ahead_used
         self.flash.settle()

@@ -20,11 +20,13 @@ Callers name logical rows (what the caches and graphs use); where the bundle's r
 (docs/method.md "Flash layout") each group's ``RowArray``s carry the file row of every logical row and
 ``read`` goes there, so rows that miss together and were placed together share blocks and runs.
 
-The counters hold the rows' bytes (``bytes``: what the cache asked for) and, for ``direct``, the bytes
-the device actually returned (``device_bytes``, whole blocks); their ratio is the waste of rows smaller
-than a block. ``mmap`` and ``pread`` leave ``device_bytes`` at 0: whether their pages came from the
-device or the page cache is the OS's business (``/proc/self/io`` ``read_bytes`` tells, see
-benchmarks/flash.py).
+The counters hold the rows' bytes (``bytes``: what the cache asked for), the bytes of the whole 4 KiB
+blocks the reads cover (``block_bytes``: for ``direct`` what the device returned, read-through gaps
+included; for ``mmap`` and ``pread`` the blocks holding the rows, :func:`blockio.touched_bytes`, which is
+what a device returns where the page cache misses) and, for ``direct`` only, ``device_bytes`` (the same
+as ``block_bytes``); their ratio to ``bytes`` is the waste of rows smaller than a block. ``mmap`` and
+``pread`` leave ``device_bytes`` at 0: whether their pages came from the device or the page cache is the
+OS's business (``/proc/self/io`` ``read_bytes`` tells, see benchmarks/flash.py).
 
 With ``cold`` the file is dropped from the OS page cache first (``posix_fadvise(DONTNEED)``) so the
 first reads reach the disk; ``POSIX_FADV_RANDOM`` keeps read-ahead from inflating them. Rows evicted
@@ -32,8 +34,8 @@ from our cache and read again later may still come from the OS page cache (not w
 the others a cgroup memory limit prevents it, benchmarks/flash.py); that is said, not hidden.
 
 ``bandwidth`` emulates a slower device (a phone's Flash) on top of the real reads: each batch owes
-``bytes / bandwidth`` (``direct``: the device bytes) minus the time
-the real read took (synchronous I/O, no overlap with compute); the debt is paid by sleeping once it
+``block_bytes / bandwidth`` (a device transfers whole blocks, so SmolLM2's 306 B down rows owe a 4 KiB
+block each unless they share one; request costs are not emulated) minus the time the real read took (synchronous I/O, no overlap with compute); the debt is paid by sleeping once it
 passes 1 ms, and ``settle`` pays the rest at the end of each token. The measured sleep is what is
 deducted, so the OS's oversleep (≈70–100 µs per call here, measured) is credited to the next batch
 instead of adding ~5 ms per token of 60 tiny sleeps. Reported as emulation.
@@ -50,7 +52,8 @@ from dataclasses import astuple, dataclass, field, replace
 
 import numpy as np
 
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, AlignedBuffer, make_reader, open_direct, plan_reads
+from dipdeploy.runtime.blockio import (IO_ENGINE, IO_GAP, AlignedBuffer, make_reader, open_direct, plan_reads,
+                                       touched_bytes)
 
 IO_MODES = ("mmap", "pread", "direct")
 IO_AUTO = "auto"  # the engine's default: one of IO_MODES, chosen by choose_io once the plan is known
@@ -82,6 +85,7 @@ class FlashCounters:
     bytes: int = 0
     requests: int = 0
     device_bytes: int = 0
+    block_bytes: int = 0  # the whole blocks the reads covered: what the emulated bandwidth paces
     io_seconds: float = 0.0
     emulated_wait: float = 0.0
     ahead_rows: int = 0  # rows the joined decoder's CachePrefetch nodes read ahead of the selection
@@ -203,7 +207,7 @@ class FlashStore:
             rows, slots = file_rows[order], np.asarray(slots)[order]
         nbytes = len(rows) * sum(a.row_bytes for a in arrays)
         if self.io == "direct":
-            paced, requests = self._direct(arrays, slabs, rows, slots)
+            blocks, requests = self._direct(arrays, slabs, rows, slots)
         else:
             starts = runs(rows)
             for arr, slab in zip(arrays, slabs):
@@ -211,8 +215,9 @@ class FlashStore:
                     self._gather(arr, slab, rows, slots)
                 else:
                     self._preadv(arr, slab, rows, slots, starts)
-            requests, paced = (len(starts) - 1) * len(arrays), nbytes
-        self.account(nbytes, requests, time.perf_counter() - t0, paced)
+            requests = (len(starts) - 1) * len(arrays)
+            blocks = touched_bytes([a.offset for a in arrays], [a.row_bytes for a in arrays], rows)
+        self.account(nbytes, requests, time.perf_counter() - t0, blocks)
 
     @property
     def mapping(self) -> np.ndarray | None:
@@ -220,15 +225,18 @@ class FlashStore:
         ``RowArray.offset + row * row_bytes`` (the native cache step, dipdeploy/runtime/native_cache.py)."""
         return self._map
 
-    def account(self, nbytes: int, requests: int, elapsed: float, paced: int | None = None) -> None:
-        """Count a batch's reads (``nbytes`` of rows in ``requests`` that took ``elapsed`` s) and pace
-        them: ``paced`` bytes (default ``nbytes``) owe their time at the emulated bandwidth."""
-        paced = nbytes if paced is None else paced
+    def account(self, nbytes: int, requests: int, elapsed: float, block_bytes: int) -> None:
+        """Count a batch's reads (``nbytes`` of rows in ``requests`` covering ``block_bytes`` of whole
+        blocks, which took ``elapsed`` s; with ``direct`` the blocks are what the device returned) and
+        pace them: the blocks owe their time at the emulated bandwidth."""
         self.counters.bytes += nbytes
         self.counters.requests += requests
+        self.counters.block_bytes += block_bytes
+        if self.io == "direct":
+            self.counters.device_bytes += block_bytes
         self.counters.io_seconds += elapsed
         if self.bandwidth:
-            self._debt = max(self._debt + paced / self.bandwidth - elapsed, -_MAX_CREDIT)
+            self._debt = max(self._debt + block_bytes / self.bandwidth - elapsed, -_MAX_CREDIT)
             if self._debt > _SLEEP_SLICE:
                 self.settle()
 
@@ -251,7 +259,6 @@ class FlashStore:
         for arr, slab, src in zip(arrays, slabs, plan.src):
             windows = np.lib.stride_tricks.sliding_window_view(bounce, arr.row_bytes)
             slab.reshape(slab.shape[0], -1).view(np.uint8)[slots] = windows[src]
-        self.counters.device_bytes += got
         return got, plan.requests
 
     def _gather(self, arr: RowArray, slab: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> None:

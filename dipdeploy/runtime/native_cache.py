@@ -37,6 +37,10 @@ def cache_library(path: str):
     lib = ctypes.CDLL(path)
     if not hasattr(lib, "dd_cache_select"):
         return None
+    if not hasattr(lib, "dd_flash_touched_bytes"):  # its step reports no block bytes (info[2]) to pace
+        raise RuntimeError(f"{path} predates the Flash block count (dd_flash_touched_bytes): rebuild it (make ops)")
+    lib.dd_flash_touched_bytes.restype = _I64
+    lib.dd_flash_touched_bytes.argtypes = [_I64, _P, _P, _P, _I64, _I64]
     lib.dd_cache_new.restype = _P
     lib.dd_cache_new.argtypes = [_I64, _I64, _I64, ctypes.c_int, _P, _P, _P, _P, _P, _P, _P, _I64]
     lib.dd_cache_free.restype, lib.dd_cache_free.argtypes = None, [_P]
@@ -63,7 +67,8 @@ class GraphReads:
     requests: int
     wanted: int  # the rows' bytes
     seconds: float  # inside the copies or reads
-    device: int  # bytes read from the device (--io direct; 0 with the mapping)
+    blocks: int  # bytes of whole blocks: read from the device (--io direct), or holding the rows copied from
+    # the mapping (blockio.touched_bytes)
     ahead: int = 0  # rows read ahead by CachePrefetch nodes
     ahead_used: int = 0  # ... of which a step then missed: read during the attention, not after the selection
 
@@ -155,7 +160,7 @@ class NativeCache:
         self._hits = np.zeros(self.k, np.uint8)
         self.read_rows = np.zeros(self.k, np.int64)
         self.read_slots = np.zeros(self.k, np.int64)
-        self.info = np.zeros(2, np.int64)
+        self.info = np.zeros(3, np.int64)
         self._selected, self._slots = selected, slots
         self._args = (self._handle, _P(selected.ctypes.data), self.k, _P(slots.ctypes.data),
                       _P(self._hits.ctypes.data), _P(self.read_rows.ctypes.data), _P(self.read_slots.ctypes.data),
@@ -174,7 +179,8 @@ class NativeCache:
 
     def select(self) -> tuple[np.ndarray, int]:
         """One token's step on the bound selection: returns (hits [K] bool, a copy; misses). The misses'
-        rows and slots are ``read_rows[:misses]`` / ``read_slots[:misses]``; ``info`` = [copy ns, runs]."""
+        rows and slots are ``read_rows[:misses]`` / ``read_slots[:misses]``; ``info`` = [copy ns, runs, bytes
+        of the blocks holding the misses' rows]."""
         n = _check(self._lib.dd_cache_select(*self._args), self.rows)
         return self._hits.view(bool).copy(), n
 

@@ -77,6 +77,7 @@ class RunStats:
     flash_mb_per_token: float
     flash_requests_per_token: float
     flash_device_mb_per_token: float | None  # --io direct: the blocks read from the device; else None
+    flash_block_mb_per_token: float  # the whole 4 KiB blocks the reads covered (FlashCounters.block_bytes)
     dram_mb_per_token: float
     resident: dict
     memory: dict
@@ -120,6 +121,7 @@ class RunStats:
             layer_hit_rate=[rate(dec[i]) for i in range(dec.shape[0])],
             flash_mb_per_token=flash.bytes / per / 1e6, flash_requests_per_token=flash.requests / per,
             flash_device_mb_per_token=flash.device_bytes / per / 1e6 if engine.cfg.io == "direct" else None,
+            flash_block_mb_per_token=flash.block_bytes / per / 1e6,
             dram_mb_per_token=(sel_bytes + engine.dram_dense_per_token) / 1e6,
             resident={**engine.residency.as_dict(),
                       "slabs": sum(s.slab_bytes for pair in engine.slabs for s in pair)},
@@ -156,10 +158,13 @@ class RunStats:
             ("hit rate", f"{self.hit_rate:.3f} (up|gate {self.hit_rate_in:.3f}, down {self.hit_rate_glu:.3f})"),
             ("Flash per token", f"{self.flash_mb_per_token:.3f} MB in {self.flash_requests_per_token:.0f} requests ({bw})"),
         ]
+        waste = self.flash_block_mb_per_token / self.flash_mb_per_token if self.flash_mb_per_token else 0.0
         if self.flash_device_mb_per_token is not None:
-            waste = self.flash_device_mb_per_token / self.flash_mb_per_token if self.flash_mb_per_token else 0.0
             rows.append(("read from device per token", f"{self.flash_device_mb_per_token:.3f} MB in {BLOCK // 1024} KiB "
                                                        f"blocks ({waste:.2f}× the rows' bytes)"))
+        elif self.flash_emulated_bandwidth and self.flash_mb_per_token:
+            rows.append(("emulated Flash per token", f"{self.flash_block_mb_per_token:.3f} MB paced: the {BLOCK // 1024} "
+                                                     f"KiB blocks holding the rows ({waste:.2f}× the rows' bytes)"))
         if self.read_ahead_rows_per_token:
             used = self.read_ahead_used_per_token / self.read_ahead_rows_per_token
             rows.append(("read ahead per token", f"{self.read_ahead_rows_per_token:.0f} rows predicted and read during "
