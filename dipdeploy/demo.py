@@ -8,10 +8,11 @@ streams from Flash); the DIP-CA ones use LFU and the plan's γ. The plans are un
 is the torch reference of each bundle (fake-quantised weights, the same plan, cache and γ: what the
 runtime computes up to rounding, README "Correctness") on WikiText-2 test windows, the protocol of
 ``dipdeploy eval``; speed, Flash and memory come from the runtime's own stats. Flash is the phone's,
-emulated: the rows' bytes read through the mapping (``--io mmap``, not the engine's default ``auto``)
-and paced at ``flash_bandwidth``, so the rows compare at one device whatever disk runs the demo. The
-pacing charges the rows' bytes, not the 4 KiB blocks a real device returns, which favours rows smaller
-than a block (SmolLM2's); ``benchmarks/flash.py`` and ``benchmarks/iso_runtime.py`` measure real reads.
+emulated: the rows read through the mapping (``--io mmap``, not the engine's default ``auto``) and the
+4 KiB blocks holding them paced at ``flash_bandwidth`` (what a device returns: a row smaller than a block
+costs the block, SmolLM2's 306 B down rows included), so the rows compare at one device whatever disk
+runs the demo. Per-request costs are not emulated; ``benchmarks/flash.py`` and
+``benchmarks/iso_runtime.py`` measure real reads.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class DemoRow:
     density: float
     ppl: float
     decode_tok_s: float  # over max_new_tokens, past the EOS when the answer is shorter
-    flash_mb_per_token: float
+    flash_mb_per_token: float  # the missed rows' bytes
+    flash_block_mb_per_token: float  # the 4 KiB blocks holding them: what the emulated Flash paces
     dram_mb: float  # the runtime's planned residency: dense weights + KV cache + row caches + staging
     text: str
     finish: str
@@ -144,5 +146,5 @@ def _one(cfg: DemoConfig, label: str, density: float, native: bool, force: bool,
             s = engine.generate(prompt, cfg.max_new_tokens, sampler=Sampler(), stop_at_eos=False).stats
     finally:
         engine.close()
-    return DemoRow(label, plan.density, ppl, s.decode_tok_s, s.flash_mb_per_token, s.resident["total"] / 1e6,
-                   g.text, g.finish, len(g.tokens), str(out))
+    return DemoRow(label, plan.density, ppl, s.decode_tok_s, s.flash_mb_per_token, s.flash_block_mb_per_token,
+                   s.resident["total"] / 1e6, g.text, g.finish, len(g.tokens), str(out))

@@ -93,6 +93,7 @@ def test_demo_sets_dense_against_dip_ca_on_one_screen(data_dir, tmp_path):
     assert [(r["label"], r["density"] == 1.0) for r in rows] == [("dense", True), ("DIP-CA", False)]
     assert all(r["ppl"] > 1 and r["flash_mb_per_token"] >= 0 and r["new_tokens"] >= 1 for r in rows)
     assert rows[1]["flash_mb_per_token"] < rows[0]["flash_mb_per_token"]  # fewer rows read at ρ 0.6
+    assert all(r["flash_block_mb_per_token"] >= r["flash_mb_per_token"] for r in rows)  # whole blocks paced
     assert "perplexity" in res.output and "What is the capital of France?" in res.output
     assert "raw text" in res.output and "[1/2] dense" in res.output
     hint = chat_hint(DemoConfig(), rows[1]["bundle"])  # the line it prints parses as chat, at the demo's settings

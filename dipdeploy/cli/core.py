@@ -319,7 +319,7 @@ def _demo_screen(cfg, rows, native: bool) -> None:
     for r in rows:
         change = "" if r is dense else f" ({100 * (r.ppl / dense.ppl - 1):+.0f}%)"
         table.add_row(r.label, f"{r.density:.2f}", f"{r.ppl:.1f}{change}", f"{r.decode_tok_s:.1f}",
-                      f"{r.flash_mb_per_token:.1f}", f"{r.dram_mb:.0f}")
+                      f"{r.flash_block_mb_per_token:.1f}", f"{r.dram_mb:.0f}")
     console.print(table)
     console.print(f"\n[bold]{escape(cfg.question)}[/]")
     answers = Table(box=None, show_header=False, pad_edge=False)
@@ -331,9 +331,10 @@ def _demo_screen(cfg, rows, native: bool) -> None:
     console.print(answers)
     console.print(f"\n[dim]Every row has the same DRAM budget (the bytes of {cfg.dram_budget} of the MLP rows "
                   f"cached, small rows first; dense pins its most used rows, DIP-CA caches with LFU) and reads the "
-                  f"rest from Flash emulated at {cfg.flash_bandwidth}, paced by the rows' bytes (a real device "
-                  f"reads whole 4 KiB blocks, so rows smaller than a block cost more there; SmolLM2 read from a "
-                  f"disk: benchmarks/results/iso-runtime-smollm2.md). Perplexity: WikiText-2 test, "
+                  f"rest from Flash emulated at {cfg.flash_bandwidth}: Flash MB/token counts the whole 4 KiB "
+                  f"blocks holding the missed rows, as a device returns them (the rows themselves: "
+                  f"{' / '.join(f'{r.flash_mb_per_token:.1f}' for r in rows)} MB; a row smaller than a block "
+                  f"costs the block). Perplexity: WikiText-2 test, "
                   f"{cfg.windows}×{cfg.seqlen} tokens, lower is better. Greedy answers.\nTry it under the same "
                   f"conditions: dipdeploy {escape(' '.join(chat_hint(cfg, rows[1].bundle)))} (without --io and "
                   f"--flash-bandwidth it reads the rows from this disk with O_DIRECT)[/]")
