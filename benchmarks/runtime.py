@@ -17,7 +17,8 @@ at the time) and perplexities in ``.runtime-<model>.ppl.json``: an interrupted r
 configurations are measured alone. ``--remeasure`` runs all measurements again.
 
 ``tok_s_emulated``: decode tokens/s with Flash paced at 1 GB/s (the file read through the page cache,
-then the store sleeps until bytes/bandwidth has passed); ``tok_s_cold``: unthrottled, the MLP file
+then the store sleeps until the 4 KiB blocks holding the rows, ``flash_block_mb_per_token``, have passed
+at that bandwidth: a device returns whole blocks); ``tok_s_cold``: unthrottled, the MLP file
 dropped from the page cache before each prompt (``Engine(cold=True)``, also after Belady's recording
 pass). ``ppl``: WikiText-2 test perplexity of the same
 configuration from ``dipdeploy eval`` (torch reference, BQ4 fake-quantised MLP, the cache fraction =
@@ -46,8 +47,8 @@ PROMPTS = (
     "In mathematics, a prime number is",
 )
 RHO_IN = 0.55  # the calibrated split of the accuracy table at ρ = 0.5 (benchmarks/results/accuracy-smollm2.md)
-COLS = ["method", "policy", "gamma", "density", "budget_frac", "hit_rate", "flash_mb_per_token", "tok_s_emulated",
-        "tok_s_cold", "ppl", "ppl_x_dense", "load_1min"]
+COLS = ["method", "policy", "gamma", "density", "budget_frac", "hit_rate", "flash_mb_per_token",
+        "flash_block_mb_per_token", "tok_s_emulated", "tok_s_cold", "ppl", "ppl_x_dense", "load_1min"]
 
 
 def bundles(model: str, root: Path) -> dict[str, Path]:
@@ -86,7 +87,7 @@ def measure(bundle: Path, c: dict, tokens: int, prompts: tuple[str, ...], bandwi
     """Emulated and cold runs of one configuration, averaged over the prompts (token-weighted)."""
     from dipdeploy.runtime import Engine
 
-    agg = {"steps": 0, "emu_s": 0.0, "cold_s": 0.0, "flash": 0.0, "hits": 0.0}
+    agg = {"steps": 0, "emu_s": 0.0, "cold_s": 0.0, "flash": 0.0, "blocks": 0.0, "hits": 0.0}
     for mode in ("emulated", "cold"):
         eng = Engine(bundle, dram_budget=f"{100 * c['budget_frac']:g}%", policy=c["policy"], gamma=c["gamma"],
                      native=True, flash_bandwidth=bandwidth if mode == "emulated" else None,
@@ -99,6 +100,7 @@ def measure(bundle: Path, c: dict, tokens: int, prompts: tuple[str, ...], bandwi
                 agg["steps"] += steps
                 agg["emu_s"] += s.decode_s
                 agg["flash"] += s.flash_mb_per_token * steps
+                agg["blocks"] += s.flash_block_mb_per_token * steps
                 agg["hits"] += s.hit_rate * steps
             else:
                 agg["cold_s"] += s.decode_s
@@ -106,7 +108,7 @@ def measure(bundle: Path, c: dict, tokens: int, prompts: tuple[str, ...], bandwi
     n = agg["steps"]
     density = sum((2 * ki / eng.d + kg / eng.f) / 3 for ki, kg in eng.k) / len(eng.k)
     return {"density": round(density, 4), "hit_rate": agg["hits"] / n, "flash_mb_per_token": agg["flash"] / n,
-            "tok_s_emulated": n / agg["emu_s"], "tok_s_cold": n / agg["cold_s"]}
+            "flash_block_mb_per_token": agg["blocks"] / n, "tok_s_emulated": n / agg["emu_s"], "tok_s_cold": n / agg["cold_s"]}
 
 
 def dense_mmap(bundle: Path, tokens: int, prompts: tuple[str, ...]) -> dict:
@@ -124,7 +126,8 @@ def dense_mmap(bundle: Path, tokens: int, prompts: tuple[str, ...]) -> dict:
         steps += len(g.tokens)
         seconds += len(g.tokens) / g.tokens_per_s
     return {"method": "dense-mmap", "policy": "page cache", "gamma": 1.0, "density": 1.0, "budget_frac": None,
-            "hit_rate": None, "flash_mb_per_token": None, "tok_s_emulated": None, "tok_s_cold": steps / seconds}
+            "hit_rate": None, "flash_mb_per_token": None, "flash_block_mb_per_token": None, "tok_s_emulated": None,
+            "tok_s_cold": steps / seconds}
 
 
 def ppl_for(row: dict, windows: int, cache: dict, partial: Path) -> float:
@@ -175,7 +178,7 @@ def main() -> None:
     memo = json.loads(memo_path.read_text()) if memo_path.is_file() and not args.remeasure else {}
     rows = []
     for c in configs(quick):
-        key = f"{c['method']}|{c['policy']}|{c['gamma']}|{c['budget_frac']}|{tokens}|{len(prompts)}|{args.bandwidth}"
+        key = f"{c['method']}|{c['policy']}|{c['gamma']}|{c['budget_frac']}|{tokens}|{len(prompts)}|{args.bandwidth}|blocks"
         if key in memo:
             rows.append(dict(memo[key]))
             continue
@@ -187,7 +190,8 @@ def main() -> None:
         memo[key] = row
         memo_path.write_text(json.dumps(memo, indent=1))
         print(f"{row['method']:12s} {row['policy']:6s} γ={row['gamma']:<4} budget {row['budget_frac']:.2f}: hit "
-              f"{row['hit_rate']:.3f}, Flash {row['flash_mb_per_token']:.2f} MB/tok, {row['tok_s_emulated']:.1f} tok/s "
+              f"{row['hit_rate']:.3f}, Flash {row['flash_mb_per_token']:.2f} MB/tok in "
+              f"{row['flash_block_mb_per_token']:.2f} MB of blocks, {row['tok_s_emulated']:.1f} tok/s "
               f"emulated, {row['tok_s_cold']:.1f} cold ({time.time() - t:.0f} s)", flush=True)
     rows.append(dense_mmap(paths["dense"], tokens, prompts))
     if not (quick or args.no_ppl):
@@ -234,7 +238,9 @@ def write_table(rows: list[dict], name: str, info: dict, tokens: int, prompts, a
             f"SmolLM2-135M-Instruct BQ4 bundles (ρ = 0.5 with ρ_in = {RHO_IN}; dense-static = a ρ = 1 bundle), "
             f"{tokens} greedy tokens after each of {len(prompts)} prompts, native kernels, 1 ORT thread, Flash reads "
             f"through mmap (MADV_RANDOM). `budget_frac`: share of the MLP bytes the caches may hold (dense weights "
-            f"and KV cache resident on top). `tok_s_emulated`: decode tokens/s with Flash paced at {args.bandwidth}; "
+            f"and KV cache resident on top). `flash_block_mb_per_token`: the 4 KiB blocks holding the missed rows "
+            f"(a device returns whole blocks). `tok_s_emulated`: decode tokens/s with those blocks paced at "
+            f"{args.bandwidth}; "
             f"`tok_s_cold`: unthrottled, MLP file dropped from the page cache before each prompt (this machine's "
             f"disk; evicted rows read again may come from the OS page cache). Decode tokens/s are measured on this "
             f"machine's CPU, not a phone's: the Python host loop costs a fixed few ms per layer, so they compare "
@@ -269,14 +275,15 @@ def plot(rows: list[dict], path: Path) -> None:
         rs.sort(key=lambda r: r["budget_frac"])
         x = [100 * r["budget_frac"] for r in rs]
         kw = dict(color=colour, marker="o", linestyle="--" if "belady" in label else "-", label=label)
-        axes[0].plot(x, [r["flash_mb_per_token"] for r in rs], **kw)
+        axes[0].plot(x, [r["flash_block_mb_per_token"] for r in rs], **kw)
         axes[1].plot(x, [r["tok_s_emulated"] for r in rs], **kw)
         half = [r for r in rs if r["budget_frac"] == 0.5 and r.get("ppl")]
         if half:
-            axes[2].scatter([r["flash_mb_per_token"] for r in half], [r["ppl"] for r in half], color=colour, label=label)
-    axes[0].set(xlabel="DRAM budget (% of MLP bytes)", ylabel="Flash MB / token", title="Flash traffic")
+            axes[2].scatter([r["flash_block_mb_per_token"] for r in half], [r["ppl"] for r in half], color=colour,
+                            label=label)
+    axes[0].set(xlabel="DRAM budget (% of MLP bytes)", ylabel="Flash MB / token (4 KiB blocks)", title="Flash traffic")
     axes[1].set(xlabel="DRAM budget (% of MLP bytes)", ylabel="tokens/s (Flash emulated)", title="Throughput")
-    axes[2].set(xlabel="Flash MB / token", ylabel="WikiText-2 PPL (log)", yscale="log",
+    axes[2].set(xlabel="Flash MB / token (4 KiB blocks)", ylabel="WikiText-2 PPL (log)", yscale="log",
                 title="50 % budget: perplexity vs Flash traffic")
     axes[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
