@@ -34,7 +34,8 @@ LEVEL = typer.Option(None, "--accuracy-level", help="0 = fp32; 4 = int8 activati
                      "BQ4 SparseGatherMatMul (faster on x86); default: the bundle's")
 NATIVE = typer.Option(None, "--native/--no-native", help="native kernels (default: when built) or the ONNX "
                       "fallback functions")
-FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s")
+FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s: the whole "
+                     "4 KiB blocks holding the missed rows are paced, as a device returns them")
 COLD = typer.Option(_E.cold, "--cold", help="drop the MLP file from the OS page cache before the run (real disk "
                     "reads)")
 IO = typer.Option(_E.io, "--io", help="Flash reads: auto (direct where rows stay on Flash and the filesystem "
