@@ -48,7 +48,7 @@ class SparsityConfig:
     rho_in: float | None = None
     allocation: str = "uniform"
     score: str = "abs"
-    gamma: float = 0.5  # at cache_frac 0.5: PPL 48.8 vs 131.8 at γ = 0.2 (benchmarks/results/runtime-smollm2.md)
+    gamma: float = 0.5  # cache_frac 0.5: PPL 44.7 vs 51.6 at γ 0.2 (reads split), 48.8 vs 131.8 (even); docs/method.md
     policy: str = "lfu"
     cache_frac: float = 0.5
     cache_split: str = CACHE_SPLIT
