@@ -108,7 +108,8 @@ def measure(bundle: Path, c: dict, tokens: int, prompts: tuple[str, ...], bandwi
     n = agg["steps"]
     density = sum((2 * ki / eng.d + kg / eng.f) / 3 for ki, kg in eng.k) / len(eng.k)
     return {"density": round(density, 4), "hit_rate": agg["hits"] / n, "flash_mb_per_token": agg["flash"] / n,
-            "flash_block_mb_per_token": agg["blocks"] / n, "tok_s_emulated": n / agg["emu_s"], "tok_s_cold": n / agg["cold_s"]}
+            "flash_block_mb_per_token": agg["blocks"] / n, "tok_s_emulated": n / agg["emu_s"],
+            "tok_s_cold": n / agg["cold_s"]}
 
 
 def dense_mmap(bundle: Path, tokens: int, prompts: tuple[str, ...]) -> dict:
@@ -178,7 +179,8 @@ def main() -> None:
     memo = json.loads(memo_path.read_text()) if memo_path.is_file() and not args.remeasure else {}
     rows = []
     for c in configs(quick):
-        key = f"{c['method']}|{c['policy']}|{c['gamma']}|{c['budget_frac']}|{tokens}|{len(prompts)}|{args.bandwidth}|blocks"
+        key = (f"{c['method']}|{c['policy']}|{c['gamma']}|{c['budget_frac']}|{tokens}|{len(prompts)}|"
+               f"{args.bandwidth}|blocks")
         if key in memo:
             rows.append(dict(memo[key]))
             continue

@@ -277,11 +277,14 @@ int64_t assign(Group & g, const int64_t * sel, int64_t k, const uint8_t * hits, 
 // block share its read. What the emulated Flash bandwidth paces (flash.py FlashStore.account).
 int64_t touched_bytes(int64_t arrays, const int64_t * offset, const int64_t * row_bytes, const int64_t * rows,
                       int64_t n, int64_t block) {
-  std::vector<int64_t> by_offset(static_cast<size_t>(arrays));
-  for (int64_t a = 0; a < arrays; ++a) by_offset[size_t(a)] = a;
-  std::sort(by_offset.begin(), by_offset.end(), [&](int64_t x, int64_t y) { return offset[x] < offset[y]; });
   int64_t blocks = 0, last = -1;  // the highest block counted so far
-  for (int64_t a : by_offset)
+  for (int64_t j = 0, prev = -1; j < arrays; ++j) {  // the arrays in (offset, index) order, nothing allocated
+    int64_t a = -1;
+    for (int64_t c = 0; c < arrays; ++c) {
+      const bool after = prev < 0 || offset[c] > offset[prev] || (offset[c] == offset[prev] && c > prev);
+      if (after && (a < 0 || offset[c] < offset[a])) a = c;
+    }
+    prev = a;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t b0 = (offset[a] + rows[i] * row_bytes[a]) / block;
       const int64_t b1 = (offset[a] + (rows[i] + 1) * row_bytes[a] - 1) / block;
@@ -290,6 +293,7 @@ int64_t touched_bytes(int64_t arrays, const int64_t * offset, const int64_t * ro
         last = b1;
       }
     }
+  }
   return blocks * block;
 }
 
@@ -641,8 +645,8 @@ __attribute__((visibility("default"))) int64_t dd_cache_arrays(void * gp, int64_
 // One token's step for the selection `sel` [k] (distinct rows, as TopK gives them): hits [k], slots [k]
 // for the op, and the misses' rows and slots (ascending rows) in read_rows/read_slots [k]. With a
 // mapping the rows are copied into the slab; info[0] = the reads' nanoseconds, info[1] = runs of
-// adjacent rows, info[2] = the bytes of the blocks holding the misses' rows (touched_bytes). Returns the
-// number of misses, or a negative error code.
+// adjacent rows, info[2] = with the mapping, the bytes of the blocks holding the misses' rows (touched_bytes).
+// Returns the number of misses, or a negative error code.
 __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const int64_t * sel, int64_t k,
                                                                int64_t * slots, uint8_t * hits, int64_t * read_rows,
                                                                int64_t * read_slots, int64_t * info) {
@@ -658,9 +662,9 @@ __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const 
       int64_t runs = 1;
       for (int64_t i = 1; i < n; ++i) runs += read_rows[i] != read_rows[i - 1] + 1;
       info[1] = runs;
-      info[2] = touched_bytes(int64_t(g->slabs.size()), g->offset.data(), g->row_bytes.data(), read_rows, n,
-                              kFlashBlock);
       if (g->map) {
+        info[2] = touched_bytes(int64_t(g->slabs.size()), g->offset.data(), g->row_bytes.data(), read_rows, n,
+                                kFlashBlock);
         int64_t t0 = now_ns();
         rc = copy_rows(*g, read_rows, read_slots, n, g->slabs);
         info[0] = now_ns() - t0;

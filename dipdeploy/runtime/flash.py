@@ -35,10 +35,11 @@ the others a cgroup memory limit prevents it, benchmarks/flash.py); that is said
 
 ``bandwidth`` emulates a slower device (a phone's Flash) on top of the real reads: each batch owes
 ``block_bytes / bandwidth`` (a device transfers whole blocks, so SmolLM2's 306 B down rows owe a 4 KiB
-block each unless they share one; request costs are not emulated) minus the time the real read took (synchronous I/O, no overlap with compute); the debt is paid by sleeping once it
-passes 1 ms, and ``settle`` pays the rest at the end of each token. The measured sleep is what is
-deducted, so the OS's oversleep (≈70–100 µs per call here, measured) is credited to the next batch
-instead of adding ~5 ms per token of 60 tiny sleeps. Reported as emulation.
+block each unless they share one; request costs are not emulated) minus the time the real read took
+(synchronous I/O, no overlap with compute); the debt is paid by sleeping once it passes 1 ms, and
+``settle`` pays the rest at the end of each token. The measured sleep is what is deducted, so the OS's
+oversleep (≈70–100 µs per call here, measured) is credited to the next batch instead of adding ~5 ms per
+token of 60 tiny sleeps. Reported as emulation.
 
 Torch-free (floor 4).
 """
