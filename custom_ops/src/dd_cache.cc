@@ -84,9 +84,9 @@ struct Group {
   int64_t * row_of;        // [capacity], -1: free
   const int32_t * next_use = nullptr;  // belady: [steps, rows] (policies.py _next_use_table)
   int64_t next_use_steps = 0;
-  // the slab arrays and where their rows lie in the file
+  // the slab arrays and where their rows lie in the file; by_offset: the arrays in file order (touched_bytes)
   std::vector<uint8_t *> slabs;
-  std::vector<int64_t> offset, row_bytes;
+  std::vector<int64_t> offset, row_bytes, by_offset;
   const uint8_t * map = nullptr;
   int64_t map_len = 0;
   // scratch and the pending step (SlotStep.release / deferred_*)
@@ -271,20 +271,23 @@ int64_t assign(Group & g, const int64_t * sel, int64_t k, const uint8_t * hits, 
   return int64_t(misses.size());
 }
 
+// The arrays' indices in file order (ascending offset): the order touched_bytes walks them in.
+std::vector<int64_t> file_order(int64_t arrays, const int64_t * offset) {
+  std::vector<int64_t> order(static_cast<size_t>(arrays));
+  for (int64_t a = 0; a < arrays; ++a) order[size_t(a)] = a;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return offset[x] < offset[y]; });
+  return order;
+}
+
 // The bytes of the whole `block`s that hold `rows` (n, ascending) of every array (`offset[a]` + row *
-// `row_bytes[a]`; arrays do not overlap): blockio.py touched_bytes, the blocks a device returns for rows read
-// through the page cache, where a row smaller than a block costs the whole block and rows that share a
-// block share its read. What the emulated Flash bandwidth paces (flash.py FlashStore.account).
-int64_t touched_bytes(int64_t arrays, const int64_t * offset, const int64_t * row_bytes, const int64_t * rows,
-                      int64_t n, int64_t block) {
+// `row_bytes[a]`; arrays do not overlap), the arrays taken in `order` (file_order): blockio.py touched_bytes,
+// the blocks a device returns for rows read through the page cache, where a row smaller than a block costs
+// the whole block and rows that share a block share its read. What the emulated Flash bandwidth paces
+// (flash.py FlashStore.account).
+int64_t touched_bytes(const std::vector<int64_t> & order, const int64_t * offset, const int64_t * row_bytes,
+                      const int64_t * rows, int64_t n, int64_t block) {
   int64_t blocks = 0, last = -1;  // the highest block counted so far
-  for (int64_t j = 0, prev = -1; j < arrays; ++j) {  // the arrays in (offset, index) order, nothing allocated
-    int64_t a = -1;
-    for (int64_t c = 0; c < arrays; ++c) {
-      const bool after = prev < 0 || offset[c] > offset[prev] || (offset[c] == offset[prev] && c > prev);
-      if (after && (a < 0 || offset[c] < offset[a])) a = c;
-    }
-    prev = a;
+  for (int64_t a : order) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t b0 = (offset[a] + rows[i] * row_bytes[a]) / block;
       const int64_t b1 = (offset[a] + (rows[i] + 1) * row_bytes[a] - 1) / block;
@@ -518,7 +521,7 @@ int64_t prefill_fill(Group & g, const int64_t * sel, int64_t tokens, int64_t k, 
     int64_t runs = 1;
     for (int64_t i = 1; i < n; ++i) runs += rows[i] != rows[i - 1] + 1;
     g.totals[1] += runs * int64_t(g.slabs.size());
-    g.totals[4] += touched_bytes(int64_t(g.slabs.size()), g.offset.data(), g.row_bytes.data(), rows, n, kFlashBlock);
+    g.totals[4] += touched_bytes(g.by_offset, g.offset.data(), g.row_bytes.data(), rows, n, kFlashBlock);
   } else {
     const int64_t rc = read_direct(g, rows, rows, n, g.full, &g.totals[4], &g.totals[1]);
     if (rc < 0) return rc;
@@ -637,6 +640,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_arrays(void * gp, int64_
   g->slabs.assign(slabs, slabs + n);
   g->offset.assign(offset, offset + n);
   g->row_bytes.assign(row_bytes, row_bytes + n);
+  g->by_offset = file_order(n, offset);
   g->map = map;
   g->map_len = map ? map_len : 0;
   return 0;
@@ -663,8 +667,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const 
       for (int64_t i = 1; i < n; ++i) runs += read_rows[i] != read_rows[i - 1] + 1;
       info[1] = runs;
       if (g->map) {
-        info[2] = touched_bytes(int64_t(g->slabs.size()), g->offset.data(), g->row_bytes.data(), read_rows, n,
-                                kFlashBlock);
+        info[2] = touched_bytes(g->by_offset, g->offset.data(), g->row_bytes.data(), read_rows, n, kFlashBlock);
         int64_t t0 = now_ns();
         rc = copy_rows(*g, read_rows, read_slots, n, g->slabs);
         info[0] = now_ns() - t0;
@@ -949,7 +952,7 @@ __attribute__((visibility("default"))) int64_t dd_flash_touched_bytes(int64_t ar
   for (int64_t i = 0; i < n; ++i)
     if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return kBadArgs;
   try {
-    return touched_bytes(arrays, offset, row_bytes, rows, n, block);
+    return touched_bytes(file_order(arrays, offset), offset, row_bytes, rows, n, block);
   } catch (...) {
     return kBadArgs;
   }
