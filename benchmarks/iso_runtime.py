@@ -30,6 +30,7 @@ cache-aware score the plain one (every row resident), so there its perplexity is
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import statistics
@@ -103,14 +104,20 @@ def dipca_ppl(model: str, density: float, frac: float, protocol: tuple[int, int]
     key = f"{model}|{density:g}|{frac:g}|{windows}x{seqlen}"
     cache = json.loads(memo.read_text()) if memo.is_file() else {}
     if key not in cache:
-        from dipdeploy.eval import EvalConfig, Evaluator
         from dipdeploy.paths import write_atomic
 
-        ev = Evaluator(EvalConfig(model=model, seqlen=seqlen, max_windows=windows, progress=True))
-        cache[key] = ev.row("dip-ca", density, rho_in=min(1.0, INPUT_SHARE * density), policy="lfu",
-                            cache_frac=frac)["ppl"]
+        cache[key] = evaluator(model, windows, seqlen).row("dip-ca", density, rho_in=min(1.0, INPUT_SHARE * density),
+                                                           policy="lfu", cache_frac=frac)["ppl"]
         write_atomic(memo, json.dumps(cache, indent=1), force=True)
     return cache[key]
+
+
+@functools.cache
+def evaluator(model: str, windows: int, seqlen: int):
+    """One Evaluator (the model, its calibration and test windows loaded once) for every DIP-CA row."""
+    from dipdeploy.eval import EvalConfig, Evaluator
+
+    return Evaluator(EvalConfig(model=model, seqlen=seqlen, max_windows=windows, progress=True))
 
 
 def measure(bundle: Path, policy: str, budget: str, tokens: int, gamma: float | None = 1.0) -> dict:
