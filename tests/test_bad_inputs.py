@@ -148,7 +148,7 @@ CASES = [
     ("export-density", "export --model tiny-llama --density 0 --out {new}", "density=0.0"),
     ("export-hub-uncached", f"export --model {UNCACHED} --rho-in 0.6 --out {{new}}", "not in the local Hugging Face"),
     # inspect
-    ("inspect-missing", "inspect {missing}", "missing"),
+    ("inspect-missing", "inspect {missing}", "not found: give the folder `dipdeploy export` wrote"),
     ("inspect-not-a-bundle", "inspect {dir}", "dipdeploy export"),
     ("inspect-json-exists", "inspect {bundle} --json {file}", "pass --force"),
     ("inspect-json-is-dir", "inspect {bundle} --json {dir}", "is a directory"),
@@ -178,13 +178,13 @@ CASES = [
     ("run-policy", "run {bundle} -p hi --policy mru", "policy 'mru' unknown"),
     ("run-gamma", "run {bundle} -p hi --gamma 1.5", "gamma must lie in [0, 1]"),
     ("run-accuracy-level", "run {bundle} -p hi --accuracy-level 2", "accuracy_level must be 0"),
-    ("run-bundle-missing", "run {missing} -p hi", "missing"),
+    ("run-bundle-missing", "run {missing} -p hi", "not found: give the folder `dipdeploy export` wrote"),
     ("run-pin-from-missing", "run {bundle} -p hi --policy static --pin-from {missing}", "--pin-from"),
     ("run-flash-bandwidth", "run {bundle} -p hi --flash-bandwidth fast", "fast"),
     ("run-no-prompt", "run {bundle}", "Missing option '--prompt'"),
     # chat
     ("chat-context-too-long", "chat {bundle} --context 100000 --no-native", "exceeds the 256 positions"),
-    ("chat-bundle-missing", "chat {missing}", "missing"),
+    ("chat-bundle-missing", "chat {missing}", "not found: give the folder `dipdeploy export` wrote"),
     ("chat-budget-no-unit", "chat {bundle} --dram-budget 25", "needs a unit"),
     ("chat-policy", "chat {bundle} --policy mru", "policy 'mru' unknown"),
     # trace

@@ -132,6 +132,9 @@ def parse_manifest(bundle: str | Path) -> Manifest:
     path = Path(bundle) / MANIFEST
     if path.is_symlink():
         raise BundleError(f"{path} is a symbolic link; a bundle holds plain files; {REGENERATE}")
+    if not Path(bundle).is_dir():
+        raise FileNotFoundError(f"bundle {bundle} not found: give the folder `dipdeploy export` wrote (its "
+                                f"manifest.json beside the graphs)")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {bundle} is not a dipdeploy bundle; {REGENERATE}")
     try:
