@@ -138,6 +138,9 @@ public final class Manifest {
         Path p = bundle.resolve(FILE);
         if (Files.isSymbolicLink(p))
             throw new IllegalArgumentException(p + " is a symbolic link; a bundle holds plain files; " + REGENERATE);
+        if (!Files.isDirectory(bundle))
+            throw new IOException("bundle " + bundle + " not found: give the folder `dipdeploy export` wrote "
+                    + "(its manifest.json beside the graphs)");
         if (!Files.isRegularFile(p))
             throw new IOException(p + " not found: " + bundle + " is not a dipdeploy bundle; " + REGENERATE);
         return fromJson(new String(Files.readAllBytes(p), StandardCharsets.UTF_8));
