@@ -11,8 +11,8 @@ runtime computes up to rounding, README "Correctness") on WikiText-2 test window
 emulated: the rows read through the mapping (``--io mmap``, not the engine's default ``auto``) and the
 4 KiB blocks holding them paced at ``flash_bandwidth`` (what a device returns: a row smaller than a block
 costs the block, SmolLM2's 306 B down rows included), so the rows compare at one device whatever disk
-runs the demo. Per-request costs are not emulated; ``benchmarks/flash.py`` and
-``benchmarks/iso_runtime.py`` measure real reads.
+runs the demo. Per-request costs are not emulated here (``run --flash-device`` adds a device profile's);
+``benchmarks/flash.py`` and ``benchmarks/iso_runtime.py`` measure real reads.
 """
 
 from __future__ import annotations

@@ -181,6 +181,9 @@ CASES = [
     ("run-bundle-missing", "run {missing} -p hi", "not found: give the folder `dipdeploy export` wrote"),
     ("run-pin-from-missing", "run {bundle} -p hi --policy static --pin-from {missing}", "--pin-from"),
     ("run-flash-bandwidth", "run {bundle} -p hi --flash-bandwidth fast", "fast"),
+    ("run-flash-device", "run {bundle} -p hi --flash-device toaster", "unknown device 'toaster'"),
+    ("run-flash-both", "run {bundle} -p hi --flash-bandwidth 1GB/s --flash-device sd8gen3", "not both"),
+    ("chat-flash-device", "chat {bundle} --flash-device toaster", "unknown device 'toaster'"),
     ("run-no-prompt", "run {bundle}", "Missing option '--prompt'"),
     # chat
     ("chat-context-too-long", "chat {bundle} --context 100000 --no-native", "exceeds the 256 positions"),

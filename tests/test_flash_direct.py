@@ -11,6 +11,7 @@ import pytest
 from dipdeploy.runtime import blockio
 from dipdeploy.runtime.blockio import BLOCK, PythonReader, make_reader, plan_reads
 from dipdeploy.runtime.flash import FlashStore, RowArray
+from dipdeploy.sim.devices import FlashModel
 
 
 def _native_built() -> bool:
@@ -210,7 +211,7 @@ def test_refused_o_direct_falls_back_with_one_line(tmp_path, monkeypatch):
 def test_emulated_bandwidth_paces_the_device_bytes(tmp_path):
     """On top of real reads, --flash-bandwidth owes the blocks read, not only the rows' bytes."""
     path, _ = _file(tmp_path, FILE_SIZE)
-    store = FlashStore(path, io="direct", bandwidth=20e6, native=False)
+    store = FlashStore(path, io="direct", emulate=FlashModel(20e6, 0.0), native=False)
     rows = np.arange(0, 700, 14)  # one 306 B row per 4 KiB block: device bytes ≈ 13 × the rows'
     store.read(ARRAYS, [np.zeros((len(rows), a.row_bytes), np.uint8) for a in ARRAYS], rows, np.arange(len(rows)))
     store.settle()
@@ -225,7 +226,7 @@ def test_emulated_bandwidth_paces_the_blocks_holding_the_rows(tmp_path, io):
     """Through the page cache too, --flash-bandwidth owes the 4 KiB blocks a device would return for the
     rows (rows sharing a block share it), not the rows' bytes."""
     path, _ = _file(tmp_path, FILE_SIZE)
-    store = FlashStore(path, io=io, bandwidth=20e6)
+    store = FlashStore(path, io=io, emulate=FlashModel(20e6, 0.0))
     rows = np.array([0, 1, 2] + list(range(28, 700, 14)))  # rows 0-2 share a block; then one row per block
     store.read(ARRAYS, [np.zeros((len(rows), a.row_bytes), np.uint8) for a in ARRAYS], rows, np.arange(len(rows)))
     store.settle()
@@ -234,6 +235,40 @@ def test_emulated_bandwidth_paces_the_blocks_holding_the_rows(tmp_path, io):
     assert c.block_bytes > 5 * c.bytes and c.device_bytes == 0  # whether the page cache held them is the OS's
     assert c.emulated_wait + c.io_seconds >= c.block_bytes / 20e6 * 0.999
     store.close()
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread", "direct"])
+def test_a_device_profiles_request_cost_is_paced_per_device_request(tmp_path, io):
+    """--flash-device owes each device request its cost: the requests read (direct), or a run of touching
+    blocks each through the page cache, whatever the reader's own calls were; its bandwidth is paced too."""
+    path, _ = _file(tmp_path, FILE_SIZE)
+    store = FlashStore(path, io=io, emulate=FlashModel(1e12, 2e-3), native=False)
+    rows = np.array([0, 1, 2, 3] + list(range(28, 420, 14)))  # rows 0-3 share a run; then a block or two apart
+    store.read(ARRAYS, [np.zeros((len(rows), a.row_bytes), np.uint8) for a in ARRAYS], rows, np.arange(len(rows)))
+    store.settle()
+    c = store.counters
+    plan = plan_reads([a.offset for a in ARRAYS], [a.row_bytes for a in ARRAYS], rows,
+                      max_gap=store.io_gap if io == "direct" else 0)
+    assert c.block_requests == plan.requests > 1
+    if io == "direct":  # the reader's requests are the device's
+        assert c.requests == plan.requests
+    assert c.emulated_wait + c.io_seconds >= plan.requests * 2e-3 * 0.999
+    store.close()
+
+
+def test_emulation_is_a_bandwidth_or_a_device_profile():
+    from dipdeploy.runtime.flash import emulation
+    from dipdeploy.sim.devices import get_device
+
+    assert emulation(None, None) is None
+    assert emulation(5e8, None) == FlashModel(5e8, 0.0)
+    want = get_device("sd8gen3").flash
+    got = emulation(None, "sd8gen3")
+    assert (got.seq_bandwidth, got.request_s) == (want.seq_bandwidth, want.request_s) and got.request_s > 0
+    with pytest.raises(ValueError, match="not both"):
+        emulation(5e8, "sd8gen3")
+    with pytest.raises(KeyError, match="unknown device 'toaster'"):
+        emulation(None, "toaster")
 
 
 def test_reader_choice(monkeypatch):

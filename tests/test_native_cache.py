@@ -8,7 +8,7 @@ import pytest
 
 from dipdeploy.cache import POLICIES, RowCache, SlotTable, static_rows
 from dipdeploy.ops.native import library_path
-from dipdeploy.runtime.blockio import plan_reads, touched_bytes
+from dipdeploy.runtime.blockio import MAX_REQUEST, plan_reads, touched_blocks
 from dipdeploy.runtime.native_cache import NativeCache, cache_library
 
 LIB = library_path()
@@ -70,7 +70,8 @@ def _run_both(policy: str, seed: int, rows: int, capacity: int, k: int, folder, 
         assert np.array_equal(nat.read_slots[:n], step.read_slots), where
         runs = 1 + int((np.diff(step.read_rows) != 1).sum()) if n else 0
         assert nat.info[1] == runs, where
-        assert nat.info[2] == touched_bytes(offsets, list(ROW_BYTES), step.read_rows), where  # what is paced
+        blocks, requests = touched_blocks(offsets, list(ROW_BYTES), step.read_rows)
+        assert (nat.info[2], nat.info[3]) == (blocks, requests), where  # what is paced
         for slab, off, rb in zip(slabs, offsets, ROW_BYTES):  # the op reads the selected rows' bytes
             assert np.array_equal(slab[slots[0]], data[off:off + rows * rb].reshape(rows, rb)[sel]), where
         table.finish(step)
@@ -97,14 +98,16 @@ def test_native_step_equals_the_numpy_reference(policy, seed, tmp_path):
     assert ref.step == 40
 
 
-def test_block_bytes_equal_the_numpy_count_and_the_plan_without_gaps():
-    """dd_flash_touched_bytes, blockio.touched_bytes and plan_reads(max_gap=0).total: the same blocks, rows
-    sharing a block counted once, arrays in any order, one array's last block shared with the next's."""
+def test_block_bytes_and_requests_equal_the_numpy_count_and_the_plan_without_gaps():
+    """dd_flash_touched, blockio.touched_blocks and plan_reads(max_gap=0): the same blocks, rows sharing a
+    block counted once, arrays in any order, one array's last block shared with the next's, and the same
+    requests, a run of touching blocks each, split at the longest request."""
     lib = cache_library(str(LIB))
     rng = np.random.default_rng(5)
     cases = [([0, 10 * 306 + 10], [306, 20], np.array([0, 1, 9, 13, 14])),  # neighbours share blocks
              ([4096], [4096], np.array([0, 1, 5])),  # whole blocks
-             ([100, 0], [30, 10], np.array([9]))]  # the second array ends in the first's first block
+             ([100, 0], [30, 10], np.array([9])),  # the second array ends in the first's first block
+             ([0], [4096 * 40], np.array([0, 1, 3]))]  # runs longer than a request: 80 blocks in 3 requests
     for _ in range(300):
         arrays, rows = int(rng.integers(1, 4)), int(rng.integers(1, 300))
         row_bytes = [int(b) for b in rng.integers(1, 9000, arrays)]
@@ -116,11 +119,16 @@ def test_block_bytes_equal_the_numpy_count_and_the_plan_without_gaps():
     for offsets, row_bytes, rows in cases:
         rows = np.unique(rows).astype(np.int64)
         offs, rbs = np.asarray(offsets, np.int64), np.asarray(row_bytes, np.int64)
-        native = lib.dd_flash_touched_bytes(len(offs), offs.ctypes.data, rbs.ctypes.data, rows.ctypes.data, len(rows), 4096)
-        want = plan_reads(offsets, row_bytes, rows, max_gap=0).total
-        assert native == touched_bytes(offsets, row_bytes, rows) == want, (offsets, row_bytes, rows)
+        requests = np.zeros(1, np.int64)
+        native = lib.dd_flash_touched(len(offs), offs.ctypes.data, rbs.ctypes.data, rows.ctypes.data, len(rows), 4096,
+                                      MAX_REQUEST, requests.ctypes.data)
+        plan = plan_reads(offsets, row_bytes, rows, max_gap=0)
+        want = (plan.total, plan.requests)
+        assert (native, int(requests[0])) == touched_blocks(offsets, row_bytes, rows) == want, (offsets, row_bytes, rows)
+    assert touched_blocks([0], [4096 * 40], np.array([0, 1, 3])) == (120 * 4096, 5)  # 80 blocks in 3, 40 in 2
     descending = np.array([5, 2], np.int64)
-    assert lib.dd_flash_touched_bytes(1, offs.ctypes.data, rbs.ctypes.data, descending.ctypes.data, 2, 4096) == -6
+    assert lib.dd_flash_touched(1, offs.ctypes.data, rbs.ctypes.data, descending.ctypes.data, 2, 4096, MAX_REQUEST,
+                                requests.ctypes.data) == -6
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "belady"])
@@ -205,7 +213,8 @@ def test_engine_native_step_changes_nothing_but_time(tiny_bundle, policy, prefil
     for g, r in ((got[0], ref[0]), (got[2], ref[2])):
         assert g.tokens == r.tokens
         assert all(np.array_equal(a, b) for a, b in zip(g.logits, r.logits))
-        for name in ("hit_rate", "flash_mb_per_token", "flash_requests_per_token", "flash_block_mb_per_token"):
+        for name in ("hit_rate", "flash_mb_per_token", "flash_requests_per_token", "flash_block_mb_per_token",
+                     "flash_block_requests_per_token"):
             assert getattr(g.stats, name) == getattr(r.stats, name), name
     for name in ("sel_in", "sel_glu", "hits_in", "hits_glu"):
         assert all(np.array_equal(a, b) for a, b in zip(getattr(got[1], name), getattr(ref[1], name))), name
@@ -213,13 +222,14 @@ def test_engine_native_step_changes_nothing_but_time(tiny_bundle, policy, prefil
 
 @pytest.mark.parametrize("prefill", ["batch", "token"])
 def test_rows_copied_from_the_mapping_count_the_blocks_numpy_counts(tiny_bundle, prefill):
-    """``--io mmap``: the native step's copies report the blocks holding the rows, which the emulated Flash
-    paces, as the Flash store's numpy path counts them."""
+    """``--io mmap``: the native step's copies report the blocks holding the rows and their device requests,
+    which the emulated Flash paces, as the Flash store's numpy path counts them."""
     got = _generate(tiny_bundle, native=True, native_cache=True, policy="lfu", prefill=prefill, io="mmap")
     ref = _generate(tiny_bundle, native=True, native_cache=False, policy="lfu", prefill=prefill, io="mmap")
     for g, r in ((got[0], ref[0]), (got[2], ref[2])):
         assert g.tokens == r.tokens and g.stats.io == "mmap"
         assert g.stats.flash_block_mb_per_token == r.stats.flash_block_mb_per_token > g.stats.flash_mb_per_token > 0
+        assert g.stats.flash_block_requests_per_token == r.stats.flash_block_requests_per_token > 0
 
 
 def test_native_and_fallback_engines_take_the_same_cache_decisions(tiny_bundle):

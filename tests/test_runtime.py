@@ -261,13 +261,30 @@ def test_cli_run_writes_json_and_refuses_to_clobber(dipca_bundle, tmp_path):
     assert res.exit_code == 2 and "exists" in res.output
 
 
+def test_cli_run_emulates_a_device_profiles_flash(dipca_bundle, tmp_path):
+    """--flash-device: the profile's bandwidth and request cost, said in the stats and the JSON."""
+    from typer.testing import CliRunner
+
+    from dipdeploy.cli import app
+    from dipdeploy.sim.devices import get_device
+
+    js = tmp_path / "r.json"
+    res = CliRunner().invoke(app, ["run", str(dipca_bundle[0]), "--prompt", "ab", "-n", "4", "--io", "mmap",
+                                   "--dram-budget", "50%", "--flash-device", "sd8gen3", "--json", str(js)])
+    assert res.exit_code == 0, res.output
+    row, flash = json.loads(js.read_text()), get_device("sd8gen3").flash
+    assert row["flash_device"] == "sd8gen3" and row["flash_emulated_bandwidth"] == flash.seq_bandwidth
+    assert row["flash_emulated_request_us"] == pytest.approx(flash.request_s * 1e6)
+    assert row["flash_block_requests_per_token"] > 0 and "µs a request (sd8gen3)" in res.output
+
+
 def test_flash_emulation_paces_reads_to_the_bandwidth(tmp_path):
     """1 MB at 100 MB/s must take ≥ 10 ms of emulated wait in total (paid once it passes 1 ms)."""
-    from dipdeploy.runtime.flash import FlashStore, RowArray
+    from dipdeploy.runtime.flash import FlashStore, RowArray, emulation
 
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
-    store = FlashStore(path, bandwidth=100e6)
+    store = FlashStore(path, emulate=emulation(100e6, None))
     arr = RowArray("a", 0, 1024, 1024, "uint8", (1024,))
     slab = np.zeros((1024, 1024), np.uint8)
     for start in range(0, 1024, 64):

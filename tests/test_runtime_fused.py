@@ -163,7 +163,7 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
     of 4 KiB + 4 B and 4 B in two arrays, a read-through gap of one block)."""
     import onnxruntime as ort
 
-    from dipdeploy.runtime.blockio import plan_reads, touched_bytes
+    from dipdeploy.runtime.blockio import plan_reads, touched_blocks
 
     rows, k, steps = 80, 12, 30
     rng = np.random.default_rng(7)
@@ -172,7 +172,7 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
                                 providers=["CPUExecutionProvider"])
     handle = np.array([nat.handle], np.int64)
     hot = rng.choice(rows, 20, replace=False)
-    misses, device, requests, touched = 0, 0, 0, 0
+    misses, device, requests, touched, touched_requests = 0, 0, 0, 0, 0
     for t in range(steps):
         sel = np.concatenate([rng.choice(hot, 6, replace=False),
                               rng.choice(np.setdiff1d(np.arange(rows), hot), k - 6, replace=False)])
@@ -184,7 +184,8 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
             size = path.stat().st_size  # a request reaching past the end of the file returns the rest
             device += int(np.minimum(plan.length, size - plan.offset).sum())
             requests += plan.requests
-            touched += touched_bytes(offsets, [wide, ROW_BYTES], step.read_rows)
+            blocks, block_requests = touched_blocks(offsets, [wide, ROW_BYTES], step.read_rows)
+            touched, touched_requests = touched + blocks, touched_requests + block_requests
         slots, got_rows, out = sess.run(None, {"indices": sel[None], "handle": handle, "slab": slab})
         assert np.array_equal(slots[0], step.slots), t
         assert np.array_equal(nat.resident, ref.resident[0]), t
@@ -199,9 +200,9 @@ def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_p
     got = drain(str(LIB), handle)
     assert got.misses == misses and got.wanted == misses * (wide + ROW_BYTES)
     if io == "direct":  # the same requests as the Flash store's plan, every byte of them read
-        assert (got.blocks, got.requests) == (device, requests)
-    else:  # the blocks holding the rows copied from the mapping: what the emulated bandwidth paces
-        assert got.blocks == touched
+        assert (got.blocks, got.requests, got.block_requests) == (device, requests, 0)
+    else:  # the blocks holding the rows copied from the mapping and their requests: what the emulation paces
+        assert (got.blocks, got.block_requests) == (touched, touched_requests)
     assert drain(str(LIB), handle).misses == 0  # drained
     nat.close()
     if flash is not None:
@@ -235,7 +236,7 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
     product over the file's rows, the same reads; a batched prefill's chunk is all hits."""
     import onnxruntime as ort
 
-    from dipdeploy.runtime.blockio import touched_bytes
+    from dipdeploy.runtime.blockio import touched_blocks
 
     rows, k, steps = 80, 12, 20
     rng = np.random.default_rng(5)
@@ -244,14 +245,15 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
     sess = ort.InferenceSession(_split_graph(k).SerializeToString(), session_options(1, True),
                                 providers=["CPUExecutionProvider"])
     handle = np.array([nat.handle], np.int64)
-    device = requests = touched = 0
+    device = requests = touched = touched_requests = 0
     for t in range(steps):
         sel = rng.choice(rows, k, replace=False) if t % 2 else rng.choice(40, k, replace=False)
         hits = ref.access(sel[None])[0]
         step = table.assign(sel, hits, ref.resident[0])
         dev, req = _reads(g, step.read_rows)
         device, requests = device + dev, requests + req
-        touched += touched_bytes(offsets, [wide, ROW_BYTES], step.read_rows) if len(step.read_rows) else 0
+        blocks, block_requests = touched_blocks(offsets, [wide, ROW_BYTES], step.read_rows)
+        touched, touched_requests = touched + blocks, touched_requests + block_requests
         hi, hs, mi, ms, hit_rows, miss_rows, out = sess.run(None, {"indices": sel[None], "handle": handle,
                                                                     "slab": slab})
         assert np.array_equal(hi[0], sel[hits]) and np.array_equal(hs[0], step.slots[hits]), t
@@ -262,6 +264,7 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
     got = drain(str(LIB), handle)
     assert got.misses == ref.misses and got.wanted == ref.misses * (wide + ROW_BYTES)
     assert got.blocks == (device if io == "direct" else touched)
+    assert got.block_requests == (0 if io == "direct" else touched_requests)
     if io == "direct":
         assert got.requests == requests
     full, full_wide = np.zeros(rows, np.float32), np.zeros((rows, wide), np.uint8)
@@ -359,7 +362,7 @@ def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, cap
     import onnxruntime as ort
 
     from dipdeploy.cache import static_rows
-    from dipdeploy.runtime.blockio import plan_reads, touched_bytes
+    from dipdeploy.runtime.blockio import plan_reads, touched_blocks
 
     rows, k = 80, 12
     rng = np.random.default_rng(11)
@@ -400,7 +403,7 @@ def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, cap
             size = path.stat().st_size
             assert (got.blocks, got.requests) == (int(np.minimum(plan.length, size - plan.offset).sum()), plan.requests)
         elif len(missing):
-            assert got.blocks == touched_bytes(offsets, [wide, ROW_BYTES], missing)
+            assert (got.blocks, got.block_requests) == touched_blocks(offsets, [wide, ROW_BYTES], missing)
     step_graph = ort.InferenceSession(_step_graph(k).SerializeToString(), session_options(1, True),
                                       providers=["CPUExecutionProvider"])
     for t in range(8):  # decoding continues on the warmed state
@@ -627,7 +630,7 @@ def test_a_read_ahead_is_counted_when_no_step_missed(monkeypatch):
     from dipdeploy.runtime.flash import FlashCounters
 
     accounted = []
-    flash = types.SimpleNamespace(counters=FlashCounters(), settle=lambda: None,
+    flash = types.SimpleNamespace(counters=FlashCounters(), settle=lambda: None, io="direct",  # reads ahead
                                   account=lambda *a: accounted.append(a))
     eng = types.SimpleNamespace(_cache_library="lib", fused=types.SimpleNamespace(handles=np.zeros(2, np.int64)),
                                 flash=flash)
@@ -635,5 +638,5 @@ def test_a_read_ahead_is_counted_when_no_step_missed(monkeypatch):
                   native_cache.GraphReads(0, 0, 0, 0.0, 0)):
         monkeypatch.setattr(native_cache, "drain", lambda library, handles, r=reads: r)
         Engine._drain_graph_reads(eng)
-    assert accounted == [(0, 3, 0.002, 12288)]
+    assert accounted == [(0, 3, 0.002, 12288, 3)]  # direct: the reader's requests are the device's
     assert (flash.counters.ahead_rows, flash.counters.ahead_used) == (4, 0)

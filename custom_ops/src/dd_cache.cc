@@ -69,8 +69,9 @@ struct Direct {
   bool pending = false;  // a read begun and not yet ended (begin_direct .. end_direct)
 };
 
-constexpr int kTotals = 7;  // a group's counters, dd_cache_drain's out[]
+constexpr int kTotals = 8;  // a group's counters, dd_cache_drain's out[]
 constexpr int64_t kFlashBlock = 4096;  // blockio.py BLOCK: the unit a device returns for rows copied from the mapping
+constexpr int64_t kMaxRequest = 128 * 1024;  // blockio.py MAX_REQUEST: the longest request of a run of blocks
 
 struct Group {
   int64_t rows, capacity, staging;
@@ -107,8 +108,9 @@ struct Group {
   bool ahead = false;
   int64_t ahead_ns = 0;
   // since the last drain (dd_cache_drain): misses, requests, bytes wanted, ns, block bytes (read from the
-  // device by the reader; with the mapping, the blocks holding the copied rows: touched_bytes), and the rows
-  // read ahead and those of them the step then missed (used)
+  // device by the reader; with the mapping, the blocks holding the copied rows: touched_bytes), the rows
+  // read ahead and those of them the step then missed (used), and with the mapping the requests a device
+  // would serve the blocks in (touched_bytes)
   int64_t totals[kTotals] = {};
   Direct direct;
   // a batched prefill (dd_cache_prefill): per array a full-height buffer [rows, row_bytes], the one the
@@ -280,23 +282,33 @@ std::vector<int64_t> file_order(int64_t arrays, const int64_t * offset) {
 }
 
 // The bytes of the whole `block`s that hold `rows` (n, ascending) of every array (`offset[a]` + row *
-// `row_bytes[a]`; arrays do not overlap), the arrays taken in `order` (file_order): blockio.py touched_bytes,
-// the blocks a device returns for rows read through the page cache, where a row smaller than a block costs
-// the whole block and rows that share a block share its read. What the emulated Flash bandwidth paces
-// (flash.py FlashStore.account).
+// `row_bytes[a]`; arrays do not overlap), the arrays taken in `order` (file_order), and in `*requests` the
+// requests a device serves them in (a run of touching blocks each, split at `max_request` bytes):
+// blockio.py touched_blocks, the blocks a device returns for rows read through the page cache, where a row
+// smaller than a block costs the whole block and rows that share a block share its read. What the emulated
+// Flash paces (flash.py FlashStore.account).
 int64_t touched_bytes(const std::vector<int64_t> & order, const int64_t * offset, const int64_t * row_bytes,
-                      const int64_t * rows, int64_t n, int64_t block) {
-  int64_t blocks = 0, last = -1;  // the highest block counted so far
+                      const int64_t * rows, int64_t n, int64_t block, int64_t max_request, int64_t * requests) {
+  const int64_t per_request = max_request / block;
+  int64_t blocks = 0, last = -1, run = 0;  // the highest block counted so far; the blocks of its run
+  *requests = 0;
   for (int64_t a : order) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t b0 = (offset[a] + rows[i] * row_bytes[a]) / block;
       const int64_t b1 = (offset[a] + (rows[i] + 1) * row_bytes[a] - 1) / block;
       if (b1 > last) {
-        blocks += b1 - std::max(b0, last + 1) + 1;
+        if (b0 > last + 1) {  // not touching the blocks before: the run before is done
+          *requests += (run + per_request - 1) / per_request;
+          run = 0;
+        }
+        const int64_t fresh = b1 - std::max(b0, last + 1) + 1;
+        blocks += fresh;
+        run += fresh;
         last = b1;
       }
     }
   }
+  *requests += (run + per_request - 1) / per_request;
   return blocks * block;
 }
 
@@ -521,7 +533,10 @@ int64_t prefill_fill(Group & g, const int64_t * sel, int64_t tokens, int64_t k, 
     int64_t runs = 1;
     for (int64_t i = 1; i < n; ++i) runs += rows[i] != rows[i - 1] + 1;
     g.totals[1] += runs * int64_t(g.slabs.size());
-    g.totals[4] += touched_bytes(g.by_offset, g.offset.data(), g.row_bytes.data(), rows, n, kFlashBlock);
+    int64_t requests = 0;
+    g.totals[4] += touched_bytes(g.by_offset, g.offset.data(), g.row_bytes.data(), rows, n, kFlashBlock, kMaxRequest,
+                                 &requests);
+    g.totals[7] += requests;
   } else {
     const int64_t rc = read_direct(g, rows, rows, n, g.full, &g.totals[4], &g.totals[1]);
     if (rc < 0) return rc;
@@ -649,7 +664,8 @@ __attribute__((visibility("default"))) int64_t dd_cache_arrays(void * gp, int64_
 // One token's step for the selection `sel` [k] (distinct rows, as TopK gives them): hits [k], slots [k]
 // for the op, and the misses' rows and slots (ascending rows) in read_rows/read_slots [k]. With a
 // mapping the rows are copied into the slab; info[0] = the reads' nanoseconds, info[1] = runs of
-// adjacent rows, info[2] = with the mapping, the bytes of the blocks holding the misses' rows (touched_bytes).
+// adjacent rows, info[2] = with the mapping, the bytes of the blocks holding the misses' rows and info[3] the
+// requests a device serves them in (touched_bytes).
 // Returns the number of misses, or a negative error code.
 __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const int64_t * sel, int64_t k,
                                                                int64_t * slots, uint8_t * hits, int64_t * read_rows,
@@ -661,13 +677,14 @@ __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const 
     if (rc < 0) return rc;
     int64_t n = assign(*g, sel, k, hits, slots, read_rows, read_slots);
     if (n < 0) return n;
-    info[0] = info[1] = info[2] = 0;
+    info[0] = info[1] = info[2] = info[3] = 0;
     if (n > 0) {
       int64_t runs = 1;
       for (int64_t i = 1; i < n; ++i) runs += read_rows[i] != read_rows[i - 1] + 1;
       info[1] = runs;
       if (g->map) {
-        info[2] = touched_bytes(g->by_offset, g->offset.data(), g->row_bytes.data(), read_rows, n, kFlashBlock);
+        info[2] = touched_bytes(g->by_offset, g->offset.data(), g->row_bytes.data(), read_rows, n, kFlashBlock,
+                                kMaxRequest, &info[3]);
         int64_t t0 = now_ns();
         rc = copy_rows(*g, read_rows, read_slots, n, g->slabs);
         info[0] = now_ns() - t0;
@@ -738,13 +755,14 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
     const int64_t rc = end_ahead(*g);
     if (rc < 0) return rc;
   }
-  int64_t info[3] = {0, 0, 0};
+  int64_t info[4] = {0, 0, 0, 0};
   bool filled = false;
   const int64_t n = open_step(g, sel, tokens, k, slots, info, &filled);
   if (filled || n <= 0) return n;
   if (g->map) {
     g->totals[1] += info[1] * int64_t(g->slabs.size());
     g->totals[4] += info[2];
+    g->totals[7] += info[3];
   } else {
     const int64_t t0 = now_ns();
     try {
@@ -771,7 +789,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
                                                                     int64_t k, int64_t * idx, int64_t * slots) {
   Group * g = static_cast<Group *>(gp);
   if (g && g->open_misses >= 0) return kOutOfStep;
-  int64_t info[3] = {0, 0, 0};
+  int64_t info[4] = {0, 0, 0, 0};
   bool filled = false;
   const int64_t misses = open_step(g, sel, tokens, k, slots, info, &filled);  // slots: every entry's, for now
   if (misses < 0) return misses;
@@ -806,6 +824,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
   if (n > 0 && g->map) {
     g->totals[1] += info[1] * int64_t(g->slabs.size());
     g->totals[4] += info[2];
+    g->totals[7] += info[3];
   } else if (n > 0) {
     const int64_t t0 = now_ns();
     try {
@@ -941,18 +960,22 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_settle(void * gp) 
   }
 }
 
-// touched_bytes for a caller (blockio.py touched_bytes is held equal to it by tests/test_native_cache.py):
-// the bytes of the `block`s holding `rows` (n, ascending) of `arrays` arrays; -6 on bad arguments.
-__attribute__((visibility("default"))) int64_t dd_flash_touched_bytes(int64_t arrays, const int64_t * offset,
-                                                                      const int64_t * row_bytes, const int64_t * rows,
-                                                                      int64_t n, int64_t block) {
-  if (arrays < 0 || n < 0 || block < 1 || (arrays > 0 && (!offset || !row_bytes)) || (n > 0 && !rows)) return kBadArgs;
+// touched_bytes for a caller (blockio.py touched_blocks is held equal to it by tests/test_native_cache.py):
+// the bytes of the `block`s holding `rows` (n, ascending) of `arrays` arrays, and in `*requests` the
+// requests of at most `max_request` bytes they are read in; -6 on bad arguments.
+__attribute__((visibility("default"))) int64_t dd_flash_touched(int64_t arrays, const int64_t * offset,
+                                                                const int64_t * row_bytes, const int64_t * rows,
+                                                                int64_t n, int64_t block, int64_t max_request,
+                                                                int64_t * requests) {
+  if (arrays < 0 || n < 0 || block < 1 || max_request < block || max_request % block || !requests ||
+      (arrays > 0 && (!offset || !row_bytes)) || (n > 0 && !rows))
+    return kBadArgs;
   for (int64_t a = 0; a < arrays; ++a)
     if (offset[a] < 0 || row_bytes[a] < 1) return kBadArgs;
   for (int64_t i = 0; i < n; ++i)
     if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return kBadArgs;
   try {
-    return touched_bytes(file_order(arrays, offset), offset, row_bytes, rows, n, block);
+    return touched_bytes(file_order(arrays, offset), offset, row_bytes, rows, n, block, max_request, requests);
   } catch (...) {
     return kBadArgs;
   }
@@ -963,9 +986,10 @@ __attribute__((visibility("default"))) int64_t dd_cache_read_errno(const void * 
   return gp ? static_cast<const Group *>(gp)->direct.error : 0;
 }
 
-// The graph steps' totals of `n` groups summed into out[7] (misses, requests, bytes wanted, read or copy
+// The graph steps' totals of `n` groups summed into out[8] (misses, requests, bytes wanted, read or copy
 // ns, block bytes (read from the device, or with the mapping the blocks holding the copied rows), rows read
-// ahead, rows read ahead that a step missed), each group's reset: the host's once-per-token collection.
+// ahead, rows read ahead that a step missed, and with the mapping the requests a device serves the copied
+// rows' blocks in), each group's reset: the host's once-per-token collection.
 __attribute__((visibility("default"))) int64_t dd_cache_drain(void * const * groups, int64_t n, int64_t * out) {
   if (n < 0 || (n > 0 && !groups) || !out) return kBadArgs;
   for (int i = 0; i < kTotals; ++i) out[i] = 0;

@@ -36,6 +36,9 @@ NATIVE = typer.Option(None, "--native/--no-native", help="native kernels (defaul
                       "fallback functions")
 FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s: the whole "
                      "4 KiB blocks holding the missed rows are paced, as a device returns them")
+FLASH_DEVICE = typer.Option(None, "--flash-device", help="emulate a device profile's Flash (a `dipdeploy simulate "
+                            "--device` name, e.g. sd8gen3, or a .toml profile): its bandwidth and its cost per "
+                            "request, a run of touching 4 KiB blocks a request; instead of --flash-bandwidth")
 COLD = typer.Option(_E.cold, "--cold", help="drop the MLP file from the OS page cache before the run (real disk "
                     "reads)")
 IO = typer.Option(_E.io, "--io", help="Flash reads: auto (direct where rows stay on Flash and the filesystem "
@@ -106,7 +109,7 @@ def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampl
 def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
             threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill, thread_pool=_E.thread_pool,
             prefill_chunk=_E.prefill_chunk, io_engine=_E.io_engine, io_gap=_E.io_gap, cache_split=_E.cache_split,
-            single_session=_E.single_session, fused=_E.fused, prefetch=_E.prefetch):
+            single_session=_E.single_session, fused=_E.fused, prefetch=_E.prefetch, flash_device=None):
     from dipdeploy.runtime import Engine, parse_bandwidth
     from dipdeploy.runtime.engine import PREFILL_MODES
     from dipdeploy.runtime.blockio import IO_ENGINES
@@ -139,7 +142,8 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
 
         counts = Trace.load(pin_from).row_counts()
     cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
-             flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, cold=cold,
+             flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, flash_device=flash_device,
+             cold=cold,
              io=io, io_threads=io_threads, io_engine=io_engine, io_gap=io_gap, context=context, threads=threads, thread_pool=thread_pool, verify=verify,
              pinned_counts=counts, prefill=prefill, prefill_chunk=prefill_chunk, cache_split=cache_split,
              single_session=single_session, fused=fused, prefetch=prefetch)
@@ -180,6 +184,7 @@ def run_cmd(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
+    flash_device: Optional[str] = FLASH_DEVICE,
     cold: bool = COLD, io: str = IO, io_threads: Optional[int] = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
@@ -214,7 +219,7 @@ def run_cmd(
             single_session, fused = False, False
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
                          threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split,
-                         single_session, fused, prefetch)
+                         single_session, fused, prefetch, flash_device)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -249,6 +254,7 @@ def chat_cmd(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
+    flash_device: Optional[str] = FLASH_DEVICE,
     io: str = IO, io_threads: Optional[int] = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
     thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: Optional[bool] = FUSED,
@@ -266,7 +272,7 @@ def chat_cmd(
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
                          threads, None, False, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split,
-                         single_session, fused, prefetch)
+                         single_session, fused, prefetch, flash_device)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

@@ -110,20 +110,26 @@ def plan_reads(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, bl
                      n * int(sum(row_bytes)))
 
 
-def touched_bytes(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, block: int = BLOCK) -> int:
-    """The bytes of the whole blocks holding ``rows`` (ascending) of every array: what a device returns
-    for rows read through the page cache (``mmap``, ``pread``), a row smaller than a block costing the
-    whole block and rows that share one sharing its read; ``plan_reads(..., max_gap=0).total``, without
-    the plan. The emulated Flash bandwidth paces these bytes (``FlashStore.account``); the op library's
-    ``dd_flash_touched_bytes`` computes the same for its copies from the mapping."""
+def touched_blocks(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, block: int = BLOCK,
+                   max_request: int = MAX_REQUEST) -> tuple[int, int]:
+    """(bytes, requests) of the whole blocks holding ``rows`` (ascending) of every array: what a device
+    returns for rows read through the page cache (``mmap``, ``pread``), a row smaller than a block costing
+    the whole block and rows that share one sharing its read, and the requests that read them, a run of
+    touching blocks per request up to ``max_request`` bytes; ``plan_reads(..., max_gap=0)``'s ``total``
+    and ``requests``, without the plan. The emulated Flash paces these (``FlashStore.account``); the op
+    library's ``dd_flash_touched`` computes the same for its copies from the mapping."""
     rows = np.asarray(rows, dtype=np.int64)
     if len(rows) == 0:
-        return 0
+        return 0, 0
     first = np.concatenate([(off + rows * rb) // block for off, rb in sorted(zip(offsets, row_bytes))])
     last = np.concatenate([(off + (rows + 1) * rb - 1) // block for off, rb in sorted(zip(offsets, row_bytes))])
     seen = np.maximum.accumulate(last)  # the highest block counted up to each row
-    fresh = np.maximum(first[1:], seen[:-1] + 1)  # a row's first block not yet counted
-    return int((last[0] - first[0] + 1 + np.maximum(last[1:] - fresh + 1, 0).sum()) * block)
+    start = np.concatenate([[True], first[1:] > seen[:-1] + 1])  # a block not touching the ones before: a new run
+    run_start = first[start]
+    run_end = np.concatenate([seen[np.flatnonzero(start)[1:] - 1], seen[-1:]])
+    blocks = run_end - run_start + 1
+    per_request = max_request // block
+    return int(blocks.sum() * block), int((-(-blocks // per_request)).sum())
 
 
 def bounce_bytes(offsets: list[int], row_bytes: list[int], rows: int, *, block: int = BLOCK, max_gap: int = 0) -> int:

@@ -46,7 +46,7 @@ from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Re
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, MAX_REQUEST, bounce_bytes
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
-from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, FlashStore, choose_io
+from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, FlashStore, choose_io, emulation
 from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.positions import PositionValues
 from dipdeploy.runtime.sampler import Sampler
@@ -127,7 +127,8 @@ class EngineConfig:
     native_cache: bool | None = None  # the per-token cache step in the op library; None: with `native`
     threads: int = 1
     thread_pool: str = "per-session"  # "shared": ORT's one global pool for the process (threadpool.py)
-    flash_bandwidth: float | None = None
+    flash_bandwidth: float | None = None  # emulate a device of this bandwidth on top of the real reads
+    flash_device: str | None = None  # ... or a device profile's (dipdeploy.sim.devices), with its request cost
     cold: bool = False
     io: str = IO_AUTO  # resolved when the engine opens (Engine.io_why)
     io_threads: int | None = None  # --io direct: reads in flight; None: the engine's (blockio.in_flight)
@@ -173,6 +174,7 @@ class EngineConfig:
         if self.fused and self.single_session:
             raise ValueError("fused and single_session are two one-session modes: choose one")
         DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
+        emulation(self.flash_bandwidth, self.flash_device)  # so are both emulations, or an unknown profile
 
 
 @dataclass
@@ -316,7 +318,8 @@ class Engine:
             else:
                 self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
-                                bandwidth=self.cfg.flash_bandwidth, io_threads=self.cfg.io_threads,
+                                emulate=emulation(self.cfg.flash_bandwidth, self.cfg.flash_device),
+                                io_threads=self.cfg.io_threads,
                                 io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap)
         if self.whole is None:
             self._build_slabs()
@@ -833,7 +836,9 @@ class Engine:
 
         reads = drain(self._cache_library, self.fused.handles)
         if reads.misses or reads.ahead:  # a read-ahead that no step then missed still read its rows
-            self.flash.account(reads.wanted, reads.requests, reads.seconds, reads.blocks)
+            device = self.flash.io == "direct"  # the reader's requests are the device's
+            self.flash.account(reads.wanted, reads.requests, reads.seconds, reads.blocks,
+                               reads.requests if device else reads.block_requests)
             self.flash.counters.ahead_rows += reads.ahead
             self.flash.counters.ahead_used += reads.ahead_used
         self.flash.settle()

@@ -22,22 +22,27 @@ Callers name logical rows (what the caches and graphs use); where the bundle's r
 
 The counters hold the rows' bytes (``bytes``: what the cache asked for), the bytes of the whole 4 KiB
 blocks the reads cover (``block_bytes``: for ``direct`` what the device returned, read-through gaps
-included; for ``mmap`` and ``pread`` the blocks holding the rows, :func:`blockio.touched_bytes`, which is
-what a device returns where the page cache misses) and, for ``direct`` only, ``device_bytes`` (the same
-as ``block_bytes``); their ratio to ``bytes`` is the waste of rows smaller than a block. ``mmap`` and
-``pread`` leave ``device_bytes`` at 0: whether their pages came from the device or the page cache is the
-OS's business (``/proc/self/io`` ``read_bytes`` tells, see benchmarks/flash.py).
+included; for ``mmap`` and ``pread`` the blocks holding the rows, :func:`blockio.touched_blocks`, which is
+what a device returns where the page cache misses) and the requests a device serves them in
+(``block_requests``: for ``direct`` the requests read; for the others a run of touching blocks each, up
+to ``blockio.MAX_REQUEST``, where ``requests`` counts the reader's own calls, a run of rows per array),
+and, for ``direct`` only, ``device_bytes`` (the same as ``block_bytes``); their ratio to ``bytes`` is the
+waste of rows smaller than a block. ``mmap`` and ``pread`` leave ``device_bytes`` at 0: whether their
+pages came from the device or the page cache is the OS's business (``/proc/self/io`` ``read_bytes``
+tells, see benchmarks/flash.py).
 
 With ``cold`` the file is dropped from the OS page cache first (``posix_fadvise(DONTNEED)``) so the
 first reads reach the disk; ``POSIX_FADV_RANDOM`` keeps read-ahead from inflating them. Rows evicted
 from our cache and read again later may still come from the OS page cache (not with ``direct``; for
 the others a cgroup memory limit prevents it, benchmarks/flash.py); that is said, not hidden.
 
-``bandwidth`` emulates a slower device (a phone's Flash) on top of the real reads: each batch owes
-``block_bytes / bandwidth`` (a device transfers whole blocks, so SmolLM2's 306 B down rows owe a 4 KiB
-block each unless they share one; request costs are not emulated) minus the time the real read took
-(synchronous I/O, no overlap with compute); the debt is paid by sleeping once it passes 1 ms, and
-``settle`` pays the rest at the end of each token. The measured sleep is what is deducted, so the OS's
+``emulate`` (the simulator's Flash model, ``dipdeploy.sim.devices.FlashModel``: ``--flash-bandwidth``
+alone, or a device profile's bandwidth and request cost, ``--flash-device``) emulates a slower device (a
+phone's Flash) on top of the real reads: each batch owes the model's ``read_time(block_requests,
+block_bytes)``, t = n · request_s + b / seq_bandwidth (a device transfers whole blocks, so SmolLM2's 306 B
+down rows owe a 4 KiB block each unless they share one, and each run of blocks its request) minus the
+time the real read took (synchronous I/O, no overlap with compute); the debt is paid by sleeping once it
+passes 1 ms, and ``settle`` pays the rest at the end of each token. The measured sleep is what is deducted, so the OS's
 oversleep (≈70–100 µs per call here, measured) is credited to the next batch instead of adding ~5 ms per
 token of 60 tiny sleeps. Reported as emulation.
 
@@ -50,11 +55,15 @@ import mmap
 import os
 import time
 from dataclasses import astuple, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dipdeploy.runtime.blockio import (IO_ENGINE, IO_GAP, AlignedBuffer, make_reader, open_direct, plan_reads,
-                                       touched_bytes)
+                                       touched_blocks)
+
+if TYPE_CHECKING:
+    from dipdeploy.sim.devices import FlashModel
 
 IO_MODES = ("mmap", "pread", "direct")
 IO_AUTO = "auto"  # the engine's default: one of IO_MODES, chosen by choose_io once the plan is known
@@ -86,7 +95,8 @@ class FlashCounters:
     bytes: int = 0
     requests: int = 0
     device_bytes: int = 0
-    block_bytes: int = 0  # the whole blocks the reads covered: what the emulated bandwidth paces
+    block_bytes: int = 0  # the whole blocks the reads covered: what the emulated Flash paces
+    block_requests: int = 0  # ... in the requests a device serves them in (module docstring)
     io_seconds: float = 0.0
     emulated_wait: float = 0.0
     ahead_rows: int = 0  # rows the joined decoder's CachePrefetch nodes read ahead of the selection
@@ -127,17 +137,34 @@ def choose_io(path: str | os.PathLike, rows_on_flash: bool) -> tuple[str, str]:
     return "direct", "rows read from Flash"
 
 
+def emulation(bandwidth: float | None, device: str | None) -> FlashModel | None:
+    """The device a Flash store paces its reads to: ``bandwidth`` bytes/s alone (``--flash-bandwidth``), a
+    device profile's bandwidth and request cost (``--flash-device``: a name from ``dipdeploy simulate``'s
+    profiles or a .toml path), or none. The runtime's reads are 4 KiB blocks whatever the profile's read
+    unit (the simulator's coarser units are its projection, not this disk's)."""
+    if bandwidth and device:
+        raise ValueError("give --flash-bandwidth or --flash-device, not both (a device profile has its own bandwidth)")
+    if not (bandwidth or device):
+        return None
+    from dipdeploy.sim.devices import FlashModel, get_device  # only when emulating (the simulator's package)
+
+    if device:
+        flash = get_device(device).flash
+        return FlashModel(flash.seq_bandwidth, flash.request_s)
+    return FlashModel(bandwidth, 0.0)
+
+
 class FlashStore:
     """Positioned, counted, optionally paced reads of rows from one file (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike, *, io: str = "mmap", cold: bool = False,
-                 bandwidth: float | None = None, io_threads: int | None = None, native: bool = True,
+                 emulate: FlashModel | None = None, io_threads: int | None = None, native: bool = True,
                  io_engine: str = IO_ENGINE, io_gap: int = IO_GAP):
         if io not in IO_MODES:
             raise ValueError(f"io={io!r}: choose one of {', '.join(IO_MODES)}")
         if io_gap < 0:
             raise ValueError(f"io gap={io_gap} must be >= 0 blocks")
-        self.path, self.io, self.bandwidth, self.io_gap = str(path), io, bandwidth, io_gap
+        self.path, self.io, self.emulate, self.io_gap = str(path), io, emulate, io_gap
         self.note: str | None = None  # one line for the user when direct reads fell back to the page cache
         self._reader = self._bounce = self._mmap = self._map = None
         if io == "direct":
@@ -209,6 +236,7 @@ class FlashStore:
         nbytes = len(rows) * sum(a.row_bytes for a in arrays)
         if self.io == "direct":
             blocks, requests = self._direct(arrays, slabs, rows, slots)
+            block_requests = requests
         else:
             starts = runs(rows)
             for arr, slab in zip(arrays, slabs):
@@ -217,8 +245,8 @@ class FlashStore:
                 else:
                     self._preadv(arr, slab, rows, slots, starts)
             requests = (len(starts) - 1) * len(arrays)
-            blocks = touched_bytes([a.offset for a in arrays], [a.row_bytes for a in arrays], rows)
-        self.account(nbytes, requests, time.perf_counter() - t0, blocks)
+            blocks, block_requests = touched_blocks([a.offset for a in arrays], [a.row_bytes for a in arrays], rows)
+        self.account(nbytes, requests, time.perf_counter() - t0, blocks, block_requests)
 
     @property
     def mapping(self) -> np.ndarray | None:
@@ -226,24 +254,27 @@ class FlashStore:
         ``RowArray.offset + row * row_bytes`` (the native cache step, dipdeploy/runtime/native_cache.py)."""
         return self._map
 
-    def account(self, nbytes: int, requests: int, elapsed: float, block_bytes: int) -> None:
-        """Count a batch's reads (``nbytes`` of rows in ``requests`` covering ``block_bytes`` of whole
-        blocks, which took ``elapsed`` s; with ``direct`` the blocks are what the device returned) and
-        pace them: the blocks owe their time at the emulated bandwidth."""
+    def account(self, nbytes: int, requests: int, elapsed: float, block_bytes: int, block_requests: int) -> None:
+        """Count a batch's reads (``nbytes`` of rows in ``requests`` of the reader, covering ``block_bytes`` of
+        whole blocks in ``block_requests`` device requests, which took ``elapsed`` s; with ``direct`` the
+        blocks and requests are what the device served) and pace them: the blocks and their requests owe
+        their time on the emulated device."""
         self.counters.bytes += nbytes
         self.counters.requests += requests
         self.counters.block_bytes += block_bytes
+        self.counters.block_requests += block_requests
         if self.io == "direct":
             self.counters.device_bytes += block_bytes
         self.counters.io_seconds += elapsed
-        if self.bandwidth:
-            self._debt = max(self._debt + block_bytes / self.bandwidth - elapsed, -_MAX_CREDIT)
+        if self.emulate is not None:
+            owed = self.emulate.read_time(block_requests, block_bytes)
+            self._debt = max(self._debt + owed - elapsed, -_MAX_CREDIT)
             if self._debt > _SLEEP_SLICE:
                 self.settle()
 
     def settle(self) -> None:
         """Pay the emulated Flash time still owed (call at the end of a token)."""
-        if self.bandwidth and self._debt > 0:
+        if self.emulate is not None and self._debt > 0:
             t0 = time.perf_counter()
             time.sleep(self._debt)
             slept = time.perf_counter() - t0

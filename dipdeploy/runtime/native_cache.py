@@ -37,10 +37,10 @@ def cache_library(path: str):
     lib = ctypes.CDLL(path)
     if not hasattr(lib, "dd_cache_select"):
         return None
-    if not hasattr(lib, "dd_flash_touched_bytes"):  # its step reports no block bytes (info[2]) to pace
-        raise RuntimeError(f"{path} predates the Flash block count (dd_flash_touched_bytes): rebuild it (make ops)")
-    lib.dd_flash_touched_bytes.restype = _I64
-    lib.dd_flash_touched_bytes.argtypes = [_I64, _P, _P, _P, _I64, _I64]
+    if not hasattr(lib, "dd_flash_touched"):  # its step reports no blocks and requests (info[2:4]) to pace
+        raise RuntimeError(f"{path} predates the Flash block count (dd_flash_touched): rebuild it (make ops)")
+    lib.dd_flash_touched.restype = _I64
+    lib.dd_flash_touched.argtypes = [_I64, _P, _P, _P, _I64, _I64, _I64, _P]
     lib.dd_cache_new.restype = _P
     lib.dd_cache_new.argtypes = [_I64, _I64, _I64, ctypes.c_int, _P, _P, _P, _P, _P, _P, _P, _I64]
     lib.dd_cache_free.restype, lib.dd_cache_free.argtypes = None, [_P]
@@ -68,9 +68,11 @@ class GraphReads:
     wanted: int  # the rows' bytes
     seconds: float  # inside the copies or reads
     blocks: int  # bytes of whole blocks: read from the device (--io direct), or holding the rows copied from
-    # the mapping (blockio.touched_bytes)
+    # the mapping (blockio.touched_blocks)
     ahead: int = 0  # rows read ahead by CachePrefetch nodes
     ahead_used: int = 0  # ... of which a step then missed: read during the attention, not after the selection
+    block_requests: int = 0  # the requests a device serves the copied rows' blocks in (0 with --io direct:
+    # ``requests`` are the device's there)
 
 
 def graph_step_library(library: str):
@@ -86,10 +88,10 @@ def drain(library: str, handles: np.ndarray) -> GraphReads:
     lib = graph_step_library(library)
     if lib is None:
         raise RuntimeError(f"{library} has no dd_cache_drain: rebuild it (make ops)")
-    out = np.zeros(7, np.int64)
+    out = np.zeros(8, np.int64)
     _check(lib.dd_cache_drain(handles.ctypes.data, handles.size, out.ctypes.data), 0)
     return GraphReads(int(out[0]), int(out[1]), int(out[2]), float(out[3]) * 1e-9, int(out[4]), int(out[5]),
-                      int(out[6]))
+                      int(out[6]), int(out[7]))
 
 
 def _check(rc: int, rows: int) -> int:
@@ -160,7 +162,7 @@ class NativeCache:
         self._hits = np.zeros(self.k, np.uint8)
         self.read_rows = np.zeros(self.k, np.int64)
         self.read_slots = np.zeros(self.k, np.int64)
-        self.info = np.zeros(3, np.int64)
+        self.info = np.zeros(4, np.int64)
         self._selected, self._slots = selected, slots
         self._args = (self._handle, _P(selected.ctypes.data), self.k, _P(slots.ctypes.data),
                       _P(self._hits.ctypes.data), _P(self.read_rows.ctypes.data), _P(self.read_slots.ctypes.data),
@@ -180,7 +182,8 @@ class NativeCache:
     def select(self) -> tuple[np.ndarray, int]:
         """One token's step on the bound selection: returns (hits [K] bool, a copy; misses). The misses'
         rows and slots are ``read_rows[:misses]`` / ``read_slots[:misses]``; ``info`` = [copy ns, runs, bytes
-        of the blocks holding the misses' rows]."""
+        of the blocks holding the misses' rows, the requests a device serves those blocks in] (the last
+        two with the mapping)."""
         n = _check(self._lib.dd_cache_select(*self._args), self.rows)
         return self._hits.view(bool).copy(), n
 

@@ -187,7 +187,7 @@ class GroupSlab:
             per_row = self.arrays.per_row
             nbytes, requests = n * sum(a.row_bytes for a in per_row), int(nat.info[1]) * len(per_row)
             if nat.copies:
-                self.flash.account(nbytes, requests, float(nat.info[0]) * 1e-9, int(nat.info[2]))
+                self.flash.account(nbytes, requests, float(nat.info[0]) * 1e-9, int(nat.info[2]), int(nat.info[3]))
             else:
                 self.flash.read(per_row, self.slabs, nat.read_rows[:n], nat.read_slots[:n])
         return hits

@@ -78,11 +78,14 @@ class RunStats:
     flash_requests_per_token: float
     flash_device_mb_per_token: float | None  # --io direct: the blocks read from the device; else None
     flash_block_mb_per_token: float  # the whole 4 KiB blocks the reads covered (FlashCounters.block_bytes)
+    flash_block_requests_per_token: float  # ... in the requests a device serves them in (FlashCounters.block_requests)
     dram_mb_per_token: float
     resident: dict
     memory: dict
     seconds: dict
     flash_emulated_bandwidth: float | None
+    flash_emulated_request_us: float | None  # the emulated device's cost of a request (--flash-device); None: none
+    flash_device: str | None  # the device profile emulated (--flash-device); None: --flash-bandwidth or none
     policy: str
     gamma: float
     budget: str
@@ -113,6 +116,7 @@ class RunStats:
             return float(h[..., 0].sum() / h[..., 1].sum()) if h[..., 1].sum() else 0.0
 
         sel_bytes = sum(ki * rb[0] + kg * rb[1] for (ki, kg), rb in zip(engine.k, engine.row_bytes))
+        emulate = engine.flash.emulate
         return cls(
             prompt_tokens=n_prompt, new_tokens=n_new, prefill_s=prefill_s, decode_s=decode_s,
             prefill_tok_s=n_prompt / prefill_s if prefill_s else 0.0,
@@ -122,6 +126,7 @@ class RunStats:
             flash_mb_per_token=flash.bytes / per / 1e6, flash_requests_per_token=flash.requests / per,
             flash_device_mb_per_token=flash.device_bytes / per / 1e6 if engine.cfg.io == "direct" else None,
             flash_block_mb_per_token=flash.block_bytes / per / 1e6,
+            flash_block_requests_per_token=flash.block_requests / per,
             dram_mb_per_token=(sel_bytes + engine.dram_dense_per_token) / 1e6,
             resident={**engine.residency.as_dict(),
                       "slabs": sum(s.slab_bytes for pair in engine.slabs for s in pair)},
@@ -129,7 +134,9 @@ class RunStats:
                                     "flash_io": flash_prefill.io_seconds + flash_decode.io_seconds,
                                     "flash_io_decode": flash_decode.io_seconds,
                                     "flash_emulated_wait": flash_prefill.emulated_wait + flash_decode.emulated_wait},
-            flash_emulated_bandwidth=engine.cfg.flash_bandwidth, policy=engine.cfg.policy,
+            flash_emulated_bandwidth=emulate.seq_bandwidth if emulate else None,
+            flash_emulated_request_us=emulate.request_s * 1e6 if emulate and emulate.request_s else None,
+            flash_device=engine.cfg.flash_device, policy=engine.cfg.policy,
             gamma=engine.gamma, budget=str(engine.cfg.dram_budget), native=engine.native, io=engine.cfg.io,
             io_why=engine.io_why,
             kernel_set=engine.kernel_set, accuracy_level=engine.accuracy_level,
@@ -146,8 +153,12 @@ class RunStats:
         """(label, value) rows for the CLI's stats table."""
         mb = 1e6
         r, mem, s = self.resident, self.memory, self.seconds
-        bw = (f"emulated {self.flash_emulated_bandwidth / 1e9:g} GB/s" if self.flash_emulated_bandwidth
+        bw = (f"emulated {self.flash_emulated_bandwidth / 1e9:.3g} GB/s" if self.flash_emulated_bandwidth
               else "unthrottled")
+        if self.flash_emulated_request_us:
+            bw += f" + {self.flash_emulated_request_us:.3g} µs a request"
+        if self.flash_device:
+            bw += f" ({self.flash_device})"
         bw += f"; --io {self.io}" + ("" if self.io_why == "given" else f" (auto: {self.io_why})")
         bw += f", reads by {self.io_engine}" if self.io_engine else ""
         total = sum(v for k, v in s.items() if not k.startswith("flash_")) or 1.0
@@ -163,8 +174,10 @@ class RunStats:
             rows.append(("read from device per token", f"{self.flash_device_mb_per_token:.3f} MB in {BLOCK // 1024} KiB "
                                                        f"blocks ({waste:.2f}× the rows' bytes)"))
         elif self.flash_emulated_bandwidth and self.flash_mb_per_token:
-            rows.append(("emulated Flash per token", f"{self.flash_block_mb_per_token:.3f} MB paced: the {BLOCK // 1024} "
-                                                     f"KiB blocks holding the rows ({waste:.2f}× the rows' bytes)"))
+            rows.append(("emulated Flash per token", f"{self.flash_block_mb_per_token:.3f} MB in "
+                                                     f"{self.flash_block_requests_per_token:.0f} requests paced: the "
+                                                     f"{BLOCK // 1024} KiB blocks holding the rows ({waste:.2f}× the "
+                                                     f"rows' bytes), a run of touching blocks a request"))
         if self.read_ahead_rows_per_token:
             used = self.read_ahead_used_per_token / self.read_ahead_rows_per_token
             rows.append(("read ahead per token", f"{self.read_ahead_rows_per_token:.0f} rows predicted and read during "
