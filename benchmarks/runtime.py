@@ -26,6 +26,8 @@ budget), on fewer windows than the accuracy table (stated in the output).
 
     python benchmarks/runtime.py            # full grid (~45 min on 2 cores, PPL included)
     python benchmarks/runtime.py --quick    # 50 % budget, 4 configurations, 24 tokens, no PPL (<2 min)
+    python benchmarks/runtime.py --flash-device a18 --budgets 0.5   # a phone profile's Flash instead:
+                                            # its bandwidth and cost per request (runtime-smollm2-a18.md)
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ PROMPTS = (
 )
 RHO_IN = 0.55  # the calibrated split of the accuracy table at ρ = 0.5 (benchmarks/results/accuracy-smollm2.md)
 COLS = ["method", "policy", "gamma", "density", "budget_frac", "hit_rate", "flash_mb_per_token",
-        "flash_block_mb_per_token", "tok_s_emulated", "tok_s_cold", "ppl", "ppl_x_dense", "load_1min"]
+        "flash_block_mb_per_token", "flash_block_requests_per_token", "tok_s_emulated", "tok_s_cold", "ppl",
+        "ppl_x_dense", "load_1min"]
 
 
 def bundles(model: str, root: Path) -> dict[str, Path]:
@@ -69,8 +72,8 @@ def bundles(model: str, root: Path) -> dict[str, Path]:
     return out
 
 
-def configs(quick: bool) -> list[dict]:
-    budgets = (0.5,) if quick else (0.25, 0.5, 0.75)
+def configs(quick: bool, budgets: tuple[float, ...] = (0.25, 0.5, 0.75)) -> list[dict]:
+    budgets = (0.5,) if quick else budgets
     out = []
     for b in budgets:
         out.append(dict(method="dense-static", bundle="full", policy="static", gamma=1.0, budget_frac=b))
@@ -83,15 +86,18 @@ def configs(quick: bool) -> list[dict]:
     return out
 
 
-def measure(bundle: Path, c: dict, tokens: int, prompts: tuple[str, ...], bandwidth: float) -> dict:
-    """Emulated and cold runs of one configuration, averaged over the prompts (token-weighted)."""
+def measure(bundle: Path, c: dict, tokens: int, prompts: tuple[str, ...], bandwidth: float | None,
+            device: str | None = None) -> dict:
+    """Emulated (at ``bandwidth``, or as the device profile ``device``) and cold runs of one configuration,
+    averaged over the prompts (token-weighted)."""
     from dipdeploy.runtime import Engine
 
-    agg = {"steps": 0, "emu_s": 0.0, "cold_s": 0.0, "flash": 0.0, "blocks": 0.0, "hits": 0.0}
+    agg = {"steps": 0, "emu_s": 0.0, "cold_s": 0.0, "flash": 0.0, "blocks": 0.0, "requests": 0.0, "hits": 0.0}
     for mode in ("emulated", "cold"):
+        emulated = mode == "emulated"
         eng = Engine(bundle, dram_budget=f"{100 * c['budget_frac']:g}%", policy=c["policy"], gamma=c["gamma"],
-                     native=True, flash_bandwidth=bandwidth if mode == "emulated" else None,
-                     cold=mode == "cold", context=512, io="mmap")
+                     native=True, flash_bandwidth=bandwidth if emulated and not device else None,
+                     flash_device=device if emulated else None, cold=mode == "cold", context=512, io="mmap")
         eng.generate(prompts[0], 4, stop_at_eos=False)  # warm the sessions (first-run allocations)
         for prompt in prompts:
             s = eng.generate(prompt, tokens, stop_at_eos=False).stats
@@ -101,6 +107,7 @@ def measure(bundle: Path, c: dict, tokens: int, prompts: tuple[str, ...], bandwi
                 agg["emu_s"] += s.decode_s
                 agg["flash"] += s.flash_mb_per_token * steps
                 agg["blocks"] += s.flash_block_mb_per_token * steps
+                agg["requests"] += s.flash_block_requests_per_token * steps
                 agg["hits"] += s.hit_rate * steps
             else:
                 agg["cold_s"] += s.decode_s
@@ -108,7 +115,8 @@ def measure(bundle: Path, c: dict, tokens: int, prompts: tuple[str, ...], bandwi
     n = agg["steps"]
     density = sum((2 * ki / eng.d + kg / eng.f) / 3 for ki, kg in eng.k) / len(eng.k)
     return {"density": round(density, 4), "hit_rate": agg["hits"] / n, "flash_mb_per_token": agg["flash"] / n,
-            "flash_block_mb_per_token": agg["blocks"] / n, "tok_s_emulated": n / agg["emu_s"],
+            "flash_block_mb_per_token": agg["blocks"] / n, "flash_block_requests_per_token": agg["requests"] / n,
+            "tok_s_emulated": n / agg["emu_s"],
             "tok_s_cold": n / agg["cold_s"]}
 
 
@@ -127,7 +135,8 @@ def dense_mmap(bundle: Path, tokens: int, prompts: tuple[str, ...]) -> dict:
         steps += len(g.tokens)
         seconds += len(g.tokens) / g.tokens_per_s
     return {"method": "dense-mmap", "policy": "page cache", "gamma": 1.0, "density": 1.0, "budget_frac": None,
-            "hit_rate": None, "flash_mb_per_token": None, "flash_block_mb_per_token": None, "tok_s_emulated": None,
+            "hit_rate": None, "flash_mb_per_token": None, "flash_block_mb_per_token": None,
+            "flash_block_requests_per_token": None, "tok_s_emulated": None,
             "tok_s_cold": steps / seconds}
 
 
@@ -162,6 +171,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--bandwidth", default="1GB/s")
+    ap.add_argument("--flash-device", help="emulate this device profile's Flash instead of --bandwidth (its "
+                    "bandwidth and cost per request; `dipdeploy simulate --device` names): a table of its own")
+    ap.add_argument("--budgets", default="0.25,0.5,0.75", help="comma list of MLP budget fractions")
     ap.add_argument("--ppl-windows", type=int, default=4, help="WikiText-2 test windows × 2048 for the ppl column")
     ap.add_argument("--no-ppl", action="store_true")
     ap.add_argument("--remeasure", action="store_true", help="ignore the memoised measurements and run them all again")
@@ -174,19 +186,22 @@ def main() -> None:
     prompts = PROMPTS[:1] if quick else PROMPTS
     paths = bundles(args.model, Path(args.bundles))
     info = machine()
-    name = f"runtime-{args.model.split('-')[0]}" + ("-quick" if quick else "")
+    base = f"runtime-{args.model.split('-')[0]}"
+    name = base + (f"-{args.flash_device}" if args.flash_device else "") + ("-quick" if quick else "")
+    pace = args.flash_device or args.bandwidth
+    budgets = tuple(float(b) for b in args.budgets.split(","))
     memo_path = RESULTS / f".{name}.rows.json"
     memo = json.loads(memo_path.read_text()) if memo_path.is_file() and not args.remeasure else {}
     rows = []
-    for c in configs(quick):
+    for c in configs(quick, budgets):
         key = (f"{c['method']}|{c['policy']}|{c['gamma']}|{c['budget_frac']}|{tokens}|{len(prompts)}|"
-               f"{args.bandwidth}|blocks")
+               f"{pace}|blocks+requests")
         if key in memo:
             rows.append(dict(memo[key]))
             continue
         t = time.time()
         row = {**{k: c[k] for k in ("method", "policy", "gamma", "budget_frac")},
-               **measure(paths[c["bundle"]], c, tokens, prompts, parse_bandwidth(args.bandwidth)),
+               **measure(paths[c["bundle"]], c, tokens, prompts, parse_bandwidth(args.bandwidth), args.flash_device),
                "load_1min": round(os.getloadavg()[0], 2)}
         rows.append(row)
         memo[key] = row
@@ -197,7 +212,7 @@ def main() -> None:
               f"emulated, {row['tok_s_cold']:.1f} cold ({time.time() - t:.0f} s)", flush=True)
     rows.append(dense_mmap(paths["dense"], tokens, prompts))
     if not (quick or args.no_ppl):
-        partial = RESULTS / f".{name}.ppl.json"
+        partial = RESULTS / f".{base}.ppl.json"  # the perplexities do not depend on the Flash emulated
         cache = json.loads(partial.read_text()) if partial.is_file() else {}
         for row in rows:
             row["ppl"] = ppl_for(row, args.ppl_windows, cache, partial)
@@ -230,6 +245,17 @@ def goals(rows: list[dict]) -> str:
 
 def write_table(rows: list[dict], name: str, info: dict, tokens: int, prompts, args) -> None:
     dense = next((r.get("ppl") for r in rows if r["method"] == "dense-static"), None)
+    if args.flash_device:
+        from dipdeploy.sim.devices import get_device
+
+        flash = get_device(args.flash_device).flash
+        emulated = (f"and their requests paced as the `{args.flash_device}` profile's Flash ({flash.seq_bandwidth / 1e9:g} "
+                    f"GB/s and {flash.request_s * 1e6:.3g} µs a request, `run --flash-device`)")
+    else:
+        emulated = f"paced at {args.bandwidth}"
+    command = "".join(f" --{k.replace('_', '-')} {v}" for k, v in (("flash_device", args.flash_device),
+                                                                   ("budgets", args.budgets)) if v and
+                      (k != "budgets" or v != "0.25,0.5,0.75"))
     for r in rows:
         r["ppl_x_dense"] = r["ppl"] / dense if dense and r.get("ppl") else None
     ppl_note = ("" if args.quick or args.no_ppl else
@@ -242,8 +268,9 @@ def write_table(rows: list[dict], name: str, info: dict, tokens: int, prompts, a
             f"through mmap (MADV_RANDOM), the engine's default path and cache split (`reads`: the small down rows "
             f"cached first). `budget_frac`: share of the MLP bytes the caches may hold (dense weights "
             f"and KV cache resident on top). `flash_block_mb_per_token`: the 4 KiB blocks holding the missed rows "
-            f"(a device returns whole blocks). `tok_s_emulated`: decode tokens/s with those blocks paced at "
-            f"{args.bandwidth}; "
+            f"(a device returns whole blocks), `flash_block_requests_per_token` the requests a device serves them in "
+            f"(a run of touching blocks each, up to 128 KiB). `tok_s_emulated`: decode tokens/s with those blocks "
+            f"{emulated}; "
             f"`tok_s_cold`: unthrottled, MLP file dropped from the page cache before each prompt (this machine's "
             f"disk; evicted rows read again may come from the OS page cache). Decode tokens/s are measured on this "
             f"machine's CPU, not a phone's: the Python host loop costs a fixed few ms per layer, so they compare "
@@ -254,7 +281,8 @@ def write_table(rows: list[dict], name: str, info: dict, tokens: int, prompts, a
             f"Reading the table: γ trades perplexity for Flash traffic. When the cache holds about K rows or more "
             f"(budget ≥ ρ_in), a small γ lets resident rows win almost every slot, the mask stops following the "
             f"activations and perplexity explodes while the hit rate approaches 1; the `ppl` column says where.\n\n"
-            f"Regenerate: `python benchmarks/runtime.py` (PPL memoised in benchmarks/results/.{name}.ppl.json).\n")
+            f"Regenerate: `python benchmarks/runtime.py{command}` (PPL memoised in "
+            f"benchmarks/results/.runtime-{name.split('-')[1]}.ppl.json).\n")
     (RESULTS / f"{name}.md").write_text(text)
 
 
@@ -274,9 +302,12 @@ def plot(rows: list[dict], path: Path) -> None:
                 f" γ={r['gamma']}" if r["method"] == "dip-ca" else "")
             series.setdefault(label, []).append(r)
     colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(series), 2)))
+    # one budget: the first two panels against the device requests a token instead (what a run of
+    # scattered rows costs beside its blocks)
+    one = len({r["budget_frac"] for r in rows if r["budget_frac"] is not None}) == 1
     for (label, rs), colour in zip(series.items(), colours):
         rs.sort(key=lambda r: r["budget_frac"])
-        x = [100 * r["budget_frac"] for r in rs]
+        x = [r["flash_block_requests_per_token"] if one else 100 * r["budget_frac"] for r in rs]
         kw = dict(color=colour, marker="o", linestyle="--" if "belady" in label else "-", label=label)
         axes[0].plot(x, [r["flash_block_mb_per_token"] for r in rs], **kw)
         axes[1].plot(x, [r["tok_s_emulated"] for r in rs], **kw)
@@ -284,8 +315,10 @@ def plot(rows: list[dict], path: Path) -> None:
         if half:
             axes[2].scatter([r["flash_block_mb_per_token"] for r in half], [r["ppl"] for r in half], color=colour,
                             label=label)
-    axes[0].set(xlabel="DRAM budget (% of MLP bytes)", ylabel="Flash MB / token (4 KiB blocks)", title="Flash traffic")
-    axes[1].set(xlabel="DRAM budget (% of MLP bytes)", ylabel="tokens/s (Flash emulated)", title="Throughput")
+    budget = (f"device requests / token (budget {100 * rows[0]['budget_frac']:g} %)" if one
+              else "DRAM budget (% of MLP bytes)")
+    axes[0].set(xlabel=budget, ylabel="Flash MB / token (4 KiB blocks)", title="Flash traffic")
+    axes[1].set(xlabel=budget, ylabel="tokens/s (Flash emulated)", title="Throughput")
     axes[2].set(xlabel="Flash MB / token (4 KiB blocks)", ylabel="WikiText-2 PPL (log)", yscale="log",
                 title="50 % budget: perplexity vs Flash traffic")
     axes[1].legend(fontsize=7, ncol=2)
