@@ -48,6 +48,7 @@ PROMPTS = (
     "The history of the city begins in the early",
     "In mathematics, a prime number is",
 )
+BUDGETS = (0.25, 0.5, 0.75)  # the MLP budget fractions of the full grid
 RHO_IN = 0.55  # the calibrated split of the accuracy table at ρ = 0.5 (benchmarks/results/accuracy-smollm2.md)
 COLS = ["method", "policy", "gamma", "density", "budget_frac", "hit_rate", "flash_mb_per_token",
         "flash_block_mb_per_token", "flash_block_requests_per_token", "tok_s_emulated", "tok_s_cold", "ppl",
@@ -72,7 +73,7 @@ def bundles(model: str, root: Path) -> dict[str, Path]:
     return out
 
 
-def configs(quick: bool, budgets: tuple[float, ...] = (0.25, 0.5, 0.75)) -> list[dict]:
+def configs(quick: bool, budgets: tuple[float, ...] = BUDGETS) -> list[dict]:
     budgets = (0.5,) if quick else budgets
     out = []
     for b in budgets:
@@ -173,7 +174,7 @@ def main() -> None:
     ap.add_argument("--bandwidth", default="1GB/s")
     ap.add_argument("--flash-device", help="emulate this device profile's Flash instead of --bandwidth (its "
                     "bandwidth and cost per request; `dipdeploy simulate --device` names): a table of its own")
-    ap.add_argument("--budgets", default="0.25,0.5,0.75", help="comma list of MLP budget fractions")
+    ap.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS), help="comma list of MLP budget fractions")
     ap.add_argument("--ppl-windows", type=int, default=4, help="WikiText-2 test windows × 2048 for the ppl column")
     ap.add_argument("--no-ppl", action="store_true")
     ap.add_argument("--remeasure", action="store_true", help="ignore the memoised measurements and run them all again")
@@ -253,9 +254,9 @@ def write_table(rows: list[dict], name: str, info: dict, tokens: int, prompts, a
                     f"GB/s and {flash.request_s * 1e6:.3g} µs a request, `run --flash-device`)")
     else:
         emulated = f"paced at {args.bandwidth}"
-    command = "".join(f" --{k.replace('_', '-')} {v}" for k, v in (("flash_device", args.flash_device),
-                                                                   ("budgets", args.budgets)) if v and
-                      (k != "budgets" or v != "0.25,0.5,0.75"))
+    grid = tuple(float(b) for b in args.budgets.split(",")) == BUDGETS
+    command = (f" --flash-device {args.flash_device}" if args.flash_device else "") + (
+        "" if grid else f" --budgets {args.budgets}")
     for r in rows:
         r["ppl_x_dense"] = r["ppl"] / dense if dense and r.get("ppl") else None
     ppl_note = ("" if args.quick or args.no_ppl else
