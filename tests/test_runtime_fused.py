@@ -630,7 +630,7 @@ def test_a_read_ahead_is_counted_when_no_step_missed(monkeypatch):
     from dipdeploy.runtime.flash import FlashCounters
 
     accounted = []
-    flash = types.SimpleNamespace(counters=FlashCounters(), settle=lambda: None, io="direct",  # reads ahead
+    flash = types.SimpleNamespace(counters=FlashCounters(), settle=lambda: None,
                                   account=lambda *a: accounted.append(a))
     eng = types.SimpleNamespace(_cache_library="lib", fused=types.SimpleNamespace(handles=np.zeros(2, np.int64)),
                                 flash=flash)
@@ -638,5 +638,5 @@ def test_a_read_ahead_is_counted_when_no_step_missed(monkeypatch):
                   native_cache.GraphReads(0, 0, 0, 0.0, 0)):
         monkeypatch.setattr(native_cache, "drain", lambda library, handles, r=reads: r)
         Engine._drain_graph_reads(eng)
-    assert accounted == [(0, 3, 0.002, 12288, 3)]  # direct: the reader's requests are the device's
+    assert accounted == [(0, 3, 0.002, 12288, 0)]  # direct: FlashStore.account takes the reader's requests
     assert (flash.counters.ahead_rows, flash.counters.ahead_used) == (4, 0)

@@ -85,7 +85,7 @@ struct Group {
   int64_t * row_of;        // [capacity], -1: free
   const int32_t * next_use = nullptr;  // belady: [steps, rows] (policies.py _next_use_table)
   int64_t next_use_steps = 0;
-  // the slab arrays and where their rows lie in the file; by_offset: the arrays in file order (touched_bytes)
+  // the slab arrays and where their rows lie in the file; by_offset: the arrays in file order (touched_blocks)
   std::vector<uint8_t *> slabs;
   std::vector<int64_t> offset, row_bytes, by_offset;
   const uint8_t * map = nullptr;
@@ -108,9 +108,9 @@ struct Group {
   bool ahead = false;
   int64_t ahead_ns = 0;
   // since the last drain (dd_cache_drain): misses, requests, bytes wanted, ns, block bytes (read from the
-  // device by the reader; with the mapping, the blocks holding the copied rows: touched_bytes), the rows
+  // device by the reader; with the mapping, the blocks holding the copied rows: touched_blocks), the rows
   // read ahead and those of them the step then missed (used), and with the mapping the requests a device
-  // would serve the blocks in (touched_bytes)
+  // would serve the blocks in (touched_blocks)
   int64_t totals[kTotals] = {};
   Direct direct;
   // a batched prefill (dd_cache_prefill): per array a full-height buffer [rows, row_bytes], the one the
@@ -273,7 +273,7 @@ int64_t assign(Group & g, const int64_t * sel, int64_t k, const uint8_t * hits, 
   return int64_t(misses.size());
 }
 
-// The arrays' indices in file order (ascending offset): the order touched_bytes walks them in.
+// The arrays' indices in file order (ascending offset): the order touched_blocks walks them in.
 std::vector<int64_t> file_order(int64_t arrays, const int64_t * offset) {
   std::vector<int64_t> order(static_cast<size_t>(arrays));
   for (int64_t a = 0; a < arrays; ++a) order[size_t(a)] = a;
@@ -287,7 +287,7 @@ std::vector<int64_t> file_order(int64_t arrays, const int64_t * offset) {
 // blockio.py touched_blocks, the blocks a device returns for rows read through the page cache, where a row
 // smaller than a block costs the whole block and rows that share a block share its read. What the emulated
 // Flash paces (flash.py FlashStore.account).
-int64_t touched_bytes(const std::vector<int64_t> & order, const int64_t * offset, const int64_t * row_bytes,
+int64_t touched_blocks(const std::vector<int64_t> & order, const int64_t * offset, const int64_t * row_bytes,
                       const int64_t * rows, int64_t n, int64_t block, int64_t max_request, int64_t * requests) {
   const int64_t per_request = max_request / block;
   int64_t blocks = 0, last = -1, run = 0;  // the highest block counted so far; the blocks of its run
@@ -534,8 +534,8 @@ int64_t prefill_fill(Group & g, const int64_t * sel, int64_t tokens, int64_t k, 
     for (int64_t i = 1; i < n; ++i) runs += rows[i] != rows[i - 1] + 1;
     g.totals[1] += runs * int64_t(g.slabs.size());
     int64_t requests = 0;
-    g.totals[4] += touched_bytes(g.by_offset, g.offset.data(), g.row_bytes.data(), rows, n, kFlashBlock, kMaxRequest,
-                                 &requests);
+    g.totals[4] += touched_blocks(g.by_offset, g.offset.data(), g.row_bytes.data(), rows, n, kFlashBlock, kMaxRequest,
+                                  &requests);
     g.totals[7] += requests;
   } else {
     const int64_t rc = read_direct(g, rows, rows, n, g.full, &g.totals[4], &g.totals[1]);
@@ -665,7 +665,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_arrays(void * gp, int64_
 // for the op, and the misses' rows and slots (ascending rows) in read_rows/read_slots [k]. With a
 // mapping the rows are copied into the slab; info[0] = the reads' nanoseconds, info[1] = runs of
 // adjacent rows, info[2] = with the mapping, the bytes of the blocks holding the misses' rows and info[3] the
-// requests a device serves them in (touched_bytes).
+// requests a device serves them in (touched_blocks).
 // Returns the number of misses, or a negative error code.
 __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const int64_t * sel, int64_t k,
                                                                int64_t * slots, uint8_t * hits, int64_t * read_rows,
@@ -683,7 +683,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_select(void * gp, const 
       for (int64_t i = 1; i < n; ++i) runs += read_rows[i] != read_rows[i - 1] + 1;
       info[1] = runs;
       if (g->map) {
-        info[2] = touched_bytes(g->by_offset, g->offset.data(), g->row_bytes.data(), read_rows, n, kFlashBlock,
+        info[2] = touched_blocks(g->by_offset, g->offset.data(), g->row_bytes.data(), read_rows, n, kFlashBlock,
                                 kMaxRequest, &info[3]);
         int64_t t0 = now_ns();
         rc = copy_rows(*g, read_rows, read_slots, n, g->slabs);
@@ -960,7 +960,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_settle(void * gp) 
   }
 }
 
-// touched_bytes for a caller (blockio.py touched_blocks is held equal to it by tests/test_native_cache.py):
+// touched_blocks for a caller (blockio.py touched_blocks is held equal to it by tests/test_native_cache.py):
 // the bytes of the `block`s holding `rows` (n, ascending) of `arrays` arrays, and in `*requests` the
 // requests of at most `max_request` bytes they are read in; -6 on bad arguments.
 __attribute__((visibility("default"))) int64_t dd_flash_touched(int64_t arrays, const int64_t * offset,
@@ -975,7 +975,7 @@ __attribute__((visibility("default"))) int64_t dd_flash_touched(int64_t arrays, 
   for (int64_t i = 0; i < n; ++i)
     if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return kBadArgs;
   try {
-    return touched_bytes(file_order(arrays, offset), offset, row_bytes, rows, n, block, max_request, requests);
+    return touched_blocks(file_order(arrays, offset), offset, row_bytes, rows, n, block, max_request, requests);
   } catch (...) {
     return kBadArgs;
   }

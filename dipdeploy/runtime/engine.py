@@ -836,9 +836,7 @@ class Engine:
 
         reads = drain(self._cache_library, self.fused.handles)
         if reads.misses or reads.ahead:  # a read-ahead that no step then missed still read its rows
-            device = self.flash.io == "direct"  # the reader's requests are the device's
-            self.flash.account(reads.wanted, reads.requests, reads.seconds, reads.blocks,
-                               reads.requests if device else reads.block_requests)
+            self.flash.account(reads.wanted, reads.requests, reads.seconds, reads.blocks, reads.block_requests)
             self.flash.counters.ahead_rows += reads.ahead
             self.flash.counters.ahead_used += reads.ahead_used
         self.flash.settle()

@@ -234,9 +234,9 @@ class FlashStore:
             order = np.argsort(file_rows, kind="stable")
             rows, slots = file_rows[order], np.asarray(slots)[order]
         nbytes = len(rows) * sum(a.row_bytes for a in arrays)
+        block_requests = 0  # direct: the device's requests are the reader's (account)
         if self.io == "direct":
             blocks, requests = self._direct(arrays, slabs, rows, slots)
-            block_requests = requests
         else:
             starts = runs(rows)
             for arr, slab in zip(arrays, slabs):
@@ -254,11 +254,13 @@ class FlashStore:
         ``RowArray.offset + row * row_bytes`` (the native cache step, dipdeploy/runtime/native_cache.py)."""
         return self._map
 
-    def account(self, nbytes: int, requests: int, elapsed: float, block_bytes: int, block_requests: int) -> None:
+    def account(self, nbytes: int, requests: int, elapsed: float, block_bytes: int, block_requests: int = 0) -> None:
         """Count a batch's reads (``nbytes`` of rows in ``requests`` of the reader, covering ``block_bytes`` of
-        whole blocks in ``block_requests`` device requests, which took ``elapsed`` s; with ``direct`` the
-        blocks and requests are what the device served) and pace them: the blocks and their requests owe
-        their time on the emulated device."""
+        whole blocks in ``block_requests`` device requests, which took ``elapsed`` s) and pace them: the
+        blocks and their requests owe their time on the emulated device. With ``direct`` the blocks and the
+        reader's requests are what the device served, so ``block_requests`` is theirs and not given."""
+        if self.io == "direct":
+            block_requests = requests
         self.counters.bytes += nbytes
         self.counters.requests += requests
         self.counters.block_bytes += block_bytes
