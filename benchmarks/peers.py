@@ -18,8 +18,9 @@ How the peers of benchmarks/results/flash.md were built (x86-64, AVX-512 listed 
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
   -DLLAVA_BUILD=OFF"`` (an explicit instruction set: a native build can die with "Illegal instruction"
   on another host; on the AMD EPYC of results/flash-1b-levels.md, which has AVX2 but no AVX-512, the same
-  flags without the three AVX512 ones); gguf 0.19.0, torch and transformers for the converter. The sdist's
-  ``vendor/llama.cpp/convert_hf_to_gguf.py`` writes a bf16 GGUF, ``llama_model_quantize`` makes Q4_0
+  flags without the three AVX512 ones); gguf 0.19.0, torch, transformers and sentencepiece for the
+  converter (its Llama class imports sentencepiece before it tries the checkpoint's BPE tokenizer). The
+  sdist's ``vendor/llama.cpp/convert_hf_to_gguf.py`` writes a bf16 GGUF, ``llama_model_quantize`` makes Q4_0
   (the embedding Q6_K, as llama.cpp chooses) (:func:`build_gguf`).
 
 The child drops the model files from the page cache (cgroup v1 charges a cached page to the group that
