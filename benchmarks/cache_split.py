@@ -23,7 +23,7 @@ from flash import LLAMA_1B, POLICY, RESULTS, ROOT, ensure_bundles, run_in_group,
 
 from dipdeploy.cache.split import CACHE_SPLITS
 from dipdeploy.paths import write_atomic
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_THREADS
+from dipdeploy.runtime.blockio import IO_ENGINE
 
 SLACK = {"smollm2-135m": 4 << 20, LLAMA_1B: 64 << 20}  # flash.py's --slack for each (its docstring says why)
 
@@ -36,7 +36,7 @@ def sweep(model: str, budgets: tuple[str, ...], tokens: int, repeats: int, timeo
             for method in ("dip-ca", "dense-static"):
                 for split in CACHE_SPLITS:
                     t = time.time()
-                    spec = dict(method=method, io="direct", budget=budget, limited=True, io_threads=IO_THREADS,
+                    spec = dict(method=method, io="direct", budget=budget, limited=True, io_threads=None,
                                 io_engine=IO_ENGINE, cache_split=split, bundle=str(paths[method, "natural"]),
                                 policy=POLICY[method], tokens=tokens, slack=SLACK[model])
                     res = run_in_group(spec, timeout)

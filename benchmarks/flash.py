@@ -58,7 +58,7 @@ from peers import LLAMA_PEERS, PEERS, build_genai, build_gguf, read_bytes
 
 from dipdeploy.cache.split import CACHE_SPLIT
 from dipdeploy.paths import write_atomic
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_THREADS
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_RING_DEPTH, IO_THREADS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,13 +85,13 @@ VARIANTS = (  # at 50 %, --io direct, limited: the issue's other methods on the 
     ("split even", "dense-static", dict(cache_split="even")),
     ("no read-ahead", "dip-ca", dict(prefetch=False)),
     ("no read-ahead", "dense-static", dict(prefetch=False)),
-    ("io_uring", "dip-ca", dict(io_engine="io_uring", io_threads=None)),  # the ring at its own depth
-    ("io_uring", "dense-static", dict(io_engine="io_uring", io_threads=None)),
+    ("threads", "dip-ca", dict(io_engine="threads")),  # the pread pool where the default reader is the ring
+    ("threads", "dense-static", dict(io_engine="threads")),
 )
 #: variants that are DIP-CA itself, read another way (the fastest of them also goes against the peers)
-DIP_CA_READERS = ("no read-ahead", "io_uring")
+DIP_CA_READERS = ("no read-ahead", "threads")
 BUDGETS = ("25%", "50%", "75%")
-COLS = ["method", "variant", "accuracy_level", "path", "row_order", "io", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
+COLS = ["method", "variant", "accuracy_level", "path", "row_order", "io", "reader", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
 
 
@@ -229,10 +229,10 @@ def configs(quick: bool, ios: tuple[str, ...] = ("mmap", "pread", "direct"),
                 for b in budgets:
                     for order in orders:
                         out.append(dict(method=method, row_order=order, io=io, budget=b, limited=True,
-                                        io_threads=IO_THREADS, io_engine=IO_ENGINE, **_level(level)))
+                                        io_threads=None, io_engine=IO_ENGINE, **_level(level)))
                 for order in orders:
                     out.append(dict(method=method, row_order=order, io=io, budget=budgets[len(budgets) // 2],
-                                    limited=False, io_threads=IO_THREADS, io_engine=IO_ENGINE, **_level(level)))
+                                    limited=False, io_threads=None, io_engine=IO_ENGINE, **_level(level)))
     return out
 
 
@@ -243,7 +243,7 @@ def variant_configs(quick: bool, ios: tuple[str, ...] = ("direct",), labels: tup
     if quick or "direct" not in ios:
         return []
     return [{**dict(method=method, variant=label, row_order="natural", io="direct", budget="50%", limited=True,
-                    io_threads=IO_THREADS, io_engine=IO_ENGINE, **_level(level)), **over}
+                    io_threads=None, io_engine=IO_ENGINE, **_level(level)), **over}
             for level in levels for label, method, over in VARIANTS if labels is None or label in labels]
 
 
@@ -539,7 +539,7 @@ def section_1b(args) -> None:
         "the mapped file's pages, which the kernel can drop). A peer's `limit_mb` is the DIP-CA run's at the same budget (the larger "
         "where DIP-CA ran at two levels), set after "
         "its warm-up with the model files dropped from the page cache; device MB from /proc/self/io", "",
-        md_table(rows, ["method", "variant", "accuracy_level", "path", "io", "budget", "tok_s", "tok_s_runs", "device_mb", "requests",
+        md_table(rows, ["method", "variant", "accuracy_level", "path", "io", "reader", "budget", "tok_s", "tok_s_runs", "device_mb", "requests",
                         "ahead_rows", "ahead_used", "hit_rate",
                         "peak_rss_mb", "peak_group_mb", "limit_mb", "load_1min"]), "",
         "Against the goals (this run, 50 %, limited):", "", *goals(rows), "", *notes, *problem_lines(rows), ""])
@@ -657,8 +657,9 @@ def main() -> None:
         "(/proc/self/io read_bytes from the first generated token on); `requests` the store's reads; `waste` = "
         "device / wanted.", "",
         md_table(main_rows, _with_runs(COLS) if args.repeats > 1 else COLS), "",
-        *([f"Reads in flight (`--io-threads`, default {IO_THREADS}) by reader (`--io-engine`: threads, a pool of "
-           f"pread threads, the main table's `{IO_ENGINE}`; io_uring, one syscall per batch): DIP-CA, `--io direct`, "
+        *([f"Reads in flight (`--io-threads`; the main table's: each reader's default, {IO_RING_DEPTH} for the ring, "
+           f"{IO_THREADS} threads) by reader (`--io-engine`: threads, a pool of pread threads; io_uring, one syscall "
+           f"per batch; the main table's `{IO_ENGINE}` takes the ring where the kernel grants one): DIP-CA, `--io direct`, "
            "50 %, limited, in the order run. `flash_io_s`: seconds inside the reads over the whole call.", "",
            md_table(sweep, ["io_engine", "io_threads", "tok_s", "flash_io_s", "device_mb", "requests", "load_1min"]),
            ""]

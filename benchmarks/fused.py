@@ -56,7 +56,7 @@ def configs(models: tuple[str, ...], splits=SPLITS, paths=PATHS) -> list[dict]:
 def run(c: dict, paths: dict, tokens: int, args) -> dict:
     bundle = paths[c["model"]][c["method"], "natural"]
     spec = dict(method=c["method"], policy=flash.POLICY[c["method"]], bundle=str(bundle), budget="50%", io="direct",
-                limited=True, io_threads=flash.IO_THREADS, io_engine=flash.IO_ENGINE, cache_split=c["split"],
+                limited=True, io_threads=None, io_engine=flash.IO_ENGINE, cache_split=c["split"],
                 **PATHS[c["path"]], tokens=tokens,
                 slack=args.slack_1b if c["model"] == flash.LLAMA_1B else args.slack,
                 prefill="token", accuracy_level=args.accuracy_level)

@@ -159,7 +159,7 @@ CASES = [
     ("run-io", "run {bundle} -p hi --io odirect", "choose one of auto, mmap, pread, direct"),
     ("run-io-threads", "run {bundle} -p hi --io direct --io-threads 0", "--io-threads must be >= 1"),
     ("chat-io-threads", "chat {bundle} --io direct --io-threads 0", "--io-threads must be >= 1"),
-    ("run-io-engine", "run {bundle} -p hi --io direct --io-engine aio", "--io-engine aio: choose one of threads, io_uring"),
+    ("run-io-engine", "run {bundle} -p hi --io direct --io-engine aio", "--io-engine aio: choose one of auto, threads, io_uring"),
     ("run-io-gap", "run {bundle} -p hi --io direct --io-gap -1", "--io-gap must be >= 0 blocks"),
     ("run-prefill", "run {bundle} -p hi --prefill chunked", "--prefill chunked: choose one of batch, token"),
     ("chat-prefill", "chat {bundle} --prefill chunked", "--prefill chunked: choose one of batch, token"),

@@ -288,6 +288,32 @@ def test_reader_choice(monkeypatch):
         plan_reads([0], [10], np.array([1]), max_gap=-1)
 
 
+
+@pytest.mark.skipif(not _native_built(), reason="native library not built (make ops)")
+def test_auto_takes_the_ring_where_granted_else_the_threads(monkeypatch):
+    """``auto`` (the default) is the ring at its own depth where the kernel grants one; where the ring is
+    refused it is the pread threads at theirs, while naming ``io_uring`` stays an error there. A depth
+    given (``--io-threads``) is the one used either way."""
+    reader = make_reader()
+    assert (reader.kind, reader.threads) == (("io_uring", blockio.IO_RING_DEPTH) if _ring_works()
+                                             else ("threads", blockio.IO_THREADS))
+    reader.close()
+    refused = blockio.NativeReader
+
+    class NoRing(refused):
+        def __init__(self, library, threads, engine):
+            if engine == "io_uring":
+                raise ValueError("--io-engine io_uring: this kernel has no io_uring")
+            super().__init__(library, threads, engine)
+
+    monkeypatch.setattr(blockio, "NativeReader", NoRing)
+    for threads, expect in ((None, blockio.IO_THREADS), (3, 3)):
+        reader = make_reader(threads, engine="auto")
+        assert (reader.kind, reader.threads) == ("threads", expect)
+        reader.close()
+    with pytest.raises(ValueError, match="no io_uring"):
+        make_reader(engine="io_uring")
+
 @pytest.fixture(scope="module")
 def tiny_bundle(tiny_dipca_bundle):
     return tiny_dipca_bundle()

@@ -49,9 +49,10 @@ IO = typer.Option(_E.io, "--io", help="Flash reads: auto (direct where rows stay
 IO_THREADS = typer.Option(_E.io_threads, "--io-threads", help="--io direct: reads in flight (the io_uring queue "
                           f"depth, default {_IO_RING_DEPTH}, or the op library's pread threads, default {_IO_THREADS}; "
                           "a Python thread pool without the library)")
-IO_ENGINE = typer.Option(_E.io_engine, "--io-engine", help="--io direct: threads (a pool of pread threads, as fio's "
-                         "--ioengine=psync with numjobs) | io_uring (a ring that keeps many more reads in flight "
-                         "without a thread each, as fio's --ioengine=io_uring; the faster choice on some machines)")
+IO_ENGINE = typer.Option(_E.io_engine, "--io-engine", help="--io direct: auto (io_uring where the kernel grants a "
+                         "ring, else threads) | io_uring (a ring that keeps many more reads in flight without a "
+                         "thread each, as fio's --ioengine=io_uring) | threads (a pool of pread threads, as fio's "
+                         "--ioengine=psync with numjobs)")
 IO_GAP = typer.Option(_E.io_gap, "--io-gap", help="--io direct: read through gaps of at most this many 4 KiB blocks "
                       "between wanted rows, so they cost one request, not two (0: only touching blocks coalesce)")
 CACHE_SPLIT = typer.Option(_E.cache_split, "--cache-split", help="how the budget's cache bytes are shared among the "
@@ -112,7 +113,7 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
             single_session=_E.single_session, fused=_E.fused, prefetch=_E.prefetch, flash_device=None):
     from dipdeploy.runtime import Engine, parse_bandwidth
     from dipdeploy.runtime.engine import PREFILL_MODES
-    from dipdeploy.runtime.blockio import IO_ENGINES
+    from dipdeploy.runtime.blockio import IO_ENGINE_CHOICES
     from dipdeploy.cache.split import CACHE_SPLITS
     from dipdeploy.runtime.flash import IO_CHOICES
     from dipdeploy.runtime.threadpool import THREAD_POOLS
@@ -121,8 +122,8 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
         raise ValueError(f"--io {io}: choose one of {', '.join(IO_CHOICES)}")
     if io_threads is not None and io_threads < 1:
         raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
-    if io_engine not in IO_ENGINES:
-        raise ValueError(f"--io-engine {io_engine}: choose one of {', '.join(IO_ENGINES)}")
+    if io_engine not in IO_ENGINE_CHOICES:
+        raise ValueError(f"--io-engine {io_engine}: choose one of {', '.join(IO_ENGINE_CHOICES)}")
     if io_gap < 0:
         raise ValueError(f"--io-gap must be >= 0 blocks, got {io_gap}")
     if cache_split not in CACHE_SPLITS:

@@ -13,11 +13,10 @@ keeps several reads in flight. The ranges land back to back in one aligned bounc
 rows are then gathered from it into their slab slots in one numpy step per array.
 
 The reads run in the native op library (custom_ops/src/dd_io.cc, through ctypes) when it is built: an
-pool of pread threads (``dd_io_read``) or an io_uring ring (``dd_io_ring_read``: the kernel keeping up
-to :data:`IO_RING_DEPTH` requests in flight, submitted in one syscall, with no thread of its own); without
+io_uring ring (``dd_io_ring_read``: the kernel keeping up to :data:`IO_RING_DEPTH` requests in flight,
+submitted in one syscall, with no thread of its own) or a pool of pread threads (``dd_io_read``); without
 the library in a ``ThreadPoolExecutor`` of ``os.preadv`` calls. Same requests, same bytes; ``--io-engine``
-chooses (the threads by default, measured faster on an AMD EPYC, benchmarks/results/read-gaps.md; the
-ring is the faster one on an Intel Xeon, DESIGN.md "Reads").
+chooses, by default the ring where the kernel grants one (:data:`IO_ENGINE`).
 Torch-free (floor 4).
 """
 
@@ -39,9 +38,12 @@ IO_THREADS = 16  # pread threads, reads in flight (benchmarks/results/flash.md m
 #: than the pool; on the Intel Xeon 256 against 16 decoded DIP-CA 1.2-1.35x faster (DESIGN.md, "Reads")
 IO_RING_DEPTH = 256
 IO_GAP = 4  # blocks: 30 % less read time on the 1 B decode at 1.6x the bytes (benchmarks/results/read-gaps.md)
-IO_ENGINES = ("threads", "io_uring")
-IO_ENGINE = "threads"  # faster than the earlier, synchronous ring on an AMD EPYC (read-gaps.md); the ring as
-# it is now is faster on an Intel Xeon (DESIGN.md, "Reads") and was not measured on the EPYC
+IO_ENGINES = ("threads", "io_uring")  # the op library's readers
+IO_ENGINE_AUTO = "auto"  # the ring where the library has one and the kernel grants it, else the pread threads
+IO_ENGINE_CHOICES = (IO_ENGINE_AUTO,) + IO_ENGINES  # what a user may name (EngineConfig.io_engine, --io-engine)
+#: the ring decoded the 1 B model 7-28 % faster than the threads on both machines measured, an Intel Xeon
+#: and an AMD EPYC (DESIGN.md, "Reads"); a kernel or sandbox that refuses io_uring gets the threads
+IO_ENGINE = IO_ENGINE_AUTO
 REQUEST_BLOCKS = 8  # what one request costs in blocks' transfer: about 20 µs against 2.5 µs per block (read-gaps.md)
 
 
@@ -167,7 +169,7 @@ class NativeReader:
     """The op library's readers (custom_ops/src/dd_io.cc): an io_uring ring of ``threads`` entries
     (``kind`` "io_uring") or a pool of ``threads`` pread threads ("threads")."""
 
-    def __init__(self, library: str, threads: int, engine: str = IO_ENGINE):
+    def __init__(self, library: str, threads: int, engine: str):
         lib = ctypes.CDLL(library)
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         read_args = [p, ctypes.c_int, i64, p, p, p, p, p, ctypes.POINTER(i64)]
@@ -243,7 +245,7 @@ class PythonReader:
 
 
 def in_flight(engine: str, threads: int | None = None) -> int:
-    """Reads in flight: ``threads`` where given (``--io-threads``), else the engine's own default."""
+    """Reads in flight: ``threads`` where given (``--io-threads``), else the reader's own default."""
     if threads is not None:
         return threads
     return IO_RING_DEPTH if engine == "io_uring" else IO_THREADS
@@ -251,25 +253,29 @@ def in_flight(engine: str, threads: int | None = None) -> int:
 
 def make_reader(threads: int | None = None, native: bool = True, engine: str = IO_ENGINE):
     """The native reader when the op library is built and has ``dd_io_read`` (its pread threads, or its
-    io_uring ring for ``engine`` "io_uring", refused where there is none), else the Python one; ``threads``
-    reads in flight (None: :func:`in_flight`'s default for the engine)."""
-    threads = in_flight(engine, threads)
-    if threads < 1:
+    io_uring ring for ``engine`` "io_uring", refused where there is none), else the Python one; ``engine``
+    "auto" takes the ring where it can be had and the threads otherwise. ``threads`` reads in flight
+    (None: :func:`in_flight`'s default for the reader that runs)."""
+    if engine not in IO_ENGINE_CHOICES:
+        raise ValueError(f"io engine {engine!r}: choose one of {', '.join(IO_ENGINE_CHOICES)}")
+    if threads is not None and threads < 1:
         raise ValueError(f"io threads={threads} must be >= 1")
-    if engine not in IO_ENGINES:
-        raise ValueError(f"io engine {engine!r}: choose one of {', '.join(IO_ENGINES)}")
     if native:
         from dipdeploy.ops.native import library_path
 
         lib = library_path()
         if lib is not None:
-            try:
-                return NativeReader(str(lib), threads, engine)
-            except AttributeError:  # a library built before dd_io.cc: no dd_io_read symbol
-                pass
+            for kind in (("io_uring", "threads") if engine == IO_ENGINE_AUTO else (engine,)):
+                try:
+                    return NativeReader(str(lib), in_flight(kind, threads), kind)
+                except AttributeError:  # a library built before dd_io.cc: no dd_io_read symbol
+                    break
+                except ValueError:  # no ring here: auto goes on to the threads
+                    if engine != IO_ENGINE_AUTO:
+                        raise
     if engine == "io_uring":
         raise ValueError("--io-engine io_uring needs the op library (`make ops`); use --io-engine threads")
-    return PythonReader(threads)
+    return PythonReader(in_flight("threads", threads))
 
 
 def open_direct(path: str, block: int = BLOCK) -> tuple[int, str | None]:

@@ -44,7 +44,7 @@ from dipdeploy.quant.layout import BLOCK
 from dipdeploy.runtime import staging
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINES, IO_GAP, MAX_REQUEST, bounce_bytes
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP, MAX_REQUEST, bounce_bytes
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, FlashStore, choose_io, emulation
 from dipdeploy.runtime.kv import KvCache, KvShape
@@ -132,7 +132,7 @@ class EngineConfig:
     cold: bool = False
     io: str = IO_AUTO  # resolved when the engine opens (Engine.io_why)
     io_threads: int | None = None  # --io direct: reads in flight; None: the engine's (blockio.in_flight)
-    io_engine: str = IO_ENGINE  # --io direct: threads (pread pool) | io_uring
+    io_engine: str = IO_ENGINE  # --io direct: auto (the ring where granted, else the threads) | threads | io_uring
     io_gap: int = IO_GAP  # --io direct: blocks read through between wanted rows to save a request
     context: int | None = None
     verify: bool = False
@@ -165,8 +165,8 @@ class EngineConfig:
             raise ValueError(f"io {self.io!r} unknown; choose one of {', '.join(IO_CHOICES)}")
         if type(self.io_gap) is not int or self.io_gap < 0:
             raise ValueError(f"io gap must be a whole number of blocks >= 0, got {self.io_gap!r}")
-        if self.io_engine not in IO_ENGINES:
-            raise ValueError(f"io engine {self.io_engine!r} unknown; choose one of {', '.join(IO_ENGINES)}")
+        if self.io_engine not in IO_ENGINE_CHOICES:
+            raise ValueError(f"io engine {self.io_engine!r} unknown; choose one of {', '.join(IO_ENGINE_CHOICES)}")
         if self.cache_split not in CACHE_SPLITS:
             raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
         if self.thread_pool not in THREAD_POOLS:
