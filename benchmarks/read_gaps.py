@@ -95,8 +95,14 @@ def main() -> None:
     fd, note = open_direct(path)
     if note:
         print(f"note: {note}", file=sys.stderr)
-    readers = {e: make_reader(None, True, e) for e in ("threads", "io_uring")}  # each at its default depth
-    readers = {e: r for e, r in readers.items() if r.kind == e}  # no op library: the Python pool only
+    readers = {}  # by the kind that runs, each at its default depth: without the op library the Python pool only
+    for e in ("threads", "io_uring"):
+        try:
+            r = make_reader(None, True, e)
+        except ValueError as err:  # no ring here, or no op library
+            print(f"note: {err}", file=sys.stderr)
+            continue
+        readers.setdefault(r.kind, r)
     buf = AlignedBuffer()
     plans = {g: [plan_reads(o, r, rows, max_gap=g) for o, r, rows in work] for g in gaps}
     seconds: dict[tuple[str, int], list[float]] = {}
