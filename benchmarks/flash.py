@@ -83,13 +83,15 @@ VARIANTS = (  # at 50 %, --io direct, limited: the issue's other methods on the 
     ("γ 0.7", "dip-ca", dict(gamma=0.7)),
     ("split even", "dip-ca", dict(cache_split="even")),
     ("split even", "dense-static", dict(cache_split="even")),
-    ("no read-ahead", "dip-ca", dict(prefetch=False)),
+    ("no read-ahead", "dip-ca", dict(prefetch=False)),  # the default is auto: timed both ways on the first tokens
     ("no read-ahead", "dense-static", dict(prefetch=False)),
+    ("read-ahead", "dip-ca", dict(prefetch=True)),
+    ("read-ahead", "dense-static", dict(prefetch=True)),
     ("threads", "dip-ca", dict(io_engine="threads")),  # the pread pool where the default reader is the ring
     ("threads", "dense-static", dict(io_engine="threads")),
 )
 #: variants that are DIP-CA itself, read another way (the fastest of them also goes against the peers)
-DIP_CA_READERS = ("no read-ahead", "threads")
+DIP_CA_READERS = ("no read-ahead", "read-ahead", "threads")
 BUDGETS = ("25%", "50%", "75%")
 COLS = ["method", "variant", "accuracy_level", "path", "row_order", "io", "reader", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
@@ -160,7 +162,7 @@ def child(spec: dict) -> dict:
                  cache_split=spec.get("cache_split", CACHE_SPLIT), io_gap=spec.get("io_gap", IO_GAP),
                  gamma=spec.get("gamma"), fused=spec.get("fused", False), accuracy_level=spec.get("accuracy_level"),
                  overlap_reads=spec.get("overlap_reads", True),
-                 prefetch=spec.get("prefetch", True),
+                 prefetch=spec.get("prefetch"),
                  prefill=spec.get("prefill", "batch"))
     eng.generate(PROMPT, 4, stop_at_eos=False)  # warm up the sessions and the caches
     for pair in eng.slabs:
@@ -194,7 +196,8 @@ def child(spec: dict) -> dict:
            "peak_rss_mb": memory_now().get("VmHWM", 0) / 1e6,
            "peak_group_mb": int((group / "memory.max_usage_in_bytes").read_text()) / 1e6,
            "limit_mb": limit / 1e6 if limit else None, "flash_io_s": s.seconds["flash_io"], "note": eng.flash.note,
-           "reader": s.io_engine, "path": "fused" if s.fused else "per-layer"}
+           "reader": s.io_engine, "path": "fused" if s.fused else "per-layer",
+           "read_ahead": (s.read_ahead or "").split(" (")[0]}  # "on", "off", "auto: on" …
     eng.close()
     return row
 
@@ -439,7 +442,8 @@ def _label(row: dict) -> str:
 
 def median_rows(repeats: list[list[dict]]) -> list[dict]:
     """One row per configuration from the repeats' rows (the same configurations in the same order): the
-    median of each figure over the runs that decoded, ``tok_s_runs`` each run's tok/s in the order run."""
+    median of each figure over the runs that decoded, ``tok_s_runs`` each run's tok/s in the order run, and
+    each run's ``read_ahead`` where ``--prefetch auto`` chose differently."""
     out = []
     for runs in zip(*repeats):
         ok = [r for r in runs if r.get("tok_s")]
@@ -448,6 +452,8 @@ def median_rows(repeats: list[list[dict]]) -> list[dict]:
             vals = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
             row[key] = statistics.median(vals) if vals else None
         row["tok_s_runs"] = " / ".join(f"{r['tok_s']:.2f}" for r in ok)
+        if len({r.get("read_ahead") for r in ok}) > 1:  # --prefetch auto chose differently in some runs
+            row["read_ahead"] = " / ".join(r.get("read_ahead") or "" for r in ok)
         if ok:
             row.pop("error", None)
             failed = [" ".join(r["error"].split()) for r in runs if not r.get("tok_s") and r.get("error")]
@@ -539,7 +545,7 @@ def section_1b(args) -> None:
         "the mapped file's pages, which the kernel can drop). A peer's `limit_mb` is the DIP-CA run's at the same budget (the larger "
         "where DIP-CA ran at two levels), set after "
         "its warm-up with the model files dropped from the page cache; device MB from /proc/self/io", "",
-        md_table(rows, ["method", "variant", "accuracy_level", "path", "io", "reader", "budget", "tok_s", "tok_s_runs", "device_mb", "requests",
+        md_table(rows, ["method", "variant", "accuracy_level", "path", "io", "reader", "read_ahead", "budget", "tok_s", "tok_s_runs", "device_mb", "requests",
                         "ahead_rows", "ahead_used", "hit_rate",
                         "peak_rss_mb", "peak_group_mb", "limit_mb", "load_1min"]), "",
         "Against the goals (this run, 50 %, limited):", "", *goals(rows), "", *notes, *problem_lines(rows), ""])

@@ -99,13 +99,17 @@ struct Group {
   // read nanoseconds, bytes read from the device
   std::vector<uint8_t> op_hits;
   std::vector<int64_t> op_rows, op_slots;
-  // between CacheBegin and CacheEnd (dd_cache_graph_begin/end): the misses whose rows are on their way, -1
-  // when no step is open, and the nanoseconds the begin spent reading or starting the reads
-  int64_t open_misses = -1, begin_ns = 0;
+  // between CacheBegin and CacheEnd (dd_cache_graph_begin/end): the step's misses (op_rows/op_slots), -1
+  // when no step is open, those of them still on their way (open_rows/open_slots: all of them, or the ones
+  // a read-ahead did not hold), and the nanoseconds the begin spent reading or starting the reads
+  int64_t open_misses = -1, open_reads = 0, begin_ns = 0;
+  const int64_t * open_rows = nullptr;
+  const int64_t * open_slots = nullptr;
   // a read-ahead (dd_cache_graph_prefetch) begun for the group's next step: the predicted rows that were not
-  // resident, ascending, while `ahead`; their place in the bounce buffer is Direct::src until CacheBegin
-  std::vector<int64_t> ahead_rows;
-  bool ahead = false;
+  // resident, ascending, while `ahead`; their place in the bounce buffer is Direct::src until CacheBegin,
+  // which keeps the misses it did not hold in rest_rows/rest_slots. `ahead_on`: dd_cache_read_ahead's switch
+  std::vector<int64_t> ahead_rows, rest_rows, rest_slots;
+  bool ahead = false, ahead_on = true;
   int64_t ahead_ns = 0;
   // since the last drain (dd_cache_drain): misses, requests, bytes wanted, ns, block bytes (read from the
   // device by the reader; with the mapping, the blocks holding the copied rows: touched_blocks), the rows
@@ -466,22 +470,24 @@ int64_t end_ahead(Group & g) {
   return wait_direct(g.direct, &g.totals[4], &g.totals[1]);
 }
 
-// end_ahead, then the step's `n` misses (op_rows/op_slots) that the read-ahead holds copied into their slots
-// and written to `rows`/`slots`; they leave the misses, which op_rows/op_slots keep compacted in order.
-// Returns how many arrived, or an error code.
-int64_t take_ahead(Group & g, int64_t n, int64_t * rows, int64_t * slots) {
+// end_ahead, then the step's `n` misses (op_rows/op_slots) that the read-ahead holds copied into their slots;
+// the others, in order, into rest_rows/rest_slots for the step to read. The misses themselves stay as they
+// are: CacheEnd hands all of them, in selection order, to the product over the rows read, so the sums are
+// those of the step without a read-ahead, bit for bit. Returns how many arrived, or an error code.
+int64_t take_ahead(Group & g, int64_t n) {
   const int64_t rc = end_ahead(g);
   if (rc < 0) return rc;
   const Direct & d = g.direct;
   const int64_t m = int64_t(g.ahead_rows.size()), arrays = int64_t(g.slabs.size());
-  int64_t arrived = 0, rest = 0;
+  int64_t arrived = 0;
+  g.rest_rows.clear();
+  g.rest_slots.clear();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = g.op_rows[size_t(i)], s = g.op_slots[size_t(i)];
     const auto it = std::lower_bound(g.ahead_rows.begin(), g.ahead_rows.end(), r);
     if (it == g.ahead_rows.end() || *it != r) {
-      g.op_rows[size_t(rest)] = r;
-      g.op_slots[size_t(rest)] = s;
-      ++rest;
+      g.rest_rows.push_back(r);
+      g.rest_slots.push_back(s);
       continue;
     }
     const int64_t j = it - g.ahead_rows.begin();
@@ -489,8 +495,6 @@ int64_t take_ahead(Group & g, int64_t n, int64_t * rows, int64_t * slots) {
       const int64_t rb = g.row_bytes[size_t(a)];
       std::memcpy(g.slabs[size_t(a)] + s * rb, d.bounce + d.src[size_t(a * m + j)], size_t(rb));
     }
-    rows[arrived] = r;
-    slots[arrived] = s;
     ++arrived;
   }
   g.totals[6] += arrived;
@@ -782,7 +786,8 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
 // group's reader) or already copied (the mapping), and the hits' entries of the selection and their slots
 // in `idx`, `slots` (hits in selection order, [1, H]) for the SparseGatherMatMul over the resident rows,
 // which runs while the reads are in flight. The misses a read-ahead (dd_cache_graph_prefetch) holds are
-// copied to their slots here and join the hits ([1, H] then ends with them); CacheEnd reads only the others.
+// copied to their slots here and CacheEnd reads only the others, but still hands all the misses to the
+// product over the rows read, so a read-ahead changes the reads and not one bit of the sums.
 // Returns H. In a batched prefill every row of the chunk is
 // placed first (prefill_fill), so all of `sel` counts as hits ([tokens, k]) and CacheEnd has none left.
 __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, const int64_t * sel, int64_t tokens,
@@ -796,6 +801,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
   if (filled) {
     std::memcpy(idx, sel, size_t(tokens * k) * sizeof(int64_t));
     g->open_misses = 0;
+    g->open_reads = 0;
     g->begin_ns = 0;
     return tokens * k;
   }
@@ -808,18 +814,21 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
     }
   g->begin_ns = info[0];
   int64_t n = misses;
-  if (g->ahead) {  // the misses read ahead join the hits' product; only the others are read now
+  g->open_rows = g->op_rows.data();
+  g->open_slots = g->op_slots.data();
+  if (g->ahead) {  // the misses read ahead are in their slots already; only the others are read now
     const int64_t t0 = now_ns();
     int64_t arrived = 0;
     try {
-      arrived = take_ahead(*g, n, idx + h, slots + h);
+      arrived = take_ahead(*g, n);
     } catch (...) {
       return kBadArgs;
     }
     if (arrived < 0) return arrived;
     count_reads(*g, arrived, g->ahead_ns + now_ns() - t0);
-    h += arrived;
     n -= arrived;
+    g->open_rows = g->rest_rows.data();
+    g->open_slots = g->rest_slots.data();
   }
   if (n > 0 && g->map) {
     g->totals[1] += info[1] * int64_t(g->slabs.size());
@@ -828,14 +837,15 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
   } else if (n > 0) {
     const int64_t t0 = now_ns();
     try {
-      const int64_t rc = begin_direct(*g, g->op_rows.data(), n);
+      const int64_t rc = begin_direct(*g, g->open_rows, n);
       if (rc < 0) return rc;
     } catch (...) {
       return kBadArgs;
     }
     g->begin_ns = now_ns() - t0;
   }
-  g->open_misses = n;
+  g->open_misses = misses;
+  g->open_reads = n;
   return h;
 }
 
@@ -848,7 +858,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
 __attribute__((visibility("default"))) int64_t dd_cache_graph_prefetch(void * gp, const int64_t * pred, int64_t k) {
   Group * g = static_cast<Group *>(gp);
   if (!g || k < 0 || (k > 0 && !pred)) return kBadArgs;
-  if (g->map || g->direct.fd < 0 || !g->full.empty() || g->direct.pending || g->ahead ||
+  if (!g->ahead_on || g->map || g->direct.fd < 0 || !g->full.empty() || g->direct.pending || g->ahead ||
       g->open_misses >= 0)
     return 0;
   const int64_t t0 = now_ns();
@@ -874,6 +884,17 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_prefetch(void * gp
   }
 }
 
+// Turns the read-ahead of the `n` groups on or off (on when made): off, CachePrefetch reads nothing for
+// them. Since a read-ahead changes no sum (dd_cache_graph_begin), the engine may switch it between tokens
+// (dipdeploy/runtime/readahead.py). Returns 0, or kBadArgs.
+__attribute__((visibility("default"))) int64_t dd_cache_read_ahead(void * const * groups, int64_t n, int on) {
+  if (n < 0 || (n > 0 && !groups)) return kBadArgs;
+  for (int64_t i = 0; i < n; ++i)
+    if (!groups[i]) return kBadArgs;
+  for (int64_t i = 0; i < n; ++i) static_cast<Group *>(groups[i])->ahead_on = on != 0;
+  return 0;
+}
+
 // The misses of the step CacheBegin opened (0 in a batched prefill), or an error if none is open.
 __attribute__((visibility("default"))) int64_t dd_cache_graph_misses(const void * gp) {
   const Group * g = static_cast<const Group *>(gp);
@@ -887,18 +908,18 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_misses(const void 
 __attribute__((visibility("default"))) int64_t dd_cache_graph_end(void * gp, int64_t * idx, int64_t * slots) {
   Group * g = static_cast<Group *>(gp);
   if (!g) return kBadArgs;
-  const int64_t n = g->open_misses;
+  const int64_t n = g->open_misses, reads = g->open_reads;
   if (n < 0) return kOutOfStep;
   g->open_misses = -1;
   if (n == 0) return 0;
   int64_t ns = g->begin_ns;
-  if (!g->map) {
+  if (!g->map && reads > 0) {
     const int64_t t0 = now_ns();
-    const int64_t rc = end_direct(*g, g->op_slots.data(), n, g->slabs, &g->totals[4], &g->totals[1]);
+    const int64_t rc = end_direct(*g, g->open_slots, reads, g->slabs, &g->totals[4], &g->totals[1]);
     if (rc < 0) return rc;
     ns += now_ns() - t0;
   }
-  count_reads(*g, n, ns);
+  if (reads > 0) count_reads(*g, reads, ns);
   std::memcpy(idx, g->op_rows.data(), size_t(n) * sizeof(int64_t));
   std::memcpy(slots, g->op_slots.data(), size_t(n) * sizeof(int64_t));
   return n;

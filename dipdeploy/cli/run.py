@@ -18,6 +18,7 @@ from dipdeploy.runtime.blockio import IO_RING_DEPTH as _IO_RING_DEPTH
 from dipdeploy.runtime.blockio import IO_THREADS as _IO_THREADS
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT
 from dipdeploy.runtime.engine import EngineConfig
+from dipdeploy.runtime.readahead import PROBE_TOKENS as _PROBE_TOKENS
 from dipdeploy.runtime.sampler import Sampler
 
 # Defaults are EngineConfig's and Sampler's (docs/design.md §1); run and chat share every option below.
@@ -80,10 +81,12 @@ FUSED = typer.Option(_E.fused, "--fused/--no-fused", help="below 100 %: the per-
                      "session per token, the cache step inside the graph (the same decisions, faster), or "
                      "--no-fused: one session per graph, the cache step on the host. Default: joined wherever it "
                      "can run (--io mmap or direct, the op library, no belady, no --trace)")
-PREFETCH = typer.Option(_E.prefetch, "--prefetch/--no-prefetch", help="--io direct, joined: predict each layer's "
-                        "up|gate rows from its input and read the missing ones while its attention runs (the same "
-                        "decisions; a wrong guess costs reads), or read them only once selected (faster where the "
-                        "token waits on the device: a fast CPU, --accuracy-level 4)")
+PREFETCH = typer.Option(_E.prefetch, "--prefetch/--no-prefetch", show_default=False,
+                        help="--io direct, joined: predict each layer's up|gate rows from its input and read the "
+                        "missing ones while its attention runs (the same decisions and logits; a wrong guess costs "
+                        "reads), or read them only once selected (faster where the token waits on the device: a "
+                        "fast CPU, --accuracy-level 4). Default: whichever decodes faster, timed on the first "
+                        f"{_PROBE_TOKENS} tokens each way")
 PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
                       "structure, sizes and the other files' sha256 are always checked)")
@@ -190,7 +193,7 @@ def run_cmd(
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY, single_session: Optional[bool] = SINGLE,
-    fused: Optional[bool] = FUSED, prefetch: bool = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K,
+    fused: Optional[bool] = FUSED, prefetch: Optional[bool] = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K,
     top_p: float = TOP_P, repetition_penalty: float = REP, stop: Optional[List[str]] = STOP, seed: int = SEED,
     chat: bool = typer.Option(False, "--chat", help="format the prompt as one user turn with the bundle's chat "
                               "template (default: raw completion)"),
@@ -259,7 +262,7 @@ def chat_cmd(
     io: str = IO, io_threads: Optional[int] = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
     prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
     thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: Optional[bool] = FUSED,
-    prefetch: bool = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
+    prefetch: Optional[bool] = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
     stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
 ) -> None:
     """Interactive chat through the bundle's chat template: streams each answer, then one line of stats.

@@ -48,7 +48,9 @@ from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP, MAX_
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, FlashStore, choose_io, emulation
 from dipdeploy.runtime.kv import KvCache, KvShape
+from dipdeploy.runtime.native_cache import read_ahead
 from dipdeploy.runtime.positions import PositionValues
+from dipdeploy.runtime.readahead import ReadAheadProbe
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.sessions import Bound, SharedInitializers, open_session, shared_arena
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
@@ -117,7 +119,8 @@ class EngineConfig:
     first, as the per-layer path does (benchmarks/fused.py measures both).
     ``prefetch``: with ``overlap_reads``, each pre-norm layer's up|gate selection is predicted from the
     layer's input and the predicted misses are read while its attention runs (``CachePrefetch``,
-    DESIGN.md "Reads overlapped with compute"); the decisions do not change, a wrong guess costs reads."""
+    DESIGN.md "Reads overlapped with compute"); the decisions and logits do not change, a wrong guess costs
+    reads. None: on or off, whichever decodes faster on the first tokens (``readahead.ReadAheadProbe``)."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -144,7 +147,7 @@ class EngineConfig:
     single_session: bool | None = None  # model.onnx once per token; None: when the budget holds every row
     fused: bool | None = None  # the per-layer graphs joined, the cache step in the graph; None: where it can
     overlap_reads: bool = True  # joined, --io direct: the misses read while the resident rows are multiplied
-    prefetch: bool = True  # ... and a layer's predicted up|gate misses read while its attention runs
+    prefetch: bool | None = None  # ... and a layer's predicted up|gate misses read while its attention runs
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
@@ -300,6 +303,7 @@ class Engine:
                           (m.export_config or {}).get("attention", "standard"))
         self._check_memory_limit()
         self.fused = None
+        self.read_ahead = None  # --prefetch auto on the joined decoder: the probe that chooses
         self.whole = None if self.cfg.fused else self._open_whole(session_options, native)
         self.io_why = "given"  # why the engine reads with cfg.io: given, or what --io auto saw
         if self.cfg.io == IO_AUTO:
@@ -377,7 +381,19 @@ class Engine:
                                       self.d, self.decoder["vocab_size"], self.num_layers, gamma,
                                       self.cfg.accuracy_level, chunk,
                                       overlap=self.cfg.io == "direct" and self.cfg.overlap_reads,
-                                      prefetch=self.cfg.prefetch)
+                                      prefetch=self.cfg.prefetch is not False)
+        if self.cfg.prefetch is None and self.fused.reads_ahead:
+            self.read_ahead = ReadAheadProbe()
+
+    @property
+    def read_ahead_setting(self) -> str | None:
+        """The joined decoder's read-ahead with ``--io direct``: "on", "off", or the auto probe's choice
+        (``ReadAheadProbe.describe``); None where there is none to have."""
+        if self.read_ahead is not None:
+            return self.read_ahead.describe()
+        if self.fused is not None and self.fused.reads_ahead:
+            return "on"
+        return "off" if self.fused is not None and self.cfg.io == "direct" and self.cfg.overlap_reads else None
 
     @property
     def single_session(self) -> bool:
@@ -801,11 +817,17 @@ class Engine:
         """One token through the joined decoder; its reads are counted from the native groups' totals."""
         if record is not None:
             raise ValueError(self._per_layer_only("per-layer selections"))
-        st = self._state
+        st, probe = self._state, self.read_ahead
+        if probe is not None:  # every token: a cache reset makes new groups, which read ahead
+            on = probe.next()
+            read_ahead(self._cache_library, self.fused.handles, on)
         timer.start()
         self.embedding.read(token, self.fused.hidden)
         timer.lap("embed+head")
+        t0 = time.perf_counter()
         logits = self.fused.run(st["pos"]).copy()
+        if probe is not None:
+            probe.record(on, time.perf_counter() - t0)
         timer.lap("fused graph")
         self._drain_graph_reads()
         timer.lap("cache")

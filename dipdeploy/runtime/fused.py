@@ -347,6 +347,8 @@ class FusedModel:
         import onnxruntime as ort
 
         model = joined_model(path, layers, gamma, accuracy_level, kv.attention == "standard", overlap, prefetch)
+        # whether any layer got a CachePrefetch (only pre-norm layers do): its op type in the serialized graph
+        self.reads_ahead = overlap and prefetch and PREFETCH_OP.encode() in model
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path))
         # ORT's memory patterns are planned per set of input shapes, and the attention mask grows by one
         # position per token: the arena kept 13 MB more anonymous memory after 40 SmolLM2 tokens with them

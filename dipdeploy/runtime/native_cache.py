@@ -56,6 +56,8 @@ def cache_library(path: str):
         lib.dd_cache_direct.argtypes = [_P, ctypes.c_int, _P, ctypes.c_int, _I64, _I64, _I64, _P, _I64]
     if hasattr(lib, "dd_cache_prefill"):  # the graph's batched prefill
         lib.dd_cache_prefill.restype, lib.dd_cache_prefill.argtypes = _I64, [_P, _I64, _P]
+    if hasattr(lib, "dd_cache_read_ahead"):  # CachePrefetch's switch
+        lib.dd_cache_read_ahead.restype, lib.dd_cache_read_ahead.argtypes = _I64, [_P, _I64, ctypes.c_int]
     return lib
 
 
@@ -92,6 +94,15 @@ def drain(library: str, handles: np.ndarray) -> GraphReads:
     _check(lib.dd_cache_drain(handles.ctypes.data, handles.size, out.ctypes.data), 0)
     return GraphReads(int(out[0]), int(out[1]), int(out[2]), float(out[3]) * 1e-9, int(out[4]), int(out[5]),
                       int(out[6]), int(out[7]))
+
+
+def read_ahead(library: str, handles: np.ndarray, on: bool) -> None:
+    """Switch the CachePrefetch read-ahead of the groups ``handles`` on or off (on as made); it changes
+    which rows are read when, not the logits (custom_ops/README.md, CachePrefetch)."""
+    lib = cache_library(library)
+    if lib is None or not hasattr(lib, "dd_cache_read_ahead"):
+        raise RuntimeError(f"{library} has no dd_cache_read_ahead: rebuild it (make ops)")
+    _check(lib.dd_cache_read_ahead(handles.ctypes.data, handles.size, int(on)), 0)
 
 
 def _check(rc: int, rows: int) -> int:

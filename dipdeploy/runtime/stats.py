@@ -101,6 +101,7 @@ class RunStats:
     fused: bool = False  # the per-layer graphs joined, the cache step in the graph (dipdeploy.runtime.fused)
     read_ahead_rows_per_token: float = 0.0  # joined, --io direct: rows CachePrefetch read before the selection
     read_ahead_used_per_token: float = 0.0  # ... that the selection then missed
+    read_ahead: str | None = None  # joined, --io direct: "on", "off" or --prefetch auto's choice (Engine.read_ahead_setting)
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,
@@ -144,6 +145,7 @@ class RunStats:
             native_cache=engine.native_cache and not engine.single_session, io_engine=engine.flash.reader_kind,
             single_session=engine.single_session, fused=engine.fused is not None,
             read_ahead_rows_per_token=flash.ahead_rows / per, read_ahead_used_per_token=flash.ahead_used / per,
+            read_ahead=engine.read_ahead_setting,
         )
 
     def as_dict(self) -> dict:
@@ -182,7 +184,9 @@ class RunStats:
             used = self.read_ahead_used_per_token / self.read_ahead_rows_per_token
             rows.append(("read ahead per token", f"{self.read_ahead_rows_per_token:.0f} rows predicted and read during "
                                                  f"the attention, {self.read_ahead_used_per_token:.0f} of them missed by "
-                                                 f"the selection ({used:.0%} used)"))
+                                                 f"the selection ({used:.0%} used; read-ahead {self.read_ahead})"))
+        elif self.read_ahead:
+            rows.append(("read-ahead", self.read_ahead))
         rows += [
             ("DRAM read per token", f"{self.dram_mb_per_token:.2f} MB"),
             ("resident (planned)", f"{r['total'] / mb:.1f} MB = dense {r['dense'] / mb:.1f} + KV {r['kv'] / mb:.1f} + "
