@@ -93,7 +93,7 @@ VARIANTS = (  # at 50 %, --io direct, limited: the issue's other methods on the 
 #: variants that are DIP-CA itself, read another way (the fastest of them also goes against the peers)
 DIP_CA_READERS = ("no read-ahead", "read-ahead", "threads")
 BUDGETS = ("25%", "50%", "75%")
-COLS = ["method", "variant", "accuracy_level", "path", "row_order", "io", "reader", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
+COLS = ["method", "variant", "accuracy_level", "path", "row_order", "io", "reader", "read_ahead", "budget", "tok_s", "wanted_mb", "device_mb", "waste", "requests", "hit_rate", "peak_rss_mb",
         "peak_group_mb", "limit_mb", "load_1min"]
 
 
