@@ -41,7 +41,7 @@ IO_GAP = 4  # blocks: 30 % less read time on the 1 B decode at 1.6x the bytes (b
 IO_ENGINES = ("threads", "io_uring")  # the op library's readers
 IO_ENGINE_AUTO = "auto"  # the ring where the library has one and the kernel grants it, else the pread threads
 IO_ENGINE_CHOICES = (IO_ENGINE_AUTO,) + IO_ENGINES  # what a user may name (EngineConfig.io_engine, --io-engine)
-#: the ring decoded the 1 B model 7-28 % faster than the threads on both machines measured, an Intel Xeon
+#: the ring decoded the 1 B model 3-28 % faster than the threads on both machines measured, an Intel Xeon
 #: and an AMD EPYC (DESIGN.md, "Reads"); a kernel or sandbox that refuses io_uring gets the threads
 IO_ENGINE = IO_ENGINE_AUTO
 REQUEST_BLOCKS = 8  # what one request costs in blocks' transfer: about 20 µs against 2.5 µs per block (read-gaps.md)
