@@ -165,6 +165,20 @@ def ppl_for(row: dict, windows: int, cache: dict, partial: Path) -> float:
     return cache[key]
 
 
+def ppl_memo(model: str) -> Path:
+    """Where the perplexities are memoised: one file per model, since they do not depend on the Flash
+    emulated (every table of the model shares it)."""
+    return RESULTS / f".runtime-{model.split('-')[0]}.ppl.json"
+
+
+def _budgets(value: str) -> tuple[float, ...]:
+    return tuple(float(b) for b in value.split(","))
+
+
+def _budget_list(budgets: tuple[float, ...]) -> str:
+    return ",".join(f"{b:g}" for b in budgets)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="50 %% budget, 4 configurations, 24 tokens, no PPL")
@@ -174,7 +188,8 @@ def main() -> None:
     ap.add_argument("--bandwidth", default="1GB/s")
     ap.add_argument("--flash-device", help="emulate this device profile's Flash instead of --bandwidth (its "
                     "bandwidth and cost per request; `dipdeploy simulate --device` names): a table of its own")
-    ap.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS), help="comma list of MLP budget fractions")
+    ap.add_argument("--budgets", type=_budgets, default=BUDGETS, help="comma list of MLP budget fractions "
+                    f"(default {_budget_list(BUDGETS)})")
     ap.add_argument("--ppl-windows", type=int, default=4, help="WikiText-2 test windows × 2048 for the ppl column")
     ap.add_argument("--no-ppl", action="store_true")
     ap.add_argument("--remeasure", action="store_true", help="ignore the memoised measurements and run them all again")
@@ -187,14 +202,13 @@ def main() -> None:
     prompts = PROMPTS[:1] if quick else PROMPTS
     paths = bundles(args.model, Path(args.bundles))
     info = machine()
-    base = f"runtime-{args.model.split('-')[0]}"
-    name = base + (f"-{args.flash_device}" if args.flash_device else "") + ("-quick" if quick else "")
+    name = f"runtime-{args.model.split('-')[0]}" + (f"-{args.flash_device}" if args.flash_device else "") + (
+        "-quick" if quick else "")
     pace = args.flash_device or args.bandwidth
-    budgets = tuple(float(b) for b in args.budgets.split(","))
     memo_path = RESULTS / f".{name}.rows.json"
     memo = json.loads(memo_path.read_text()) if memo_path.is_file() and not args.remeasure else {}
     rows = []
-    for c in configs(quick, budgets):
+    for c in configs(quick, args.budgets):
         key = (f"{c['method']}|{c['policy']}|{c['gamma']}|{c['budget_frac']}|{tokens}|{len(prompts)}|"
                f"{pace}|blocks+requests")
         if key in memo:
@@ -213,7 +227,7 @@ def main() -> None:
               f"emulated, {row['tok_s_cold']:.1f} cold ({time.time() - t:.0f} s)", flush=True)
     rows.append(dense_mmap(paths["dense"], tokens, prompts))
     if not (quick or args.no_ppl):
-        partial = RESULTS / f".{base}.ppl.json"  # the perplexities do not depend on the Flash emulated
+        partial = ppl_memo(args.model)
         cache = json.loads(partial.read_text()) if partial.is_file() else {}
         for row in rows:
             row["ppl"] = ppl_for(row, args.ppl_windows, cache, partial)
@@ -254,9 +268,8 @@ def write_table(rows: list[dict], name: str, info: dict, tokens: int, prompts, a
                     f"GB/s and {flash.request_s * 1e6:.3g} µs a request, `run --flash-device`)")
     else:
         emulated = f"paced at {args.bandwidth}"
-    grid = tuple(float(b) for b in args.budgets.split(",")) == BUDGETS
     command = (f" --flash-device {args.flash_device}" if args.flash_device else "") + (
-        "" if grid else f" --budgets {args.budgets}")
+        "" if args.budgets == BUDGETS else f" --budgets {_budget_list(args.budgets)}")
     for r in rows:
         r["ppl_x_dense"] = r["ppl"] / dense if dense and r.get("ppl") else None
     ppl_note = ("" if args.quick or args.no_ppl else
@@ -283,7 +296,7 @@ def write_table(rows: list[dict], name: str, info: dict, tokens: int, prompts, a
             f"(budget ≥ ρ_in), a small γ lets resident rows win almost every slot, the mask stops following the "
             f"activations and perplexity explodes while the hit rate approaches 1; the `ppl` column says where.\n\n"
             f"Regenerate: `python benchmarks/runtime.py{command}` (PPL memoised in "
-            f"benchmarks/results/.runtime-{name.split('-')[1]}.ppl.json).\n")
+            f"benchmarks/results/{ppl_memo(args.model).name}).\n")
     (RESULTS / f"{name}.md").write_text(text)
 
 

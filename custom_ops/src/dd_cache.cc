@@ -100,10 +100,10 @@ struct Group {
   std::vector<uint8_t> op_hits;
   std::vector<int64_t> op_rows, op_slots;
   // between CacheBegin and CacheEnd (dd_cache_graph_begin/end): the step's misses (op_rows/op_slots), -1
-  // when no step is open, those of them still on their way (open_rows/open_slots: all of them, or the ones
-  // a read-ahead did not hold), and the nanoseconds the begin spent reading or starting the reads
+  // when no step is open, how many of them are still on their way and their slots (open_slots: op_slots, or
+  // rest_slots where a read-ahead held the others), and the nanoseconds the begin spent reading or starting
+  // the reads
   int64_t open_misses = -1, open_reads = 0, begin_ns = 0;
-  const int64_t * open_rows = nullptr;
   const int64_t * open_slots = nullptr;
   // a read-ahead (dd_cache_graph_prefetch) begun for the group's next step: the predicted rows that were not
   // resident, ascending, while `ahead`; their place in the bounce buffer is Direct::src until CacheBegin,
@@ -814,7 +814,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
     }
   g->begin_ns = info[0];
   int64_t n = misses;
-  g->open_rows = g->op_rows.data();
+  const int64_t * reads = g->op_rows.data();
   g->open_slots = g->op_slots.data();
   if (g->ahead) {  // the misses read ahead are in their slots already; only the others are read now
     const int64_t t0 = now_ns();
@@ -827,7 +827,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
     if (arrived < 0) return arrived;
     count_reads(*g, arrived, g->ahead_ns + now_ns() - t0);
     n -= arrived;
-    g->open_rows = g->rest_rows.data();
+    reads = g->rest_rows.data();
     g->open_slots = g->rest_slots.data();
   }
   if (n > 0 && g->map) {
@@ -837,7 +837,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
   } else if (n > 0) {
     const int64_t t0 = now_ns();
     try {
-      const int64_t rc = begin_direct(*g, g->open_rows, n);
+      const int64_t rc = begin_direct(*g, reads, n);
       if (rc < 0) return rc;
     } catch (...) {
       return kBadArgs;

@@ -29,11 +29,12 @@ class Timer:
     def start(self) -> None:
         self._last = time.perf_counter()
 
-    def lap(self, name: str) -> None:
-        """The time since ``start`` or the previous lap goes to ``name``."""
+    def lap(self, name: str) -> float:
+        """The time since ``start`` or the previous lap goes to ``name``; returns it."""
         now = time.perf_counter()
-        self.seconds[name] += now - self._last
-        self._last = now
+        elapsed, self._last = now - self._last, now
+        self.seconds[name] += elapsed
+        return elapsed
 
     @contextmanager
     def __call__(self, name: str):
