@@ -450,7 +450,9 @@ def median_rows(repeats: list[list[dict]]) -> list[dict]:
         row = dict(runs[-1] if not ok else ok[0], repeats=len(ok))
         for key in {k for r in ok for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}:
             vals = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
-            row[key] = statistics.median(vals) if vals else None
+            # a value every run shares (a setting such as the accuracy level) stays as it is: the median of
+            # an even number of ints is a float
+            row[key] = (vals[0] if len(set(vals)) == 1 else statistics.median(vals)) if vals else None
         row["tok_s_runs"] = " / ".join(f"{r['tok_s']:.2f}" for r in ok)
         if len({r.get("read_ahead") for r in ok}) > 1:  # --prefetch auto chose differently in some runs
             row["read_ahead"] = " / ".join(r.get("read_ahead") or "" for r in ok)

@@ -87,6 +87,16 @@ def test_median_rows_keep_each_run_and_the_failures(flash):
     assert rows[0]["tok_s_runs"] == "3.00 / 5.00" and "error" not in rows[0]
     assert rows[0]["failed_runs"] == "1 of 3 runs failed (exit -9)"  # the table's notes say so
     assert rows[1]["error"] == "does not fit" and rows[1]["repeats"] == 0 and "failed_runs" not in rows[1]
+    assert rows[0]["accuracy_level"] == 4 and type(rows[0]["accuracy_level"]) is int  # a setting, not a median
+
+
+def test_two_runs_keep_their_settings_whole(flash):
+    """The median of two ints is a float; a setting both runs share (the accuracy level) stays an int, so the
+    Goals lines say "accuracy level 0", not "0.0"."""
+    rows = flash.median_rows([[_row("dip-ca", 3.0, level=0) | {"requests": 4000}],
+                              [_row("dip-ca", 5.0, level=0) | {"requests": 4001}]])
+    assert type(rows[0]["accuracy_level"]) is int and rows[0]["accuracy_level"] == 0
+    assert rows[0]["tok_s"] == 4.0 and rows[0]["requests"] == 4000.5
 
 
 def test_belady_grant_covers_its_next_use_tables(flash):
