@@ -393,7 +393,7 @@ class Engine:
             return self.read_ahead.describe()
         if self.fused is not None and self.fused.reads_ahead:
             return "on"
-        return "off" if self.fused is not None and self.cfg.io == "direct" and self.cfg.overlap_reads else None
+        return "off" if self.fused is not None and self.fused.overlap else None
 
     @property
     def single_session(self) -> bool:

@@ -347,6 +347,7 @@ class FusedModel:
         import onnxruntime as ort
 
         model = joined_model(path, layers, gamma, accuracy_level, kv.attention == "standard", overlap, prefetch)
+        self.overlap = overlap  # CacheBegin/CacheEnd: the misses read while the resident rows are multiplied
         # whether any layer got a CachePrefetch (only pre-norm layers do): its op type in the serialized graph
         self.reads_ahead = overlap and prefetch and PREFETCH_OP.encode() in model
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path))

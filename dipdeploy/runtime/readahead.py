@@ -47,8 +47,8 @@ class ReadAheadProbe:
 
     def describe(self) -> str:
         """One line for the stats: the choice and the medians it was made from, or the probe under way."""
-        both = f"{self.median(True) * 1e3:.3g} ms a token on, {self.median(False) * 1e3:.3g} off"
         if self.chosen is None:
             done = min(len(v) for v in self.seconds.values())
             return f"auto: probing ({done} of {self.tokens} tokens each)"
-        return f"auto: {'on' if self.chosen else 'off'} ({both}, median of {self.tokens})"
+        return (f"auto: {'on' if self.chosen else 'off'} ({self.median(True) * 1e3:.3g} ms a token on, "
+                f"{self.median(False) * 1e3:.3g} off, median of {self.tokens})")
