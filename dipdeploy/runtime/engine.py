@@ -148,6 +148,7 @@ class EngineConfig:
     fused: bool | None = None  # the per-layer graphs joined, the cache step in the graph; None: where it can
     overlap_reads: bool = True  # joined, --io direct: the misses read while the resident rows are multiplied
     prefetch: bool | None = None  # ... and a layer's predicted up|gate misses read while its attention runs
+    emulate: FlashModel | None = field(init=False, default=None, repr=False)  # the pacing, from the two above
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
@@ -177,7 +178,8 @@ class EngineConfig:
         if self.fused and self.single_session:
             raise ValueError("fused and single_session are two one-session modes: choose one")
         DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
-        emulation(self.flash_bandwidth, self.flash_device)  # so are both emulations, or an unknown profile
+        # both emulations, or an unknown profile, are refused here; the store paces to the profile read once
+        self.emulate = emulation(self.flash_bandwidth, self.flash_device)
 
 
 @dataclass
@@ -322,7 +324,7 @@ class Engine:
             else:
                 self._open_sessions(session_options, native)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
-                                emulate=emulation(self.cfg.flash_bandwidth, self.cfg.flash_device),
+                                emulate=self.cfg.emulate,
                                 io_threads=self.cfg.io_threads,
                                 io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap)
         if self.whole is None:
