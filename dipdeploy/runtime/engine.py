@@ -32,7 +32,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -57,6 +57,9 @@ from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 from dipdeploy.runtime.threadpool import THREAD_POOLS, pool_options
 from dipdeploy.sparsity.plan import SparsityConfig
+
+if TYPE_CHECKING:
+    from dipdeploy.sim.devices import FlashModel
 
 #: how ``extend`` feeds the tokens it is given (README, "The host runtime": batched prefill)
 PREFILL_MODES = ("batch", "token")
@@ -148,7 +151,7 @@ class EngineConfig:
     fused: bool | None = None  # the per-layer graphs joined, the cache step in the graph; None: where it can
     overlap_reads: bool = True  # joined, --io direct: the misses read while the resident rows are multiplied
     prefetch: bool | None = None  # ... and a layer's predicted up|gate misses read while its attention runs
-    emulate: FlashModel | None = field(init=False, default=None, repr=False)  # the pacing, from the two above
+    emulate: FlashModel | None = field(init=False, default=None, repr=False)  # flash_bandwidth or flash_device as a pacing
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
