@@ -181,7 +181,7 @@ class EngineConfig:
         if self.fused and self.single_session:
             raise ValueError("fused and single_session are two one-session modes: choose one")
         DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
-        # both emulations, or an unknown profile, are refused here; the store paces to the profile read once
+        # both emulations, or an unknown profile, are refused here; the engine's Flash store paces to this one
         self.emulate = emulation(self.flash_bandwidth, self.flash_device)
 
 
