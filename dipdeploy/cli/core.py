@@ -16,6 +16,7 @@ from dipdeploy.cli._app import app
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.demo import DemoConfig, chat_hint
 from dipdeploy.eval import EvalConfig
+from dipdeploy.eval.humaneval import TaskConfig
 from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig
 from dipdeploy.registry import list_models
 from dipdeploy.sparsity.plan import SparsityConfig, allocation_label
@@ -38,10 +39,15 @@ def models_cmd() -> None:
     for m in list_models():
         s = m.shape
         src = "tiny, seed %d" % m.tiny["seed"] if m.tiny else (
-            f"pypi:{m.source['pypi']}" if m.source else (m.hf_id or ""))
+            _source_label(m.source) if m.source else (m.hf_id or ""))
         table.add_row(m.name, m.architecture, m.mlp_layout, str(s.num_hidden_layers),
                       str(s.hidden_size), str(s.intermediate_size), src)
     console.print(table)
+
+
+def _source_label(src: dict) -> str:
+    """Where a real model's file comes from: one package, or N part packages (``name-part1…N``)."""
+    return f"pypi:{src['parts'].format('1…' + str(src['count']))}" if "parts" in src else f"pypi:{src['pypi']}"
 
 
 def _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac, fixed_top_n,
@@ -75,7 +81,14 @@ def write_json(rows, path: Optional[Path], force: bool) -> None:
 
 # Options shared by eval and calibrate (typer wants them spelled out per command); every default is read
 # from the dataclass that owns it (docs/design.md §1): SparsityConfig, EvalConfig, dipdeploy.defaults.
-_S, _EV = SparsityConfig, EvalConfig
+_S, _EV, _TASK = SparsityConfig, EvalConfig, TaskConfig
+TASKS = ("wikitext2", "humaneval")
+#: eval's options that `--task humaneval` takes (the rest are perplexity's)
+_HUMANEVAL_ARGS = ("model", "method", "density", "plan", "data_dir", "batch_size", "rho_in", "allocation", "score",
+                   "gamma", "policy", "cache_frac", "fixed_top_n", "gamma_warmup", "cache_split", "quant",
+                   "quant_scope", "embedding", "weights", "calib_windows", "calib_seqlen", "stats_windows", "lora",
+                   "lora_merge", "device", "json_out", "force", "limit", "max_new_tokens", "bundle", "dram_budget",
+                   "timeout", "resume")
 MODEL = typer.Option(defaults.MODEL, "--model", "-m", help="registry name, HF directory, .gguf file or hub id")
 RHO_IN = typer.Option(None, "--rho-in", help="input share ρ_in for teal/dip/dip-ca; default: calibrated")
 ALLOC = typer.Option(_S.allocation, "--allocation", help="per-layer allocation: uniform | greedy | joint (per-layer density and split) | greedy-split (greedy densities, per-layer split; docs/method.md)")
@@ -170,11 +183,32 @@ def eval_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as a JSON list"),
     plot: Optional[Path] = typer.Option(None, help="save a PPL-vs-density Pareto plot (PNG)"),
     force: bool = FORCE,
+    task: str = typer.Option("wikitext2", "--task", help="wikitext2 (perplexity) | humaneval (greedy pass@1 "
+                             "through the chat template, code run in a sandbox; docs/method.md)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="humaneval: the first N problems (1..164; "
+                                        "default all)"),
+    max_new_tokens: int = typer.Option(_TASK.max_new_tokens, "--max-new-tokens", help="humaneval: tokens per "
+                                       "answer at most"),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="humaneval: an exported bundle, decoded by "
+                                          "`dipdeploy run`'s engine (its method and density; default: the torch "
+                                          "reference of --model)"),
+    dram_budget: Optional[str] = typer.Option(None, "--dram-budget", help="humaneval --bundle: the engine's DRAM "
+                                              "budget (as `run --dram-budget`)"),
+    timeout: float = typer.Option(_TASK.timeout_s, "--timeout", help="humaneval: seconds each check program may "
+                                  "run in the sandbox"),
+    resume: bool = typer.Option(False, "--resume", help="humaneval: continue the unfinished run of the same "
+                                "--json (its problems kept in JSON.partial.jsonl)"),
 ) -> None:
-    """WikiText-2 perplexity of sparse methods (GPTQ-style protocol of docs/method.md)."""
+    """WikiText-2 perplexity (GPTQ-style protocol of docs/method.md) or HumanEval pass@1 of sparse methods."""
     from dipdeploy.eval import EvalConfig, evaluate
     from dipdeploy.progress import Progress
 
+    if task not in TASKS:
+        fail(ValueError(f"--task {task!r} unknown; choose one of {', '.join(TASKS)}"))
+    if task == "humaneval":
+        from dipdeploy.cli.task import humaneval_cmd
+
+        return humaneval_cmd(**{k: v for k, v in locals().items() if k in _HUMANEVAL_ARGS})
     try:
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file},
                      outputs={"--json": json_out, "--plot": plot}, force=force)

@@ -159,7 +159,6 @@ class Evaluator:
     and the test and calibration windows go to wherever ``lm.model`` is when they are used."""
 
     def __init__(self, cfg: EvalConfig, progress: Progress | None = None):
-        from dipdeploy.eval.data import load_text, windows
         from dipdeploy.loading import load_model
         from dipdeploy.torchdevice import resolve_device
 
@@ -178,11 +177,20 @@ class Evaluator:
         with self.progress.stage(f"quantise ({cfg.quant or cfg.weights})") if cfg.quant or cfg.weights else nullcontext():
             self.qinfo = _quantize(self.lm, cfg, lambda: self._windows(cfg.stats_windows))
         self.lm.model.to(self.device)
-        with self.progress.stage("tokenise the test text"):
-            text = load_text(cfg.dataset, "test", cfg.text_file, cfg.data_dir)
-            self.test = windows(self.lm.tokenizer, text, cfg.seqlen, cfg.max_windows)
+        self._test = None
         self.splits: dict = {}
         self.curves: dict = {}  # the joint allocation's error curves per score (sparsity.allocate)
+
+    @property
+    def test(self):
+        """The test windows, tokenised on first use (a task evaluation never needs them)."""
+        if self._test is None:
+            from dipdeploy.eval.data import load_text, windows
+
+            with self.progress.stage("tokenise the test text"):
+                text = load_text(self.cfg.dataset, "test", self.cfg.text_file, self.cfg.data_dir)
+                self._test = windows(self.lm.tokenizer, text, self.cfg.seqlen, self.cfg.max_windows)
+        return self._test
 
     def _windows(self, count: int):
         """``count`` windows of ``calib_seqlen`` tokens of the calibration text (WikiText-2 validation)."""
@@ -224,8 +232,17 @@ class Evaluator:
         with self.progress.stage(f"calibrate {sparsity.method} ρ={sparsity.density:g}"):
             return calibrate(self.lm, sparsity, self.calib, self.splits, self.curves)
 
-    def row(self, method: str, density: float, **overrides) -> dict:
+    def plan(self, method: str, density: float, **overrides):
+        """The plan of one row (None for dense): calibrated or given, DIP-CA's ``reads`` split priced in
+        this evaluation's row bytes."""
         from dataclasses import replace
+
+        plan = self.plan_for(replace(self.cfg.sparsity, method=method, density=density, **overrides))
+        if plan is not None and method == "dip-ca" and plan.cache_split == "reads" and plan.row_bytes is None:
+            plan = replace(plan, row_bytes=self.row_bytes())
+        return plan
+
+    def row(self, method: str, density: float, **overrides) -> dict:
 
         from dipdeploy.eval.meter import DensityMeter
         from dipdeploy.eval.perplexity import perplexity
@@ -233,9 +250,7 @@ class Evaluator:
 
         cfg = self.cfg
         t0 = time.time()
-        plan = self.plan_for(replace(cfg.sparsity, method=method, density=density, **overrides))
-        if plan is not None and method == "dip-ca" and plan.cache_split == "reads" and plan.row_bytes is None:
-            plan = replace(plan, row_bytes=self.row_bytes())
+        plan = self.plan(method, density, **overrides)
         if plan is not None:
             sparsify_(self.lm.model, plan)
         t1 = time.time()
