@@ -87,7 +87,7 @@ TASKS = ("wikitext2", "humaneval")
 _HUMANEVAL_ARGS = ("model", "method", "density", "plan", "data_dir", "batch_size", "rho_in", "allocation", "score",
                    "gamma", "policy", "cache_frac", "fixed_top_n", "gamma_warmup", "cache_split", "quant",
                    "quant_scope", "embedding", "weights", "calib_windows", "calib_seqlen", "stats_windows", "lora",
-                   "lora_merge", "device", "json_out", "force", "limit", "max_new_tokens", "bundle", "dram_budget",
+                   "lora_merge", "device", "json_out", "plot", "force", "limit", "max_new_tokens", "bundle", "dram_budget",
                    "timeout", "resume")
 MODEL = typer.Option(defaults.MODEL, "--model", "-m", help="registry name, HF directory, .gguf file or hub id")
 RHO_IN = typer.Option(None, "--rho-in", help="input share ρ_in for teal/dip/dip-ca; default: calibrated")
@@ -181,7 +181,7 @@ def eval_cmd(
     lora_merge: bool = typer.Option(True, "--lora-merge/--lora-live", help="merge the adapter or keep it live"),
     device: Optional[str] = DEVICE,
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as a JSON list"),
-    plot: Optional[Path] = typer.Option(None, help="save a PPL-vs-density Pareto plot (PNG)"),
+    plot: Optional[Path] = typer.Option(None, help="save a PPL-vs-density Pareto plot (PNG; pass@1 with --task humaneval)"),
     force: bool = FORCE,
     task: str = typer.Option("wikitext2", "--task", help="wikitext2 (perplexity) | humaneval (greedy pass@1 "
                              "through the chat template, code run in a sandbox; docs/method.md)"),

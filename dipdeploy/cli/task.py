@@ -20,6 +20,7 @@ def humaneval_cmd(*, model: str, method: Optional[str], density: Optional[str], 
                   data_dir: Optional[Path], batch_size: Optional[int], rho_in, allocation, score, gamma, policy,
                   cache_frac, fixed_top_n, gamma_warmup, cache_split, quant, quant_scope, embedding, weights,
                   calib_windows, calib_seqlen, stats_windows, lora, lora_merge, device, json_out: Optional[Path],
+                  plot: Optional[Path],
                   force: bool, limit: Optional[int], max_new_tokens: int, bundle: Optional[Path],
                   dram_budget: Optional[str], timeout: float, resume: bool) -> None:
     from dipdeploy.eval.humaneval import ResumeLog, evaluate_bundle, evaluate_torch, problems
@@ -32,7 +33,7 @@ def humaneval_cmd(*, model: str, method: Optional[str], density: Optional[str], 
         if batch_size is not None and not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"--batch-size {batch_size} out of range; give 1..{MAX_BATCH}")
         task = TaskConfig(limit=limit, max_new_tokens=max_new_tokens, timeout_s=timeout)
-        check_inputs(data_dir=data_dir, files={"--plan": plan}, outputs={"--json": json_out}, force=force)
+        check_inputs(data_dir=data_dir, files={"--plan": plan}, outputs={"--json": json_out, "--plot": plot}, force=force)
         partial = Path(f"{json_out}.partial.jsonl") if json_out is not None else None
         if resume and partial is None:
             raise ValueError("--resume continues the run of a --json output; give the same --json")
@@ -83,3 +84,7 @@ def humaneval_cmd(*, model: str, method: Optional[str], density: Optional[str], 
     console.print(table)
     write_json(rows, json_out, force or resume)
     log.close()
+    if plot is not None:
+        from dipdeploy.eval.plot import plot_pareto
+
+        console.print(f"wrote {plot_pareto(rows, plot, rows[0]['model'], force=force, metric='pass_at_1')}")
