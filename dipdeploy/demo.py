@@ -97,11 +97,11 @@ def run_demo(cfg: DemoConfig, force: bool, progress: Progress) -> tuple[list[Dem
 
 def _one(cfg: DemoConfig, label: str, density: float, native: bool, force: bool, text: str,
          progress: Progress) -> DemoRow:
+    from dipdeploy.bundle.manifest import read_manifest
     from dipdeploy.eval.data import windows
     from dipdeploy.eval.perplexity import perplexity
     from dipdeploy.export.bundle import export
     from dipdeploy.export.config import ExportConfig
-    from dipdeploy.export.manifest import read_manifest
     from dipdeploy.loading import load_model
     from dipdeploy.runtime import Engine, EngineConfig, Sampler, parse_bandwidth
     from dipdeploy.runtime.template import ChatTemplate, messages

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dipdeploy"
 FLOORS = {
     # floor 1: the shared vocabulary, no torch: formats and names every stage agrees on.
     "dipdeploy": 1,  # the package's __init__ (__version__ only)
-    "registry": 1, "arch": 1, "defaults": 1, "paths": 1,
+    "bundle": 1, "registry": 1, "arch": 1, "defaults": 1, "paths": 1,
     "dirswap": 1,  # atomic output folders: paths and the bundle reader (an interrupted export) use it
     "trace": 1,  # the trace file (.npz), a file interface like the bundle; imports paths only
     "progress": 1,  # stage reporting, stdlib only; eval and cli report through it

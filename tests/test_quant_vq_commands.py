@@ -8,11 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 from dipdeploy import defaults
+from dipdeploy.bundle.manifest import read_manifest, verify
 from dipdeploy.cli import app
 from dipdeploy.eval import EvalConfig, _quantize
 from dipdeploy.export.bundle import export, export_model
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import read_manifest, verify
 from dipdeploy.export.prepare import make_plan
 from dipdeploy.loading import load_model
 from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig, calibrated_config

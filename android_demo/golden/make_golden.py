@@ -42,8 +42,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from dipdeploy.bundle.manifest import Manifest, open_tensor, read_manifest, verify
 from dipdeploy.cache import RowCache, SlotTable, dipca_scores, gamma_at, static_rows, topk_indices, topk_rows
-from dipdeploy.export.manifest import Manifest, open_tensor, read_manifest, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ("The quick brown fox jumps over the lazy dog. 12345 numbers, café and naïve.\n"

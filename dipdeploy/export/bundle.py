@@ -21,11 +21,12 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from dipdeploy.bundle.manifest import Manifest, check_structure, file_record
+from dipdeploy.bundle.names import MANIFEST
 from dipdeploy.dirswap import Hook
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.decoder import LayerK, build_decoder
 from dipdeploy.export.graph import check_model
-from dipdeploy.export.manifest import MANIFEST, Manifest, check_structure, file_record
 from dipdeploy.export.outdir import Notice, claim, is_bundle, prepare_out
 from dipdeploy.export.space import check_space_for
 from dipdeploy.export.weights import WeightStore

@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, read_manifest
+from dipdeploy.bundle.names import MLP_FILE
 from dipdeploy.cache import POLICIES, static_rows
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
-from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.quant.layout import BLOCK
 from dipdeploy.runtime import staging

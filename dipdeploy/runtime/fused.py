@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.export.manifest import REGENERATE, BundleError
+from dipdeploy.bundle.manifest import REGENERATE, BundleError
 from dipdeploy.ops.schemas import DOMAIN, SGMM_OP
 from dipdeploy.runtime.sessions import Bound, Buffer, set_gamma
 

@@ -70,7 +70,7 @@ class SharedInitializers:
     def __init__(self, bundle: Path, manifest):
         from onnxruntime import OrtValue
 
-        from dipdeploy.export.manifest import open_tensor
+        from dipdeploy.bundle.manifest import open_tensor
 
         self.arrays = {name: np.ascontiguousarray(open_tensor(bundle, manifest, name))
                        for name, t in manifest.tensors.items() if str(t.get("layout", "")).startswith(SHARED_LAYOUTS)}

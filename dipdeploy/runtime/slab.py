@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dipdeploy.bundle.manifest import REGENERATE, BundleError, open_tensor, row_positions
+from dipdeploy.bundle.names import MLP_FILE, SLAB_DIM
 from dipdeploy.cache import RowCache, SlotStep, SlotTable
-from dipdeploy.export.manifest import MLP_FILE, REGENERATE, SLAB_DIM, BundleError, open_tensor, row_positions
 from dipdeploy.runtime.flash import FlashStore, RowArray
 from dipdeploy.runtime.native_cache import NativeCache
 from dipdeploy.runtime.staging import SharedStaging, window_offsets

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError
+from dipdeploy.bundle.manifest import REGENERATE, BundleError
+from dipdeploy.bundle.names import MLP_FILE
 from dipdeploy.runtime.budget import DramBudget, Residency
 from dipdeploy.runtime.kv import KvCache
 from dipdeploy.runtime.sessions import Bound, Buffer, open_session
