@@ -61,7 +61,7 @@ def test_calibrated_export_fits_the_statistics_better_than_plain_kmeans(tmp_path
     """The error that matters is the layer output's, ‖X ΔWᵀ‖² = tr(Δᵀ H Δ) in the row layout (H = E[x xᵀ]
     of the calibration activations); the calibrated default must beat plain k-means on it, and eval's
     ``--quant vq3`` must hold exactly the export's numbers (one implementation)."""
-    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.data import load_text, windows
     from dipdeploy.quant.calib import row_statistics
 
     lm = load_model("tiny-llama")

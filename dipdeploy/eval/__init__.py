@@ -159,7 +159,7 @@ class Evaluator:
     and the test and calibration windows go to wherever ``lm.model`` is when they are used."""
 
     def __init__(self, cfg: EvalConfig, progress: Progress | None = None):
-        from dipdeploy.eval.data import load_text, windows
+        from dipdeploy.data import load_text, windows
         from dipdeploy.loading import load_model
         from dipdeploy.torchdevice import resolve_device
 
@@ -186,7 +186,7 @@ class Evaluator:
 
     def _windows(self, count: int):
         """``count`` windows of ``calib_seqlen`` tokens of the calibration text (WikiText-2 validation)."""
-        from dipdeploy.eval.data import calibration_windows
+        from dipdeploy.data import calibration_windows
 
         return calibration_windows(self.lm.tokenizer, count, self.cfg.calib_seqlen, self.cfg.data_dir)
 

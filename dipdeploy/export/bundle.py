@@ -205,7 +205,7 @@ def _quant_statistics(lm, cfg: ExportConfig, steps: _Steps) -> tuple:
         return None, None, None
     ids = None
     if mlp_cfg.statistics() is not None:
-        from dipdeploy.eval.data import calibration_windows
+        from dipdeploy.data import calibration_windows
 
         steps("quantisation statistics")
         try:
@@ -227,7 +227,7 @@ def _row_order(lm, cfg: ExportConfig, plan, steps: _Steps) -> tuple[list | None,
         why = "a streamed export has no whole model to trace the calibration text with"
     wins = None
     if why is None:
-        from dipdeploy.eval.data import calibration_windows
+        from dipdeploy.data import calibration_windows
 
         try:
             wins = calibration_windows(lm.tokenizer, cfg.calib_windows, cfg.calib_seqlen, cfg.data_dir)

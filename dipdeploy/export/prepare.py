@@ -124,7 +124,7 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
         return uniform_plan(scfg, lm.name, c.num_hidden_layers, c.hidden_size, c.intermediate_size)
     from dipdeploy.sparsity.calibrate import calibrate_on
 
-    from dipdeploy.eval.data import calibration_windows
+    from dipdeploy.data import calibration_windows
 
     try:
         wins = calibration_windows(lm.tokenizer, cfg.calib_windows, cfg.calib_seqlen, cfg.data_dir)
