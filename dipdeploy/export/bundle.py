@@ -238,7 +238,7 @@ def _row_order(lm, cfg: ExportConfig, plan, steps: _Steps) -> tuple[list | None,
             raise ValueError(f"--row-order calibrated: {why}; pass --row-order natural")
         return None, {"order": "natural", "why": why}
     from dipdeploy.export.prepare import miss_trace
-    from dipdeploy.quant.layout import BLOCK
+    from dipdeploy.flash import BLOCK
 
     steps("row order")
     missed = miss_trace(lm, plan, wins)

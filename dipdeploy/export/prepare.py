@@ -143,8 +143,8 @@ def miss_trace(lm, plan: SparsityPlan, wins) -> list[tuple]:
     import torch
 
     from dipdeploy.cache import RowCache
+    from dipdeploy.flash import miss_cost
     from dipdeploy.quant.roworder import miss_matrix
-    from dipdeploy.runtime.blockio import miss_cost
     from dipdeploy.sparsity.methods import reset_caches, sparse_mlps, sparsify_, unsparsify_
 
     sizes = (plan.hidden_size, plan.intermediate_size)

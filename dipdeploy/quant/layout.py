@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 GROUPS = ("up_gate", "down")
-BLOCK = 4096  # bytes: the Flash page / filesystem block a device reads whole (and ``O_DIRECT`` aligns to)
 
 
 def mlp_to_rows(w_up: np.ndarray, w_gate: np.ndarray, w_down: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

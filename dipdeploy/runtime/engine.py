@@ -40,12 +40,12 @@ from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, read_ma
 from dipdeploy.bundle.names import MLP_FILE
 from dipdeploy.cache import POLICIES, static_rows
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
+from dipdeploy.flash import BLOCK, MAX_REQUEST, bounce_bytes
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
-from dipdeploy.quant.layout import BLOCK
 from dipdeploy.runtime import staging
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP, MAX_REQUEST, bounce_bytes
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, FlashStore, choose_io, emulation
 from dipdeploy.runtime.kv import KvCache, KvShape

@@ -27,7 +27,7 @@ sequential executor runs the graph (the engine never enables the parallel one).
 Semantics are the per-layer path's token-by-token ones, decision for decision: the same native step on
 the same selections; only ORT's fusion across the joined graphs can change floating-point rounding. The
 misses are copied from the mapped file (``--io mmap``) or read by the step itself with the Flash store's
-reader and the same block-aligned requests (``--io direct``: ``dd_cache_direct``, ``blockio.plan_reads``
+reader and the same block-aligned requests (``--io direct``: ``dd_cache_direct``, ``dipdeploy.flash.plan_reads``
 in C++); the bundle's natural row order only. A batched prefill runs the same graph on a chunk of the
 prompt (``FusedModel.run_chunk``) with the per-layer path's semantics: plain DIP inside the chunk, the
 caches warmed from its selections afterwards (README, "The host runtime"). What this mode does not have,
