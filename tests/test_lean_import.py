@@ -6,7 +6,7 @@ import sys
 
 def test_floors_import_without_torch():
     code = ("import sys, dipdeploy, dipdeploy.arch, dipdeploy.registry, dipdeploy.cache, dipdeploy.paths, dipdeploy.data, "
-            "dipdeploy.sparsity.plan; "
+            "dipdeploy.flash, dipdeploy.bundle.manifest, dipdeploy.sparsity.plan; "
             "bad = [m for m in ('torch', 'transformers', 'onnxruntime') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -6,7 +6,7 @@
 The runtime's plan, the simulator's and the torch DIP-CA reference (``SparsityPlan.cache_split``) all
 apply one of these, so ``eval`` measures the perplexity of the split ``run`` uses.
 
-Floor 1: no dependencies.
+Floor 2: no dependencies.
 """
 
 from __future__ import annotations

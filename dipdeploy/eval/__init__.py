@@ -1,4 +1,4 @@
-"""Evaluation (floor 3): WikiText-2 perplexity of any method × density × quantisation, one table.
+"""Evaluation (floor 4): WikiText-2 perplexity of any method × density × quantisation, one table.
 
 ``evaluate(EvalConfig(...))`` loads the model and the text once, calibrates a plan per (method, density)
 on the *validation* split (or uses a given plan), and returns one row per result.

@@ -1,4 +1,4 @@
-"""Export (floor 3): a loaded model + a sparsity plan → a bundle (graphs, aligned weights, manifest).
+"""Export (floor 4): a loaded model + a sparsity plan → a bundle (graphs, aligned weights, manifest).
 
 Modules, one job each (see DESIGN.md beside this file):
 

@@ -5,7 +5,7 @@
 - down group: row j = W_d[:, j] — row j of W_dᵀ, d values, one row per GLU unit j ∈ [0, F).
 
 Weights follow the PyTorch ``nn.Linear`` convention: W_u, W_g ∈ R^{F×d}, W_d ∈ R^{d×F}.
-Floor 1: numpy only.
+Floor 2: numpy only.
 """
 
 from __future__ import annotations

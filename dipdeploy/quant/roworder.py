@@ -21,7 +21,7 @@ reader's requests cover, ``dipdeploy.flash.plan_reads``). Candidates, each cheap
 
 :func:`calibrate_order` keeps, per group, the candidate that touches the fewest blocks on the trace
 (natural included, so a calibrated group never touches more blocks than natural on its own trace).
-Torch-free (floor 1): numpy only.
+Torch-free (floor 2): numpy only.
 """
 
 from __future__ import annotations

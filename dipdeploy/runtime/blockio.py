@@ -10,7 +10,7 @@ io_uring ring (``dd_io_ring_read``: the kernel keeping up to :data:`IO_RING_DEPT
 submitted in one syscall, with no thread of its own) or a pool of pread threads (``dd_io_read``); without
 the library in a ``ThreadPoolExecutor`` of ``os.preadv`` calls. Same requests, same bytes; ``--io-engine``
 chooses, by default the ring where the kernel grants one (:data:`IO_ENGINE`).
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ and ``dipdeploy eval`` use, so the three agree) or as total bytes ("120MB"), fro
 follows after the resident part. Staging slots (rows a token needs that the cache does not admit)
 are resident too and counted.
 
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations

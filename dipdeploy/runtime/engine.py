@@ -20,7 +20,7 @@ in place (``kv.py``). γ = 1 with an all-resident cache is plain DIP; the cache
 rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
 reference and the simulator). At a budget that holds every MLP row the engine runs the bundle's
 ``model.onnx`` once per token instead (``dipdeploy.runtime.whole``, ``EngineConfig.single_session``).
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations

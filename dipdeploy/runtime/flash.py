@@ -46,7 +46,7 @@ passes 1 ms, and ``settle`` pays the rest at the end of each token. The measured
 oversleep (≈70–100 µs per call here, measured) is credited to the next batch instead of adding ~5 ms per
 token of 60 tiny sleeps. Reported as emulation.
 
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations

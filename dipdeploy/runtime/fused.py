@@ -34,7 +34,7 @@ caches warmed from its selections afterwards (README, "The host runtime"). What 
 as with ``whole.py``: per-layer selections for traces or recorders. ``handle`` inputs are
 the native groups' addresses as int64; the op checks each against the groups alive in the process.
 
-Torch-free (floor 4). Joining the graphs needs the ``onnx`` package, which plain ``run`` does not; it runs
+Torch-free (floor 5). Joining the graphs needs the ``onnx`` package, which plain ``run`` does not; it runs
 in a child process (``joined_model``), so the engine's process does not hold the package (15.6 MB of RSS
 measured here) for a graph it only needs once.
 """

@@ -8,7 +8,7 @@ misses from the mapped MLP file straight into the slab.
 
 The state is a handful of numpy arrays (:class:`NativeState`) that the C++ code updates in place;
 ``pull`` and ``push`` copy it to and from the numpy ``RowCache`` / ``SlotTable``, so the batched
-prefill, which runs in numpy, and the tests see one state. Torch-free (floor 4).
+prefill, which runs in numpy, and the tests see one state. Torch-free (floor 5).
 """
 
 from __future__ import annotations

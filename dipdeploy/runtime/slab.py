@@ -10,7 +10,7 @@ safe).
 Per token: ``step`` (cache access + slot assignment + Flash reads of the misses) before the MLP
 graph runs, ``settle`` (the deferred moves of the slot rule) after; in numpy (``dipdeploy.cache``) or,
 with the op library, in one native call per group (``native_cache.py``, the same rules; DESIGN.md says
-why). Torch-free (floor 4).
+why). Torch-free (floor 5).
 """
 
 from __future__ import annotations

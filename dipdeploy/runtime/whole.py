@@ -28,7 +28,7 @@ tokens), token-by-token prefill and streaming text work as in the per-layer path
 data of ``model.onnx`` (``dense.bin``, ``mlp.bin``) and prepacks MatMulNBits' weights, so the plan counts
 both files whole (``whole_residency``).
 
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ A method's reachable densities follow from which weights it skips:
 | gate, up, cats | one of W_u/W_g, K_glu rows of the other and of W_d | (1 + 2ρ_glu)/3 | 1/3 |
 | teal, dip, dip-ca | K_in cols of W_u, W_g; K_glu cols of W_d | (2ρ_in + ρ_glu)/3 | 0 |
 
-Floor 2 (no torch here, but lives beside the torch methods). Plans round-trip through JSON with a
+Floor 3 (no torch here, but lives beside the torch methods). Plans round-trip through JSON with a
 version; a reader rejects a version it does not know.
 """
 
