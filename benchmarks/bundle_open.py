@@ -50,7 +50,7 @@ def _time(fn, bundle: Path, cold: bool, repeat: int) -> float:
 
 
 def measure(name: str, bundle: Path, repeat: int) -> list[dict]:
-    from dipdeploy.export.manifest import parse_manifest, read_manifest, verify
+    from dipdeploy.bundle.manifest import parse_manifest, read_manifest, verify
 
     size = sum(p.stat().st_size for p in bundle.iterdir())
     data = sum((bundle / f).stat().st_size for f in ("mlp.bin", "dense.bin"))

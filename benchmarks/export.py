@@ -130,7 +130,7 @@ def wikitext_windows(bundle: Path, n: int, seqlen: int = 256) -> np.ndarray:
     """``n`` WikiText-2 test windows, tokenised with the bundle's own tokenizer."""
     from transformers import PreTrainedTokenizerFast
 
-    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.data import load_text, windows
 
     tok = PreTrainedTokenizerFast(tokenizer_file=str(bundle / "tokenizer.json"))
     return windows(tok, load_text("wikitext2", "test"), seqlen, n).numpy()

@@ -73,7 +73,8 @@ bundle.export_model(ExportConfig(model="tiny-llama", rho_in=0.6, validate_tokens
 
 
 def _complete(out: Path) -> bool:
-    from dipdeploy.export.manifest import MANIFEST, Manifest, verify
+    from dipdeploy.bundle.manifest import Manifest, verify
+    from dipdeploy.bundle.names import MANIFEST
 
     if not (out / MANIFEST).is_file():
         return False

@@ -6,7 +6,7 @@ multiply by 8-bit activations, so ``flash-1b-levels.md`` compares our bundles at
 random-weight 1 B model cannot say what level 4 does to a trained model's predictions. This runs the
 SmolLM2-135M bundles of ``flash.py`` (BQ4; DIP-CA ρ_in 0.55 with LFU, the same bundle at γ = 1 as plain
 DIP, dense-static ρ = 1 with its most used rows pinned) through ``Engine.teacher_forced`` at levels 0 and
-4 on the same WikiText-2 test windows (``dipdeploy.eval.data.windows``, the bundle's tokenizer): the
+4 on the same WikiText-2 test windows (``dipdeploy.data.windows``, the bundle's tokenizer): the
 per-layer path, 1 thread, the budget's caches, so DIP-CA's mask is the one it decodes with. Each window
 starts a new sequence (empty caches). ``ppl_vs_level0`` is the level-4 perplexity over the level-0 one of
 the same bundle; ``top1_agree`` the share of positions whose most likely next token is the same at both
@@ -92,7 +92,7 @@ def main() -> None:
         ap.error("--seqlen: give at least 2 (a window predicts its tokens after the first)")
     from transformers import PreTrainedTokenizerFast
 
-    from dipdeploy.eval.data import load_text, windows as text_windows
+    from dipdeploy.data import load_text, windows as text_windows
     from dipdeploy.runtime import Engine
 
     paths = flash.ensure_bundles("smollm2-135m")

@@ -111,7 +111,7 @@ def prompt_files(bundle: Path, lengths: list[int], folder: Path) -> dict[int, Pa
     """The first N tokens of WikiText-2 test for each N, one JSON file each."""
     from tokenizers import Tokenizer
 
-    from dipdeploy.eval.data import wikitext_text
+    from dipdeploy.data import wikitext_text
 
     ids = Tokenizer.from_file(str(bundle / "tokenizer.json")).encode(wikitext_text("test")[: 60 * max(lengths)]).ids
     if len(ids) < max(lengths):

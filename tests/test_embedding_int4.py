@@ -7,9 +7,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from dipdeploy.bundle.manifest import read_manifest, verify
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import read_manifest, verify
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 
 

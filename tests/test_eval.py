@@ -2,8 +2,8 @@ import math
 
 import pytest
 
+from dipdeploy.data import find_wikitext, load_text, windows
 from dipdeploy.eval import EvalConfig, evaluate
-from dipdeploy.eval.data import find_wikitext, load_text, windows
 
 
 def test_missing_dataset_is_clear(monkeypatch, tmp_path):

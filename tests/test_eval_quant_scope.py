@@ -5,10 +5,10 @@ a `dipdeploy quantize` file."""
 import numpy as np
 import pytest
 
+from dipdeploy.bundle.manifest import open_tensor
 from dipdeploy.eval import EvalConfig, _quantize, combinations
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import open_tensor
 from dipdeploy.loading import load_model
 from dipdeploy.quant.config import quant_config_from_name
 from dipdeploy.quant.fake import load_mlp_weights_, mlp_weights, quantize_model_, write_packed_mlp

@@ -5,9 +5,9 @@ import json
 import onnx
 import pytest
 
+from dipdeploy.bundle.manifest import read_manifest, verify
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import read_manifest, verify
 from tiny_models import EXPORTABLE
 
 # compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)

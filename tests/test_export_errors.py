@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from dipdeploy.bundle.manifest import Manifest, read_manifest
 from dipdeploy.export import bundle as bundle_mod
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import Manifest, read_manifest
 from dipdeploy.export.spec import ArchSpec
 
 
@@ -103,7 +103,7 @@ def test_manifest_rejects_unknown_version(tmp_path):
 
 
 def test_verify_finds_corruption(tmp_path):
-    from dipdeploy.export.manifest import verify
+    from dipdeploy.bundle.manifest import verify
 
     out = tmp_path / "b"
     export_model(_cfg(), out)

@@ -7,10 +7,10 @@ import onnxruntime as ort
 import pytest
 
 from dipdeploy.agreement import Tolerance, compare_topk
+from dipdeploy.bundle.manifest import open_tensor, read_manifest
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.decoder import kv_names
-from dipdeploy.export.manifest import open_tensor, read_manifest
 from twin_checks import assert_runs_agree, model_onnx_run
 
 # compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)

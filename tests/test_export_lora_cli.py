@@ -7,10 +7,10 @@ import torch
 from typer.testing import CliRunner
 
 import dipdeploy.cli.export  # noqa: F401  (registers export and inspect on the app)
+from dipdeploy.bundle.manifest import read_manifest
 from dipdeploy.cli._app import app
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import read_manifest
 
 # compared across implementations: CI runs these under every kernel set too (Makefile: test-kernel-sets)
 pytestmark = pytest.mark.numerics

@@ -10,10 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 import dipdeploy.cli  # noqa: F401  (registers every command)
+from dipdeploy.bundle.names import MANIFEST
 from dipdeploy.cli._app import app
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import MANIFEST
 
 pytestmark = pytest.mark.numerics
 

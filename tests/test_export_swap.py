@@ -15,12 +15,12 @@ import pytest
 from typer.testing import CliRunner
 
 from dipdeploy import dirswap
+from dipdeploy.bundle.manifest import read_manifest, verify
 from dipdeploy.cli import app
 from dipdeploy.export import bundle as bundle_mod
 from dipdeploy.export import space
 from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import read_manifest, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "old.marker"  # written into the first bundle: tells the old one from the new one

@@ -8,8 +8,9 @@ import os
 import numpy as np
 import pytest
 
+from dipdeploy.flash import BLOCK, MAX_REQUEST, bounce_bytes, plan_reads
 from dipdeploy.runtime import blockio
-from dipdeploy.runtime.blockio import BLOCK, PythonReader, make_reader, plan_reads
+from dipdeploy.runtime.blockio import PythonReader, make_reader
 from dipdeploy.runtime.flash import FlashStore, RowArray
 from dipdeploy.sim.devices import FlashModel
 
@@ -130,7 +131,7 @@ def _expected(rows: np.ndarray, gap: int) -> tuple[int, int, int]:
         if b is None or b - prev - 1 > gap:
             runs.append((start, prev + 1))
             start = b
-    per = blockio.MAX_REQUEST // BLOCK
+    per = MAX_REQUEST // BLOCK
     requests = sum(-(-(end - begin) // per) for begin, end in runs)
     read = [b for begin, end in runs for b in range(begin, end)]
     device = sum(min(BLOCK, FILE_SIZE - b * BLOCK) for b in read)  # the last block ends with the file
@@ -387,13 +388,13 @@ def test_the_bounce_buffer_never_outgrows_its_bound():
     rng = np.random.default_rng(3)
     offsets, row_bytes = [a.offset for a in ARRAYS], [a.row_bytes for a in ARRAYS]
     for gap in (0, 1, 4, 16):
-        bound = blockio.bounce_bytes(offsets, row_bytes, 700, max_gap=gap)
+        bound = bounce_bytes(offsets, row_bytes, 700, max_gap=gap)
         for n in (1, 50, 350, 700):
             rows = np.sort(rng.choice(700, n, replace=False))
             plan = plan_reads(offsets, row_bytes, rows, max_gap=gap)
             assert plan.total + BLOCK <= bound
     whole = plan_reads(offsets, row_bytes, np.arange(700))
-    assert whole.total + BLOCK <= blockio.bounce_bytes(offsets, row_bytes, 700) <= whole.total + 3 * BLOCK
+    assert whole.total + BLOCK <= bounce_bytes(offsets, row_bytes, 700) <= whole.total + 3 * BLOCK
 
 
 def test_the_plan_holds_the_read_buffer_of_direct_reads(tiny_bundle):

@@ -123,7 +123,7 @@ def test_teal_realised_density_is_measured_on_the_scored_tokens(tiny_llama):
 def test_calibration_never_reads_the_test_split(data_dir, monkeypatch):
     """Every text the Evaluator loads after the test windows (calibration, allocation, thresholds) is
     the validation split, and the allocation's curves see only calibration tokens."""
-    import dipdeploy.eval.data as data
+    import dipdeploy.data as data
     import dipdeploy.sparsity.calibrate as cal
     from dipdeploy.eval import EvalConfig, Evaluator
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dipdeploy.cache import POLICIES, RowCache, SlotTable, static_rows
+from dipdeploy.flash import MAX_REQUEST, plan_reads, touched_blocks
 from dipdeploy.ops.native import library_path
-from dipdeploy.runtime.blockio import MAX_REQUEST, plan_reads, touched_blocks
 from dipdeploy.runtime.native_cache import NativeCache, cache_library
 
 LIB = library_path()
@@ -99,7 +99,7 @@ def test_native_step_equals_the_numpy_reference(policy, seed, tmp_path):
 
 
 def test_block_bytes_and_requests_equal_the_numpy_count_and_the_plan_without_gaps():
-    """dd_flash_touched, blockio.touched_blocks and plan_reads(max_gap=0): the same blocks, rows sharing a
+    """dd_flash_touched, dipdeploy.flash.touched_blocks and plan_reads(max_gap=0): the same blocks, rows sharing a
     block counted once, arrays in any order, one array's last block shared with the next's, and the same
     requests, a run of touching blocks each, split at the longest request."""
     lib = cache_library(str(LIB))

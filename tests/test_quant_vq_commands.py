@@ -8,11 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 from dipdeploy import defaults
+from dipdeploy.bundle.manifest import read_manifest, verify
 from dipdeploy.cli import app
 from dipdeploy.eval import EvalConfig, _quantize
 from dipdeploy.export.bundle import export, export_model
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import read_manifest, verify
 from dipdeploy.export.prepare import make_plan
 from dipdeploy.loading import load_model
 from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig, calibrated_config
@@ -61,7 +61,7 @@ def test_calibrated_export_fits_the_statistics_better_than_plain_kmeans(tmp_path
     """The error that matters is the layer output's, ‖X ΔWᵀ‖² = tr(Δᵀ H Δ) in the row layout (H = E[x xᵀ]
     of the calibration activations); the calibrated default must beat plain k-means on it, and eval's
     ``--quant vq3`` must hold exactly the export's numbers (one implementation)."""
-    from dipdeploy.eval.data import load_text, windows
+    from dipdeploy.data import load_text, windows
     from dipdeploy.quant.calib import row_statistics
 
     lm = load_model("tiny-llama")

@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
+from dipdeploy.bundle.manifest import BundleError, open_tensor, read_manifest, row_positions
 from dipdeploy.export.bundle import export
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import BundleError, open_tensor, read_manifest, row_positions
 from dipdeploy.export.prepare import make_plan
 from dipdeploy.runtime import Engine
 

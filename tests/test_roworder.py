@@ -5,10 +5,9 @@ bit-identically to the natural file's."""
 import numpy as np
 import pytest
 
-from dipdeploy.quant.layout import BLOCK
+from dipdeploy.flash import BLOCK, plan_reads
 from dipdeploy.quant.roworder import (GroupGeometry, blocks_touched, calibrate_order, candidate_order, miss_matrix,
                                       position_of)
-from dipdeploy.runtime.blockio import plan_reads
 from dipdeploy.runtime.flash import FlashStore, RowArray
 
 R = 512

@@ -84,8 +84,8 @@ def test_dipca_equals_torch_reference_under_a_budget(dipca_bundle, policy, budge
     DIP-CA reference: fed the reference's tokens, the runtime's selections pass the top-K check and the twin's
     logits agree."""
     from dipdeploy.export.mlp import stored_row_bytes
+    from dipdeploy.flash import miss_cost
     from dipdeploy.quant.config import calibrated_config
-    from dipdeploy.runtime.blockio import miss_cost
     from dipdeploy.sparsity.methods import reset_caches, sparsify_
 
     out, lm, plan = dipca_bundle

@@ -83,7 +83,7 @@ def _row_file(tmp_path, rng, rows: int, lead: int):
     """An MLP file of ``lead`` bytes of padding, then two row arrays: rows of 4 KiB + 4 B that straddle
     blocks, then one float32 per row. Returns (path, offsets, wide, the mapped file, the float rows, the
     wide rows as the file holds them)."""
-    from dipdeploy.quant.layout import BLOCK
+    from dipdeploy.flash import BLOCK
 
     weights = rng.standard_normal(rows).astype(np.float32)
     path = tmp_path / "mlp.bin"
@@ -115,8 +115,7 @@ def _group(tmp_path, rng, rows: int, k: int, capacity: int, policy: str, io: str
     state on twins of them with its slabs, its misses copied from the mapping (``mmap``) or read by the op
     library's reader (``direct``, a read-through gap of one block); ``pinned`` rows (static) are in their
     slots first, as ``GroupSlab.reset`` reads them."""
-    from dipdeploy.quant.layout import BLOCK
-    from dipdeploy.runtime.blockio import MAX_REQUEST
+    from dipdeploy.flash import BLOCK, MAX_REQUEST
     from dipdeploy.runtime.flash import FlashStore
 
     path, offsets, wide, data, weights, wide_rows = _row_file(tmp_path, rng, rows, lead)
@@ -140,7 +139,7 @@ def _group(tmp_path, rng, rows: int, k: int, capacity: int, policy: str, io: str
 
 def _reads(g: _Group, rows) -> tuple[int, int]:
     """The device bytes and requests of reading ``rows`` as the op library plans them (one block of gap)."""
-    from dipdeploy.runtime.blockio import plan_reads
+    from dipdeploy.flash import plan_reads
 
     if not len(rows):
         return 0, 0
@@ -159,11 +158,11 @@ def _settled(g: _Group, step, t: int) -> None:
 @pytest.mark.parametrize("io", ["mmap", "direct"])
 @pytest.mark.parametrize("policy,capacity", [("lfu", 30), ("lru", 5), ("none", 0), ("lfu", 80)])
 def test_cache_step_op_takes_the_reference_decisions(policy, capacity, io, tmp_path):
-    """``direct``: the step reads its misses itself, with the requests ``blockio.plan_reads`` plans (rows
+    """``direct``: the step reads its misses itself, with the requests ``dipdeploy.flash.plan_reads`` plans (rows
     of 4 KiB + 4 B and 4 B in two arrays, a read-through gap of one block)."""
     import onnxruntime as ort
 
-    from dipdeploy.runtime.blockio import plan_reads, touched_blocks
+    from dipdeploy.flash import plan_reads, touched_blocks
 
     rows, k, steps = 80, 12, 30
     rng = np.random.default_rng(7)
@@ -236,7 +235,7 @@ def test_cache_begin_and_end_split_the_step_into_its_hits_and_its_misses(policy,
     product over the file's rows, the same reads; a batched prefill's chunk is all hits."""
     import onnxruntime as ort
 
-    from dipdeploy.runtime.blockio import touched_blocks
+    from dipdeploy.flash import touched_blocks
 
     rows, k, steps = 80, 12, 20
     rng = np.random.default_rng(5)
@@ -362,7 +361,7 @@ def test_cache_ops_in_a_batched_prefill_take_the_reference_decisions(policy, cap
     import onnxruntime as ort
 
     from dipdeploy.cache import static_rows
-    from dipdeploy.runtime.blockio import plan_reads, touched_blocks
+    from dipdeploy.flash import plan_reads, touched_blocks
 
     rows, k = 80, 12
     rng = np.random.default_rng(11)

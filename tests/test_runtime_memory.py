@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from dipdeploy.agreement import Tolerance
+from dipdeploy.bundle.manifest import open_tensor
 from dipdeploy.export.bundle import export
 from dipdeploy.export.config import ExportConfig
-from dipdeploy.export.manifest import open_tensor
 from dipdeploy.export.prepare import make_plan
 from dipdeploy.runtime import Engine
 from dipdeploy.runtime.kv import KvCache, KvShape

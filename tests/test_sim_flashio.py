@@ -40,9 +40,8 @@ def test_block_reads_never_fewer_bytes_than_rows_and_never_more_requests(row_byt
 @pytest.mark.parametrize("row_bytes,gap", [(306, 4), (306, 0), (9216, 4), (1152, 1), (4096, 8)])
 def test_the_runtime_read_model_is_the_runtime_plan(row_bytes, gap):
     """With a gap and the request cut, the simulator's bytes and requests are what the runtime's Flash
-    store plans for the same rows (``blockio.plan_reads``, one array starting on a block)."""
-    from dipdeploy.quant.layout import BLOCK
-    from dipdeploy.runtime.blockio import MAX_REQUEST, plan_reads
+    store plans for the same rows (``dipdeploy.flash.plan_reads``, one array starting on a block)."""
+    from dipdeploy.flash import BLOCK, MAX_REQUEST, plan_reads
 
     rng = np.random.default_rng(row_bytes + gap)
     m = rng.random((6, 400)) < rng.uniform(0.02, 0.6, (6, 1))

@@ -19,7 +19,7 @@ Writes JSON (never committed; build/ is ignored) that the Java tests compare wit
                   layer and group, cache capacities and the Flash byte/request totals (skipped if the runtime
                   is absent)
   split.json      dipdeploy.cache.split on random groups (rows, row bytes, K, cache bytes): the capacities
-                  of the reads split, and blockio.miss_cost of row sizes around the 4 KiB block
+                  of the reads split, and dipdeploy.flash.miss_cost of row sizes around the 4 KiB block
   tokenizer.json  encode/decode with SmolLM2's tokenizer.json, the tiny models' byte tokenizer and the
                   SentencePiece-style BPE files of sp_tokenizers.py (Gemma, Llama 2, Metaspace; built here),
                   all from the `tokenizers` library
@@ -42,8 +42,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from dipdeploy.bundle.manifest import Manifest, open_tensor, read_manifest, verify
 from dipdeploy.cache import RowCache, SlotTable, dipca_scores, gamma_at, static_rows, topk_indices, topk_rows
-from dipdeploy.export.manifest import Manifest, open_tensor, read_manifest, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ("The quick brown fox jumps over the lazy dog. 12345 numbers, café and naïve.\n"
@@ -467,9 +467,9 @@ def runtime_golden(bundle: Path) -> dict:
 def split_golden() -> dict:
     """The reads split (``dipdeploy.cache.split.split_by_reads``) on random models: layers of two groups
     whose rows, row bytes and K vary, some layers alike (one tier) and some groups empty, at several cache
-    byte counts; and ``blockio.miss_cost`` of row sizes around the block."""
+    byte counts; and ``dipdeploy.flash.miss_cost`` of row sizes around the block."""
     from dipdeploy.cache.split import split_by_reads
-    from dipdeploy.runtime.blockio import BLOCK, miss_cost
+    from dipdeploy.flash import BLOCK, miss_cost
 
     rng = np.random.default_rng(7)
     cases = []

@@ -22,7 +22,7 @@
 // bytes and read time in the group for the host to collect once per token (dd_cache_drain). With no
 // caller left to read the misses, a graph step either copies them from the mapping or reads them itself
 // through the Flash store's reader (dd_io.cc) with block-aligned requests planned as
-// dipdeploy/runtime/blockio.py plan_reads plans them (dd_cache_direct).
+// dipdeploy/flash.py plan_reads plans them (dd_cache_direct).
 #include "dd_cache.h"
 
 #include <sys/mman.h>
@@ -70,8 +70,8 @@ struct Direct {
 };
 
 constexpr int kTotals = 8;  // a group's counters, dd_cache_drain's out[]
-constexpr int64_t kFlashBlock = 4096;  // blockio.py BLOCK: the unit a device returns for rows copied from the mapping
-constexpr int64_t kMaxRequest = 128 * 1024;  // blockio.py MAX_REQUEST: the longest request of a run of blocks
+constexpr int64_t kFlashBlock = 4096;  // dipdeploy/flash.py BLOCK: the unit a device returns for rows copied from the mapping
+constexpr int64_t kMaxRequest = 128 * 1024;  // dipdeploy/flash.py MAX_REQUEST: the longest request of a run of blocks
 
 struct Group {
   int64_t rows, capacity, staging;
@@ -288,7 +288,7 @@ std::vector<int64_t> file_order(int64_t arrays, const int64_t * offset) {
 // The bytes of the whole `block`s that hold `rows` (n, ascending) of every array (`offset[a]` + row *
 // `row_bytes[a]`; arrays do not overlap), the arrays taken in `order` (file_order), and in `*requests` the
 // requests a device serves them in (a run of touching blocks each, split at `max_request` bytes):
-// blockio.py touched_blocks, the blocks a device returns for rows read through the page cache, where a row
+// dipdeploy/flash.py touched_blocks, the blocks a device returns for rows read through the page cache, where a row
 // smaller than a block costs the whole block and rows that share a block share its read. What the emulated
 // Flash paces (flash.py FlashStore.account).
 int64_t touched_blocks(const std::vector<int64_t> & order, const int64_t * offset, const int64_t * row_bytes,
@@ -347,7 +347,7 @@ extern "C" int64_t dd_io_ring_end(void * ring, int64_t * failed);
 
 namespace {
 
-// blockio.py plan_reads for the misses' rows (ascending) of every array, started into the bounce buffer: the
+// dipdeploy/flash.py plan_reads for the misses' rows (ascending) of every array, started into the bounce buffer: the
 // pool's threads, or the device with the ring's first requests, read while the caller goes on. end_direct
 // completes it.
 int64_t begin_direct(Group & g, const int64_t * rows, int64_t n) {
@@ -981,7 +981,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_settle(void * gp) 
   }
 }
 
-// touched_blocks for a caller (blockio.py touched_blocks is held equal to it by tests/test_native_cache.py):
+// touched_blocks for a caller (dipdeploy/flash.py touched_blocks is held equal to it by tests/test_native_cache.py):
 // the bytes of the `block`s holding `rows` (n, ascending) of `arrays` arrays, and in `*requests` the
 // requests of at most `max_request` bytes they are read in; -6 on bad arguments.
 __attribute__((visibility("default"))) int64_t dd_flash_touched(int64_t arrays, const int64_t * offset,

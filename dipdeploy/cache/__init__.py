@@ -1,7 +1,7 @@
 """DRAM weight-cache policies and the DIP-CA score: the one definition shared by the torch reference,
 the host runtime, the simulator, the ONNX fallback's tests and the Java engine's golden vectors.
 
-Floor 1: numpy only.
+Floor 2: numpy only.
 """
 
 from dipdeploy.cache.policies import POLICIES, RowCache, static_rows

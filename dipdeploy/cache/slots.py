@@ -18,7 +18,7 @@ residency *after* the step (``RowCache.access``):
        slots, and the admitted rows that waited in staging move to the lowest free slots (a DRAM copy,
        never a second Flash read).
 
-The rule is deterministic and numpy-only (floor 1), so the host runtime, the simulator and the Java
+The rule is deterministic and numpy-only (floor 2), so the host runtime, the simulator and the Java
 engine of the Android demo assign the same slots and read the same bytes.
 """
 

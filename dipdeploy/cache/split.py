@@ -6,7 +6,7 @@
 The runtime's plan, the simulator's and the torch DIP-CA reference (``SparsityPlan.cache_split``) all
 apply one of these, so ``eval`` measures the perplexity of the split ``run`` uses.
 
-Floor 1: no dependencies.
+Floor 2: no dependencies.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def split_by_reads(groups: Sequence[Sequence[Group]], cache_bytes: float,
     """Capacities [layer][group] spending at most ``cache_bytes`` where a cached byte saves the most reading.
 
     A cached row of group g saves, per token, about K/rows of a miss (its chance of being selected), and a
-    miss costs ``miss_cost(row_bytes)`` (a request plus whole blocks: the runtime's ``blockio.miss_cost``,
+    miss costs ``miss_cost(row_bytes)`` (a request plus whole blocks: ``dipdeploy.flash.miss_cost``,
     the simulator's device model), so a cached byte is worth (K / rows) · miss_cost / row_bytes. Groups are
     filled in that order, groups of equal worth (every layer's down group of a uniform plan) to the same
     fraction. Small rows are the expensive ones: SmolLM2's 306 B down rows cost a 4 KiB block and a

@@ -1,4 +1,4 @@
-"""Command line (floor 5): parses, calls one stage function, presents. No logic of its own.
+"""Command line (floor 6): parses, calls one stage function, presents. No logic of its own.
 
 Each stage's commands live in their own module and register on the shared ``app``.
 """

@@ -274,7 +274,7 @@ def calibrate_cmd(
                                 fixed_top_n, gamma_warmup, cache_split)
         check_inputs(model=model)
         where = resolve_device(device or DEFAULT_DEVICE)
-        from dipdeploy.eval.data import calibration_windows
+        from dipdeploy.data import calibration_windows
         from dipdeploy.loading import load_model, streams_by_default
         from dipdeploy.sparsity.calibrate import calibrate_on
         from dipdeploy.sparsity.streamed import check_streamable
@@ -405,7 +405,7 @@ def trace_cmd(
         cfg = None if p is not None or method == "dense" else SparsityConfig(
             method=method, density=density, rho_in=rho_in, gamma=gamma, policy=policy, cache_frac=cache_frac)
         check_inputs(model=model)
-        from dipdeploy.eval.data import calibration_windows, load_text, windows as make_windows
+        from dipdeploy.data import calibration_windows, load_text, windows as make_windows
         from dipdeploy.loading import load_model
         from dipdeploy.sparsity.calibrate import calibrate
         from dipdeploy.sparsity.plan import uniform_plan

@@ -199,8 +199,8 @@ def inspect_cmd(
 ) -> None:
     """A bundle's summary on one screen (after the structure checks); --files lists every file,
     --verify checks every checksum."""
+    from dipdeploy.bundle.manifest import read_manifest, verify as verify_bundle
     from dipdeploy.cli.core import check_inputs
-    from dipdeploy.export.manifest import read_manifest, verify as verify_bundle
 
     try:
         check_inputs(outputs={"--json": json_out}, force=force)

@@ -112,7 +112,7 @@ def finetune_cmd(
 
         training_text(cfg, data_dir)  # refuses WikiText test (and, for distill, validation) text before any work
         check_inputs(model=model)
-        from dipdeploy.eval.data import calibration_windows
+        from dipdeploy.data import calibration_windows
         from dipdeploy.finetune import finetune
         from dipdeploy.loading import load_model
         from dipdeploy.sparsity.calibrate import calibrate_on

@@ -50,7 +50,7 @@ def quantize_cmd(
             lm = load_model(model)
         calib = None
         if cfg.statistics() is not None:
-            from dipdeploy.eval.data import calibration_windows
+            from dipdeploy.data import calibration_windows
 
             calib = calibration_windows(lm.tokenizer, stats_windows, calib_seqlen, data_dir)
         with progress.stage(f"quantise the MLP ({quant})"):

@@ -1,4 +1,4 @@
-"""Evaluation (floor 3): WikiText-2 perplexity of any method × density × quantisation, one table.
+"""Evaluation (floor 4): WikiText-2 perplexity of any method × density × quantisation, one table.
 
 ``evaluate(EvalConfig(...))`` loads the model and the text once, calibrates a plan per (method, density)
 on the *validation* split (or uses a given plan), and returns one row per result.
@@ -185,7 +185,7 @@ class Evaluator:
     def test(self):
         """The test windows, tokenised on first use (a task evaluation never needs them)."""
         if self._test is None:
-            from dipdeploy.eval.data import load_text, windows
+            from dipdeploy.data import load_text, windows
 
             with self.progress.stage("tokenise the test text"):
                 text = load_text(self.cfg.dataset, "test", self.cfg.text_file, self.cfg.data_dir)
@@ -194,7 +194,7 @@ class Evaluator:
 
     def _windows(self, count: int):
         """``count`` windows of ``calib_seqlen`` tokens of the calibration text (WikiText-2 validation)."""
-        from dipdeploy.eval.data import calibration_windows
+        from dipdeploy.data import calibration_windows
 
         return calibration_windows(self.lm.tokenizer, count, self.cfg.calib_seqlen, self.cfg.data_dir)
 

@@ -1,4 +1,4 @@
-"""Export (floor 3): a loaded model + a sparsity plan → a bundle (graphs, aligned weights, manifest).
+"""Export (floor 4): a loaded model + a sparsity plan → a bundle (graphs, aligned weights, manifest).
 
 Modules, one job each (see DESIGN.md beside this file):
 
@@ -14,8 +14,8 @@ Modules, one job each (see DESIGN.md beside this file):
 - ``layers``    per-layer graphs for the host runtime (torch-free)
 - ``prepare``   LoRA merge and the plan (given, uniform or calibrated)
 - ``validate``  greedy decoding, ORT (stock and native) against the torch reference
-- ``bundle``    ``export``/``export_model``: the stage, atomic output, manifest
-- ``manifest``  the bundle's manifest dataclass, reader, verify, ``open_tensor`` (torch-free)
+- ``bundle``    ``export``/``export_model``: the stage, atomic output, manifest (the format, its reader and
+                verify: ``dipdeploy.bundle``, floor 1)
 - ``generate``  greedy text from a bundle with plain ORT (torch-free)
 
 Importing this package imports nothing heavy.

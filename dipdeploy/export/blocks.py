@@ -13,8 +13,8 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto
 
+from dipdeploy.bundle.names import BATCH, EMBEDDING, SEQ, TOTAL
 from dipdeploy.export.graph import MS_DOMAIN, Graph
-from dipdeploy.export.manifest import BATCH, EMBEDDING, SEQ, TOTAL
 from dipdeploy.export.spec import ArchSpec
 from dipdeploy.export.weights import WeightStore
 

@@ -21,11 +21,12 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from dipdeploy.bundle.manifest import Manifest, check_structure, file_record
+from dipdeploy.bundle.names import MANIFEST
 from dipdeploy.dirswap import Hook
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.export.decoder import LayerK, build_decoder
 from dipdeploy.export.graph import check_model
-from dipdeploy.export.manifest import MANIFEST, Manifest, check_structure, file_record
 from dipdeploy.export.outdir import Notice, claim, is_bundle, prepare_out
 from dipdeploy.export.space import check_space_for
 from dipdeploy.export.weights import WeightStore
@@ -204,7 +205,7 @@ def _quant_statistics(lm, cfg: ExportConfig, steps: _Steps) -> tuple:
         return None, None, None
     ids = None
     if mlp_cfg.statistics() is not None:
-        from dipdeploy.eval.data import calibration_windows
+        from dipdeploy.data import calibration_windows
 
         steps("quantisation statistics")
         try:
@@ -226,7 +227,7 @@ def _row_order(lm, cfg: ExportConfig, plan, steps: _Steps) -> tuple[list | None,
         why = "a streamed export has no whole model to trace the calibration text with"
     wins = None
     if why is None:
-        from dipdeploy.eval.data import calibration_windows
+        from dipdeploy.data import calibration_windows
 
         try:
             wins = calibration_windows(lm.tokenizer, cfg.calib_windows, cfg.calib_seqlen, cfg.data_dir)
@@ -237,7 +238,7 @@ def _row_order(lm, cfg: ExportConfig, plan, steps: _Steps) -> tuple[list | None,
             raise ValueError(f"--row-order calibrated: {why}; pass --row-order natural")
         return None, {"order": "natural", "why": why}
     from dipdeploy.export.prepare import miss_trace
-    from dipdeploy.quant.layout import BLOCK
+    from dipdeploy.flash import BLOCK
 
     steps("row order")
     missed = miss_trace(lm, plan, wins)

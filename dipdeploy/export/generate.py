@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.export.manifest import read_manifest
+from dipdeploy.bundle.manifest import read_manifest
 
 
 class KVDecoder:

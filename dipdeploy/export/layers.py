@@ -34,12 +34,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from dipdeploy.bundle.names import SLAB_DIM
 from dipdeploy.export.blocks import BATCH, SEQ, embed, layer_kinds, per_token_values, shared_for_layers, \
     shared_from_inputs
 from dipdeploy.export.decoder import kv_names
 from dipdeploy.export.graph import Graph
 from dipdeploy.export.layer import Rows, Selection, attention_segment, head_segment, mlp_down_segment, mlp_up_segment
-from dipdeploy.export.manifest import SLAB_DIM
 from dipdeploy.export.mlp import MlpTensors
 from dipdeploy.export.weights import WeightStore
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dipdeploy.bundle.names import MLP_FILE, ROW_POSITION
 from dipdeploy.export.graph import Graph
-from dipdeploy.export.manifest import MLP_FILE, ROW_POSITION
 from dipdeploy.export.weights import WeightStore
 from dipdeploy.ops.formats import OpWeights, weight_format
 from dipdeploy.quant.layout import GROUPS

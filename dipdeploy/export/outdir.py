@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from dipdeploy import dirswap
-from dipdeploy.export.manifest import MANIFEST
+from dipdeploy.bundle.names import MANIFEST
 
 Notice = Callable[[str], None]
 

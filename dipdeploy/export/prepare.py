@@ -124,7 +124,7 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
         return uniform_plan(scfg, lm.name, c.num_hidden_layers, c.hidden_size, c.intermediate_size)
     from dipdeploy.sparsity.calibrate import calibrate_on
 
-    from dipdeploy.eval.data import calibration_windows
+    from dipdeploy.data import calibration_windows
 
     try:
         wins = calibration_windows(lm.tokenizer, cfg.calib_windows, cfg.calib_seqlen, cfg.data_dir)
@@ -143,8 +143,8 @@ def miss_trace(lm, plan: SparsityPlan, wins) -> list[tuple]:
     import torch
 
     from dipdeploy.cache import RowCache
+    from dipdeploy.flash import miss_cost
     from dipdeploy.quant.roworder import miss_matrix
-    from dipdeploy.runtime.blockio import miss_cost
     from dipdeploy.sparsity.methods import reset_caches, sparse_mlps, sparsify_, unsparsify_
 
     sizes = (plan.hidden_size, plan.intermediate_size)

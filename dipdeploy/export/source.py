@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dipdeploy.bundle.names import EMBEDDING
 from dipdeploy.export.blocks import AttentionWeights, Embedding, Linear, RopeTable
-from dipdeploy.export.manifest import EMBEDDING
 from dipdeploy.export.mlp import MlpWeights
 from dipdeploy.export.spec import ArchSpec
 from dipdeploy.ops.formats import OpWeights

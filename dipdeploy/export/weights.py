@@ -6,7 +6,7 @@ streamed to disk as they are added, so a large model exports with one layer in m
 ``onnx.save_model(save_as_external_data=True)`` does not align (docs/onnxruntime.md); we write the files
 ourselves with every tensor starting at a multiple of ``alignment`` (4 KiB by default).
 
-Floor 3 but torch-free: numpy and onnx only.
+Floor 4 but torch-free: numpy and onnx only.
 """
 
 from __future__ import annotations

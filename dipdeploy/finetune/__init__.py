@@ -1,4 +1,4 @@
-"""LoRA recovery (floor 3): train adapters with the DIP masks active, then merge them before export.
+"""LoRA recovery (floor 4): train adapters with the DIP masks active, then merge them before export.
 
 Objectives (``LoraConfig.objective``): ``lm``, next-token cross-entropy; ``distill``, KL to the dense base
 model (``distill.py``) on text that is not WikiText (``data.py``), so that the gain measured on WikiText

@@ -49,7 +49,7 @@ def pydoc_topics() -> str:
 
 def source_text(cfg: LoraConfig, data_dir: str | Path | None = None) -> str:
     """The raw training text ``cfg`` names."""
-    from dipdeploy.eval.data import load_text
+    from dipdeploy.data import load_text
 
     if cfg.text_file is None and cfg.data == "pydoc-topics":
         return pydoc_topics()
@@ -62,7 +62,7 @@ def _long_lines(text: str) -> list[str]:
 
 def check_not_evaluation_text(text: str, cfg: LoraConfig, data_dir: str | Path | None = None) -> None:
     """Raise ValueError when ``text`` (a user file) reproduces the WikiText-2 splits ``cfg`` must not see."""
-    from dipdeploy.eval.data import wikitext_text
+    from dipdeploy.data import wikitext_text
 
     if cfg.text_file is None:  # a named source is the one it says (config.py refuses the forbidden ones)
         return
@@ -110,7 +110,7 @@ def training_text(cfg: LoraConfig, data_dir: str | Path | None = None) -> str:
 def training_windows(lm, cfg: LoraConfig, data_dir: str | Path | None = None) -> torch.Tensor:
     """All non-overlapping ``cfg.seqlen`` windows of the training text (``dense-samples``: the
     :func:`sampled_windows` the model draws)."""
-    from dipdeploy.eval.data import windows
+    from dipdeploy.data import windows
 
     if samples_the_model(cfg):
         return dense_samples(lm, sampled_windows(cfg), cfg.seqlen, cfg.seed, cfg.bf16)

@@ -1,4 +1,4 @@
-"""Custom ONNX ops of DIP / DIP-CA (floor 2, no torch): contract, fallbacks, references, native library.
+"""Custom ONNX ops of DIP / DIP-CA (floor 3, no torch): contract, fallbacks, references, native library.
 
 The contract is written down in ``custom_ops/README.md``. Two ops in the domain ``ai.dipdeploy``
 (version 1): ``TopKColumnMask`` (the DIP-CA top-K rule of ``dipdeploy.cache.score``) and

@@ -1,4 +1,4 @@
-"""Weight quantisation in the sparse row layout (floor 1, numpy only): BQ4, VQ3 and the RTN3 baseline.
+"""Weight quantisation in the sparse row layout (floor 2, numpy only): BQ4, VQ3 and the RTN3 baseline.
 
 DIP reads only selected rows (docs/method.md, Flash layout), so every format keeps each row self-contained:
 ``quantize(rows, cfg)`` packs a row matrix [R, C]; ``dequantize_rows(packed, idx)`` decodes any subset

@@ -1,7 +1,7 @@
 """Format dispatch: ``quantize`` by config type, ``dequantize_rows`` by packed-tensor type.
 
 Formats register themselves with the decorators below (docs/design.md §3): adding a format edits no ``if``.
-Floor 1: numpy only.
+Floor 2: numpy only.
 """
 
 from __future__ import annotations

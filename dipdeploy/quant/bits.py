@@ -10,7 +10,7 @@ is zero. Consequences that the native kernels rely on:
   b2 = v2>>4 | v3<<2, all & 0xFF).
 
 Packed bytes per row: ``ceil(n_values · n / 8)`` (see :func:`packed_row_bytes`).
-Floor 1: numpy only.
+Floor 2: numpy only.
 """
 
 from __future__ import annotations

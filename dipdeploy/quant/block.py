@@ -17,7 +17,7 @@ its last weight (the range of the last block is unchanged); the padded codes are
 decode, and counted in ``bits_per_weight``. A row never shares a block with another row, so any subset
 of rows decodes on its own. For the MLP up|gate rows, blocks never straddle the u/g boundary when F is a
 multiple of B (true for every registered model).
-Floor 1: numpy only.
+Floor 2: numpy only.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and ``dequantize_rows`` are exactly those of the plain formats.
   assigned to their nearest centroids one by one with feedback.
 
 Rows are processed in their natural order (no act-order), which keeps the VQ bands contiguous.
-Floor 1: numpy only.
+Floor 2: numpy only.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ streams through with one layer in memory. Entries:
   layouts are those of ``block.BlockQuantTensor`` / ``vq.VQTensor``.
 
 Written to a temporary file in the same folder and renamed into place; an existing file is kept unless
-``force``. Floor 1: numpy only.
+``force``. Floor 2: numpy only.
 """
 
 from __future__ import annotations

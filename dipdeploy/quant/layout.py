@@ -5,7 +5,7 @@
 - down group: row j = W_d[:, j] — row j of W_dᵀ, d values, one row per GLU unit j ∈ [0, F).
 
 Weights follow the PyTorch ``nn.Linear`` convention: W_u, W_g ∈ R^{F×d}, W_d ∈ R^{d×F}.
-Floor 1: numpy only.
+Floor 2: numpy only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 GROUPS = ("up_gate", "down")
-BLOCK = 4096  # bytes: the Flash page / filesystem block a device reads whole (and ``O_DIRECT`` aligns to)
 
 
 def mlp_to_rows(w_up: np.ndarray, w_gate: np.ndarray, w_down: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ several wanted rows.
 What counts is the rows that *miss*: a row the cache holds costs no read wherever it lies. So the
 orderings are built from a miss trace (per token, the rows of the group read from Flash), and measured by
 the blocks it touches under the group's real arrays (:func:`blocks_touched`, the same count the direct
-reader's requests cover, ``runtime/blockio.plan_reads``). Candidates, each cheap:
+reader's requests cover, ``dipdeploy.flash.plan_reads``). Candidates, each cheap:
 
 - ``natural``: the logical order;
 - ``frequency``: rows by miss count, most missed first (rows that always hit or are never selected end up
@@ -21,7 +21,7 @@ reader's requests cover, ``runtime/blockio.plan_reads``). Candidates, each cheap
 
 :func:`calibrate_order` keeps, per group, the candidate that touches the fewest blocks on the trace
 (natural included, so a calibrated group never touches more blocks than natural on its own trace).
-Torch-free (floor 1): numpy only.
+Torch-free (floor 2): numpy only.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dipdeploy.quant.layout import BLOCK
+from dipdeploy.flash import BLOCK
 
 ORDERINGS = ("natural", "frequency", "chain")
 

@@ -15,7 +15,7 @@ Decode row r: i = r // gr; for vector p, j = (2p) // gc, k = code p of row r;
 ``w[r, 2p:2p+2] = codebooks[i, j, k] · codebook_scales[i, j]`` (float32).
 A row needs only its own codes plus the ngc codebooks of its group row, which a runtime keeps resident
 (≈ 0.13 bits per weight), so DIP reads 3 bits per weight per selected row.
-Floor 1: numpy only.
+Floor 2: numpy only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host runtime (floor 4, torch-free): a bundle's per-layer graphs with ONNX Runtime, the MLP rows
+"""The host runtime (floor 5, torch-free): a bundle's per-layer graphs with ONNX Runtime, the MLP rows
 in a DRAM cache over the Flash-backed weight file. ``Engine(bundle, ...).generate(prompt)``; the CLI's
 ``dipdeploy run`` and ``dipdeploy chat`` wrap it."""
 

@@ -1,15 +1,8 @@
 """Block-aligned reads of rows with many requests in flight: the Flash store's ``direct`` path.
 
-A Flash device reads whole blocks (4 KiB here), and with ``O_DIRECT`` the OS insists on block-aligned
-offsets, lengths and buffers. So a batch of wanted rows (every per-row array of a group, see
-docs/method.md "Flash layout") becomes a list of block ranges: each row covers the blocks containing
-its bytes, and rows that share or neighbour blocks coalesce into one range (a 306 B row of SmolLM2's
-down matrix costs a 4 KiB block, but ten neighbouring selected rows cost the same block or two). Rows
-at most ``max_gap`` blocks apart coalesce too, the blocks between them read and dropped: a request
-costs the device far more than a block (about 20 µs against 2.5 µs here), so reading through a short
-gap is cheaper than a second request (:data:`IO_GAP`, benchmarks/results/read-gaps.md). Long
-ranges are cut into requests of at most ``max_request`` bytes, so a batch of a few large ranges still
-keeps several reads in flight. The ranges land back to back in one aligned bounce buffer; the wanted
+The requests are those :func:`dipdeploy.flash.plan_reads` plans (block ranges of the wanted rows,
+coalesced across gaps of at most :data:`IO_GAP` blocks, cut at ``MAX_REQUEST`` bytes; the cost model
+lives in ``dipdeploy/flash.py``). The ranges land back to back in one aligned bounce buffer; the wanted
 rows are then gathered from it into their slab slots in one numpy step per array.
 
 The reads run in the native op library (custom_ops/src/dd_io.cc, through ctypes) when it is built: an
@@ -17,7 +10,7 @@ io_uring ring (``dd_io_ring_read``: the kernel keeping up to :data:`IO_RING_DEPT
 submitted in one syscall, with no thread of its own) or a pool of pread threads (``dd_io_read``); without
 the library in a ``ThreadPoolExecutor`` of ``os.preadv`` calls. Same requests, same bytes; ``--io-engine``
 chooses, by default the ring where the kernel grants one (:data:`IO_ENGINE`).
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations
@@ -26,13 +19,11 @@ import ctypes
 import errno
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
-from dipdeploy.quant.layout import BLOCK
+from dipdeploy.flash import BLOCK, BlockPlan
 
-MAX_REQUEST = 128 * 1024  # bytes: longer coalesced ranges are split so several reads stay in flight
 IO_THREADS = 16  # pread threads, reads in flight (benchmarks/results/flash.md measures 1, 4, 16 and 32)
 #: io_uring entries, reads in flight: the ring needs no thread per read, so it can keep far more in flight
 #: than the pool; on the Intel Xeon 256 against 16 decoded DIP-CA 1.2-1.35x faster (DESIGN.md, "Reads")
@@ -44,102 +35,6 @@ IO_ENGINE_CHOICES = (IO_ENGINE_AUTO,) + IO_ENGINES  # what a user may name (Engi
 #: the ring decoded the 1 B model 3-28 % faster than the threads on both machines measured, an Intel Xeon
 #: and an AMD EPYC (DESIGN.md, "Reads"); a kernel or sandbox that refuses io_uring gets the threads
 IO_ENGINE = IO_ENGINE_AUTO
-REQUEST_BLOCKS = 8  # what one request costs in blocks' transfer: about 20 µs against 2.5 µs per block (read-gaps.md)
-
-
-def miss_cost(row_bytes: int, block: int = BLOCK, request_blocks: int = REQUEST_BLOCKS) -> float:
-    """What reading one missed row costs, in blocks' transfer: its request plus the blocks it covers (a
-    row smaller than a block still costs the block). The cache plan's ``reads`` split ranks groups by it."""
-    return request_blocks + max(1, -(-row_bytes // block))
-
-
-@dataclass(frozen=True)
-class BlockPlan:
-    """The requests of one batch and where each wanted row lies in the bounce buffer."""
-
-    offset: np.ndarray  # int64 [n]: block-aligned file offset of each request
-    length: np.ndarray  # int64 [n]: a multiple of the block
-    need: np.ndarray  # int64 [n]: bytes that must arrive (the wanted bytes end before the block does)
-    place: np.ndarray  # int64 [n]: where each request lands in the bounce buffer
-    total: int  # bounce bytes
-    src: list[np.ndarray]  # per array: the bounce position of each wanted row
-    wanted: int  # the rows' bytes
-
-    @property
-    def requests(self) -> int:
-        return len(self.offset)
-
-    @property
-    def device_bytes(self) -> int:
-        return int(self.length.sum())
-
-
-def plan_reads(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, block: int = BLOCK,
-               max_request: int = MAX_REQUEST, max_gap: int = 0) -> BlockPlan:
-    """The block-aligned requests that read ``rows`` (ascending) of every array (``offsets[a]`` +
-    ``row * row_bytes[a]`` in the file; arrays do not overlap); ranges at most ``max_gap`` blocks apart
-    are read as one."""
-    if max_request < block or max_request % block:
-        raise ValueError(f"max_request={max_request} must be a positive multiple of the block ({block})")
-    if max_gap < 0:
-        raise ValueError(f"max_gap={max_gap} must be >= 0 blocks")
-    rows = np.asarray(rows, dtype=np.int64)
-    n = len(rows)
-    starts = np.concatenate([off + rows * rb for off, rb in zip(offsets, row_bytes)])
-    ends = np.concatenate([off + (rows + 1) * rb for off, rb in zip(offsets, row_bytes)])
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    b0, b1 = s // block, np.maximum.accumulate(-(-e // block))
-    first = np.concatenate([[True], b0[1:] > b1[:-1] + max_gap])  # a gap of more than max_gap blocks starts a range
-    group = np.cumsum(first) - 1
-    g0 = b0[first]
-    g1 = np.concatenate([b1[np.flatnonzero(first)[1:] - 1], b1[-1:]])
-    gend = np.maximum.reduceat(e, np.flatnonzero(first))  # last wanted byte (+1) of each range
-    glen = (g1 - g0) * block
-    gplace = np.concatenate([[0], np.cumsum(glen)[:-1]])
-    src_sorted = gplace[group] + s - g0[group] * block
-    src = np.empty_like(src_sorted)
-    src[order] = src_sorted
-    # Split ranges into requests of at most max_request bytes (contiguous in the bounce buffer).
-    pieces = -(-glen // max_request)
-    owner = np.repeat(np.arange(len(glen)), pieces)
-    k = np.arange(len(owner)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-    offset = g0[owner] * block + k * max_request
-    length = np.minimum(max_request, glen[owner] - k * max_request)
-    need = np.clip(gend[owner] - offset, 0, length)
-    place = gplace[owner] + k * max_request
-    return BlockPlan(offset, length, need, place, int(glen.sum()), [src[a * n:(a + 1) * n] for a in range(len(offsets))],
-                     n * int(sum(row_bytes)))
-
-
-def touched_blocks(offsets: list[int], row_bytes: list[int], rows: np.ndarray, *, block: int = BLOCK,
-                   max_request: int = MAX_REQUEST) -> tuple[int, int]:
-    """(bytes, requests) of the whole blocks holding ``rows`` (ascending) of every array: what a device
-    returns for rows read through the page cache (``mmap``, ``pread``), a row smaller than a block costing
-    the whole block and rows that share one sharing its read, and the requests that read them, a run of
-    touching blocks per request up to ``max_request`` bytes; ``plan_reads(..., max_gap=0)``'s ``total``
-    and ``requests``, without the plan. The emulated Flash paces these (``FlashStore.account``); the op
-    library's ``dd_flash_touched`` computes the same for its copies from the mapping."""
-    rows = np.asarray(rows, dtype=np.int64)
-    if len(rows) == 0:
-        return 0, 0
-    first = np.concatenate([(off + rows * rb) // block for off, rb in sorted(zip(offsets, row_bytes))])
-    last = np.concatenate([(off + (rows + 1) * rb - 1) // block for off, rb in sorted(zip(offsets, row_bytes))])
-    seen = np.maximum.accumulate(last)  # the highest block counted up to each row
-    start = np.concatenate([[True], first[1:] > seen[:-1] + 1])  # a block not touching the ones before: a new run
-    run_start = first[start]
-    run_end = np.concatenate([seen[np.flatnonzero(start)[1:] - 1], seen[-1:]])
-    blocks = run_end - run_start + 1
-    per_request = max_request // block
-    return int(blocks.sum() * block), int((-(-blocks // per_request)).sum())
-
-
-def bounce_bytes(offsets: list[int], row_bytes: list[int], rows: int, *, block: int = BLOCK, max_gap: int = 0) -> int:
-    """The most any batch of one group's rows can need in the bounce buffer: every block of each
-    array's region (a batched prefill may read all of a group's rows), the gaps read through next to
-    them, and the alignment slack. The plan holds it (``Residency.read``)."""
-    blocks = sum(-(-(off + rows * rb) // block) - off // block for off, rb in zip(offsets, row_bytes))
-    return (blocks + len(offsets) * max_gap + 1) * block
 
 
 class AlignedBuffer:

@@ -9,7 +9,7 @@ and ``dipdeploy eval`` use, so the three agree) or as total bytes ("120MB"), fro
 follows after the resident part. Staging slots (rows a token needs that the cache does not admit)
 are resident too and counted.
 
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, spend
-from dipdeploy.runtime.blockio import miss_cost
+from dipdeploy.flash import miss_cost
 
 DEFAULT_CONTEXT = 1024  # `run` and `chat`: KV-cache tokens reserved in the budget, when the bundle has that many positions
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -103,7 +103,7 @@ class Residency:
     cache_frac: float
     capacity: list[list[int]]
     prefill: int = 0  # the batched prefill's buffers: one layer's MLP rows and one chunk's activations
-    read: int = 0  # --io direct: the bounce buffer the block-aligned reads land in (blockio.bounce_bytes)
+    read: int = 0  # --io direct: the bounce buffer the block-aligned reads land in (dipdeploy.flash.bounce_bytes)
     split: str = CACHE_SPLIT  # how the caches' bytes were shared among the groups (dipdeploy.cache.split)
 
     @property
@@ -125,7 +125,7 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
     Policy ``none`` keeps no cache at all (capacity 0, everything streams through staging). With
     ``shared_staging`` every group's staging slots are one arena, as large as the largest window;
     otherwise each group holds its own K rows. ``split`` ``reads`` spends the bytes the ``even`` split
-    would give the caches by ``split_by_reads`` instead, each miss costing ``blockio.miss_cost``.
+    would give the caches by ``split_by_reads`` instead, each miss costing ``dipdeploy.flash.miss_cost``.
     """
     if split not in CACHE_SPLITS:
         raise ValueError(f"cache split {split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")

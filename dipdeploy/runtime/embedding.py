@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.export.manifest import EMBEDDING, REGENERATE, BundleError, Manifest
+from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest
+from dipdeploy.bundle.names import EMBEDDING
 
 _ZERO_POINT = 8  # int4 codes are stored offset by 8 (MatMulNBits' and GatherBlockQuantized's default)
 

@@ -20,7 +20,7 @@ in place (``kv.py``). γ = 1 with an all-resident cache is plain DIP; the cache
 rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
 reference and the simulator). At a budget that holds every MLP row the engine runs the bundle's
 ``model.onnx`` once per token instead (``dipdeploy.runtime.whole``, ``EngineConfig.single_session``).
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations
@@ -36,15 +36,16 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, read_manifest
+from dipdeploy.bundle.names import MLP_FILE
 from dipdeploy.cache import POLICIES, static_rows
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
-from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError, Manifest, read_manifest
+from dipdeploy.flash import BLOCK, MAX_REQUEST, bounce_bytes
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
-from dipdeploy.quant.layout import BLOCK
 from dipdeploy.runtime import staging
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP, MAX_REQUEST, bounce_bytes
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP
 from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
 from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, FlashStore, choose_io, emulation
 from dipdeploy.runtime.kv import KvCache, KvShape

@@ -22,10 +22,10 @@ Callers name logical rows (what the caches and graphs use); where the bundle's r
 
 The counters hold the rows' bytes (``bytes``: what the cache asked for), the bytes of the whole 4 KiB
 blocks the reads cover (``block_bytes``: for ``direct`` what the device returned, read-through gaps
-included; for ``mmap`` and ``pread`` the blocks holding the rows, :func:`blockio.touched_blocks`, which is
+included; for ``mmap`` and ``pread`` the blocks holding the rows, :func:`dipdeploy.flash.touched_blocks`, which is
 what a device returns where the page cache misses) and the requests a device serves them in
 (``block_requests``: for ``direct`` the requests read; for the others a run of touching blocks each, up
-to ``blockio.MAX_REQUEST``, where ``requests`` counts the reader's own calls, a run of rows per array),
+to ``dipdeploy.flash.MAX_REQUEST``, where ``requests`` counts the reader's own calls, a run of rows per array),
 and, for ``direct`` only, ``device_bytes`` (the same as ``block_bytes``); their ratio to ``bytes`` is the
 waste of rows smaller than a block. ``mmap`` and ``pread`` leave ``device_bytes`` at 0: whether their
 pages came from the device or the page cache is the OS's business (``/proc/self/io`` ``read_bytes``
@@ -46,7 +46,7 @@ passes 1 ms, and ``settle`` pays the rest at the end of each token. The measured
 oversleep (≈70–100 µs per call here, measured) is credited to the next batch instead of adding ~5 ms per
 token of 60 tiny sleeps. Reported as emulation.
 
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dipdeploy.runtime.blockio import (IO_ENGINE, IO_GAP, AlignedBuffer, make_reader, open_direct, plan_reads,
-                                       touched_blocks)
+from dipdeploy.flash import plan_reads, touched_blocks
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, AlignedBuffer, make_reader, open_direct
 
 if TYPE_CHECKING:
     from dipdeploy.sim.devices import FlashModel

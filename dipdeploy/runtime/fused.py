@@ -27,14 +27,14 @@ sequential executor runs the graph (the engine never enables the parallel one).
 Semantics are the per-layer path's token-by-token ones, decision for decision: the same native step on
 the same selections; only ORT's fusion across the joined graphs can change floating-point rounding. The
 misses are copied from the mapped file (``--io mmap``) or read by the step itself with the Flash store's
-reader and the same block-aligned requests (``--io direct``: ``dd_cache_direct``, ``blockio.plan_reads``
+reader and the same block-aligned requests (``--io direct``: ``dd_cache_direct``, ``dipdeploy.flash.plan_reads``
 in C++); the bundle's natural row order only. A batched prefill runs the same graph on a chunk of the
 prompt (``FusedModel.run_chunk``) with the per-layer path's semantics: plain DIP inside the chunk, the
 caches warmed from its selections afterwards (README, "The host runtime"). What this mode does not have,
 as with ``whole.py``: per-layer selections for traces or recorders. ``handle`` inputs are
 the native groups' addresses as int64; the op checks each against the groups alive in the process.
 
-Torch-free (floor 4). Joining the graphs needs the ``onnx`` package, which plain ``run`` does not; it runs
+Torch-free (floor 5). Joining the graphs needs the ``onnx`` package, which plain ``run`` does not; it runs
 in a child process (``joined_model``), so the engine's process does not hold the package (15.6 MB of RSS
 measured here) for a graph it only needs once.
 """
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.export.manifest import REGENERATE, BundleError
+from dipdeploy.bundle.manifest import REGENERATE, BundleError
 from dipdeploy.ops.schemas import DOMAIN, SGMM_OP
 from dipdeploy.runtime.sessions import Bound, Buffer, set_gamma
 

@@ -8,7 +8,7 @@ misses from the mapped MLP file straight into the slab.
 
 The state is a handful of numpy arrays (:class:`NativeState`) that the C++ code updates in place;
 ``pull`` and ``push`` copy it to and from the numpy ``RowCache`` / ``SlotTable``, so the batched
-prefill, which runs in numpy, and the tests see one state. Torch-free (floor 4).
+prefill, which runs in numpy, and the tests see one state. Torch-free (floor 5).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class GraphReads:
     wanted: int  # the rows' bytes
     seconds: float  # inside the copies or reads
     blocks: int  # bytes of whole blocks: read from the device (--io direct), or holding the rows copied from
-    # the mapping (blockio.touched_blocks)
+    # the mapping (dipdeploy.flash.touched_blocks)
     ahead: int = 0  # rows read ahead by CachePrefetch nodes
     ahead_used: int = 0  # ... of which a step then missed: read during the attention, not after the selection
     block_requests: int = 0  # the requests a device serves the copied rows' blocks in (0 with --io direct:
@@ -204,7 +204,7 @@ class NativeCache:
     def read_through(self, reader, max_request: int, max_gap: int, block: int) -> None:
         """Let a graph step read this group's misses itself (no mapping): ``reader`` is
         ``FlashStore.native_reader``'s (fd, handle, ring, bounce), the requests planned as
-        ``blockio.plan_reads`` plans them."""
+        ``dipdeploy.flash.plan_reads`` plans them."""
         fd, handle, ring, bounce = reader
         self._bounce = bounce  # kept alive: the library holds its address
         _check(self._lib.dd_cache_direct(self._handle, fd, handle, int(ring), block, max_request, max_gap,

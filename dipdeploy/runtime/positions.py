@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dipdeploy.export.manifest import BATCH, SEQ, TOTAL
+from dipdeploy.bundle.names import BATCH, SEQ, TOTAL
 from dipdeploy.runtime.sessions import Bound, Buffer
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(int32)": np.int32, "tensor(int64)": np.int64}

@@ -9,7 +9,7 @@ EPYC Zen 4: 0.89-0.98×, DIP-CA with the ring). Which holds depends on the CPU, 
 the engine times tokens both ways: it switches the read-ahead on and off on alternate tokens until it has
 :data:`PROBE_TOKENS` of each, then keeps the setting whose median token was shorter (on when equal). The
 read-ahead changes no logit (CacheEnd hands the product the same rows in the same order), so the probe
-changes only the timings. Torch-free (floor 4).
+changes only the timings. Torch-free (floor 5).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ into a ``Buffer`` whose address was read once (``Bound.input_at``): numpy's ``ct
 bind cost more than ORT's bind itself (dipdeploy/runtime/DESIGN.md, "Where the per-layer path's token goes").
 ORT reads and writes the buffers in place, so a token costs ORT's run and a handful of binds, not a Python
 wrapper per tensor (measured ≈130 µs per session call before, on this machine, with per-call binding).
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class SharedInitializers:
     def __init__(self, bundle: Path, manifest):
         from onnxruntime import OrtValue
 
-        from dipdeploy.export.manifest import open_tensor
+        from dipdeploy.bundle.manifest import open_tensor
 
         self.arrays = {name: np.ascontiguousarray(open_tensor(bundle, manifest, name))
                        for name, t in manifest.tensors.items() if str(t.get("layout", "")).startswith(SHARED_LAYOUTS)}

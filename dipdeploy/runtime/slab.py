@@ -10,7 +10,7 @@ safe).
 Per token: ``step`` (cache access + slot assignment + Flash reads of the misses) before the MLP
 graph runs, ``settle`` (the deferred moves of the slot rule) after; in numpy (``dipdeploy.cache``) or,
 with the op library, in one native call per group (``native_cache.py``, the same rules; DESIGN.md says
-why). Torch-free (floor 4).
+why). Torch-free (floor 5).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dipdeploy.bundle.manifest import REGENERATE, BundleError, open_tensor, row_positions
+from dipdeploy.bundle.names import MLP_FILE, SLAB_DIM
 from dipdeploy.cache import RowCache, SlotStep, SlotTable
-from dipdeploy.export.manifest import MLP_FILE, REGENERATE, SLAB_DIM, BundleError, open_tensor, row_positions
 from dipdeploy.runtime.flash import FlashStore, RowArray
 from dipdeploy.runtime.native_cache import NativeCache
 from dipdeploy.runtime.staging import SharedStaging, window_offsets

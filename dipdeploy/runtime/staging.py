@@ -11,7 +11,7 @@ costs the largest group's window instead of the sum over groups: on the 32-layer
 
 Linux only (``memfd_create``); elsewhere :func:`supported` is false and each slab keeps staging of its
 own. ``VmRSS`` counts a shared page once per mapping, so it overstates a process that shares staging; the
-cgroup's usage and ``Pss`` count it once (README, "The host runtime"). Torch-free (floor 4).
+cgroup's usage and ``Pss`` count it once (README, "The host runtime"). Torch-free (floor 5).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from dipdeploy.runtime.blockio import BLOCK
+from dipdeploy.flash import BLOCK
 
 
 class Timer:

@@ -28,7 +28,7 @@ tokens), token-by-token prefill and streaming text work as in the per-layer path
 data of ``model.onnx`` (``dense.bin``, ``mlp.bin``) and prepacks MatMulNBits' weights, so the plan counts
 both files whole (``whole_residency``).
 
-Torch-free (floor 4).
+Torch-free (floor 5).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.export.manifest import MLP_FILE, REGENERATE, BundleError
+from dipdeploy.bundle.manifest import REGENERATE, BundleError
+from dipdeploy.bundle.names import MLP_FILE
 from dipdeploy.runtime.budget import DramBudget, Residency
 from dipdeploy.runtime.kv import KvCache
 from dipdeploy.runtime.sessions import Bound, Buffer, open_session

@@ -1,4 +1,4 @@
-"""The HW simulator (floor 3, numpy only): device profiles, memory placement, model-shape projection,
+"""The HW simulator (floor 4, numpy only): device profiles, memory placement, model-shape projection,
 trace replay through the shared cache policies, and the throughput-vs-DRAM sweep (docs/method.md,
 "The HW simulator")."""
 

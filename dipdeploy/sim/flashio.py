@@ -8,7 +8,7 @@ A request is a run of consecutive touched blocks (adjacent rows coalesce into on
 ``unit = 1`` (the paper's model: no granularity) this is simply runs of adjacent missed rows and
 missed·row_bytes bytes.
 
-The runtime's reads (``dipdeploy.runtime.blockio.plan_reads``) also read through runs of at most ``gap``
+The runtime's reads (``dipdeploy.flash.plan_reads``) also read through runs of at most ``gap``
 untouched blocks between touched ones (``--io-gap``: one request instead of two, the gap's bytes read
 for nothing) and cut a run into requests of at most ``max_request`` bytes; ``gap`` and ``max_request``
 model that (0: touching blocks only, no cut: the model before the runtime had them). Only with

@@ -79,7 +79,7 @@ def shape_only_pattern(shape: ModelShape) -> AccessPattern:
 def cost(counts: ReplayCounts, plan: MemoryPlan, device: DeviceProfile, io_gap: int = 0) -> dict:
     """Per-token bytes and times from replay counts (module docstring); ``io_gap`` > 0 models the runtime's
     reads (``SimConfig.io_gap``)."""
-    from dipdeploy.runtime.blockio import MAX_REQUEST
+    from dipdeploy.flash import MAX_REQUEST
 
     kv_read = plan.kv_bytes
     dram = (plan.non_mlp_read_bytes + kv_read + counts.inp.selected * plan.row_bytes_in

@@ -33,7 +33,7 @@ _SAMPLES_PER_LAYER = 200_000  # magnitudes kept per layer for a quantile: plenty
 
 
 def _nll(model, windows: torch.Tensor) -> float:
-    from dipdeploy.eval.perplexity import perplexity  # floor 3 utility, imported lazily
+    from dipdeploy.eval.perplexity import perplexity  # floor 4: a known upward import (tests/test_layers.py)
 
     ppl, _ = perplexity(model, windows, batch_size=1)
     return math.log(ppl)

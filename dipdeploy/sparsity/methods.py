@@ -271,7 +271,7 @@ def _dip_ca(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
     B, T, d = x.shape
     F = m.plan.intermediate_size
     if m.caches is None or m.caches[0].batch != B:
-        from dipdeploy.runtime.blockio import miss_cost
+        from dipdeploy.flash import miss_cost
 
         cap_in, cap_glu = m.plan.cache_capacity(miss_cost)[m.index]
         m.caches = (RowCache(d, cap_in, m.plan.policy, batch=B), RowCache(F, cap_glu, m.plan.policy, batch=B))

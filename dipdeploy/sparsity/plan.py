@@ -13,7 +13,7 @@ A method's reachable densities follow from which weights it skips:
 | gate, up, cats | one of W_u/W_g, K_glu rows of the other and of W_d | (1 + 2ρ_glu)/3 | 1/3 |
 | teal, dip, dip-ca | K_in cols of W_u, W_g; K_glu cols of W_d | (2ρ_in + ρ_glu)/3 | 0 |
 
-Floor 2 (no torch here, but lives beside the torch methods). Plans round-trip through JSON with a
+Floor 3 (no torch here, but lives beside the torch methods). Plans round-trip through JSON with a
 version; a reader rejects a version it does not know.
 """
 
@@ -147,7 +147,7 @@ class SparsityPlan:
     def cache_capacity(self, miss_cost) -> list[list[int]]:
         """Rows of each layer's two DIP-CA caches: round(cache_frac · rows) per group, as the runtime gives a
         fractional budget (``runtime.budget.plan_residency``), re-spent by ``cache_split``; ``reads`` prices a
-        miss of a ``row_bytes`` row by ``miss_cost`` (the runtime's ``blockio.miss_cost``), fp32 rows when
+        miss of a ``row_bytes`` row by ``miss_cost`` (``dipdeploy.flash.miss_cost``), fp32 rows when
         the plan has no ``row_bytes`` (an unquantised model's: BQ4's rows have the same up|gate : down ratio,
         and on SmolLM2 both give the same capacities, benchmarks/results/accuracy-smollm2.md)."""
         d, f, frac = self.hidden_size, self.intermediate_size, self.cache_frac

@@ -9,7 +9,7 @@ with every TopKColumnMask's selection and scored input X as graph outputs, named
 ``selections.json``; ``run`` uses it when present and keeps them per fed position.
 
 ``run`` is what both sides execute, the x86 venv and the aarch64 Python under qemu-user. It imports only
-numpy, onnxruntime, tokenizers and the torch-free ``dipdeploy.export.manifest`` / ``dipdeploy.ops.native``
+numpy, onnxruntime, tokenizers and the torch-free ``dipdeploy.bundle.manifest`` / ``dipdeploy.ops.native``
 (the aarch64 site-packages holds nothing else; it fails if torch, transformers or onnx got imported).
 It encodes a fixed prompt with the bundle's tokenizer, takes its first ``--positions`` ids, runs them in one
 prefill (teacher-forced logits at every position), then ``--greedy`` greedy steps on the KV cache, as
@@ -111,7 +111,7 @@ def _unstack(z, prefix: str) -> list[dict]:
 def expose(bundle: Path) -> None:
     import onnx
 
-    from dipdeploy.export.manifest import read_manifest
+    from dipdeploy.bundle.manifest import read_manifest
     from dipdeploy.ops.nodes import with_selection_outputs
 
     src = bundle / read_manifest(bundle).graphs["model"]
@@ -136,8 +136,8 @@ def run(bundle: Path, out: Path, native: Path | None, threads: int, positions: i
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
+    from dipdeploy.bundle.manifest import read_manifest
     from dipdeploy.export.generate import KVDecoder
-    from dipdeploy.export.manifest import read_manifest
     from dipdeploy.ops.native import library_path, session_options
 
     t0 = time.perf_counter()

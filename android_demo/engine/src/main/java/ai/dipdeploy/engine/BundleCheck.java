@@ -13,7 +13,7 @@ import java.util.Map;
 import java.util.Set;
 
 /**
- * The structure checks of {@code dipdeploy.export.manifest.verify}, with its problem strings: a bundle is a
+ * The structure checks of {@code dipdeploy.bundle.manifest.verify}, with its problem strings: a bundle is a
  * sandbox, so no path the manifest names may leave the bundle folder or be a symbolic link, no tensor may lie
  * outside its file or disagree with its dtype and shape, and the plan must have the model's layer count and
  * the per-layer graphs that go with it. Run before any file the manifest names is opened.

@@ -20,7 +20,7 @@ public final class CacheSplit {
     public static final String EVEN = "even";
     public static final String READS = "reads";
     public static final String DEFAULT = READS;
-    /** The Flash block and what one request costs in blocks' transfer: Python's {@code blockio.BLOCK}, {@code REQUEST_BLOCKS}. */
+    /** The Flash block and what one request costs in blocks' transfer: Python's {@code dipdeploy.flash.BLOCK}, {@code REQUEST_BLOCKS}. */
     static final long BLOCK = 4096;
     static final long REQUEST_BLOCKS = 8;
 

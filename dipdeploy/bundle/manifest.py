@@ -1,14 +1,5 @@
-"""``manifest.json``: what a bundle holds, and the reader the runtime uses (torch-free: json + hashlib).
-
-A bundle is a directory::
-
-    manifest.json        this file (format, version, source model, method, plan, quant, tensors, files)
-    model.onnx           the whole decoder with KV cache (I/O names of onnxruntime-genai)
-    embed.onnx, positions.onnx, layer.{i}.attn/mlp_up/mlp_down.onnx, head.onnx   per-layer graphs for the
-                         host runtime
-    dense.bin, mlp.bin   weights as ONNX external data, every tensor aligned (4 KiB by default);
-                         mlp.bin holds the MLP in the Flash layout (see ``tensors[*].layout``)
-    genai_config.json, tokenizer files
+"""``manifest.json``: what a bundle holds (the directory: ``dipdeploy/bundle/__init__.py``), and the reader
+every command that opens a bundle uses (torch-free: json + hashlib).
 
 A bundle is a sandbox: the reader rejects another ``format`` or an unknown ``version``, and
 ``read_manifest`` checks the structure (:func:`verify`) before anything is opened, so a hostile or
@@ -25,21 +16,11 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+from dipdeploy.bundle.names import EDGE_GRAPHS, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
+
 BUNDLE_FORMAT = "dipdeploy-bundle"
 BUNDLE_VERSION = 2  # 2: positions.onnx; the MLP's term crosses the layer graphs unadded
-MANIFEST = "manifest.json"
-MLP_FILE = "mlp.bin"  # the MLP rows in the Flash layout: the one file a runtime streams from
-EMBEDDING = "model.embed_tokens"  # the token table: ``.weight`` fp32, or ``.qweight`` + ``.scales`` int4
-# First dim of the per-layer MLP graphs' per-row weight inputs (the host binds a slab of that many rows);
-# shared tables (VQ3 codebooks) keep fixed shapes. The runtime reads this dim to know what it streams.
-SLAB_DIM = "slab_rows"
-# The graphs' symbolic dims, onnxruntime-genai's names; the runtime sizes its buffers by them.
-BATCH, SEQ, TOTAL = "batch_size", "sequence_length", "total_sequence_length"
-# The per-layer graphs beside the layers' own (dipdeploy/export/layers.py), in the order export lists them.
-EDGE_GRAPHS = ("embed.onnx", "positions.onnx", "head.onnx")
 REGENERATE = "regenerate the bundle with `dipdeploy export`"
-# Files the readers open by their fixed names (the runtime's decoder settings, the tokenizer).
-READ_BY_NAME = ("genai_config.json", "tokenizer.json")
 # Item sizes of the dtypes a tensor may have (numpy names; ``open_tensor`` maps them with numpy).
 DTYPES = {"float64": 8, "float32": 4, "float16": 2, "int64": 8, "uint64": 8, "int32": 4, "uint32": 4,
           "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1}
@@ -180,9 +161,6 @@ def open_tensor(bundle: str | Path, manifest: Manifest, name: str):
         return np.zeros(tuple(t["shape"]), dtype=np.dtype(t["dtype"]))
     return np.memmap(Path(bundle) / t["file"], dtype=np.dtype(t["dtype"]), mode="r", offset=t["offset"],
                      shape=tuple(t["shape"]))
-
-
-ROW_POSITION = "model.layers.{layer}.mlp.{group}.position"  # int64 [R]: the file row of each logical row
 
 
 def row_positions(bundle: str | Path, manifest: Manifest, layer: int, group: str, rows: int):
@@ -347,12 +325,6 @@ def _sizes_problems(manifest: Manifest) -> list[str]:
         elif isinstance(rec, dict) and _is_count(rec.get("size")) and value != rec["size"]:
             problems.append(f"sizes.{key}: {value} != the size of {key.removeprefix('bytes_')}.bin, {rec['size']}")
     return problems
-
-
-def layer_graph_names(num_layers: int) -> list[str]:
-    """The per-layer graphs of a bundle with ``num_layers`` layers, in the order export lists them."""
-    return [f"layer.{i}.{part}.onnx" for i in range(num_layers) for part in ("attn", "mlp_up", "mlp_down")] + [
-        *EDGE_GRAPHS]
 
 
 def _plan_problems(manifest: Manifest) -> list[str]:

@@ -1,4 +1,5 @@
-"""Evaluation and calibration text (floor 3).
+"""Evaluation and calibration text, cut into token windows (floor 1, no torch import: a window is the tensor
+the tokenizer returns).
 
 WikiText-2 raw is found, in order, under ``--data-dir``, ``$DIPDEPLOY_DATA`` (CI: ``../shared/data``),
 or the Hugging Face ``datasets`` cache (when ``datasets`` is installed and has it cached). The *test*
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from dipdeploy.paths import check_input_dir
+
+if TYPE_CHECKING:
+    import torch
 
 SPLITS = {"test": "wiki.test.raw", "validation": "wiki.valid.raw"}
 
