@@ -18,6 +18,7 @@ continues where it stopped (:class:`ResumeLog`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -130,8 +131,9 @@ class ResumeLog:
             for line in path.read_text().splitlines():
                 try:
                     row = json.loads(line)
-                    self.done[(row["key"], row["task_id"])] = row
-                except (ValueError, KeyError, TypeError):
+                    if isinstance(row, dict) and {"key", *ProblemRow.__dataclass_fields__} <= row.keys():
+                        self.done[(row["key"], row["task_id"])] = row
+                except (ValueError, TypeError):
                     continue  # a line cut by a kill: that problem runs again
 
     def get(self, key: str, task_id: str) -> dict | None:
@@ -280,7 +282,9 @@ def evaluate_torch(cfg, task: TaskConfig, log: ResumeLog, batch: int = 8, progre
     out = []
     for method, density in combinations(cfg):
         plan = ev.plan(method, density)
-        key = f"torch|{ev.lm.name}|{method}|{density:g}|{ev.qinfo['quant']}|{ev.lora}"
+        # what decides a row's tokens: a resumed run reuses a problem only under the same plan and options
+        ident = json.dumps([plan.to_json() if plan else None, ev.qinfo, ev.lora, task.max_new_tokens], sort_keys=True)
+        key = f"torch|{ev.lm.name}|{method}|{density:g}|{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
         size = 1 if method == "dip-ca" else batch
         if plan is not None:
             sparsify_(ev.lm.model, plan)
@@ -302,7 +306,9 @@ def evaluate_bundle(engine, template, bundle: Path, task: TaskConfig, log: Resum
     items = problems(task.limit)
     m, cfg = engine.manifest, engine.cfg
     density = float(m.plan.get("density", 1.0)) if m.plan else 1.0
-    key = f"bundle|{Path(bundle).resolve()}|{cfg.dram_budget}|{cfg.policy}"
+    ident = json.dumps([str(Path(bundle).resolve()), m.files, str(cfg.dram_budget), cfg.policy,
+                        task.max_new_tokens], sort_keys=True, default=str)
+    key = f"bundle|{m.method}|{density:g}|{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
     with progress.stage(f"humaneval {Path(bundle).name}, problems", total=len(items)) as stage:
         rows = run_rows(key, items, bundle_generator(engine, template, task.max_new_tokens), task, log, 1, stage)
     return _row("bundle", str(m.source.get("model")), m.method, round(density, 4), rows,
