@@ -4,7 +4,8 @@ Named steps (docs/design.md §4), each its own function:
 
 1. ``search_split`` — the split between ρ_in and ρ_glu at the target ρ (docs/method.md: the split matters a
    lot). A few candidate input shares are tried with plain DIP; the one with the lowest calibration NLL
-   wins. ``rho_in`` given by the user skips this step.
+   wins. ``rho_in`` given by the user skips this step; a search asked before of the same weights, text,
+   density and score is answered from the cache (:mod:`dipdeploy.sparsity.splitcache`).
 2. ``allocate_greedy`` — per-layer density under the global budget, from each layer's end-to-end loss
    sensitivity (KL of the final logits to the dense model), chosen on held-out calibration tokens; or
    ``allocate_joint_plan`` — per-layer density and split together, from Fisher-weighted per-layer error
@@ -362,8 +363,10 @@ def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | Non
     if cfg.method in ("teal", "dip", "dip-ca") and rho_in is None:
         splits = {} if splits is None else splits
         key = (round(cfg.density, 6), cfg.score)
-        if key not in splits:
-            splits[key] = search(lm, cfg, windows)
+        if key not in splits:  # memoised in the call's dict, and on disk across runs (splitcache)
+            from dipdeploy.sparsity.splitcache import cached_split
+
+            splits[key] = cached_split(lm, cfg, windows, search, SPLIT_RATIOS)
         rho_in, found = splits[key]
         info.update(found)
     plan = uniform_plan(cfg, lm.name, L, d, f, rho_in=rho_in)
