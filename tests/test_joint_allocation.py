@@ -121,8 +121,9 @@ def test_teal_realised_density_is_measured_on_the_scored_tokens(tiny_llama):
 
 
 def test_calibration_never_reads_the_test_split(data_dir, monkeypatch):
-    """Every text the Evaluator loads after the test windows (calibration, allocation, thresholds) is
-    the validation split, and the allocation's curves see only calibration tokens."""
+    """Every text the Evaluator loads for a plan (calibration, allocation, thresholds) is the validation
+    split, the test split is read once, when a row first needs its windows (a task evaluation never
+    does), and the allocation's curves see only calibration tokens."""
     import dipdeploy.data as data
     import dipdeploy.sparsity.calibrate as cal
     from dipdeploy.eval import EvalConfig, Evaluator
@@ -136,11 +137,11 @@ def test_calibration_never_reads_the_test_split(data_dir, monkeypatch):
     monkeypatch.setattr(cal, "error_curves", lambda lm, w, *a, **k: seen.append(w) or real_curves(lm, w, *a, **k))
     ev = Evaluator(EvalConfig(model="tiny-llama", seqlen=64, max_windows=2, data_dir=str(data_dir),
                               calib_windows=2, calib_seqlen=64, progress=False))
-    assert splits == ["test"]
+    assert splits == []
     for method in ("dip", "teal"):
         ev.row(method, 0.5, allocation="joint")
     ev.row("cats", 0.6)
-    assert splits == ["test", "validation"]
+    assert splits == ["validation", "test"]
     calib = ev.calib
     assert len(seen) == 1 and torch.equal(seen[0], calib[:, :seen[0].shape[1]])
     test_rows = {tuple(r.tolist()) for r in ev.test}
