@@ -40,6 +40,7 @@ from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, read_ma
 from dipdeploy.bundle.names import MLP_FILE
 from dipdeploy.cache import static_rows
 from dipdeploy.flash import BLOCK, MAX_REQUEST, bounce_bytes
+from dipdeploy.runtime import record as recording
 from dipdeploy.runtime import staging
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.cgroup import check_fits, memory_limit
@@ -782,17 +783,8 @@ class Engine:
         return hits
 
     def trace_recorder(self):
-        """A ``TraceRecorder`` for ``generate(trace=...)``: source "runtime", this bundle's shape and K,
-        the run's γ and policy (the simulator reads the file)."""
-        from dipdeploy.trace import TraceRecorder, mlp_density
-
-        m = self.manifest
-        density = sum(mlp_density(ki, kg, self.d, self.f) for ki, kg in self.k) / len(self.k)
-        return TraceRecorder(source="runtime", model=str(m.source.get("model")), hidden_size=self.d,
-                             intermediate_size=self.f, num_layers=self.num_layers,
-                             method=m.method if self.gamma == 1.0 or m.method == "dip-ca" else "dip-ca",
-                             density=density, gamma=self.gamma, score=(m.plan or {}).get("score", "abs"),
-                             policy=self.cfg.policy, meta={"budget": str(self.cfg.dram_budget)})
+        """A ``TraceRecorder`` for ``generate(trace=...)`` (``dipdeploy.runtime.record.trace_recorder``)."""
+        return recording.trace_recorder(self)
 
     # -- generation -----------------------------------------------------------------------------
     def encode(self, prompt: str, special_tokens: bool = True) -> list[int]:
@@ -824,7 +816,7 @@ class Engine:
                              f"{self.cfg.context}; raise --context")
         future = None
         if self.cfg.policy == "belady" and self.whole is None:  # every row resident: nothing to foresee
-            future = self._record_future(ids, max_new_tokens, sampler, stop_at_eos)
+            future = recording.record_future(self, ids, max_new_tokens, sampler, stop_at_eos)
         if self.cfg.cold:  # every run starts from the disk (also after Belady's recording pass)
             self.flash.drop_page_cache()
         sampler = sampler or Sampler()
@@ -835,43 +827,9 @@ class Engine:
                            on_prefill=on_prefill)
 
     def teacher_forced(self, prompt: list[int], tokens: list[int]) -> tuple[list[np.ndarray], list[dict]]:
-        """A new sequence fed ``prompt`` then ``tokens[:-1]``: the next-token logits [V] after the prompt
-        and after each fed token, to compare with another implementation fed the same tokens
-        (``dipdeploy.agreement.compare_logits``), and the selections per fed position,
-        ``{(layer, "in" | "glu"): indices [K]}`` (what ``dipdeploy.sparsity.twin.follow`` takes)."""
-        if not prompt:
-            raise ValueError("the prompt is empty: give at least one token")
-        if len(prompt) + len(tokens) > self.cfg.context:
-            raise ValueError(f"{len(prompt) + len(tokens)} tokens exceed the context of {self.cfg.context}")
-        self.reset()
-        timer, sel = Timer(), []
-
-        def keep(i, s_in, s_glu, _h_in, _h_glu):
-            if i == 0:
-                sel.append({})
-            sel[-1][(i, "in")], sel[-1][(i, "glu")] = s_in.copy(), s_glu.copy()
-
-        for t in prompt[:-1]:
-            self.step(int(t), timer, keep)
-        out = [self.step(int(prompt[-1]), timer, keep)]
-        out += [self.step(int(t), timer, keep) for t in tokens[:-1]]
-        return out, sel
-
-    def _record_future(self, ids, max_new_tokens, sampler, stop_at_eos):
-        if self.gamma != 1.0:
-            raise ValueError(f"policy 'belady' needs selections that do not depend on the cache (γ = 1), got "
-                             f"γ = {self.gamma}; Belady is the offline bound for plain DIP")
-        sel: list[tuple[list, list]] = [([], []) for _ in range(self.num_layers)]
-
-        def keep(i, s_in, s_glu, _h1, _h2):
-            sel[i][0].append(s_in.copy())
-            sel[i][1].append(s_glu.copy())
-
-        s = sampler or Sampler()
-        s.reset()
-        self.reset(policy="none")
-        self.extend(ids, max_new_tokens, s, None, None, False, stop_at_eos, None, record=keep)
-        return [(np.stack(a), np.stack(b)) for a, b in sel]
+        """Logits and selections of a new sequence fed ``prompt`` then ``tokens[:-1]``
+        (``dipdeploy.runtime.record.teacher_forced``)."""
+        return recording.teacher_forced(self, prompt, tokens)
 
     def eos_ids(self) -> set[int]:
         """The bundle's end-of-sequence ids (genai_config.json's ``eos_token_id``: one id or a list)."""
