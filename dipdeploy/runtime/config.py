@@ -76,7 +76,7 @@ class EngineConfig:
     decode on real reads, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
     natural row order, takes no Belady and records no selections (traces, ``teacher_forced``); its
     batched prefill runs each chunk through the same graph, with the per-layer path's semantics.
-    None: whenever it can (``Engine._why_not_fused``), else the per-layer graphs with the host cache step;
+    None: whenever it can (``backends.joined.why_not``), else the per-layer graphs with the host cache step;
     True: insist (an error where it cannot); False: always the host cache step.
     ``overlap_reads``: the joined decoder with ``--io direct`` reads a group's misses while it multiplies
     the group's resident rows (``CacheBegin``/``CacheEnd``, custom_ops/README.md); False reads them

@@ -215,7 +215,7 @@ class NativeCache:
         (None) a batched prefill on the graph: meanwhile its CacheStep places each chunk's rows in
         ``buffers`` at their row index and its CacheSettle warms the cache from the chunk's selection
         (custom_ops/src/dd_cache.cc ``dd_cache_prefill``; the numpy counterpart is the per-layer path's
-        ``Engine._fill_prefill`` and ``_warm``)."""
+        ``PerLayerDecoder._fill_prefill`` and ``_warm``, runtime/backends/per_layer.py)."""
         if buffers is None:
             self._full = None
             _check(self._lib.dd_cache_prefill(self._handle, 0, None), self.rows)
