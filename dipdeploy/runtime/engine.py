@@ -1,25 +1,12 @@
-"""The host engine: a bundle's per-layer graphs under a DRAM budget, MLP rows streamed from Flash.
+"""The host engine: a bundle under a DRAM budget, MLP rows streamed from Flash.
 
-Per decoded token (and per prompt token with ``prefill="token"``: DIP-CA's mask depends on the cache
-after the previous token, exactly as in the torch reference), the token's embedding row is read from
-``dense.bin`` (``embedding.py``: the table is never resident), ``positions.onnx`` computes what every
-layer's attention needs from the positions (``positions.py``), then per layer::
-
-    layer.i.attn      hidden, mlp_out, positions' values, KV, cache_in = up|gate residency
-                      ─► hidden_attn, x, in_indices
-    host              RowCache.access → hits; SlotTable.assign → slots; Flash reads of the misses
-    layer.i.mlp_up    x, in_indices, in_slots, up|gate slab, cache_glu ─► glu, glu_indices
-    host              the same for the down rows
-    layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► mlp_out
-
-then ``head.onnx`` → logits → the sampler. A batched prefill (``Engine.prefill``, the default) runs the
-same graphs on the prompt's tokens at once (their inputs are symbolic in the sequence length), in chunks
-of at most ``EngineConfig.prefill_chunk`` tokens, so its buffers are bounded and planned.
-The KV cache is allocated once for the context and written
-in place (``kv.py``). γ = 1 with an all-resident cache is plain DIP; the cache
-rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
-reference and the simulator). At a budget that holds every MLP row the engine runs the bundle's
-``model.onnx`` once per token instead (``dipdeploy.runtime.whole``, ``EngineConfig.single_session``).
+``Engine`` opens and checks the bundle, resolves what ``EngineConfig`` leaves open (context, io, native
+kernels), refuses a budget the cgroup limit cannot hold, chooses one decoder (``dipdeploy.runtime.
+backends``: ``model.onnx`` in one session where the budget holds every row, else the joined graph, else
+the per-layer sessions with the host cache step) and generates: prefill, sampling, stop strings, stats.
+The KV cache is allocated once for the context and written in place (``kv.py``); the cache rule, the
+DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch reference
+and the simulator). Traces, Belady's recording pass and teacher forcing are ``dipdeploy.runtime.record``.
 Torch-free (floor 5).
 """
 
@@ -38,15 +25,14 @@ import numpy as np
 from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.bundle.names import MLP_FILE
 from dipdeploy.runtime import record as recording
-from dipdeploy.runtime.backends import Decoder, joined
-from dipdeploy.runtime.backends.per_layer import PerLayerDecoder
-from dipdeploy.runtime.backends.whole import open_whole
-from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget
-from dipdeploy.runtime.cgroup import check_fits, memory_limit
+from dipdeploy.runtime.backends import Decoder, open_backend
+from dipdeploy.runtime.budget import DEFAULT_CONTEXT
+from dipdeploy.runtime.cgroup import check_budget, memory_limit
 from dipdeploy.runtime.config import EngineConfig
 from dipdeploy.runtime.embedding import embedding_table_bytes
-from dipdeploy.runtime.flash import IO_AUTO, FlashStore, choose_io
+from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
+from dipdeploy.runtime.native_cache import choose_cache_library
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 
@@ -139,7 +125,7 @@ class Engine:
                               "(slower); `make ops` builds it", stacklevel=2)
         self.native = native
         self.kernel_set = kernel_set() if native else None
-        self._cache_library = self._native_cache_library(native)
+        self._cache_library = choose_cache_library(native, self.cfg.native_cache)
         baked = int((m.export_config or {}).get("accuracy_level", 0)) if m.quant else 0
         self.accuracy_level = baked if self.cfg.accuracy_level is None else self.cfg.accuracy_level
         self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
@@ -153,28 +139,15 @@ class Engine:
         dec = self.decoder["decoder"]
         self.kv = KvCache(KvShape(self.num_layers, dec["num_key_value_heads"], dec["head_size"], self.cfg.context),
                           (m.export_config or {}).get("attention", "standard"))
-        self._check_memory_limit()
+        check_budget(m, self.cfg.dram_budget, self.kv.nbytes, memory_limit())  # before any session opens
         self._tokenizer = None
         self._state = None
-        # the one backend (dipdeploy.runtime.backends), chosen once: model.onnx in one session where the
-        # budget holds every row, else the joined graph where it can run, else the per-layer sessions
-        backend = None if self.cfg.fused else open_whole(self, session_options, native)
-        self.io_why = "given"  # why the engine reads with cfg.io: given, or what --io auto saw
-        if self.cfg.io == IO_AUTO:
-            io, self.io_why = choose_io(self.path / MLP_FILE, rows_on_flash=backend is None)
-            self.cfg = dataclasses.replace(self.cfg, io=io)
-        if backend is None:
-            reason = None if self.cfg.fused is False else joined.why_not(self, native)
-            if self.cfg.fused and reason is not None:
-                raise ValueError(f"--fused: {reason}; or run the per-layer graphs (drop --fused)")
-            joins = self.cfg.fused is not False and reason is None
-            backend = (joined.JoinedDecoder if joins else PerLayerDecoder)(self, session_options, native)
-        self.backend: Decoder = backend
+        self.backend: Decoder = open_backend(self, session_options, native)  # chosen once (sets cfg.io)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
                                 emulate=self.cfg.emulate,
                                 io_threads=self.cfg.io_threads,
                                 io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap)
-        backend.open_slabs()
+        self.backend.open_slabs()
 
     def __getattr__(self, name: str):
         """What the chosen backend holds (``slabs``, ``residency``, ``embedding``, the per-layer sessions,
@@ -189,48 +162,10 @@ class Engine:
         """Whether this engine runs ``model.onnx`` once per token (``dipdeploy.runtime.whole``)."""
         return self.backend.all_resident
 
-    def _native_cache_library(self, native: bool) -> str | None:
-        """The op library for the native cache step, or None for the numpy one (see ``EngineConfig``)."""
-        from dipdeploy.ops.native import require_library
-        from dipdeploy.runtime.native_cache import cache_library
-
-        wanted = native if self.cfg.native_cache is None else self.cfg.native_cache
-        if not wanted:
-            return None
-        path = str(require_library())
-        if cache_library(path) is None:
-            if self.cfg.native_cache:
-                raise RuntimeError(f"{path} predates the native cache step (no dd_cache_select): rebuild it "
-                                   "with `make ops`")
-            warnings.warn(f"{path} predates the native cache step: running it in numpy; `make ops` rebuilds "
-                          "the library", stacklevel=3)
-            return None
-        return path
-
     @property
     def native_cache(self) -> bool:
         """Whether the per-token cache step runs in the op library."""
         return self._cache_library is not None
-
-    def _check_memory_limit(self) -> None:
-        """Refuse, before any session is opened, a budget that cannot fit under the cgroup memory limit.
-
-        Both figures are lower bounds from the manifest, so only what certainly cannot fit is refused:
-        the budget is the total given, or the dense bytes (the embedding table excluded: it is read
-        row by row) + the KV cache + the cached share of the MLP bytes (staging excluded); the overhead is what this process holds now (interpreter and
-        libraries) plus the graph files the sessions will parse."""
-        limit = memory_limit()
-        if limit is None:
-            return
-        m = self.manifest
-        budget = DramBudget.parse(self.cfg.dram_budget)
-        if budget.total_bytes is not None:
-            need = budget.total_bytes
-        else:
-            dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
-            need = int(dense + self.kv.nbytes + budget.cache_frac * m.sizes.get("bytes_mlp", 0))
-        graphs = sum(m.files[name]["size"] for name in m.graphs["layers"] if name in m.files)
-        check_fits(need, memory_now().get("VmRSS", 0) + graphs, limit, str(self.cfg.dram_budget))
 
     def _embedding_bytes(self) -> int:
         return embedding_table_bytes(self.manifest)
@@ -359,13 +294,7 @@ class Engine:
             if piece and on_text is not None:
                 on_text(piece)
 
-        def note(i, s_in, s_glu, h_in, h_glu):
-            if trace is not None:
-                trace.record(i, s_in[None], s_glu[None], hits_in=h_in[None], hits_glu=h_glu[None])
-            if record is not None:
-                record(i, s_in, s_glu, h_in, h_glu)
-
-        feed = None if trace is None and record is None else note
+        feed = recording.feed(trace, record)
         if feed is not None and not self.backend.records_selections:
             raise ValueError(self.backend.per_layer_only("traces and recorded selections"))
         base = self.backend.lookups()  # [layer, group, (hits, lookups)] since the caches' reset

@@ -32,6 +32,21 @@ def trace_recorder(engine: Engine):
                          policy=engine.cfg.policy, meta={"budget": str(engine.cfg.dram_budget)})
 
 
+def feed(trace, record):
+    """The ``record`` callback ``Engine.extend`` hands the decoder: each layer's selections and hits into
+    ``trace`` (a ``TraceRecorder``) and to ``record``; None when neither is given."""
+    if trace is None and record is None:
+        return None
+
+    def note(i, s_in, s_glu, h_in, h_glu):
+        if trace is not None:
+            trace.record(i, s_in[None], s_glu[None], hits_in=h_in[None], hits_glu=h_glu[None])
+        if record is not None:
+            record(i, s_in, s_glu, h_in, h_glu)
+
+    return note
+
+
 def teacher_forced(engine: Engine, prompt: list[int], tokens: list[int]) -> tuple[list[np.ndarray], list[dict]]:
     """A new sequence fed ``prompt`` then ``tokens[:-1]``: the next-token logits [V] after the prompt
     and after each fed token, to compare with another implementation fed the same tokens

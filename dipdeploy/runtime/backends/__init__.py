@@ -11,6 +11,7 @@ Flash store and the sequence state (``pos``, ``ids``) stay the engine's; a backe
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
@@ -49,6 +50,31 @@ class Decoder(Protocol):
         """The one line refusing what only the per-layer path has."""
 
     def close(self) -> None: ...
+
+
+def open_backend(host, session_options, native: bool) -> Decoder:
+    """The engine's one decoder, chosen once: ``model.onnx`` in one session where the budget holds every
+    row (``EngineConfig.single_session``), else the joined graph where it can run (``EngineConfig.fused``),
+    else the per-layer sessions. ``--io auto`` is resolved on the way (``flash.choose_io``: whether rows
+    stay on Flash), into ``host.cfg`` and ``host.io_why``."""
+    from dipdeploy.bundle.names import MLP_FILE
+    from dipdeploy.runtime.backends import joined
+    from dipdeploy.runtime.backends.per_layer import PerLayerDecoder
+    from dipdeploy.runtime.backends.whole import open_whole
+    from dipdeploy.runtime.flash import IO_AUTO, choose_io
+
+    backend = None if host.cfg.fused else open_whole(host, session_options, native)
+    host.io_why = "given"  # why the engine reads with cfg.io: given, or what --io auto saw
+    if host.cfg.io == IO_AUTO:
+        io, host.io_why = choose_io(host.path / MLP_FILE, rows_on_flash=backend is None)
+        host.cfg = dataclasses.replace(host.cfg, io=io)
+    if backend is None:
+        reason = None if host.cfg.fused is False else joined.why_not(host, native)
+        if host.cfg.fused and reason is not None:
+            raise ValueError(f"--fused: {reason}; or run the per-layer graphs (drop --fused)")
+        joins = host.cfg.fused is not False and reason is None
+        backend = (joined.JoinedDecoder if joins else PerLayerDecoder)(host, session_options, native)
+    return backend
 
 
 class HostBound:

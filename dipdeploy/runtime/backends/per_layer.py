@@ -1,13 +1,24 @@
 """The per-layer backend: a bundle's per-layer graphs in their own sessions with the host cache step.
 
-Per token, the token's embedding row is read from ``dense.bin``, ``positions.onnx`` computes what every
-layer's attention needs, then per layer: the attention graph; the up|gate group's cache step (lookups,
-slots, Flash reads of the misses) and ``mlp_up``; the down group's step and ``mlp_down``; then
-``head.onnx``. The batched prefill runs the same graphs on a chunk of tokens at once and warms the
-caches from their selections in token order (README, "The host runtime"). :class:`SlabDecoder` holds
-what this path shares with the joined one (``backends.joined``): the embedding rows, the DRAM plan and
-the groups' slabs over the Flash store, the caches' reset, the prefill's full-height buffers.
-Torch-free (floor 5).
+Per decoded token (and per prompt token with ``prefill="token"``: DIP-CA's mask depends on the cache
+after the previous token, exactly as in the torch reference), the token's embedding row is read from
+``dense.bin`` (``embedding.py``: the table is never resident), ``positions.onnx`` computes what every
+layer's attention needs from the positions (``positions.py``), then per layer::
+
+    layer.i.attn      hidden, mlp_out, positions' values, KV, cache_in = up|gate residency
+                      ─► hidden_attn, x, in_indices
+    host              RowCache.access → hits; SlotTable.assign → slots; Flash reads of the misses
+    layer.i.mlp_up    x, in_indices, in_slots, up|gate slab, cache_glu ─► glu, glu_indices
+    host              the same for the down rows
+    layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► mlp_out
+
+then ``head.onnx`` → logits → the sampler. A batched prefill (``PerLayerDecoder.prefill``, the default)
+runs the same graphs on the prompt's tokens at once (their inputs are symbolic in the sequence length),
+in chunks of at most ``EngineConfig.prefill_chunk`` tokens, so its buffers are bounded and planned, and
+warms the caches from their selections in token order (README, "The host runtime"). γ = 1 with an
+all-resident cache is plain DIP. :class:`SlabDecoder` holds what this path shares with the joined one
+(``backends.joined``): the embedding rows, the DRAM plan and the groups' slabs over the Flash store, the
+caches' reset, the prefill's full-height buffers. Torch-free (floor 5).
 """
 
 from __future__ import annotations
