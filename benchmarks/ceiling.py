@@ -51,7 +51,7 @@ COLS = ["model", "level", "method", "token_ms", "tok_s", "kernel_ms", *KINDS, "o
 def child(spec: dict) -> dict:
     """One configuration: decode ms per token unprofiled, or (``profile``) kernel ms per op kind."""
     from dipdeploy.runtime import Engine
-    from dipdeploy.runtime.engine import EngineConfig
+    from dipdeploy.runtime.config import EngineConfig
 
     from _ortprofile import profiled_sessions, session_runs
 

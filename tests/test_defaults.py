@@ -14,7 +14,7 @@ from dipdeploy.export.config import ExportConfig
 from dipdeploy.finetune.config import LoraConfig
 from dipdeploy.registry import ModelDefaults
 from dipdeploy.runtime.budget import DramBudget
-from dipdeploy.runtime.engine import EngineConfig
+from dipdeploy.runtime.config import EngineConfig
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.sim import SimConfig
 from dipdeploy.sparsity.plan import SparsityConfig

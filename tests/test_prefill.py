@@ -106,7 +106,7 @@ def test_prefill_option_is_checked():
 
 
 def test_prefill_mode_is_refused_in_the_config():
-    from dipdeploy.runtime.engine import EngineConfig
+    from dipdeploy.runtime.config import EngineConfig
 
     with pytest.raises(ValueError, match="prefill"):
         EngineConfig(prefill="chunked")
@@ -156,7 +156,7 @@ def test_prefill_runs_chunks_of_at_most_the_chunk_size(bundle, monkeypatch):
 def test_the_plan_holds_one_chunk_and_a_budget_below_it_is_refused(bundle):
     """The chunk's activations are planned (``Residency.prefill``): a larger chunk plans more, and a total
     budget that holds everything but the larger chunk is refused with the chunk named in the fix."""
-    from dipdeploy.runtime.engine import EngineConfig
+    from dipdeploy.runtime.config import EngineConfig
 
     def fixed(chunk):
         eng = Engine(bundle, native=False, dram_budget="0%", prefill_chunk=chunk, io="mmap")
@@ -176,7 +176,7 @@ def test_the_plan_holds_one_chunk_and_a_budget_below_it_is_refused(bundle):
 
 
 def test_prefill_chunk_is_refused_in_the_config():
-    from dipdeploy.runtime.engine import EngineConfig
+    from dipdeploy.runtime.config import EngineConfig
 
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match="prefill chunk"):

@@ -90,7 +90,7 @@ def _rss() -> int:
 @pytest.mark.parametrize("budget", ["50%", "100MB"])
 def test_engine_refuses_before_opening_sessions(bundle, tmp_path, monkeypatch, budget):
     from dipdeploy.runtime import Engine
-    from dipdeploy.runtime.engine import Engine as EngineCls
+    from dipdeploy.runtime.backends.per_layer import PerLayerDecoder as EngineCls
 
     _limit(monkeypatch, tmp_path, _rss() // 2)  # below what this process already holds
     monkeypatch.setattr(EngineCls, "_open_sessions", lambda *a: pytest.fail("opened sessions"))

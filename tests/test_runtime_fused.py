@@ -482,7 +482,7 @@ def test_prefetch_auto_times_both_settings_and_keeps_one(tiny_dipca_bundle, monk
     off, auto = Engine(bundle, prefetch=False, **kw), Engine(bundle, **kw)
     switched = []
     real = native_cache.read_ahead
-    monkeypatch.setattr("dipdeploy.runtime.engine.read_ahead",
+    monkeypatch.setattr("dipdeploy.runtime.backends.joined.read_ahead",
                         lambda lib, handles, on: (switched.append(on), real(lib, handles, on)))
     got = auto.generate(PROMPT, 2 * PROBE_TOKENS + 5, keep_logits=True, stop_at_eos=False)
     ref = off.generate(PROMPT, 2 * PROBE_TOKENS + 5, keep_logits=True, stop_at_eos=False)
@@ -653,6 +653,7 @@ def test_a_read_ahead_is_counted_when_no_step_missed(monkeypatch):
     import types
 
     import dipdeploy.runtime.native_cache as native_cache
+    from dipdeploy.runtime.backends.joined import JoinedDecoder
     from dipdeploy.runtime.flash import FlashCounters
 
     accounted = []
@@ -663,6 +664,6 @@ def test_a_read_ahead_is_counted_when_no_step_missed(monkeypatch):
     for reads in (native_cache.GraphReads(0, 3, 0, 0.002, 12288, ahead=4, ahead_used=0),
                   native_cache.GraphReads(0, 0, 0, 0.0, 0)):
         monkeypatch.setattr(native_cache, "drain", lambda library, handles, r=reads: r)
-        Engine._drain_graph_reads(eng)
+        JoinedDecoder._drain_graph_reads(eng)
     assert accounted == [(0, 3, 0.002, 12288, 0)]  # direct: FlashStore.account takes the reader's requests
     assert (flash.counters.ahead_rows, flash.counters.ahead_used) == (4, 0)

@@ -17,7 +17,7 @@ from dipdeploy.cli.tables import table as make_table
 from dipdeploy.runtime.blockio import IO_RING_DEPTH as _IO_RING_DEPTH
 from dipdeploy.runtime.blockio import IO_THREADS as _IO_THREADS
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT
-from dipdeploy.runtime.engine import EngineConfig
+from dipdeploy.runtime.config import EngineConfig
 from dipdeploy.runtime.readahead import PROBE_TOKENS as _PROBE_TOKENS
 from dipdeploy.runtime.sampler import Sampler
 
@@ -115,7 +115,7 @@ def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, c
             prefill_chunk=_E.prefill_chunk, io_engine=_E.io_engine, io_gap=_E.io_gap, cache_split=_E.cache_split,
             single_session=_E.single_session, fused=_E.fused, prefetch=_E.prefetch, flash_device=None):
     from dipdeploy.runtime import Engine, parse_bandwidth
-    from dipdeploy.runtime.engine import PREFILL_MODES
+    from dipdeploy.runtime.config import PREFILL_MODES
     from dipdeploy.runtime.blockio import IO_ENGINE_CHOICES
     from dipdeploy.cache.split import CACHE_SPLITS
     from dipdeploy.runtime.flash import IO_CHOICES

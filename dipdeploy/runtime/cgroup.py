@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
+from dipdeploy.runtime.budget import DramBudget
+from dipdeploy.runtime.embedding import embedding_table_bytes
+from dipdeploy.runtime.stats import memory_now
+
 #: v1's "no limit" is PAGE_COUNTER_MAX pages (about 2⁶³ bytes); no machine has 2⁶⁰ bytes.
 V1_UNLIMITED = 2**60
 
@@ -87,3 +91,23 @@ def check_fits(budget_bytes: int, overhead_bytes: int, limit: int | None, budget
         f"{overhead_bytes / 1e6:.1f} MB (this process and its graphs) = {(budget_bytes + overhead_bytes) / 1e6:.1f} MB "
         f"exceeds the cgroup memory limit of {limit / 1e6:.1f} MB; give a smaller --dram-budget, a smaller "
         f"--context, or raise the limit")
+
+
+def check_budget(manifest, dram_budget: str | float, kv_bytes: int, limit: int | None) -> None:
+    """Refuse, before any session is opened, a budget that cannot fit under the cgroup memory ``limit``.
+
+    Both figures are lower bounds from the manifest, so only what certainly cannot fit is refused:
+    the budget is the total given, or the dense bytes (the embedding table excluded: it is read
+    row by row) + the KV cache + the cached share of the MLP bytes (staging excluded); the overhead is what this process holds now (interpreter and
+    libraries) plus the graph files the sessions will parse."""
+    if limit is None:
+        return
+    m = manifest
+    budget = DramBudget.parse(dram_budget)
+    if budget.total_bytes is not None:
+        need = budget.total_bytes
+    else:
+        dense = m.sizes.get("bytes_dense", 0) - embedding_table_bytes(m)
+        need = int(dense + kv_bytes + budget.cache_frac * m.sizes.get("bytes_mlp", 0))
+    graphs = sum(m.files[name]["size"] for name in m.graphs["layers"] if name in m.files)
+    check_fits(need, memory_now().get("VmRSS", 0) + graphs, limit, str(dram_budget))

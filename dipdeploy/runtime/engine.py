@@ -1,189 +1,40 @@
-"""The host engine: a bundle's per-layer graphs under a DRAM budget, MLP rows streamed from Flash.
+"""The host engine: a bundle under a DRAM budget, MLP rows streamed from Flash.
 
-Per decoded token (and per prompt token with ``prefill="token"``: DIP-CA's mask depends on the cache
-after the previous token, exactly as in the torch reference), the token's embedding row is read from
-``dense.bin`` (``embedding.py``: the table is never resident), ``positions.onnx`` computes what every
-layer's attention needs from the positions (``positions.py``), then per layer::
-
-    layer.i.attn      hidden, mlp_out, positions' values, KV, cache_in = up|gate residency
-                      ─► hidden_attn, x, in_indices
-    host              RowCache.access → hits; SlotTable.assign → slots; Flash reads of the misses
-    layer.i.mlp_up    x, in_indices, in_slots, up|gate slab, cache_glu ─► glu, glu_indices
-    host              the same for the down rows
-    layer.i.mlp_down  glu, glu_indices, glu_slots, down slab, hidden_attn ─► mlp_out
-
-then ``head.onnx`` → logits → the sampler. A batched prefill (``Engine.prefill``, the default) runs the
-same graphs on the prompt's tokens at once (their inputs are symbolic in the sequence length), in chunks
-of at most ``EngineConfig.prefill_chunk`` tokens, so its buffers are bounded and planned.
-The KV cache is allocated once for the context and written
-in place (``kv.py``). γ = 1 with an all-resident cache is plain DIP; the cache
-rule, the DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch
-reference and the simulator). At a budget that holds every MLP row the engine runs the bundle's
-``model.onnx`` once per token instead (``dipdeploy.runtime.whole``, ``EngineConfig.single_session``).
+``Engine`` opens and checks the bundle, resolves what ``EngineConfig`` leaves open (context, io, native
+kernels), refuses a budget the cgroup limit cannot hold, chooses one decoder (``dipdeploy.runtime.
+backends``: ``model.onnx`` in one session where the budget holds every row, else the joined graph, else
+the per-layer sessions with the host cache step) and generates: prefill, sampling, stop strings, stats.
+The KV cache is allocated once for the context and written in place (``kv.py``); the cache rule, the
+DIP-CA score and the slot rule are ``dipdeploy.cache`` (one definition, shared with the torch reference
+and the simulator). Traces, Belady's recording pass and teacher forcing are ``dipdeploy.runtime.record``.
 Torch-free (floor 5).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
 from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.bundle.names import MLP_FILE
-from dipdeploy.cache import POLICIES, static_rows
-from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
-from dipdeploy.flash import BLOCK, MAX_REQUEST, bounce_bytes
-from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
-from dipdeploy.runtime import staging
-from dipdeploy.runtime.budget import DEFAULT_CONTEXT, DramBudget, GroupShape, Residency, plan_residency
-from dipdeploy.runtime.cgroup import check_fits, memory_limit
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP
-from dipdeploy.runtime.embedding import EmbeddingRows, embedding_table_bytes
-from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, FlashStore, choose_io, emulation
+from dipdeploy.runtime import record as recording
+from dipdeploy.runtime.backends import Decoder, open_backend
+from dipdeploy.runtime.budget import DEFAULT_CONTEXT
+from dipdeploy.runtime.cgroup import check_budget, memory_limit
+from dipdeploy.runtime.config import EngineConfig
+from dipdeploy.runtime.embedding import embedding_table_bytes
+from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
-from dipdeploy.runtime.native_cache import read_ahead
-from dipdeploy.runtime.positions import PositionValues
-from dipdeploy.runtime.readahead import ReadAheadProbe
+from dipdeploy.runtime.native_cache import choose_cache_library
 from dipdeploy.runtime.sampler import Sampler
-from dipdeploy.runtime.sessions import Bound, SharedInitializers, open_session, shared_arena
-from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
-from dipdeploy.runtime.threadpool import THREAD_POOLS, pool_options
-from dipdeploy.sparsity.plan import SparsityConfig
-
-if TYPE_CHECKING:
-    from dipdeploy.sim.devices import FlashModel
-
-#: how ``extend`` feeds the tokens it is given (README, "The host runtime": batched prefill)
-PREFILL_MODES = ("batch", "token")
-#: the batched prefill's most tokens per graph run (llama.cpp's n_ubatch): its activations are in the
-#: plan, ORT's intermediates of one chunk (attention scores: heads × chunk × context floats) in the fixed
-#: overhead; 128 peaked ~30 MB below 256 on a 1,000-token prompt, its prefill about 8 % slower than one
-#: chunk on a 300-token one (benchmarks/results/memory.md, chunk sweep)
-PREFILL_CHUNK = 128
-
-
-@dataclass
-class EngineConfig:
-    """What ``dipdeploy run`` takes. ``gamma`` None keeps the bundle's γ (1 for a DIP bundle);
-    ``accuracy_level`` None keeps the bundle's (0 or 4, see custom_ops/README.md).
-    ``pinned_counts``: per layer, (up|gate, down) row-use counts from calibration for ``static``
-    (``--pin-from TRACE``); without them ``static`` pins the lowest-index rows, which is what the
-    uniform counts of a ρ = 1 (dense) bundle give anyway.
-    ``context``: the KV-cache tokens reserved in the budget, so the longest prompt plus answer of
-    ``run`` and the longest conversation of ``chat`` (one default for both); None: ``DEFAULT_CONTEXT``, or
-    the bundle's positions (:func:`bundle_positions`) if fewer; a larger one is refused when the bundle opens.
-    ``dram_budget`` and ``policy`` default to the torch DIP-CA reference's ``cache_frac`` and ``policy``
-    (``SparsityConfig``), so a bundle run as it comes matches what ``eval`` measured (README, "Budget").
-    ``prefill``: "batch" runs the tokens ``extend`` is given (a prompt, a chat turn) as one batch per
-    layer, plain DIP per token with the layer's selected rows read once, then warms the caches from those
-    selections in token order; "token" feeds them one by one as decode does, the exact torch DIP-CA
-    reference (README, "The host runtime").
-    ``prefill_chunk``: "batch" runs at most this many tokens per graph run (a longer prompt in chunks,
-    each attending to the earlier ones through the KV cache), so the prefill's working set is bounded
-    by the chunk, not by the prompt (its buffers are in the plan: ``Residency.prefill``).
-    ``io``: how missed rows are read (``dipdeploy.runtime.flash``): "mmap", "pread", "direct", or "auto",
-    which the engine turns into "direct" where its plan leaves rows on Flash and the filesystem takes
-    ``O_DIRECT``, else "mmap" (``flash.choose_io``: only direct reads keep a budget under a memory limit).
-    ``native_cache``: each token's cache lookup/update, slot assignment and mmap reads of the misses in
-    the op library (custom_ops/src/dd_cache.cc, the rules of ``dipdeploy.cache``, decision for decision);
-    False keeps them in numpy (the reference); None: whenever the native kernels are used
-    (dipdeploy/runtime/DESIGN.md).
-    ``threads``: ORT intra-op threads of every session; above 1, ``thread_pool`` says whose pool runs
-    them: each session's own, not spinning ("per-session"), or ORT's one pool for the process
-    ("shared", sized once per process): ``dipdeploy.runtime.threadpool``.
-    ``shared_staging``: every group's staging slots on the same pages (``dipdeploy.runtime.staging``), so
-    the plan reserves the largest group's staging instead of the sum; False gives each group its own;
-    None: wherever the platform can (Linux).
-    ``cache_split``: how the caches' bytes are shared among the groups: ``even`` (the same fraction of
-    every group's rows, as the torch DIP-CA reference) or ``reads`` (the groups whose misses cost the
-    most reading per byte first, ``dipdeploy.cache.split``; the same bytes in all).
-    ``single_session``: run the bundle's ``model.onnx`` in one ORT session per token instead of the
-    per-layer graphs and the host cache step (``dipdeploy.runtime.whole``: at a budget that holds every
-    MLP row all rows are resident from the start, so DIP-CA is plain DIP); None: whenever the budget
-    holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
-    per-layer path (empty caches at the start; traces, selections).
-    ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
-    (``dipdeploy.runtime.fused``: the same native step, at any budget; 1.16–1.69× the per-layer path's
-    decode on real reads, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
-    natural row order, takes no Belady and records no selections (traces, ``teacher_forced``); its
-    batched prefill runs each chunk through the same graph, with the per-layer path's semantics.
-    None: whenever it can (``Engine._why_not_fused``), else the per-layer graphs with the host cache step;
-    True: insist (an error where it cannot); False: always the host cache step.
-    ``overlap_reads``: the joined decoder with ``--io direct`` reads a group's misses while it multiplies
-    the group's resident rows (``CacheBegin``/``CacheEnd``, custom_ops/README.md); False reads them
-    first, as the per-layer path does (benchmarks/fused.py measures both).
-    ``prefetch``: with ``overlap_reads``, each pre-norm layer's up|gate selection is predicted from the
-    layer's input and the predicted misses are read while its attention runs (``CachePrefetch``,
-    DESIGN.md "Reads overlapped with compute"); the decisions and logits do not change, a wrong guess costs
-    reads. None: on or off, whichever decodes faster on the first tokens (``readahead.ReadAheadProbe``)."""
-
-    dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
-    policy: str = SparsityConfig.policy
-    gamma: float | None = None
-    accuracy_level: int | None = None
-    native: bool | None = None
-    native_cache: bool | None = None  # the per-token cache step in the op library; None: with `native`
-    threads: int = 1
-    thread_pool: str = "per-session"  # "shared": ORT's one global pool for the process (threadpool.py)
-    flash_bandwidth: float | None = None  # emulate a device of this bandwidth on top of the real reads
-    flash_device: str | None = None  # ... or a device profile's (dipdeploy.sim.devices), with its request cost
-    cold: bool = False
-    io: str = IO_AUTO  # resolved when the engine opens (Engine.io_why)
-    io_threads: int | None = None  # --io direct: reads in flight; None: the engine's (blockio.in_flight)
-    io_engine: str = IO_ENGINE  # --io direct: auto (the ring where granted, else the threads) | threads | io_uring
-    io_gap: int = IO_GAP  # --io direct: blocks read through between wanted rows to save a request
-    context: int | None = None
-    verify: bool = False
-    prefill: str = "batch"  # "batch": the prompt as one batch per layer; "token": one token at a time
-    prefill_chunk: int = PREFILL_CHUNK  # "batch": at most this many tokens per graph run
-    pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
-    shared_staging: bool | None = None  # None: where the platform can (staging.supported)
-    cache_split: str = CACHE_SPLIT
-    single_session: bool | None = None  # model.onnx once per token; None: when the budget holds every row
-    fused: bool | None = None  # the per-layer graphs joined, the cache step in the graph; None: where it can
-    overlap_reads: bool = True  # joined, --io direct: the misses read while the resident rows are multiplied
-    prefetch: bool | None = None  # ... and a layer's predicted up|gate misses read while its attention runs
-    emulate: FlashModel | None = field(init=False, default=None, repr=False)  # flash_bandwidth or flash_device as a pacing
-
-    def __post_init__(self) -> None:
-        if self.prefill not in PREFILL_MODES:
-            raise ValueError(f"prefill {self.prefill!r} unknown; choose one of {', '.join(PREFILL_MODES)}")
-        if type(self.prefill_chunk) is not int or self.prefill_chunk < 1:
-            raise ValueError(f"prefill chunk must be a whole number of tokens >= 1, got {self.prefill_chunk!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
-        if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
-        if self.context is not None and self.context < 1:
-            raise ValueError(f"context must be >= 1 token, got {self.context}")
-        if self.accuracy_level is not None and self.accuracy_level not in BUNDLE_ACCURACY_LEVELS:
-            raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
-        if self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.io not in IO_CHOICES:
-            raise ValueError(f"io {self.io!r} unknown; choose one of {', '.join(IO_CHOICES)}")
-        if type(self.io_gap) is not int or self.io_gap < 0:
-            raise ValueError(f"io gap must be a whole number of blocks >= 0, got {self.io_gap!r}")
-        if self.io_engine not in IO_ENGINE_CHOICES:
-            raise ValueError(f"io engine {self.io_engine!r} unknown; choose one of {', '.join(IO_ENGINE_CHOICES)}")
-        if self.cache_split not in CACHE_SPLITS:
-            raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
-        if self.thread_pool not in THREAD_POOLS:
-            raise ValueError(f"thread pool {self.thread_pool!r} unknown; choose one of {', '.join(THREAD_POOLS)}")
-        if self.fused and self.single_session:
-            raise ValueError("fused and single_session are two one-session modes: choose one")
-        DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
-        # both emulations, or an unknown profile, are refused here; the engine's Flash store paces to this one
-        self.emulate = emulation(self.flash_bandwidth, self.flash_device)
 
 
 @dataclass
@@ -230,25 +81,6 @@ def bundle_positions(path: str | Path, manifest: Manifest | None = None) -> int:
     return min(found)
 
 
-def _prefill_buffers(arrays, rows: tuple[int, int]) -> set[tuple[tuple, str]]:
-    """The (shape, dtype) of every buffer the batched prefill needs: each per-row array of a group at
-    full height, one buffer per distinct shape, shared by all layers (a layer runs after the other)."""
-    return {((n, *a.row_shape), str(np.dtype(a.dtype))) for pair in arrays
-            for group, n in zip(pair, rows) for a in group.per_row}
-
-
-def _chunk_buffers(chunk: int, d: int, f: int, k: list[tuple[int, int]]) -> dict[str, tuple[int, str]]:
-    """Name → (elements, dtype) of the batched prefill's activations for one chunk, allocated once and
-    reused by every layer and chunk (a layer's are dead once the next layer's attention has run): the
-    two residual-stream buffers a layer's attention reads and writes (``hidden``, ``hidden_attn``:
-    they alternate layer by layer), x, the GLU, the MLP's term ``mlp_out`` and the two selections at
-    the largest K."""
-    return {"hidden": (chunk * d, "float32"), "hidden_attn": (chunk * d, "float32"), "x": (chunk * d, "float32"),
-            "mlp_out": (chunk * d, "float32"),
-            "glu": (chunk * f, "float32"), "in_indices": (chunk * max(a for a, _ in k), "int64"),
-            "glu_indices": (chunk * max(b for _, b in k), "int64")}
-
-
 def _settings_problems(m: Manifest) -> list[str]:
     """The manifest values the engine computes with (beyond ``verify``'s structure) have their types."""
     def number(v, lo, hi):
@@ -293,7 +125,7 @@ class Engine:
                               "(slower); `make ops` builds it", stacklevel=2)
         self.native = native
         self.kernel_set = kernel_set() if native else None
-        self._cache_library = self._native_cache_library(native)
+        self._cache_library = choose_cache_library(native, self.cfg.native_cache)
         baked = int((m.export_config or {}).get("accuracy_level", 0)) if m.quant else 0
         self.accuracy_level = baked if self.cfg.accuracy_level is None else self.cfg.accuracy_level
         self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
@@ -307,274 +139,33 @@ class Engine:
         dec = self.decoder["decoder"]
         self.kv = KvCache(KvShape(self.num_layers, dec["num_key_value_heads"], dec["head_size"], self.cfg.context),
                           (m.export_config or {}).get("attention", "standard"))
-        self._check_memory_limit()
-        self.fused = None
-        self.read_ahead = None  # --prefetch auto on the joined decoder: the probe that chooses
-        self.whole = None if self.cfg.fused else self._open_whole(session_options, native)
-        self.io_why = "given"  # why the engine reads with cfg.io: given, or what --io auto saw
-        if self.cfg.io == IO_AUTO:
-            io, self.io_why = choose_io(self.path / MLP_FILE, rows_on_flash=self.whole is None)
-            self.cfg = dataclasses.replace(self.cfg, io=io)
-        if self.whole is None:
-            from dipdeploy.arch import arch_of
-
-            config = (m.source or {}).get("config") or {}
-            self.embedding = EmbeddingRows(self.path, m, arch_of(config).embedding_multiplier(config))
-            reason = None if self.cfg.fused is False else self._why_not_fused(native)
-            if self.cfg.fused and reason is not None:
-                raise ValueError(f"--fused: {reason}; or run the per-layer graphs (drop --fused)")
-            if self.cfg.fused is not False and reason is None:
-                self._open_fused(session_options, native)
-            else:
-                self._open_sessions(session_options, native)
+        check_budget(m, self.cfg.dram_budget, self.kv.nbytes, memory_limit())  # before any session opens
+        self._tokenizer = None
+        self._state = None
+        self.backend: Decoder = open_backend(self, session_options, native)  # chosen once (sets cfg.io)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
                                 emulate=self.cfg.emulate,
                                 io_threads=self.cfg.io_threads,
                                 io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap)
-        if self.whole is None:
-            self._build_slabs()
-        self._tokenizer = None
-        self._state = None
+        self.backend.open_slabs()
 
-    # -- construction -------------------------------------------------------------------------
-    def _open_whole(self, session_options, native: bool):
-        """The one-session mode's ``WholeModel`` with its plan, or None for the per-layer path
-        (``EngineConfig.single_session``; the rule is ``whole.why_not``)."""
-        from dipdeploy.runtime.whole import WholeModel, mlp_row_bytes, whole_residency, why_not
-
-        cfg, m = self.cfg, self.manifest
-        if cfg.single_session is False:
-            return None
-        chunk = min(cfg.prefill_chunk, cfg.context) if cfg.prefill == "batch" else 1
-        vocab = self.decoder["vocab_size"]
-        plan = whole_residency(m, self.kv.nbytes, vocab, chunk, [(self.d, self.f)] * self.num_layers)
-        reason = why_not(m, DramBudget.parse(cfg.dram_budget), cfg.policy, plan)
-        if reason is not None:
-            if cfg.single_session:
-                raise ValueError(f"one session per token: {reason}; or run the per-layer graphs (--per-layer)")
-            return None
-        options = pool_options(session_options(cfg.threads, native), cfg.threads, cfg.thread_pool)
-        whole = WholeModel(self.path, shared_arena(options), self.kv, cfg.context, chunk, vocab, cfg.accuracy_level)
-        self.residency: Residency = plan
-        self.slabs, self.shared_staging, self.embedding = [], None, None
-        self.row_bytes = [mlp_row_bytes(m, i) for i in range(self.num_layers)]
-        self.dram_dense_per_token = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
-        return whole
-
-    def _why_not_fused(self, native: bool) -> str | None:
-        """Why the joined decoder cannot run this engine (``EngineConfig.fused``), None when it can."""
-        from dipdeploy.runtime import fused
-        from dipdeploy.runtime.native_cache import graph_step_library
-
-        reason = fused.why_not(self.cfg, self.manifest, self.num_layers)
-        if reason is None and importlib.util.find_spec("onnx") is None:
-            reason = "joining the per-layer graphs needs the onnx package (pip install onnx)"
-        if reason is None and not native:
-            reason = "the cache step in the graph is the op library's: build it (make ops)"
-        if reason is None and (self._cache_library is None or graph_step_library(self._cache_library) is None):
-            reason = "the op library predates the cache step in the graph: rebuild it (make ops)"
-        return reason
-
-    def _open_fused(self, session_options, native: bool) -> None:
-        """The joined decoder (``dipdeploy.runtime.fused``)."""
-        from dipdeploy.runtime import fused
-
-        options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
-        self.shared = SharedInitializers(self.path, self.manifest)
-        gamma = None if self.gamma == self.baked_gamma else self.gamma
-        chunk = min(self.cfg.prefill_chunk, self.cfg.context) if self.cfg.prefill == "batch" else 1
-        self.fused = fused.FusedModel(self.path, self.shared.apply(shared_arena(options)), self.kv, self.cfg.context,
-                                      self.d, self.decoder["vocab_size"], self.num_layers, gamma,
-                                      self.cfg.accuracy_level, chunk,
-                                      overlap=self.cfg.io == "direct" and self.cfg.overlap_reads,
-                                      prefetch=self.cfg.prefetch is not False)
-        if self.cfg.prefetch is None and self.fused.reads_ahead:
-            self.read_ahead = ReadAheadProbe()
-
-    @property
-    def read_ahead_setting(self) -> str | None:
-        """The joined decoder's read-ahead with ``--io direct``: "on", "off", or the auto probe's choice
-        (``ReadAheadProbe.describe``); None where there is none to have."""
-        if self.read_ahead is not None:
-            return self.read_ahead.describe()
-        if self.fused is not None and self.fused.reads_ahead:
-            return "on"
-        return "off" if self.fused is not None and self.fused.overlap else None
+    def __getattr__(self, name: str):
+        """What the chosen backend holds (``slabs``, ``residency``, ``embedding``, the per-layer sessions,
+        the joined ``fused`` model, ``read_ahead_setting``, ...), read as the engine's own."""
+        backend = self.__dict__.get("backend")
+        if backend is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(backend, name)
 
     @property
     def single_session(self) -> bool:
         """Whether this engine runs ``model.onnx`` once per token (``dipdeploy.runtime.whole``)."""
-        return self.whole is not None
-
-    def _per_layer_only(self, what: str) -> str:
-        """The one line for what only the per-layer path has (``dipdeploy.runtime.whole`` and ``fused``)."""
-        if self.fused is not None:
-            return (f"{what} need the per-layer graphs with the host cache step, and this engine runs them joined "
-                    f"(the cache step in the graph): give fused=False (--no-fused)")
-        return (f"{what} need the per-layer graphs, and this engine runs model.onnx in one session (the budget "
-                f"holds every row): give single_session=False (--per-layer)")
-
-    def _native_cache_library(self, native: bool) -> str | None:
-        """The op library for the native cache step, or None for the numpy one (see ``EngineConfig``)."""
-        from dipdeploy.ops.native import require_library
-        from dipdeploy.runtime.native_cache import cache_library
-
-        wanted = native if self.cfg.native_cache is None else self.cfg.native_cache
-        if not wanted:
-            return None
-        path = str(require_library())
-        if cache_library(path) is None:
-            if self.cfg.native_cache:
-                raise RuntimeError(f"{path} predates the native cache step (no dd_cache_select): rebuild it "
-                                   "with `make ops`")
-            warnings.warn(f"{path} predates the native cache step: running it in numpy; `make ops` rebuilds "
-                          "the library", stacklevel=3)
-            return None
-        return path
+        return self.backend.all_resident
 
     @property
     def native_cache(self) -> bool:
         """Whether the per-token cache step runs in the op library."""
         return self._cache_library is not None
-
-    def _check_memory_limit(self) -> None:
-        """Refuse, before any session is opened, a budget that cannot fit under the cgroup memory limit.
-
-        Both figures are lower bounds from the manifest, so only what certainly cannot fit is refused:
-        the budget is the total given, or the dense bytes (the embedding table excluded: it is read
-        row by row) + the KV cache + the cached share of the MLP bytes (staging excluded); the overhead is what this process holds now (interpreter and
-        libraries) plus the graph files the sessions will parse."""
-        limit = memory_limit()
-        if limit is None:
-            return
-        m = self.manifest
-        budget = DramBudget.parse(self.cfg.dram_budget)
-        if budget.total_bytes is not None:
-            need = budget.total_bytes
-        else:
-            dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
-            need = int(dense + self.kv.nbytes + budget.cache_frac * m.sizes.get("bytes_mlp", 0))
-        graphs = sum(m.files[name]["size"] for name in m.graphs["layers"] if name in m.files)
-        check_fits(need, memory_now().get("VmRSS", 0) + graphs, limit, str(self.cfg.dram_budget))
-
-    def _open_sessions(self, session_options, native: bool) -> None:
-        files = self.manifest.graphs["layers"]
-        gamma = None if self.gamma == self.baked_gamma else self.gamma  # rewrite the graphs only when it differs
-
-        self.shared = SharedInitializers(self.path, self.manifest)
-
-        def sess(name: str, g: float | None = None) -> Bound:
-            if name not in files:
-                raise BundleError(f"{self.path}: graph {name} is missing from the manifest; {REGENERATE}")
-            options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
-            options = self.shared.apply(shared_arena(options))
-            return Bound(open_session(self.path / name, options, g, self.cfg.accuracy_level))
-
-        self.head = sess("head.onnx")
-        self.positions = sess("positions.onnx")
-        self.attn = [sess(f"layer.{i}.attn.onnx", gamma) for i in range(self.num_layers)]
-        self.up = [sess(f"layer.{i}.mlp_up.onnx", gamma) for i in range(self.num_layers)]
-        self.down = [sess(f"layer.{i}.mlp_down.onnx") for i in range(self.num_layers)]
-
-    def _build_slabs(self) -> None:
-        m, cfg = self.manifest, self.cfg
-        arrays = []
-        for i in range(self.num_layers):
-            if self.fused is not None:
-                up_args, down_args = self.fused.slab_inputs(i, "up_gate"), self.fused.slab_inputs(i, "down")
-            else:
-                up_args = [a for a in self.up[i].session.get_inputs() if a.name.startswith("up_gate.")]
-                down_args = [a for a in self.down[i].session.get_inputs() if a.name.startswith("down.")]
-            arrays.append((group_arrays(m, self.path, i, "up_gate", up_args),
-                           group_arrays(m, self.path, i, "down", down_args)))
-        def shape(rows: int, group, k: int) -> GroupShape:
-            return GroupShape(rows, group.row_bytes, k, staging.window_bytes([a.row_bytes for a in group.per_row], k))
-
-        shapes = [[shape(self.d, a, k_in), shape(self.f, b, k_glu)] for (a, b), (k_in, k_glu) in zip(arrays, self.k)]
-        share = staging.supported() if cfg.shared_staging is None else cfg.shared_staging
-        if share and not staging.supported():
-            raise ValueError("shared staging needs memfd_create (Linux); leave shared_staging unset")
-        shared = sum(a.shared_bytes + b.shared_bytes for a, b in arrays)
-        dense = m.sizes.get("bytes_dense", 0) - self._embedding_bytes() + self.embedding.nbytes + shared
-        batch = cfg.prefill == "batch"  # the joined graph's activations for a chunk are ORT's, of the same sizes
-        self._prefill_shapes = _prefill_buffers(arrays, (self.d, self.f)) if batch else {}
-        self._chunk_shapes = _chunk_buffers(min(cfg.prefill_chunk, cfg.context), self.d, self.f, self.k) if batch else {}
-        prefill = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._prefill_shapes)
-        prefill += sum(n * np.dtype(dtype).itemsize for n, dtype in self._chunk_shapes.values())
-        read = 0
-        if cfg.io == "direct":
-            read = max(bounce_bytes([x.offset for x in g.per_row], [x.row_bytes for x in g.per_row], rows,
-                                    max_gap=cfg.io_gap)
-                       for pair in arrays for g, rows in zip(pair, (self.d, self.f)))
-        self.residency: Residency = plan_residency(DramBudget.parse(cfg.dram_budget), shapes, dense,
-                                                   self.kv.nbytes, cfg.policy, prefill, share, read,
-                                                   cfg.cache_split)
-        self.shared_staging = staging.SharedStaging(self.residency.staging) if share else None
-        self._prefill_arrays: dict | None = None
-        self._chunk_arrays: dict = {}
-        self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash, self._cache_library, self.shared_staging)
-                            for arr, rows, k, cap in zip(pair, (self.d, self.f), k_pair, caps))
-                      for pair, k_pair, caps in zip(arrays, self.k, self.residency.capacity)]
-        self.row_bytes = [(a.row_bytes, b.row_bytes) for a, b in arrays]
-        self.dram_dense_per_token = m.sizes.get("bytes_dense", 0) - self._embedding_bytes()
-        if self.fused is None:
-            self._bind_buffers()
-        else:  # the graph steps the cache itself: the native steps get scratch selection/slot buffers
-            for pair, ks in zip(self.slabs, self.k):
-                for slab, k in zip(pair, ks):
-                    slab.bind(np.zeros((1, k), np.int64), np.zeros((1, k), np.int64))
-            self._graph_reader = self.flash.native_reader(read) if cfg.io == "direct" else None
-            if cfg.io == "direct" and self._graph_reader is None:
-                raise ValueError("--fused --io direct reads with the op library's reader, which this library lacks: "
-                                 "rebuild it (make ops)")
-
-    def _bind_buffers(self) -> None:
-        """Allocate every fixed-shape tensor of the decode loop once and bind it to its sessions.
-
-        Each layer's ``hidden_attn`` and ``mlp_out`` outputs are the next layer's ``hidden`` and
-        ``mlp_out`` inputs (the same buffers); a buffer is only rewritten by its producer after its
-        consumers of the same token have run.
-        """
-        d, f = self.d, self.f
-        vocab = self.decoder["vocab_size"]
-        self.buf = b = {"pos": np.zeros((1, 1), np.int64),
-                        "logits": np.zeros((1, 1, vocab), np.float32)}
-        self.embedded = h = np.zeros((1, 1, d), np.float32)
-        self._mask = np.ones((1, self.cfg.context), np.int64)  # batch 1, no padding
-        self.per_token = PositionValues(self.positions, self.attn, self._mask, b["pos"])
-        pending = None
-        self.layer_buf = []
-        for i, ((ug, dn), (k_in, k_glu)) in enumerate(zip(self.slabs, self.k)):
-            lb = {"cache_in": np.zeros(d, bool), "hidden_attn": np.zeros((1, 1, d), np.float32),
-                  "x": np.zeros((1, d), np.float32), "in_indices": np.zeros((1, k_in), np.int64),
-                  "in_slots": np.zeros((1, k_in), np.int64), "cache_glu": np.zeros(f, bool),
-                  "glu": np.zeros((1, f), np.float32), "glu_indices": np.zeros((1, k_glu), np.int64),
-                  "glu_slots": np.zeros((1, k_glu), np.int64), "mlp_out": np.zeros((1, 1, d), np.float32)}
-            a, u, w = self.attn[i], self.up[i], self.down[i]
-            ug.bind(lb["in_indices"], lb["in_slots"])
-            dn.bind(lb["glu_indices"], lb["glu_slots"])
-            a.input("hidden", h)
-            if pending is not None:
-                a.input("mlp_out", pending)
-            a.input("cache_in", lb["cache_in"])
-            for name in ("hidden_attn", "x", "in_indices"):
-                a.output(name, lb[name])
-            for name in ("x", "in_indices", "in_slots", "cache_glu"):
-                u.input(name, lb[name])
-            for name in ("glu", "glu_indices"):
-                u.output(name, lb[name])
-            for name in ("glu", "glu_indices", "glu_slots", "hidden_attn"):
-                w.input(name, lb[name])
-            w.output("mlp_out", lb["mlp_out"])
-            for name, value in ug.feeds.items():
-                u.input(name, value)
-            for name, value in dn.feeds.items():
-                w.input(name, value)
-            self.layer_buf.append(lb)
-            h, pending = lb["hidden_attn"], lb["mlp_out"]
-        self.head.input("hidden", h)
-        self.head.input("mlp_out", pending)
-        self.head.output("logits", b["logits"])
 
     def _embedding_bytes(self) -> int:
         return embedding_table_bytes(self.manifest)
@@ -592,23 +183,10 @@ class Engine:
         """Start a new sequence: empty KV cache, fresh caches (``static`` pins its rows now).
         ``policy`` overrides the configured one for this sequence (Belady's recording pass uses none)."""
         policy = policy or self.cfg.policy
-        if policy == "belady" and future is None and self.whole is None:
+        if policy == "belady" and future is None and not self.backend.all_resident:
             raise ValueError("policy 'belady' needs the future selections: use Engine.generate, which records "
                              "them in a first pass, or pass future=")
-        for i, pair in enumerate(self.slabs):
-            for g, slab in enumerate(pair):
-                pinned = None
-                if policy == "static":
-                    counts = (self.cfg.pinned_counts[i][g] if self.cfg.pinned_counts is not None
-                              else np.zeros(slab.rows))
-                    pinned = static_rows(np.asarray(counts), slab.capacity)
-                slab.reset(policy, future=None if future is None else future[i][g], pinned=pinned)
-        if self.fused is not None:
-            if self._graph_reader is not None:
-                for pair in self.slabs:
-                    for slab in pair:
-                        slab.native_state().read_through(self._graph_reader, MAX_REQUEST, self.cfg.io_gap, BLOCK)
-            self.fused.bind_groups(self.slabs, self._full_buffers if self.fused.prefill_bound is not None else None)
+        self.backend.reset(future, policy)
         self.kv.reset()
         self._state = {"pos": 0, "ids": []}
 
@@ -629,299 +207,23 @@ class Engine:
     def step(self, token: int, timer: Timer, record=None) -> np.ndarray:
         """Feed one token; returns the logits [V] of the next one. ``record(layer, sel_in, sel_glu,
         hits_in, hits_glu)`` gets each layer's selections as views of the graph buffers, which the next
-        token overwrites: a recorder that keeps them copies them."""
-        if self.whole is not None:
-            return self._whole_run([int(token)], timer, record)
-        if self.fused is not None:
-            return self._fused_step(int(token), timer, record)
-        st, b = self._state, self.buf
-        pos = st["pos"]
-        if pos >= self.cfg.context:
-            raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
-        b["pos"][0, 0] = pos
-        lap = timer.lap  # one clock read per phase: the decode loop's own cost is what DESIGN.md measures
-        timer.start()
-        self.embedding.read(int(token), self.embedded)
-        lap("embed+head")
-        self.per_token.step(pos + 1)  # the mask and RoPE rows, once for every layer's attention
-        lap("attention")
-        # each group's step, MLP graph and settle run back to back, one group at a time: the groups'
-        # staging rows are the same pages (dipdeploy.runtime.staging)
-        for i in range(self.num_layers):
-            ug, dn = self.slabs[i]
-            lb, a = self.layer_buf[i], self.attn[i]
-            np.copyto(lb["cache_in"], ug.resident)
-            self.kv.bind(a, i)
-            a.run()
-            self.kv.commit(i)
-            lap("attention")
-            hits_in = ug.step()
-            np.copyto(lb["cache_glu"], dn.resident)
-            lap("cache")
-            self.up[i].run()
-            lap("mlp")
-            ug.settle()
-            hits_glu = dn.step()
-            lap("cache")
-            self.down[i].run()
-            lap("mlp")
-            dn.settle()
-            if record is not None:
-                record(i, lb["in_indices"][0], lb["glu_indices"][0], hits_in, hits_glu)
-            lap("cache")
-        self.head.run()
-        lap("embed+head")
-        self.flash.settle()
-        lap("cache")
-        self.kv.advance()
-        st["pos"] = pos + 1
-        st["ids"].append(int(token))
-        return b["logits"][0, -1].copy()
+        token overwrites: a recorder that keeps them copies them (the per-layer path only)."""
+        return self.backend.step(int(token), timer, record)
 
     def prefill(self, ids: list[int], timer: Timer, record=None,
                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         """Feed ``ids`` in chunks of at most ``EngineConfig.prefill_chunk`` tokens, each one batch per
-        layer (``_prefill_chunk``); returns the logits [V] after the last token. A chunk attends to the
-        earlier ones through the KV cache, as a decoded token does, so chunking changes only the
-        floating-point summation, and bounds the working set by the chunk instead of the prompt.
-        ``progress(done, total)`` follows each chunk. The joined decoder (``fused``) runs each chunk through
-        its one graph (``_fused_chunk``), with the same semantics."""
-        st, n = self._state, len(ids)
-        if st["pos"] + n > self.cfg.context:
+        layer (per-layer path), one run of the joined graph or of ``model.onnx``; returns the logits [V]
+        after the last token. A chunk attends to the earlier ones through the KV cache, as a decoded token
+        does, so chunking changes only the floating-point summation, and bounds the working set by the
+        chunk instead of the prompt. ``progress(done, total)`` follows each chunk."""
+        if self._state["pos"] + len(ids) > self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
-        if self.fused is not None:
-            if record is not None:
-                raise ValueError(self._per_layer_only("per-layer selections"))
-            size = self.fused.chunk
-            slabs = [slab for pair in self.slabs for slab in pair]
-            if size > 1:
-                for slab in slabs:
-                    full = self._full_buffers(slab)
-                    slab.native_state().prefill([full[a.name] for a in slab.arrays.per_row])
-            try:
-                for start in range(0, n, size):
-                    chunk = ids[start:start + size]
-                    logits = self._fused_chunk(chunk, timer) if size > 1 else self._fused_step(int(chunk[0]), timer, None)
-                    if progress is not None:
-                        progress(min(start + size, n), n)
-            finally:
-                if size > 1:
-                    for slab in slabs:
-                        slab.native_state().prefill(None)
-            return logits
-        if self.whole is not None:
-            size = self.whole.chunk
-            for start in range(0, n, size):
-                logits = self._whole_run(ids[start:start + size], timer, record)
-                if progress is not None:
-                    progress(min(start + size, n), n)
-            return logits
-        if not self._chunk_arrays:  # the full-height buffers: ``_full_buffers``
-            self._chunk_arrays = {name: np.zeros(size, dtype) for name, (size, dtype) in self._chunk_shapes.items()}
-            self._prefill_bound = [tuple(Bound(s.session) for s in (self.attn[i], self.up[i], self.down[i]))
-                                   for i in range(self.num_layers)]
-            self._prefill_positions = Bound(self.positions.session)
-        size = min(self.cfg.prefill_chunk, self.cfg.context)  # what _chunk_buffers was sized for
-        for start in range(0, n, size):
-            self._prefill_chunk(ids[start:start + size], timer, record, last=start + size >= n)
-            if progress is not None:
-                progress(min(start + size, n), n)
-        return self.buf["logits"][0, -1].copy()
-
-    def _prefill_chunk(self, ids: list[int], timer: Timer, record, last: bool) -> None:
-        """Feed ``ids`` (at most one chunk) as one batch per layer; the head runs after the ``last`` chunk.
-
-        Each token selects by plain DIP (every row counted resident: the cache cannot change inside one
-        graph run), the union of the batch's selected rows is placed once in a full-height buffer at
-        their row index (rows the cache holds are copied from DRAM, the rest read from Flash), and the
-        MLP graphs run on it. Then each group's cache takes the batch's selections in token order by its
-        policy's rule, as if decoded, and the slab gets the newly resident rows from the buffer. A
-        token's hits are its rows the cache held before the batch: what the batch found in DRAM
-        (README, "The host runtime": batched prefill). The activations are the chunk buffers, views of
-        their first ``n`` rows, the same for every layer."""
-        st, n = self._state, len(ids)
-        pos = st["pos"]
-        c = self._chunk_arrays
-
-        def rows(name: str, width: int, lead: tuple = ()) -> np.ndarray:
-            return c[name][: n * width].reshape(*lead, n, width)
-
-        h, hidden_attn, x, glu = rows("hidden", self.d, (1,)), rows("hidden_attn", self.d, (1,)), \
-            rows("x", self.d), rows("glu", self.f)
-        out, pending = rows("mlp_out", self.d, (1,)), None
-        with timer("embed+head"):
-            for j, t in enumerate(ids):
-                self.embedding.read(int(t), h[0, j])
-        with timer("attention"):
-            values = self.per_token.batch(self._prefill_positions, pos, n)
-        everything = (np.ones(self.d, bool), np.ones(self.f, bool))
-        for i in range(self.num_layers):
-            a, u, w = self._prefill_bound[i]
-            k_in, k_glu = self.k[i]
-            ug, dn = self.slabs[i]
-            sel_in, sel_glu = rows("in_indices", k_in), rows("glu_indices", k_glu)
-            with timer("attention"):
-                for name, v in (("hidden", h), ("cache_in", everything[0]),
-                                *((name, values[name]) for name in self.per_token.names[i])):
-                    a.input(name, v)
-                if pending is not None:
-                    a.input("mlp_out", pending)
-                for name, v in (("hidden_attn", hidden_attn), ("x", x), ("in_indices", sel_in)):
-                    a.output(name, v)
-                self.kv.bind(a, i, n)
-                a.run()
-                self.kv.commit(i)
-            with timer("cache"):
-                rows_ug = self._fill_prefill(ug, sel_in)
-            with timer("mlp"):
-                for name, v in (("x", x), ("in_indices", sel_in), ("in_slots", sel_in), ("cache_glu", everything[1]),
-                                *rows_ug.items()):
-                    u.input(name, v)
-                u.output("glu", glu)
-                u.output("glu_indices", sel_glu)
-                u.run()
-            with timer("cache"):
-                hits_in = self._warm(ug, sel_in, rows_ug)
-                rows_dn = self._fill_prefill(dn, sel_glu)
-            with timer("mlp"):
-                for name, v in (("glu", glu), ("glu_indices", sel_glu), ("glu_slots", sel_glu),
-                                ("hidden_attn", hidden_attn), *rows_dn.items()):
-                    w.input(name, v)
-                w.output("mlp_out", out)  # read by the next layer's attention, a run earlier
-                w.run()
-            with timer("cache"):
-                hits_glu = self._warm(dn, sel_glu, rows_dn)
-            if record is not None:
-                for j in range(n):
-                    record(i, sel_in[j].copy(), sel_glu[j].copy(), hits_in[j], hits_glu[j])
-            # the attention reads ``hidden`` and writes ``hidden_attn`` in one run: the two buffers alternate
-            h, hidden_attn, pending = hidden_attn, h, out
-        if last:
-            with timer("embed+head"):
-                np.copyto(self.layer_buf[-1]["hidden_attn"], h[:, -1:])
-                np.copyto(self.layer_buf[-1]["mlp_out"], pending[:, -1:])
-                self.head.run()
-        with timer("cache"):
-            self.flash.settle()
-        self.kv.advance(n)
-        st["pos"] = pos + n
-        st["ids"].extend(int(t) for t in ids)
-
-    def _whole_run(self, ids: list[int], timer: Timer, record) -> np.ndarray:
-        """One ``model.onnx`` run on ``ids``; the logits [V] after the last of them."""
-        if record is not None:
-            raise ValueError(self._per_layer_only("per-layer selections"))
-        st = self._state
-        timer.start()
-        logits = self.whole.run(ids, st["pos"])[-1].copy()
-        timer.lap("model.onnx")
-        st["pos"] += len(ids)
-        st["ids"].extend(int(t) for t in ids)
-        return logits
-
-    def _fused_step(self, token: int, timer: Timer, record) -> np.ndarray:
-        """One token through the joined decoder; its reads are counted from the native groups' totals."""
-        if record is not None:
-            raise ValueError(self._per_layer_only("per-layer selections"))
-        st, probe = self._state, self.read_ahead
-        if probe is not None:  # every token: a cache reset makes new groups, which read ahead
-            on = probe.next()
-            read_ahead(self._cache_library, self.fused.handles, on)
-        timer.start()
-        self.embedding.read(token, self.fused.hidden)
-        timer.lap("embed+head")
-        logits = self.fused.run(st["pos"]).copy()
-        graph_s = timer.lap("fused graph")
-        if probe is not None:
-            probe.record(on, graph_s)
-        self._drain_graph_reads()
-        timer.lap("cache")
-        st["pos"] += 1
-        st["ids"].append(token)
-        return logits
-
-    def _fused_chunk(self, ids: list[int], timer: Timer) -> np.ndarray:
-        """A chunk of the prompt through the joined decoder in one run, the groups in prefill mode (set by
-        ``prefill``): the per-layer path's batched prefill (``_prefill_chunk``) inside the graph."""
-        st, n = self._state, len(ids)
-        timer.start()
-        hidden = self.fused.chunk_hidden.array[: n * self.d].reshape(n, self.d)
-        for j, t in enumerate(ids):
-            self.embedding.read(int(t), hidden[j])
-        timer.lap("embed+head")
-        logits = self.fused.run_chunk(st["pos"], n).copy()
-        timer.lap("fused graph")
-        self._drain_graph_reads()
-        timer.lap("cache")
-        st["pos"] += n
-        st["ids"].extend(int(t) for t in ids)
-        return logits
-
-    def _drain_graph_reads(self) -> None:
-        """The CacheStep nodes' reads since the last run, into the Flash store's counters."""
-        from dipdeploy.runtime.native_cache import drain
-
-        reads = drain(self._cache_library, self.fused.handles)
-        if reads.misses or reads.ahead:  # a read-ahead that no step then missed still read its rows
-            self.flash.account(reads.wanted, reads.requests, reads.seconds, reads.blocks, reads.block_requests)
-            self.flash.counters.ahead_rows += reads.ahead
-            self.flash.counters.ahead_used += reads.ahead_used
-        self.flash.settle()
-
-    def _full_buffers(self, slab: GroupSlab) -> dict[str, np.ndarray]:
-        """``slab``'s per-row arrays' names → the batched prefill's full-height buffers (one per shape,
-        shared by every layer: ``_prefill_buffers``), allocated on first use."""
-        if self._prefill_arrays is None:
-            self._prefill_arrays = {key: np.zeros(key[0], key[1]) for key in self._prefill_shapes}
-        return {a.name: self._prefill_arrays[((slab.rows, *a.row_shape), str(np.dtype(a.dtype)))]
-                for a in slab.arrays.per_row}
-
-    def native_hits(self) -> np.ndarray:
-        """[layer, group, (hits, lookups)] since the caches' reset, from the native state (the joined
-        graph's steps)."""
-        out = np.zeros((self.num_layers, 2, 2), np.int64)
-        for i, pair in enumerate(self.slabs):
-            for g, slab in enumerate(pair):
-                c = slab.native_state().state.counters
-                out[i, g] = (c[1], c[1] + c[2])
-        return out
-
-    def _fill_prefill(self, slab: GroupSlab, selected: np.ndarray) -> dict[str, np.ndarray]:
-        """The prefill buffers of ``slab``'s arrays, holding every row of ``selected`` at its row index:
-        rows resident in the slab copied from it, the others read from Flash (once, coalesced)."""
-        bufs = self._full_buffers(slab)
-        rows = np.unique(selected)
-        slots = slab.table.slot_of[rows]
-        held = slots >= 0
-        for a, s in zip(slab.arrays.per_row, slab.slabs):
-            bufs[a.name][rows[held]] = s[slots[held]]
-        missing = rows[~held]
-        self.flash.read(slab.arrays.per_row, list(bufs.values()), missing, missing)
-        return {**bufs, **slab.arrays.shared}
-
-    @staticmethod
-    def _warm(slab: GroupSlab, selected: np.ndarray, bufs: dict[str, np.ndarray]) -> np.ndarray:
-        """``slab``'s cache takes ``selected`` [n, K] in token order by its policy's rule
-        (``RowCache.access_steps``); the newly resident rows are copied from the prefill buffers into their
-        slots. Returns the hits [n, K]: the rows the cache held before the batch."""
-        hits = slab.cache.access_steps(selected)
-        rows, slots = slab.table.rebase(slab.cache.resident[0])
-        for a, s in zip(slab.arrays.per_row, slab.slabs):
-            s[slots] = bufs[a.name][rows]
-        return hits
+        return self.backend.prefill(ids, timer, record, progress)
 
     def trace_recorder(self):
-        """A ``TraceRecorder`` for ``generate(trace=...)``: source "runtime", this bundle's shape and K,
-        the run's γ and policy (the simulator reads the file)."""
-        from dipdeploy.trace import TraceRecorder, mlp_density
-
-        m = self.manifest
-        density = sum(mlp_density(ki, kg, self.d, self.f) for ki, kg in self.k) / len(self.k)
-        return TraceRecorder(source="runtime", model=str(m.source.get("model")), hidden_size=self.d,
-                             intermediate_size=self.f, num_layers=self.num_layers,
-                             method=m.method if self.gamma == 1.0 or m.method == "dip-ca" else "dip-ca",
-                             density=density, gamma=self.gamma, score=(m.plan or {}).get("score", "abs"),
-                             policy=self.cfg.policy, meta={"budget": str(self.cfg.dram_budget)})
+        """A ``TraceRecorder`` for ``generate(trace=...)`` (``dipdeploy.runtime.record.trace_recorder``)."""
+        return recording.trace_recorder(self)
 
     # -- generation -----------------------------------------------------------------------------
     def encode(self, prompt: str, special_tokens: bool = True) -> list[int]:
@@ -952,8 +254,8 @@ class Engine:
             raise ValueError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the context of "
                              f"{self.cfg.context}; raise --context")
         future = None
-        if self.cfg.policy == "belady" and self.whole is None:  # every row resident: nothing to foresee
-            future = self._record_future(ids, max_new_tokens, sampler, stop_at_eos)
+        if self.cfg.policy == "belady" and not self.backend.all_resident:  # all resident: nothing to foresee
+            future = recording.record_future(self, ids, max_new_tokens, sampler, stop_at_eos)
         if self.cfg.cold:  # every run starts from the disk (also after Belady's recording pass)
             self.flash.drop_page_cache()
         sampler = sampler or Sampler()
@@ -964,43 +266,9 @@ class Engine:
                            on_prefill=on_prefill)
 
     def teacher_forced(self, prompt: list[int], tokens: list[int]) -> tuple[list[np.ndarray], list[dict]]:
-        """A new sequence fed ``prompt`` then ``tokens[:-1]``: the next-token logits [V] after the prompt
-        and after each fed token, to compare with another implementation fed the same tokens
-        (``dipdeploy.agreement.compare_logits``), and the selections per fed position,
-        ``{(layer, "in" | "glu"): indices [K]}`` (what ``dipdeploy.sparsity.twin.follow`` takes)."""
-        if not prompt:
-            raise ValueError("the prompt is empty: give at least one token")
-        if len(prompt) + len(tokens) > self.cfg.context:
-            raise ValueError(f"{len(prompt) + len(tokens)} tokens exceed the context of {self.cfg.context}")
-        self.reset()
-        timer, sel = Timer(), []
-
-        def keep(i, s_in, s_glu, _h_in, _h_glu):
-            if i == 0:
-                sel.append({})
-            sel[-1][(i, "in")], sel[-1][(i, "glu")] = s_in.copy(), s_glu.copy()
-
-        for t in prompt[:-1]:
-            self.step(int(t), timer, keep)
-        out = [self.step(int(prompt[-1]), timer, keep)]
-        out += [self.step(int(t), timer, keep) for t in tokens[:-1]]
-        return out, sel
-
-    def _record_future(self, ids, max_new_tokens, sampler, stop_at_eos):
-        if self.gamma != 1.0:
-            raise ValueError(f"policy 'belady' needs selections that do not depend on the cache (γ = 1), got "
-                             f"γ = {self.gamma}; Belady is the offline bound for plain DIP")
-        sel: list[tuple[list, list]] = [([], []) for _ in range(self.num_layers)]
-
-        def keep(i, s_in, s_glu, _h1, _h2):
-            sel[i][0].append(s_in.copy())
-            sel[i][1].append(s_glu.copy())
-
-        s = sampler or Sampler()
-        s.reset()
-        self.reset(policy="none")
-        self.extend(ids, max_new_tokens, s, None, None, False, stop_at_eos, None, record=keep)
-        return [(np.stack(a), np.stack(b)) for a, b in sel]
+        """Logits and selections of a new sequence fed ``prompt`` then ``tokens[:-1]``
+        (``dipdeploy.runtime.record.teacher_forced``)."""
+        return recording.teacher_forced(self, prompt, tokens)
 
     def eos_ids(self) -> set[int]:
         """The bundle's end-of-sequence ids (genai_config.json's ``eos_token_id``: one id or a list)."""
@@ -1020,36 +288,16 @@ class Engine:
 
         timer = Timer()
         eos = self.eos_ids() if stop_at_eos else set()
-        hits = np.zeros((self.num_layers, 2, 2), np.int64)  # [layer, group, (hits, lookups)]
         stopped = should_stop or (lambda: False)
 
         def show(piece: str) -> None:
             if piece and on_text is not None:
                 on_text(piece)
 
-        def note(i, s_in, s_glu, h_in, h_glu):
-            hits[i, 0] += (np.count_nonzero(h_in), h_in.size)
-            hits[i, 1] += (np.count_nonzero(h_glu), h_glu.size)
-            if trace is not None:
-                trace.record(i, s_in[None], s_glu[None], hits_in=h_in[None], hits_glu=h_glu[None])
-            if record is not None:
-                record(i, s_in, s_glu, h_in, h_glu)
-
-        feed = note
-        if self.whole is not None or self.fused is not None:
-            if trace is not None or record is not None:
-                raise ValueError(self._per_layer_only("traces and recorded selections"))
-            feed = None
-        resident = np.array(self.k, np.int64)[:, :, None]  # one-session mode: every lookup is a hit
-        base = self.native_hits() if self.fused is not None else None
-
-        def fed(n: int) -> None:
-            if self.whole is not None:
-                hits[...] += n * resident
-
-        def counted() -> None:  # the joined graph's lookups, from the native counters (not per token)
-            if self.fused is not None:
-                hits[...] = self.native_hits() - base
+        feed = recording.feed(trace, record)
+        if feed is not None and not self.backend.records_selections:
+            raise ValueError(self.backend.per_layer_only("traces and recorded selections"))
+        base = self.backend.lookups()  # [layer, group, (hits, lookups)] since the caches' reset
 
         stream = TextStream(self.tokenizer, sampler.stop)
         new, kept, finish = [], [], "length"
@@ -1061,18 +309,15 @@ class Engine:
                 finish = "interrupted"
             else:
                 logits = self.prefill([int(t) for t in ids], timer, feed, on_prefill)
-                fed(len(ids))
         for n, t in enumerate(ids if by_token else []):
             if stopped():
                 finish = "interrupted"
                 break
             logits = self.step(int(t), timer, feed)
-            fed(1)
             if on_prefill is not None:
                 on_prefill(n + 1, len(ids))
         t1, flash1 = time.perf_counter(), self.flash.counters.snapshot()
-        counted()
-        hits_prefill = hits.copy()
+        hits_prefill = self.backend.lookups() - base
         for n in range(max_new_tokens if finish != "interrupted" else 0):
             if stopped():
                 finish = "interrupted"
@@ -1089,20 +334,13 @@ class Engine:
             if n == max_new_tokens - 1:
                 break
             logits = self.step(tok, timer, feed)
-            fed(1)
         show(stream.finish())
         t2 = time.perf_counter()
-        counted()
+        hits = self.backend.lookups() - base
         stats = RunStats.collect(self, len(ids), len(new), t1 - t0, t2 - t1, timer, hits, hits_prefill,
                                  flash1 - flash0, self.flash.counters - flash1, memory_now())
         return Generation(prompt, stream.text, new, stats, kept, finish)
 
     def close(self) -> None:
-        for pair in self.slabs:
-            for slab in pair:
-                slab.close()
+        self.backend.close()
         self.flash.close()
-        if self.embedding is not None:
-            self.embedding.close()
-        if self.shared_staging is not None:
-            self.shared_staging.close()

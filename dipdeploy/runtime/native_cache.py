@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,25 @@ class GraphReads:
     ahead_used: int = 0  # ... of which a step then missed: read during the attention, not after the selection
     block_requests: int = 0  # the requests a device serves the copied rows' blocks in (0 with --io direct:
     # ``requests`` are the device's there)
+
+
+def choose_cache_library(native: bool, native_cache: bool | None) -> str | None:
+    """The op library for the engine's native cache step, or None for the numpy one
+    (``EngineConfig.native_cache``: None follows ``native``, True insists, False refuses)."""
+    from dipdeploy.ops.native import require_library
+
+    wanted = native if native_cache is None else native_cache
+    if not wanted:
+        return None
+    path = str(require_library())
+    if cache_library(path) is None:
+        if native_cache:
+            raise RuntimeError(f"{path} predates the native cache step (no dd_cache_select): rebuild it "
+                               "with `make ops`")
+        warnings.warn(f"{path} predates the native cache step: running it in numpy; `make ops` rebuilds "
+                      "the library", stacklevel=3)
+        return None
+    return path
 
 
 def graph_step_library(library: str):
@@ -215,7 +235,7 @@ class NativeCache:
         (None) a batched prefill on the graph: meanwhile its CacheStep places each chunk's rows in
         ``buffers`` at their row index and its CacheSettle warms the cache from the chunk's selection
         (custom_ops/src/dd_cache.cc ``dd_cache_prefill``; the numpy counterpart is the per-layer path's
-        ``Engine._fill_prefill`` and ``_warm``)."""
+        ``PerLayerDecoder._fill_prefill`` and ``_warm``, runtime/backends/per_layer.py)."""
         if buffers is None:
             self._full = None
             _check(self._lib.dd_cache_prefill(self._handle, 0, None), self.rows)

@@ -22,7 +22,7 @@ address, the KV cache preallocated for the context (``kv.KvCache``) and written 
 
 What this mode does not have is the per-layer path's selections: a trace for ``simulate``, a
 ``record`` callback, ``teacher_forced`` selections are refused with one line naming
-``single_session=False`` (``Engine._per_layer_only``). ``--stats`` reports every lookup as a hit (all
+``single_session=False`` (``backends.whole.WholeDecoder.per_layer_only``). ``--stats`` reports every lookup as a hit (all
 rows are resident) and no Flash traffic; ``chat`` state, batched prefill (chunks of ``prefill_chunk``
 tokens), token-by-token prefill and streaming text work as in the per-layer path. ORT maps the external
 data of ``model.onnx`` (``dense.bin``, ``mlp.bin``) and prepacks MatMulNBits' weights, so the plan counts

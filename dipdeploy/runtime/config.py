@@ -1,0 +1,146 @@
+"""What ``dipdeploy run`` takes: :class:`EngineConfig`, its defaults and its checks (made before any
+bundle is opened). The engine (``dipdeploy.runtime.engine``) resolves the options left None when it opens
+a bundle. Torch-free (floor 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dipdeploy.cache import POLICIES
+from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
+from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP
+from dipdeploy.runtime.budget import DramBudget
+from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, emulation
+from dipdeploy.runtime.threadpool import THREAD_POOLS
+from dipdeploy.sparsity.plan import SparsityConfig
+
+if TYPE_CHECKING:
+    from dipdeploy.sim.devices import FlashModel
+
+#: how ``extend`` feeds the tokens it is given (README, "The host runtime": batched prefill)
+PREFILL_MODES = ("batch", "token")
+#: the batched prefill's most tokens per graph run (llama.cpp's n_ubatch): its activations are in the
+#: plan, ORT's intermediates of one chunk (attention scores: heads × chunk × context floats) in the fixed
+#: overhead; 128 peaked ~30 MB below 256 on a 1,000-token prompt, its prefill about 8 % slower than one
+#: chunk on a 300-token one (benchmarks/results/memory.md, chunk sweep)
+PREFILL_CHUNK = 128
+
+
+@dataclass
+class EngineConfig:
+    """What ``dipdeploy run`` takes. ``gamma`` None keeps the bundle's γ (1 for a DIP bundle);
+    ``accuracy_level`` None keeps the bundle's (0 or 4, see custom_ops/README.md).
+    ``pinned_counts``: per layer, (up|gate, down) row-use counts from calibration for ``static``
+    (``--pin-from TRACE``); without them ``static`` pins the lowest-index rows, which is what the
+    uniform counts of a ρ = 1 (dense) bundle give anyway.
+    ``context``: the KV-cache tokens reserved in the budget, so the longest prompt plus answer of
+    ``run`` and the longest conversation of ``chat`` (one default for both); None: ``DEFAULT_CONTEXT``, or
+    the bundle's positions (:func:`bundle_positions`) if fewer; a larger one is refused when the bundle opens.
+    ``dram_budget`` and ``policy`` default to the torch DIP-CA reference's ``cache_frac`` and ``policy``
+    (``SparsityConfig``), so a bundle run as it comes matches what ``eval`` measured (README, "Budget").
+    ``prefill``: "batch" runs the tokens ``extend`` is given (a prompt, a chat turn) as one batch per
+    layer, plain DIP per token with the layer's selected rows read once, then warms the caches from those
+    selections in token order; "token" feeds them one by one as decode does, the exact torch DIP-CA
+    reference (README, "The host runtime").
+    ``prefill_chunk``: "batch" runs at most this many tokens per graph run (a longer prompt in chunks,
+    each attending to the earlier ones through the KV cache), so the prefill's working set is bounded
+    by the chunk, not by the prompt (its buffers are in the plan: ``Residency.prefill``).
+    ``io``: how missed rows are read (``dipdeploy.runtime.flash``): "mmap", "pread", "direct", or "auto",
+    which the engine turns into "direct" where its plan leaves rows on Flash and the filesystem takes
+    ``O_DIRECT``, else "mmap" (``flash.choose_io``: only direct reads keep a budget under a memory limit).
+    ``native_cache``: each token's cache lookup/update, slot assignment and mmap reads of the misses in
+    the op library (custom_ops/src/dd_cache.cc, the rules of ``dipdeploy.cache``, decision for decision);
+    False keeps them in numpy (the reference); None: whenever the native kernels are used
+    (dipdeploy/runtime/DESIGN.md).
+    ``threads``: ORT intra-op threads of every session; above 1, ``thread_pool`` says whose pool runs
+    them: each session's own, not spinning ("per-session"), or ORT's one pool for the process
+    ("shared", sized once per process): ``dipdeploy.runtime.threadpool``.
+    ``shared_staging``: every group's staging slots on the same pages (``dipdeploy.runtime.staging``), so
+    the plan reserves the largest group's staging instead of the sum; False gives each group its own;
+    None: wherever the platform can (Linux).
+    ``cache_split``: how the caches' bytes are shared among the groups: ``even`` (the same fraction of
+    every group's rows, as the torch DIP-CA reference) or ``reads`` (the groups whose misses cost the
+    most reading per byte first, ``dipdeploy.cache.split``; the same bytes in all).
+    ``single_session``: run the bundle's ``model.onnx`` in one ORT session per token instead of the
+    per-layer graphs and the host cache step (``dipdeploy.runtime.whole``: at a budget that holds every
+    MLP row all rows are resident from the start, so DIP-CA is plain DIP); None: whenever the budget
+    holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
+    per-layer path (empty caches at the start; traces, selections).
+    ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
+    (``dipdeploy.runtime.fused``: the same native step, at any budget; 1.16–1.69× the per-layer path's
+    decode on real reads, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
+    natural row order, takes no Belady and records no selections (traces, ``teacher_forced``); its
+    batched prefill runs each chunk through the same graph, with the per-layer path's semantics.
+    None: whenever it can (``backends.joined.why_not``), else the per-layer graphs with the host cache step;
+    True: insist (an error where it cannot); False: always the host cache step.
+    ``overlap_reads``: the joined decoder with ``--io direct`` reads a group's misses while it multiplies
+    the group's resident rows (``CacheBegin``/``CacheEnd``, custom_ops/README.md); False reads them
+    first, as the per-layer path does (benchmarks/fused.py measures both).
+    ``prefetch``: with ``overlap_reads``, each pre-norm layer's up|gate selection is predicted from the
+    layer's input and the predicted misses are read while its attention runs (``CachePrefetch``,
+    DESIGN.md "Reads overlapped with compute"); the decisions and logits do not change, a wrong guess costs
+    reads. None: on or off, whichever decodes faster on the first tokens (``readahead.ReadAheadProbe``)."""
+
+    dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
+    policy: str = SparsityConfig.policy
+    gamma: float | None = None
+    accuracy_level: int | None = None
+    native: bool | None = None
+    native_cache: bool | None = None  # the per-token cache step in the op library; None: with `native`
+    threads: int = 1
+    thread_pool: str = "per-session"  # "shared": ORT's one global pool for the process (threadpool.py)
+    flash_bandwidth: float | None = None  # emulate a device of this bandwidth on top of the real reads
+    flash_device: str | None = None  # ... or a device profile's (dipdeploy.sim.devices), with its request cost
+    cold: bool = False
+    io: str = IO_AUTO  # resolved when the engine opens (Engine.io_why)
+    io_threads: int | None = None  # --io direct: reads in flight; None: the engine's (blockio.in_flight)
+    io_engine: str = IO_ENGINE  # --io direct: auto (the ring where granted, else the threads) | threads | io_uring
+    io_gap: int = IO_GAP  # --io direct: blocks read through between wanted rows to save a request
+    context: int | None = None
+    verify: bool = False
+    prefill: str = "batch"  # "batch": the prompt as one batch per layer; "token": one token at a time
+    prefill_chunk: int = PREFILL_CHUNK  # "batch": at most this many tokens per graph run
+    pinned_counts: list[tuple[np.ndarray, np.ndarray]] | None = None
+    shared_staging: bool | None = None  # None: where the platform can (staging.supported)
+    cache_split: str = CACHE_SPLIT
+    single_session: bool | None = None  # model.onnx once per token; None: when the budget holds every row
+    fused: bool | None = None  # the per-layer graphs joined, the cache step in the graph; None: where it can
+    overlap_reads: bool = True  # joined, --io direct: the misses read while the resident rows are multiplied
+    prefetch: bool | None = None  # ... and a layer's predicted up|gate misses read while its attention runs
+    emulate: FlashModel | None = field(init=False, default=None, repr=False)  # flash_bandwidth or flash_device as a pacing
+
+    def __post_init__(self) -> None:
+        if self.prefill not in PREFILL_MODES:
+            raise ValueError(f"prefill {self.prefill!r} unknown; choose one of {', '.join(PREFILL_MODES)}")
+        if type(self.prefill_chunk) is not int or self.prefill_chunk < 1:
+            raise ValueError(f"prefill chunk must be a whole number of tokens >= 1, got {self.prefill_chunk!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
+        if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
+        if self.context is not None and self.context < 1:
+            raise ValueError(f"context must be >= 1 token, got {self.context}")
+        if self.accuracy_level is not None and self.accuracy_level not in BUNDLE_ACCURACY_LEVELS:
+            raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.io not in IO_CHOICES:
+            raise ValueError(f"io {self.io!r} unknown; choose one of {', '.join(IO_CHOICES)}")
+        if type(self.io_gap) is not int or self.io_gap < 0:
+            raise ValueError(f"io gap must be a whole number of blocks >= 0, got {self.io_gap!r}")
+        if self.io_engine not in IO_ENGINE_CHOICES:
+            raise ValueError(f"io engine {self.io_engine!r} unknown; choose one of {', '.join(IO_ENGINE_CHOICES)}")
+        if self.cache_split not in CACHE_SPLITS:
+            raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
+        if self.thread_pool not in THREAD_POOLS:
+            raise ValueError(f"thread pool {self.thread_pool!r} unknown; choose one of {', '.join(THREAD_POOLS)}")
+        if self.fused and self.single_session:
+            raise ValueError("fused and single_session are two one-session modes: choose one")
+        DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened
+        # both emulations, or an unknown profile, are refused here; the engine's Flash store paces to this one
+        self.emulate = emulation(self.flash_bandwidth, self.flash_device)
