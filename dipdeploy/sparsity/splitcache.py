@@ -48,14 +48,16 @@ def split_key(lm, windows, density: float, score: str, ratios: tuple[float, ...]
 
 
 def cached_split(lm, cfg, windows, search: Callable, ratios: tuple[float, ...]) -> tuple[float, dict]:
-    """``search(lm, cfg, windows)`` → (ρ_in, info), answered from the cache when it has asked before."""
+    """``search(lm, cfg, windows)`` → (ρ_in, info), answered from the cache when it has asked before. The
+    answer is the same either way (no mark of where it came from), so a plan, and the bundle that embeds
+    it, is byte-identical whether its split was searched now or earlier."""
     name = getattr(getattr(search, "func", search), "__name__", "search")
     path = cache_dir("splits", f"{split_key(lm, windows, cfg.density, cfg.score, ratios, name)}.json")
     try:
         kept = json.loads(path.read_text())
-        return float(kept["rho_in"]), {**kept["info"], "split_cache": "hit"}
+        return float(kept["rho_in"]), kept["info"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
     rho_in, info = search(lm, cfg, windows)
     write_atomic(path, json.dumps({"rho_in": rho_in, "info": info}), force=True)
-    return rho_in, {**info, "split_cache": "miss"}
+    return rho_in, info
