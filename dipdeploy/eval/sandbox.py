@@ -21,6 +21,7 @@ file). Floor 3: no torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -67,7 +68,7 @@ main()
 
 
 class SandboxUnavailable(RuntimeError):
-    """The kernel refuses what the sandbox needs (a network namespace): nothing was run."""
+    """The kernel refuses what the sandbox needs (network and mount namespaces): nothing was run."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,14 @@ def _limits(work: str, memory_bytes: int, timeout_s: float):
     return apply
 
 
+def _kill(child: subprocess.Popen) -> None:
+    """End the child's whole process group (it is its session's leader), if it still runs."""
+    if child.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
 def run_program(program: str, timeout_s: float = TIMEOUT_S, memory_bytes: int = MEMORY_BYTES) -> Outcome:
     """Run ``program`` (a whole check program: solution, tests, ``check(entry_point)``) in the sandbox."""
     if not 0 < timeout_s <= MAX_TIMEOUT_S:
@@ -136,14 +145,11 @@ def run_program(program: str, timeout_s: float = TIMEOUT_S, memory_bytes: int = 
         try:
             child.communicate(f"{nonce}\n{timeout_s}\n{program}".encode(), timeout=timeout_s + 5)
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+            _kill(child)
             os.close(read_fd)
             return Outcome(False, "timed out")
         finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+            _kill(child)
         with os.fdopen(read_fd, "r", errors="replace") as pipe:
             lines = pipe.read(4096).splitlines()
     verdict = next((line[len(nonce) + 1:] for line in lines if line.startswith(nonce + " ")), None)
