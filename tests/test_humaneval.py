@@ -128,6 +128,8 @@ def test_torch_generator_on_a_tiny_model(tiny_llama):
     (["--resume"], "--resume continues the run of a --json output"),
     (["--task", "mmlu"], "--task 'mmlu' unknown"),
     (["--dram-budget", "50%"], "--dram-budget is the bundle engine's"),
+    (["--vq-hessian", "none"], "--vq-hessian"),  # the model options are perplexity's, checked alike
+    (["--lora", "no-such-adapter"], "is not an adapter directory"),
 ])
 def test_bad_humaneval_options_are_one_line(args, message):
     r = runner.invoke(app, ["eval", "--task", "humaneval", "--model", "tiny-llama", *args])

