@@ -13,7 +13,9 @@ bytes, so a batch of a few large ranges still keeps several reads in flight.
 
 Pure arithmetic, one definition for every floor above: the runtime's reads (``dipdeploy/runtime/blockio.py``
 runs the requests :func:`plan_reads` plans) and its emulated Flash (:func:`touched_blocks`), the cache
-split (:func:`miss_cost`), the sparsity plan, export and the simulator.
+split (:func:`miss_cost`), the sparsity plan, export, and the simulator's replay of many tokens at once
+(:func:`flash_reads`, the same rule vectorised over tokens, held to :func:`plan_reads` by
+tests/test_sim_flashio.py).
 """
 
 from __future__ import annotations
@@ -120,3 +122,54 @@ def bounce_bytes(offsets: list[int], row_bytes: list[int], rows: int, *, block: 
     them, and the alignment slack. The plan holds it (``Residency.read``)."""
     blocks = sum(-(-(off + rows * rb) // block) - off // block for off, rb in zip(offsets, row_bytes))
     return (blocks + len(offsets) * max_gap + 1) * block
+
+
+def _runs(mask: np.ndarray) -> np.ndarray:
+    """Runs of True along the last axis."""
+    return mask[..., 0].astype(np.int64) + (mask[..., 1:] & ~mask[..., :-1]).sum(axis=-1)
+
+
+def _read_through(touched: np.ndarray, gap: int) -> np.ndarray:
+    """``touched`` with every run of at most ``gap`` untouched blocks between two touched ones set."""
+    n = touched.shape[-1]
+    idx = np.arange(n)
+    prev = np.maximum.accumulate(np.where(touched, idx, -1), axis=-1)
+    nxt = np.flip(np.minimum.accumulate(np.flip(np.where(touched, idx, n), axis=-1), axis=-1), axis=-1)
+    return touched | ((prev >= 0) & (nxt < n) & (nxt - prev - 1 <= gap))
+
+
+def _cut_requests(read: np.ndarray, blocks_per_request: int) -> np.ndarray:
+    """Requests [T] when each run of read blocks is cut into pieces of at most ``blocks_per_request``."""
+    pad = np.zeros(read.shape[:-1] + (1,), bool)
+    edges = np.diff(np.concatenate([pad, read, pad], axis=-1).astype(np.int8), axis=-1)
+    out = np.zeros(read.shape[:-1], np.int64)
+    for t in np.ndindex(read.shape[:-1]):
+        starts, ends = np.flatnonzero(edges[t] == 1), np.flatnonzero(edges[t] == -1)
+        out[t] = int((-(-(ends - starts) // blocks_per_request)).sum())
+    return out
+
+
+def flash_reads(missed: np.ndarray, row_bytes: float, unit: int, gap: int = 0,
+                max_request: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes [T], requests [T]) of the misses of many tokens at once, for the simulator's replay:
+    ``missed`` [T, R] (bool) rows of one group of one layer, row r at bytes [r·row_bytes, (r+1)·row_bytes)
+    of a region starting on a ``unit`` boundary (``row_bytes`` may be fractional: a projected format).
+    Each token's figures are :func:`plan_reads`'s ``device_bytes`` and ``requests`` for its rows (with
+    ``max_gap=gap``; ``max_request`` 0: runs uncut); ``unit`` ≤ 1 is a device without a read unit (the
+    paper's model): the rows' bytes and runs of adjacent rows."""
+    rows = missed.shape[-1]
+    if unit <= 1:
+        return missed.sum(axis=-1) * float(row_bytes), _runs(missed)
+    edges = np.arange(rows + 1, dtype=np.float64) * row_bytes
+    first = np.floor(edges[:-1] / unit).astype(np.int64)  # first block of row r
+    last = np.ceil(edges[1:] / unit).astype(np.int64) - 1  # last block of row r
+    nblocks = int(last[-1]) + 1
+    # rows covering block b: [lo[b], hi[b]] (contiguous, as rows and blocks are both in order)
+    lo = np.searchsorted(last, np.arange(nblocks), side="left")
+    hi = np.searchsorted(first, np.arange(nblocks), side="right") - 1
+    csum = np.concatenate([np.zeros(missed.shape[:-1] + (1,), np.int64), np.cumsum(missed, axis=-1)], axis=-1)
+    touched = (csum[..., hi + 1] - csum[..., lo]) > 0
+    if gap > 0:
+        touched = _read_through(touched, gap)
+    requests = _cut_requests(touched, max_request // unit) if max_request >= unit else _runs(touched)
+    return touched.sum(axis=-1) * float(unit), requests

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dipdeploy.sim.flashio import flash_reads
+from dipdeploy.flash import flash_reads
 
 
 def mask(rows, missed):

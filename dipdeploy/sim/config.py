@@ -32,7 +32,7 @@ class SimConfig:
     own model). ``cache_split``: how the MLP caches' bytes are shared among the two groups
     (``dipdeploy.cache.split``; the runtime's ``--cache-split``; default ``memory.SIM_CACHE_SPLIT``).
     ``io_gap``: on a device with a read unit, model the runtime's reads (``--io-gap`` blocks read through
-    between touched ones, requests cut at ``dipdeploy.flash.MAX_REQUEST``, ``flashio``); 0: touching blocks coalesce
+    between touched ones, requests cut at ``dipdeploy.flash.MAX_REQUEST``, ``dipdeploy.flash.flash_reads``); 0: touching blocks coalesce
     only, uncut (the paper's model).
     """
 

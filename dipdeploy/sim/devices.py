@@ -12,7 +12,7 @@ queue depth; the model assumes the runtime issues one layer's misses concurrentl
 layer needs before it reads), which is what makes that figure the right one.
 
 ``flash_read_unit_bytes`` (optional, default 1 = none): reads transfer whole blocks of this size, so a
-row smaller than a block costs the whole block (flashio.py).
+row smaller than a block costs the whole block (dipdeploy/flash.py, ``flash_reads``).
 
 Every number in a profile file carries a ``<field>_source`` string; those starting with "assumption"
 are ours. The loader refuses a profile with an unsourced number.

@@ -2,7 +2,7 @@
 token, and count per token what the cost model needs: rows selected, rows missed, Flash requests.
 
 What the missed rows cost in Flash bytes and requests (block granularity, coalescing of adjacent rows)
-is worked out afterwards from the recorded miss masks (``flashio.flash_reads``), so one replay serves
+is worked out afterwards from the recorded miss masks (``dipdeploy.flash.flash_reads``), so one replay serves
 every device and row size.
 
 Layers with the same K are replayed together as one batched ``RowCache`` (each batch entry has its own
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows, topk_rows
+from dipdeploy.flash import flash_reads
 from dipdeploy.sim.config import SimConfig
-from dipdeploy.sim.flashio import flash_reads
 from dipdeploy.sim.pattern import AccessPattern
 
 _CHUNK_BYTES = 96 << 20
@@ -52,7 +52,7 @@ class GroupCounts:
 
     def reads(self, row_bytes: float, unit: int, gap: int = 0, max_request: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(Flash bytes [T], requests [T]) for rows of ``row_bytes`` read in blocks of ``unit`` bytes, through
-        gaps of ``gap`` blocks, in requests of at most ``max_request`` bytes (``flashio.flash_reads``)."""
+        gaps of ``gap`` blocks, in requests of at most ``max_request`` bytes (``dipdeploy.flash.flash_reads``)."""
         key = (float(row_bytes), int(unit), int(gap), int(max_request))
         if key not in self._reads:
             nbytes = np.zeros(len(self.selected))

@@ -5,7 +5,7 @@ Cost per token (docs/method.md, "The HW simulator"; compute is ignored — decod
 
     dram_bytes  = non-MLP weights read + KV cache read + Σ_layers (K_in·row_in + K_glu·row_glu)
     flash_bytes = Σ_layers blocks touched by the missed rows × read unit   (= missed·row bytes when the
-                  device has no read granularity, as in the paper; see flashio.py)
+                  device has no read granularity, as in the paper; see dipdeploy/flash.py)
     t_serial    = dram_bytes / DRAM_BW + requests · request_s + flash_bytes / Flash_BW
     t_overlap   = max(dram_bytes / DRAM_BW, Flash time)           (ours: Flash reads hidden behind compute)
     tokens/s    = 1 / mean_t(t)
