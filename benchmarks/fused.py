@@ -1,5 +1,5 @@
 """The joined decoder against the per-layer graphs on real reads: the same bundles, budget and cgroup limit,
-the paths paired in one run (``dipdeploy.runtime.fused``; benchmarks/flash.py's child and memory
+the paths paired in one run (``dipdeploy.runtime.backends.joined``; benchmarks/flash.py's child and memory
 groups, ``--io direct``, cold).
 
 Per model (SmolLM2-135M BQ4 and the ≈1 B random-weight Llama of flash.py), at a 50 % MLP budget under the

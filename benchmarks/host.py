@@ -6,11 +6,11 @@ prompt; 50 %), side by side in one run and interleaved per repeat so load hits b
 
 * ``numpy``: the per-token cache step in numpy (``EngineConfig(native_cache=False)``, the reference);
 * ``native``: the step in the op library (custom_ops/src/dd_cache.cc);
-* ``single`` (100 % only): ``model.onnx`` in one session per token (``dipdeploy.runtime.whole``: every
+* ``single`` (100 % only): ``model.onnx`` in one session per token (``dipdeploy.runtime.backends.whole``: every
   row resident, so DIP-CA is plain DIP), the mode ``Engine`` picks by itself at a budget that holds every
   row; ``numpy`` and ``native`` are forced onto the per-layer graphs there (``single_session=False``);
 * ``fused`` (both budgets): the per-layer graphs joined into one session per token with the cache step
-  inside the graph (``dipdeploy.runtime.fused``: the native step as the CacheStep/CacheSettle nodes, the
+  inside the graph (``dipdeploy.runtime.backends.joined``: the native step as the CacheStep/CacheSettle nodes, the
   same decisions as ``native``); the prompt is fed token by token there, so its decode starts from the same
   caches as ``native`` only at 100 % after the prompt, and the 50 % hit rates differ by the prompt's
   batched warm-up;
@@ -285,8 +285,8 @@ def write_table(rows: list[dict], info: dict, tokens: int, repeats: int, loads: 
             f"native kernels, 1 ORT thread, mmap reads; median of {repeats} repeat(s), the paths interleaved in each. "
             f"`numpy`: the per-token cache step in numpy (the reference, main's path); `native`: in the op library "
             f"(custom_ops/src/dd_cache.cc), both on the per-layer graphs; `single`: model.onnx in one session per "
-            f"token (dipdeploy/runtime/whole.py, every row resident: plain DIP); `fused`: the per-layer graphs joined "
-            f"into one session per token, the cache step inside it (dipdeploy/runtime/fused.py; prompt fed token by "
+            f"token (dipdeploy/runtime/backends/whole.py, every row resident: plain DIP); `fused`: the per-layer graphs joined "
+            f"into one session per token, the cache step inside it (dipdeploy/runtime/backends/joined.py; prompt fed token by "
             f"token; its storage is inside its kernels, so its host_ms is the token less the kernels); `genai`: the same bundle's model.onnx in onnxruntime-genai's own loop, "
             f"1 intra-op thread. `kernel_ms`: ORT's profiled kernel time per token (same for both per-layer paths); "
             f"`storage_ms`: inside the reads of the misses (page cache → slab); `host_ms`: the rest of the token. "

@@ -17,11 +17,11 @@ tokens in the KV cache of the default 1,024-token context). ``--cgroup`` runs th
 a cgroup v1 memory group limited to its planned residency + ``--overhead`` MB (the limit counts the page
 cache); the group is removed afterwards. ``--before PATH`` adds the 50 % batch rows of another checkout.
 ``--parts`` runs some of the row groups (grid, sweep, long, before, paths), ``--modes`` some prefill modes.
-``paths``: at 100 % (where ``Engine`` runs ``model.onnx`` in one session by itself, ``dipdeploy.runtime.whole``)
+``paths``: at 100 % (where ``Engine`` runs ``model.onnx`` in one session by itself, ``dipdeploy.runtime.backends.whole``)
 each prompt and the long row on both paths, forced (``single_session`` True / False), with ``--cgroup`` the
 long rows in a cgroup too; the other rows let the engine choose (``path`` auto: below 100 % the joined
 decoder wherever it can run). ``fused``: at 50 %, mmap and direct, the long row on the per-layer graphs
-with the host cache step (``fused=False``) and on the joined decoder (``dipdeploy.runtime.fused``, its
+with the host cache step (``fused=False``) and on the joined decoder (``dipdeploy.runtime.backends.joined``, its
 prompt in chunks through the same graph), with ``--cgroup`` in a cgroup too.
 
     python benchmarks/memory.py --bundle build/pf-bundle --quick --json rows.json
@@ -51,7 +51,7 @@ imports = memory_now()
 from dipdeploy.runtime import Engine
 bundle, budget, io, prefill, chunk, tokens, ids_file, path = sys.argv[1:9]
 options = {"prefill_chunk": int(chunk)} if int(chunk) else {}
-if path == "fused":  # the per-layer graphs joined, the cache step in the graph (dipdeploy.runtime.fused)
+if path == "fused":  # the per-layer graphs joined, the cache step in the graph (dipdeploy.runtime.backends.joined)
     options["fused"] = True
 elif path != "auto":  # an older checkout has no single_session: only the auto rows run there
     options["single_session"] = path == "single"

@@ -8,7 +8,7 @@ unthrottled (page cache). Each ORT thread setting (``--threads 1,2``: 1 thread, 
 pool is its process's for good; in it each mode gets a fresh engine and runs the prompt (once to warm
 up), then the prompt and 16 greedy tokens, then the prompt alone for its time breakdown; ``--paths
 per-layer,fused`` measures each mode on the per-layer graphs and on the joined decoder
-(``dipdeploy.runtime.fused``: its batched prefill runs each chunk through the one graph); the rows say
+(``dipdeploy.runtime.backends.joined``: its batched prefill runs each chunk through the one graph); the rows say
 prefill and decode tokens/s, the process's CPU seconds per wall second over the prompt and tokens
 (spinning workers show there), its RSS and OS threads after them, the Flash MB the prompt read, and,
 for the batch, the share of each group's rows the prompt's tokens selected (the union the batch reads once: why a union read, not a

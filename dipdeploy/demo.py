@@ -105,7 +105,7 @@ def _one(cfg: DemoConfig, label: str, density: float, native: bool, force: bool,
     from dipdeploy.loading import load_model
     from dipdeploy.runtime import Engine, EngineConfig, Sampler, parse_bandwidth
     from dipdeploy.runtime.template import ChatTemplate, messages
-    from dipdeploy.runtime.whole import mlp_row_bytes
+    from dipdeploy.runtime.backends.whole import mlp_row_bytes
     from dipdeploy.sparsity.methods import sparsify_, unsparsify_
     from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
 

@@ -15,7 +15,7 @@ def test_floors_import_without_torch():
 def test_runtime_and_simulator_import_without_torch():
     """`dipdeploy run` must work on a board with numpy, onnxruntime and tokenizers only (no onnx either)."""
     code = ("import sys, dipdeploy.runtime, dipdeploy.runtime.chat, dipdeploy.runtime.engine, "
-            "dipdeploy.runtime.positions, dipdeploy.runtime.fused, dipdeploy.sim, dipdeploy.trace, "
+            "dipdeploy.runtime.positions, dipdeploy.runtime.backends.joined, dipdeploy.sim, dipdeploy.trace, "
             "dipdeploy.bundle.manifest, dipdeploy.bundle.names, dipdeploy.ops.native, dipdeploy.cli.run; "
             "from dipdeploy.runtime.template import ChatTemplate; "
             "assert ChatTemplate('{{ messages[0].content }}', {}).render([{'role': 'user', 'content': 'x'}]) == 'x'; "

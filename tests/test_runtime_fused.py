@@ -1,4 +1,4 @@
-"""The cache inside the graph (``dipdeploy.runtime.fused``): the ops CacheStep/CacheSettle take the numpy
+"""The cache inside the graph (``dipdeploy.runtime.backends.joined``): the ops CacheStep/CacheSettle take the numpy
 reference's decisions (slots, residency, slab bytes, counters) on random traces, exactly, per token and
 in a batched prefill's chunks; the joined decoder decodes what the per-layer path decodes
 (near-tie-aware) at budgets below 100 %, through the shared staging window too, and its batched prefill
@@ -452,7 +452,7 @@ def test_reading_ahead_changes_the_reads_not_the_tokens(tiny_dipca_bundle, atten
     """--io direct: the joined graph has a CachePrefetch before each layer's attention; the rows it reads
     ahead are counted, and the decode is the one without it bit for bit (the products take the same rows
     in the same order; the same kernels)."""
-    from dipdeploy.runtime.fused import PREFETCH_OP, fuse_graphs
+    from dipdeploy.export.joined import PREFETCH_OP, fuse_graphs
 
     bundle = tiny_dipca_bundle(attention)
     kw = dict(dram_budget="50%", policy="lfu", prefill="token", io="direct", fused=True)
@@ -568,7 +568,7 @@ def test_cli_run_reads_ahead_with_io_direct_unless_told_not_to(tiny_dipca_bundle
 def test_joined_graph_holds_each_per_layer_node_once_and_a_step_pair_per_group(tiny_dipca_bundle):
     import onnx
 
-    from dipdeploy.runtime.fused import SETTLE_OP, STEP_OP, fuse_graphs
+    from dipdeploy.export.joined import SETTLE_OP, STEP_OP, fuse_graphs
 
     bundle = tiny_dipca_bundle()
     layers = len(Engine(bundle, fused=True).k)
@@ -667,3 +667,64 @@ def test_a_read_ahead_is_counted_when_no_step_missed(monkeypatch):
         JoinedDecoder._drain_graph_reads(eng)
     assert accounted == [(0, 3, 0.002, 12288, 0)]  # direct: FlashStore.account takes the reader's requests
     assert (flash.counters.ahead_rows, flash.counters.ahead_used) == (4, 0)
+
+
+@pytest.mark.parametrize("attention", ["standard", "gqa"])
+def test_export_writes_the_joined_decoder_in_each_form_and_lists_it(tiny_dipca_bundle, attention):
+    """The bundle carries the joined graph (``graphs.decoder``, in ``JOINED``'s order), each form the one
+    ``fuse_graphs`` builds from the bundle's own per-layer graphs; the prefetch form only where a layer got
+    a CachePrefetch (these tiny layers are pre-norm: every form is there)."""
+    import onnx
+
+    from dipdeploy.bundle.manifest import read_manifest
+    from dipdeploy.bundle.names import JOINED
+    from dipdeploy.export.joined import fuse_graphs
+
+    bundle = tiny_dipca_bundle(attention)
+    m = read_manifest(bundle)
+    assert m.graphs["decoder"] == list(JOINED.values())
+    layers = len(Engine(bundle, fused=True).k)
+    for form, (overlap, prefetch) in {"step": (False, False), "overlap": (True, False),
+                                      "prefetch": (True, True)}.items():
+        written = onnx.load(str(bundle / JOINED[form]), load_external_data=False)
+        built = fuse_graphs(bundle, layers, None, overlap, prefetch)
+        assert written.graph.SerializeToString() == built.graph.SerializeToString(), form
+        assert JOINED[form] in m.files
+
+
+def test_the_joined_decoder_runs_without_the_onnx_package(tiny_dipca_bundle):
+    """The default path below 100 % opens the bundle's joined graph as it is: a host with numpy, onnxruntime
+    and the op library (no ``onnx``, no graph building) runs it, at the bundle's γ and accuracy level."""
+    import subprocess
+    import sys
+
+    bundle = tiny_dipca_bundle()
+    code = ("import sys; from dipdeploy.runtime import Engine; "
+            f"eng = Engine({str(bundle)!r}, dram_budget='50%'); "
+            f"out = eng.generate({PROMPT!r}, 3, stop_at_eos=False); "
+            "assert out.stats.fused and len(out.tokens) == 3, out.stats; "
+            "assert 'onnx' not in sys.modules, 'onnx imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_bundle_without_the_joined_decoder_runs_the_per_layer_graphs(tiny_dipca_bundle, tmp_path):
+    """A bundle whose manifest lists no joined graph (a calibrated row order has none) runs the per-layer
+    path by default and refuses ``fused=True`` in one line naming the cause."""
+    import json
+    import shutil
+
+    from dipdeploy.bundle.names import JOINED, MANIFEST
+
+    src = tiny_dipca_bundle()
+    bundle = tmp_path / "bundle"
+    shutil.copytree(src, bundle)
+    raw = json.loads((bundle / MANIFEST).read_text())
+    del raw["graphs"]["decoder"]
+    for name in JOINED.values():
+        (bundle / name).unlink()
+        raw["files"].pop(name)
+    (bundle / MANIFEST).write_text(json.dumps(raw))
+    eng = Engine(bundle, dram_budget="50%")
+    assert eng.fused is None and not eng.generate(PROMPT, 2, stop_at_eos=False).stats.fused
+    with pytest.raises(ValueError, match="no joined decoder graph"):
+        Engine(bundle, dram_budget="50%", fused=True)

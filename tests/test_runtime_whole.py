@@ -1,4 +1,4 @@
-"""One session per token (``dipdeploy.runtime.whole``): at a budget that holds every MLP row the engine
+"""One session per token (``dipdeploy.runtime.backends.whole``): at a budget that holds every MLP row the engine
 runs ``model.onnx`` once per token. Every row is resident from the start, so it must decode what the
 per-layer path decodes with plain DIP (γ = 1), near-tie-aware; the auto rule picks it only where the
 budget holds every row; what only the per-layer path has is refused in one line."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from dipdeploy.bundle.names import EDGE_GRAPHS, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
 
 BUNDLE_FORMAT = "dipdeploy-bundle"
-BUNDLE_VERSION = 2  # 2: positions.onnx; the MLP's term crosses the layer graphs unadded
+BUNDLE_VERSION = 3  # 3: the joined decoder (graphs.decoder); 2: positions.onnx, the MLP term unadded
 REGENERATE = "regenerate the bundle with `dipdeploy export`"
 # Item sizes of the dtypes a tensor may have (numpy names; ``open_tensor`` maps them with numpy).
 DTYPES = {"float64": 8, "float32": 4, "float16": 2, "int64": 8, "uint64": 8, "int32": 4, "uint32": 4,

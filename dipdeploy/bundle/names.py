@@ -13,6 +13,10 @@ SLAB_DIM = "slab_rows"
 BATCH, SEQ, TOTAL = "batch_size", "sequence_length", "total_sequence_length"
 # The per-layer graphs beside the layers' own (dipdeploy/export/layers.py), in the order export lists them.
 EDGE_GRAPHS = ("embed.onnx", "positions.onnx", "head.onnx")
+# The joined decoder's forms (dipdeploy/export/joined.py): the per-layer graphs spliced into one, the host's
+# cache step as ops; ``graphs.decoder`` lists those a bundle has, in this order.
+JOINED = {"step": "decoder.step.onnx", "overlap": "decoder.overlap.onnx", "prefetch": "decoder.prefetch.onnx"}
+MLP_GROUPS = ("up_gate", "down")  # a layer's row groups, in the order every stage lists them
 # Files the readers open by their fixed names (the runtime's decoder settings, the tokenizer).
 READ_BY_NAME = ("genai_config.json", "tokenizer.json")
 ROW_POSITION = "model.layers.{layer}.mlp.{group}.position"  # int64 [R]: the file row of each logical row
@@ -22,3 +26,9 @@ def layer_graph_names(num_layers: int) -> list[str]:
     """The per-layer graphs of a bundle with ``num_layers`` layers, in the order export lists them."""
     return [f"layer.{i}.{part}.onnx" for i in range(num_layers) for part in ("attn", "mlp_up", "mlp_down")] + [
         *EDGE_GRAPHS]
+
+
+def joined_input(layer: int, name: str) -> str:
+    """The joined decoder's input for layer ``layer``'s per-layer graph input ``name`` (a slab array
+    ``up_gate.qweight``, a residency ``cache_in``, a group's ``up_gate.handle``)."""
+    return f"layer.{layer}.{name}"

@@ -215,7 +215,7 @@ def run_cmd(
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
-        if trace is not None:  # a trace is the per-layer path's selections (dipdeploy.runtime.whole)
+        if trace is not None:  # a trace is the per-layer path's selections (dipdeploy.runtime.backends.whole)
             if single_session:
                 raise ValueError("--trace records the per-layer graphs' selections: drop --single-session")
             if fused:

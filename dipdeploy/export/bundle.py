@@ -171,6 +171,11 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
     graphs, orders = _write_graphs(source, store, plan, cfg, tmp, steps, missed)
     if orders:
         row_order = {**row_order, **_order_summary(orders)}
+    if graphs.get("layers") and row_order.get("order", "natural") == "natural":
+        from dipdeploy.export.joined import write_joined
+
+        steps("join the per-layer graphs")  # the joined decoder: every host's default path below 100 %
+        graphs["decoder"] = write_joined(tmp, source.spec.num_layers, cfg.attention == "standard")
     lm.tokenizer.save_pretrained(tmp)
     lib = library_path()
     if lib is not None:  # onnxruntime-genai loads it from the bundle folder (genai_config.json)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from dipdeploy import dirswap
-from dipdeploy.bundle.names import MANIFEST
+from dipdeploy.bundle.names import JOINED, MANIFEST
 
 Notice = Callable[[str], None]
 
@@ -28,7 +28,7 @@ _BUNDLE_ENTRY = re.compile(
     r"(manifest\.json|genai_config\.json|(model|model\.level0|embed|positions|head)\.onnx"
     r"|layer\.\d+\.(attn|mlp_up|mlp_down)\.onnx|(dense|mlp)\.bin|libdipdeploy_ops\.\w+"
     r"|tokenizer(_config)?\.json|tokenizer\.model|special_tokens_map\.json|added_tokens\.json"
-    r"|vocab\.json|merges\.txt|chat_template\.jinja)")
+    r"|vocab\.json|merges\.txt|chat_template\.jinja|" + "|".join(re.escape(n) for n in JOINED.values()) + ")")
 
 
 def is_bundle(path: Path) -> bool:

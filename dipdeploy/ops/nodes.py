@@ -12,7 +12,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 from dipdeploy.ops.fallback import SgmmVariant, TopKVariant, fallback_functions
 from dipdeploy.ops.formats import OpWeights, weight_format
 from dipdeploy.ops.reference import int8_path
-from dipdeploy.ops.schemas import DOMAIN, IR_VERSION, ONNX_OPSET, OPSET_VERSION, SGMM_OP, TOPK_OP
+from dipdeploy.ops.schemas import CACHE_OPS, DOMAIN, IR_VERSION, ONNX_OPSET, OPSET_VERSION, SGMM_OP, TOPK_OP
 
 
 def topk_column_mask_node(
@@ -149,6 +149,16 @@ def make_sgmm_model(weights: OpWeights, d: int, *, slab: bool = False, weights_a
 
 
 MS_DOMAIN = "com.microsoft"
+
+
+def set_gamma(nodes, gamma: float) -> None:
+    """Give every TopKColumnMask among ``nodes`` (ONNX ``NodeProto``s) DIP-CA's ``gamma``, and every
+    CachePrefetch (which predicts a selection with its TopKColumnMask's attributes) the same."""
+    for node in nodes:
+        if node.domain == DOMAIN and node.op_type in (TOPK_OP, CACHE_OPS[4]):
+            attrs = [a for a in node.attribute if a.name != "gamma"]
+            del node.attribute[:]
+            node.attribute.extend(attrs + [helper.make_attribute("gamma", float(gamma))])
 
 
 def with_accuracy_level(model: ModelProto, level: int) -> ModelProto:

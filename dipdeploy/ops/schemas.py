@@ -17,6 +17,9 @@ OPSET_VERSION = 1
 BUNDLE_ACCURACY_LEVELS = (0, 4)
 TOPK_OP = "TopKColumnMask"
 SGMM_OP = "SparseGatherMatMul"
+#: The cache ops of the joined decoder (``export.joined``; custom_ops/src/dd_ops.cc): the host's cache step
+#: as nodes. Only the native library has them (no fallback function), so a graph that uses them needs it.
+CACHE_OPS = ("CacheStep", "CacheSettle", "CacheBegin", "CacheEnd", "CachePrefetch")
 # The standard-op opset the fallback function bodies and the test models use.
 ONNX_OPSET = 21
 # IR 10 is the first with function overloads (one body per input variant, see ``fallback``).

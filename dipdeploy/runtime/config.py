@@ -67,12 +67,12 @@ class EngineConfig:
     every group's rows, as the torch DIP-CA reference) or ``reads`` (the groups whose misses cost the
     most reading per byte first, ``dipdeploy.cache.split``; the same bytes in all).
     ``single_session``: run the bundle's ``model.onnx`` in one ORT session per token instead of the
-    per-layer graphs and the host cache step (``dipdeploy.runtime.whole``: at a budget that holds every
+    per-layer graphs and the host cache step (``dipdeploy.runtime.backends.whole``: at a budget that holds every
     MLP row all rows are resident from the start, so DIP-CA is plain DIP); None: whenever the budget
     holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
     per-layer path (empty caches at the start; traces, selections).
     ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
-    (``dipdeploy.runtime.fused``: the same native step, at any budget; 1.16–1.69× the per-layer path's
+    (``dipdeploy.runtime.backends.joined``: the same native step, at any budget; 1.16–1.69× the per-layer path's
     decode on real reads, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
     natural row order, takes no Belady and records no selections (traces, ``teacher_forced``); its
     batched prefill runs each chunk through the same graph, with the per-layer path's semantics.

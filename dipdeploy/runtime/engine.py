@@ -159,7 +159,7 @@ class Engine:
 
     @property
     def single_session(self) -> bool:
-        """Whether this engine runs ``model.onnx`` once per token (``dipdeploy.runtime.whole``)."""
+        """Whether this engine runs ``model.onnx`` once per token (``dipdeploy.runtime.backends.whole``)."""
         return self.backend.all_resident
 
     @property

@@ -186,7 +186,7 @@ class FlashStore:
 
     def native_reader(self, bounce: int):
         """``--io direct`` with the op library's reader, for a caller that reads through it in C++ (the
-        joined decoder's cache steps, ``dipdeploy.runtime.fused``): (fd, reader handle, whether it is an
+        joined decoder's cache steps, ``dipdeploy.runtime.backends.joined``): (fd, reader handle, whether it is an
         io_uring ring, a block-aligned bounce buffer of ``bounce`` bytes); None without one."""
         handle = getattr(self._reader, "handle", None)  # the Python reader has none
         if self.io != "direct" or not handle:

@@ -89,7 +89,7 @@ class KvCache:
 
     def bind_session(self, session, new: int = 1) -> None:
         """Bind every layer's past and present to ``session``, one graph for the whole decoder
-        (``dipdeploy.runtime.whole``). GQA: as ``bind``. Standard: layer i's present goes into the buffer
+        (``dipdeploy.runtime.backends.whole``). GQA: as ``bind``. Standard: layer i's present goes into the buffer
         holding layer i − 1's past (layer 0's into the spare), which that layer's Concat has read before
         layer i runs; ``commit_session`` then shifts the ownership by one layer."""
         s = self.shape

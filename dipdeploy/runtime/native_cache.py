@@ -51,7 +51,7 @@ def cache_library(path: str):
     lib.dd_cache_select.argtypes = [_P, _P, _I64, _P, _P, _P, _P, _P]
     lib.dd_cache_settle.restype, lib.dd_cache_settle.argtypes = _I64, [_P]
     lib.dd_cache_drop_step.restype, lib.dd_cache_drop_step.argtypes = None, [_P]
-    if hasattr(lib, "dd_cache_direct"):  # the graph step (dipdeploy.runtime.fused): its reads and counters
+    if hasattr(lib, "dd_cache_direct"):  # the graph step (dipdeploy.runtime.backends.joined): its reads and counters
         lib.dd_cache_drain.restype, lib.dd_cache_drain.argtypes = _I64, [_P, _I64, _P]
         lib.dd_cache_direct.restype = _I64
         lib.dd_cache_direct.argtypes = [_P, ctypes.c_int, _P, ctypes.c_int, _I64, _I64, _I64, _P, _I64]

@@ -24,8 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.ops.schemas import DOMAIN, TOPK_OP
-
 
 @functools.cache
 def _cpu():
@@ -87,17 +85,6 @@ class SharedInitializers:
         return options
 
 
-def set_gamma(nodes, gamma: float) -> None:
-    """Give every TopKColumnMask among ``nodes`` (ONNX ``NodeProto``s) DIP-CA's ``gamma``."""
-    import onnx
-
-    for node in nodes:
-        if node.op_type == TOPK_OP and node.domain == DOMAIN:
-            attrs = [a for a in node.attribute if a.name != "gamma"]
-            del node.attribute[:]
-            node.attribute.extend(attrs + [onnx.helper.make_attribute("gamma", float(gamma))])
-
-
 def open_session(path: Path, options, gamma: float | None = None, accuracy_level: int | None = None):
     """An ORT CPU session for ``path``; with ``gamma`` every TopKColumnMask gets that γ, with
     ``accuracy_level`` every MatMulNBits and SparseGatherMatMul that level (``with_accuracy_level``)."""
@@ -108,7 +95,7 @@ def open_session(path: Path, options, gamma: float | None = None, accuracy_level
         return ort.InferenceSession(str(path), options, providers=providers)
     import onnx
 
-    from dipdeploy.ops.nodes import with_accuracy_level
+    from dipdeploy.ops.nodes import set_gamma, with_accuracy_level
 
     model = onnx.load(str(path), load_external_data=False)
     if gamma is not None:

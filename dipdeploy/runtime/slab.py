@@ -155,7 +155,7 @@ class GroupSlab:
 
     def native_state(self) -> NativeCache:
         """The native step, owning the state (pushed from numpy if a prefill or a test changed it): what a
-        graph that steps the cache itself binds (``dipdeploy.runtime.fused``)."""
+        graph that steps the cache itself binds (``dipdeploy.runtime.backends.joined``)."""
         if self._native is None:
             raise RuntimeError("this group has no native cache step (reset it with the op library's path first)")
         if not self._native_owns:

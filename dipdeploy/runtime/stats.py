@@ -98,8 +98,8 @@ class RunStats:
     prefill: str = "token"  # how the prompt was fed (EngineConfig.prefill)
     native_cache: bool = False  # the per-token cache step ran in the op library (EngineConfig.native_cache)
     io_engine: str | None = None  # --io direct: the reader that ran ("io_uring", "threads", "python")
-    single_session: bool = False  # model.onnx once per token, every row resident (dipdeploy.runtime.whole)
-    fused: bool = False  # the per-layer graphs joined, the cache step in the graph (dipdeploy.runtime.fused)
+    single_session: bool = False  # model.onnx once per token, every row resident (dipdeploy.runtime.backends.whole)
+    fused: bool = False  # the per-layer graphs joined, the cache step in the graph (dipdeploy.runtime.backends.joined)
     read_ahead_rows_per_token: float = 0.0  # joined, --io direct: rows CachePrefetch read before the selection
     read_ahead_used_per_token: float = 0.0  # ... that the selection then missed
     read_ahead: str | None = None  # joined, --io direct: "on", "off" or --prefetch auto's choice (Engine.read_ahead_setting)

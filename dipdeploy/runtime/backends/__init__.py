@@ -3,7 +3,7 @@
 ``Engine`` (``dipdeploy.runtime.engine``) opens the bundle, chooses one backend when it opens and then
 only calls the decoder's methods: ``whole`` (the bundle's ``model.onnx`` in one session, where the budget
 holds every row), ``joined`` (the per-layer graphs joined into one session with the cache step in the
-graph, ``dipdeploy.runtime.fused``) and ``per_layer`` (the per-layer sessions with the host cache step:
+graph, ``dipdeploy.runtime.backends.joined``) and ``per_layer`` (the per-layer sessions with the host cache step:
 slabs, the Flash store, the native cache, staging). The bundle, the configuration, the KV cache, the
 Flash store and the sequence state (``pos``, ``ids``) stay the engine's; a backend reads them through
 :class:`HostBound`. Torch-free (floor 5).

@@ -1,5 +1,6 @@
-"""The joined backend: the per-layer graphs joined into one session per token with the cache step inside
-the graph (``dipdeploy.runtime.fused``: the same native step, at any budget; ``EngineConfig.fused``).
+"""The joined backend: the bundle's joined decoder graph (``dipdeploy.export.joined``: the per-layer graphs
+spliced into one, the cache step as ops; the same native step, at any budget; ``EngineConfig.fused``) in one
+session per token.
 Its batched prefill runs each chunk through the same graph with the per-layer path's semantics; it records
 no per-layer selections (traces, Belady, ``teacher_forced``), and its lookups and reads are counted from
 the native groups' totals. Torch-free (floor 5).
@@ -7,28 +8,43 @@ the native groups' totals. Torch-free (floor 5).
 
 from __future__ import annotations
 
-import importlib.util
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from dipdeploy.bundle.manifest import REGENERATE, BundleError
+from dipdeploy.bundle.names import JOINED, MLP_GROUPS, joined_input
 from dipdeploy.flash import BLOCK, MAX_REQUEST
 from dipdeploy.runtime.backends.per_layer import SlabDecoder
 from dipdeploy.runtime.native_cache import read_ahead
 from dipdeploy.runtime.readahead import ReadAheadProbe
-from dipdeploy.runtime.sessions import shared_arena
+from dipdeploy.runtime.sessions import Bound, Buffer, open_session, shared_arena
 from dipdeploy.runtime.stats import Timer
 from dipdeploy.runtime.threadpool import pool_options
 
 
+def _why_not_config(cfg, manifest, layers: int) -> str | None:
+    """Why the cache cannot run inside the graph for this engine configuration (None: it can)."""
+    if cfg.io not in ("mmap", "direct"):
+        return (f"--io {cfg.io}: the cache step in the graph copies the misses from the mapped file (--io mmap) or "
+                f"reads them with the op library's reader (--io direct)")
+    if cfg.policy == "belady":
+        return "policy 'belady' needs the recorded future, which only the per-layer path records"
+    if (manifest.row_order or {}).get("order", "natural") != "natural":
+        return "the bundle's rows are in a calibrated order, which only the Flash store reads"
+    if cfg.native is False or cfg.native_cache is False:
+        return "the cache step in the graph is the op library's: it needs the native kernels and cache step"
+    if not manifest.graphs.get("decoder"):
+        return f"the bundle has no joined decoder graph; {REGENERATE}"
+    return None
+
+
 def why_not(host, native: bool) -> str | None:
     """Why the joined decoder cannot run ``host``'s engine (``EngineConfig.fused``), None when it can."""
-    from dipdeploy.runtime import fused
     from dipdeploy.runtime.native_cache import graph_step_library
 
-    reason = fused.why_not(host.cfg, host.manifest, host.num_layers)
-    if reason is None and importlib.util.find_spec("onnx") is None:
-        reason = "joining the per-layer graphs needs the onnx package (pip install onnx)"
+    reason = _why_not_config(host.cfg, host.manifest, host.num_layers)
     if reason is None and not native:
         reason = "the cache step in the graph is the op library's: build it (make ops)"
     if reason is None and (host._cache_library is None or graph_step_library(host._cache_library) is None):
@@ -37,19 +53,17 @@ def why_not(host, native: bool) -> str | None:
 
 
 class JoinedDecoder(SlabDecoder):
-    """One ``fused.FusedModel`` session per token (and per prefill chunk) over the slabs."""
+    """One ``JoinedModel`` session per token (and per prefill chunk) over the slabs."""
 
     records_selections = False
 
     def __init__(self, host, session_options, native: bool):
-        from dipdeploy.runtime import fused
-
         super().__init__(host)
         self.read_ahead = None  # --prefetch auto: the probe that chooses
         options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
         gamma = None if self.gamma == self.baked_gamma else self.gamma
         chunk = min(self.cfg.prefill_chunk, self.cfg.context) if self.cfg.prefill == "batch" else 1
-        self.fused = fused.FusedModel(self.path, self.shared.apply(shared_arena(options)), self.kv, self.cfg.context,
+        self.fused = JoinedModel(self.path, self.manifest, self.shared.apply(shared_arena(options)), self.kv, self.cfg.context,
                                       self.d, self.decoder["vocab_size"], self.num_layers, gamma,
                                       self.cfg.accuracy_level, chunk,
                                       overlap=self.cfg.io == "direct" and self.cfg.overlap_reads,
@@ -179,3 +193,117 @@ class JoinedDecoder(SlabDecoder):
             self.flash.counters.ahead_rows += reads.ahead
             self.flash.counters.ahead_used += reads.ahead_used
         self.flash.settle()
+
+
+class JoinedModel:
+    """The joined decoder in one ORT session bound to preallocated buffers and to the groups' slabs and
+    native state (``bind_groups`` after every cache reset: a reset makes new native groups).
+
+    A batched prefill (``chunk`` > 1 tokens per run) runs the same session through a second binding: the
+    slab inputs bound to the engine's full-height prefill buffers, every residency input to all-resident
+    (the prompt selects by plain DIP, as the per-layer path's batched prefill does), while the groups are
+    in ``NativeCache.prefill`` mode, in which the same CacheStep/CacheSettle nodes fill those buffers
+    with a chunk's rows and warm the caches from its selections."""
+
+    def __init__(self, path: Path, manifest, options, kv, context: int, d: int, vocab: int, layers: int,
+                 gamma: float | None, accuracy_level: int | None, chunk: int = 1, overlap: bool = False,
+                 prefetch: bool = False):
+        graphs = set(manifest.graphs.get("decoder") or [])
+        form = "prefetch" if overlap and prefetch and JOINED["prefetch"] in graphs else "overlap" if overlap else "step"
+        if JOINED[form] not in graphs:
+            raise BundleError(f"the manifest names no joined decoder {JOINED[form]}; {REGENERATE}")
+        self.overlap = overlap  # CacheBegin/CacheEnd: the misses read while the resident rows are multiplied
+        self.reads_ahead = form == "prefetch"  # a CachePrefetch before the pre-norm layers' attention
+        # with standard attention, export checked that only a Concat or a Shape reads each past
+        # (``export.joined.check_past_readers``, as ``check_past_consumers`` does for model.onnx)
+        # ORT's memory patterns are planned per set of input shapes, and the attention mask grows by one
+        # position per token: without them the arena does not keep a plan per length
+        # (benchmarks/results/memory.md)
+        options.enable_mem_pattern = False
+        self.session = open_session(path / JOINED[form], options, gamma, accuracy_level)
+        self.bound = Bound(self.session)
+        self.kv, self.context, self.layers, self.chunk = kv, context, layers, chunk
+        self.hidden = np.zeros((1, 1, d), np.float32)
+        self.positions = Buffer(np.zeros(chunk, np.int64))
+        self.mask = Buffer(np.ones(context, np.int64))
+        self.logits = np.zeros((1, 1, vocab), np.float32)
+        self.bound.input("hidden", self.hidden)
+        self.bound.output("logits", self.logits)
+        self.handles = np.zeros(2 * layers, np.int64)  # bound: the graph reads each group's handle here
+        self.prefill_bound = self.chunk_hidden = None
+        if chunk > 1:
+            self.prefill_bound = Bound(self.session)
+            self.chunk_hidden = Buffer(np.zeros(chunk * d, np.float32))
+            self.prefill_bound.output("logits", self.logits)
+
+    def slab_inputs(self, layer: int, group: str) -> list:
+        """The session's slab inputs of one group with the per-layer graph's names (``up_gate.qweight``…),
+        as ``slab.group_arrays`` takes them."""
+        prefix = joined_input(layer, group + ".")
+        return [_Arg(a.name[len(joined_input(layer, "")):], a.shape) for a in self.session.get_inputs()
+                if a.name.startswith(prefix) and not a.name.endswith(".handle")]
+
+    def bind_groups(self, slabs, full=None) -> None:
+        """Bind every group's slab arrays, residency and native handle (``GroupSlab.native_state``); with a
+        prefill binding, also its full-height buffers (``full(slab)``: the slab arrays' names → buffers)
+        and all-resident residency."""
+        b, p = self.bound, self.prefill_bound
+        everything = {}
+        for i, pair in enumerate(slabs):
+            for g, (group, slab) in enumerate(zip(MLP_GROUPS, pair)):
+                nat = slab.native_state()
+                residency = joined_input(i, ("cache_in", "cache_glu")[g])
+                handle = self.handles[2 * i + g: 2 * i + g + 1]
+                self.handles[2 * i + g] = nat.handle
+                for name, value in slab.feeds.items():
+                    b.input(joined_input(i, name), value)
+                b.input(residency, nat.state.resident.view(bool))
+                b.input(joined_input(i, f"{group}.handle"), handle)
+                if p is None:
+                    continue
+                for name, value in {**slab.arrays.shared, **full(slab)}.items():
+                    p.input(joined_input(i, name), value)
+                p.input(residency, everything.setdefault(slab.rows, np.ones(slab.rows, bool)))
+                p.input(joined_input(i, f"{group}.handle"), handle)
+
+    def run(self, pos: int) -> np.ndarray:
+        """One token (``hidden`` already holds its embedding) at position ``pos``; the logits [V] (a view of
+        the bound buffer). The KV cache advances by one."""
+        if pos + 1 > self.context:
+            raise ValueError(f"context of {self.context} tokens is full; raise --context")
+        b = self.bound
+        self.positions.array[0] = pos
+        b.input_at("position_ids", self.positions, (1, 1))
+        b.input_at("attention_mask", self.mask, (1, pos + 1))
+        self.kv.bind_session(b, 1)
+        b.run()
+        self.kv.commit_session()
+        self.kv.advance(1)
+        return self.logits[0, -1]
+
+    def run_chunk(self, pos: int, n: int) -> np.ndarray:
+        """``n`` ≤ ``chunk`` tokens (``chunk_hidden`` holds their embeddings) at positions ``pos``…, through
+        the prefill binding, the groups in prefill mode; the logits [V] after the last one."""
+        if pos + n > self.context:
+            raise ValueError(f"context of {self.context} tokens is full; raise --context")
+        if self.prefill_bound is None or not 1 <= n <= self.chunk:
+            raise ValueError(f"a chunk holds 1 to {self.chunk if self.prefill_bound else 0} tokens, got {n}")
+        b = self.prefill_bound
+        self.positions.array[:n] = np.arange(pos, pos + n)
+        b.input_at("hidden", self.chunk_hidden, (1, n, self.hidden.shape[-1]))
+        b.input_at("position_ids", self.positions, (1, n))
+        b.input_at("attention_mask", self.mask, (1, pos + n))
+        self.kv.bind_session(b, n)
+        b.run()
+        self.kv.commit_session()
+        self.kv.advance(n)
+        return self.logits[0, -1]
+
+
+
+
+class _Arg:
+    """A graph input as ``slab.group_arrays`` reads it (ORT's ``NodeArg``: name and shape)."""
+
+    def __init__(self, name: str, shape):
+        self.name, self.shape = name, shape

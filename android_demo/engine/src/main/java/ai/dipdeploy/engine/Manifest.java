@@ -20,13 +20,13 @@ import java.util.TreeSet;
  * {@code manifest.json} of a dipdeploy bundle: the Java mirror of {@code dipdeploy/bundle/manifest.py}.
  *
  * <p>The reader accepts exactly what the Python reader accepts: {@code format == "dipdeploy-bundle"},
- * {@code version == VERSION} (compared like Python's {@code !=}: 2 and 2.0 are equal, true equals 1 only), no field outside
+ * {@code version == VERSION} (compared like Python's {@code !=}: 3 and 3.0 are equal, true equals 1 only), no field outside
  * the Python dataclass, and every required field present. Errors name the fix
  * ({@code dipdeploy export}).
  */
 public final class Manifest {
     public static final String FORMAT = "dipdeploy-bundle";
-    public static final int VERSION = 2; // as dipdeploy/bundle/manifest.py's BUNDLE_VERSION
+    public static final int VERSION = 3; // as dipdeploy/bundle/manifest.py's BUNDLE_VERSION
     public static final String FILE = "manifest.json";
     public static final String REGENERATE = "regenerate the bundle with `dipdeploy export`";
 
