@@ -79,7 +79,7 @@ def test_logit_chunks_shrink_with_the_batch_not_the_nll(tiny_llama, monkeypatch)
     chunking changes the memory, not the NLL."""
     import torch
 
-    from dipdeploy.eval import perplexity as P
+    from dipdeploy.sparsity import nll as P  # the NLL the evaluation (eval.perplexity) and the split search share
 
     assert P.logit_chunk(1, 49152) == 512 and P.logit_chunk(16, 262144) == 32 and P.logit_chunk(1, 10**12) == 1
     torch.manual_seed(0)

@@ -4,13 +4,9 @@ no two units (subpackages or top-level modules) import each other, directly or r
 Every ``import`` of ``dipdeploy`` counts, at module level or inside a function (a lazy import is still a
 dependency: it only defers it), except under ``if TYPE_CHECKING:`` (annotations, never run). The unit of
 the graph is the first name under ``dipdeploy`` (``export`` for ``dipdeploy.export.bundle``, ``flash``
-for ``dipdeploy.flash``). ``python tests/test_layers.py`` prints the cycles and the upward imports.
-
-Measured when the test was written (before #55 moved the bundle format, the text windows and the block-read
-cost model to floor 1): one cycle of 8 units (eval export finetune ops quant runtime sim sparsity, 26
-elementary cycles), 6 upward imports and 6 imports round cycles within floor 4. After: the 3 upward imports
-of :data:`ALLOWED` close one cycle of 6 units (eval export finetune ops quant sparsity, 6 elementary
-cycles), and nothing else does.
+for ``dipdeploy.flash``). A lower floor that needs a higher one's behaviour is handed it by its caller
+(a function or a context manager as an argument), never imports it. An exception goes in :data:`ALLOWED`,
+with its reason and what removes it. ``python tests/test_layers.py`` prints the cycles and the upward imports.
 """
 
 from __future__ import annotations
@@ -46,16 +42,7 @@ FLOORS = {
 
 # Known violations, each (importer module, imported module): why it stays and what removes it. The list is
 # exact: the test fails on a violation not listed and on a listed one that is gone, so it cannot rot.
-_DIP_STATISTICS = ("quant.calib.row_statistics(kind='dip') builds a uniform DIP plan and sparsifies the model "
-                   "itself; to be removed when its callers (export, eval, the quantize command) hand it the "
-                   "sparsified model, with the torch half of quant split from its numpy formats (#55)")
-ALLOWED: dict[tuple[str, str], str] = {
-    ("dipdeploy.quant.calib", "dipdeploy.sparsity.methods"): _DIP_STATISTICS,
-    ("dipdeploy.quant.calib", "dipdeploy.sparsity.plan"): _DIP_STATISTICS,
-    ("dipdeploy.sparsity.calibrate", "dipdeploy.eval.perplexity"):
-        "the rho_in split calibration scores candidates by the evaluation's NLL (perplexity.window_nlls); to be "
-        "removed when that NLL (arch + sparsity.methods only) moves below eval in the split of eval (#55)",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

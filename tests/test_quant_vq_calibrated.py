@@ -116,7 +116,7 @@ def test_dip_statistics_count_only_the_selected_rows(tiny_llama):
     E[x_i² · 1(i among the top-K_in of |x|)] of the dense pass's inputs."""
     torch = pytest.importorskip("torch")
     from dipdeploy.quant.calib import row_statistics
-    from dipdeploy.sparsity.methods import SparseMLP, topk_mask
+    from dipdeploy.sparsity.methods import SparseMLP, topk_mask, uniform_dip
     from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
 
     model = tiny_llama.model
@@ -127,7 +127,9 @@ def test_dip_statistics_count_only_the_selected_rows(tiny_llama):
         dense = row_statistics(model, ids, full=False, kind="dense")
     finally:
         h.remove()
-    dip = row_statistics(model, ids, full=True, kind="dip", density=0.6)
+    dip = row_statistics(model, ids, full=True, kind="dip", density=0.6, under_dip=uniform_dip)
+    with pytest.raises(ValueError, match="under_dip"):  # quant cannot sparsify the model itself (a lower floor)
+        row_statistics(model, ids, full=False, kind="dip", density=0.6)
     c = model.config
     k_in = uniform_plan(SparsityConfig(method="dip", density=0.6), "t", c.num_hidden_layers, c.hidden_size,
                         c.intermediate_size).layers[0].k_in

@@ -44,6 +44,7 @@ def quantize_cmd(
         from dipdeploy.loading import load_model
         from dipdeploy.quant.fake import write_packed_mlp
         from dipdeploy.quant.io import bits_per_weight, read_header
+        from dipdeploy.sparsity.methods import uniform_dip
 
         progress = Progress()
         with progress.stage(f"load {model}"):
@@ -55,7 +56,7 @@ def quantize_cmd(
             calib = calibration_windows(lm.tokenizer, stats_windows, calib_seqlen, data_dir)
         with progress.stage(f"quantise the MLP ({quant})"):
             path = write_packed_mlp(lm.model, cfg, out, model_name=lm.name, force=force, calib_ids=calib,
-                                    progress=False)
+                                    progress=False, under_dip=uniform_dip)
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     header = read_header(path)

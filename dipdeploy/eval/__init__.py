@@ -123,6 +123,7 @@ def _quantize(lm, cfg: EvalConfig, calib: Callable[[], object] | None = None) ->
     if cfg.quant is None and cfg.weights is None:
         return {"quant": "none", "bits_per_weight": 32.0}
     from dipdeploy.quant.fake import fit_record, load_mlp_weights_, quantize_model_  # imports torch lazily
+    from dipdeploy.sparsity.methods import uniform_dip
 
     fit = {}
     if cfg.weights is not None:
@@ -138,7 +139,7 @@ def _quantize(lm, cfg: EvalConfig, calib: Callable[[], object] | None = None) ->
                                  "were given; pass --vq-hessian none for plain k-means")
             ids = calib()
         report = quantize_model_(lm.model, qcfg, scope=cfg.quant_scope, calib_ids=ids, progress=False,
-                                 embedding=cfg.embedding)
+                                 embedding=cfg.embedding, under_dip=uniform_dip)
         name, fit = cfg.quant, {"quant_fit": fit_record(qcfg, ids)}
     return {"quant": name, "quant_scope": cfg.quant_scope,
             "embedding": cfg.embedding if cfg.quant_scope == "all" else "fp32",

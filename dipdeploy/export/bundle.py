@@ -217,7 +217,9 @@ def _quant_statistics(lm, cfg: ExportConfig, steps: _Steps) -> tuple:
             ids = calibration_windows(lm.tokenizer, cfg.stats_windows, cfg.calib_seqlen, cfg.data_dir)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"{err}; or fit plain k-means with --vq-hessian none") from err
-    return mlp_cfg, calibration_statistics(lm.model, mlp_cfg, ids), fit_record(mlp_cfg, ids)
+    from dipdeploy.sparsity.methods import uniform_dip
+
+    return mlp_cfg, calibration_statistics(lm.model, mlp_cfg, ids, under_dip=uniform_dip), fit_record(mlp_cfg, ids)
 
 
 def _row_order(lm, cfg: ExportConfig, plan, steps: _Steps) -> tuple[list | None, dict]:

@@ -10,23 +10,34 @@ spread errors through them (``error_feedback``, ``gptq.py``):
   output, so its error should not count, and no error should be pushed onto it.
 
 Both are read at the *inputs of the projections* (up or the fused gate_up, and down): under DIP those
-inputs are already masked (``sparsity.methods``, method ``dip``), so one hook serves both kinds.
+inputs are already masked (``sparsity.methods``, method ``dip``), so one hook serves both kinds. Quant lies
+below sparsity (docs/design.md, "Floors"): the caller hands the DIP pass in (``under_dip``,
+``sparsity.methods.uniform_dip``).
 """
 
 from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable
 
 import numpy as np
 
 STATISTICS = ("dense", "dip")
 
 
+#: How a ``dip`` pass runs: ``under_dip(model, density)`` puts the model under a uniform DIP plan of
+#: ``density`` and restores it on exit (``dipdeploy.sparsity.methods.uniform_dip``).
+UnderDip = Callable[[object, float], AbstractContextManager]
+
+
 def row_statistics(model, calib_ids, *, full: bool, kind: str = "dense", density: float = 0.5,
-                   layers: tuple[int, ...] | None = None) -> list[dict[str, np.ndarray | None]]:
+                   layers: tuple[int, ...] | None = None,
+                   under_dip: UnderDip | None = None) -> list[dict[str, np.ndarray | None]]:
     """Per layer and row group ({"up_gate", "down"}), H [R, R] (``full``) or its diagonal [R], averaged
     over the tokens of ``calib_ids`` [B, T], from one forward pass; the model is left as it was.
 
-    ``kind="dip"`` runs the pass under a uniform DIP plan of ``density`` (ρ_in from
-    ``sparsity.plan.default_rho_in``, the split the benchmarks evaluate). ``layers`` restricts the
+    ``kind="dip"`` runs the pass inside ``under_dip(model, density)``: a uniform DIP plan of ``density``
+    (ρ_in from ``sparsity.plan.default_rho_in``, the split the benchmarks evaluate). ``layers`` restricts the
     statistics to those layer indices (the others get None). Memory when ``full``: L·(d² + F²) float32.
     """
     import torch
@@ -35,6 +46,9 @@ def row_statistics(model, calib_ids, *, full: bool, kind: str = "dense", density
 
     if kind not in STATISTICS:
         raise ValueError(f"statistics kind {kind!r} unknown; choose one of {STATISTICS}")
+    if kind == "dip" and under_dip is None:
+        raise ValueError("statistics kind 'dip' runs the model under a DIP plan: pass "
+                         "under_dip=dipdeploy.sparsity.methods.uniform_dip")
     arch = arch_of_model(model)
     all_layers = decoder_layers(model)
     wanted = tuple(range(len(all_layers))) if layers is None else tuple(layers)
@@ -54,17 +68,11 @@ def row_statistics(model, calib_ids, *, full: bool, kind: str = "dense", density
         handles.append(getattr(mlp, arch.mlp.gate_up or arch.mlp.up).register_forward_pre_hook(hook(i, "up_gate")))
         handles.append(getattr(mlp, arch.mlp.down).register_forward_pre_hook(hook(i, "down")))
     try:
-        if kind == "dip":
-            _sparsify_dip(model, density)
-        with torch.no_grad():
+        with under_dip(model, density) if kind == "dip" else nullcontext(), torch.no_grad():
             model(input_ids=calib_ids)
     finally:
         for h in handles:
             h.remove()
-        if kind == "dip":
-            from dipdeploy.sparsity.methods import unsparsify_
-
-            unsparsify_(model)
     return [{k: None if v is None else (v / tokens).cpu().numpy() for k, v in s.items()} for s in stats]
 
 
@@ -73,13 +81,3 @@ def decoder_layers(model):
     if not hasattr(decoder, "layers"):
         raise ValueError(f"{type(model).__name__}: no decoder layers found (expected model.model.layers)")
     return decoder.layers
-
-
-def _sparsify_dip(model, density: float) -> None:
-    from dipdeploy.sparsity.methods import sparsify_
-    from dipdeploy.sparsity.plan import SparsityConfig, uniform_plan
-
-    c = model.config
-    plan = uniform_plan(SparsityConfig(method="dip", density=density), "calibration", c.num_hidden_layers,
-                        c.hidden_size, c.intermediate_size)
-    sparsify_(model, plan)

@@ -29,7 +29,7 @@ import numpy as np
 from dipdeploy import defaults
 from dipdeploy.arch import Arch, arch_of_model
 from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize, quantize_dense
-from dipdeploy.quant.calib import decoder_layers, row_statistics
+from dipdeploy.quant.calib import UnderDip, decoder_layers, row_statistics
 from dipdeploy.quant.config import QuantConfig, config_to_dict, dense_config, quant_config_from_name
 from dipdeploy.quant.io import load_packed, save_packed
 from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
@@ -98,15 +98,17 @@ def set_mlp_weights(mlp, arch: Arch, w_up: np.ndarray, w_gate: np.ndarray, w_dow
     _assign(_module(mlp, m.down, arch), w_down)
 
 
-def calibration_statistics(model, cfg: QuantConfig, calib_ids) -> list[dict[str, np.ndarray | None]] | None:
+def calibration_statistics(model, cfg: QuantConfig, calib_ids, *, under_dip: UnderDip | None = None
+                           ) -> list[dict[str, np.ndarray | None]] | None:
     """The statistics ``cfg``'s quantiser uses (``config.statistics``, ``calib.row_statistics``) from
     ``calib_ids`` [B, T]: full Hessians for error feedback, else diagonals; None without calibration or
-    when the config uses none."""
+    when the config uses none. ``under_dip`` (``sparsity.methods.uniform_dip``) runs the pass of ``dip``
+    statistics."""
     kind = cfg.statistics()
     if calib_ids is None or kind is None:
         return None
     return row_statistics(model, calib_ids, full=bool(cfg.error_feedback), kind=kind,
-                          density=getattr(cfg, "hessian_density", 1.0))
+                          density=getattr(cfg, "hessian_density", 1.0), under_dip=under_dip)
 
 
 def iter_packed_mlp(model, cfg: QuantConfig, *, calib=None, progress: bool = True
@@ -165,13 +167,14 @@ def _dense_linears(model) -> list[tuple[str, Any]]:
 
 
 def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=None,
-                    progress: bool = True, embedding: str = defaults.EMBEDDING) -> QuantReport:
+                    progress: bool = True, embedding: str = defaults.EMBEDDING,
+                    under_dip: UnderDip | None = None) -> QuantReport:
     """Replace weights in place by their fake-quantised values; return what was done.
 
     ``calib_ids`` ([B, T] token ids): calibration text. Required by configs with ``error_feedback``
     (GPTQ-style, full Hessians); otherwise optional, giving the Hessian-diagonal row weights VQ3's
     ``hessian`` names (without it VQ3 fits unweighted k-means; BQ4/RTN3 use none, see
-    ``config._BlockIntConfig``).
+    ``config._BlockIntConfig``). ``under_dip``: as :func:`calibration_statistics` (a ``dip`` config needs it).
     """
     if scope not in SCOPES:
         raise ValueError(f"scope={scope!r} is not allowed; choose one of {SCOPES}")
@@ -181,7 +184,7 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
     if feedback and calib_ids is None:
         raise ValueError(f"{type(cfg).__name__}.error_feedback=True needs calibration data: pass calib_ids "
                          "([B, T] token ids) or use the format without -gptq")
-    calib = calibration_statistics(model, cfg, calib_ids)
+    calib = calibration_statistics(model, cfg, calib_ids, under_dip=under_dip)
     if calib is not None:
         kind = "full Hessians (GPTQ-style error feedback)" if feedback else "Hessian-diagonal row weights"
         notes.append(f"{kind} ({cfg.statistics()}) from {int(np.prod(calib_ids.shape))} calibration tokens")
@@ -270,15 +273,16 @@ def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "",
 
 
 def write_packed_mlp(model, cfg: QuantConfig, out, *, model_name: str = "", force: bool = False,
-                     calib_ids=None, progress: bool = True):
+                     calib_ids=None, progress: bool = True, under_dip: UnderDip | None = None):
     """Quantise every MLP (both groups) and stream the packed tensors into ``out`` (see ``io.py``).
 
-    ``calib_ids`` as in :func:`quantize_model_` (required for ``error_feedback`` configs).
+    ``calib_ids`` and ``under_dip`` as in :func:`quantize_model_` (``calib_ids`` required for ``error_feedback``
+    configs).
     """
     feedback = bool(getattr(cfg, "error_feedback", False))
     if feedback and calib_ids is None:
         raise ValueError(f"{type(cfg).__name__}.error_feedback=True needs calibration data (calib_ids)")
-    calib = calibration_statistics(model, cfg, calib_ids)
+    calib = calibration_statistics(model, cfg, calib_ids, under_dip=under_dip)
 
     def tensors():
         for i, packed in iter_packed_mlp(model, cfg, calib=calib, progress=progress):

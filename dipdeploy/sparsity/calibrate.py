@@ -28,16 +28,17 @@ import torch
 
 from dipdeploy.sparsity.allocate import ErrorCurves, allocate_joint, error_curves, exact_budget, split_per_layer
 from dipdeploy.sparsity.methods import decoder_layers, sparse_mlps, sparsify_, unsparsify_
+from dipdeploy.sparsity.nll import summed_nll
 from dipdeploy.sparsity.plan import LayerPlan, SparsityConfig, SparsityPlan, split_for, uniform_plan
 
 _SAMPLES_PER_LAYER = 200_000  # magnitudes kept per layer for a quantile: plenty for a 1e-3 quantile error
 
 
 def _nll(model, windows: torch.Tensor) -> float:
-    from dipdeploy.eval.perplexity import perplexity  # floor 4: a known upward import (tests/test_layers.py)
-
-    ppl, _ = perplexity(model, windows, batch_size=1)
-    return math.log(ppl)
+    """Log of the evaluation's perplexity (``eval.perplexity``) of ``windows``, one window at a time; taken
+    through exp as that is, so the recorded ``split_nll`` is its log to the bit."""
+    total, count = summed_nll(model, windows, batch_size=1)
+    return math.log(math.exp(total / count))
 
 
 def _shape(lm) -> tuple[int, int, int]:

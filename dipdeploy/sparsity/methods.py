@@ -22,7 +22,8 @@ come from :mod:`dipdeploy.cache` (numpy), the one definition shared with the run
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from torch import nn
 
 from dipdeploy.arch import Arch, arch_of_model
 from dipdeploy.cache import RowCache, dipca_scores, gamma_at, topk_rows
-from dipdeploy.sparsity.plan import LayerPlan, SparsityPlan
+from dipdeploy.sparsity.plan import LayerPlan, SparsityConfig, SparsityPlan, uniform_plan
 from dipdeploy.sparsity.scores import score_weights
 
 MethodFn = Callable[["SparseMLP", torch.Tensor], torch.Tensor]
@@ -306,6 +307,20 @@ def unsparsify_(model: nn.Module) -> nn.Module:
         if isinstance(layer.mlp, SparseMLP):
             layer.mlp = layer.mlp.base
     return model
+
+
+@contextmanager
+def uniform_dip(model: nn.Module, density: float) -> Iterator[nn.Module]:
+    """``model`` under a uniform DIP plan of ``density`` (ρ_in from ``plan.default_rho_in``), unsparsified
+    on the way out: how ``quant.calib.row_statistics(kind="dip")`` runs its pass (quant lies below
+    sparsity, so its callers hand it this)."""
+    try:
+        c = model.config
+        sparsify_(model, uniform_plan(SparsityConfig(method="dip", density=density), "calibration",
+                                      c.num_hidden_layers, c.hidden_size, c.intermediate_size))
+        yield model
+    finally:
+        unsparsify_(model)
 
 
 def sparse_mlps(model: nn.Module) -> list[SparseMLP]:
