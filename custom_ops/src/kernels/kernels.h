@@ -1,6 +1,6 @@
-// Kernels of the dipdeploy custom ops, free of ONNX Runtime types (dd_ops.cc is the ORT glue).
+// Kernels of the dipdeploy custom ops, free of ONNX Runtime types (ort/ is the ORT glue).
 // Every pointer and index handed to these functions has been validated by the caller: the kernels
-// never check bounds themselves, so they must only be reached through dd_ops.cc.
+// never check bounds themselves, so they must only be reached through ort/.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,76 @@
+// The cache rule of dipdeploy/cache/policies.py (RowCache): hits = resident[selected]; last use and use
+// count updated; the new residency is the top-C of resident ∪ selected by the policy's packed unique
+// int64 key. The room's overview is group.h.
+#include "cache/group.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace dd_cache {
+
+// policies.py _pack: ((primary << SEC | secondary) << IDX) | (rows - 1 - index), in wrapping int64
+// arithmetic as numpy computes it.
+inline int64_t pack(int64_t primary, int64_t secondary, int64_t index, int64_t rows) {
+  uint64_t k = ((uint64_t(primary) << kSecBits) | uint64_t(secondary)) << kIdxBits;
+  return int64_t(k | uint64_t(rows - 1 - index));
+}
+
+inline int64_t key_of(const Group & g, int64_t r) {
+  const int64_t step = g.counters[0];
+  switch (g.policy) {
+    case kLru:
+      return pack(g.last_use[r], 0, r, g.rows);
+    case kLfu:
+      return pack(g.uses[r], g.last_use[r], r, g.rows);
+    default: {  // belady: nearer next use → higher key, from the step just taken
+      int64_t t = std::min(step - 1, g.next_use_steps - 1);
+      int64_t horizon = g.next_use_steps + 1;
+      return pack(horizon - int64_t(g.next_use[t * g.rows + r]), g.last_use[r], r, g.rows);
+    }
+  }
+}
+
+// policies.py RowCache._admit on a residency already marked with the selected rows: the top-C by the
+// policy's unique key stay, the others go into g.dropped.
+void admit(Group & g) {
+  g.cand.clear();
+  for (int64_t r = 0; r < g.rows; ++r)
+    if (g.resident[r]) g.cand.push_back(r);
+  const int64_t over = int64_t(g.cand.size()) - g.capacity;
+  if (over > 0) {  // drop the `over` lowest keys (unique, so the set is the reference's)
+    g.keys.resize(g.cand.size());
+    for (size_t i = 0; i < g.cand.size(); ++i)
+      g.keys[i] = uint64_t(key_of(g, g.cand[i])) ^ (uint64_t(1) << 63);  // signed order as unsigned
+    std::nth_element(g.keys.begin(), g.keys.begin() + (over - 1), g.keys.end());
+    const uint64_t tie = (uint64_t(1) << kIdxBits) - 1;  // the low bits hold rows - 1 - index exactly
+    for (int64_t i = 0; i < over; ++i) {
+      const int64_t r = g.rows - 1 - int64_t(g.keys[size_t(i)] & tie);
+      g.resident[r] = 0;
+      g.dropped.push_back(r);
+    }
+  }
+}
+
+// policies.py RowCache._access_one: hits, statistics, then the top-C admission (_admit).
+int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits) {
+  for (int64_t j = 0; j < k; ++j)
+    if (sel[j] < 0 || sel[j] >= g.rows) return kOutOfRange;
+  int64_t n_hit = 0;
+  for (int64_t j = 0; j < k; ++j) n_hit += hits[j] = g.resident[sel[j]];
+  g.counters[1] += n_hit;
+  g.counters[2] += k - n_hit;
+  const int64_t step = ++g.counters[0];
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t r = sel[j];
+    if (g.last_use[r] != step) ++g.uses[r];  // numpy's uses[sel] += 1 counts a repeated row once
+    g.last_use[r] = step;
+  }
+  g.dropped.clear();
+  if (g.policy == kStatic || g.policy == kNone || g.capacity <= 0) return 0;
+  for (int64_t j = 0; j < k; ++j) g.resident[sel[j]] = 1;
+  admit(g);
+  return 0;
+}
+
+}  // namespace dd_cache
