@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -12,6 +13,22 @@
 #include <vector>
 
 namespace dd_ort {
+
+// The format names for an error, from the traits table: "fp32, fp16, bq4 or vq3" (built once, no allocation).
+static const char * dd_format_choices() {
+    struct names {
+        char text[256] = {};
+        names() {
+            size_t at = 0;
+            for (int i = 0; i < DD_FORMAT_COUNT && at < sizeof(text); ++i) {
+                const char * sep = i == 0 ? "" : i + 1 < DD_FORMAT_COUNT ? ", " : " or ";
+                at += (size_t) std::snprintf(text + at, sizeof(text) - at, "%s%s", sep, DD_FORMATS[i].name);
+            }
+        }
+    };
+    static const names choices;
+    return choices.text;
+}
 
 // ---------------------------------------------------------------------------------------------
 // SparseGatherMatMul(X[N,D] f32, indices[N,k] i64, slots? i64 [N,k], weights...) -> Y [N,O] f32
@@ -29,22 +46,18 @@ OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api,
         return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute accuracy_level=%lld must lie in [0, 4]", op,
                         (long long) level);
     }
-    static const struct { const char * name; dd_format format; } formats[] = {
-        {"fp32", DD_FORMAT_FP32}, {"fp16", DD_FORMAT_FP16}, {"bq4", DD_FORMAT_BQ4}, {"vq3", DD_FORMAT_VQ3}};
-    for (const auto & f : formats) {
-        if (fmt == f.name) {
-            if (f.format == DD_FORMAT_VQ3 && (gr < 1 || gc < 2 || gc % 2 != 0)) {
-                return dd_error(api, ORT_INVALID_ARGUMENT,
-                                "%s: format 'vq3' needs attributes group_rows >= 1 and an even group_cols >= 2, got %lld, %lld",
-                                op, (long long) gr, (long long) gc);
-            }
-            *kernel = new (std::nothrow) dd_sgmm_kernel{api, f.format, cols, gr, gc, level};
-            return *kernel ? nullptr : dd_error(api, ORT_FAIL, "%s: out of memory", op);
-        }
+    const dd_format_traits * f = dd_format_named(fmt.data(), fmt.size());
+    if (f == nullptr) {
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute format='%.64s' is not allowed (%zu bytes); use %s", op,
+                        fmt.c_str(), fmt.size(), dd_format_choices());
     }
-    return dd_error(api, ORT_INVALID_ARGUMENT,
-                    "%s: attribute format='%.64s' is not allowed (%zu bytes); use fp32, fp16, bq4 or vq3", op,
-                    fmt.c_str(), fmt.size());
+    if (f->grouped && (gr < 1 || gc < 2 || gc % 2 != 0)) {
+        return dd_error(api, ORT_INVALID_ARGUMENT,
+                        "%s: format '%s' needs attributes group_rows >= 1 and an even group_cols >= 2, got %lld, %lld",
+                        op, f->name, (long long) gr, (long long) gc);
+    }
+    *kernel = new (std::nothrow) dd_sgmm_kernel{api, f->id, cols, gr, gc, level};
+    return *kernel ? nullptr : dd_error(api, ORT_FAIL, "%s: out of memory", op);
 }
 
 // Work split: the output row is cut into column chunks, and when there are few chunks the selected
@@ -69,23 +82,13 @@ void dd_sgmm_task(void * user, size_t t) {
     dd_sgmm_chunk(&p, n, o0, o1, j0, j1, y);
 }
 
-// Bytes of weight data per output column of one row, per format (sets the chunk width).
-double dd_bytes_per_col(dd_format f) {
-    switch (f) {
-        case DD_FORMAT_FP32: return 4.0;
-        case DD_FORMAT_FP16: return 2.0;
-        case DD_FORMAT_BQ4: return 0.5;
-        case DD_FORMAT_VQ3: return 0.375;
-    }
-    return 4.0;
-}
-
 void dd_sgmm_plan(dd_sgmm_job * job) {
     const dd_sgmm_params & p = job->params;
     constexpr double piece_bytes = 16384.0;  // contiguous bytes read from one weight row per visit
     constexpr int64_t max_chunk = 16384;     // keeps the y chunk within L2
     constexpr int64_t target_tasks = 8, min_group = 64;
-    int64_t chunk = (int64_t) (piece_bytes / dd_bytes_per_col(p.format));
+    const double bytes_per_col = dd_format_of(p.format).bits / 8.0;  // of weight data, in one row
+    int64_t chunk = (int64_t) (piece_bytes / bytes_per_col);
     chunk = std::min(std::max(dd_ceil_div(chunk, DD_CHUNK_ALIGN) * DD_CHUNK_ALIGN, DD_CHUNK_ALIGN), max_chunk);
     job->chunk = std::min(chunk, dd_ceil_div(p.o, DD_CHUNK_ALIGN) * DD_CHUNK_ALIGN);
     job->n_chunks = dd_ceil_div(p.o, job->chunk);
@@ -160,7 +163,7 @@ OrtStatus * ORT_API_CALL dd_sgmm_compute(void * kernel_ptr, OrtKernelContext * c
     p.idx = static_cast<const int64_t *>(idx.data);
     p.rows = slots.present ? static_cast<const int64_t *>(slots.data) : p.idx;
     p.y = static_cast<float *>(out_data);
-    if (p.format == DD_FORMAT_BQ4 && p.accuracy_level >= 4) {
+    if (dd_format_of(p.format).int8_level4 && p.accuracy_level >= 4) {
         // The int8 kernels flag rows whose coefficients they cannot quantise (NaN, ±Inf, or a chunk's
         // 127 / max|c| overflowing); those are recomputed at level 0 below (README, "accuracy level"). Every task covers its own coefficients, so the flag is
         // the whole row's, whatever the split.
