@@ -24,16 +24,17 @@ using namespace dd_cache;
 
 extern "C" {
 
-// A group over caller-owned state (see Group); `policy` indexes dipdeploy.cache.POLICIES; `next_use`
-// ([next_use_steps, rows] int32) is required by belady. NULL on bad arguments.
+// A group over caller-owned state (see Group); `policy` indexes dipdeploy.cache.POLICIES (= kPolicies,
+// policy.h); `next_use` ([next_use_steps, rows] int32) is required where the policy needs_future (belady).
+// NULL on bad arguments.
 __attribute__((visibility("default"))) void * dd_cache_new(int64_t rows, int64_t capacity, int64_t staging,
                                                            int policy, uint8_t * resident, int64_t * last_use,
                                                            int64_t * uses, int64_t * counters, int64_t * slot_of,
                                                            int64_t * row_of, const int32_t * next_use,
                                                            int64_t next_use_steps) {
   if (rows < 1 || rows >= (int64_t(1) << kIdxBits) || capacity < 0 || capacity > rows || staging < 0 ||
-      policy < kNone || policy > kStatic || !resident || !last_use || !uses || !counters || !slot_of ||
-      (capacity > 0 && !row_of) || (policy == kBelady && (!next_use || next_use_steps < 1)))
+      policy < 0 || policy >= kPolicyCount || !resident || !last_use || !uses || !counters || !slot_of ||
+      (capacity > 0 && !row_of) || (policy_of(policy).needs_future && (!next_use || next_use_steps < 1)))
     return nullptr;
   try {
     Group * g = new Group();

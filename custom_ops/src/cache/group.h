@@ -25,18 +25,17 @@
 // dipdeploy/flash.py plan_reads plans them (dd_cache_direct).
 //
 // The room (custom_ops/src/cache/): this header holds the group's state and the internal functions the
-// files share; policy.cc the cache rule (the policies' keys and the top-C admission), slots.cc the slot rule,
+// files share; policy.h the policies' traits table, policy.cc the cache rule (the keys and the top-C admission), slots.cc the slot rule,
 // reads.cc the misses' copies from the mapping and the direct reads, prefill.cc a batched prefill, graph.cc
 // the steps of the graph ops, group.cc the C ABI that makes, feeds, drains and frees a group.
 #pragma once
+
+#include "cache/policy.h"
 
 #include <cstdint>
 #include <vector>
 
 namespace dd_cache {
-
-// dipdeploy.cache.POLICIES, in order
-enum Policy { kNone = 0, kLru = 1, kLfu = 2, kBelady = 3, kStatic = 4 };
 
 constexpr int kIdxBits = 17;  // policies.py _IDX_BITS
 constexpr int kSecBits = 24;  // policies.py _SEC_BITS
@@ -72,7 +71,7 @@ constexpr int64_t kMaxRequest = 128 * 1024;  // dipdeploy/flash.py MAX_REQUEST: 
 
 struct Group {
   int64_t rows, capacity, staging;
-  int policy;
+  int policy;  // an index into kPolicies (policy.h)
   // caller-owned state (dipdeploy/runtime/native_cache.py NativeState)
   uint8_t * resident;      // [rows] bool
   int64_t * last_use;      // [rows]

@@ -16,19 +16,28 @@ inline int64_t pack(int64_t primary, int64_t secondary, int64_t index, int64_t r
   return int64_t(k | uint64_t(rows - 1 - index));
 }
 
-inline int64_t key_of(const Group & g, int64_t r) {
-  const int64_t step = g.counters[0];
-  switch (g.policy) {
-    case kLru:
-      return pack(g.last_use[r], 0, r, g.rows);
-    case kLfu:
-      return pack(g.uses[r], g.last_use[r], r, g.rows);
-    default: {  // belady: nearer next use → higher key, from the step just taken
+// One statistic of row r (Stat).
+inline int64_t stat_of(const Group & g, Stat s, int64_t r) {
+  switch (s) {
+    case Stat::kZero:
+      return 0;
+    case Stat::kLastUse:
+      return g.last_use[r];
+    case Stat::kUses:
+      return g.uses[r];
+    case Stat::kNextUse: {  // nearer next use → higher key, from the step just taken
+      const int64_t step = g.counters[0];
       int64_t t = std::min(step - 1, g.next_use_steps - 1);
       int64_t horizon = g.next_use_steps + 1;
-      return pack(horizon - int64_t(g.next_use[t * g.rows + r]), g.last_use[r], r, g.rows);
+      return horizon - int64_t(g.next_use[t * g.rows + r]);
     }
   }
+  return 0;
+}
+
+// The policy's packed key of row r (policies.py RowCache._key).
+inline int64_t key_of(const Group & g, const PolicyTraits & p, int64_t r) {
+  return pack(stat_of(g, p.primary, r), stat_of(g, p.secondary, r), r, g.rows);
 }
 
 // policies.py RowCache._admit on a residency already marked with the selected rows: the top-C by the
@@ -39,9 +48,10 @@ void admit(Group & g) {
     if (g.resident[r]) g.cand.push_back(r);
   const int64_t over = int64_t(g.cand.size()) - g.capacity;
   if (over > 0) {  // drop the `over` lowest keys (unique, so the set is the reference's)
+    const PolicyTraits & p = policy_of(g.policy);
     g.keys.resize(g.cand.size());
     for (size_t i = 0; i < g.cand.size(); ++i)
-      g.keys[i] = uint64_t(key_of(g, g.cand[i])) ^ (uint64_t(1) << 63);  // signed order as unsigned
+      g.keys[i] = uint64_t(key_of(g, p, g.cand[i])) ^ (uint64_t(1) << 63);  // signed order as unsigned
     std::nth_element(g.keys.begin(), g.keys.begin() + (over - 1), g.keys.end());
     const uint64_t tie = (uint64_t(1) << kIdxBits) - 1;  // the low bits hold rows - 1 - index exactly
     for (int64_t i = 0; i < over; ++i) {
@@ -67,7 +77,7 @@ int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits) {
     g.last_use[r] = step;
   }
   g.dropped.clear();
-  if (g.policy == kStatic || g.policy == kNone || g.capacity <= 0) return 0;
+  if (!policy_of(g.policy).updates || g.capacity <= 0) return 0;
   for (int64_t j = 0; j < k; ++j) g.resident[sel[j]] = 1;
   admit(g);
   return 0;

@@ -79,7 +79,7 @@ int64_t prefill_warm(Group & g) {
   }
   g.counters[0] += tokens;
   g.dropped.clear();
-  if (!(g.policy == kStatic || g.policy == kNone || g.capacity <= 0)) {
+  if (policy_of(g.policy).updates && g.capacity > 0) {
     for (int64_t j = 0; j < m; ++j) g.resident[sel[j]] = 1;
     admit(g);
   }
@@ -110,7 +110,7 @@ extern "C" {
 // A batched prefill on the graph (dipdeploy/runtime/fused.py): with `n` (the group's arrays) full-height
 // buffers `bufs[a]` ([rows, row_bytes[a]], the ones the graph's SparseGatherMatMul is bound to meanwhile),
 // CacheStep fills them with each chunk's rows and CacheSettle warms the cache from the chunk's selection;
-// n = 0 ends it. Belady's key depends on the step, which a chunk takes at once: refused.
+// n = 0 ends it. A key that depends on the step (belady's), which a chunk takes at once: refused.
 __attribute__((visibility("default"))) int64_t dd_cache_prefill(void * gp, int64_t n, uint8_t ** bufs) {
   Group * g = static_cast<Group *>(gp);
   if (!g) return kBadArgs;
@@ -120,7 +120,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_prefill(void * gp, int64
     g->full.clear();
     return 0;
   }
-  if (n != int64_t(g->slabs.size()) || !bufs || g->policy == kBelady) return kBadArgs;
+  if (n != int64_t(g->slabs.size()) || !bufs || step_keyed(policy_of(g->policy))) return kBadArgs;
   if (!g->release.empty() || !g->deferred_rows.empty()) return kOutOfStep;  // a token's step is pending
   for (int64_t a = 0; a < n; ++a)
     if (!bufs[a]) return kBadArgs;
