@@ -25,9 +25,10 @@
 // dipdeploy/flash.py plan_reads plans them (dd_cache_direct).
 //
 // The room (custom_ops/src/cache/): this header holds the group's state and the internal functions the
-// files share; policy.h the policies' traits table, policy.cc the cache rule (the keys and the top-C admission), slots.cc the slot rule,
-// reads.cc the misses' copies from the mapping and the direct reads, prefill.cc a batched prefill, graph.cc
-// the steps of the graph ops, group.cc the C ABI that makes, feeds, drains and frees a group.
+// files share; policy.h the policies' traits table, policy.cc the cache rule (the keys and the top-C
+// admission), slots.cc the slot rule, reads.cc the misses' copies from the mapping and the direct reads,
+// prefill.cc a batched prefill, graph.cc the steps of the graph ops, group.cc the C ABI that makes, feeds,
+// drains and frees a group.
 #pragma once
 
 #include "cache/policy.h"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace dd_cache {
@@ -84,3 +85,53 @@ int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits) {
 }
 
 }  // namespace dd_cache
+
+namespace {
+
+const dd_cache::PolicyTraits * policy_at(int64_t p) {
+  return p >= 0 && p < dd_cache::kPolicyCount ? &dd_cache::kPolicies[p] : nullptr;
+}
+
+}  // namespace
+
+// The policy traits table (policy.h) through a C ABI, for Python (ctypes) to read and hold equal to
+// dipdeploy/cache/policies.py (tests/test_traits_native.py). Nothing in the library calls these.
+extern "C" {
+
+// How many policies the table holds; policy p in [0, count) is what dd_cache_new's `policy` p means.
+__attribute__((visibility("default"))) int64_t dd_policy_count(void) { return dd_cache::kPolicyCount; }
+
+// dipdeploy.cache.POLICIES[p] as the table names it, or NULL.
+__attribute__((visibility("default"))) const char * dd_policy_name(int64_t p) {
+  const dd_cache::PolicyTraits * t = policy_at(p);
+  return t ? t->name : nullptr;
+}
+
+// One trait of policy p, 0 or 1, named as its field in policy.h: "updates", "needs_future", "pinned",
+// "bypass", "no_capacity", or "step_keyed" (its key changes with the step: no batched prefill).
+// -6: no such policy or trait.
+__attribute__((visibility("default"))) int64_t dd_policy_trait(int64_t p, const char * trait) {
+  const dd_cache::PolicyTraits * t = policy_at(p);
+  if (!t || !trait) return dd_cache::kBadArgs;
+  const struct {
+    const char * name;
+    bool value;
+  } traits[] = {{"updates", t->updates}, {"needs_future", t->needs_future}, {"pinned", t->pinned},
+                {"bypass", t->bypass},   {"no_capacity", t->no_capacity},   {"step_keyed", dd_cache::step_keyed(*t)}};
+  for (const auto & e : traits)
+    if (std::strcmp(e.name, trait) == 0) return e.value;
+  return dd_cache::kBadArgs;
+}
+
+// The statistics policy p's packed key is made of, (primary, secondary, lower index first): "0",
+// "last_use", "uses" or "next_use" each. Returns 0, or -6 for no such policy.
+__attribute__((visibility("default"))) int64_t dd_policy_key(int64_t p, const char ** primary,
+                                                             const char ** secondary) {
+  const dd_cache::PolicyTraits * t = policy_at(p);
+  if (!t || !primary || !secondary) return dd_cache::kBadArgs;
+  *primary = dd_cache::kStatNames[int(t->primary)];
+  *secondary = dd_cache::kStatNames[int(t->secondary)];
+  return 0;
+}
+
+}  // extern "C"

@@ -25,7 +25,7 @@ constexpr const char * DD_DTYPE_NAMES[] = {"float32", "float16", "uint8", "int8"
 constexpr int DD_FORMAT_MAX_ARRAYS = 3;
 
 // One weight input of a format, in the op's input order.
-struct dd_format_array {
+struct dd_weight_array {
     const char * name;  // as errors name it (README, "SparseGatherMatMul")
     dd_dtype dtype;
     int rank;
@@ -37,7 +37,7 @@ struct dd_format_traits {
     const char * name;  // the `format` attribute
     int n_arrays;       // weight inputs: the required ones, then n_optional optional ones
     int n_optional;
-    dd_format_array arrays[DD_FORMAT_MAX_ARRAYS];
+    dd_weight_array arrays[DD_FORMAT_MAX_ARRAYS];
     bool packed;        // quantised rows (formats.py `quantised`): the width O is the `cols` attribute, not a shape
     int bits;           // bits of weight data per column of a row (sets the work chunk's width)
     int block_min;      // > 0: rows in blocks of B columns with a scale each, B derived from the shapes, B >= block_min
@@ -50,7 +50,8 @@ constexpr dd_format_traits DD_FORMATS[] = {
     {DD_FORMAT_FP32, "fp32", 1, 0, {{"W", DD_DTYPE_FLOAT32, 2, false}}, false, 32, 0, false, false},
     {DD_FORMAT_FP16, "fp16", 1, 0, {{"W", DD_DTYPE_FLOAT16, 2, false}}, false, 16, 0, false, false},
     {DD_FORMAT_BQ4, "bq4", 3, 1,
-     {{"qweight", DD_DTYPE_UINT8, 2, false}, {"scales", DD_DTYPE_FLOAT16, 2, false}, {"zeros", DD_DTYPE_UINT8, 2, false}},
+     {{"qweight", DD_DTYPE_UINT8, 2, false}, {"scales", DD_DTYPE_FLOAT16, 2, false},
+      {"zeros", DD_DTYPE_UINT8, 2, false}},
      true, 4, 2, false, true},
     {DD_FORMAT_VQ3, "vq3", 3, 0,
      {{"codes", DD_DTYPE_UINT8, 2, false}, {"codebooks", DD_DTYPE_INT8, 4, true},

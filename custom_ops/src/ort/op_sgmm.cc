@@ -48,8 +48,8 @@ OrtStatus * ORT_API_CALL dd_sgmm_create(const OrtCustomOp *, const OrtApi * api,
     }
     const dd_format_traits * f = dd_format_named(fmt.data(), fmt.size());
     if (f == nullptr) {
-        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute format='%.64s' is not allowed (%zu bytes); use %s", op,
-                        fmt.c_str(), fmt.size(), dd_format_choices());
+        return dd_error(api, ORT_INVALID_ARGUMENT, "%s: attribute format='%.64s' is not allowed (%zu bytes); use %s",
+                        op, fmt.c_str(), fmt.size(), dd_format_choices());
     }
     if (f->grouped && (gr < 1 || gc < 2 || gc % 2 != 0)) {
         return dd_error(api, ORT_INVALID_ARGUMENT,

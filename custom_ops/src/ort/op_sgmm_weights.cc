@@ -20,7 +20,7 @@ static_assert(sizeof(DD_ORT_TYPES) / sizeof(DD_ORT_TYPES[0]) == sizeof(DD_DTYPE_
 
 // Weight input i: the dtype and rank its format's record gives it.
 OrtStatus * dd_expect_array(const OrtApi * api, const dd_format_traits & f, const dd_view * w, int i) {
-    const dd_format_array & a = f.arrays[i];
+    const dd_weight_array & a = f.arrays[i];
     return dd_expect(api, w[i], OP, a.name, DD_ORT_TYPES[a.dtype], (size_t) a.rank);
 }
 
