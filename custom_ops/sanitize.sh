@@ -10,7 +10,7 @@
 #    beside it: ASan's exception interceptor needs libstdc++'s __cxa_throw at start-up, and Python
 #    loads libstdc++ only later (with onnxruntime). Leak checking is off: the interpreter never frees
 #    some of its memory at exit.
-#    The Flash store's native reads (src/dd_io.cc) and the native cache step (src/dd_cache.cc), no kernel
+#    The Flash store's native reads (src/io/) and the native cache step (src/cache/), no kernel
 #    set involved, run once: the native cases of IO_TESTS, the random-trace cases of CACHE_TESTS, and the
 #    cache step inside a graph (GRAPH_TESTS: the CacheStep/CacheSettle ops, per token and in a batched
 #    prefill, the step split in CacheBegin/CacheEnd, a read-ahead (CachePrefetch) handed to CacheBegin, and

@@ -1,8 +1,8 @@
 // Kernel-level test of libdipdeploy_ops's kernels, without ONNX Runtime, so it also runs under
 // qemu-aarch64 for the NEON paths. Each case compares dd_sgmm_chunk (split into column chunks and
-// row groups as dd_ops.cc does) against an independent double-precision decode of the same packed
+// row groups as ort/op_sgmm.cc does) against an independent double-precision decode of the same packed
 // data, and dd_topk_row against a stable sort. Exit status 0 = all cases pass.
-#include "dd_kernels.h"
+#include "kernels/kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -150,7 +150,7 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
         p.codes = codes.data(); p.codes_stride = stride; p.cb = cb.data(); p.cb_scales = scales.data();
         p.group_rows = gr; p.group_cols = gc; p.ngc = ngc;
     }
-    // Split like dd_ops.cc: 2 row groups summed (the split at a multiple of DD_I8_ROWS), columns in
+    // Split like ort/op_sgmm.cc: 2 row groups summed (the split at a multiple of DD_I8_ROWS), columns in
     // chunks of 256, or 1280 for wide outputs (level 4 takes another loop order past 1024 columns).
     const int64_t chunk = O >= 2048 ? 1280 : 256, half = (k / 2) / DD_I8_ROWS * DD_I8_ROWS;
     std::vector<float> part(O, 0.0f);
@@ -181,7 +181,7 @@ bool run_sgmm(const test_case & tc, std::mt19937 & rng) {
 
 // Level 4 on a row with a coefficient of NaN or ±Inf (from an activation, a scale, or a product that
 // overflows): the int8 kernels flag the row, whichever task (column chunk, row group) holds that
-// coefficient, so dd_ops.cc recomputes it at level 0; a finite row stays unflagged.
+// coefficient, so ort/op_sgmm.cc recomputes it at level 0; a finite row stays unflagged.
 bool run_level4_nonfinite(std::mt19937 & rng) {
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::uniform_int_distribution<int> byte(0, 255);
@@ -202,7 +202,7 @@ bool run_level4_nonfinite(std::mt19937 & rng) {
     p.idx = idx.data(); p.rows = idx.data();
     p.q = q.data(); p.q_stride = nb * B / 2; p.nb = nb; p.block = B;
     std::vector<float> y(O), part(O);
-    // Split like dd_ops.cc: column chunks of 256, two row groups at a multiple of DD_I8_ROWS.
+    // Split like ort/op_sgmm.cc: column chunks of 256, two row groups at a multiple of DD_I8_ROWS.
     auto flagged = [&](const std::vector<float> & xc, const std::vector<uint16_t> & sc) {
         uint8_t flag = 0;
         p.x = xc.data(); p.scales = sc.data(); p.nonfinite_rows = &flag;

@@ -1,17 +1,12 @@
-// Kernels of the dipdeploy custom ops, free of ONNX Runtime types (dd_ops.cc is the ORT glue).
+// Kernels of the dipdeploy custom ops, free of ONNX Runtime types (ort/ is the ORT glue).
 // Every pointer and index handed to these functions has been validated by the caller: the kernels
-// never check bounds themselves, so they must only be reached through dd_ops.cc.
+// never check bounds themselves, so they must only be reached through ort/.
 #pragma once
+
+#include "kernels/formats.h"
 
 #include <cstddef>
 #include <cstdint>
-
-enum dd_format {
-    DD_FORMAT_FP32 = 0,
-    DD_FORMAT_FP16 = 1,
-    DD_FORMAT_BQ4  = 2,
-    DD_FORMAT_VQ3  = 3,
-};
 
 // One SparseGatherMatMul call: Y[n] = sum_j X[n, idx[n, j]] * W[rows[n, j], :].
 struct dd_sgmm_params {

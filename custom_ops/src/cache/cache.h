@@ -1,4 +1,4 @@
-// The cache step's C ABI (dd_cache.cc) as the graph ops of dd_ops.cc use it. A handle is a Group made by
+// The cache step's C ABI (cache/) as the graph ops of ort/op_cache.cc use it. A handle is a Group made by
 // dd_cache_new (dipdeploy/runtime/native_cache.py); dd_cache_live tells whether a number is one.
 #pragma once
 

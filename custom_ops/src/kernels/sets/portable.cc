@@ -1,5 +1,5 @@
 // Baseline kernel set: built with the target's default flags (x86-64 SSE2, aarch64 NEON).
-#include "dd_kernels.h"
+#include "kernels/kernels.h"
 
 #include <cmath>
 #include <cstring>
@@ -11,7 +11,7 @@
 #endif
 
 namespace dd_portable {
-#include "dd_kernels_impl.inc"
+#include "kernels/impl/kernels.inc"
 
 void sgmm_chunk(const dd_sgmm_params * p, int64_t n, int64_t o0, int64_t o1, int64_t j0, int64_t j1, float * y) {
     dd_sgmm_chunk_impl(p, n, o0, o1, j0, j1, y);
