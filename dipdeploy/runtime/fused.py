@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from dipdeploy.bundle.manifest import REGENERATE, BundleError
+from dipdeploy.cache import policy_of
 from dipdeploy.ops.schemas import DOMAIN, SGMM_OP
 from dipdeploy.runtime.sessions import Bound, Buffer, set_gamma
 
@@ -71,8 +72,8 @@ def why_not(cfg, manifest, layers: int) -> str | None:
     if cfg.io not in ("mmap", "direct"):
         return (f"--io {cfg.io}: the cache step in the graph copies the misses from the mapped file (--io mmap) or "
                 f"reads them with the op library's reader (--io direct)")
-    if cfg.policy == "belady":
-        return "policy 'belady' needs the recorded future, which only the per-layer path records"
+    if policy_of(cfg.policy).needs_future:
+        return f"policy {cfg.policy!r} needs the recorded future, which only the per-layer path records"
     if (manifest.row_order or {}).get("order", "natural") != "natural":
         return "the bundle's rows are in a calibrated order, which only the Flash store reads"
     if cfg.native is False or cfg.native_cache is False:
