@@ -43,7 +43,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from dipdeploy.bundle.manifest import Manifest, open_tensor, read_manifest, verify
-from dipdeploy.cache import RowCache, SlotTable, dipca_scores, gamma_at, static_rows, topk_indices, topk_rows
+from dipdeploy.cache import RowCache, SlotTable, dipca_scores, gamma_at, policy_of, static_rows, topk_indices, topk_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ("The quick brown fox jumps over the lazy dog. 12345 numbers, café and naïve.\n"
@@ -107,7 +107,7 @@ def make_trace(out: Path, bundle: Path, force: bool):
 # ---------------------------------------------------------------- cache rule
 
 def cache_case(name, rows, capacity, policy, sels, pinned=None):
-    future = np.asarray(sels) if policy == "belady" else None
+    future = np.asarray(sels) if policy_of(policy).needs_future else None
     c = RowCache(rows, capacity, policy, future=future, pinned=pinned)
     hits, res = [], []
     for s in sels:
@@ -128,7 +128,7 @@ def rowcache_golden(trace) -> dict:
             counts = np.bincount(np.concatenate(sels), minlength=rows)
             for cap in (round(0.5 * rows), 1, 0, rows - 5, rows + 3):
                 for pol in ("none", "lru", "lfu", "belady", "static"):
-                    pinned = static_rows(counts, cap) if pol == "static" else None
+                    pinned = static_rows(counts, cap) if policy_of(pol).pinned else None
                     cases.append(cache_case(f"trace L{layer} {group} {pol} C={cap}", rows, cap, pol, sels, pinned))
     rng = np.random.default_rng(7)
     rows, K = 20, 5
@@ -211,7 +211,7 @@ def replay_golden(trace, plan: dict) -> dict:
 
 
 def slot_case(name, rows, capacity, policy, sels, staging, pinned=None):
-    future = np.asarray([np.sort(s) for s in sels]) if policy == "belady" else None
+    future = np.asarray([np.sort(s) for s in sels]) if policy_of(policy).needs_future else None
     c = RowCache(rows, capacity, policy, future=future, pinned=pinned)
     t = SlotTable(rows, c.capacity, staging)
     pre = None
@@ -248,7 +248,7 @@ def slots_golden(trace) -> dict:
             counts = np.bincount(np.concatenate(sels), minlength=rows)
             for cap in (round(0.5 * rows), 3, rows):
                 for pol in ("none", "lru", "lfu", "belady", "static"):
-                    pinned = static_rows(counts, cap) if pol == "static" else None
+                    pinned = static_rows(counts, cap) if policy_of(pol).pinned else None
                     cases.append(slot_case(f"trace L{layer} {group} {pol} C={cap}", rows, cap, pol, sels, K, pinned))
     rng = np.random.default_rng(5)
     sels = [rng.permutation(rng.choice(16, 6, replace=False)) for _ in range(50)]
@@ -375,7 +375,7 @@ def group_golden(bundle: Path, man, trace) -> list[dict]:
             names, rows = group_arrays(man, layer, group)
             maps = [open_tensor(bundle, man, n) for n in names]
             for pol in ("lfu", "lru", "none"):
-                cap = 0 if pol == "none" else round(plan["cache_frac"] * rows)
+                cap = 0 if policy_of(pol).zero_capacity else round(plan["cache_frac"] * rows)
                 c = RowCache(rows, cap, pol)
                 t = SlotTable(rows, c.capacity, k)
                 steps = []

@@ -4,9 +4,10 @@ the host runtime, the simulator, the ONNX fallback's tests and the Java engine's
 Floor 2: numpy only.
 """
 
-from dipdeploy.cache.policies import POLICIES, RowCache, static_rows
+from dipdeploy.cache.policies import POLICIES, POLICY_RECORDS, Policy, RowCache, policy_of, static_rows
 from dipdeploy.cache.score import dipca_scores, gamma_at, topk_indices, topk_rows
 from dipdeploy.cache.slots import SlotStep, SlotTable
 
-__all__ = ["POLICIES", "RowCache", "static_rows", "dipca_scores", "gamma_at", "topk_indices", "topk_rows",
+__all__ = ["POLICIES", "POLICY_RECORDS", "Policy", "RowCache", "policy_of", "static_rows", "dipca_scores", "gamma_at",
+           "topk_indices", "topk_rows",
            "SlotStep", "SlotTable"]

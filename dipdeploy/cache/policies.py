@@ -10,8 +10,10 @@ One rule serves every policy (so the runtime, the simulator and the torch refere
     2. statistics of the selected rows are updated (last use, use count)
     3. the new resident set is the top-C of (resident ∪ selected) by the policy's key
 
-so a policy is only its key. Keys are packed into one unique int64 per row — (primary, secondary,
-lower index first) — so the order is total and every implementation breaks ties the same way.
+so a policy is only its key and a few traits: one :class:`Policy` record each in :data:`POLICY_RECORDS`,
+which every caller asks (``policy_of(name).needs_future``), never the name. Keys are packed into one
+unique int64 per row — (primary, secondary, lower index first) — so the order is total and every
+implementation breaks ties the same way.
 
 | policy | key (higher stays)                         | notes                                        |
 |--------|--------------------------------------------|----------------------------------------------|
@@ -25,10 +27,9 @@ lower index first) — so the order is total and every implementation breaks tie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
-
-POLICIES = ("none", "lru", "lfu", "belady", "static")
 
 _IDX_BITS = 17  # rows per group < 131072
 _SEC_BITS = 24  # steps < 16.7 M
@@ -39,6 +40,81 @@ def _pack(primary: np.ndarray, secondary: np.ndarray, index: np.ndarray, rows: i
     """One unique int64 per row: (primary, secondary, lower ``index`` first)."""
     tie = rows - 1 - index  # lower index → larger key
     return ((primary.astype(np.int64) << _SEC_BITS) | np.asarray(secondary, dtype=np.int64)) << _IDX_BITS | tie
+
+
+def _key_lru(c: "RowCache", pick: Callable, index: np.ndarray) -> np.ndarray:
+    return _pack(pick(c.last_use), 0, index, c.rows)
+
+
+def _key_lfu(c: "RowCache", pick: Callable, index: np.ndarray) -> np.ndarray:
+    return _pack(pick(c.uses), pick(c.last_use), index, c.rows)
+
+
+def _key_belady(c: "RowCache", pick: Callable, index: np.ndarray) -> np.ndarray:
+    """Nearer next use → higher key; the future table is indexed by the step just taken."""
+    t = min(c.step - 1, c._next_use.shape[0] - 1)  # the step whose selection was just recorded
+    horizon = c._next_use.shape[0] + 1
+    return _pack(horizon - pick(c._next_use[t]).astype(np.int64), pick(c.last_use), index, c.rows)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One cache policy's record: its key and the traits callers outside ``cache/`` ask about.
+
+    Adding a policy is one record here, one constant of ``RowCache.Policy`` in the Java engine and one
+    enumerator of ``dd_cache.cc``'s ``Policy`` (``tests/test_records.py`` holds all three together).
+
+    ``key``: the packed key of the rows (``_pack``), None for a policy whose resident set no access
+    changes (``updates`` False). ``zero_capacity``: the capacity is forced to 0 (everything from Flash).
+    ``needs_future``: needs the future selections, a recorded trace (so nothing that only knows the
+    past can run it: a conversation, DIP-CA whose selections depend on the cache, the cache step
+    inside the graph). ``pinned``: resident is a fixed pinned set (``static_rows``) given at the start.
+    ``stepwise``: the key depends on the step, not only on the rows' statistics, so several steps
+    cannot be admitted at once (``RowCache.access_steps``).
+    """
+
+    name: str
+    key: Callable[["RowCache", Callable, np.ndarray], np.ndarray] | None = None
+    zero_capacity: bool = False
+    needs_future: bool = False
+    pinned: bool = False
+    stepwise: bool = False
+
+    @property
+    def updates(self) -> bool:
+        """Whether an access changes the resident set."""
+        return self.key is not None
+
+    @property
+    def offline(self) -> bool:
+        """Whether it needs data recorded beforehand (a trace or calibration counts)."""
+        return self.needs_future or self.pinned
+
+    @property
+    def code(self) -> int:
+        """Its number in the native library (``dd_cache_new``) and its ordinal in the Java enum."""
+        return POLICIES.index(self.name)
+
+
+#: The policies, in their native/Java order.
+POLICY_RECORDS: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("none", zero_capacity=True),
+        Policy("lru", _key_lru),
+        Policy("lfu", _key_lfu),
+        Policy("belady", _key_belady, needs_future=True, stepwise=True),
+        Policy("static", pinned=True),
+    )
+}
+POLICIES = tuple(POLICY_RECORDS)
+
+
+def policy_of(name: str) -> Policy:
+    """The record of cache policy ``name``."""
+    if name not in POLICY_RECORDS:
+        raise ValueError(f"cache policy {name!r} unknown; choose one of {', '.join(POLICIES)}")
+    return POLICY_RECORDS[name]
 
 
 def _next_use_table(future: np.ndarray, rows: int) -> np.ndarray:
@@ -76,11 +152,10 @@ class RowCache:
     misses: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"cache policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
+        rec = self._policy = policy_of(self.policy)
         if not 0 < self.rows < _MAX_ROWS:
             raise ValueError(f"rows must lie in [1, {_MAX_ROWS - 1}], got {self.rows}")
-        if self.policy == "none":
+        if rec.zero_capacity:
             self.capacity = 0
         self.capacity = int(min(max(self.capacity, 0), self.rows))
         shape = (self.batch, self.rows)
@@ -88,19 +163,20 @@ class RowCache:
         self.last_use = np.zeros(shape, dtype=np.int64)
         self.uses = np.zeros(shape, dtype=np.int64)
         self._next_use = None
-        if self.policy == "belady":
+        if rec.needs_future:
             if self.future is None:
-                raise ValueError("policy 'belady' needs the future selections (a recorded trace)")
+                raise ValueError(f"policy {self.policy!r} needs the future selections (a recorded trace)")
             fut = np.asarray(self.future)
             if fut.ndim == 2:
                 fut = fut[:, None, :]
             self._next_use = _next_use_table(fut, self.rows)
-        if self.policy == "static":
+        if rec.pinned:
             if self.pinned is None:
-                raise ValueError("policy 'static' needs the pinned rows (see static_rows)")
+                raise ValueError(f"policy {self.policy!r} needs the pinned rows (see static_rows)")
             pinned = np.broadcast_to(np.asarray(self.pinned, dtype=bool), shape)
             if int(pinned.sum(axis=-1).max()) > self.capacity:
-                raise ValueError(f"static: {int(pinned.sum(axis=-1).max())} pinned rows exceed capacity {self.capacity}")
+                raise ValueError(f"{self.policy}: {int(pinned.sum(axis=-1).max())} pinned rows exceed capacity "
+                                 f"{self.capacity}")
             self.resident = pinned.copy()
 
     def _key(self, rows: np.ndarray | None = None) -> np.ndarray:
@@ -108,15 +184,7 @@ class RowCache:
         (what the one-sequence path needs)."""
         pick = (lambda a: a) if rows is None else (lambda a: a[0, rows])  # noqa: E731
         index = np.arange(self.rows, dtype=np.int64) if rows is None else rows
-        last = pick(self.last_use)
-        if self.policy == "lru":
-            return _pack(last, 0, index, self.rows)
-        if self.policy == "lfu":
-            return _pack(pick(self.uses), last, index, self.rows)
-        # belady: nearer next use → higher key; the future table is indexed by the step just taken
-        t = min(self.step - 1, self._next_use.shape[0] - 1)  # the step whose selection was just recorded
-        horizon = self._next_use.shape[0] + 1
-        return _pack(horizon - pick(self._next_use[t]).astype(np.int64), last, index, self.rows)
+        return self._policy.key(self, pick, index)
 
     def access(self, selected: np.ndarray) -> np.ndarray:
         """Record one step's selection ([B, K] row indices); return hits [B, K] (bool)."""
@@ -132,7 +200,7 @@ class RowCache:
         self.step += 1
         self.last_use[b, selected] = self.step
         self.uses[b, selected] += 1
-        if self.policy not in ("static", "none") and self.capacity > 0:
+        if self._policy.updates and self.capacity > 0:
             cand = self.resident.copy()
             cand[b, selected] = True
             over = cand.sum(axis=-1) > self.capacity
@@ -156,7 +224,7 @@ class RowCache:
         this equal to the step-by-step path."""
         sel = np.asarray(selected, dtype=np.int64)
         sel = sel.reshape(len(sel), -1)
-        if self.batch != 1 or self.policy == "belady":
+        if self.batch != 1 or self._policy.stepwise:
             before = self.resident[0].copy()
             for s in sel:
                 self.access(s[None])
@@ -195,7 +263,7 @@ class RowCache:
 
     def _admit(self, res: np.ndarray, rows: np.ndarray) -> None:
         """The one cache rule on one sequence: resident ∪ ``rows``, minus the lowest keys beyond C."""
-        if self.policy in ("static", "none") or self.capacity <= 0:
+        if not self._policy.updates or self.capacity <= 0:
             return
         res = res.copy()
         res[rows] = True

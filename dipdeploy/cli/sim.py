@@ -76,6 +76,7 @@ def simulate_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite existing --json/--plot outputs."),
 ) -> None:
     """Project a trace onto a device profile: tokens/s, DRAM and Flash bytes per token, hit rate, memory."""
+    from dipdeploy.cache import policy_of
     from dipdeploy.progress import Progress
     from dipdeploy.sim import SimConfig
     from dipdeploy.sim.devices import get_device
@@ -151,7 +152,7 @@ def simulate_cmd(
     for note in notes:
         console.print(f"[yellow]{note}[/yellow]")
 
-    dense = [r for r in rows if r.method == "dense" and r.policy == "static"]
+    dense = [r for r in rows if r.method == "dense" and policy_of(r.policy).pinned]
     if sweep_dram and dense:
         others: dict[str, list] = {}
         for r in rows:

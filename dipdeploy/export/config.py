@@ -9,15 +9,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from dipdeploy import defaults
+from dipdeploy.ops.formats import format_of_config
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
+from dipdeploy.quant.config import QUANT_PRESETS
 from dipdeploy.sparsity.plan import SparsityConfig
 from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES
 
 #: Methods the exported graph can run. Other plan methods (glu, gate, up, cats, teal) have no
 #: TopKColumnMask form in this bundle format and are refused by name.
 EXPORT_METHODS = ("dense", "dip", "dip-ca")
-#: MLP weight formats of the bundle (``none`` = fp32 rows).
-EXPORT_QUANTS = ("none", "bq4", "bq4-b32", "bq4-b64", "bq4-b128", "vq3")
+#: MLP weight formats of the bundle (``none`` = fp32 rows): the quant presets that pack an op format
+#: (``ops.formats.FORMATS``), without the ``-gptq`` ones (export fits VQ3 by ``vq_feedback``).
+EXPORT_QUANTS = ("none", *(name for name, (cls, preset) in QUANT_PRESETS.items()
+                           if format_of_config(cls) is not None and not preset.get("error_feedback")))
 #: Accuracy levels of a bundle (0 = fp32 compute, 4 = int8 activations; docs/onnxruntime.md).
 ACCURACY_LEVELS = BUNDLE_ACCURACY_LEVELS
 ALIGNMENTS = (4096, 65536)

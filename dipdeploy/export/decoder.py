@@ -21,6 +21,7 @@ from dipdeploy.export.layer import (Rows, Selection, attention_segment, head_seg
                                     mlp_up_segment, residual_add)
 from dipdeploy.export.mlp import MlpTensors, dense_mlp, write_mlp
 from dipdeploy.export.weights import WeightStore
+from dipdeploy.ops.formats import weight_format
 
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -91,7 +92,7 @@ def build_decoder(source, store: WeightStore, ks: list[LayerK], accuracy_level: 
     for i in range(spec.num_layers):
         lw = source.layer(i)
         t = write_mlp(store, i, lw.mlp, missed[i] if missed else None)
-        dense = ks[i].dense and lw.mlp.format == "fp32"
+        dense = ks[i].dense and weight_format(lw.mlp.format).matmul
         past_k, past_v, pres_k, pres_v = kv_names(i)
         seg = attention_segment(g, store, spec, i, lw, h, pending, shared[spec.layer_types[i]], attend, past_k,
                                 past_v, fuse_norms, None if dense else ks[i].k_in or spec.hidden_size,

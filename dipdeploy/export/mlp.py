@@ -53,10 +53,6 @@ class MlpTensors:
     orders: dict[str, GroupOrder] = field(default_factory=dict)
 
 
-_ARRAY_NAMES = {"fp32": ("rows",), "fp16": ("rows",), "bq4": ("qweight", "scales", "zeros"),
-                "vq3": ("codes", "codebooks", "codebook_scales")}
-
-
 def write_mlp(store: WeightStore, i: int, w: MlpWeights, missed: tuple | None = None) -> MlpTensors:
     """Write one layer's MLP arrays to the MLP file (Flash layout), once. With ``missed`` (per group, the
     calibration miss matrix [T, R] or None), each such group's rows are written in their calibrated order
@@ -71,7 +67,7 @@ def write_mlp(store: WeightStore, i: int, w: MlpWeights, missed: tuple | None = 
             position[group] = ROW_POSITION.format(layer=i, group=group)
             store.add(position[group], order.position, MLP_FILE, "row_position[R]: file row of each logical row")
         names[group] = []
-        for label, arr in zip(_ARRAY_NAMES[ow.format], ow.arrays):
+        for label, arr in zip(weight_format(ow.format).arrays, ow.arrays):
             name = f"model.layers.{i}.mlp.{group}.{label}"
             store.add(name, arr, MLP_FILE, f"{GROUP_LAYOUT[group]}:{ow.format}.{label}")
             names[group].append(name)

@@ -63,8 +63,9 @@ class SgmmVariant:
         fmt = weight_format(self.format)
         if self.with_optional and fmt.n_optional == 0:
             raise ValueError(f"SgmmVariant.with_optional=True but format {self.format!r} has no optional array")
-        if self.int8 and self.format != "bq4":
-            raise ValueError(f"SgmmVariant.int8=True needs format 'bq4', got {self.format!r}")
+        if self.int8 and not fmt.int8:
+            with_int8 = " or ".join(repr(f.name) for f in FORMATS.values() if f.int8)
+            raise ValueError(f"SgmmVariant.int8=True needs format {with_int8}, got {self.format!r}")
 
     @property
     def n_weights(self) -> int:
@@ -284,9 +285,6 @@ def _rows_vq3(b: _Body, rows: str, w: list[str], *, original: str) -> str:
     return b.op("Reshape", [b.op("Gather", [table, entry], axis=0), i64([0, 0, -1])])
 
 
-ROW_DECODERS = {"fp32": _rows_fp, "fp16": _rows_fp, "bq4": _rows_bq4, "vq3": _rows_vq3}
-
-
 def sparse_gather_matmul_function(variant: SgmmVariant) -> FunctionProto:
     """SparseGatherMatMul body: gather X values and W rows, decode, one batched MatMul.
 
@@ -294,8 +292,7 @@ def sparse_gather_matmul_function(variant: SgmmVariant) -> FunctionProto:
         W… ─Gather(slots or indices)─decode─► w [N,k,O]   (VQ3 codebook groups by indices, slab or not)
         x @ w ─Squeeze─► Y [N,O]
     """
-    if variant.format not in ROW_DECODERS:
-        raise ValueError(f"no fallback decoder for format {variant.format!r} yet; have {tuple(ROW_DECODERS)}")
+    decode = weight_format(variant.format).rows_onnx
     w_names = [f"w{i}" for i in range(variant.n_weights)]
     b = _Body()
     axis1 = b.const([1], np.int64)
@@ -305,8 +302,7 @@ def sparse_gather_matmul_function(variant: SgmmVariant) -> FunctionProto:
         _sgmm_bq4_int8(b, b.op("GatherElements", ["X", "indices"], axis=1), rows, w_names)
         b.nodes[-1].output[0] = "Y"
         return _function(SGMM_OP, variant.overload, [*SGMM_FIXED_INPUTS, *w_names], ["Y"], b, SGMM_ATTRS)
-    decode = ROW_DECODERS[variant.format]
-    w = decode(b, rows, w_names, original="indices") if variant.format == "vq3" else decode(b, rows, w_names)
+    w = decode(b, rows, w_names, original="indices")
     b.op("Squeeze", [b.op("MatMul", [xs, w]), axis1])
     b.nodes[-1].output[0] = "Y"
     return _function(SGMM_OP, variant.overload, [*SGMM_FIXED_INPUTS, *w_names], ["Y"], b, SGMM_ATTRS)

@@ -32,21 +32,54 @@ from typing import Callable
 
 import numpy as np
 
+from dipdeploy.quant.config import Block4QuantConfig, VQ3QuantConfig
+
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """One format: the dtypes of its weight inputs (required first, then optional ones)."""
+    """One format's record: everything the package, the bundle and the native library know of it.
+
+    Adding a format is adding one record to :data:`FORMATS` (and its kernel in ``custom_ops``, which
+    ``tests/test_records.py`` holds to the record); every other module looks the traits up here.
+
+    ``dtypes``/``arrays``: the dtype and the label of each weight input (required first, then optional
+    ones); the labels are the packed tensor's ``arrays()`` keys and the bundle's tensor name suffixes.
+    ``code_bits``: bits of one weight's own code, without scales or codebooks (the native library's
+    bytes per weight × 8; the bits per weight of an unquantised format). ``native``: the format's
+    ``dd_format`` enumerator in ``custom_ops/src/dd_kernels.h``. ``config``: the ``dipdeploy.quant``
+    config class that packs it (None: unquantised), ``requires`` the config fields the op format fixes.
+    ``dequantize``: the numpy decode of selected rows; ``rows_onnx``: the fallback function's decode
+    (``ops.fallback``). ``shared``: weight inputs indexed by original row group, not per W row (their
+    group shape travels in ``group_rows``/``group_cols``). ``int8``: accuracy level 4 computes with int8
+    coefficients. ``matmul``: a standard MatMul reads its rows as they are (the dense MLP).
+    """
 
     name: str
     dtypes: tuple[str, ...]
+    arrays: tuple[str, ...]
     n_optional: int
-    quantised: bool
+    code_bits: int
+    native: str
     dequantize: Callable[["OpWeights", np.ndarray, np.ndarray], np.ndarray]
+    rows_onnx: Callable
+    config: type | None = None
+    requires: tuple[tuple[str, object], ...] = ()
     shared: tuple[int, ...] = ()  # weight inputs indexed by original row group, not per W row
+    int8: bool = False
+    matmul: bool = False
 
     @property
     def n_required(self) -> int:
         return len(self.dtypes) - self.n_optional
+
+    @property
+    def quantised(self) -> bool:
+        return self.config is not None
+
+    @property
+    def grouped(self) -> bool:
+        """Whether its nodes carry a group shape (``group_rows``/``group_cols``): it has shared tables."""
+        return bool(self.shared)
 
 
 def _dequant_plain(w: "OpWeights", row_ids: np.ndarray, original: np.ndarray) -> np.ndarray:
@@ -79,18 +112,41 @@ def _dequant_vq3(w: "OpWeights", row_ids: np.ndarray, original: np.ndarray) -> n
     return dequantize_rows(view)
 
 
+def _onnx_plain(b, rows: str, w: list[str], original: str) -> str:
+    from dipdeploy.ops.fallback import _rows_fp  # ops.fallback imports this module: looked up on call
+
+    return _rows_fp(b, rows, w)
+
+
+def _onnx_bq4(b, rows: str, w: list[str], original: str) -> str:
+    from dipdeploy.ops.fallback import _rows_bq4
+
+    return _rows_bq4(b, rows, w)
+
+
+def _onnx_vq3(b, rows: str, w: list[str], original: str) -> str:
+    from dipdeploy.ops.fallback import _rows_vq3
+
+    return _rows_vq3(b, rows, w, original=original)
+
+
 FORMATS: dict[str, WeightFormat] = {
     f.name: f
     for f in (
-        WeightFormat("fp32", ("float32",), 0, False, _dequant_plain),
-        WeightFormat("fp16", ("float16",), 0, False, _dequant_plain),
-        WeightFormat("bq4", ("uint8", "float16", "uint8"), 1, True, _dequant_packed),
-        WeightFormat("vq3", ("uint8", "int8", "float16"), 0, True, _dequant_vq3, shared=(1, 2)),
+        WeightFormat("fp32", ("float32",), ("rows",), 0, 32, "DD_FORMAT_FP32", _dequant_plain, _onnx_plain,
+                     matmul=True),
+        WeightFormat("fp16", ("float16",), ("rows",), 0, 16, "DD_FORMAT_FP16", _dequant_plain, _onnx_plain),
+        WeightFormat("bq4", ("uint8", "float16", "uint8"), ("qweight", "scales", "zeros"), 1, 4, "DD_FORMAT_BQ4",
+                     _dequant_packed, _onnx_bq4, config=Block4QuantConfig, int8=True),
+        WeightFormat("vq3", ("uint8", "int8", "float16"), ("codes", "codebooks", "codebook_scales"), 0, 3,
+                     "DD_FORMAT_VQ3", _dequant_vq3, _onnx_vq3, config=VQ3QuantConfig,
+                     requires=(("codebook_dtype", "int8"),), shared=(1, 2)),
     )
 }
 
 
 def weight_format(name: str) -> WeightFormat:
+    """The record of format ``name``."""
     if name not in FORMATS:
         raise ValueError(f"format={name!r} is not a SparseGatherMatMul weight format; allowed: {tuple(FORMATS)}")
     return FORMATS[name]
@@ -129,9 +185,9 @@ class OpWeights:
     def from_matrix(cls, w: np.ndarray) -> "OpWeights":
         """fp32 or fp16 row matrix [R, O], by its dtype."""
         w = np.ascontiguousarray(w)
-        names = {np.dtype("float32"): "fp32", np.dtype("float16"): "fp16"}
+        names = {np.dtype(f.dtypes[0]): f.name for f in FORMATS.values() if not f.quantised}
         if w.ndim != 2 or w.dtype not in names:
-            raise ValueError(f"expected a float32 or float16 matrix [R, O], got {w.dtype} {w.shape}")
+            raise ValueError(f"expected a {' or '.join(map(str, names))} matrix [R, O], got {w.dtype} {w.shape}")
         return cls(names[w.dtype], (w,), w.shape[0], w.shape[1])
 
     @classmethod
@@ -186,13 +242,22 @@ class OpWeights:
         return own + shared / self.rows
 
 
+def format_of_config(config) -> WeightFormat | None:
+    """The op format packed with ``config`` (a quant config or its class); None for a config of no op format (RTN3)."""
+    cls = config if isinstance(config, type) else type(config)
+    return next((f for f in FORMATS.values() if f.config is not None and f.config is cls), None)
+
+
 def _packed_format_name(packed) -> str:
     kind = type(packed).__name__
-    bits = getattr(getattr(packed, "config", None), "bits", None)
-    if kind == "VQTensor" and getattr(packed, "codebook_scales", None) is None:
-        raise ValueError("VQ3 with float16 codebooks is not an op format; quantise with codebook_dtype='int8'")
-    names = {("BlockQuantTensor", 4): "bq4", ("VQTensor", None): "vq3"}
-    key = (kind, bits if kind == "BlockQuantTensor" else None)
-    if key not in names:
-        raise ValueError(f"no SparseGatherMatMul format for packed tensor {kind} (bits={bits}); supported: BQ4, VQ3")
-    return names[key]
+    config = getattr(packed, "config", None)
+    fmt = None if config is None else format_of_config(config)
+    if fmt is None:
+        bits = getattr(config, "bits", None)
+        supported = ", ".join(f.name.upper() for f in FORMATS.values() if f.quantised)
+        raise ValueError(f"no SparseGatherMatMul format for packed tensor {kind} (bits={bits}); supported: {supported}")
+    for field, want in fmt.requires:
+        if getattr(config, field) != want:
+            raise ValueError(f"{fmt.name.upper()} with {field}={getattr(config, field)!r} is not an op format; "
+                             f"quantise with {field}={want!r}")
+    return fmt.name

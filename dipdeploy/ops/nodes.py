@@ -80,8 +80,8 @@ def sparse_gather_matmul_node(
         raise ValueError(f"cols={cols} must be >= 1 (the output width O)")
     variant = SgmmVariant(fmt, with_optional=len(weights) > spec.n_required, slab=slots is not None,
                           int8=int8_path(fmt, accuracy_level))
-    if fmt == "vq3" and (group_rows < 1 or group_cols < 2 or group_cols % 2):
-        raise ValueError(f"vq3 needs group_rows >= 1 and an even group_cols >= 2, got {group_rows}, {group_cols}")
+    if spec.grouped and (group_rows < 1 or group_cols < 2 or group_cols % 2):
+        raise ValueError(f"{fmt} needs group_rows >= 1 and an even group_cols >= 2, got {group_rows}, {group_cols}")
     node = helper.make_node(
         SGMM_OP, [x, indices, slots or "", *weights], [output], name=name, domain=DOMAIN, format=fmt,
         cols=int(cols), group_rows=int(group_rows), group_cols=int(group_cols),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from dipdeploy.cache.score import dipca_scores, topk_indices
-from dipdeploy.ops.formats import OpWeights
+from dipdeploy.ops.formats import OpWeights, weight_format
 
 
 def topk_column_mask_ref(
@@ -139,4 +139,4 @@ def sparse_gather_matmul_ref(
 
 def int8_path(fmt: str, accuracy_level: int) -> bool:
     """Whether a SparseGatherMatMul of format ``fmt`` at ``accuracy_level`` takes the int8 path."""
-    return fmt == "bq4" and accuracy_level >= 4
+    return weight_format(fmt).int8 and accuracy_level >= 4

@@ -19,6 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from dipdeploy.cache import policy_of
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, spend
 from dipdeploy.flash import miss_cost
 
@@ -150,7 +151,7 @@ def plan_residency(budget: DramBudget, groups: list[list[GroupShape]], dense_byt
                 f", or a percentage such as 25%")
         frac = min(1.0, (budget.total_bytes - fixed) / mlp) if mlp else 0.0
         cap = [[int(frac * g.rows) for g in layer] for layer in groups]
-    if policy == "none":
+    if policy_of(policy).zero_capacity:
         cap = [[0 for _ in layer] for layer in cap]
     else:
         cap = spend(split, cap, groups, miss_cost)

@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
+from dipdeploy.cache import policy_of
 from dipdeploy.runtime.engine import Engine, Generation
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.template import ChatTemplate
@@ -42,10 +43,10 @@ class Interrupt:
 def check_policy(policy: str) -> None:
     """Belady replays a recorded future (``Engine.generate`` records it in a first pass over a fixed
     prompt); a conversation's next turns are unknown, so it is refused rather than replaced."""
-    if policy == "belady":
-        raise ValueError("policy 'belady' needs every future token's selections in advance (a recorded "
+    if policy_of(policy).needs_future:
+        raise ValueError(f"policy {policy!r} needs every future token's selections in advance (a recorded "
                          "sequence), which a conversation cannot know; use --policy lfu or lru here, or "
-                         "`dipdeploy run --policy belady` on a DIP bundle (γ = 1)")
+                         f"`dipdeploy run --policy {policy}` on a DIP bundle (γ = 1)")
 
 
 class Chat:

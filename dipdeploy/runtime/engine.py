@@ -24,6 +24,7 @@ import numpy as np
 
 from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, read_manifest
 from dipdeploy.bundle.names import MLP_FILE
+from dipdeploy.cache import policy_of
 from dipdeploy.runtime import record as recording
 from dipdeploy.runtime.backends import Decoder, open_backend
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT
@@ -183,8 +184,8 @@ class Engine:
         """Start a new sequence: empty KV cache, fresh caches (``static`` pins its rows now).
         ``policy`` overrides the configured one for this sequence (Belady's recording pass uses none)."""
         policy = policy or self.cfg.policy
-        if policy == "belady" and future is None and not self.backend.all_resident:
-            raise ValueError("policy 'belady' needs the future selections: use Engine.generate, which records "
+        if policy_of(policy).needs_future and future is None and not self.backend.all_resident:
+            raise ValueError(f"policy {policy!r} needs the future selections: use Engine.generate, which records "
                              "them in a first pass, or pass future=")
         self.backend.reset(future, policy)
         self.kv.reset()
@@ -254,7 +255,7 @@ class Engine:
             raise ValueError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the context of "
                              f"{self.cfg.context}; raise --context")
         future = None
-        if self.cfg.policy == "belady" and not self.backend.all_resident:  # all resident: nothing to foresee
+        if policy_of(self.cfg.policy).needs_future and not self.backend.all_resident:  # all resident: nothing to foresee
             future = recording.record_future(self, ids, max_new_tokens, sampler, stop_at_eos)
         if self.cfg.cold:  # every run starts from the disk (also after Belady's recording pass)
             self.flash.drop_page_cache()

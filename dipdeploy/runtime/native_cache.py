@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dipdeploy.cache import POLICIES, RowCache, SlotTable
+from dipdeploy.cache import RowCache, SlotTable, policy_of
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -173,11 +173,11 @@ class NativeCache:
         self.state = s = NativeState.empty(cache.rows, table.capacity)
         self._next_use = None
         steps = 0
-        if cache.policy == "belady":
+        if policy_of(cache.policy).needs_future:
             self._next_use = np.ascontiguousarray(cache._next_use[:, 0, :], dtype=np.int32)
             steps = self._next_use.shape[0]
         ptr = (lambda a: None if a is None else a.ctypes.data)  # noqa: E731
-        self._handle = lib.dd_cache_new(cache.rows, table.capacity, table.staging, POLICIES.index(cache.policy),
+        self._handle = lib.dd_cache_new(cache.rows, table.capacity, table.staging, policy_of(cache.policy).code,
                                         ptr(s.resident), ptr(s.last_use), ptr(s.uses), ptr(s.counters),
                                         ptr(s.slot_of), ptr(s.row_of), ptr(self._next_use), steps)
         if not self._handle:

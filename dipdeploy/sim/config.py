@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dipdeploy.cache import POLICIES
+from dipdeploy.cache import POLICIES, POLICY_RECORDS, policy_of
 from dipdeploy.cache.split import CACHE_SPLITS
 from dipdeploy.sim.memory import SIM_CACHE_SPLIT
 from dipdeploy.sim.precision import PRECISIONS
@@ -73,9 +73,11 @@ class SimConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.kv_bytes_per_value <= 0:
             raise ValueError(f"kv_bytes_per_value must be > 0, got {self.kv_bytes_per_value}")
-        if self.method == "dense" and self.policy not in ("static", "none"):
-            raise ValueError(f"method 'dense' reads every row every token, so only policy 'static' (pinned "
-                             f"subset) or 'none' apply, got {self.policy!r}")
-        if self.method == "dip-ca" and self.policy == "belady":
-            raise ValueError("policy 'belady' needs the future selections, but DIP-CA's selections depend on "
-                             "the cache itself; use belady with method 'traced' or 'dip'")
+        if self.method == "dense" and policy_of(self.policy).updates:
+            fixed = " or ".join(f"{p.name!r} (pinned subset)" if p.pinned else repr(p.name)  # pinned first
+                                for p in sorted(POLICY_RECORDS.values(), key=lambda p: not p.pinned) if not p.updates)
+            raise ValueError(f"method 'dense' reads every row every token, so only policy {fixed} apply, "
+                             f"got {self.policy!r}")
+        if self.method == "dip-ca" and policy_of(self.policy).needs_future:
+            raise ValueError(f"policy {self.policy!r} needs the future selections, but DIP-CA's selections depend "
+                             f"on the cache itself; use {self.policy} with method 'traced' or 'dip'")

@@ -8,9 +8,10 @@ listed below.
 
 from __future__ import annotations
 
+from dipdeploy.ops.formats import FORMATS
 from dipdeploy.quant.config import QUANT_PRESETS, quant_config_from_name
 
-_FLOAT_BITS = {"fp32": 32.0, "fp16": 16.0}
+_FLOAT_BITS = {f.name: float(f.code_bits) for f in FORMATS.values() if not f.quantised}
 PRECISIONS = tuple(_FLOAT_BITS) + tuple(QUANT_PRESETS)
 
 

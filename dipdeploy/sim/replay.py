@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dipdeploy.cache import RowCache, dipca_scores, gamma_at, static_rows, topk_rows
+from dipdeploy.cache import RowCache, dipca_scores, gamma_at, policy_of, static_rows, topk_rows
 from dipdeploy.flash import flash_reads
 from dipdeploy.sim.config import SimConfig
 from dipdeploy.sim.pattern import AccessPattern
@@ -111,7 +111,8 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
     selected, missed = np.zeros(T), np.zeros(T)
     masks: list = [None] * len(ks)
     # per layer: miss log (1 B/row), magnitudes (2), Belady's next-use table (4), selections (4 B/pick)
-    per_row = 1 + (2 if cfg.method == "dip-ca" else 0) + (4 if cfg.policy == "belady" else 0)
+    policy = policy_of(cfg.policy)
+    per_row = 1 + (2 if cfg.method == "dip-ca" else 0) + (4 if policy.needs_future else 0)
     per_layer_bytes = T * (rows * per_row + 4 * max(ks)) + 1
     chunk = max(1, _CHUNK_BYTES // per_layer_bytes)
     for k in sorted(set(ks)):
@@ -124,11 +125,11 @@ def _replay_group(pattern: AccessPattern, group: str, capacity: int, cfg: SimCon
             for j, i in enumerate(batch):
                 sels[:, j] = _selections(pattern, group, i, cfg.method)
             warm = None
-            if cfg.policy == "static" or (cfg.preload and cfg.policy != "none"):
+            if policy.pinned or (cfg.preload and not policy.zero_capacity):
                 warm = static_rows(_counts(sels[: cfg.warmup] if cfg.warmup else sels, rows), capacity)
             cache = RowCache(rows=rows, capacity=capacity, policy=cfg.policy, batch=len(batch),
-                             future=sels if cfg.policy == "belady" else None,
-                             pinned=warm if cfg.policy == "static" else None)
+                             future=sels if policy.needs_future else None,
+                             pinned=warm if policy.pinned else None)
             if warm is not None:
                 cache.resident = warm.copy()  # preload: what a runtime loads at start-up
             mags = None
@@ -162,8 +163,9 @@ def replay(pattern: AccessPattern, capacity_in: int, capacity_glu: int, cfg: Sim
     if cfg.warmup >= T and cfg.method != "dense":
         raise ValueError(f"warmup ({cfg.warmup} tokens) must be below the trace length ({T} tokens)")
     if cfg.method == "dense":
-        cap_in = 0 if cfg.policy == "none" else capacity_in
-        cap_glu = 0 if cfg.policy == "none" else capacity_glu
+        none = policy_of(cfg.policy).zero_capacity
+        cap_in = 0 if none else capacity_in
+        cap_glu = 0 if none else capacity_glu
         # every token reads the same rows: one representative token
         return ReplayCounts(tokens=1, inp=_dense_group(pattern.rows_in, cap_in, pattern.num_layers, 1),
                             glu=_dense_group(pattern.rows_glu, cap_glu, pattern.num_layers, 1))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dipdeploy.cache import POLICY_RECORDS, policy_of
 from dipdeploy.sim.config import SimConfig
 from dipdeploy.sim.devices import get_device
 from dipdeploy.sim.memory import minimum_budget
@@ -102,12 +103,12 @@ def expand_variants(base: SimConfig, methods: list[str], policies: list[str], ga
     out: list[SimConfig] = []
     for m in methods:
         if m == "dense":
-            for p in [p for p in policies if p == "none"] + ["static"]:
+            for p in [p.name for p in POLICY_RECORDS.values() if not p.updates and (p.pinned or p.name in policies)]:
                 out.append(replace(base, method="dense", policy=p))
             continue
         for p in policies:
             if m == "dip-ca":
-                if p == "belady":
+                if policy_of(p).needs_future:
                     continue
                 out.extend(replace(base, method=m, policy=p, gamma=g) for g in gammas)
             else:

@@ -23,6 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dipdeploy.cache import POLICY_RECORDS
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, spend
 from dipdeploy.paths import write_atomic
 
@@ -30,7 +31,8 @@ PLAN_VERSION = 1
 METHODS = ("dense", "glu", "gate", "up", "cats", "teal", "dip", "dip-ca")
 SCORES = ("abs", "wina", "wina-in")  # dipdeploy.sparsity.scores
 ALLOCATIONS = ("uniform", "greedy", "joint", "greedy-split")
-CA_POLICIES = ("lru", "lfu")  # policies usable inside the torch reference (Belady needs the future)
+#: policies usable inside the torch reference: those that update from the past alone (Belady needs the future)
+CA_POLICIES = tuple(p.name for p in POLICY_RECORDS.values() if p.updates and not p.needs_future)
 
 
 @dataclass

@@ -15,6 +15,7 @@ import numpy as np
 
 from dipdeploy.bundle.manifest import REGENERATE, BundleError
 from dipdeploy.bundle.names import JOINED, MLP_GROUPS, joined_input
+from dipdeploy.cache import policy_of
 from dipdeploy.flash import BLOCK, MAX_REQUEST
 from dipdeploy.runtime.backends.per_layer import SlabDecoder
 from dipdeploy.runtime.native_cache import read_ahead
@@ -29,8 +30,8 @@ def _why_not_config(cfg, manifest, layers: int) -> str | None:
     if cfg.io not in ("mmap", "direct"):
         return (f"--io {cfg.io}: the cache step in the graph copies the misses from the mapped file (--io mmap) or "
                 f"reads them with the op library's reader (--io direct)")
-    if cfg.policy == "belady":
-        return "policy 'belady' needs the recorded future, which only the per-layer path records"
+    if policy_of(cfg.policy).needs_future:
+        return f"policy {cfg.policy!r} needs the recorded future, which only the per-layer path records"
     if (manifest.row_order or {}).get("order", "natural") != "natural":
         return "the bundle's rows are in a calibrated order, which only the Flash store reads"
     if cfg.native is False or cfg.native_cache is False:

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from dipdeploy.bundle.manifest import REGENERATE, BundleError
-from dipdeploy.cache import static_rows
+from dipdeploy.cache import policy_of, static_rows
 from dipdeploy.flash import bounce_bytes
 from dipdeploy.runtime import staging
 from dipdeploy.runtime.backends import HostBound
@@ -125,7 +125,7 @@ class SlabDecoder(HostBound):
         for i, pair in enumerate(self.slabs):
             for g, slab in enumerate(pair):
                 pinned = None
-                if policy == "static":
+                if policy_of(policy).pinned:
                     counts = (self.cfg.pinned_counts[i][g] if self.cfg.pinned_counts is not None
                               else np.zeros(slab.rows))
                     pinned = static_rows(np.asarray(counts), slab.capacity)

@@ -40,6 +40,7 @@ import numpy as np
 
 from dipdeploy.bundle.manifest import REGENERATE, BundleError
 from dipdeploy.bundle.names import MLP_FILE
+from dipdeploy.cache import policy_of
 from dipdeploy.runtime.backends import HostBound
 from dipdeploy.runtime.budget import DramBudget, Residency
 from dipdeploy.runtime.kv import KvCache
@@ -68,8 +69,8 @@ def why_not(manifest, budget: DramBudget, policy: str, plan: Residency) -> str |
     every row (a share below 100 %, or a size below ``plan.total``)."""
     if "model" not in manifest.graphs:
         return f"the manifest names no model.onnx; {REGENERATE}"
-    if policy == "none":
-        return "policy 'none' keeps no row resident"
+    if policy_of(policy).zero_capacity:
+        return f"policy {policy!r} keeps no row resident"
     if budget.cache_frac is not None and budget.cache_frac < 1.0:
         return f"the budget {budget} does not hold every MLP row (give 100%)"
     if budget.total_bytes is not None and budget.total_bytes < plan.total:

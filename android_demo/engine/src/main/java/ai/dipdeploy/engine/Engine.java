@@ -111,7 +111,7 @@ public final class Engine implements AutoCloseable {
         Map<String, Object> ca = manifest.dipca();
         String policy = opt.policy != null ? opt.policy
                 : ca != null && ca.get("policy") != null ? (String) ca.get("policy") : "lfu";
-        if (policy.equals("belady") || policy.equals("static"))
+        if (RowCache.Policy.of(policy).offline())
             throw new IllegalArgumentException("policy " + policy + " needs offline data (a trace / pinned rows); "
                     + "the app runs lru, lfu or none");
         double frac = opt.cacheFrac >= 0 ? opt.cacheFrac

@@ -40,7 +40,7 @@ public final class MlpGroup {
 
     /** Capacity of a cache holding {@code frac} of {@code rows}: Python's round() (half to even). */
     public static int capacityFor(double frac, int rows, String policy) {
-        return policy.equals("none") ? 0 : (int) Math.rint(frac * rows);
+        return RowCache.Policy.of(policy).zeroCapacity ? 0 : (int) Math.rint(frac * rows);
     }
 
     /**
@@ -84,7 +84,7 @@ public final class MlpGroup {
     }
 
     private void preload() throws IOException {
-        if (pinned != null && policy.equals("static")) {
+        if (pinned != null && cache.traits.pinned) {
             long[] pins = new long[cache.residentCount()];
             int n = 0;
             for (int r = 0; r < rows; r++) if (pinned[r]) pins[n++] = r;

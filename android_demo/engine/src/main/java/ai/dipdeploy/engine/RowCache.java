@@ -21,7 +21,54 @@ import java.util.Arrays;
  * </table>
  */
 public final class RowCache {
-    public static final String[] POLICIES = {"none", "lru", "lfu", "belady", "static"};
+    /**
+     * One record per policy, the mirror of {@code dipdeploy.cache.policies.POLICY_RECORDS} (same order, same
+     * traits; {@code tests/test_records.py} holds them equal): whether an access changes the resident set
+     * (then the constant defines {@link #key}), whether the capacity is forced to 0, whether it needs the
+     * future selections (a trace), whether it keeps a pinned set. Callers ask the traits, never the name.
+     */
+    public enum Policy {
+        NONE("none", false, true, false, false),
+        LRU("lru", true, false, false, false) {
+            @Override long key(RowCache c, int r) { return pack(c.lastUse[r], 0, c.rows, r); }
+        },
+        LFU("lfu", true, false, false, false) {
+            @Override long key(RowCache c, int r) { return pack(c.uses[r], c.lastUse[r], c.rows, r); }
+        },
+        BELADY("belady", true, false, true, false) {
+            @Override long key(RowCache c, int r) { // nearer next use → higher key, from the step just taken
+                int t = Math.min(c.step - 1, c.nextUse.length - 1);
+                long horizon = c.nextUse.length + 1;
+                return pack(horizon - c.nextUse[t][r], c.lastUse[r], c.rows, r);
+            }
+        },
+        STATIC("static", false, false, false, true);
+
+        public final String id;
+        public final boolean updates, zeroCapacity, needsFuture, pinned;
+
+        Policy(String id, boolean updates, boolean zeroCapacity, boolean needsFuture, boolean pinned) {
+            this.id = id;
+            this.updates = updates;
+            this.zeroCapacity = zeroCapacity;
+            this.needsFuture = needsFuture;
+            this.pinned = pinned;
+        }
+
+        /** The packed key of row {@code r} (policies that update only). */
+        long key(RowCache c, int r) { throw new IllegalStateException("policy " + id + " keeps no key"); }
+
+        /** Whether it needs data recorded beforehand (a trace or calibration counts). */
+        public boolean offline() { return needsFuture || pinned; }
+
+        public static Policy of(String id) {
+            for (Policy p : values()) if (p.id.equals(id)) return p;
+            throw new IllegalArgumentException("cache policy '" + id + "' unknown; choose one of "
+                    + String.join(", ", POLICIES));
+        }
+    }
+
+    public static final String[] POLICIES = Arrays.stream(Policy.values()).map(p -> p.id).toArray(String[]::new);
     static final int IDX_BITS = 17;
     static final int SEC_BITS = 24;
     static final int MAX_ROWS = 1 << IDX_BITS;
@@ -29,6 +76,7 @@ public final class RowCache {
     public final int rows;
     public final int capacity;
     public final String policy;
+    public final Policy traits;
     private final boolean[] resident;
     private final long[] lastUse;
     private final long[] uses;
@@ -51,37 +99,36 @@ public final class RowCache {
      * @param pinned static only: the pinned rows (bool [rows]), at most {@code capacity} of them
      */
     public RowCache(int rows, int capacity, String policy, int[][] future, boolean[] pinned) {
-        if (!Arrays.asList(POLICIES).contains(policy))
-            throw new IllegalArgumentException("cache policy '" + policy + "' unknown; choose one of "
-                    + String.join(", ", POLICIES));
+        Policy p = Policy.of(policy);
         if (rows <= 0 || rows >= MAX_ROWS)
             throw new IllegalArgumentException("rows must lie in [1, " + (MAX_ROWS - 1) + "], got " + rows);
-        if (policy.equals("none")) capacity = 0;
+        if (p.zeroCapacity) capacity = 0;
         this.capacity = Math.min(Math.max(capacity, 0), rows);
         this.rows = rows;
         this.policy = policy;
+        this.traits = p;
         this.resident = new boolean[rows];
         this.lastUse = new long[rows];
         this.uses = new long[rows];
         this.cand = new int[rows];
         this.candKey = new long[rows];
         this.mark = new int[rows];
-        if (policy.equals("belady")) {
+        if (p.needsFuture) {
             if (future == null)
-                throw new IllegalArgumentException("policy 'belady' needs the future selections (a recorded trace)");
+                throw new IllegalArgumentException("policy '" + policy + "' needs the future selections (a recorded trace)");
             this.nextUse = nextUseTable(future, rows);
         } else {
             this.nextUse = null;
         }
-        if (policy.equals("static")) {
+        if (p.pinned) {
             if (pinned == null)
-                throw new IllegalArgumentException("policy 'static' needs the pinned rows (see staticRows)");
+                throw new IllegalArgumentException("policy '" + policy + "' needs the pinned rows (see staticRows)");
             if (pinned.length != rows)
-                throw new IllegalArgumentException("static: pinned has " + pinned.length + " entries, rows " + rows);
+                throw new IllegalArgumentException(policy + ": pinned has " + pinned.length + " entries, rows " + rows);
             int n = 0;
             for (boolean b : pinned) if (b) n++;
             if (n > this.capacity)
-                throw new IllegalArgumentException("static: " + n + " pinned rows exceed capacity " + this.capacity);
+                throw new IllegalArgumentException(policy + ": " + n + " pinned rows exceed capacity " + this.capacity);
             System.arraycopy(pinned, 0, resident, 0, rows);
         }
     }
@@ -104,19 +151,7 @@ public final class RowCache {
         return ((primary << SEC_BITS) | secondary) << IDX_BITS | tie;
     }
 
-    long key(int r) {
-        switch (policy) {
-            case "lru":
-                return pack(lastUse[r], 0, rows, r);
-            case "lfu":
-                return pack(uses[r], lastUse[r], rows, r);
-            default: { // belady
-                int t = Math.min(step - 1, nextUse.length - 1);
-                long horizon = nextUse.length + 1;
-                return pack(horizon - nextUse[t][r], lastUse[r], rows, r);
-            }
-        }
-    }
+    long key(int r) { return traits.key(this, r); }
 
     /** Records one step's selection (row indices); returns the hit of each entry (residency before the step). */
     public boolean[] access(long[] selected) {
@@ -139,7 +174,7 @@ public final class RowCache {
             lastUse[r] = step;
             uses[r] += 1;
         }
-        if (!policy.equals("static") && !policy.equals("none") && capacity > 0) {
+        if (traits.updates && capacity > 0) {
             int n = 0;
             for (int r = 0; r < rows; r++)
                 if (resident[r] || mark[r] == markGen) cand[n++] = r;
