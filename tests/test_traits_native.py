@@ -20,40 +20,28 @@ POLICY_TRAITS = ("updates", "needs_future", "pinned", "bypass", "no_capacity")
 
 
 def python_records() -> tuple[list[dict], list[dict]]:
-    """(formats, policies) as Python defines them, in their order.
-
-    Formats: ``dipdeploy.ops.formats.FORMATS`` (WeightFormat records). Policies: the names of
-    ``dipdeploy.cache.policies.POLICIES``, with the traits ``RowCache`` shows on a small random trace
-    (``POLICY_TRAITS``: whether the residency ever changes, which constructor argument a policy demands,
-    whether a selected row may be out of the cache after its step, whether the capacity is forced to 0).
-    """
-    from dipdeploy.cache.policies import POLICIES, RowCache
+    """(formats, policies) as Python defines them, in their order: the ``WeightFormat`` records
+    (``dipdeploy.ops.formats.FORMATS``) and the ``Policy`` records (``dipdeploy.cache.policies``), with
+    ``bypass`` (a selected row may be out of the cache after its step), which no Python record states,
+    taken from what ``RowCache`` does on a small random trace."""
+    from dipdeploy.cache.policies import POLICY_RECORDS, RowCache
     from dipdeploy.ops.formats import FORMATS
 
     formats = [{"name": f.name, "dtypes": tuple(f.dtypes), "n_optional": f.n_optional, "quantised": f.quantised,
-                "shared": tuple(f.shared)} for f in FORMATS.values()]
+                "shared": tuple(f.shared), "bits": f.code_bits} for f in FORMATS.values()]
 
     rows, cap, k, steps = 8, 4, 2, 40
     trace = np.stack([np.random.default_rng(t).permutation(rows)[:k] for t in range(steps)])
     pinned = np.arange(rows) < 2
-
-    def demands(policy: str, what: str) -> bool:
-        try:
-            RowCache(rows, cap, policy)
-        except ValueError as e:
-            return what in str(e)
-        return False
-
     policies = []
-    for p in POLICIES:
-        cache = RowCache(rows, cap, p, future=trace, pinned=pinned)
-        before, changed, bypass = cache.resident.copy(), False, False
+    for p in POLICY_RECORDS.values():
+        cache = RowCache(rows, cap, p.name, future=trace, pinned=pinned)
+        bypass = False
         for sel in trace:
             cache.access(sel[None])
-            changed |= not np.array_equal(cache.resident, before)
             bypass |= not cache.resident[0, sel].all()
-        policies.append({"name": p, "updates": changed, "needs_future": demands(p, "future"),
-                         "pinned": demands(p, "pinned"), "bypass": bypass, "no_capacity": cache.capacity == 0})
+        policies.append({"name": p.name, "updates": p.updates, "needs_future": p.needs_future, "pinned": p.pinned,
+                         "bypass": bypass, "no_capacity": p.zero_capacity, "step_keyed": p.stepwise})
     return formats, policies
 
 
@@ -111,6 +99,7 @@ def test_formats_equal_python(lib) -> None:
         assert n["optional"] == p["n_optional"], n["name"]
         assert n["packed"] == int(p["quantised"]), n["name"]
         assert tuple(i for i, a in enumerate(n["arrays"]) if a[3]) == p["shared"], n["name"]
+        assert n["bits"] == p["bits"], n["name"]
 
 
 def test_formats_are_consistent(lib) -> None:
@@ -124,7 +113,8 @@ def test_policies_equal_python(lib) -> None:
     py, native = python_records()[1], native_policies(lib)
     assert [p["name"] for p in native] == [p["name"] for p in py]
     for n, p in zip(native, py):
-        assert {t: bool(n[t]) for t in POLICY_TRAITS} == {t: p[t] for t in POLICY_TRAITS}, n["name"]
+        assert {t: bool(n[t]) for t in POLICY_TRAITS + ("step_keyed",)} == {
+            t: p[t] for t in POLICY_TRAITS + ("step_keyed",)}, n["name"]
 
 
 def test_policy_keys_are_consistent(lib) -> None:
