@@ -12,6 +12,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
+from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
 from dipdeploy.cli.tables import table as make_table
@@ -174,7 +175,8 @@ class _Prefill:
 def run_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
     prompt: str = typer.Option(..., "--prompt", "-p", help="text to continue (with --chat: the user's message)"),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
+    max_new_tokens: int = typer.Option(defaults.MAX_NEW_TOKENS, "--max-new-tokens", "-n",
+                                       help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     flash_device: Optional[str] = FLASH_DEVICE,
@@ -243,7 +245,8 @@ def run_cmd(
 @app.command("chat")
 def chat_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export` (with a chat template)"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
+    max_new_tokens: int = typer.Option(defaults.CHAT_MAX_NEW_TOKENS, "--max-new-tokens", "-n",
+                                       help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     flash_device: Optional[str] = FLASH_DEVICE,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from dipdeploy import defaults
+from dipdeploy.flash import BLOCK
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.sparsity.plan import SparsityConfig
 from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES
@@ -20,7 +21,8 @@ EXPORT_METHODS = ("dense", "dip", "dip-ca")
 EXPORT_QUANTS = ("none", "bq4", "bq4-b32", "bq4-b64", "bq4-b128", "vq3")
 #: Accuracy levels of a bundle (0 = fp32 compute, 4 = int8 activations; docs/onnxruntime.md).
 ACCURACY_LEVELS = BUNDLE_ACCURACY_LEVELS
-ALIGNMENTS = (4096, 65536)
+#: Where every tensor of a bundle's weight files starts: a multiple of the Flash block, or of 16 blocks.
+ALIGNMENTS = (BLOCK, 16 * BLOCK)
 #: ``standard``: attention in opset-21 ops (runs on any ORT); ``gqa``: com.microsoft::GroupQueryAttention.
 ATTENTION_OPS = ("standard", "gqa")
 #: Where each MLP row lies in ``mlp.bin`` (docs/method.md, "Flash layout"): ``calibrated`` orders each
@@ -79,7 +81,7 @@ class ExportConfig:
     lora: str | None = None
     accuracy_level: int = 0
     attention: str = "standard"
-    alignment: int = 4096
+    alignment: int = BLOCK
     max_length: int = 2048
     validate_tokens: int = 32
     prompt: str = "The capital of France is"

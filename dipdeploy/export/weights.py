@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
+from dipdeploy.flash import BLOCK
+
 
 @dataclass(frozen=True)
 class TensorEntry:
@@ -42,7 +44,7 @@ class TensorEntry:
 class WeightStore:
     """Appends tensors to named files in ``root`` and hands out external-data TensorProtos."""
 
-    def __init__(self, root: Path, alignment: int = 4096):
+    def __init__(self, root: Path, alignment: int = BLOCK):
         self.root = Path(root)
         self.alignment = alignment
         self.entries: dict[str, TensorEntry] = {}

@@ -120,15 +120,15 @@ class SparsityPlan:
     hidden_size: int
     intermediate_size: int
     layers: list[LayerPlan]
-    score: str = "abs"
-    gamma: float = 1.0
-    policy: str = "lfu"
-    cache_frac: float = 0.5
-    cache_split: str = CACHE_SPLIT
+    score: str = SparsityConfig.score
+    gamma: float = 1.0  # a plan written without γ is plain DIP
+    policy: str = SparsityConfig.policy
+    cache_frac: float = SparsityConfig.cache_frac
+    cache_split: str = SparsityConfig.cache_split
     row_bytes: list[int] | None = None  # one up|gate row and one down row as the bundle stores them
-    fixed_top_n: int = 0
-    gamma_warmup: int = 0
-    allocation: str = "uniform"
+    fixed_top_n: int = SparsityConfig.fixed_top_n
+    gamma_warmup: int = SparsityConfig.gamma_warmup
+    allocation: str = SparsityConfig.allocation
     rho_in: float | None = None
     calibration: dict = field(default_factory=dict)
     version: int = PLAN_VERSION
