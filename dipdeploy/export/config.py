@@ -29,9 +29,9 @@ ATTENTION_OPS = ("standard", "gqa")
 #: group's rows from a miss trace of the calibration text so rows read together share blocks; ``natural``
 #: keeps the logical order; ``auto`` is calibrated where the export can trace (a sparse plan, per-layer
 #: graphs, the whole model and the calibration text at hand), natural elsewhere, the manifest says which.
-#: The default is natural: on held-out text the calibrated order saves 1–4 % of the device bytes
-#: (benchmarks/results/flash.md "Row order") for an export ~10× longer, and the Android engine reads
-#: natural bundles only.
+#: The default is natural: on held-out text the calibrated order saves a few percent of the device bytes
+#: for a much longer export (README, "Row order"; benchmarks/results/row_order.md), and the
+#: Android engine reads natural bundles only.
 ROW_ORDERS = ("auto", "calibrated", "natural")
 
 
@@ -42,8 +42,8 @@ class ExportConfig:
     ``density``/``rho_in``/``gamma`` only matter when no ``plan`` is given (they make one).
     ``accuracy_level`` applies when quantising, to the MatMulNBits of attention and lm_head and to the
     BQ4 SparseGatherMatMul of the MLP: 0 keeps fp32 arithmetic, so the bundle matches the fake-quant
-    torch reference to float rounding; 4 computes with int8 activations/coefficients (faster on x86
-    with AVX2 or VNNI), validated through its level-0 twin and measured against the reference.
+    torch reference to float rounding; 4 computes with int8 activations/coefficients (for x86 with
+    AVX2 or VNNI: benchmarks/results/level4.md), validated through its level-0 twin and measured against the reference.
     ``fuse_norms``: each residual add and the RMSNorm after it as one
     com.microsoft::SkipSimplifiedLayerNormalization in ``model.onnx`` (as onnxruntime-genai emits;
     360 fewer nodes on SmolLM2); False writes them as standard ops in torch's order.

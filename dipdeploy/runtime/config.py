@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 PREFILL_MODES = ("batch", "token")
 #: the batched prefill's most tokens per graph run (llama.cpp's n_ubatch): its activations are in the
 #: plan, ORT's intermediates of one chunk (attention scores: heads × chunk × context floats) in the fixed
-#: overhead; 128 peaked ~30 MB below 256 on a 1,000-token prompt, its prefill about 8 % slower than one
-#: chunk on a 300-token one (benchmarks/results/memory.md, chunk sweep)
+#: overhead; 128 peaked lower than 256 on a long prompt for a slightly slower prefill than one chunk on a
+#: short one (benchmarks/results/memory.md, the chunk sweep)
 PREFILL_CHUNK = 128
 
 
@@ -84,8 +84,8 @@ class EngineConfig:
     holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
     per-layer path (empty caches at the start; traces, selections).
     ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
-    (``dipdeploy.runtime.fused``: the same native step, at any budget; 1.16–1.69× the per-layer path's
-    decode on real reads, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
+    (``dipdeploy.runtime.fused``: the same native step, at any budget; faster than the per-layer path on
+    real reads, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
     natural row order, takes no Belady and records no selections (traces, ``teacher_forced``); its
     batched prefill runs each chunk through the same graph, with the per-layer path's semantics.
     None: whenever it can (``backends.joined.why_not``), else the per-layer graphs with the host cache step;

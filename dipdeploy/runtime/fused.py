@@ -1,7 +1,7 @@
 """The whole decoder in one session at any budget: the row caches stepped inside the graph.
 
 Below a budget that holds every MLP row the per-layer path runs 3 graphs per layer with the host's cache
-step between them (92 session runs per SmolLM2 token); its cost outside ORT's kernels is what
+step between them (DESIGN.md counts the session runs); its cost outside ORT's kernels is what
 ``benchmarks/results/host.md`` measures (DESIGN.md, "The cache inside the graph"). Here the bundle's own
 per-layer graphs are joined, at load time, into one decoder graph, and the host step becomes two nodes of
 the op library per layer group (custom_ops/src/dd_cache.cc, the same native step with the same rules):
@@ -35,8 +35,8 @@ as with ``whole.py``: per-layer selections for traces or recorders. ``handle`` i
 the native groups' addresses as int64; the op checks each against the groups alive in the process.
 
 Torch-free (floor 5). Joining the graphs needs the ``onnx`` package, which plain ``run`` does not; it runs
-in a child process (``joined_model``), so the engine's process does not hold the package (15.6 MB of RSS
-measured here) for a graph it only needs once.
+in a child process (``joined_model``), so the engine's process does not hold the package (its RSS:
+benchmarks/results/notes.md) for a graph it only needs once.
 """
 
 from __future__ import annotations
@@ -352,8 +352,8 @@ class FusedModel:
         self.reads_ahead = overlap and prefetch and PREFETCH_OP.encode() in model
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path))
         # ORT's memory patterns are planned per set of input shapes, and the attention mask grows by one
-        # position per token: the arena kept 13 MB more anonymous memory after 40 SmolLM2 tokens with them
-        # (203 against 189 MB, the per-layer path 190), at the same prefill and decode speed without them
+        # position per token: with them the arena kept more memory, at the same speed without them
+        # (benchmarks/results/notes.md)
         options.enable_mem_pattern = False
         self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         self.bound = Bound(self.session)
