@@ -2,8 +2,8 @@
 measurement (issue #55): a figure in a docstring is not rerun when the code changes, so it rots, while
 the results files under benchmarks/results/ say which machine, which commit and which command.
 
-The check reads every docstring (module, class, function, and the bare strings under ``#:`` style
-attribute docs) and every ``#`` comment in ``dipdeploy/`` and fails on a line that looks like a measured
+The check reads every docstring (module, class, function, and any other bare string statement) and
+every ``#`` comment (``#:`` attribute docs included) in ``dipdeploy/`` and fails on a line that looks like a measured
 figure: a time, a size, a rate or a ratio, a signed or ranged percentage, two figures compared ("29.94
 against 32.99"), or "measured here". Definitions that match anyway (the 4 KiB Flash block, a unit in an
 example of the syntax a parser takes) are listed in :data:`ALLOWED` by file and text, exactly, so the
