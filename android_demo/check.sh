@@ -75,6 +75,9 @@ if [ "$fresh" = 0 ]; then
   HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" nice -n 10 "$py" "$root/android_demo/golden/make_golden.py" --out "$golden" --force
 fi
 
+# Defaults.java is generated from the Python defaults: a stale copy fails here, before the compile
+"$py" "$root/android_demo/make_defaults.py" --check
+
 # ---- 3. compile
 src="$root/android_demo/engine/src"
 if grep -rlE '^import (android|androidx)\.' "$src/main/java" >/dev/null; then

@@ -58,10 +58,10 @@ print("RESULT" + json.dumps({"seconds": time.perf_counter() - t0,
 _RANDOM_1B = r"""
 import sys
 from dipdeploy.loading import build_tiny
-from dipdeploy.registry import ModelDefaults, ModelShape, ModelSpec
+from dipdeploy.registry import ModelShape, ModelSpec
 shape = ModelShape(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32,
                    num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, head_dim=64)
-build_tiny(ModelSpec("llama-1b-random", "LlamaForCausalLM", shape, ModelDefaults(), tiny={"seed": 0}),
+build_tiny(ModelSpec("llama-1b-random", "LlamaForCausalLM", shape, tiny={"seed": 0}),
            __import__("pathlib").Path(sys.argv[1]))
 """
 

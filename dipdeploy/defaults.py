@@ -16,9 +16,14 @@ CALIB_WINDOWS = 4
 CALIB_SEQLEN = 512
 #: A calibrated quantiser's statistics (vq3's Hessian and error feedback; ``quantize``, ``eval --quant``,
 #: ``export --quant``): this many windows of CALIB_SEQLEN tokens of the same text. More than a plan needs:
-#: the down group's Hessian is F × F (1536² on SmolLM2), and at 4 windows SmolLM2's VQ3 + DIP perplexity
-#: was 37.64 against 31.98 at 16 (benchmarks/results/quant-smollm2.md).
+#: the down group's Hessian is F × F, and CALIB_WINDOWS windows left SmolLM2's VQ3 + DIP perplexity well
+#: above what these give (benchmarks/results/quant-smollm2.md).
 STATS_WINDOWS = 16
+#: Tokens a completion generates when none is asked: ``run``, ``inspect --prompt`` and the Android engine's
+#: ``Cli`` (android_demo/engine/…/Defaults.java, generated from this file by android_demo/make_defaults.py).
+MAX_NEW_TOKENS = 64
+#: Tokens of one chat answer at most: ``chat``, ``Chat.say`` and the Android app.
+CHAT_MAX_NEW_TOKENS = 128
 #: The token embedding of a quantised model: int4 blocks (``export --embedding``, ``eval --embedding``), or fp32.
 EMBEDDINGS = ("int4", "fp32")
 EMBEDDING = "int4"

@@ -9,8 +9,8 @@ is the torch reference of each bundle (fake-quantised weights, the same plan, ca
 runtime computes up to rounding, README "Correctness") on WikiText-2 test windows, the protocol of
 ``dipdeploy eval``; speed, Flash and memory come from the runtime's own stats. Flash is the phone's,
 emulated: the rows read through the mapping (``--io mmap``, not the engine's default ``auto``) and the
-4 KiB blocks holding them paced at ``flash_bandwidth`` (what a device returns: a row smaller than a block
-costs the block, SmolLM2's 306 B down rows included), so the rows compare at one device whatever disk
+4 KiB blocks holding them paced at ``flash_bandwidth`` (what a device returns: a row smaller than a block,
+such as SmolLM2's BQ4 down rows, costs the block), so the rows compare at one device whatever disk
 runs the demo. Per-request costs are not emulated here (``run --flash-device`` adds a device profile's);
 ``benchmarks/flash.py`` and ``benchmarks/iso_runtime.py`` measure real reads.
 """

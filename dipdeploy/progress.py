@@ -6,8 +6,8 @@ while a terminal gets a live bar that does not fill a log with carriage returns.
 stderr, so stdout keeps only the command's results (tables, generated text).
 
 Log mode writes, per stage, ``what …`` when it starts (flushed, so a log shows the stage at work) and
-`` 12.3 s`` on the same line when it ends; a stage started inside another first ends the open line, and
-the outer stage then ends on a line of its own (``what: 12.3 s``). Floor 1: no torch.
+its seconds on the same line when it ends; a stage started inside another first ends the open line, and
+the outer stage then ends on a line of its own (``what: <seconds> s``). Floor 1: no torch.
 """
 
 from __future__ import annotations

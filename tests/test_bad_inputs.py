@@ -177,7 +177,7 @@ CASES = [
     ("run-json-under-file", "run {bundle} -p hi --json {under_file}", "is not a directory"),
     ("run-policy", "run {bundle} -p hi --policy mru", "policy 'mru' unknown"),
     ("run-gamma", "run {bundle} -p hi --gamma 1.5", "gamma must lie in [0, 1]"),
-    ("run-accuracy-level", "run {bundle} -p hi --accuracy-level 2", "accuracy_level must be 0"),
+    ("run-accuracy-level", "run {bundle} -p hi --accuracy-level 2", "--accuracy-level must be 0"),
     ("run-bundle-missing", "run {missing} -p hi", "not found: give the folder `dipdeploy export` wrote"),
     ("run-pin-from-missing", "run {bundle} -p hi --policy static --pin-from {missing}", "--pin-from"),
     ("run-flash-bandwidth", "run {bundle} -p hi --flash-bandwidth fast", "fast"),

@@ -2,6 +2,7 @@
 and configs that share a concept read it from the one that owns it."""
 
 import dataclasses
+import inspect
 
 import pytest
 import typer
@@ -12,7 +13,7 @@ from dipdeploy.demo import DemoConfig
 from dipdeploy.eval import EvalConfig
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.finetune.config import LoraConfig
-from dipdeploy.registry import ModelDefaults
+from dipdeploy.registry import ModelSpec
 from dipdeploy.runtime.budget import DramBudget
 from dipdeploy.runtime.config import EngineConfig
 from dipdeploy.runtime.sampler import Sampler
@@ -97,11 +98,51 @@ def test_configs_read_shared_defaults_from_their_owner():
     assert DramBudget.parse(r.dram_budget).cache_frac == s.cache_frac
     assert r.policy == s.policy
     assert SimConfig().gamma == s.gamma
-    # the registry carries no γ of its own (it was never read and disagreed with SparsityConfig)
-    assert "gamma" not in {f.name for f in dataclasses.fields(ModelDefaults)}
+    # the registry carries no sparsity defaults of its own (SparsityConfig's are the ones)
+    assert "defaults" not in {f.name for f in dataclasses.fields(ModelSpec)}
 
 
 def test_run_and_chat_share_the_context_default():
     cmds = _commands()
     ctx = {n: next(p.default for p in cmds[n].params if p.name == "context") for n in ("run", "chat")}
     assert ctx["run"] == ctx["chat"] == EngineConfig.context
+
+
+def test_the_android_engine_defaults_are_generated_from_pythons():
+    """Defaults.java copies Python's defaults (android_demo/make_defaults.py); a changed Python default
+    with a stale Java copy fails here."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "android_demo" / "make_defaults.py"
+    spec = importlib.util.spec_from_file_location("make_defaults", path)
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    assert make.TARGET.read_text() == make.render(), "run android_demo/make_defaults.py"
+    # the engine's sources take these from Defaults, not from literals of their own
+    src = make.TARGET.parent
+    engine, cli = (src / "Engine.java").read_text(), (src / "Cli.java").read_text()
+    for name in ("THREADS", "CONTEXT", "POLICY", "CACHE_FRAC", "CACHE_SPLIT"):
+        assert f"Defaults.{name}" in engine, name
+    for name in ("MAX_NEW_TOKENS", "TEMPERATURE", "TOP_P", "SEED"):
+        assert f"Defaults.{name}" in cli, name
+
+
+def test_completion_and_answer_lengths_are_defined_once():
+    from dipdeploy.export.generate import generate
+    from dipdeploy.runtime.chat import Chat
+
+    params = {n: {p.name: p.default for p in c.params} for n, c in _commands().items()}
+    assert params["run"]["max_new_tokens"] == params["inspect"]["max_new_tokens"] == defaults.MAX_NEW_TOKENS
+    assert inspect.signature(generate).parameters["max_new_tokens"].default == defaults.MAX_NEW_TOKENS
+    assert params["chat"]["max_new_tokens"] == defaults.CHAT_MAX_NEW_TOKENS
+    assert inspect.signature(Chat.say).parameters["max_new_tokens"].default == defaults.CHAT_MAX_NEW_TOKENS
+
+
+def test_a_plan_defaults_to_the_sparsity_configs_cache_and_scores():
+    from dipdeploy.sparsity.plan import SparsityPlan
+
+    plan = {f.name: f.default for f in dataclasses.fields(SparsityPlan)}
+    config = {f.name: f.default for f in dataclasses.fields(SparsityConfig)}
+    for name in ("score", "policy", "cache_frac", "cache_split", "fixed_top_n", "gamma_warmup", "allocation"):
+        assert plan[name] == config[name], name

@@ -73,7 +73,7 @@ def test_accuracy_level_override_equals_model_onnx_at_that_level(dipca_bundle, n
     logits, sel = eng.teacher_forced(PROMPT, g.tokens)
     ref_logits, ref_sel = model_onnx_run(out / "model.onnx", _Spec, PROMPT, g.tokens, native=native, level=4)
     assert_runs_agree(ref_logits, ref_sel, logits, sel, len(PROMPT), Tolerance(1e-4, 1e-4))
-    with pytest.raises(ValueError, match="accuracy_level"):
+    with pytest.raises(ValueError, match="accuracy level"):
         Engine(out, accuracy_level=2)
 
 

@@ -144,5 +144,5 @@ def test_cli_run_with_a_shared_pool(tiny_dipca_bundle, tmp_path):
 def test_engine_config_refuses_bad_thread_options():
     with pytest.raises(ValueError, match="threads must be >= 1"):
         Engine("nowhere", threads=0)
-    with pytest.raises(ValueError, match="thread pool 'global' unknown"):
+    with pytest.raises(ValueError, match="thread pool global: choose one of"):
         Engine("nowhere", thread_pool="global")

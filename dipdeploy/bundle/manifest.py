@@ -17,6 +17,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from dipdeploy.bundle.names import EDGE_GRAPHS, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
+from dipdeploy.flash import BLOCK
 
 BUNDLE_FORMAT = "dipdeploy-bundle"
 BUNDLE_VERSION = 3  # 3: the joined decoder (graphs.decoder); 2: positions.onnx, the MLP term unadded
@@ -57,7 +58,7 @@ class Manifest:
     sizes: dict = field(default_factory=dict)
     validation: dict = field(default_factory=dict)
     export_config: dict = field(default_factory=dict)
-    alignment: int = 4096
+    alignment: int = BLOCK
     row_order: dict | None = None
     format: str = BUNDLE_FORMAT
     version: int = BUNDLE_VERSION

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Callable, Protocol, Sequence
 
 CACHE_SPLITS = ("even", "reads")
-#: ``reads``: on SmolLM2 (uniform ρ 0.5, γ 0.5, LFU, cache 0.5) WikiText-2 PPL 29.94 against 32.99 for ``even``,
-#: and on the 1 B model 202 against 246 MB read per token (benchmarks/results/accuracy-smollm2.md, cache-split.md).
+#: ``reads`` is the default: at the same cache bytes it gives SmolLM2 the lower perplexity and the 1 B model
+#: fewer bytes read per token than ``even`` (benchmarks/results/accuracy-smollm2.md, cache-split.md).
 CACHE_SPLIT = "reads"
 
 
@@ -33,8 +33,9 @@ def split_by_reads(groups: Sequence[Sequence[Group]], cache_bytes: float,
     miss costs ``miss_cost(row_bytes)`` (a request plus whole blocks: ``dipdeploy.flash.miss_cost``,
     the simulator's device model), so a cached byte is worth (K / rows) · miss_cost / row_bytes. Groups are
     filled in that order, groups of equal worth (every layer's down group of a uniform plan) to the same
-    fraction. Small rows are the expensive ones: SmolLM2's 306 B down rows cost a 4 KiB block and a
-    request each, worth 6× a 1,632 B up|gate row's byte, so their groups are cached first.
+    fraction. Small rows are the expensive ones: a row smaller than a block (SmolLM2's BQ4 down rows) costs
+    a whole block and a request, so a byte of it is worth several of a larger up|gate row's, and its
+    groups are cached first.
     """
     worth = {(i, j): (g.k / g.rows) * miss_cost(g.row_bytes) / g.row_bytes if g.rows and g.row_bytes else 0.0
              for i, layer in enumerate(groups) for j, g in enumerate(layer)}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, STATS_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, console, fail,
                                 write_json)
@@ -192,7 +193,7 @@ def inspect_cmd(
                                 "structure, sizes and the other files' sha256 are always checked)"),
     files: bool = typer.Option(False, "--files", help="also list every file (bytes, sha256) and each layer's K"),
     prompt: Optional[str] = typer.Option(None, help="also generate greedily from this prompt (plain ORT)"),
-    max_new_tokens: int = typer.Option(32, help="tokens to generate with --prompt"),
+    max_new_tokens: int = typer.Option(defaults.MAX_NEW_TOKENS, help="tokens to generate with --prompt"),
     native: bool = typer.Option(False, "--native", help="with --prompt: register the native op library"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the manifest summary as JSON"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing --json file"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 from contextlib import contextmanager
@@ -11,6 +12,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
+from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, write_json
 from dipdeploy.cli.tables import table as make_table
@@ -105,53 +107,41 @@ SEED = typer.Option(_GEN.seed, "--seed", help="sampling seed")
 SYSTEM = typer.Option(None, "--system", help="system prompt (through the bundle's chat template)")
 
 
-def _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed) -> Sampler:
-    return Sampler(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                   stop=tuple(stop or ()), seed=seed)
+def _by_field(cls, options: dict) -> dict:
+    """The parsed ``options`` (a command's parameters by name) that are fields of the dataclass ``cls``."""
+    return {f.name: options[f.name] for f in dataclasses.fields(cls) if f.init and f.name in options}
 
 
-def _engine(bundle: Path, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-            threads, pin_from, verify, accuracy_level=None, prefill=_E.prefill, thread_pool=_E.thread_pool,
-            prefill_chunk=_E.prefill_chunk, io_engine=_E.io_engine, io_gap=_E.io_gap, cache_split=_E.cache_split,
-            single_session=_E.single_session, fused=_E.fused, prefetch=_E.prefetch, flash_device=None):
-    from dipdeploy.runtime import Engine, parse_bandwidth
-    from dipdeploy.runtime.config import PREFILL_MODES
-    from dipdeploy.runtime.blockio import IO_ENGINE_CHOICES
-    from dipdeploy.cache.split import CACHE_SPLITS
-    from dipdeploy.runtime.flash import IO_CHOICES
-    from dipdeploy.runtime.threadpool import THREAD_POOLS
+def _sampler(options: dict) -> Sampler:
+    """The ``Sampler`` of a command's parsed options, by field name (its checks name the options)."""
+    return Sampler(**{**_by_field(Sampler, options), "stop": tuple(options.get("stop") or ())})
 
-    if io not in IO_CHOICES:
-        raise ValueError(f"--io {io}: choose one of {', '.join(IO_CHOICES)}")
-    if io_threads is not None and io_threads < 1:
-        raise ValueError(f"--io-threads must be >= 1, got {io_threads}")
-    if io_engine not in IO_ENGINE_CHOICES:
-        raise ValueError(f"--io-engine {io_engine}: choose one of {', '.join(IO_ENGINE_CHOICES)}")
-    if io_gap < 0:
-        raise ValueError(f"--io-gap must be >= 0 blocks, got {io_gap}")
-    if cache_split not in CACHE_SPLITS:
-        raise ValueError(f"--cache-split {cache_split}: choose one of {', '.join(CACHE_SPLITS)}")
-    if prefill not in PREFILL_MODES:
-        raise ValueError(f"--prefill {prefill}: choose one of {', '.join(PREFILL_MODES)}")
-    if prefill_chunk < 1:
-        raise ValueError(f"--prefill-chunk must be >= 1 token, got {prefill_chunk}")
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
-    if thread_pool not in THREAD_POOLS:
-        raise ValueError(f"--thread-pool {thread_pool}: choose one of {', '.join(THREAD_POOLS)}")
 
-    counts = None
-    if pin_from is not None:
+def engine_config(options: dict) -> EngineConfig:
+    """The ``EngineConfig`` of a command's parsed options, built once by field name: ``--flash-bandwidth``
+    parsed to bytes per second, ``--pin-from``'s trace read into ``pinned_counts``. Its ``__post_init__``
+    is the one check; a refused field is reported under its option's name (``--`` + the field's)."""
+    from dipdeploy.runtime import parse_bandwidth
+    from dipdeploy.runtime.config import FieldError
+
+    kw = _by_field(EngineConfig, options)
+    if kw.get("flash_bandwidth"):
+        kw["flash_bandwidth"] = parse_bandwidth(kw["flash_bandwidth"])
+    try:
+        cfg = EngineConfig(**kw)
+    except FieldError as err:
+        raise ValueError(err.named("--" + err.field.replace("_", "-"))) from None
+    if options.get("pin_from") is not None:
         from dipdeploy.trace import Trace
 
-        counts = Trace.load(pin_from).row_counts()
-    cfg = _E(dram_budget=dram_budget, policy=policy, gamma=gamma, accuracy_level=accuracy_level, native=native,
-             flash_bandwidth=parse_bandwidth(flash_bandwidth) if flash_bandwidth else None, flash_device=flash_device,
-             cold=cold,
-             io=io, io_threads=io_threads, io_engine=io_engine, io_gap=io_gap, context=context, threads=threads, thread_pool=thread_pool, verify=verify,
-             pinned_counts=counts, prefill=prefill, prefill_chunk=prefill_chunk, cache_split=cache_split,
-             single_session=single_session, fused=fused, prefetch=prefetch)
-    engine = Engine(bundle, cfg)
+        cfg.pinned_counts = Trace.load(options["pin_from"]).row_counts()
+    return cfg
+
+
+def _engine(bundle: Path, options: dict):
+    from dipdeploy.runtime import Engine
+
+    engine = Engine(bundle, engine_config(options))
     if engine.flash.note:
         typer.echo(f"note: {engine.flash.note}", err=True)
     return engine
@@ -185,7 +175,8 @@ class _Prefill:
 def run_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
     prompt: str = typer.Option(..., "--prompt", "-p", help="text to continue (with --chat: the user's message)"),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
+    max_new_tokens: int = typer.Option(defaults.MAX_NEW_TOKENS, "--max-new-tokens", "-n",
+                                       help="tokens to generate"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     flash_device: Optional[str] = FLASH_DEVICE,
@@ -204,6 +195,7 @@ def run_cmd(
     force: bool = typer.Option(False, "--force", help="overwrite existing --trace/--json files"),
 ) -> None:
     """Generate from a bundle under a DRAM budget, MLP rows streamed from its weight file; print the stats."""
+    options = dict(locals())
     from dipdeploy.cli.core import check_inputs
     from dipdeploy.runtime.chat import length_mark
     from dipdeploy.runtime.template import ChatTemplate, messages
@@ -213,17 +205,15 @@ def run_cmd(
             raise ValueError("--system needs --chat (the system prompt goes through the chat template)")
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-        sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
+        sampler = _sampler(options)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         if trace is not None:  # a trace is the per-layer path's selections (dipdeploy.runtime.backends.whole)
             if single_session:
                 raise ValueError("--trace records the per-layer graphs' selections: drop --single-session")
             if fused:
                 raise ValueError("--trace records the per-layer graphs' selections: drop --fused")
-            single_session, fused = False, False
-        engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, cold, io, io_threads, context,
-                         threads, pin_from, verify, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split,
-                         single_session, fused, prefetch, flash_device)
+            options.update(single_session=False, fused=False)
+        engine = _engine(bundle, options)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -255,7 +245,8 @@ def run_cmd(
 @app.command("chat")
 def chat_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export` (with a chat template)"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens per answer at most"),
+    max_new_tokens: int = typer.Option(defaults.CHAT_MAX_NEW_TOKENS, "--max-new-tokens", "-n",
+                                       help="tokens per answer at most"),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     flash_device: Optional[str] = FLASH_DEVICE,
@@ -267,16 +258,15 @@ def chat_cmd(
 ) -> None:
     """Interactive chat through the bundle's chat template: streams each answer, then one line of stats.
     Ctrl-C stops an answer (kept in the conversation); Ctrl-C or Ctrl-D at the prompt quits."""
+    options = dict(locals())
     from dipdeploy.runtime.chat import Chat, Interrupt, check_policy, repl
 
     try:
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         check_policy(policy)
-        sampler = _sampler(temperature, top_k, top_p, repetition_penalty, stop, seed)
-        engine = _engine(bundle, dram_budget, policy, gamma, native, flash_bandwidth, False, io, io_threads, context,
-                         threads, None, False, accuracy_level, prefill, thread_pool, prefill_chunk, io_engine, io_gap, cache_split,
-                         single_session, fused, prefetch, flash_device)
+        sampler = _sampler(options)
+        engine = _engine(bundle, options)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)

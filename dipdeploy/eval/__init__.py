@@ -16,8 +16,6 @@ from dipdeploy.progress import Progress
 from dipdeploy.sparsity.plan import METHODS, SparsityConfig, SparsityPlan
 from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES, device_of
 
-ROW_KEYS = ("model", "method", "density", "ppl", "tokens", "seqlen")
-
 
 def _as_tuple(v, cast):
     if isinstance(v, str):

@@ -38,7 +38,6 @@ MAX_NEW_TOKENS = 512
 #: template is under this on the Qwen2.5 tokenizer), plus ``max_new_tokens``; capped at the bundle's positions.
 PROMPT_TOKENS = 1024
 MAX_NEW_TOKENS_CAP = 4096
-ENGINES = ("torch", "bundle")
 
 
 @dataclass

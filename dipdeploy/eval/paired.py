@@ -7,8 +7,7 @@ and resampling the windows with replacement, the same draw for both rows, gives 
 text like this: a percentile bootstrap interval (Efron & Tibshirani, *An Introduction to the Bootstrap*,
 1993, ch. 13). It says how much a verdict such as "DIP ≤ TEAL" depends on which windows of text were
 drawn. It says nothing of the arithmetic's differences between machines, which move the same plan's
-perplexity by up to 0.4 % on SmolLM2 (benchmarks/results/accuracy-smollm2.md): compare rows measured on
-one machine.
+perplexity too (benchmarks/results/accuracy-smollm2.md): compare rows measured on one machine.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Bootstrap resamples and the interval's coverage: with 10,000 draws the ends of SmolLM2's 95 % intervals
-#: (16 windows, DIP against TEAL at ρ 0.6 and 0.75) moved by at most 0.05 percentage points over 20 seeds
-#: (standard deviation 0.004–0.014), a tenth of the intervals' half-widths.
+#: Bootstrap resamples and the interval's coverage: enough draws that the interval's ends move by a small
+#: part of its half-width from seed to seed (benchmarks/results/accuracy-smollm2.md, "Bootstrap resamples").
 RESAMPLES = 10_000
 LEVEL = 0.95
 
@@ -35,8 +33,8 @@ class PairedRatio:
     level: float = LEVEL
 
     def percent(self) -> str:
-        """The ratio and its interval as percentages of change: ``+0.43 % (paired bootstrap over the 16
-        windows: 95 % interval -0.10 … +0.97 %)``."""
+        """The ratio and its interval as percentages of change: ``±R % (paired bootstrap over the W
+        windows: 95 % interval ±L … ±H %)``."""
         def pc(v: float) -> str:
             return f"{100 * (v - 1):+.2f}"
 

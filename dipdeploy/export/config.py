@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from dipdeploy import defaults
+from dipdeploy.flash import BLOCK
 from dipdeploy.ops.formats import format_of_config
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.quant.config import QUANT_PRESETS
@@ -24,16 +25,17 @@ EXPORT_QUANTS = ("none", *(name for name, (cls, preset) in QUANT_PRESETS.items()
                            if format_of_config(cls) is not None and not preset.get("error_feedback")))
 #: Accuracy levels of a bundle (0 = fp32 compute, 4 = int8 activations; docs/onnxruntime.md).
 ACCURACY_LEVELS = BUNDLE_ACCURACY_LEVELS
-ALIGNMENTS = (4096, 65536)
+#: Where every tensor of a bundle's weight files starts: a multiple of the Flash block, or of 16 blocks.
+ALIGNMENTS = (BLOCK, 16 * BLOCK)
 #: ``standard``: attention in opset-21 ops (runs on any ORT); ``gqa``: com.microsoft::GroupQueryAttention.
 ATTENTION_OPS = ("standard", "gqa")
 #: Where each MLP row lies in ``mlp.bin`` (docs/method.md, "Flash layout"): ``calibrated`` orders each
 #: group's rows from a miss trace of the calibration text so rows read together share blocks; ``natural``
 #: keeps the logical order; ``auto`` is calibrated where the export can trace (a sparse plan, per-layer
 #: graphs, the whole model and the calibration text at hand), natural elsewhere, the manifest says which.
-#: The default is natural: on held-out text the calibrated order saves 1–4 % of the device bytes
-#: (benchmarks/results/flash.md "Row order") for an export ~10× longer, and the Android engine reads
-#: natural bundles only.
+#: The default is natural: on held-out text the calibrated order saves a few percent of the device bytes
+#: for a much longer export (README, "Row order"; benchmarks/results/row_order.md), and the
+#: Android engine reads natural bundles only.
 ROW_ORDERS = ("auto", "calibrated", "natural")
 
 
@@ -44,8 +46,8 @@ class ExportConfig:
     ``density``/``rho_in``/``gamma`` only matter when no ``plan`` is given (they make one).
     ``accuracy_level`` applies when quantising, to the MatMulNBits of attention and lm_head and to the
     BQ4 SparseGatherMatMul of the MLP: 0 keeps fp32 arithmetic, so the bundle matches the fake-quant
-    torch reference to float rounding; 4 computes with int8 activations/coefficients (faster on x86
-    with AVX2 or VNNI), validated through its level-0 twin and measured against the reference.
+    torch reference to float rounding; 4 computes with int8 activations/coefficients (for x86 with
+    AVX2 or VNNI: benchmarks/results/level4.md), validated through its level-0 twin and measured against the reference.
     ``fuse_norms``: each residual add and the RMSNorm after it as one
     com.microsoft::SkipSimplifiedLayerNormalization in ``model.onnx`` (as onnxruntime-genai emits;
     360 fewer nodes on SmolLM2); False writes them as standard ops in torch's order.
@@ -83,7 +85,7 @@ class ExportConfig:
     lora: str | None = None
     accuracy_level: int = 0
     attention: str = "standard"
-    alignment: int = 4096
+    alignment: int = BLOCK
     max_length: int = 2048
     validate_tokens: int = 32
     prompt: str = "The capital of France is"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dipdeploy import defaults
 from dipdeploy.bundle.manifest import read_manifest
 
 
@@ -64,7 +65,7 @@ class Generation:
     native: bool
 
 
-def generate(bundle: str | Path, prompt: str, max_new_tokens: int = 32, *, native: bool = False,
+def generate(bundle: str | Path, prompt: str, max_new_tokens: int = defaults.MAX_NEW_TOKENS, *, native: bool = False,
              threads: int = 1) -> Generation:
     """Greedy decode ``max_new_tokens`` after ``prompt``; stops at the EOS token of genai_config.json."""
     import onnxruntime as ort

@@ -46,7 +46,7 @@ _STREAM_UNSUPPORTED = ("use_dora", "lora_bias", "modules_to_save", "rank_pattern
 
 def stream_lora(lm, adapter: str | Path) -> dict:
     """Merge a peft adapter into a streamed model (``lm.checkpoint``) as each weight is read: the
-    adapter's A and B (small: Mistral-7B's MLPs at r = 8 take 57 MB in fp32) are loaded now, and
+    adapter's A and B (small: r · (d + F) numbers per projection) are loaded now, and
     ``StreamedCheckpoint`` adds (B·A)·scaling to a weight when its layer is read, the arithmetic of
     peft's ``merge_and_unload`` in fp32 (docs/method.md, "LoRA recovery"), so the merged weights, hence
     the calibrated plan and the bundle, are the eager export's. Refuses what that sum cannot express

@@ -62,7 +62,7 @@ class ModelSource:
         self.model = lm.model
         self.checkpoint = lm.checkpoint  # streamed weights: read per module, released after use
         # The dequantised values go back into the torch model only where it is validation's reference; a
-        # streamed module is released right after it is read (and a 7B layer's copies cost gigabytes).
+        # streamed module is released right after it is read (a 7B layer's copies would not fit).
         self.write_back = self.checkpoint is None
         self.spec = ArchSpec.from_config(self.model.config.to_dict())
         self.mlp_cfg = mlp_cfg
@@ -141,7 +141,7 @@ class ModelSource:
 
     def _linear(self, weights: list[torch.nn.Linear]) -> Linear:
         """Rows of several nn.Linear stacked ([q; k; v]) as one Linear, quantised if asked."""
-        # [out, in]: one copy, made from views of the torch weights (a 7B lm_head is 524 MB in fp32)
+        # [out, in]: one copy, made from views of the torch weights (a 7B lm_head: vocab × d fp32)
         w = np.concatenate([m.weight.detach().to(dtype=torch.float32, device="cpu").numpy() for m in weights], axis=0)
         biases = [m.bias for m in weights]
         bias = np.concatenate([_np(b) for b in biases]) if all(b is not None for b in biases) else None

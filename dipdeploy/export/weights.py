@@ -11,12 +11,13 @@ Floor 4 but torch-free: numpy and onnx only.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper
+
+from dipdeploy.flash import BLOCK
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class TensorEntry:
 class WeightStore:
     """Appends tensors to named files in ``root`` and hands out external-data TensorProtos."""
 
-    def __init__(self, root: Path, alignment: int = 4096):
+    def __init__(self, root: Path, alignment: int = BLOCK):
         self.root = Path(root)
         self.alignment = alignment
         self.entries: dict[str, TensorEntry] = {}
@@ -106,9 +107,6 @@ class WeightStore:
             f.close()
         self._files.clear()
 
-    def file_names(self) -> list[str]:
-        return sorted({e.file for e in self.entries.values()})
-
 
 def external_tensor(name: str, dtype, shape, file: str, offset: int, length: int) -> TensorProto:
     t = TensorProto()
@@ -121,10 +119,3 @@ def external_tensor(name: str, dtype, shape, file: str, offset: int, length: int
         entry.key, entry.value = key, value
     return t
 
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()

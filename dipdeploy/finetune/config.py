@@ -29,15 +29,14 @@ class LoraConfig:
     ``norms`` adds the RMSNorm weights, trained whole beside the LoRA (a few thousand numbers a layer;
     :func:`dipdeploy.finetune.adapter.norm_modules`): the norm before the MLP scales both DIP's input scores
     |RMSNorm(h) ⊙ w| and the values the kept columns multiply, which no LoRA on the projections reaches
-    directly. They train at ``norm_lr_scale`` × ``lr``: at the LoRA's own rate they cost SmolLM2 1.3 %
+    directly. They train at ``norm_lr_scale`` × ``lr``: at the LoRA's own rate they cost SmolLM2
     perplexity, each step reshuffling the top-K in a way the gradient does not see; at a tenth of it they
-    gained 0.7–1.1 % on pydoc text (two seeds) and 0.4 % on the dense model's samples
-    (benchmarks/results/distill-recipes-smollm2.md).
+    gained (benchmarks/results/distill-recipes-smollm2.md).
     ``tokens``, when set, overrides ``steps``: steps = ⌈tokens / (batch_size · grad_accum · seqlen · processes)⌉,
     since each data-parallel process trains ``batch_size`` windows per step (:meth:`total_steps`).
     ``alpha=None`` means 2·rank, the usual LoRA scaling of 2.
-    ``bf16`` runs the forward under bf16 autocast (GPU, or a CPU with AVX512-BF16: 1.5× faster on this
-    project's CPU); the LoRA weights and the optimizer stay fp32, and evaluation stays fp32.
+    ``bf16`` runs the forward under bf16 autocast (GPU, or a CPU with AVX512-BF16, where it is faster:
+    benchmarks/results/lora-smollm2.md, "bf16"); the LoRA weights and the optimizer stay fp32, and evaluation stays fp32.
     ``sample_windows`` (``dense-samples`` only) draws that many windows and trains on them in turn, so
     fewer samples serve more steps (sampling one window costs a forward per token; None: one fresh window
     per window trained).

@@ -12,8 +12,8 @@ Sources (``LoraConfig.data`` or ``text_file``):
   window per training window, :func:`dense_samples`): the teacher's own distribution, so distillation
   matches it where the teacher puts its mass rather than on one corpus, and no window is seen twice
   (on pydoc topics a second epoch lowered the training KL but not WikiText perplexity) unless
-  ``LoraConfig.sample_windows`` caps the draw. Sampled on the GPU where there is one. Measured on
-  SmolLM2 at ρ = 0.5 it recovers no more than pydoc (26.43 against 26.42, benchmarks/results/lora-smollm2.md).
+  ``LoraConfig.sample_windows`` caps the draw. Sampled on the GPU where there is one. On SmolLM2 at
+  ρ = 0.5 it recovers no more than pydoc (benchmarks/results/lora-smollm2.md).
   Under a multi-process launch every process samples the same windows and trains on its share, so each
   sees fewer windows than steps × batch and repeats them;
 - a user's UTF-8 file.
@@ -119,7 +119,7 @@ def training_windows(lm, cfg: LoraConfig, data_dir: str | Path | None = None) ->
 
 SAMPLE_BATCH = 32  # windows sampled side by side on a CPU: one forward per position for all of them
 #: ... on a GPU, where a step of the eager model costs its kernel launches whatever the batch, so a wider
-#: batch samples more windows in the same time (1,024 SmolLM2 windows of 512 tokens: about 12 GB of KV cache)
+#: batch samples more windows in the same time (its KV cache: windows × tokens × layers × 2 × kv heads × head dim)
 SAMPLE_BATCH_GPU = 1024
 
 
@@ -130,7 +130,7 @@ def dense_samples(lm, n: int, seqlen: int, seed: int, bf16: bool = False) -> tor
     too (what follows an end is still the model's text). ``lm`` must be dense (no DIP masks): these are
     the teacher's samples. Seeded, so a resumed run trains on the same windows (on the same kind of
     device: a GPU draws other numbers than a CPU from the same seed); ``bf16``: the forward under bf16
-    autocast, as the training's (1.4× faster on this project's CPU). Runs where the model is; the windows
+    autocast, as the training's (benchmarks/results/lora-smollm2.md, "bf16"). Runs where the model is; the windows
     come back on the CPU."""
     import inspect
 

@@ -18,8 +18,8 @@ pruning error is visible in its own hidden state, so each layer's adapter gets a
 With ``mlp_weight`` each layer's MLP output is matched to the dense MLP run on the *student's* own MLP
 input (:func:`mlp_match`): a local target, what that layer's masks alone cost, free of the error the
 earlier layers pass on. Neither extra term paid on SmolLM2 (the hidden states:
-benchmarks/results/lora-smollm2.md; the MLP outputs, whose local error a rank-16 adapter moved by 3–4 %:
-benchmarks/results/distill-recipes-smollm2.md).
+benchmarks/results/lora-smollm2.md; the MLP outputs, whose local error a rank-16 adapter barely moved:
+benchmarks/results/distill-recipes-smollm2.md, docs/method.md).
 """
 
 from __future__ import annotations

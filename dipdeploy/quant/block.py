@@ -133,8 +133,8 @@ def _encode(x: np.ndarray, cfg: _BlockIntConfig, ratio: float):
 
 #: Input bytes quantised at a time: every step works per row (each block's scale, codes and packed bytes
 #: depend on that row alone), so row chunks give the same bytes while bounding the temporaries (about
-#: eight input-sized arrays with the scale search) to a few hundred MB instead of several GB for a
-#: Mistral-7B MLP matrix ([4096, 28672] fp32 is 470 MB).
+#: eight input-sized arrays with the scale search) to a few times the chunk instead of eight times a whole
+#: 7B MLP matrix ([4096, 28672] fp32).
 CHUNK_BYTES = 32 << 20
 
 

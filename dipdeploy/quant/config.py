@@ -124,8 +124,8 @@ class VQ3QuantConfig:
     scale = 1040 bits, or 64 × 2 fp16 = 2048 bits) costs ≈ 1040/8192 ≈ 0.127 bits per weight.
 
     Fitting: weighted k-means (``init``: ``"kmeans++"`` or ``"grid"``, an 8 × 8 product of per-dimension
-    quantiles), ``n_iter`` Lloyd iterations (on SmolLM2's MLP: k-means++ with 8 iterations 15.05 dB SQNR,
-    12 iterations 15.13 dB, grid init with 12 iterations 14.93 dB), vectorised over ``batch_groups`` groups
+    quantiles), ``n_iter`` Lloyd iterations (the default, k-means++ init, as the SQNR of SmolLM2's MLP
+    chose: benchmarks/results/quant-smollm2.md, "VQ3 fitting"), vectorised over ``batch_groups`` groups
     at a time.
 
     Calibration (``calib.py``; used when calibration tokens are given, as by ``dipdeploy quantize``):

@@ -1,6 +1,6 @@
 """The packed-weights file written by ``dipdeploy quantize`` and read by ``dipdeploy eval --weights``.
 
-A ``.npz`` (zip of ``.npy`` arrays, readable by ``numpy.load``) written entry by entry, so a 7 B model
+A ``.npz`` (zip of ``.npy`` arrays, readable by ``numpy.load``) written entry by entry, so a 7B model
 streams through with one layer in memory. Entries:
 
 - ``__header__``: uint8 bytes of a UTF-8 JSON object ``{"magic": "DIPDEPLOY-QUANT", "version": 1,

@@ -3,8 +3,8 @@
 A group's rows keep their logical ids (what the graphs, the masks, the caches and the torch reference
 use); only where each one lies in the MLP file changes. ``position[r]`` is the file row that holds logical
 row ``r`` (a permutation of ``range(R)``); ``order = argsort(position)`` lists the logical row of each file
-row. The device reads whole blocks, so a missed row smaller than a block costs the block (SmolLM2's down
-rows: 306 B of a 4 KiB block); putting rows that miss together in the same blocks lets one block serve
+row. The device reads whole blocks, so a missed row smaller than a block costs the block (SmolLM2's BQ4
+down rows are); putting rows that miss together in the same blocks lets one block serve
 several wanted rows.
 
 What counts is the rows that *miss*: a row the cache holds costs no read wherever it lies. So the

@@ -28,7 +28,7 @@ from dipdeploy.quant.api import register_quantizer, register_tensor
 from dipdeploy.quant.bits import pack_bits, unpack_bits
 from dipdeploy.quant.config import VQ3QuantConfig
 
-_ASSIGN_GROUPS = 4  # groups per distance batch: 4 × 4096 × 64 float32 ≈ 4 MiB
+_ASSIGN_GROUPS = 4  # groups per distance batch: temporaries of 4 × 4096 × 64 float32, cache-sized
 
 
 @register_tensor
@@ -108,7 +108,7 @@ def _assign(x: np.ndarray, c: np.ndarray) -> np.ndarray:
     """Nearest centroid: argmin ‖x − c‖² = argmax (x·c − ‖c‖²/2); x [G, N, 2], c [G, K, 2] → [G, N].
 
     Written as two broadcast multiply-adds over a few groups at a time (cache-sized temporaries): for
-    2-D vectors this is ≈6× faster than a batched matmul with an inner dimension of 2.
+    2-D vectors a batched matmul with an inner dimension of 2 is far slower (benchmarks/results/notes.md).
     """
     half = 0.5 * (c * c).sum(axis=2)
     out = np.empty(x.shape[:2], np.int64)

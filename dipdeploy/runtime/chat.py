@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
+from dipdeploy import defaults
 from dipdeploy.cache import policy_of
 from dipdeploy.runtime.engine import Engine, Generation
 from dipdeploy.runtime.sampler import Sampler
@@ -63,7 +64,7 @@ class Chat:
     def history(self) -> list[dict]:
         return self.system + self.turns
 
-    def say(self, text: str, max_new_tokens: int = 128, on_text: Callable[[str], None] | None = None,
+    def say(self, text: str, max_new_tokens: int = defaults.CHAT_MAX_NEW_TOKENS, on_text: Callable[[str], None] | None = None,
             should_stop: Callable[[], bool] | None = None,
             on_prefill: Callable[[int, int], None] | None = None) -> Reply:
         """One turn: the answer streams to ``on_text``; it is kept in the history even when interrupted."""

@@ -26,9 +26,21 @@ if TYPE_CHECKING:
 PREFILL_MODES = ("batch", "token")
 #: the batched prefill's most tokens per graph run (llama.cpp's n_ubatch): its activations are in the
 #: plan, ORT's intermediates of one chunk (attention scores: heads × chunk × context floats) in the fixed
-#: overhead; 128 peaked ~30 MB below 256 on a 1,000-token prompt, its prefill about 8 % slower than one
-#: chunk on a 300-token one (benchmarks/results/memory.md, chunk sweep)
+#: overhead; 128 peaked lower than 256 on a long prompt for a slightly slower prefill than one chunk on a
+#: short one (benchmarks/results/memory.md, the chunk sweep)
 PREFILL_CHUNK = 128
+
+
+class FieldError(ValueError):
+    """One field's value refused by :class:`EngineConfig`: the message is the field's name in words, then
+    ``rest``; a front end names its own option instead (``named``: ``--io-gap must be >= 0 blocks``)."""
+
+    def __init__(self, field: str, rest: str):
+        self.field, self.rest = field, rest
+        super().__init__(f"{field.replace('_', ' ')} {rest}")
+
+    def named(self, name: str) -> str:
+        return f"{name} {self.rest}"
 
 
 @dataclass
@@ -72,8 +84,8 @@ class EngineConfig:
     holds every row (``whole.why_not``), True: insist (an error where it cannot), False: always the
     per-layer path (empty caches at the start; traces, selections).
     ``fused``: join the per-layer graphs into one session per token with the cache step inside the graph
-    (``dipdeploy.runtime.backends.joined``: the same native step, at any budget; 1.16–1.69× the per-layer path's
-    decode on real reads, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
+    (``dipdeploy.runtime.backends.joined``: the same native step, at any budget; faster than the per-layer path on
+    real reads, benchmarks/results/fused.md); needs ``--io mmap`` or ``direct``, the op library and the
     natural row order, takes no Belady and records no selections (traces, ``teacher_forced``); its
     batched prefill runs each chunk through the same graph, with the per-layer path's semantics.
     None: whenever it can (``backends.joined.why_not``), else the per-layer graphs with the host cache step;
@@ -116,29 +128,35 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
-            raise ValueError(f"prefill {self.prefill!r} unknown; choose one of {', '.join(PREFILL_MODES)}")
-        if type(self.prefill_chunk) is not int or self.prefill_chunk < 1:
-            raise ValueError(f"prefill chunk must be a whole number of tokens >= 1, got {self.prefill_chunk!r}")
+            raise FieldError("prefill", f"{self.prefill}: choose one of {', '.join(PREFILL_MODES)}")
+        if type(self.prefill_chunk) is not int:
+            raise FieldError("prefill_chunk", f"must be a whole number of tokens >= 1, got {self.prefill_chunk!r}")
+        if self.prefill_chunk < 1:
+            raise FieldError("prefill_chunk", f"must be >= 1 token, got {self.prefill_chunk}")
         if self.policy not in POLICIES:
-            raise ValueError(f"policy {self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
+            raise FieldError("policy", f"{self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
         if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
+            raise FieldError("gamma", f"must lie in [0, 1], got {self.gamma}")
         if self.context is not None and self.context < 1:
-            raise ValueError(f"context must be >= 1 token, got {self.context}")
+            raise FieldError("context", f"must be >= 1 token, got {self.context}")
         if self.accuracy_level is not None and self.accuracy_level not in BUNDLE_ACCURACY_LEVELS:
-            raise ValueError(f"accuracy_level must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
+            raise FieldError("accuracy_level", f"must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
         if self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.io not in IO_CHOICES:
-            raise ValueError(f"io {self.io!r} unknown; choose one of {', '.join(IO_CHOICES)}")
-        if type(self.io_gap) is not int or self.io_gap < 0:
-            raise ValueError(f"io gap must be a whole number of blocks >= 0, got {self.io_gap!r}")
-        if self.io_engine not in IO_ENGINE_CHOICES:
-            raise ValueError(f"io engine {self.io_engine!r} unknown; choose one of {', '.join(IO_ENGINE_CHOICES)}")
-        if self.cache_split not in CACHE_SPLITS:
-            raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
+            raise FieldError("threads", f"must be >= 1, got {self.threads}")
         if self.thread_pool not in THREAD_POOLS:
-            raise ValueError(f"thread pool {self.thread_pool!r} unknown; choose one of {', '.join(THREAD_POOLS)}")
+            raise FieldError("thread_pool", f"{self.thread_pool}: choose one of {', '.join(THREAD_POOLS)}")
+        if self.io not in IO_CHOICES:
+            raise FieldError("io", f"{self.io}: choose one of {', '.join(IO_CHOICES)}")
+        if self.io_threads is not None and self.io_threads < 1:
+            raise FieldError("io_threads", f"must be >= 1, got {self.io_threads}")
+        if self.io_engine not in IO_ENGINE_CHOICES:
+            raise FieldError("io_engine", f"{self.io_engine}: choose one of {', '.join(IO_ENGINE_CHOICES)}")
+        if type(self.io_gap) is not int:
+            raise FieldError("io_gap", f"must be a whole number of blocks >= 0, got {self.io_gap!r}")
+        if self.io_gap < 0:
+            raise FieldError("io_gap", f"must be >= 0 blocks, got {self.io_gap}")
+        if self.cache_split not in CACHE_SPLITS:
+            raise FieldError("cache_split", f"{self.cache_split}: choose one of {', '.join(CACHE_SPLITS)}")
         if self.fused and self.single_session:
             raise ValueError("fused and single_session are two one-session modes: choose one")
         DramBudget.parse(self.dram_budget)  # a malformed budget is refused before the bundle is opened

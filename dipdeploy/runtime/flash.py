@@ -9,8 +9,8 @@ bounce buffer). Three read paths (the engine's default, ``auto``, picks ``direct
 * ``mmap``: the file mapped read-only with ``MADV_RANDOM`` (no read-ahead), each batch one vectorised
   numpy gather per array into the slab slots; the page cache as llama.cpp uses it.
 * ``pread``: positioned reads, one ``preadv`` per run of adjacent rows and array, scattering straight
-  into the slots. Same bytes; in Python the per-run loop costs ~3× the mmap path on SmolLM2 (8,000
-  requests per token at ρ = 0.5, 50 % budget), which is why it is not the default.
+  into the slots. Same bytes; in Python the per-run loop (thousands of requests per SmolLM2 token) is
+  slower than the mmap path (benchmarks/results/flash-smollm2-xeon.md), which is why it is not the default.
 * ``direct``: ``O_DIRECT`` reads that bypass the page cache, so every miss really comes from the device:
   block-aligned requests (the blocks holding the wanted rows, neighbours coalesced) read with many in
   flight into a bounce buffer, then gathered into the slots (``dipdeploy/runtime/blockio.py``). Where
@@ -39,12 +39,12 @@ the others a cgroup memory limit prevents it, benchmarks/flash.py); that is said
 ``emulate`` (the simulator's Flash model, ``dipdeploy.sim.devices.FlashModel``: ``--flash-bandwidth``
 alone, or a device profile's bandwidth and request cost, ``--flash-device``) emulates a slower device (a
 phone's Flash) on top of the real reads: each batch owes the model's ``read_time(block_requests,
-block_bytes)``, t = n · request_s + b / seq_bandwidth (a device transfers whole blocks, so SmolLM2's 306 B
-down rows owe a 4 KiB block each unless they share one, and each run of blocks its request) minus the
-time the real read took (synchronous I/O, no overlap with compute); the debt is paid by sleeping once it
-passes 1 ms, and ``settle`` pays the rest at the end of each token. The measured sleep is what is deducted, so the OS's
-oversleep (≈70–100 µs per call here, measured) is credited to the next batch instead of adding ~5 ms per
-token of 60 tiny sleeps. Reported as emulation.
+block_bytes)``, t = n · request_s + b / seq_bandwidth (a device transfers whole blocks, so a row smaller
+than a block owes the block unless it shares one, and each run of blocks its request) minus the time the
+real read took (synchronous I/O, no overlap with compute); the debt is paid by sleeping once it passes
+``_SLEEP_SLICE``, and ``settle`` pays the rest at the end of each token. The measured sleep is what is
+deducted, so the OS's oversleep is credited to the next batch instead of adding up over a token's many
+short sleeps (benchmarks/results/notes.md). Reported as emulation.
 
 Torch-free (floor 5).
 """
@@ -121,11 +121,10 @@ def choose_io(path: str | os.PathLike, rows_on_flash: bool) -> tuple[str, str]:
 
     A DRAM budget is a promise about memory, and only ``direct`` keeps it: ``mmap`` leaves every page it
     touched in the page cache, which a memory limit counts (cgroups do), so once the file does not fit
-    beside the plan the pages are evicted and faulted in again one 4 KiB block at a time. Measured on the
-    ≈1 B model at 50 % (benchmarks/io_auto.py, benchmarks/results/io-auto.md, Intel Xeon; cgroup v1 limit = the
-    plan + the README's 200 MB overhead): ``mmap`` decoded 0.38 tok/s against ``direct``'s 2.54;
-    without a limit ``mmap`` was 2× faster, with the page cache holding the whole file (the group's peak
-    1.18 GB against a 0.60 GB plan). Where every row is resident from the start (``model.onnx`` in one
+    beside the plan the pages are evicted and faulted in again one 4 KiB block at a time: under a limit of
+    the plan plus the README's overhead ``mmap`` decoded far slower than ``direct``, and without a limit
+    faster, only because the page cache held the whole file beyond the plan (benchmarks/io_auto.py,
+    benchmarks/results/io-auto.md). Where every row is resident from the start (``model.onnx`` in one
     session) nothing is read per token, and where the filesystem refuses ``O_DIRECT`` the direct reads
     would go through the page cache anyway: ``mmap`` there."""
     if not rows_on_flash:

@@ -2,10 +2,10 @@
 first decode tokens.
 
 The read-ahead (``CachePrefetch``, DESIGN.md "Reads overlapped with compute") reads a layer's predicted
-up|gate misses while its attention runs. Where compute is slow against the device, that hides reads (the
-≈1 B model, 50 %, the AMD EPYC of 8 MiB L3: DIP-CA +14 %); where the device is the bottleneck, its wrong
-guesses' bytes and the second set of requests cost more than it hides (the Intel Xeon: 0.92-0.95×; the AMD
-EPYC Zen 4: 0.89-0.98×, DIP-CA with the ring). Which holds depends on the CPU, the disk and the bundle, so
+up|gate misses while its attention runs. Where compute is slow against the device, that hides reads;
+where the device is the bottleneck, its wrong guesses' bytes and the second set of requests cost more than
+it hides (DESIGN.md, "What bounds the ratio" and "`--prefetch auto`, the default", has both kinds of
+machine). Which holds depends on the CPU, the disk and the bundle, so
 the engine times tokens both ways: it switches the read-ahead on and off on alternate tokens until it has
 :data:`PROBE_TOKENS` of each, then keeps the setting whose median token was shorter (on when equal). The
 read-ahead changes no logit (CacheEnd hands the product the same rows in the same order), so the probe

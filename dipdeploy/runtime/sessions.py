@@ -12,7 +12,7 @@ start; per token only the attention mask and the KV cache (whose lengths grow) a
 into a ``Buffer`` whose address was read once (``Bound.input_at``): numpy's ``ctypes.data`` and a view per
 bind cost more than ORT's bind itself (dipdeploy/runtime/DESIGN.md, "Where the per-layer path's token goes").
 ORT reads and writes the buffers in place, so a token costs ORT's run and a handful of binds, not a Python
-wrapper per tensor (measured ≈130 µs per session call before, on this machine, with per-call binding).
+wrapper per tensor (what per-call binding cost: benchmarks/results/notes.md).
 Torch-free (floor 5).
 """
 
@@ -47,8 +47,8 @@ def shared_arena(options):
 
     Each ORT session otherwise keeps its own arena at its peak: with 3 graphs per layer that is one
     retained peak per graph, most of the stock-ORT fallback path's memory (its functions dequantise
-    the slab rows into fp32 intermediates, several MB per MLP graph), and ~25 MB with the native ops
-    (measured, benchmarks/results/memory.md). Sessions of one engine run one after another, so one
+    the slab rows into fp32 intermediates per MLP graph), and still some with the native ops
+    (benchmarks/results/notes.md, memory.md). Sessions of one engine run one after another, so one
     arena holds the largest single run."""
     _register_shared_arena()
     options.add_session_config_entry("session.use_env_allocators", "1")
@@ -62,8 +62,8 @@ SHARED_LAYOUTS = ("rope_table",)
 class SharedInitializers:
     """The bundle's tensors that many graphs hold (the RoPE tables), read once and given to every
     session with ``SessionOptions.add_initializer``. Each session would otherwise map its own view of
-    them from ``dense.bin``, and every mapping's pages count in RSS again (30 layers × cos and sin on
-    SmolLM2: 30 MB, measured, benchmarks/results/memory.md)."""
+    them from ``dense.bin``, and every mapping's pages count in RSS again, once per layer's cos and sin
+    (benchmarks/results/notes.md)."""
 
     def __init__(self, bundle: Path, manifest):
         from onnxruntime import OrtValue

@@ -5,9 +5,9 @@ A group's staging slots (``SlotTable``: slots ``[capacity, capacity + K)``) hold
 back, one group at a time. No two groups' staging is ever live at once, so each slab is mapped as one
 contiguous virtual array (what ``SparseGatherMatMul`` and the slot rule see) whose cache slots are
 private anonymous pages and whose staging slots are a window onto one shared ``memfd``. Staging then
-costs the largest group's window instead of the sum over groups: on the 32-layer Mistral-7B bundle
-(ρ_in 0.65) 46.8 MB per layer × 32 = 1.5 GB, which alone exceeded what a 2 GB limit leaves
-(``benchmarks/results/scale.md``), becomes about 41 MB.
+costs the largest group's window instead of the sum over groups: on the 32-layer Mistral-7B bundle the
+sum alone exceeded what the scale run's memory limit leaves (DESIGN.md, "One staging area for every group";
+``benchmarks/results/scale.md``).
 
 Linux only (``memfd_create``); elsewhere :func:`supported` is false and each slab keeps staging of its
 own. ``VmRSS`` counts a shared page once per mapping, so it overstates a process that shares staging; the

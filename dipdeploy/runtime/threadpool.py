@@ -2,8 +2,8 @@
 
 An engine runs 3 L + 1 sessions one after another (91 on SmolLM2). ORT's default gives each session its
 own pool of ``threads`` − 1 workers that spin on after the session's run, so with ``--threads 2`` 91
-spinning workers competed for 2 cores (a load of 60–80, decode at 0.1 tok/s and prefill slower than on
-one thread: benchmarks/results/prefill.md). Two ways out, ``EngineConfig.thread_pool``:
+spinning workers competed for 2 cores (decode and prefill slower than on one thread:
+benchmarks/results/prefill.md). Two ways out, ``EngineConfig.thread_pool``:
 
 - ``"per-session"`` (the default): each session keeps its own pool, with spinning off
   (``session.intra_op.allow_spinning = 0``): idle workers sleep, and as the sessions run one at a time at
@@ -17,8 +17,8 @@ one thread: benchmarks/results/prefill.md). Two ways out, ``EngineConfig.thread_
   validation, ``model.onnx`` sessions); and its spinning is fixed at creation, on (the Python API passes
   only the sizes; ``session.intra_op.allow_spinning`` and ``session.force_spinning_stop`` act on
   per-session pools only), which costs a core whenever another job wants it. On idle cores it is the
-  faster: a sleeping per-session worker wakes too late for these short kernels (2 threads, SmolLM2,
-  300-token prompt: prefill 202.5 against 151.0 tok/s, decode 39.4 against 29.2; run C there).
+  faster: a sleeping per-session worker wakes too late for these short kernels (benchmarks/results/
+  prefill.md, run C).
 
 So the rule: the first shared engine of a process creates the pool with its ``threads``; from then on
 every engine of the process must be shared at that size, and any other is refused in one line (it needs

@@ -180,9 +180,9 @@ def _kl_of(logp: torch.Tensor, ref: torch.Tensor) -> float:
 def _sensitivity(lm, probe: SparsityPlan, x: torch.Tensor, ref: torch.Tensor, low: float,
                  ratio: float) -> np.ndarray:
     """s[i] = rise of the KL when layer i alone drops to density ``low`` (the floor) and every other layer
-    stays at the uniform ρ. One probe per layer: on SmolLM2 the probes one step (ρ/4) either side of ρ
-    moved the KL by 0.01–0.02, within the noise of 4 × 256 tokens, while the floor probe separates the
-    layers clearly (layer 0: +0.79, last: +0.18, the rest +0.025–0.08 on a base of 0.40)."""
+    stays at the uniform ρ. One probe per layer, at the floor: probes one step either side of ρ move the KL
+    by no more than the noise of the probe's tokens, while the floor probe separates the layers
+    (benchmarks/results/accuracy-smollm2.md, "The allocation's probes")."""
     L, d, f = _shape(lm)
     sparsify_(lm.model, probe)
     suffix = _Suffix(lm.model, x)
@@ -227,14 +227,11 @@ def allocate_greedy(lm, plan: SparsityPlan, windows: torch.Tensor, tokens: int =
     plan is never worse than uniform on calibration text. The mean density is the target within half
     a W_d row (:func:`dipdeploy.sparsity.allocate.exact_budget`) and every layer keeps at least ``floor``·ρ. Deterministic.
 
-    Why the old allocation failed (PPL 2752 against 28.51 for uniform at ρ = 0.5 on SmolLM2-135M,
-    benchmarks/results/accuracy-smollm2.md): its "more density never hurts" clean-up took the running
-    minimum from the dense end, so every level's error became the dense level's 0, every gain tied at
-    0 and argmax filled layers in index order: layers 0–13 dense, 14 at 0.25, 15–29 at 0.05 (K_in = 32
-    of 576). Its criterion, ‖MLP_ρ(x) − MLP(x)‖² per layer, also ignores how later layers amplify or
-    damp an error, and it had no floor. A knapsack over per-layer KL at five levels (ρ/2 … 1.5ρ) was
-    sound but no better than uniform (held-out KL 0.512 vs 0.452): steps of ρ/4 moved the KL by
-    0.01–0.02, inside the probe noise. This rule: PPL 31.99 against 33.32 for uniform (4 test windows).
+    Why end to end and with a floor: a per-layer criterion (‖MLP_ρ(x) − MLP(x)‖²) ignores how later
+    layers amplify or damp an error, and without a floor a layer can be starved; a knapsack over
+    per-layer KL at a few levels is sound but its steps move the KL by no more than the probe's noise.
+    The allocations tried before this one and how each fared: benchmarks/results/accuracy-smollm2.md,
+    "The allocation's probes".
     """
     L, d, f = _shape(lm)
     target = plan.density if density_target is None else density_target
@@ -323,10 +320,9 @@ def split_allocated(lm, plan: SparsityPlan, windows: torch.Tensor, curves: dict 
 
     The greedy allocation measures how much density each layer needs end to end but gives every layer the
     global split; the curves compare splits within one layer only, so this uses the robust half of the
-    joint search on top of the greedy densities. Measured on SmolLM2-135M (16 × 2048 test tokens,
-    benchmarks/results/accuracy-smollm2.md) it does not pay: at ρ = 0.6 the re-split won on held-out KL
-    and read PPL 23.40 against greedy's 23.31; at ρ = 0.75 greedy was kept (21.18). Plans this close are
-    not separated by the KL of 4 × 256 held-out tokens, so ``greedy`` stays the recommended allocation."""
+    joint search on top of the greedy densities. On SmolLM2-135M it does not pay (benchmarks/results/
+    accuracy-smollm2.md, greedy-split against greedy): plans this close are not separated by the KL of the
+    held-out calibration tokens, so ``greedy`` stays the recommended allocation."""
     L, d, f = _shape(lm)
     search, held = _allocation_windows(windows, tokens)
     found = _curves_for(lm, search, plan.score, curves)
@@ -353,8 +349,8 @@ def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | Non
     ``splits`` memoises the split search per (density, score) across calls: DIP, DIP-CA and TEAL at the
     same density share it (the search itself runs plain DIP). ``allocation = "joint"`` chooses every
     layer's split itself, but its ``uniform`` candidate, the fallback when no per-layer plan beats it, is
-    the searched split (with the default split instead, TEAL joint at ρ = 0.4 fell back to ρ_in 0.44 and
-    47.74 PPL against TEAL uniform's 42.74 at the searched 0.48, results/accuracy-smollm2.md); ``curves``
+    the searched split (with the default split instead, TEAL joint at ρ = 0.4 fell back to a worse split
+    than uniform TEAL's searched one: benchmarks/results/accuracy-smollm2.md); ``curves``
     memoises its error curves per score. ``search`` runs the split search: a streamed model
     passes ``dipdeploy.sparsity.streamed.search_split_streamed``.
     """

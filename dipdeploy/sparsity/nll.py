@@ -15,9 +15,9 @@ from dipdeploy.arch import arch_of_model
 from dipdeploy.sparsity.methods import reset_caches
 
 
-#: fp32 logits per lm_head chunk (512 MiB; cross-entropy's log-softmax holds as many again): B×T×vocab would
-#: not fit for long windows, and a fixed count of positions would not either for a batch of windows of a
-#: large vocabulary (16 × 512 positions of Gemma 3's 262,144 tokens: 8.6 GB, twice that with the softmax)
+#: fp32 logits per lm_head chunk (cross-entropy's log-softmax holds as many again): B×T×vocab would not fit
+#: for long windows, and a fixed count of positions would not either for a batch of windows of a large
+#: vocabulary (16 × 512 positions × Gemma 3's 262,144 tokens × 4 bytes, twice that with the softmax)
 _LOGIT_ELEMENTS = 1 << 27
 _LOGIT_CHUNK = 512  # positions per chunk at most, whatever the budget allows
 

@@ -50,7 +50,7 @@ class SparsityConfig:
     rho_in: float | None = None
     allocation: str = "uniform"
     score: str = "abs"
-    gamma: float = 0.5  # cache_frac 0.5: PPL 44.7 vs 51.6 at γ 0.2 (reads split), 48.8 vs 131.8 (even); docs/method.md
+    gamma: float = 0.5  # the paper's 0.2 costs SmolLM2 far more perplexity at cache_frac 0.5 (docs/method.md)
     policy: str = "lfu"
     cache_frac: float = 0.5
     cache_split: str = CACHE_SPLIT
@@ -122,15 +122,15 @@ class SparsityPlan:
     hidden_size: int
     intermediate_size: int
     layers: list[LayerPlan]
-    score: str = "abs"
-    gamma: float = 1.0
-    policy: str = "lfu"
-    cache_frac: float = 0.5
-    cache_split: str = CACHE_SPLIT
+    score: str = SparsityConfig.score
+    gamma: float = 1.0  # a plan written without γ is plain DIP
+    policy: str = SparsityConfig.policy
+    cache_frac: float = SparsityConfig.cache_frac
+    cache_split: str = SparsityConfig.cache_split
     row_bytes: list[int] | None = None  # one up|gate row and one down row as the bundle stores them
-    fixed_top_n: int = 0
-    gamma_warmup: int = 0
-    allocation: str = "uniform"
+    fixed_top_n: int = SparsityConfig.fixed_top_n
+    gamma_warmup: int = SparsityConfig.gamma_warmup
+    allocation: str = SparsityConfig.allocation
     rho_in: float | None = None
     calibration: dict = field(default_factory=dict)
     version: int = PLAN_VERSION
@@ -224,8 +224,8 @@ def split_for(method: str, rho: float, rho_in: float | None) -> tuple[float, flo
 
 
 def default_rho_in(rho: float) -> float:
-    """Input share when nothing is calibrated: ρ_in = 1.1ρ, the split measured best on SmolLM2 at ρ=0.5
-    (docs/method.md: 0.55/0.40 → ×1.33 of dense PPL, against ×1.45 for 0.5/0.5)."""
+    """Input share when nothing is calibrated: ρ_in = 1.1ρ, the best split of SmolLM2's at ρ = 0.5
+    (docs/method.md, the split table)."""
     return min(1.0, 1.1 * rho)
 
 

@@ -13,8 +13,8 @@ so the candidates' NLLs, hence the plan, are the eager ones: the same fp32 ops o
 the same order, window by window (``tests/test_export_streamed.py`` compares the two plans exactly).
 
 Peak memory: one fp32 decoder layer, the resident embedding and (for the NLL) the final norm and the
-lm_head, plus the activations: candidates × windows × seqlen × hidden fp32 (Mistral-7B, 4 candidates ×
-4 windows × 512 tokens: 134 MB). Each layer is read once, whatever the number of candidates.
+lm_head, plus the activations: candidates × windows × seqlen × hidden fp32 (small beside a 7B layer).
+Each layer is read once, whatever the number of candidates.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 package ai.dipdeploy.demo;
 
+import ai.dipdeploy.engine.Defaults;
 import ai.dipdeploy.engine.Engine;
 import ai.dipdeploy.engine.Sampler;
 import ai.dipdeploy.engine.Stats;
@@ -133,7 +134,7 @@ public class MainActivity extends Activity {
             } else {
                 engine.reset();
             }
-            engine.generate(text, 128, Sampler.greedy(), new Engine.Listener() {
+            engine.generate(text, Defaults.CHAT_MAX_NEW_TOKENS, Sampler.greedy(), new Engine.Listener() {
                 @Override
                 public void onText(String delta) {
                     if (stop.get()) throw new StopRequested();

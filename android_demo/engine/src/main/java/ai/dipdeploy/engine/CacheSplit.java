@@ -19,10 +19,9 @@ import java.util.TreeSet;
 public final class CacheSplit {
     public static final String EVEN = "even";
     public static final String READS = "reads";
-    public static final String DEFAULT = READS;
     /** The Flash block and what one request costs in blocks' transfer: Python's {@code dipdeploy.flash.BLOCK}, {@code REQUEST_BLOCKS}. */
-    static final long BLOCK = 4096;
-    static final long REQUEST_BLOCKS = 8;
+    static final long BLOCK = Defaults.BLOCK;
+    static final long REQUEST_BLOCKS = Defaults.REQUEST_BLOCKS;
 
     private CacheSplit() {}
 

@@ -8,10 +8,11 @@ import java.nio.file.Paths;
  *
  * <pre>
  *   java -cp engine-classes:onnxruntime-1.29.0.jar ai.dipdeploy.engine.Cli BUNDLE "prompt"
- *        [--tokens 32] [--policy lfu|lru|none] [--cache-frac 0.5] [--cache-split reads|even] [--threads 2] [--native libdipdeploy_ops.so]
- *        [--temperature 0] [--top-p 1] [--seed 0]
+ *        [--tokens N] [--policy lfu|lru|none] [--cache-frac F] [--cache-split reads|even] [--threads T] [--native libdipdeploy_ops.so]
+ *        [--temperature T] [--top-p P] [--seed S]
  * </pre>
  *
+ * Options left out take {@link Defaults} (Python's, as {@code dipdeploy run}), the cache options the bundle's.
  * Prints the generated text as it streams, then the token ids and the stats line.
  */
 public final class Cli {
@@ -34,9 +35,9 @@ public final class Cli {
             System.exit(2);
         }
         Engine.Options opt = new Engine.Options();
-        int tokens = 32;
-        float temperature = 0f, topP = 1f;
-        long seed = 0;
+        int tokens = Defaults.MAX_NEW_TOKENS;
+        float temperature = Defaults.TEMPERATURE, topP = Defaults.TOP_P;
+        long seed = Defaults.SEED;
         for (int k = 2; k < args.length; k += 2) {
             if (k + 1 >= args.length) throw new IllegalArgumentException(args[k] + " needs a value");
             String v = args[k + 1];

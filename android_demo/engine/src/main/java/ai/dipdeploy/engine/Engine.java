@@ -52,12 +52,12 @@ import java.util.Map;
 public final class Engine implements AutoCloseable {
     /** Run-time choices; defaults come from the manifest's {@code dipca} section. */
     public static final class Options {
-        public String policy;            // null: the manifest's (lfu for dip-ca), else lru/lfu/none
-        public double cacheFrac = -1;    // < 0: the manifest's cache_frac (0.5 when absent)
-        public String cacheSplit = CacheSplit.DEFAULT; // how those bytes are shared by the groups: reads | even
-        public int threads = 2;
+        public String policy;            // null: the manifest's (Defaults.POLICY when absent), else lru/lfu/none
+        public double cacheFrac = -1;    // < 0: the manifest's cache_frac (Defaults.CACHE_FRAC when absent)
+        public String cacheSplit = Defaults.CACHE_SPLIT; // how those bytes are shared by the groups: reads | even
+        public int threads = Defaults.THREADS;
         public String nativeLibraryPath; // e.g. context.getApplicationInfo().nativeLibraryDir + "/libdipdeploy_ops.so"
-        public int maxContext = 2048;
+        public int maxContext = Defaults.CONTEXT; // KV-cache tokens, at most the bundle's positions
     }
 
     /** Receives streamed text and live stats. */
@@ -110,12 +110,12 @@ public final class Engine implements AutoCloseable {
                     + " (an older export); " + Manifest.REGENERATE);
         Map<String, Object> ca = manifest.dipca();
         String policy = opt.policy != null ? opt.policy
-                : ca != null && ca.get("policy") != null ? (String) ca.get("policy") : "lfu";
+                : ca != null && ca.get("policy") != null ? (String) ca.get("policy") : Defaults.POLICY;
         if (RowCache.Policy.of(policy).offline())
             throw new IllegalArgumentException("policy " + policy + " needs offline data (a trace / pinned rows); "
                     + "the app runs lru, lfu or none");
         double frac = opt.cacheFrac >= 0 ? opt.cacheFrac
-                : ca != null && ca.get("cache_frac") != null ? Json.dbl(ca.get("cache_frac"), "cache_frac") : 0.5;
+                : ca != null && ca.get("cache_frac") != null ? Json.dbl(ca.get("cache_frac"), "cache_frac") : Defaults.CACHE_FRAC;
         // like the Python runtime: a plan's γ warm-up is not applied (γ from the first token)
         this.gammaWarmup = ca != null && ca.get("gamma_warmup") != null
                 ? Math.toIntExact(Json.lng(ca.get("gamma_warmup"), "gamma_warmup")) : 0;
