@@ -5,7 +5,7 @@ native kernels, 1 ORT thread, Flash reads through mmap. Per budget (100 %: all i
 prompt; 50 %), side by side in one run and interleaved per repeat so load hits both alike:
 
 * ``numpy``: the per-token cache step in numpy (``EngineConfig(native_cache=False)``, the reference);
-* ``native``: the step in the op library (custom_ops/src/dd_cache.cc);
+* ``native``: the step in the op library (custom_ops/src/cache/);
 * ``single`` (100 % only): ``model.onnx`` in one session per token (``dipdeploy.runtime.backends.whole``: every
   row resident, so DIP-CA is plain DIP), the mode ``Engine`` picks by itself at a budget that holds every
   row; ``numpy`` and ``native`` are forced onto the per-layer graphs there (``single_session=False``);
@@ -284,7 +284,7 @@ def write_table(rows: list[dict], info: dict, tokens: int, repeats: int, loads: 
             f"SmolLM2-135M DIP-CA BQ4 (ρ = 0.5, ρ_in = 0.55, γ = 0.5, LFU), {tokens} greedy tokens after one prompt, "
             f"native kernels, 1 ORT thread, mmap reads; median of {repeats} repeat(s), the paths interleaved in each. "
             f"`numpy`: the per-token cache step in numpy (the reference, main's path); `native`: in the op library "
-            f"(custom_ops/src/dd_cache.cc), both on the per-layer graphs; `single`: model.onnx in one session per "
+            f"(custom_ops/src/cache/), both on the per-layer graphs; `single`: model.onnx in one session per "
             f"token (dipdeploy/runtime/backends/whole.py, every row resident: plain DIP); `fused`: the per-layer graphs joined "
             f"into one session per token, the cache step inside it (dipdeploy/runtime/backends/joined.py; prompt fed token by "
             f"token; its storage is inside its kernels, so its host_ms is the token less the kernels); `genai`: the same bundle's model.onnx in onnxruntime-genai's own loop, "

@@ -1,4 +1,4 @@
-"""The native cache step (custom_ops/src/dd_cache.cc) takes the numpy reference's decisions, every one:
+"""The native cache step (custom_ops/src/cache/) takes the numpy reference's decisions, every one:
 hits, residency, statistics, slots, reads and slab contents on random selection traces for each policy
 (ties included), and through the engine, where switching the step between C++ and numpy changes
 nothing but time."""

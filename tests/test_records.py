@@ -3,7 +3,7 @@
 Adding a format is one ``WeightFormat`` in ``dipdeploy.ops.formats.FORMATS`` (plus its kernel in
 ``custom_ops``, whose enumerator, name and bytes the record names); adding a policy is one ``Policy`` in
 ``dipdeploy.cache.policies.POLICY_RECORDS``, one constant of the Java ``RowCache.Policy`` and one
-enumerator of ``dd_cache.cc``. These tests hold that true from outside:
+enumerator of ``custom_ops/src/cache/``. These tests hold that true from outside:
 
 - every record is complete: each place that needs the format (packing, array labels, dtypes, numpy and
   ONNX decoders, quant preset, bits for the simulator, export choices) works from the record alone;

@@ -62,7 +62,7 @@ class Policy:
     """One cache policy's record: its key and the traits callers outside ``cache/`` ask about.
 
     Adding a policy is one record here, one constant of ``RowCache.Policy`` in the Java engine and one
-    enumerator of ``dd_cache.cc``'s ``Policy`` (``tests/test_records.py`` holds all three together).
+    enumerator of ``custom_ops/src/cache/``'s ``Policy`` (``tests/test_records.py`` holds all three together).
 
     ``key``: the packed key of the rows (``_pack``), None for a policy whose resident set no access
     changes (``updates`` False). ``zero_capacity``: the capacity is forced to 0 (everything from Flash).

@@ -2,7 +2,7 @@
 
 Below a budget that holds every MLP row the per-layer graphs need the host between them (the cache step
 after each TopKColumnMask); joined into one graph, that step becomes two nodes of the op library per
-layer group (custom_ops/src/dd_cache.cc, the same native step with the same rules), so one session per
+layer group (custom_ops/src/cache/, the same native step with the same rules), so one session per
 token runs the whole decoder (dipdeploy/runtime/DESIGN.md, "The cache inside the graph"):
 
 * ``CacheStep(indices, handle) -> slots`` after each TopKColumnMask: looks the selection up in the group's
@@ -156,7 +156,7 @@ class _Joiner:
         nodes from ``first`` on) has the pre-norm form x = norm(attention + h) · w: the op predicts the
         selection from h · w with the TopKColumnMask's own attributes and inputs and reads the predicted
         misses, and the attention reads its input through the op, so that the reads start before it runs
-        (custom_ops/src/dd_ops.cc). Returns whether it did."""
+        (custom_ops/src/ort/). Returns whether it did."""
         nodes = self.nodes[first:]
         made = {o: n for n in nodes for o in n.output if o}
         topk = next((n for n in nodes if indices in n.output), None)

@@ -46,7 +46,7 @@ class WeightFormat:
     ones); the labels are the packed tensor's ``arrays()`` keys and the bundle's tensor name suffixes.
     ``code_bits``: bits of one weight's own code, without scales or codebooks (the native library's
     bytes per weight × 8; the bits per weight of an unquantised format). ``native``: the format's
-    ``dd_format`` enumerator in ``custom_ops/src/dd_kernels.h``. ``config``: the ``dipdeploy.quant``
+    ``dd_format`` enumerator in ``custom_ops/src/kernels/``. ``config``: the ``dipdeploy.quant``
     config class that packs it (None: unquantised), ``requires`` the config fields the op format fixes.
     ``dequantize``: the numpy decode of selected rows; ``rows_onnx``: the fallback function's decode
     (``ops.fallback``). ``shared``: weight inputs indexed by original row group, not per W row (their

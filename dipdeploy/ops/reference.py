@@ -69,7 +69,7 @@ def level4_takes_int8(x_sel: np.ndarray, scales: np.ndarray) -> bool:
     chunk with max|c| below 127 / FLT_MAX) is computed at level 0, so NaN and ±Inf reach Y as they
     do at level 0; quantised, a NaN would become a finite code and an infinite max|c| or 127 / max|c|
     would turn the chunk's codes into NaN or ±127. The native kernels (the int8 kernels flag such a
-    row, ``dd_ops.cc`` recomputes it at level 0) and the ``_a4`` fallback apply the same rule per row.
+    row, ``custom_ops/src/ort/`` recomputes it at level 0) and the ``_a4`` fallback apply the same rule per row.
     """
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         c = np.asarray(scales, np.float32) * np.asarray(x_sel, np.float32)[:, None]

@@ -17,7 +17,7 @@ OPSET_VERSION = 1
 BUNDLE_ACCURACY_LEVELS = (0, 4)
 TOPK_OP = "TopKColumnMask"
 SGMM_OP = "SparseGatherMatMul"
-#: The cache ops of the joined decoder (``export.joined``; custom_ops/src/dd_ops.cc): the host's cache step
+#: The cache ops of the joined decoder (``export.joined``; custom_ops/src/ort/): the host's cache step
 #: as nodes. Only the native library has them (no fallback function), so a graph that uses them needs it.
 CACHE_OPS = ("CacheStep", "CacheSettle", "CacheBegin", "CacheEnd", "CachePrefetch")
 # The standard-op opset the fallback function bodies and the test models use.

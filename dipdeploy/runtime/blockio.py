@@ -5,7 +5,7 @@ coalesced across gaps of at most :data:`IO_GAP` blocks, cut at ``MAX_REQUEST`` b
 lives in ``dipdeploy/flash.py``). The ranges land back to back in one aligned bounce buffer; the wanted
 rows are then gathered from it into their slab slots in one numpy step per array.
 
-The reads run in the native op library (custom_ops/src/dd_io.cc, through ctypes) when it is built: an
+The reads run in the native op library (custom_ops/src/io/, through ctypes) when it is built: an
 io_uring ring (``dd_io_ring_read``: the kernel keeping up to :data:`IO_RING_DEPTH` requests in flight,
 submitted in one syscall, with no thread of its own) or a pool of pread threads (``dd_io_read``); without
 the library in a ``ThreadPoolExecutor`` of ``os.preadv`` calls. Same requests, same bytes; ``--io-engine``
@@ -61,7 +61,7 @@ def _short(path: str, plan: BlockPlan, i: int, err: int) -> OSError:
 
 
 class NativeReader:
-    """The op library's readers (custom_ops/src/dd_io.cc): an io_uring ring of ``threads`` entries
+    """The op library's readers (custom_ops/src/io/): an io_uring ring of ``threads`` entries
     (``kind`` "io_uring") or a pool of ``threads`` pread threads ("threads")."""
 
     def __init__(self, library: str, threads: int, engine: str):
@@ -163,7 +163,7 @@ def make_reader(threads: int | None = None, native: bool = True, engine: str = I
             for kind in (("io_uring", "threads") if engine == IO_ENGINE_AUTO else (engine,)):
                 try:
                     return NativeReader(str(lib), in_flight(kind, threads), kind)
-                except AttributeError:  # a library built before dd_io.cc: no dd_io_read symbol
+                except AttributeError:  # a library older than its reader: no dd_io_read symbol
                     break
                 except ValueError:  # no ring here: auto goes on to the threads
                     if engine != IO_ENGINE_AUTO:

@@ -66,7 +66,7 @@ class EngineConfig:
     which the engine turns into "direct" where its plan leaves rows on Flash and the filesystem takes
     ``O_DIRECT``, else "mmap" (``flash.choose_io``: only direct reads keep a budget under a memory limit).
     ``native_cache``: each token's cache lookup/update, slot assignment and mmap reads of the misses in
-    the op library (custom_ops/src/dd_cache.cc, the rules of ``dipdeploy.cache``, decision for decision);
+    the op library (custom_ops/src/cache/, the rules of ``dipdeploy.cache``, decision for decision);
     False keeps them in numpy (the reference); None: whenever the native kernels are used
     (dipdeploy/runtime/DESIGN.md).
     ``threads``: ORT intra-op threads of every session; above 1, ``thread_pool`` says whose pool runs

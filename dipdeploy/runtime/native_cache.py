@@ -1,4 +1,4 @@
-"""One group's per-token cache step in the op library (custom_ops/src/dd_cache.cc), through ctypes.
+"""One group's per-token cache step in the op library (custom_ops/src/cache/), through ctypes.
 
 The numpy ``RowCache.access`` + ``SlotTable.assign`` + ``FlashStore.read`` of a decoded token cost
 about a dozen numpy calls per group, 60 groups per SmolLM2 token: the largest share of the host's time
@@ -234,7 +234,7 @@ class NativeCache:
         """Start (``buffers``: one full-height [rows, …] array per slab array, in the slabs' order) or end
         (None) a batched prefill on the graph: meanwhile its CacheStep places each chunk's rows in
         ``buffers`` at their row index and its CacheSettle warms the cache from the chunk's selection
-        (custom_ops/src/dd_cache.cc ``dd_cache_prefill``; the numpy counterpart is the per-layer path's
+        (custom_ops/src/cache/ ``dd_cache_prefill``; the numpy counterpart is the per-layer path's
         ``PerLayerDecoder._fill_prefill`` and ``_warm``, runtime/backends/per_layer.py)."""
         if buffers is None:
             self._full = None
