@@ -72,7 +72,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
   return n;
 }
 
-// CacheBegin's work (the joined decoder reading while it multiplies, dipdeploy/runtime/fused.py): the step
+// CacheBegin's work (the joined decoder reading while it multiplies, dipdeploy/runtime/backends/joined.py): the step
 // of dd_cache_graph_step for the selection `sel` [tokens, k], with the misses' reads only started (the
 // group's reader) or already copied (the mapping), and the hits' entries of the selection and their slots
 // in `idx`, `slots` (hits in selection order, [1, H]) for the SparseGatherMatMul over the resident rows,
@@ -140,7 +140,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
   return h;
 }
 
-// CachePrefetch's work (dipdeploy/runtime/fused.py): the rows of `pred` [k], a prediction of the group's
+// CachePrefetch's work (dipdeploy/export/joined.py): the rows of `pred` [k], a prediction of the group's
 // next selection made before the layer's attention runs, that are not resident, read with the group's reader
 // into the bounce buffer while the attention runs; the next CacheBegin takes the misses among them from
 // there and reads only the others. The cache's state does not change, so neither do its decisions; a wrong

@@ -107,7 +107,7 @@ using namespace dd_cache;
 
 extern "C" {
 
-// A batched prefill on the graph (dipdeploy/runtime/fused.py): with `n` (the group's arrays) full-height
+// A batched prefill on the graph (dipdeploy/runtime/backends/joined.py): with `n` (the group's arrays) full-height
 // buffers `bufs[a]` ([rows, row_bytes[a]], the ones the graph's SparseGatherMatMul is bound to meanwhile),
 // CacheStep fills them with each chunk's rows and CacheSettle warms the cache from the chunk's selection;
 // n = 0 ends it. A key that depends on the step (belady's), which a chunk takes at once: refused.

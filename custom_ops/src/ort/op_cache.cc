@@ -15,7 +15,7 @@ namespace dd_ort {
 // CacheSettle(X f32, handle [1] i64) -> X
 //
 // The host runtime's per-token cache step (cache/) as graph nodes, so a whole decoder with its row
-// caches runs as one session (dipdeploy/runtime/fused.py). `handle` is a group made by the host; the
+// caches runs as one session (dipdeploy/export/joined.py). `handle` is a group made by the host; the
 // step updates that group's state and copies its misses into the slab the next SparseGatherMatMul
 // reads; CacheSettle runs the deferred moves of the slot rule once X (which depends on that
 // SparseGatherMatMul) exists, and passes X on, so that every later node, the next group's CacheStep
@@ -108,7 +108,7 @@ OrtStatus * ORT_API_CALL dd_csettle_compute(void * kernel_ptr, OrtKernelContext 
 // CacheBegin(indices [N,K] i64, handle [1] i64) -> hit_indices [N,H] i64, hit_slots [N,H] i64
 // CacheEnd(Y f32, handle [1] i64) -> Y, miss_indices [N,M] i64, miss_slots [N,M] i64
 //
-// CacheStep in two halves, so the reads overlap the compute (dipdeploy/runtime/fused.py, --io direct):
+// CacheStep in two halves, so the reads overlap the compute (dipdeploy/runtime/backends/joined.py, --io direct):
 // CacheBegin steps the cache and starts the misses' reads, and gives the hits' selected entries and slots
 // to a SparseGatherMatMul over the resident rows, which runs while the reads are in flight; CacheEnd, on
 // that product, waits for the reads, copies the rows into their staging slots and gives the misses'
@@ -183,7 +183,7 @@ OrtStatus * ORT_API_CALL dd_cend_compute(void * kernel_ptr, OrtKernelContext * c
 // CachePrefetch(X f32, handle [1] i64, H f32 [1, 1, D] | [1, D], W f32 [D], C bool [D], colnorm? f32 [D]) -> X
 //
 // A read-ahead for the up|gate group of a pre-norm layer whose MLP input is x = RMSNorm(H + attn(H)) ⊙ W
-// (dipdeploy/runtime/fused.py inserts it where a layer has that form, with `X` the value the attention
+// (dipdeploy/export/joined.py inserts it where a layer has that form, with `X` the value the attention
 // starts from, so that it runs first). RMSNorm's per-token scale leaves a top-K unchanged, so the
 // TopKColumnMask of H ⊙ W with the same attributes, residency C and column norms predicts the group's
 // selection before the attention runs (recall 0.86-0.89 measured, dipdeploy/runtime/DESIGN.md); the rows
