@@ -7,7 +7,8 @@ enumerator of ``custom_ops/src/cache/``. These tests hold that true from outside
 
 - every record is complete: each place that needs the format (packing, array labels, dtypes, numpy and
   ONNX decoders, quant preset, bits for the simulator, export choices) works from the record alone;
-- the native library and the Java engine mirror the records (parsed from their sources);
+- the Java engine mirrors the policy records (parsed from its source; the native library's traits tables
+  are held to the same records through its C ABI by tests/test_traits_native.py);
 - no module outside the records' compares a format or policy name, or keys a table by one (an AST scan),
   and no Java engine source outside the enum compares a policy name. The allow-list below is exact: an
   entry that no longer occurs fails too, so it cannot rot.
