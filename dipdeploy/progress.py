@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, TextIO
 
+from dipdeploy.terminal import shown
+
 
 def quiet_libraries() -> None:
     """Silence transformers' and huggingface_hub's own bars, advisory warnings and deprecation notices
@@ -101,11 +103,11 @@ class Progress:
                                 MofNCompleteColumn(), TimeElapsedColumn(),
                                 console=Console(file=self.out), transient=True)
                 self._bar.start()
-            stage._task = self._bar.add_task(what, total=total)
+            stage._task = self._bar.add_task(shown(what), total=total)  # its column renders markup
             return stage
         self._end_open_line()
         of = f" ({total})" if total else ""
-        self.out.write(f"{what}{of} …")
+        self.out.write(f"{shown(what, markup=False)}{of} …")
         self.out.flush()
         self._open = stage
         return stage
@@ -124,7 +126,8 @@ class Progress:
         count = f" {stage.done}/{stage.total}," if stage.total else ""
         if self.live:
             self._bar.remove_task(stage._task)
-            self._bar.console.print(f"{stage.what}:{count} {secs:.1f} s", markup=False, highlight=False)
+            self._bar.console.print(f"{shown(stage.what, markup=False)}:{count} {secs:.1f} s", markup=False,
+                                    highlight=False)
             if self._running == 0:
                 self._bar.stop()
                 self._bar = None
@@ -133,7 +136,7 @@ class Progress:
             self._open = None
         else:
             self._end_open_line()
-            self.out.write(f"{stage.what}:{count} {secs:.1f} s\n")
+            self.out.write(f"{shown(stage.what, markup=False)}:{count} {secs:.1f} s\n")
         self.out.flush()
         return secs
 

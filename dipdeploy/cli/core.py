@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
@@ -20,16 +19,30 @@ from dipdeploy.eval.humaneval import TaskConfig
 from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig
 from dipdeploy.registry import list_models
 from dipdeploy.sparsity.plan import SparsityConfig, allocation_label
+from dipdeploy.terminal import shown
 from dipdeploy.torchdevice import DEFAULT_DEVICE
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
 
 
 def fail(err: Exception) -> None:
-    """Print a clear one-line error (no traceback, never wrapped, the message's brackets kept) and exit 2."""
+    """Print a clear one-line error (no traceback, never wrapped, the message's brackets kept, a file's
+    control characters made visible) and exit 2."""
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)  # KeyError quotes its str
-    console.print(f"[bold red]error:[/] {escape(' '.join(text.split()))}", soft_wrap=True)
+    console.print(f"[bold red]error:[/] {' '.join(shown(text).split())}", soft_wrap=True)
     raise typer.Exit(2)
+
+
+def utf8(text: Optional[str], flag: str) -> Optional[str]:
+    """A text option must be UTF-8: bytes that are not reach Python as lone surrogates, which every
+    tokenizer refuses with a message that names neither the option nor the fix."""
+    if text is not None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"{flag} holds bytes that are not valid UTF-8 (at character {err.start}); give UTF-8 "
+                             f"text (a UTF-8 locale: LANG=C.UTF-8)") from None
+    return text
 
 
 @app.command("models")
@@ -40,8 +53,8 @@ def models_cmd() -> None:
         s = m.shape
         src = "tiny, seed %d" % m.tiny["seed"] if m.tiny else (
             _source_label(m.source) if m.source else (m.hf_id or ""))
-        table.add_row(m.name, m.architecture, m.mlp_layout, str(s.num_hidden_layers),
-                      str(s.hidden_size), str(s.intermediate_size), src)
+        table.add_row(*map(shown, (m.name, m.architecture, m.mlp_layout, s.num_hidden_layers, s.hidden_size,
+                                   s.intermediate_size, src)))
     console.print(table)
 
 
@@ -67,7 +80,7 @@ def print_rows(rows: list[dict], title: str) -> None:
     table = make_table(*_ROW_COLUMNS.values(), title=title, wrap=("quant",))
     for r in rows:
         r = {**r, "allocation": allocation_label(r.get("allocation", "-"), r.get("greedy_strength"))}
-        table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols])
+        table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else shown(r.get(c, "")) for c in cols])
     console.print(table)
 
 
@@ -247,14 +260,14 @@ def eval_cmd(
         fail(err)
     from dipdeploy.eval.paired import paired_lines
 
-    print_rows(rows, f"{rows[0]['model']} · WikiText-2 · seqlen {seqlen} · {rows[0]['windows']} windows")
+    print_rows(rows, f"{shown(rows[0]['model'])} · WikiText-2 · seqlen {seqlen} · {rows[0]['windows']} windows")
     for line in paired_lines(rows):
-        console.print(line)
+        console.print(shown(line))
     write_json(rows, json_out, force)
     if plot is not None:
         from dipdeploy.eval.plot import plot_pareto
 
-        console.print(f"wrote {plot_pareto(rows, plot, rows[0]['model'], force=force)}")
+        console.print(f"wrote {shown(plot_pareto(rows, plot, rows[0]['model'], force=force))}")
 
 
 @app.command("calibrate")
@@ -308,8 +321,8 @@ def calibrate_cmd(
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     allocation = allocation_label(plan.allocation, plan.calibration.get("greedy_strength"))
-    console.print(f"plan for {plan.model}: {plan.method}, density {plan.density:.4f} "
-                  f"(ρ_in {plan.rho_in}, {allocation}) → {out}")
+    console.print(f"plan for {shown(plan.model)}: {shown(plan.method)}, density {plan.density:.4f} "
+                  f"(ρ_in {plan.rho_in}, {shown(allocation)}) → {shown(out)}")
 
 
 _DEMO = DemoConfig  # the demo's defaults (dipdeploy/demo.py)
@@ -338,11 +351,12 @@ def demo_cmd(
             densities = tuple(float(d) for d in density.split(","))
         except ValueError:
             raise ValueError(f"--density takes a comma list of numbers such as 0.7,0.5, got {density!r}") from None
+        utf8(question, "--question")
         cfg = DemoConfig(model=model, densities=densities, windows=windows,
                          seqlen=seqlen, question=question, max_new_tokens=max_new_tokens, out=str(out),
                          data_dir=str(data_dir) if data_dir else None)
         check_inputs(data_dir=data_dir, outputs={"--json": json_out}, force=force, model=model)
-        rows, native = run_demo(cfg, force, lambda line: console.print(f"[dim]{escape(line)}[/]", highlight=False))
+        rows, native = run_demo(cfg, force, lambda line: console.print(f"[dim]{shown(line)}[/]", highlight=False))
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     _demo_screen(cfg, rows, native)
@@ -358,7 +372,7 @@ def _demo_screen(cfg, rows, native: bool) -> None:
     dense = rows[0]
     name = (get_model(cfg.model).hf_id or cfg.model) if is_registered(cfg.model) else cfg.model
     console.print()
-    console.print(f"[bold]Dynamic Input Pruning on {escape(name)}[/] ({cfg.quant.upper()} weights, "
+    console.print(f"[bold]Dynamic Input Pruning on {shown(name)}[/] ({cfg.quant.upper()} weights, "
                   f"run by the dipdeploy host runtime, {'native kernels' if native else 'ONNX fallback kernels'})")
     console.print("ρ (MLP density) = the share of MLP weights a token reads. DIP picks them per token from the "
                   "largest inputs; DIP-CA (cache-aware) prefers the weight rows already in DRAM.")
@@ -367,25 +381,25 @@ def _demo_screen(cfg, rows, native: bool) -> None:
         table.add_column(col, justify="left" if not col else "right")
     for r in rows:
         change = "" if r is dense else f" ({100 * (r.ppl / dense.ppl - 1):+.0f}%)"
-        table.add_row(r.label, f"{r.density:.2f}", f"{r.ppl:.1f}{change}", f"{r.decode_tok_s:.1f}",
+        table.add_row(shown(r.label), f"{r.density:.2f}", f"{r.ppl:.1f}{change}", f"{r.decode_tok_s:.1f}",
                       f"{r.flash_block_mb_per_token:.1f}", f"{r.dram_mb:.0f}")
     console.print(table)
-    console.print(f"\n[bold]{escape(cfg.question)}[/]")
+    console.print(f"\n[bold]{shown(cfg.question)}[/]")
     answers = Table(box=None, show_header=False, pad_edge=False)
     answers.add_column(no_wrap=True)
     answers.add_column()
     for r in rows:
         cut = f" [dim][… {r.new_tokens} tokens][/]" if r.finish == "length" else ""
-        answers.add_row(f"{r.label} {r.density:.2f}", escape(" ⏎ ".join(r.text.strip().splitlines())) + cut)
+        answers.add_row(f"{shown(r.label)} {r.density:.2f}", shown(" ⏎ ".join(r.text.strip().splitlines())) + cut)
     console.print(answers)
-    console.print(f"\n[dim]Every row has the same DRAM budget (the bytes of {cfg.dram_budget} of the MLP rows "
+    console.print(f"\n[dim]Every row has the same DRAM budget (the bytes of {shown(cfg.dram_budget)} of the MLP rows "
                   f"cached, small rows first; dense pins its most used rows, DIP-CA caches with LFU) and reads the "
-                  f"rest from Flash emulated at {cfg.flash_bandwidth}: Flash MB/token counts the whole 4 KiB "
+                  f"rest from Flash emulated at {shown(cfg.flash_bandwidth)}: Flash MB/token counts the whole 4 KiB "
                   f"blocks holding the missed rows, as a device returns them (the rows themselves: "
                   f"{' / '.join(f'{r.flash_mb_per_token:.1f}' for r in rows)} MB; a row smaller than a block "
                   f"costs the block). Perplexity: WikiText-2 test, "
                   f"{cfg.windows}×{cfg.seqlen} tokens, lower is better. Greedy answers.\nTry it under the same "
-                  f"conditions: dipdeploy {escape(' '.join(chat_hint(cfg, rows[1].bundle)))} (without --io and "
+                  f"conditions: dipdeploy {shown(' '.join(chat_hint(cfg, rows[1].bundle)))} (without --io and "
                   f"--flash-bandwidth it reads the rows from this disk with O_DIRECT)[/]")
 
 
@@ -443,5 +457,5 @@ def trace_cmd(
         trace.save(out, force=force)
     except (ValueError, OSError, KeyError) as err:
         fail(err)
-    console.print(f"trace of {trace.num_tokens} tokens × {trace.num_layers} layers ({trace.method}, "
-                  f"ρ={trace.density:.3f}) → {out}")
+    console.print(f"trace of {trace.num_tokens} tokens × {trace.num_layers} layers ({shown(trace.method)}, "
+                  f"ρ={trace.density:.3f}) → {shown(out)}")

@@ -11,9 +11,10 @@ import typer
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, STATS_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, console, fail,
-                                write_json)
+                                utf8, write_json)
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.export.config import ExportConfig
+from dipdeploy.terminal import shown
 
 _X = ExportConfig  # every default of export is ExportConfig's (docs/design.md §1)
 
@@ -97,6 +98,7 @@ def export_cmd(
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         check_inputs(data_dir=data_dir, files={"--plan": plan}, outputs={"--json": json_out}, force=force)
+        utf8(prompt, "--prompt")
         if lora is not None and not lora.is_dir():
             raise FileNotFoundError(f"--lora {lora} is not an adapter directory; give one from `dipdeploy finetune`")
         cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
@@ -113,20 +115,20 @@ def export_cmd(
         steps = Progress().steps()
         try:
             result = export_model(cfg, out, force=force, progress=steps,
-                                  notice=lambda line: console.print(f"[yellow]note:[/] {line}"))
+                                  notice=lambda line: console.print(f"[yellow]note:[/] {shown(line)}"))
         finally:
             steps()
     except _ERRORS as err:
         fail(err)
     summary = result.summary()
-    table = make_table("item", "value", title=f"bundle {out}", wrap=("value",))
+    table = make_table("item", "value", title=f"bundle {shown(out)}", wrap=("value",))
     for k, v in summary.items():
         if k != "steps_s" and v is not None:
-            table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+            table.add_row(shown(k), f"{v:.4g}" if isinstance(v, float) else shown(v))
     console.print(table)
-    console.print(f"{summary['seconds']} s in all; steps (s): {summary['steps_s']}")
-    console.print(f"run it: dipdeploy inspect {out} --prompt TEXT [--native]  (in your own ORT code, register "
-                  f"{out}/libdipdeploy_ops.so with SessionOptions.register_custom_ops_library for the native kernels)")
+    console.print(f"{summary['seconds']} s in all; steps (s): {shown(summary['steps_s'])}")
+    console.print(f"run it: dipdeploy inspect {shown(out)} --prompt TEXT [--native]  (in your own ORT code, "
+                  f"register {shown(out)}/libdipdeploy_ops.so with SessionOptions.register_custom_ops_library for the native kernels)")
     write_json({**summary, "validation": result.manifest.validation}, json_out, force)
 
 
@@ -205,6 +207,7 @@ def inspect_cmd(
 
     try:
         check_inputs(outputs={"--json": json_out}, force=force)
+        utf8(prompt, "--prompt")
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens {max_new_tokens}: give at least 1")
         m = read_manifest(bundle)
@@ -241,21 +244,23 @@ def inspect_cmd(
                    + f"; ops {rows['ops']}" + (f", native {m.ops['native_library']}"
                                                if m.ops.get("native_library") else ", no native library"),
     }
-    table = make_table("item", "value", title=f"bundle {bundle} ({rows['format']})", wrap=("value",))
+    # every value below may come from the manifest: printed through shown (dipdeploy.terminal)
+    table = make_table("item", "value", title=f"bundle {shown(bundle)} ({shown(rows['format'])})", wrap=("value",))
     for k, v in summary.items():
-        table.add_row(k, v)
+        table.add_row(shown(k), shown(v))
     console.print(table)
     if files:
         listing = make_table("file", "bytes", "sha256", wrap=("file",))
         for name, rec in m.files.items():
-            listing.add_row(name, str(rec["size"]), rec["sha256"][:16])
+            listing.add_row(shown(name), shown(rec["size"]), shown(str(rec["sha256"])[:16]))
         console.print(listing)
         if plan.get("layers"):
-            console.print("K_in/K_glu per layer: " + " ".join(f"{lp['k_in']}/{lp['k_glu']}" for lp in plan["layers"]))
+            console.print("K_in/K_glu per layer: " + shown(" ".join(f"{lp['k_in']}/{lp['k_glu']}"
+                                                                     for lp in plan["layers"])))
     problems = []
     if verify:
         problems = verify_bundle(bundle, m, checksums="all")
-        console.print("verify: [green]ok[/]" if not problems else "verify: [red]" + "; ".join(problems) + "[/]")
+        console.print("verify: [green]ok[/]" if not problems else "verify: [red]" + shown("; ".join(problems)) + "[/]")
     gen = None
     if prompt is not None:
         from dipdeploy.export.generate import generate
@@ -264,9 +269,10 @@ def inspect_cmd(
             g = generate(bundle, prompt, max_new_tokens, native=native)
         except _ERRORS as err:
             fail(err)
-        console.print(f"[bold]{g.prompt}[/]{g.text}")
+        console.print(f"[bold]{shown(g.prompt, lines=True)}[/]{shown(g.text, lines=True)}")
         console.print(f"{len(g.tokens)} tokens, {g.tokens_per_s:.1f} tok/s, "
-                      f"{'native library' if g.native else 'stock ORT'}, 1 thread, {m.method} {rows['quant']}")
+                      f"{'native library' if g.native else 'stock ORT'}, 1 thread, {shown(m.method)} "
+                      f"{shown(rows['quant'])}")
         gen = {"text": g.text, "tokens": g.tokens, "tokens_per_s": g.tokens_per_s, "native": g.native}
     write_json({**rows, "summary": summary, "sizes": sizes, "problems": problems, "generation": gen}, json_out,
                force)

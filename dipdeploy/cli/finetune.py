@@ -20,6 +20,7 @@ from dipdeploy.cli._app import app
 from dipdeploy.cli.core import DATA, DEVICE, MODEL, console, fail
 from dipdeploy.finetune.config import DATA as SOURCES
 from dipdeploy.finetune.config import DEFAULT_DATA, OBJECTIVES, LoraConfig
+from dipdeploy.terminal import shown
 
 _L = LoraConfig
 
@@ -130,7 +131,7 @@ def finetune_cmd(
         say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}{norms}, objective {cfg.objective}"
             f"{f' + hidden states ×{cfg.hidden_weight:g}' if cfg.hidden_weight else ''}"
             f"{f' + MLP outputs ×{cfg.mlp_weight:g}' if cfg.mlp_weight else ''}, text "
-            f"{cfg.text_file or cfg.data}) on {lm.name} under {p.method} "
+            f"{shown(cfg.text_file or cfg.data)}) on {shown(lm.name)} under {shown(p.method)} "
             f"ρ={p.density:.4f}: {cfg.total_steps(proc.world_size)} steps × {cfg.tokens_per_step} tokens"
             + (f" × {proc.world_size} processes" if proc.world_size > 1 else ""))
         if samples_the_model(cfg):  # minutes before the first step: say so
@@ -142,7 +143,7 @@ def finetune_cmd(
     except (ValueError, OSError, KeyError) as err:
         proc.await_main_refusal()  # every process refuses alike; process 0 says why, once
         fail(err)
-    say(f"adapter → {res.out_dir}: {res.steps} steps, {res.train_tokens} tokens, "
+    say(f"adapter → {shown(res.out_dir)}: {res.steps} steps, {res.train_tokens} tokens, "
                   f"loss {res.first_loss:.4f} → {res.last_loss:.4f}, {res.wall_s} s")
 
 

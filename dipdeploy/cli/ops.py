@@ -6,6 +6,7 @@ import typer
 
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail
+from dipdeploy.terminal import shown
 
 
 @app.command("build-ops")
@@ -21,6 +22,6 @@ def build_ops_cmd(
     except (ValueError, FileNotFoundError) as err:  # refused before anything is built
         fail(err)
     except RuntimeError as err:  # the compiler or npm failed: not the user's input, so not exit 2
-        console.print(f"[red]error:[/red] {err}")
+        console.print(f"[red]error:[/red] {shown(err, lines=True)}")  # the compiler's lines
         raise typer.Exit(1) from err
-    console.print(f"built {path}")
+    console.print(f"built {shown(path)}")

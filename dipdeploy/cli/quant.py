@@ -12,6 +12,7 @@ from dipdeploy.cli._app import app
 from dipdeploy.cli.core import (CALIB_SEQLEN, STATS_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, check_inputs, console,
                                 fail)
 from dipdeploy.quant.config import QUANT_PRESETS
+from dipdeploy.terminal import shown
 
 
 @app.command("quantize")
@@ -60,5 +61,5 @@ def quantize_cmd(
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     header = read_header(path)
-    console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, {len(header['tensors'])} tensors, "
+    console.print(f"wrote {shown(path)} ({path.stat().st_size / 2**20:.1f} MiB, {len(header['tensors'])} tensors, "
                   f"{type(cfg).__name__}, {bits_per_weight(header):.4f} bits/weight)")

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.markup import escape
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import console, fail, write_json
+from dipdeploy.cli.core import console, fail, utf8, write_json
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.runtime.blockio import IO_RING_DEPTH as _IO_RING_DEPTH
 from dipdeploy.runtime.blockio import IO_THREADS as _IO_THREADS
@@ -22,6 +21,7 @@ from dipdeploy.runtime.budget import DEFAULT_CONTEXT
 from dipdeploy.runtime.config import EngineConfig
 from dipdeploy.runtime.readahead import PROBE_TOKENS as _PROBE_TOKENS
 from dipdeploy.runtime.sampler import Sampler
+from dipdeploy.terminal import shown
 
 # Defaults are EngineConfig's and Sampler's (docs/design.md §1); run and chat share every option below.
 _E = EngineConfig
@@ -143,7 +143,7 @@ def _engine(bundle: Path, options: dict):
 
     engine = Engine(bundle, engine_config(options))
     if engine.flash.note:
-        typer.echo(f"note: {engine.flash.note}", err=True)
+        typer.echo(f"note: {shown(engine.flash.note, markup=False)}", err=True)
     return engine
 
 
@@ -167,7 +167,7 @@ class _Prefill:
 
     def prompt(self, text: str | None) -> None:
         if not self.printed and text is not None:
-            console.print(f"[bold]{escape(text)}[/]", end="", highlight=False)
+            console.print(f"[bold]{shown(text, lines=True)}[/]", end="", highlight=False)
         self.printed = True
 
 
@@ -205,6 +205,8 @@ def run_cmd(
             raise ValueError("--system needs --chat (the system prompt goes through the chat template)")
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        for flag, value in (("--prompt", prompt), ("--system", system), *(("--stop", s) for s in stop or ())):
+            utf8(value, flag)
         sampler = _sampler(options)
         check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         if trace is not None:  # a trace is the per-layer path's selections (dipdeploy.runtime.backends.whole)
@@ -223,21 +225,22 @@ def run_cmd(
         shown_prompt = prompt + ("\n" if chat else "")
         g = engine.generate(text, max_new_tokens, sampler=sampler, trace=recorder, on_prefill=shown.on_prefill,
                             on_text=lambda piece: (shown.prompt(shown_prompt),
-                                                   console.print(piece, end="", markup=False, highlight=False)))
+                                                   console.print(shown(piece, lines=True, markup=False), end="",
+                                                                 markup=False, highlight=False)))
         shown.prompt(shown_prompt)
         console.print()
     except _ERRORS as err:
         fail(err)
     if g.finish == "length":
-        console.print(f"[dim]{escape(length_mark(max_new_tokens))}[/]")
-    table = make_table("stat", "value", title=f"dipdeploy run {bundle.name}", wrap=("stat", "value"))
+        console.print(f"[dim]{shown(length_mark(max_new_tokens))}[/]")
+    table = make_table("stat", "value", title=f"dipdeploy run {shown(bundle.name)}", wrap=("stat", "value"))
     for k, v in g.stats.table():
-        table.add_row(k, v)
+        table.add_row(shown(k), shown(v))
     console.print(table)
     if recorder is not None:
         recorder.meta.update({"prompt": prompt, "bundle": str(bundle)})
         recorder.finish().save(trace, force=force)
-        console.print(f"wrote {trace}")
+        console.print(f"wrote {shown(trace)}")
     write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, "finish": g.finish, **g.stats.as_dict()},
                json_out, force=force)
 
@@ -265,14 +268,17 @@ def chat_cmd(
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         check_policy(policy)
+        for flag, value in (("--system", system), *(("--stop", s) for s in stop or ())):
+            utf8(value, flag)
         sampler = _sampler(options)
         engine = _engine(bundle, options)
         chat = Chat(engine, sampler, system)
     except _ERRORS as err:
         fail(err)
     density = (engine.manifest.plan or {}).get("density", 1.0)
-    console.print(f"[dim]{bundle.name}: {engine.manifest.method} at MLP density ρ {density:.2f} (`dipdeploy demo` shows "
-                  f"what ρ costs), budget {dram_budget}, policy {engine.cfg.policy}, "
+    console.print(f"[dim]{shown(bundle.name)}: {shown(engine.manifest.method)} at MLP density ρ {density:.2f} "
+                  f"(`dipdeploy demo` shows what ρ costs), budget {shown(dram_budget)}, policy "
+                  f"{shown(engine.cfg.policy)}, "
                   f"γ {engine.gamma:g}; Ctrl-C stops an answer, Ctrl-D or Ctrl-C at the prompt quits[/]")
     interrupt = Interrupt()
 
@@ -285,11 +291,11 @@ def chat_cmd(
             signal.signal(signal.SIGINT, previous)
 
     def write(piece: str) -> None:
-        sys.stdout.write(piece)
+        sys.stdout.write(shown(piece, lines=True, markup=False))  # a model's text may hold ESC
         sys.stdout.flush()
 
     try:
-        repl(chat, input, write, lambda line: console.print(f"[dim]{escape(line)}[/]", highlight=False),
+        repl(chat, input, write, lambda line: console.print(f"[dim]{shown(line)}[/]", highlight=False),
              max_new_tokens, interrupt, answering, on_prefill=lambda: _Prefill().on_prefill)
     except _ERRORS as err:
         fail(err)

@@ -13,6 +13,7 @@ import typer
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import check_inputs, console, fail, floats
 from dipdeploy.cli.tables import table as make_table
+from dipdeploy.terminal import shown
 
 _ERRORS = (ValueError, OSError, KeyError)
 
@@ -30,12 +31,12 @@ def devices_cmd() -> None:
                        "assumed", wrap=("assumed",))
     for d in list_devices():
         eff = [f"{d.flash.effective_bandwidth(s) / 1e9:.2f}" for s in (4096, 65536, 1 << 20)]
-        table.add_row(d.name, f"{d.dram_bandwidth / 1e9:g}", f"{d.dram_capacity / 1e9:g}",
+        table.add_row(shown(d.name), f"{d.dram_bandwidth / 1e9:g}", f"{d.dram_capacity / 1e9:g}",
                       f"{d.flash.seq_bandwidth / 1e9:g}", f"{d.flash.request_s * 1e6:.2f}", *eff,
-                      ", ".join(d.assumptions) or "-")
+                      shown(", ".join(d.assumptions) or "-"))
     console.print(table)
-    for d in list_devices():
-        console.print(f"{d.name}: {d.description}")
+    for d in list_devices():  # a profile is a user's .toml too: its strings go through shown
+        console.print(f"{shown(d.name)}: {shown(d.description)}")
     console.print("Flash GB/s: sequential read rate; µs/req: the cost of one request. Columns 4 KiB / 64 KiB / "
                   "1 MiB: effective GB/s at that request size (t = request cost + bytes / sequential bandwidth). "
                   "Sources: each profile's *_source fields.")
@@ -130,12 +131,12 @@ def simulate_cmd(
     # device and model go to the title when every row shares them (the usual case): 80 columns suffice
     shared = {k: {getattr(r, k) for r in rows} for k in ("device", "model")}
     lead = [k for k, v in shared.items() if len(v) > 1]
-    title = " · ".join(next(iter(v)) for k, v in shared.items() if len(v) == 1) or None
+    title = " · ".join(shown(next(iter(v))) for k, v in shared.items() if len(v) == 1) or None
     table = make_table(*lead, "method /\npolicy", "DRAM\nGB", "tok/s", "tok/s\novl", "DRAM\nGB/tok",
                        "Flash\nMB/tok", "req/\ntok", "hit\nrate", "ρ", title=title,
                        wrap=(*lead, "method /\npolicy"))
     for r in rows:
-        table.add_row(*[getattr(r, k) for k in lead], label(r), f"{r.dram_bytes / 1e9:.3f}", f"{r.tok_s:.3f}",
+        table.add_row(*[shown(getattr(r, k)) for k in lead], shown(label(r)), f"{r.dram_bytes / 1e9:.3f}", f"{r.tok_s:.3f}",
                       f"{r.tok_s_overlap:.3f}", f"{r.dram_bytes_per_token / 1e9:.3f}",
                       f"{r.flash_bytes_per_token / 1e6:.1f}", f"{r.flash_requests_per_token:.0f}",
                       f"{r.hit_rate:.3f}", f"{r.density:.3f}")
@@ -147,10 +148,11 @@ def simulate_cmd(
     if tr is not None and tr.hits_in is not None:
         hits = sum(int(h.sum()) for h in tr.hits_in + tr.hits_glu)
         total = sum(h.size for h in tr.hits_in + tr.hits_glu)
-        console.print(f"hit rate recorded in the trace ({tr.source}, policy {tr.policy}): {hits / total:.3f}")
+        console.print(f"hit rate recorded in the trace ({shown(tr.source)}, policy {shown(tr.policy)}): "
+                      f"{hits / total:.3f}")
     notes = {r.extrapolation for r in rows if r.extrapolation}
     for note in notes:
-        console.print(f"[yellow]{note}[/yellow]")
+        console.print(f"[yellow]{shown(note)}[/yellow]")
 
     dense = [r for r in rows if r.method == "dense" and policy_of(r.policy).pinned]
     if sweep_dram and dense:
@@ -164,17 +166,17 @@ def simulate_cmd(
             for c in compare(dense, rs, overlap=overlap):
                 red = "-" if c.dram_reduction is None else f"{'≥' if c.bound else ''}{100 * c.dram_reduction:.0f} %"
                 need = "-" if c.dram_for_base_tok_s is None else f"{c.dram_for_base_tok_s / 1e9:.2f}"
-                summary.add_row(name, f"{c.dram_bytes / 1e9:.2f}", f"{c.base_tok_s:.3f}", f"{c.tok_s:.3f}",
+                summary.add_row(shown(name), f"{c.dram_bytes / 1e9:.2f}", f"{c.base_tok_s:.3f}", f"{c.tok_s:.3f}",
                                 f"{100 * c.gain:+.0f} %", need, red)
         if summary.row_count:
             console.print(summary)
     try:
         if json_out is not None:
             write_json([r.row() for r in rows], json_out, force=force)
-            console.print(f"wrote {json_out}")
+            console.print(f"wrote {shown(json_out)}")
         if plot is not None:
             title = f"{rows[0].model} on {rows[0].device}, {rows[0].precision}"
             plot_curves(rows, plot, title=title, overlap=overlap, force=force)
-            console.print(f"wrote {plot}")
+            console.print(f"wrote {shown(plot)}")
     except _ERRORS as err:
         fail(err)

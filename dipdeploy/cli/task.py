@@ -8,6 +8,7 @@ from typing import Optional
 from dipdeploy.cli.core import check_inputs, console, fail, model_eval_config, write_json
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.eval.humaneval import TaskConfig
+from dipdeploy.terminal import shown
 
 #: Problems decoded side by side on the torch reference unless --batch-size says otherwise.
 TORCH_BATCH = 8
@@ -63,14 +64,14 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
     except (ValueError, OSError, KeyError, RuntimeError) as err:
         fail(err)
     table = make_table("engine", "method", "ρ", "pass@1 %", "passed", "problems", "new tokens", "tok/s",
-                       title=f"{rows[0]['model']} · HumanEval (greedy, chat template) · {rows[0]['problems']} problems")
+                       title=f"{shown(rows[0]['model'])} · HumanEval (greedy, chat template) · {rows[0]['problems']} problems")
     for r in rows:
-        table.add_row(r["engine"], r["method"], f"{r['density']:.4g}", f"{r['pass_at_1']:.1f}", str(r["passed"]),
-                      str(r["problems"]), str(r["new_tokens"]), str(r["tok_s"]))
+        table.add_row(shown(r["engine"]), shown(r["method"]), f"{r['density']:.4g}", f"{r['pass_at_1']:.1f}",
+                      *map(shown, (r["passed"], r["problems"], r["new_tokens"], r["tok_s"])))
     console.print(table)
     write_json(rows, json_out, force or resume)
     log.close()
     if plot is not None:
         from dipdeploy.eval.plot import plot_pareto
 
-        console.print(f"wrote {plot_pareto(rows, plot, rows[0]['model'], force=force, metric='pass_at_1')}")
+        console.print(f"wrote {shown(plot_pareto(rows, plot, rows[0]['model'], force=force, metric='pass_at_1'))}")
