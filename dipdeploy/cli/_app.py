@@ -1,18 +1,44 @@
 """The typer application object; command modules register on it (one module per stage)."""
 
+import os
 import sys
+import traceback
 
 import typer
 from typer._click import exceptions as click  # typer vendors click: its usage errors are these classes
 from typer.core import TyperGroup
 
 
+#: set for one invocation by ``--debug`` (or ``DIPDEPLOY_DEBUG=1``): tracebacks are shown
+_debug = {"on": False}
+
+
+def _debug_from_env() -> bool:
+    return os.environ.get("DIPDEPLOY_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 class _Group(TyperGroup):
     """Usage errors (an unknown option, a value of the wrong type, a missing option) end like every other
     refusal of bad input: one line naming the problem and where the fix is, exit code 2, instead of
-    click's usage block."""
+    click's usage block. Every other exception a command lets escape, an interrupt included, ends as one
+    line too (``dipdeploy.cli.errors``), with the traceback only under ``--debug``."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, click.ClickException, SystemExit, GeneratorExit):
+            raise
+        except BaseException as err:  # noqa: B036  (a KeyboardInterrupt or a Rust panic too: one line each)
+            from dipdeploy.cli.errors import line
+
+            if _debug["on"]:
+                traceback.print_exception(err)
+            text, code = line(err)
+            typer.echo(text, err=True)
+            raise typer.Exit(code) from err
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        _debug["on"] = _debug_from_env()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -53,8 +79,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="print the version and exit")) -> None:
+                                       help="print the version and exit"),
+          debug: bool = typer.Option(False, "--debug", help="show the traceback of an error (also: "
+                                     "DIPDEPLOY_DEBUG=1); give it before the command")) -> None:
     """dipdeploy: run large language models from phone-class memory with Dynamic Input Pruning."""
     from dipdeploy.progress import quiet_libraries
+
+    _debug["on"] = _debug["on"] or debug
 
     quiet_libraries()
