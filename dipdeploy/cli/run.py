@@ -221,13 +221,13 @@ def run_cmd(
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
             text = engine.encode(rendered, special_tokens=False)  # the template writes its special tokens
         recorder = engine.trace_recorder() if trace is not None else None
-        shown = _Prefill()
+        screen = _Prefill()
         shown_prompt = prompt + ("\n" if chat else "")
-        g = engine.generate(text, max_new_tokens, sampler=sampler, trace=recorder, on_prefill=shown.on_prefill,
-                            on_text=lambda piece: (shown.prompt(shown_prompt),
+        g = engine.generate(text, max_new_tokens, sampler=sampler, trace=recorder, on_prefill=screen.on_prefill,
+                            on_text=lambda piece: (screen.prompt(shown_prompt),
                                                    console.print(shown(piece, lines=True, markup=False), end="",
                                                                  markup=False, highlight=False)))
-        shown.prompt(shown_prompt)
+        screen.prompt(shown_prompt)
         console.print()
     except _ERRORS as err:
         fail(err)
