@@ -15,6 +15,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import dipdeploy.cli.export  # noqa: F401  (registers inspect)
+import dipdeploy.cli.run  # noqa: F401  (registers run)
 from dipdeploy.bundle.names import MANIFEST
 from dipdeploy.cli._app import app
 from dipdeploy.terminal import shown
@@ -116,3 +117,20 @@ def test_a_refusal_quoting_the_manifest_is_one_inert_line(tiny, tmp_path):
     out = res.output.strip()
     assert res.exit_code == 2 and len(out.splitlines()) == 1 and out.startswith("error:"), out
     assert "\x1b" not in out and "Traceback" not in out
+
+
+def test_run_streams_generated_text_inert(tiny, monkeypatch):
+    """A model's text can hold ESC too: run's streamed pieces are printed through shown as well."""
+    from dipdeploy.runtime.engine import Engine
+
+    real = Engine.generate
+
+    def generate(self, *args, on_text=None, **kwargs):
+        on_text(OSC52 + CLOSING + "\x9b2J")  # as if the model had generated it
+        return real(self, *args, on_text=on_text, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    res = CliRunner().invoke(app, ["run", str(tiny), "-p", "Hi", "-n", "2", "--no-native"])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.output and "\x9b" not in res.output and "\x07" not in res.output
+    assert "\\x1b]52;c;ZXZpbA==\\x07" + CLOSING + "\\x9b2J" in res.output
