@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +52,11 @@ def atomic_dir(final: Path, *, wait: bool = True, tidy: bool = False,
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
+#: what an existing file output may not be, by ``stat.S_IFMT`` (a directory has its own message)
+_NOT_REGULAR = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a device",
+                stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
+
+
 def check_output(path: Path, force: bool, *, directory: bool = False, flag: str = "") -> Path:
     """Refuse, before any work, an output that cannot be written or would clobber an existing one.
 
@@ -58,11 +64,23 @@ def check_output(path: Path, force: bool, *, directory: bool = False, flag: str 
     existing path is replaced only with ``force``; a file output must not be a directory (a directory
     output, ``directory``, must not be a file); the nearest existing ancestor must be a writable
     directory (missing folders in between are created when writing). Checked up front so that minutes
-    of work are never lost to a typo in an output path. ``flag`` names the option in the message."""
+    of work are never lost to a typo in an output path. ``flag`` names the option in the message.
+
+    An existing file output must be a regular file, even with ``force``: outputs are replaced by a
+    rename (:func:`write_atomic`), which would put a file where a symbolic link, a FIFO or a device node
+    (``/dev/null``, ``/dev/stdout``) was, instead of writing through it as the user meant."""
     path = Path(path)
     name = f"{flag} {path}" if flag else str(path)
     if path.is_dir() and not directory:
         raise IsADirectoryError(f"{name} is a directory; give a file path")
+    if not directory:
+        try:
+            kind = _NOT_REGULAR.get(stat.S_IFMT(path.lstat().st_mode))
+        except OSError:  # missing, or under a file: the checks below name it
+            kind = None
+        if kind is not None:
+            raise FileExistsError(f"{name} is {kind}, not a regular file; give the path of a new or a regular "
+                                  f"file (outputs are replaced, never written through)")
     if path.exists() and directory and not path.is_dir():
         raise FileExistsError(f"{name} is a file, not a directory; give a directory path")
     if path.exists() and not force:

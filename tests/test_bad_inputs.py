@@ -42,13 +42,16 @@ def trace(tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def work(tmp_path) -> dict:
-    """Paths a case names: a new one, an existing file, a directory, a path under a file, a missing one."""
+    """Paths a case names: a new one, an existing file, a directory, a path under a file, a missing one, a
+    FIFO and a symbolic link to the existing file (outputs that are not regular files)."""
     (tmp_path / "exists.json").write_text("[]")
     (tmp_path / "adir").mkdir()
     (tmp_path / "adir" / "kept.txt").write_text("kept")
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "link.json").symlink_to(tmp_path / "exists.json")
     return {"new": str(tmp_path / "new.out"), "file": str(tmp_path / "exists.json"), "dir": str(tmp_path / "adir"),
             "under_file": str(tmp_path / "exists.json" / "x.json"), "missing": str(tmp_path / "missing"),
-            "tmp": tmp_path}
+            "fifo": str(tmp_path / "fifo.json"), "link": str(tmp_path / "link.json"), "tmp": tmp_path}
 
 
 def _snapshot(*roots: Path) -> dict:
@@ -89,6 +92,7 @@ CASES = [
     ("eval-json-exists", "eval --model tiny-llama --json {file}", "pass --force"),
     ("eval-plot-is-dir", "eval --model tiny-llama --plot {dir}", "is a directory"),
     ("eval-json-under-file", "eval --model tiny-llama --json {under_file}", "is not a directory"),
+    ("eval-json-symlink", "eval --model tiny-llama --json {link} --force", "is a symbolic link, not a regular file"),
     ("eval-data-dir-missing", "eval --model tiny-llama --data-dir {missing}", "--data-dir"),
     ("eval-density-text", "eval --model tiny-llama --density 0.5,abc", "comma list of numbers"),
     ("eval-density-range", "eval --model tiny-llama --density 1.5", "density must lie in (0, 1]"),
@@ -127,6 +131,8 @@ CASES = [
     # export
     ("export-json-exists", "export --model tiny-llama --rho-in 0.6 --out {new} --json {file}", "pass --force"),
     ("export-json-is-dir", "export --model tiny-llama --rho-in 0.6 --out {new} --json {dir}", "is a directory"),
+    ("export-json-fifo", "export --model tiny-llama --rho-in 0.6 --out {new} --json {fifo} --force",
+     "is a FIFO (named pipe), not a regular file"),
     ("export-dense-per-layer", "export --model tiny-llama --method dense --per-layer --out {new}", "--per-layer"),
     ("export-data-dir-missing", "export --model tiny-llama --out {new} --data-dir {missing}", "--data-dir"),
     ("export-accuracy-level-1", "export --model tiny-llama --rho-in 0.6 --quant bq4 --accuracy-level 1 --out {new}",
@@ -152,6 +158,8 @@ CASES = [
     ("inspect-not-a-bundle", "inspect {dir}", "dipdeploy export"),
     ("inspect-json-exists", "inspect {bundle} --json {file}", "pass --force"),
     ("inspect-json-is-dir", "inspect {bundle} --json {dir}", "is a directory"),
+    ("inspect-json-symlink", "inspect {bundle} --json {link}", "is a symbolic link"),
+    ("inspect-prompt-not-utf8", "inspect {bundle} --prompt a\udcffb", "--prompt holds bytes that are not valid UTF-8"),
     ("inspect-max-new-tokens", "inspect {bundle} --prompt hi --max-new-tokens 0", "--max-new-tokens 0"),
     # run
     ("run-context-too-long", "run {bundle} -p hi --context 100000 --no-native", "exceeds the 256 positions"),
@@ -174,6 +182,10 @@ CASES = [
     ("run-budget-too-small", "run {bundle} -p hi --dram-budget 1kB --no-native", "give at least"),
     ("run-json-exists", "run {bundle} -p hi --json {file}", "pass --force"),
     ("run-trace-is-dir", "run {bundle} -p hi --trace {dir}", "is a directory"),
+    ("run-trace-fifo", "run {bundle} -p hi --trace {fifo} --force", "is a FIFO (named pipe), not a regular file"),
+    ("run-json-symlink", "run {bundle} -p hi --json {link} --force", "is a symbolic link, not a regular file"),
+    ("run-prompt-not-utf8", "run {bundle} -p \udcff", "--prompt holds bytes that are not valid UTF-8"),
+    ("run-stop-not-utf8", "run {bundle} -p hi --stop \udcff", "--stop holds bytes that are not valid UTF-8"),
     ("run-json-under-file", "run {bundle} -p hi --json {under_file}", "is not a directory"),
     ("run-policy", "run {bundle} -p hi --policy mru", "policy 'mru' unknown"),
     ("run-gamma", "run {bundle} -p hi --gamma 1.5", "gamma must lie in [0, 1]"),
@@ -202,6 +214,7 @@ CASES = [
     ("simulate-trace-not-npz", "simulate --trace {file}", "not a dipdeploy trace"),
     ("simulate-json-exists", "simulate --trace {trace} --json {file}", "pass --force"),
     ("simulate-plot-is-dir", "simulate --trace {trace} --plot {dir}", "is a directory"),
+    ("simulate-json-fifo", "simulate --trace {trace} --json {fifo} --force", "is a FIFO (named pipe)"),
     ("simulate-dram-and-sweep", "simulate --trace {trace} --dram 4GB --sweep-dram auto", "not both"),
     ("simulate-device", "simulate --trace {trace} --device toaster", "toaster"),
     ("simulate-dram-size", "simulate --trace {trace} --dram lots", "lots"),

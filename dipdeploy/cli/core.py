@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -84,12 +84,63 @@ def print_rows(rows: list[dict], title: str) -> None:
     console.print(table)
 
 
-def write_json(rows, path: Optional[Path], force: bool) -> None:
-    if path is not None:
-        from dipdeploy.paths import write_atomic
+def write_output(write: Callable[[Path, bool], object], path: Optional[Path], force: bool, flag: str, *,
+                 text: Optional[str] = None) -> bool:
+    """Write one output once the work is done (``write(path, force)``), and never lose the results to a
+    failed write: a full disk, a folder made unwritable, a file put in the way since the check before the
+    work. Then ``write`` is tried on a fresh file in the temporary folder, then in the current one, and
+    ``text`` (the output as text) goes to stdout as the last resort; one line on stderr says what failed
+    and where the results are. False when they are not at ``path`` (the command then exits 1: ``kept``)."""
+    if path is None:
+        return True
+    try:
+        write(path, force)
+    except OSError as err:
+        where = _elsewhere(write, path)
+        if where is None and text is not None:
+            typer.echo(text)
+            where = "are on stdout"
+        else:
+            where = f"are in {where} instead" if where is not None else "could not be kept elsewhere either"
+        why = err.strerror or " ".join(str(err).split())
+        typer.echo(shown(f"error: could not write {flag} {path} ({why}); the results {where}", markup=False),
+                   err=True)
+        return False
+    console.print(f"wrote {shown(path)}")
+    return True
 
-        write_atomic(path, json.dumps(rows, indent=1), force=force)
-        console.print(f"wrote {path}")
+
+def _elsewhere(write: Callable[[Path, bool], object], path: Path) -> Optional[Path]:
+    """A fresh file named after ``path`` in the temporary folder or the current one that ``write`` filled."""
+    import os
+    import tempfile
+
+    for folder in (tempfile.gettempdir(), os.getcwd()):
+        try:
+            fd, spare = tempfile.mkstemp(prefix=f"dipdeploy-{path.stem}-", suffix=path.suffix, dir=folder)
+            os.close(fd)
+        except OSError:
+            continue
+        try:
+            write(Path(spare), True)
+            return Path(spare)
+        except OSError:
+            Path(spare).unlink(missing_ok=True)
+    return None
+
+
+def kept(*written: bool) -> None:
+    """Exit 1 when an output is not where it was asked for (``write_output`` said where it is)."""
+    if not all(written):
+        raise typer.Exit(1)
+
+
+def write_json(rows, path: Optional[Path], force: bool, flag: str = "--json") -> bool:
+    """``rows`` as JSON at ``path`` through :func:`write_output` (kept elsewhere if the write fails)."""
+    from dipdeploy.paths import write_atomic
+
+    text = json.dumps(rows, indent=1)
+    return write_output(lambda p, f: write_atomic(p, text, force=f), path, force, flag, text=text)
 
 
 # Options shared by eval and calibrate (typer wants them spelled out per command); every default is read
@@ -263,11 +314,10 @@ def eval_cmd(
     print_rows(rows, f"{shown(rows[0]['model'])} · WikiText-2 · seqlen {seqlen} · {rows[0]['windows']} windows")
     for line in paired_lines(rows):
         console.print(shown(line))
-    write_json(rows, json_out, force)
-    if plot is not None:
-        from dipdeploy.eval.plot import plot_pareto
+    from dipdeploy.eval.plot import plot_pareto
 
-        console.print(f"wrote {shown(plot_pareto(rows, plot, rows[0]['model'], force=force))}")
+    kept(write_json(rows, json_out, force),
+         write_output(lambda p, f: plot_pareto(rows, p, rows[0]["model"], force=f), plot, force, "--plot"))
 
 
 @app.command("calibrate")
@@ -360,7 +410,7 @@ def demo_cmd(
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     _demo_screen(cfg, rows, native)
-    write_json([r.as_dict() for r in rows], json_out, force=force)
+    kept(write_json([r.as_dict() for r in rows], json_out, force=force))
 
 
 def _demo_screen(cfg, rows, native: bool) -> None:

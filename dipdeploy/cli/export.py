@@ -11,7 +11,7 @@ import typer
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, STATS_WINDOWS, VQ_DENSITY, VQ_FEEDBACK, VQ_HESSIAN, console, fail,
-                                utf8, write_json)
+                                kept, utf8, write_json)
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.terminal import shown
@@ -129,7 +129,7 @@ def export_cmd(
     console.print(f"{summary['seconds']} s in all; steps (s): {shown(summary['steps_s'])}")
     console.print(f"run it: dipdeploy inspect {shown(out)} --prompt TEXT [--native]  (in your own ORT code, "
                   f"register {shown(out)}/libdipdeploy_ops.so with SessionOptions.register_custom_ops_library for the native kernels)")
-    write_json({**summary, "validation": result.manifest.validation}, json_out, force)
+    kept(write_json({**summary, "validation": result.manifest.validation}, json_out, force))
 
 
 def _file_kind(name: str) -> str:
@@ -274,7 +274,7 @@ def inspect_cmd(
                       f"{'native library' if g.native else 'stock ORT'}, 1 thread, {shown(m.method)} "
                       f"{shown(rows['quant'])}")
         gen = {"text": g.text, "tokens": g.tokens, "tokens_per_s": g.tokens_per_s, "native": g.native}
-    write_json({**rows, "summary": summary, "sizes": sizes, "problems": problems, "generation": gen}, json_out,
-               force)
+    kept(write_json({**rows, "summary": summary, "sizes": sizes, "problems": problems, "generation": gen}, json_out,
+                    force))
     if problems:
         raise typer.Exit(1)

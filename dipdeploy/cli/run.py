@@ -13,7 +13,7 @@ import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import console, fail, utf8, write_json
+from dipdeploy.cli.core import console, fail, kept, utf8, write_json, write_output
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.runtime.blockio import IO_RING_DEPTH as _IO_RING_DEPTH
 from dipdeploy.runtime.blockio import IO_THREADS as _IO_THREADS
@@ -237,12 +237,13 @@ def run_cmd(
     for k, v in g.stats.table():
         table.add_row(shown(k), shown(v))
     console.print(table)
+    traced = True
     if recorder is not None:
         recorder.meta.update({"prompt": prompt, "bundle": str(bundle)})
-        recorder.finish().save(trace, force=force)
-        console.print(f"wrote {shown(trace)}")
-    write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, "finish": g.finish, **g.stats.as_dict()},
-               json_out, force=force)
+        recorded = recorder.finish()
+        traced = write_output(lambda p, f: recorded.save(p, force=f), trace, force, "--trace")
+    kept(traced, write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, "finish": g.finish,
+                             **g.stats.as_dict()}, json_out, force=force))
 
 
 @app.command("chat")

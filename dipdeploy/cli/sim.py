@@ -6,12 +6,13 @@ left unset here falls back to it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from pathlib import Path
 
 import typer
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import check_inputs, console, fail, floats
+from dipdeploy.cli.core import check_inputs, console, fail, floats, kept, write_output
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.terminal import shown
 
@@ -170,13 +171,9 @@ def simulate_cmd(
                                 f"{100 * c.gain:+.0f} %", need, red)
         if summary.row_count:
             console.print(summary)
-    try:
-        if json_out is not None:
-            write_json([r.row() for r in rows], json_out, force=force)
-            console.print(f"wrote {shown(json_out)}")
-        if plot is not None:
-            title = f"{rows[0].model} on {rows[0].device}, {rows[0].precision}"
-            plot_curves(rows, plot, title=title, overlap=overlap, force=force)
-            console.print(f"wrote {shown(plot)}")
-    except _ERRORS as err:
-        fail(err)
+    text = json.dumps([r.row() for r in rows], indent=1)  # what sim.report.write_json writes
+    title = f"{rows[0].model} on {rows[0].device}, {rows[0].precision}"
+    kept(write_output(lambda p, f: write_json([r.row() for r in rows], p, force=f), json_out, force, "--json",
+                      text=text),
+         write_output(lambda p, f: plot_curves(rows, p, title=title, overlap=overlap, force=f), plot, force,
+                      "--plot"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from dipdeploy.cli.core import check_inputs, console, fail, model_eval_config, write_json
+from dipdeploy.cli.core import check_inputs, console, fail, kept, model_eval_config, write_json, write_output
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.eval.humaneval import TaskConfig
 from dipdeploy.terminal import shown
@@ -69,9 +69,9 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
         table.add_row(shown(r["engine"]), shown(r["method"]), f"{r['density']:.4g}", f"{r['pass_at_1']:.1f}",
                       *map(shown, (r["passed"], r["problems"], r["new_tokens"], r["tok_s"])))
     console.print(table)
-    write_json(rows, json_out, force or resume)
+    written = write_json(rows, json_out, force or resume)
     log.close()
-    if plot is not None:
-        from dipdeploy.eval.plot import plot_pareto
+    from dipdeploy.eval.plot import plot_pareto
 
-        console.print(f"wrote {shown(plot_pareto(rows, plot, rows[0]['model'], force=force, metric='pass_at_1'))}")
+    kept(written, write_output(lambda p, f: plot_pareto(rows, p, rows[0]["model"], force=f, metric="pass_at_1"),
+                               plot, force, "--plot"))
