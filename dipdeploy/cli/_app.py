@@ -48,7 +48,10 @@ class _Group(TyperGroup):
             sys.exit(err.exit_code)
         except click.UsageError as err:
             where = err.ctx.command_path if err.ctx is not None else "dipdeploy"
-            typer.echo(f"error: {' '.join(err.format_message().split()).rstrip('.')}; see `{where} --help`", err=True)
+            from dipdeploy.terminal import shown
+
+            message = " ".join(shown(err.format_message(), markup=False).split()).rstrip(".")  # it quotes argv
+            typer.echo(f"error: {message}; see `{where} --help`", err=True)
             sys.exit(2)
         except click.ClickException as err:
             err.show()
