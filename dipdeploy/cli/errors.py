@@ -68,8 +68,8 @@ def describe(err: BaseException) -> tuple[str, int]:
         return "interrupted", INTERRUPTED
     if isinstance(err, MemoryError):
         return ("memory ran out (MemoryError); raise the limit the run is under (ulimit -v, the container's or "
-                "the cgroup's memory.max) or ask for less (a smaller --dram-budget, --context, --batch-size "
-                "or model)"), FAILED
+                "the cgroup's memory.max) or ask for less (smaller sizes in the options: --dram-budget, --context, "
+                "--batch-size, --io-gap…; or a smaller model)"), FAILED
     if module == _ORT_MODULE:
         message = _ORT_PREFIX.sub("", _detail(err))
         if kind == "RuntimeException":
