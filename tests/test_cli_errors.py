@@ -124,3 +124,11 @@ def test_a_usage_error_and_the_version_are_unchanged():
     res = runner.invoke(app, ["models", "--debug"])  # a global option, given after the command
     assert res.exit_code == 2 and "No such option: --debug" in res.output
     assert runner.invoke(app, ["--version"]).exit_code == 0
+
+
+def test_a_closed_pipe_stays_a_quiet_exit_1(raising, monkeypatch):
+    """`dipdeploy models | head -1`: the reader went away; nothing to tell it (typer's own handling)."""
+    monkeypatch.delenv("DIPDEPLOY_DEBUG", raising=False)
+    raising(BrokenPipeError(errno.EPIPE, "Broken pipe"))
+    res = runner.invoke(app, ["models"])
+    assert res.exit_code == 1 and "error" not in res.output, res.output

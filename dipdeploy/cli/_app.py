@@ -26,8 +26,8 @@ class _Group(TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, click.ClickException, SystemExit, GeneratorExit):
-            raise
+        except (typer.Exit, typer.Abort, click.ClickException, SystemExit, GeneratorExit, BrokenPipeError):
+            raise  # a closed pipe (``dipdeploy models | head``) is typer's: a quiet exit 1
         except BaseException as err:  # noqa: B036  (a KeyboardInterrupt or a Rust panic too: one line each)
             from dipdeploy.cli.errors import line
 
