@@ -195,3 +195,19 @@ def test_simulate_keeps_its_rows_when_the_json_cannot_be_written(tmp_path, spare
     assert res.exit_code == 1, res.output
     (kept,) = spare.iterdir()
     assert f"the results are in {kept} instead" in res.stderr and json.loads(kept.read_text())[0]["tok_s"] > 0
+
+
+def test_calibrate_keeps_its_plan_when_the_out_cannot_be_written(tmp_path, spare, monkeypatch):
+    import dipdeploy.sparsity.plan
+    from dipdeploy.sparsity.plan import SparsityPlan
+
+    text, out = tmp_path / "calib.txt", tmp_path / "plan.json"
+    text.write_text("a small calibration text for a tiny model, repeated. " * 60)
+    _full_disk(monkeypatch, dipdeploy.sparsity.plan, out)
+    res = runner.invoke(app, ["calibrate", "--model", "tiny-llama", "--method", "dip", "--density", "0.5",
+                              "--rho-in", "0.55", "--text-file", str(text), "--windows", "1", "--seqlen", "32",
+                              "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    (kept,) = spare.iterdir()
+    assert f"could not write --out {out} (No space left on device); the results are in {kept}" in res.stderr
+    assert SparsityPlan.load(kept).method == "dip" and "plan for" not in res.stdout

@@ -85,12 +85,13 @@ def print_rows(rows: list[dict], title: str) -> None:
 
 
 def write_output(write: Callable[[Path, bool], object], path: Optional[Path], force: bool, flag: str, *,
-                 text: Optional[str] = None) -> bool:
+                 text: Optional[str] = None, said: bool = True) -> bool:
     """Write one output once the work is done (``write(path, force)``), and never lose the results to a
     failed write: a full disk, a folder made unwritable, a file put in the way since the check before the
     work. Then ``write`` is tried on a fresh file in the temporary folder, then in the current one, and
     ``text`` (the output as text) goes to stdout as the last resort; one line on stderr says what failed
-    and where the results are. False when they are not at ``path`` (the command then exits 1: ``kept``)."""
+    and where the results are. False when they are not at ``path`` (the command then exits 1: ``kept``).
+    ``said``: print ``wrote PATH`` (False where the command's own line names the output)."""
     if path is None:
         return True
     try:
@@ -106,7 +107,8 @@ def write_output(write: Callable[[Path, bool], object], path: Optional[Path], fo
         typer.echo(shown(f"error: could not write {flag} {path} ({why}); the results {where}", markup=False),
                    err=True)
         return False
-    console.print(f"wrote {shown(path)}")
+    if said:
+        console.print(f"wrote {shown(path)}")
     return True
 
 
@@ -367,12 +369,14 @@ def calibrate_cmd(
             calib = calibration_windows(lm.tokenizer, windows, seqlen, data_dir, text_file)
         with progress.stage(f"calibrate {method} ρ={density:g} on {calib.shape[0]}×{seqlen} tokens ({where})"):
             plan = calibrate_on(lm, cfg, calib, where)
-        plan.save(out, force=force)
     except (ValueError, OSError, KeyError) as err:
         fail(err)
+    written = write_output(lambda p, f: plan.save(p, force=f), out, force, "--out", text=plan.to_json(), said=False)
     allocation = allocation_label(plan.allocation, plan.calibration.get("greedy_strength"))
-    console.print(f"plan for {shown(plan.model)}: {shown(plan.method)}, density {plan.density:.4f} "
-                  f"(ρ_in {plan.rho_in}, {shown(allocation)}) → {shown(out)}")
+    if written:
+        console.print(f"plan for {shown(plan.model)}: {shown(plan.method)}, density {plan.density:.4f} "
+                      f"(ρ_in {plan.rho_in}, {shown(allocation)}) → {shown(out)}")
+    kept(written)
 
 
 _DEMO = DemoConfig  # the demo's defaults (dipdeploy/demo.py)
@@ -504,8 +508,8 @@ def trace_cmd(
         with progress.stage(f"trace {tokens} tokens"):
             ids = make_windows(lm.tokenizer, load_text("wikitext2", split, text_file, data_dir), tokens, 1)
             trace = record_trace(lm, p, ids, meta={"text": str(text_file) if text_file else f"wikitext2/{split}"})
-        trace.save(out, force=force)
     except (ValueError, OSError, KeyError) as err:
         fail(err)
+    kept(write_output(lambda p, f: trace.save(p, force=f), out, force, "--out", said=False))
     console.print(f"trace of {trace.num_tokens} tokens × {trace.num_layers} layers ({shown(trace.method)}, "
                   f"ρ={trace.density:.3f}) → {shown(out)}")
