@@ -134,3 +134,11 @@ def test_run_streams_generated_text_inert(tiny, monkeypatch):
     assert res.exit_code == 0, res.output
     assert "\x1b" not in res.output and "\x9b" not in res.output and "\x07" not in res.output
     assert "\\x1b]52;c;ZXZpbA==\\x07" + CLOSING + "\\x9b2J" in res.output
+
+
+def test_shown_is_the_only_escaping():
+    """One function, so a new print site has one thing to call: no module escapes Rich markup itself."""
+    package = Path(__file__).resolve().parents[1] / "dipdeploy"
+    escaping = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
+                if "markup import escape" in p.read_text() and p.name != "terminal.py"]
+    assert escaping == []
