@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import struct
+import zipfile
 
 import pytest
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
@@ -45,6 +46,7 @@ CASES = [
     ("utf8-encode", UnicodeEncodeError("utf-8", "hi \udcff", 3, 4, "surrogates not allowed"), 2,
      ["not valid UTF-8", "LANG=C.UTF-8"]),
     ("struct", _struct_error(), 2, ["ended early", "unpack requires a buffer of 8 bytes", "create it again"]),
+    ("zip", zipfile.BadZipFile("File is not a zip file"), 2, ["damaged or truncated", "dipdeploy trace"]),
     ("enospc", OSError(errno.ENOSPC, "No space left on device", "/data/out.json"), 1,
      ["No space left on device: /data/out.json", "free space"]),
     ("eacces", PermissionError(errno.EACCES, "Permission denied", "/etc/x.json"), 1,

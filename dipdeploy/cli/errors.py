@@ -4,8 +4,9 @@ Why: a traceback tells a user of the command line neither what went wrong in the
 and a hostile or damaged file must not be able to make the tool look broken. Each command refuses the
 bad input it foresees itself (``core.fail``, exit 2); whatever still escapes reaches :func:`describe`
 through ``_Group`` (``_app.py``). The classes that come from damaged or foreign input (text that is not
-UTF-8, a truncated file, a graph or a weight file onnxruntime or safetensors refuses) are named with their
-fix and exit 2 like any bad input; running out of memory, a failed write and anything unforeseen exit 1.
+UTF-8, a truncated file or archive, a graph or a weight file onnxruntime or safetensors refuses) are named
+with their fix and exit 2 like any bad input; running out of memory, a failed write and anything
+unforeseen exit 1.
 ``--debug`` or ``DIPDEPLOY_DEBUG=1`` adds the traceback.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import errno
 import re
 import struct
+import zipfile
 
 from dipdeploy.terminal import shown
 
@@ -85,6 +87,9 @@ def describe(err: BaseException) -> tuple[str, int]:
                 f"files may be damaged: download or export them again, or {DEBUG}"), FAILED
     if isinstance(err, UnicodeError):
         return _unicode(err)
+    if isinstance(err, zipfile.BadZipFile):  # a .npz (trace, packed weights) is a zip archive
+        return (f"a .npz or zip file is damaged or truncated ({_detail(err)}); create it again (`dipdeploy "
+                f"trace`, `run --trace`, `quantize`) or download it again"), BAD_INPUT
     if isinstance(err, struct.error):
         return (f"a file ended early or has a damaged header (struct.error: {_detail(err)}); it is truncated or "
                 f"not of the format expected: download or create it again"), BAD_INPUT
