@@ -46,6 +46,8 @@ CASES = [
     ("utf8-encode", UnicodeEncodeError("utf-8", "hi \udcff", 3, 4, "surrogates not allowed"), 2,
      ["not valid UTF-8", "LANG=C.UTF-8"]),
     ("struct", _struct_error(), 2, ["ended early", "unpack requires a buffer of 8 bytes", "create it again"]),
+    ("tokenizer-json", Exception("data did not match any variant of untagged enum ModelUntagged at line 1 column 41"),
+     2, ["a tokenizer file could not be read", "ModelUntagged", "tokenizer.json"]),
     ("zip", zipfile.BadZipFile("File is not a zip file"), 2, ["damaged or truncated", "dipdeploy trace"]),
     ("enospc", OSError(errno.ENOSPC, "No space left on device", "/data/out.json"), 1,
      ["No space left on device: /data/out.json", "free space"]),

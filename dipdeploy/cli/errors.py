@@ -4,9 +4,9 @@ Why: a traceback tells a user of the command line neither what went wrong in the
 and a hostile or damaged file must not be able to make the tool look broken. Each command refuses the
 bad input it foresees itself (``core.fail``, exit 2); whatever still escapes reaches :func:`describe`
 through ``_Group`` (``_app.py``). The classes that come from damaged or foreign input (text that is not
-UTF-8, a truncated file or archive, a graph or a weight file onnxruntime or safetensors refuses) are named
-with their fix and exit 2 like any bad input; running out of memory, a failed write and anything
-unforeseen exit 1.
+UTF-8, a truncated file or archive, a graph or a weight file onnxruntime or safetensors refuses, a
+tokenizer.json that tokenizers cannot parse) are named with their fix and exit 2 like any bad input;
+running out of memory, a failed write and anything unforeseen exit 1.
 ``--debug`` or ``DIPDEPLOY_DEBUG=1`` adds the traceback.
 """
 
@@ -25,6 +25,8 @@ DEBUG = "rerun with --debug for the traceback"
 _LONGEST = 300  # characters of a library's message kept in the line: its first sentence, not a dump
 
 _ORT_MODULE = "onnxruntime.capi.onnxruntime_pybind11_state"
+#: tokenizers raises a bare Exception carrying its JSON parser's (serde's) position
+_SERDE = re.compile(r"at line \d+ column \d+$")
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*")
 #: fixes for an OSError by its errno; any other names the file and asks for --debug
 _OS_FIXES = {
@@ -85,6 +87,9 @@ def describe(err: BaseException) -> tuple[str, int]:
     if kind == "PanicException":  # pyo3's (tokenizers, safetensors): a Rust library gave up on its input
         return (f"a native library gave up on its input (PanicException: {_detail(err)}); the tokenizer or weight "
                 f"files may be damaged: download or export them again, or {DEBUG}"), FAILED
+    if type(err) is Exception and _SERDE.search(_detail(err)):
+        return (f"a tokenizer file could not be read ({_detail(err)}); the bundle's or the model's tokenizer.json "
+                f"is damaged or of a newer format: export or download it again"), BAD_INPUT
     if isinstance(err, UnicodeError):
         return _unicode(err)
     if isinstance(err, zipfile.BadZipFile):  # a .npz (trace, packed weights) is a zip archive
