@@ -14,6 +14,7 @@ import zipfile
 
 import pytest
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
+from safetensors import SafetensorError
 from typer.testing import CliRunner
 
 import dipdeploy.cli.core
@@ -48,6 +49,8 @@ CASES = [
     ("struct", _struct_error(), 2, ["ended early", "unpack requires a buffer of 8 bytes", "create it again"]),
     ("tokenizer-json", Exception("data did not match any variant of untagged enum ModelUntagged at line 1 column 41"),
      2, ["a tokenizer file could not be read", "ModelUntagged", "tokenizer.json"]),
+    ("safetensors", SafetensorError("Error while deserializing header: HeaderTooLarge"), 2,
+     ["a .safetensors file is damaged", "HeaderTooLarge"]),
     ("zip", zipfile.BadZipFile("File is not a zip file"), 2, ["damaged or truncated", "dipdeploy trace"]),
     ("enospc", OSError(errno.ENOSPC, "No space left on device", "/data/out.json"), 1,
      ["No space left on device: /data/out.json", "free space"]),
