@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from dipdeploy.arch import Arch, ArchitectureError, arch_of
+from dipdeploy.arch import Arch, ArchitectureError, arch_of, get_arch
 from dipdeploy.paths import atomic_dir, cache_dir
 from dipdeploy.registry import ModelSpec, get_model, is_registered
 
@@ -223,7 +223,7 @@ def build_tiny(spec: ModelSpec, out: Path) -> Path:
         **spec.config,
     )
     torch.manual_seed(spec.tiny["seed"])
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         _byte_tokenizer().save_pretrained(tmp)
@@ -281,8 +281,9 @@ def _assembled_gguf(src: dict) -> Path:
 
 def _convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise a GGUF once and keep an fp32 safetensors HF directory."""
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                 trust_remote_code=False)
     # The GGUF weights are dequantised already; drop the quantiser so the copy saves as plain fp32.
     model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
@@ -370,9 +371,60 @@ def hub_snapshot(repo_id: str) -> Path:
             f"network (hf download {repo_id} --local-dir DIR) and pass --model DIR, or a .gguf file") from None
 
 
-def _config(where):
+# Bytes of a config.json read before transformers sees the folder; real configs are a few kB.
+RAW_CONFIG_MAX = 1 << 24
+
+
+def check_raw_config(where) -> None:
+    """The family check on the folder's ``config.json`` as JSON, before transformers reads anything in
+    it: an architecture with no family record, or an ``auto_map`` (Python shipped in the model folder
+    that transformers would offer to import, behind a "run the custom code?" prompt), is refused in one
+    line. dipdeploy runs no code that comes with a model; every transformers call here also passes
+    ``trust_remote_code=False``, so no prompt is ever shown."""
+    path = Path(where) / "config.json"
+    if not path.is_file():
+        return  # not a folder (a GGUF's metadata) or no config: ``_config`` names the fix
     try:
-        return AutoConfig.from_pretrained(where)
+        with open(path, "rb") as f:
+            text = f.read(RAW_CONFIG_MAX + 1)
+        raw = json.loads(text) if len(text) <= RAW_CONFIG_MAX else None
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"{path} is not valid JSON ({type(err).__name__}); pass a complete Hugging Face model "
+                         f"directory or a .gguf file") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} is not a JSON table of at most {RAW_CONFIG_MAX} bytes; pass a complete Hugging "
+                         f"Face model directory or a .gguf file")
+    names = raw.get("architectures")
+    if not (isinstance(names, list) and names and isinstance(names[0], str)):
+        raise ArchitectureError(f"{where}: config.json names no architectures; set \"architectures\": "
+                                f"[\"<HF class>\"] in config.json")
+    try:
+        get_arch(names[0])
+    except ArchitectureError as err:
+        raise ArchitectureError(f"{where}: {err}") from None
+    if "auto_map" in raw:
+        raise ArchitectureError(
+            f"{where}: config.json has an auto_map (Python code shipped with the model) and dipdeploy runs no "
+            f"model code; {names[0]} has a family record, so delete the auto_map entry from config.json "
+            f"to load it with transformers' own class")
+
+
+def _tokenizer(where):
+    """The folder's tokenizer, with transformers' own classes only (a ``tokenizer_config.json`` whose
+    ``auto_map`` names a class of the folder's own code is refused, not imported)."""
+    try:
+        return AutoTokenizer.from_pretrained(where, trust_remote_code=False)
+    except ValueError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{where}: the tokenizer cannot be loaded without running code shipped with the model "
+                         f"or is not one transformers knows ({first}); give a model whose tokenizer.json "
+                         f"transformers reads") from None
+
+
+def _config(where):
+    check_raw_config(where)
+    try:
+        return AutoConfig.from_pretrained(where, trust_remote_code=False)
     except OSError as err:
         raise FileNotFoundError(f"could not read the model config in {where} ({err.__class__.__name__}: {err}); "
                                 f"pass a complete Hugging Face model directory or a .gguf file") from err
@@ -381,7 +433,7 @@ def _config(where):
 def _gguf_config(gguf: Path):
     """A GGUF's HF config from its metadata, with the ``architectures`` that the fp32 copy's
     ``save_pretrained`` writes (the causal-LM class transformers builds for it)."""
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     if not getattr(config, "architectures", None):
         config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
     return config
@@ -413,7 +465,7 @@ def fp32_bytes(name_or_path: str) -> int:
     """Bytes of the model's parameters in fp32, from its config alone (built on ``meta``)."""
     config, _ = config_of(name_or_path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     return 4 * sum(p.numel() for p in model.parameters())
 
 
@@ -451,7 +503,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bo
         gguf, name = found
         config = _gguf_config(gguf)
         arch = _check_architecture(config, str(gguf))
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
         return _load_streamed(lambda model: GGUFCheckpoint(gguf, model), config, name, arch, tokenizer, gguf)
     where, name = resolve(name_or_path)
     config = _config(where)
@@ -459,10 +511,10 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bo
     local = Path(where)
     if stream:
         checkpoint = StreamedCheckpoint(local)
-        return _load_streamed(lambda model: checkpoint, config, name, arch, AutoTokenizer.from_pretrained(where), local)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+        return _load_streamed(lambda model: checkpoint, config, name, arch, _tokenizer(where), local)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=False)
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(where)
+    tokenizer = _tokenizer(where)
     return LoadedModel(model, tokenizer, name, arch, local)
 
 
@@ -472,7 +524,7 @@ def _load_streamed(make_checkpoint, config, name: str, arch: Arch, tokenizer, lo
     # Parameters on meta (no storage); buffers are computed, not stored (RoPE's inv_freq, Gemma's
     # embedding scale), so they are built on the CPU as an eager load builds them.
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     model.eval()
     checkpoint = make_checkpoint(model)
     # The embedding stays resident (the lm_head may share it); a tied head points at the loaded table.

@@ -1,6 +1,8 @@
 """Greedy decode of a dipdeploy bundle in onnxruntime-genai's own loop: ``og.Model`` reads the bundle's
 ``genai_config.json`` (which names ``model.onnx`` and, as ``custom_ops_library``, the bundle's native op
-library), so this is the bundle as an onnxruntime-genai user runs it (README, "The bundle").
+library), so this is the bundle as an onnxruntime-genai user runs it (README, "The bundle"). onnxruntime-genai
+runs that library's code unchecked: on a bundle you did not export, run ``dipdeploy inspect BUNDLE --verify``
+first (it holds the library to the builds dipdeploy knows).
 
 Run it with a Python that has onnxruntime-genai, in a venv of its own (its onnxruntime pin may differ
 from the one dipdeploy is installed with):

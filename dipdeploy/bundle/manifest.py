@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Collection
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from dipdeploy.bundle.names import EDGE_GRAPHS, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
+from dipdeploy.bundle.names import EDGE_GRAPHS, GENAI_CONFIG, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
 from dipdeploy.flash import BLOCK
 
 BUNDLE_FORMAT = "dipdeploy-bundle"
@@ -25,6 +26,9 @@ REGENERATE = "regenerate the bundle with `dipdeploy export`"
 # Item sizes of the dtypes a tensor may have (numpy names; ``open_tensor`` maps them with numpy).
 DTYPES = {"float64": 8, "float32": 4, "float16": 2, "int64": 8, "uint64": 8, "int32": 4, "uint32": 4,
           "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1}
+GENAI_LIBRARY_KEY = "custom_ops_library"  # the key onnxruntime-genai loads a library from
+GENAI_CONFIG_MAX = 1 << 20  # bytes: what export writes is a few kB
+LIBRARY_SUFFIXES = (".so", ".dylib", ".dll")  # the one file a bundle may lack is a shared library (``verify``)
 # How much of the bundle ``verify`` hashes: nothing, every file except the tensor data files, everything.
 CHECKSUMS = ("none", "small", "all")
 _FIELD_TYPES = {"source": dict, "method": str, "plan": (dict, type(None)), "quant": (dict, type(None)),
@@ -98,14 +102,14 @@ class Manifest:
         return cls(**raw)
 
 
-def read_manifest(bundle: str | Path, checksums: str = "small") -> Manifest:
+def read_manifest(bundle: str | Path, checksums: str = "small", libraries: Collection[str] | None = None) -> Manifest:
     """The manifest of ``bundle`` after :func:`check_structure`: what every command that opens a bundle
     calls first, so no file is opened on the manifest's word before its paths and ranges are checked. A
     bundle missing because an export was killed between its two renames is restored first
-    (:func:`restore_interrupted`)."""
+    (:func:`restore_interrupted`). ``libraries``: see :func:`verify`."""
     restore_interrupted(Path(bundle))
     manifest = parse_manifest(bundle)
-    check_structure(bundle, manifest, checksums)
+    check_structure(bundle, manifest, checksums, libraries)
     return manifest
 
 
@@ -126,10 +130,11 @@ def parse_manifest(bundle: str | Path) -> Manifest:
     return Manifest.from_json(text)
 
 
-def check_structure(bundle: str | Path, manifest: Manifest, checksums: str = "small") -> None:
+def check_structure(bundle: str | Path, manifest: Manifest, checksums: str = "small",
+                    libraries: Collection[str] | None = None) -> None:
     """Raise :class:`BundleError` (one line: the first problems and the fix) unless :func:`verify` finds
-    the bundle intact at the given ``checksums`` level."""
-    problems = verify(bundle, manifest, checksums)
+    the bundle intact at the given ``checksums`` level (and its op library among ``libraries``)."""
+    problems = verify(bundle, manifest, checksums, libraries)
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise BundleError(f"bundle {bundle} is damaged: {'; '.join(problems[:5])}{more}; files truncated or "
@@ -190,23 +195,37 @@ def file_record(path: Path) -> dict:
     return {"size": path.stat().st_size, "sha256": h.hexdigest()}
 
 
-def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str = "all") -> list[str]:
+def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str = "all",
+           libraries: Collection[str] | None = None) -> list[str]:
     """Problems found (empty = intact). Structure, always: every path the manifest names is a plain file
     name of a regular file in the bundle (no separator, no '..', no symbolic link) listed in ``files``
     with its size; every tensor lies inside its file with the length its dtype and shape give; the plan
-    has the model's layer count and the per-layer graphs match it. ``checksums`` (see ``CHECKSUMS``):
+    has the model's layer count and the per-layer graphs match it; ``genai_config.json`` names no op
+    library but ``ops.native_library`` (:func:`_genai_problems`). ``checksums`` (see ``CHECKSUMS``):
     which files' sha256 are compared too; "small" skips the tensor data files, whose full read is what
-    a streaming runtime avoids at start (README, "The bundle")."""
+    a streaming runtime avoids at start (README, "The bundle").
+
+    The op library is code that onnxruntime-genai runs when it opens the bundle, so its sha256 in the
+    bundle's own manifest vouches for nothing: with ``libraries`` (the sha256 of the libraries the caller
+    trusts; this floor cannot locate them, ``dipdeploy.ops.native.known_library_hashes`` does) a shipped
+    library must be one of them. It is the one listed file a bundle may lack: dipdeploy never loads the
+    bundle's copy, and a host may bring its own."""
     if checksums not in CHECKSUMS:
         raise ValueError(f"checksums={checksums!r}: choose one of {', '.join(CHECKSUMS)}")
     bundle = Path(bundle)
     manifest = manifest or parse_manifest(bundle)
     data = {t.get("file") for t in manifest.tensors.values() if isinstance(t, dict) and isinstance(t.get("file"), str)}
+    lib = manifest.ops.get("native_library")
     problems = []
     for name, rec in manifest.files.items():
-        problem = _file_problem(bundle, name, rec, checksums == "all" or (checksums == "small" and name not in data))
+        problem = _file_problem(bundle, name, rec, checksums == "all" or (checksums == "small" and name not in data),
+                                optional=name == lib and name.endswith(LIBRARY_SUFFIXES))
         if problem:
             problems.append(problem)
+    if GENAI_CONFIG in manifest.files and not any(p.startswith(GENAI_CONFIG + ":") for p in problems):
+        problems += _genai_problems(bundle, lib)
+    if libraries is not None and isinstance(lib, str) and lib in manifest.files and not _name_problem(lib):
+        problems += _library_problems(bundle / lib, libraries)
     problems += _path_problems(manifest)
     for name, t in manifest.tensors.items():
         problems += _tensor_problems(manifest, name, t)
@@ -223,13 +242,15 @@ def _is_count(v) -> bool:
     return type(v) is int and v >= 0
 
 
-def _file_problem(bundle: Path, name: str, rec, hash_it: bool) -> str | None:
+def _file_problem(bundle: Path, name: str, rec, hash_it: bool, optional: bool = False) -> str | None:
     bad = _name_problem(name)
     if bad:
         return f"files: {bad}"
     path = bundle / name
     if path.is_symlink():
         return f"{name}: a symbolic link (a bundle holds plain files)"
+    if optional and not path.exists():
+        return None
     if not path.is_file():
         return f"{name}: missing"
     if path.resolve().parent != bundle.resolve():
@@ -242,6 +263,43 @@ def _file_problem(bundle: Path, name: str, rec, hash_it: bool) -> str | None:
     if hash_it and file_record(path)["sha256"] != rec["sha256"]:
         return f"{name}: sha256 mismatch"
     return None
+
+
+def _genai_problems(bundle: Path, lib) -> list[str]:
+    """onnxruntime-genai loads whatever library ``custom_ops_library`` names (in any ``session_options``
+    of ``genai_config.json``) when it opens the bundle: every such entry must be exactly the manifest's
+    ``ops.native_library``, the plain file name whose bytes ``verify`` checks, never a path elsewhere."""
+    named = []
+
+    def walk(node) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if key == GENAI_LIBRARY_KEY:
+                named.append(value)
+            else:
+                walk(value)
+
+    try:
+        with open(bundle / GENAI_CONFIG, "rb") as f:
+            text = f.read(GENAI_CONFIG_MAX + 1)
+        if len(text) > GENAI_CONFIG_MAX:
+            return [f"{GENAI_CONFIG}: larger than {GENAI_CONFIG_MAX} bytes"]
+        walk(json.loads(text))
+    except (OSError, ValueError, RecursionError) as exc:
+        return [f"{GENAI_CONFIG}: not readable JSON ({type(exc).__name__})"]
+    if lib is None:
+        return [f"{GENAI_CONFIG}: {GENAI_LIBRARY_KEY} {v!r} names a library but the manifest lists none "
+                f"(ops.native_library); onnxruntime-genai would load it" for v in named]
+    return [f"{GENAI_CONFIG}: {GENAI_LIBRARY_KEY} {v!r} is not the bundle's ops.native_library {lib!r}; "
+            f"onnxruntime-genai would load it" for v in named if v != lib]
+
+
+def _library_problems(path: Path, libraries: Collection[str]) -> list[str]:
+    if not path.is_file() or path.is_symlink():  # absent (a host brings its own) or refused by the files check
+        return []
+    if file_record(path)["sha256"] in libraries:
+        return []
+    return [f"the bundle's {path.name} is not a library this dipdeploy built or knows: remove it or re-export"]
 
 
 def _path_problems(manifest: Manifest) -> list[str]:

@@ -18,7 +18,8 @@ EDGE_GRAPHS = ("embed.onnx", "positions.onnx", "head.onnx")
 JOINED = {"step": "decoder.step.onnx", "overlap": "decoder.overlap.onnx", "prefetch": "decoder.prefetch.onnx"}
 MLP_GROUPS = ("up_gate", "down")  # a layer's row groups, in the order every stage lists them
 # Files the readers open by their fixed names (the runtime's decoder settings, the tokenizer).
-READ_BY_NAME = ("genai_config.json", "tokenizer.json")
+GENAI_CONFIG = "genai_config.json"  # onnxruntime-genai's settings, which the runtime reads too
+READ_BY_NAME = (GENAI_CONFIG, "tokenizer.json")
 ROW_POSITION = "model.layers.{layer}.mlp.{group}.position"  # int64 [R]: the file row of each logical row
 
 

@@ -191,8 +191,9 @@ def _plan_line(plan: dict) -> str:
 @app.command("inspect")
 def inspect_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
-    verify: bool = typer.Option(False, "--verify", help="also check the sha256 of the tensor data files (the "
-                                "structure, sizes and the other files' sha256 are always checked)"),
+    verify: bool = typer.Option(False, "--verify", help="also check the sha256 of the tensor data files and "
+                                "that the op library is one this dipdeploy built (the structure, sizes and the "
+                                "other files' sha256 are always checked)"),
     files: bool = typer.Option(False, "--files", help="also list every file (bytes, sha256) and each layer's K"),
     prompt: Optional[str] = typer.Option(None, help="also generate greedily from this prompt (plain ORT)"),
     max_new_tokens: int = typer.Option(defaults.MAX_NEW_TOKENS, help="tokens to generate with --prompt"),
@@ -259,7 +260,9 @@ def inspect_cmd(
                                                                      for lp in plan["layers"])))
     problems = []
     if verify:
-        problems = verify_bundle(bundle, m, checksums="all")
+        from dipdeploy.ops.native import known_library_hashes
+
+        problems = verify_bundle(bundle, m, checksums="all", libraries=known_library_hashes())
         console.print("verify: [green]ok[/]" if not problems else "verify: [red]" + shown("; ".join(problems)) + "[/]")
     gen = None
     if prompt is not None:

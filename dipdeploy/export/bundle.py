@@ -178,7 +178,7 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
         graphs["decoder"] = write_joined(tmp, source.spec.num_layers, cfg.attention == "standard")
     lm.tokenizer.save_pretrained(tmp)
     lib = library_path()
-    if lib is not None:  # onnxruntime-genai loads it from the bundle folder (genai_config.json)
+    if lib is not None:  # for onnxruntime-genai (genai_config.json); docs/design.md, "The op library in a bundle"
         shutil.copy2(lib, tmp / lib.name)
     (tmp / "genai_config.json").write_text(json.dumps(
         _genai_config(source.spec, lm.tokenizer, source.max_length, lib.name if lib else None), indent=1))

@@ -46,7 +46,7 @@ def model_shape(model: str) -> ModelShape:
 
     config, _ = config_of(model)  # a GGUF's own metadata: no fp32 copy is written to decide
     with torch.device("meta"):
-        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config, trust_remote_code=False).parameters())
     return ModelShape(params, config.vocab_size * config.hidden_size,
                       bool(getattr(config, "tie_word_embeddings", False)), config.num_hidden_layers)
 

@@ -47,6 +47,19 @@ def library_path(arch: str | None = None) -> Path | None:
     return path if path.is_file() else None
 
 
+def known_library_hashes() -> frozenset[str]:
+    """The sha256 of every op library this dipdeploy would load or has built: ``$DIPDEPLOY_OPS_LIB`` and
+    ``build/custom_ops/<arch>/`` for each arch. A bundle's copy of the library is code that
+    onnxruntime-genai runs, so ``inspect --verify`` trusts it only when it is one of these, never on the
+    word of the bundle's own manifest; dipdeploy itself loads only :func:`library_path`."""
+    from dipdeploy.bundle.manifest import file_record
+
+    paths = [built_library(arch) for arch in ARCHES]
+    if os.environ.get(ENV_LIB):
+        paths.append(Path(os.environ[ENV_LIB]))
+    return frozenset(file_record(path)["sha256"] for path in paths if path.is_file())
+
+
 def kernel_set(path: Path | None = None) -> str | None:
     """The kernel set the native library picks on this CPU (``avx512vnni``, ``avx2``, ``neon-dotprod``,
     ``neon``, ``portable``), or None when no library is built."""

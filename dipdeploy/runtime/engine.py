@@ -54,9 +54,14 @@ class Generation:
 
 def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
     """The manifest, after ``read_manifest``'s structure checks (paths inside the bundle, tensor ranges,
-    plan against graphs, sizes, the small files' checksums) and, if asked, every file's checksum."""
+    plan against graphs, sizes, the small files' checksums) and, if asked, every file's checksum and the
+    shipped op library against the libraries this dipdeploy knows (the check a bundle handed to
+    onnxruntime-genai needs; the engine itself loads only its own library)."""
+    from dipdeploy.ops.native import known_library_hashes
+
     path = Path(path)
-    manifest = read_manifest(path, checksums="all" if full_verify else "small")
+    manifest = read_manifest(path, checksums="all" if full_verify else "small",
+                             libraries=known_library_hashes() if full_verify else None)
     if "layers" not in manifest.graphs:
         raise BundleError(f"{path} has no per-layer graphs (exported with --no-per-layer or as dense); "
                           "export it again with `dipdeploy export --method dip|dip-ca` (per-layer graphs are the default)")
