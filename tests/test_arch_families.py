@@ -1,6 +1,6 @@
 """Every family record end to end on its tiny registry model: loads, evaluates dense and DIP in torch,
 exports a bundle validated against torch, and the host runtime runs that bundle as model.onnx does.
-Refusals say why. The test family of tests/families/ proves the recipe of export DESIGN.md."""
+Refusals say why. The test family of tests/families/ proves the recipe of docs/contributing/family.md."""
 
 import json
 import math

@@ -1,12 +1,16 @@
-"""Every command in README.md's ```bash blocks runs as written (parsed from the README, so a new line is
-tested as soon as it is added), in order in one folder so outputs chain (plan.json → eval --plan,
-export → inspect → run), with substitutions that keep it to seconds: the default model becomes the tiny
-registry model and the options that set an amount of work get small values."""
+"""Every command in the ```bash blocks of README.md and of each page under docs/ runs as written (parsed
+from the page, so a new line is tested as soon as it is added), in order in one folder per page so
+outputs chain (plan.json → eval --plan, export → inspect → run), with substitutions that keep it to
+seconds: the default model becomes the tiny registry model and the options that set an amount of work
+get small values. The README's ```python blocks run after its commands, in the same folder. A page whose
+commands read another page's outputs names the commands that make them in :data:`SETUP`. Every relative
+link of README.md and docs/ must name a file that exists."""
 
 import re
 import shlex
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -16,7 +20,11 @@ from dipdeploy.registry import get_model, is_registered
 
 from conftest import TINY_CHAT_TEMPLATE
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# every docs page with a ```bash block; each runs in a folder of its own (a parametrized test per page)
+DOC_PAGES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")
+                   if "```bash" in p.read_text())
 TINY = "tiny-llama"
 # Options that set how much work a command does → a small value, applied to every command that has the
 # option (found by introspection, aliases such as -n included).
@@ -26,6 +34,12 @@ FAST = {"--seqlen": "64", "--max-windows": "1", "--windows": "1", "--steps": "2"
 SKIP_RULES = {
     "make": "Makefile targets set up a venv, or build the shared native library",
     "dipdeploy build-ops": "rebuilds the native op library that the other tests use (`make ops`)",
+    "python benchmarks/": "a benchmark script: minutes to hours on real models (docs/benchmarks.md)",
+}
+# Commands a page's lines need and do not run themselves (its inputs from another page), run first.
+SETUP = {
+    "docs/bundle.md": ["dipdeploy calibrate --method dip --density 0.5 --out plan.json",
+                       "dipdeploy finetune --method dip --density 0.5 --steps 2 --out adapter/"],
 }
 
 
@@ -111,14 +125,13 @@ def _with_chat_template(load_model):
     return load
 
 
-def test_every_readme_command_runs(tmp_path, monkeypatch, data_dir, capsys):
-    import dipdeploy.loading
+def python_blocks(text: str) -> list[str]:
+    """The code of every ```python block."""
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
 
-    lines = readme_commands(README.read_text())
-    assert len(lines) >= 10  # the parser found the blocks
-    monkeypatch.setattr(dipdeploy.loading, "load_model", _with_chat_template(dipdeploy.loading.load_model))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DIPDEPLOY_DATA", str(data_dir))
+
+def _run_lines(lines: list[str], where: str) -> tuple[int, list[str]]:
+    """Run each line as the test runs it (tiny model, small amounts of work); (lines run, lines skipped)."""
     runner = CliRunner()
     skipped, ran = [], 0
     for line in lines:
@@ -126,13 +139,81 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, data_dir, capsys):
         if rule is not None:
             skipped.append(f"{line}  ({SKIP_RULES[rule]})")
             continue
-        assert line.startswith("dipdeploy "), f"README line {line!r} is neither a dipdeploy command nor skipped " \
-                                              "by a rule of SKIP_RULES"
+        assert line.startswith("dipdeploy "), f"{where} line {line!r} is neither a dipdeploy command nor " \
+                                              "skipped by a rule of SKIP_RULES"
         args = fast_args(line)
         res = runner.invoke(app, args, input="")  # stdin at EOF: `chat` ends after its greeting
-        assert res.exit_code == 0, f"README: {line}\nran: dipdeploy {shlex.join(args)}\n{res.output}"
+        assert res.exit_code == 0, f"{where}: {line}\nran: dipdeploy {shlex.join(args)}\n{res.output}"
         assert "Traceback" not in res.output, res.output
         ran += 1
+    return ran, skipped
+
+
+def _prepare(tmp_path, monkeypatch, data_dir) -> None:
+    import dipdeploy.loading
+
+    monkeypatch.setattr(dipdeploy.loading, "load_model", _with_chat_template(dipdeploy.loading.load_model))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DIPDEPLOY_DATA", str(data_dir))
+
+
+def test_every_readme_command_runs(tmp_path, monkeypatch, data_dir, capsys):
+    text = README.read_text()
+    lines = readme_commands(text)
+    assert len(lines) >= 10  # the parser found the blocks
+    assert lines[:2] == ["make demo", "make test"], "the README's quick start begins with make demo, make test"
+    _prepare(tmp_path, monkeypatch, data_dir)
+    ran, skipped = _run_lines(lines, "README")
+    blocks = python_blocks(text)
+    assert blocks, "the README's Python example is a ```python block"
+    for code in blocks:  # the Python example, on what the commands above wrote (the bundle it opens)
+        exec(compile(code, "README.md (python block)", "exec"), {"__name__": "__readme__"})
     with capsys.disabled():
-        print(f"\nREADME commands: {ran} run, {len(skipped)} skipped:\n  " + "\n  ".join(skipped))
+        print(f"\nREADME commands: {ran} run, {len(skipped)} skipped, {len(blocks)} python block(s) run:\n  "
+              + "\n  ".join(skipped))
     assert len(skipped) <= 4, skipped
+
+
+@pytest.mark.parametrize("page", DOC_PAGES)
+def test_every_docs_command_runs(page, tmp_path, monkeypatch, data_dir, capsys):
+    lines = readme_commands((ROOT / page).read_text())
+    assert lines, f"{page}: a ```bash block with no command"
+    _prepare(tmp_path, monkeypatch, data_dir)
+    setup_ran, _ = _run_lines(SETUP.get(page, []), f"{page} (SETUP)")
+    ran, skipped = _run_lines(lines, page)
+    with capsys.disabled():
+        print(f"\n{page} commands: {ran} run ({setup_ran} set-up lines first), {len(skipped)} skipped"
+              + "".join(f"\n  {s}" for s in skipped))
+
+
+def test_setup_names_pages_that_exist():
+    assert set(SETUP) <= set(DOC_PAGES), sorted(set(SETUP) - set(DOC_PAGES))
+
+
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def relative_links(text: str) -> list[str]:
+    """The targets of a page's markdown links that are paths in this repository (not URLs, not anchors),
+    without their ``#anchor``; links inside code blocks and inline code do not count."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    out = []
+    for m in _LINK.finditer(text):
+        target = m.group(1) or m.group(2)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        out.append(target.split("#", 1)[0])
+    return out
+
+
+def test_relative_links_resolve():
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = [f"{p.relative_to(ROOT)}: {t}" for p in pages for t in relative_links(p.read_text())
+              if not (p.parent / t).exists()]
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def test_link_parser():
+    text = "[a](docs/x.md#s) [b](https://x.org) [c](#here) ![p](img.png) `[d](no.md)`\n```\n[e](no.md)\n```\n"
+    assert relative_links(text) == ["docs/x.md", "img.png"]
