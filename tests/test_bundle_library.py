@@ -1,5 +1,5 @@
 """The op library a bundle names is code onnxruntime-genai runs when it opens the bundle, so it is never
-trusted on the bundle's word alone (README, "The bundle"; docs/design.md, "The op library in a bundle").
+trusted on the bundle's word alone (docs/bundle.md; docs/design.md, "The op library in a bundle").
 
 ``genai_config.json``'s ``custom_ops_library`` must be the manifest's ``ops.native_library`` (a plain file
 name in the bundle) or absent: anything else is refused by every reader, one line, exit code 2. A shipped

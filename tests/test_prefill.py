@@ -4,7 +4,7 @@ The batch selects by plain DIP (every row counted resident), so its contract is 
 γ = 1 under the same budget, whose selections do not depend on the cache either: the first generated
 token's logits agree within the sparse tolerance (``dipdeploy.agreement``), the KV cache within it,
 and each group's cache after the prompt is its policy's rule applied to the prompt's selections in
-token order, with every resident row's slot holding that row (README, "The host runtime")."""
+token order, with every resident row's slot holding that row (docs/runtime.md)."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """The host runtime's memory: the KV cache allocated once for the context and written in place (both
 attention variants), embedding rows read from dense.bin instead of a resident table, and a residency
-plan that counts what is resident (README, "Budget")."""
+plan that counts what is resident (docs/runtime.md, "Budget")."""
 
 import numpy as np
 import pytest

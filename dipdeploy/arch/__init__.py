@@ -70,7 +70,7 @@ def get_arch(name: str) -> Arch:
         raise ArchitectureError(refused.mixture(name))
     raise ArchitectureError(
         f"architecture {name!r} has no family record; registered: {', '.join(_FAMILIES)} "
-        f"(adding one: dipdeploy/export/DESIGN.md, 'How to add a model family')")
+        f"(adding one: docs/contributing/family.md)")
 
 
 def arch_of(config: Any) -> Arch:

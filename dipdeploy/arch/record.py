@@ -2,7 +2,7 @@
 
 A family is registered by its Hugging Face class name (``config.architectures[0]``). Loading, the
 sparse methods, fake quantisation, LoRA, the registry, the simulator and the ONNX export all read the
-record; none keeps its own table (dipdeploy/export/DESIGN.md, "How to add a model family"). Values
+record; none keeps its own table (docs/contributing/family.md). Values
 that differ between checkpoints of one family (head_dim, multipliers, RoPE scaling, the sliding
 window) are read from the checkpoint's ``config.json`` by the record's methods, so the rule lives here
 and the number lives in the config. Floor 1: no torch.

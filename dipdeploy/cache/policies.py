@@ -216,7 +216,7 @@ class RowCache:
     def access_steps(self, selected: np.ndarray) -> np.ndarray:
         """Record ``selected`` ([n, K] row indices of one sequence) as n steps at once, leaving the state
         that n calls of ``access`` leave; returns the rows resident *before* the n steps ([n, K] bool):
-        what a batched prefill found in DRAM (README, "The host runtime").
+        what a batched prefill found in DRAM (docs/runtime.md).
 
         For LRU and LFU every row's key only grows, so a row that falls out of the top-C stays out until
         it is selected again: after the steps the residency is the top-C by key over the rows resident

@@ -88,7 +88,7 @@ def export_cmd(
     force: bool = typer.Option(False, "--force", help="replace an existing bundle at --out"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the summary and validation as JSON"),
 ) -> None:
-    """Export a model with DIP sparse MLPs as a validated ONNX bundle (see the README, 'The bundle')."""
+    """Export a model with DIP sparse MLPs as a validated ONNX bundle (see docs/bundle.md)."""
     import signal
 
     from dipdeploy.cli.core import check_inputs
@@ -155,7 +155,7 @@ def _mb(n: int) -> str:
 
 
 def _verdict(v: dict) -> str:
-    """One line from the validation record (README, "Validation")."""
+    """One line from the validation record (docs/bundle.md, "Validation")."""
     if not v:
         return "not run (exported with --validate-tokens 0)"
     if v.get("skipped"):

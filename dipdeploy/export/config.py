@@ -34,7 +34,7 @@ ATTENTION_OPS = ("standard", "gqa")
 #: keeps the logical order; ``auto`` is calibrated where the export can trace (a sparse plan, per-layer
 #: graphs, the whole model and the calibration text at hand), natural elsewhere, the manifest says which.
 #: The default is natural: on held-out text the calibrated order saves a few percent of the device bytes
-#: for a much longer export (README, "Row order"; benchmarks/results/row_order.md), and the
+#: for a much longer export (docs/bundle.md, "Row order"; benchmarks/results/row_order.md), and the
 #: Android engine reads natural bundles only.
 ROW_ORDERS = ("auto", "calibrated", "natural")
 

@@ -3,7 +3,7 @@
 Below a budget that holds every MLP row the per-layer graphs need the host between them (the cache step
 after each TopKColumnMask); joined into one graph, that step becomes two nodes of the op library per
 layer group (custom_ops/src/cache/, the same native step with the same rules), so one session per
-token runs the whole decoder (dipdeploy/runtime/DESIGN.md, "The cache inside the graph"):
+token runs the whole decoder (docs/decisions/0003-joined-graph-written-by-export.md):
 
 * ``CacheStep(indices, handle) -> slots`` after each TopKColumnMask: looks the selection up in the group's
   cache, updates it, assigns slab slots and copies the misses from the mapped MLP file into the slab;
@@ -19,7 +19,7 @@ graphs (Android, onnxruntime-genai, a runtime without the ``onnx`` package) must
   a second one multiplies the rows just read, and the two products are added;
 * ``prefetch``: ``overlap`` plus a ``CachePrefetch`` before each pre-norm layer's attention that predicts
   the layer's up|gate selection from its input and starts the reads of the predicted misses, which
-  CacheBegin then takes (DESIGN.md, "Reads overlapped with compute"); written only when a layer has the
+  CacheBegin then takes (dipdeploy/runtime/DESIGN.md, "Paths"); written only when a layer has the
   pre-norm form.
 
 The graph's data edges order the side effects: a group's TopKColumnMask reads its residency (bound to the

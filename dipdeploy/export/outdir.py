@@ -1,6 +1,6 @@
 """The ``--out`` directory of an export: claimed under a lock, checked, repaired.
 
-Rules (README, "The bundle"):
+Rules (docs/bundle.md):
 
 * one export at a time per ``--out``: the second is refused at once (:class:`dipdeploy.dirswap.OutputBusy`);
 * an existing bundle is replaced only with ``--force``, and never lost (:mod:`dipdeploy.dirswap`);

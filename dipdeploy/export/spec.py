@@ -2,8 +2,8 @@
 ``config.json`` (torch-free).
 
 Every family-level fact comes from the record (``dipdeploy.arch``); this module only resolves them for
-one checkpoint and refuses, with the reason, what the graphs do not build (dipdeploy/export/DESIGN.md,
-"How to add a model family"). The block is: [norm] → GQA attention with RoPE (optional per-head q/k
+one checkpoint and refuses, with the reason, what the graphs do not build (docs/contributing/
+family.md). The block is: [norm] → GQA attention with RoPE (optional per-head q/k
 norms, optional soft-capped scores) → [norm] → ×residual multiplier → residual → [norm] → gated MLP →
 [norm] → ×multiplier → residual; the head may soft-cap its logits.
 """

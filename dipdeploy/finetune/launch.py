@@ -1,6 +1,6 @@
 """Which of the data-parallel processes this one is, from the variables every PyTorch launcher sets
 (``accelerate launch``, ``torchrun``: ``RANK``, ``WORLD_SIZE``), read without importing torch so the
-CLI can decide before any work who prints and who writes (only process 0; README, "LoRA recovery")."""
+CLI can decide before any work who prints and who writes (only process 0; docs/finetune.md)."""
 
 from __future__ import annotations
 

@@ -250,7 +250,7 @@ def dense_config(mlp: QuantConfig) -> Block4QuantConfig:
     input dimension, which is what ``com.microsoft::MatMulNBits`` reads. The MLP's own config when it is
     BQ4 (round-to-nearest: no calibration for these), else the default BQ4. Export and
     ``eval --quant-scope all`` both quantise through it (``api.quantize_dense``), so eval measures the
-    weights a bundle ships (README, "The bundle")."""
+    weights a bundle ships (docs/bundle.md)."""
     if isinstance(mlp, Block4QuantConfig):
         return dataclasses.replace(mlp, error_feedback=False)
     return Block4QuantConfig()

@@ -26,14 +26,14 @@ from dipdeploy.flash import BLOCK, BlockPlan
 
 IO_THREADS = 16  # pread threads, reads in flight (benchmarks/results/flash.md measures 1, 4, 16 and 32)
 #: io_uring entries, reads in flight: the ring needs no thread per read, so it can keep far more in flight
-#: than the pool, and a deeper ring decoded DIP-CA faster (DESIGN.md, "Reads: requests against blocks")
+#: than the pool, and a deeper ring decoded DIP-CA faster (docs/decisions/0006-reads.md)
 IO_RING_DEPTH = 256
 IO_GAP = 4  # blocks: a request saved is worth more than the blocks read through (benchmarks/results/read-gaps.md)
 IO_ENGINES = ("threads", "io_uring")  # the op library's readers
 IO_ENGINE_AUTO = "auto"  # the ring where the library has one and the kernel grants it, else the pread threads
 IO_ENGINE_CHOICES = (IO_ENGINE_AUTO,) + IO_ENGINES  # what a user may name (EngineConfig.io_engine, --io-engine)
-#: the ring decoded the 1 B model faster than the threads on both machines of DESIGN.md, "Reads: requests
-#: against blocks" (an Intel Xeon and an AMD EPYC); a kernel or sandbox that refuses io_uring gets the threads
+#: the ring decoded the 1 B model faster than the threads on both machines measured (an Intel Xeon and an
+#: AMD EPYC; docs/decisions/0006-reads.md); a kernel or sandbox that refuses io_uring gets the threads
 IO_ENGINE = IO_ENGINE_AUTO
 
 

@@ -6,7 +6,7 @@ one positioned read per row: d float32 values, or an int4 row (d/2 bytes of code
 decoded (q − 8)·s in float32 as GatherBlockQuantized and ``quant.block`` decode it, bit-equal) into its
 ``hidden`` buffer, then the family's embedding multiplier (Gemma's √d, Granite's; ``dipdeploy.arch``),
 in float32 as the graph's Mul does. The residency plan then counts one row, not the table
-(README, "Budget"). Torch-free.
+(docs/runtime.md, "Budget"). Torch-free.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The numpy ``RowCache.access`` + ``SlotTable.assign`` + ``FlashStore.read`` of a decoded token cost
 about a dozen numpy calls per group, 60 groups per SmolLM2 token: the largest share of the host's time
-(dipdeploy/runtime/DESIGN.md). The op library runs the same rules (``dipdeploy.cache``, which stays the
+(docs/decisions/0001-native-cache-step.md). The op library runs the same rules (``dipdeploy.cache``, which stays the
 reference the tests hold this to, decision for decision) in one call per group and token, reading the
 misses from the mapped MLP file straight into the slab.
 

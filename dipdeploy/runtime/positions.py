@@ -4,8 +4,8 @@
 values each layer's attention used to rebuild for itself: the RoPE cos/sin rows and the additive causal
 mask (standard attention), or ``seqlens_k`` and the total length (GroupQueryAttention). Built by the
 same function as ``model.onnx``'s (``blocks.shared_for_layers``), so the per-layer graphs see the values
-``model.onnx`` computes; one run per token instead of one mask subgraph per layer (dipdeploy/runtime/
-DESIGN.md, "Runtime ≥ 0.9× onnxruntime-genai").
+``model.onnx`` computes; one run per token instead of one mask subgraph per layer
+(docs/decisions/0001-native-cache-step.md).
 
 Decode binds every fixed-shape output once, to the positions session and to each attention graph that
 takes it; an output that grows with the sequence (the mask bias [1,1,1,1,T]) is a view of one buffer

@@ -1,10 +1,10 @@
 """``--prefetch auto``: whether the read-ahead during the attention pays on this machine, measured on the
 first decode tokens.
 
-The read-ahead (``CachePrefetch``, DESIGN.md "Reads overlapped with compute") reads a layer's predicted
+The read-ahead (``CachePrefetch``, docs/decisions/0003-joined-graph-written-by-export.md) reads a layer's predicted
 up|gate misses while its attention runs. Where compute is slow against the device, that hides reads;
 where the device is the bottleneck, its wrong guesses' bytes and the second set of requests cost more than
-it hides (DESIGN.md, "What bounds the ratio" and "`--prefetch auto`, the default", has both kinds of
+it hides (docs/decisions/0005-prefetch-auto.md cites both kinds of
 machine). Which holds depends on the CPU, the disk and the bundle, so
 the engine times tokens both ways: it switches the read-ahead on and off on alternate tokens until it has
 :data:`PROBE_TOKENS` of each, then keeps the setting whose median token was shorter (on when equal). The

@@ -10,7 +10,7 @@ bytes with the bundle folder as the external-data root.
 states, indices, slots, residency, slab arrays, RoPE rows, logits) is a numpy buffer bound once at
 start; per token only the attention mask and the KV cache (whose lengths grow) are re-bound, by address
 into a ``Buffer`` whose address was read once (``Bound.input_at``): numpy's ``ctypes.data`` and a view per
-bind cost more than ORT's bind itself (dipdeploy/runtime/DESIGN.md, "Where the per-layer path's token goes").
+bind cost more than ORT's bind itself (docs/decisions/0001-native-cache-step.md).
 ORT reads and writes the buffers in place, so a token costs ORT's run and a handful of binds, not a Python
 wrapper per tensor (what per-call binding cost: benchmarks/results/notes.md).
 Torch-free (floor 5).

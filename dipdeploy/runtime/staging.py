@@ -6,12 +6,12 @@ back, one group at a time. No two groups' staging is ever live at once, so each 
 contiguous virtual array (what ``SparseGatherMatMul`` and the slot rule see) whose cache slots are
 private anonymous pages and whose staging slots are a window onto one shared ``memfd``. Staging then
 costs the largest group's window instead of the sum over groups: on the 32-layer Mistral-7B bundle the
-sum alone exceeded what the scale run's memory limit leaves (DESIGN.md, "One staging area for every group";
+sum alone exceeded what the scale run's memory limit leaves (docs/decisions/0006-reads.md;
 ``benchmarks/results/scale.md``).
 
 Linux only (``memfd_create``); elsewhere :func:`supported` is false and each slab keeps staging of its
 own. ``VmRSS`` counts a shared page once per mapping, so it overstates a process that shares staging; the
-cgroup's usage and ``Pss`` count it once (README, "The host runtime"). Torch-free (floor 5).
+cgroup's usage and ``Pss`` count it once (docs/runtime.md). Torch-free (floor 5).
 """
 
 from __future__ import annotations

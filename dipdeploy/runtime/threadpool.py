@@ -1,4 +1,4 @@
-"""How an engine's ORT sessions get their intra-op threads (README, "The host runtime": threads).
+"""How an engine's ORT sessions get their intra-op threads (docs/runtime.md: threads).
 
 An engine runs 3 L + 1 sessions one after another (91 on SmolLM2). ORT's default gives each session its
 own pool of ``threads`` − 1 workers that spin on after the session's run, so with ``--threads 2`` 91

@@ -1,4 +1,4 @@
-"""A family added the way the recipe says (dipdeploy/export/DESIGN.md, "How to add a model family"),
+"""A family added the way the recipe says (docs/contributing/family.md),
 from outside the package: a Llama under a made-up HF class name, with its own record and its own tiny
 registry model (``tiny-diptest.toml`` beside this file). ``tests/conftest.py`` registers it before
 collection, so every test parametrised over the registry's tiny models runs it without being edited.

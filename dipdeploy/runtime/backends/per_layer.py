@@ -15,7 +15,7 @@ layer's attention needs from the positions (``positions.py``), then per layer::
 then ``head.onnx`` → logits → the sampler. A batched prefill (``PerLayerDecoder.prefill``, the default)
 runs the same graphs on the prompt's tokens at once (their inputs are symbolic in the sequence length),
 in chunks of at most ``EngineConfig.prefill_chunk`` tokens, so its buffers are bounded and planned, and
-warms the caches from their selections in token order (README, "The host runtime"). γ = 1 with an
+warms the caches from their selections in token order (docs/runtime.md). γ = 1 with an
 all-resident cache is plain DIP. :class:`SlabDecoder` holds what this path shares with the joined one
 (``backends.joined``): the embedding rows, the DRAM plan and the groups' slabs over the Flash store, the
 caches' reset, the prefill's full-height buffers. Torch-free (floor 5).
@@ -323,7 +323,7 @@ class PerLayerDecoder(SlabDecoder):
         MLP graphs run on it. Then each group's cache takes the batch's selections in token order by its
         policy's rule, as if decoded, and the slab gets the newly resident rows from the buffer. A
         token's hits are its rows the cache held before the batch: what the batch found in DRAM
-        (README, "The host runtime": batched prefill). The activations are the chunk buffers, views of
+        (docs/runtime.md: batched prefill). The activations are the chunk buffers, views of
         their first ``n`` rows, the same for every layer."""
         st, n = self._state, len(ids)
         pos = st["pos"]
