@@ -217,3 +217,49 @@ def test_relative_links_resolve():
 def test_link_parser():
     text = "[a](docs/x.md#s) [b](https://x.org) [c](#here) ![p](img.png) `[d](no.md)`\n```\n[e](no.md)\n```\n"
     assert relative_links(text) == ["docs/x.md", "img.png"]
+
+
+# What docs/ may quote that looks like a measured figure (tests/test_docstrings.py's pattern): definitions,
+# option values, sizes that follow from a model's shape, device profiles and the papers' and peers' own
+# claims, by page and exact text. A measurement belongs in benchmarks/results/ (the page cites the file);
+# the README's headline table is the one exception, and it names its file, machine and date.
+DOC_FIGURES_ALLOWED = {
+    "docs/arm.md": {"measured here"},  # "their speed on real cores is not measured here"
+    "docs/benchmarks.md": {"+1 %", "+3 %"},  # iso_accuracy.py's definition
+    "docs/bundle.md": {"5 GB"},  # Hugging Face's shard size
+    "docs/decisions/0001-native-cache-step.md": {"0.9×"},  # a goal's section title
+    "docs/decisions/0006-reads.md": {"128 KiB"},  # the request cut (dipdeploy.flash.MAX_REQUEST)
+    "docs/install.md": {"1.6 GB"},  # the size of the wheels make real-models installs
+    "docs/method.md": {  # device profiles, the paper's and the peers' claims, definitions, shapes
+        "+1 %", "+3 %", "+40 %", "0.29 tokens/s", "0.8 GB", "1 GB/s", "1.6 KB", "1.8×", "12 GB", "128 KiB",
+        "15 % lower", "16 GB", "2.1 GB/s", "25–75 %", "34.1 GB/s", "4 GB", "4.2 GB/s", "40–50 %", "46 % less",
+        "60 GB/s", "64 KiB", "7 GB/s", "7.3 GB", "76.8 GB/s", "8 GB", "87 ms", "89.6 GB/s", "9 MB",
+        "measured on this"},
+    "docs/onnxruntime.md": {"150 MB", "64 KiB"},  # a package's size, the Windows alignment
+    "docs/quickstart.md": {"1 GB/s", "1GB/s"},  # the demo's emulated Flash
+    "docs/runtime.md": {"0.1 MB", "120MB", "128 KiB", "1GB/s"},  # option values, rounding, the request cut
+    "docs/simulator.md": {"4GB"},  # an option value
+}
+
+
+def doc_figures() -> dict[str, set[str]]:
+    from test_docstrings import MEASUREMENT
+
+    found = {}
+    for p in sorted((ROOT / "docs").rglob("*.md")):
+        text = re.sub(r"\s+", " ", p.read_text())
+        hits = {m.group(0) for m in MEASUREMENT.finditer(text)}
+        if hits:
+            found[p.relative_to(ROOT).as_posix()] = hits
+    return found
+
+
+def test_docs_quote_no_measurement():
+    found = doc_figures()
+    bad = {page: sorted(hits - DOC_FIGURES_ALLOWED.get(page, set())) for page, hits in found.items()}
+    bad = {page: hits for page, hits in bad.items() if hits}
+    assert not bad, ("docs pages state rules and cite benchmarks/results/; move these figures to a results file "
+                     f"(or, for a definition, add it to DOC_FIGURES_ALLOWED): {bad}")
+    stale = {page: sorted(allowed - found.get(page, set())) for page, allowed in DOC_FIGURES_ALLOWED.items()}
+    stale = {page: hits for page, hits in stale.items() if hits}
+    assert not stale, f"no longer in the page, drop from DOC_FIGURES_ALLOWED: {stale}"
