@@ -186,6 +186,13 @@ def test_every_docs_command_runs(page, tmp_path, monkeypatch, data_dir, capsys):
               + "".join(f"\n  {s}" for s in skipped))
 
 
+def test_readme_and_runtime_design_stay_short():
+    """Issue #58: a README read in five minutes, a design note of abstractions, paths, invariants and a
+    review checklist; the manual is docs/, the history docs/decisions/ and benchmarks/results/."""
+    for path in (README, ROOT / "dipdeploy/runtime/DESIGN.md"):
+        assert len(path.read_text().splitlines()) <= 200, f"{path.relative_to(ROOT)} is over 200 lines"
+
+
 def test_setup_names_pages_that_exist():
     assert set(SETUP) <= set(DOC_PAGES), sorted(set(SETUP) - set(DOC_PAGES))
 
