@@ -26,6 +26,12 @@ from dipdeploy.flash import BLOCK
 BUNDLE_FORMAT = "dipdeploy-bundle"
 BUNDLE_VERSION = 3  # 3: the joined decoder (graphs.decoder); 2: positions.onnx, the MLP term unadded
 REGENERATE = "regenerate the bundle with `dipdeploy export`"
+# Caps on what a manifest may hold, checked before it is parsed or walked: json.loads holds the whole
+# text many times over in objects and ``verify`` visits every entry, so a hostile manifest of gigabytes or
+# millions of entries would exhaust memory or time before any check could refuse it. What export writes
+# for the largest registry model is a few hundred kB and about a thousand tensors.
+MANIFEST_MAX = 16 << 20  # bytes
+MAX_ENTRIES = 100_000  # tensors, and files, a manifest may list
 # Item sizes of the dtypes a tensor may have (numpy names; ``open_tensor`` maps them with numpy).
 DTYPES = {"float64": 8, "float32": 4, "float16": 2, "int64": 8, "uint64": 8, "int32": 4, "uint32": 4,
           "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1}
@@ -102,6 +108,10 @@ class Manifest:
             if name in raw and (not isinstance(raw[name], kind) or isinstance(raw[name], bool)):
                 raise BundleError(f"manifest field {name!r} has the wrong type ({type(raw[name]).__name__}); "
                                   f"{REGENERATE}")
+        for name in ("tensors", "files"):
+            if len(raw[name]) > MAX_ENTRIES:
+                raise BundleError(f"manifest lists {len(raw[name])} {name}, over the cap of {MAX_ENTRIES}; "
+                                  f"{REGENERATE}")
         if raw.get("alignment", 1) < 1:
             raise BundleError(f"manifest alignment {raw['alignment']} is not positive; {REGENERATE}")
         return cls(**raw)
@@ -128,11 +138,27 @@ def parse_manifest(bundle: str | Path) -> Manifest:
                                 f"manifest.json beside the graphs)")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {bundle} is not a dipdeploy bundle; {REGENERATE}")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        kind = _kind_problem(MANIFEST, st)
+        if kind:
+            raise BundleError(f"{path}: {kind.removeprefix(MANIFEST + ': ')}; {REGENERATE}")
+        if st.st_size > MANIFEST_MAX:
+            raise BundleError(_too_large(path, st.st_size))
+        raw = f.read(MANIFEST_MAX + 1)  # the cap holds even if the file grows after the fstat
+    if len(raw) > MANIFEST_MAX:
+        raise BundleError(_too_large(path, len(raw)))
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BundleError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {REGENERATE}") from None
     return Manifest.from_json(text)
+
+
+def _too_large(path: Path, size: int) -> str:
+    return (f"{path} is {size} bytes, over the {MANIFEST_MAX >> 20} MiB cap on a manifest (export writes a few "
+            f"hundred kB at most); {REGENERATE}")
 
 
 def check_structure(bundle: str | Path, manifest: Manifest, checksums: str = "small",
