@@ -63,3 +63,113 @@ def test_engine_counts_have_caps(tmp_path, field, value, cap):
 def test_max_new_tokens_has_a_cap(tmp_path, command):
     _one_line([command[0], str(tmp_path), *command[1:], "--max-new-tokens", str(10**12)],
               f"--max-new-tokens {10**12} is over the cap of {MAX_TOKENS}")
+
+
+def _trace(tmp_path: Path) -> Path:
+    from dipdeploy.sim.synthetic import synthetic_trace
+
+    return synthetic_trace(16, 48, 2, tokens=4, seed=0).save(tmp_path / "t.npz")
+
+
+def _replace_member(path: Path, name: str, data: bytes) -> None:
+    import zipfile
+
+    members = {}
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            members[info.filename] = z.read(info)
+    members[name] = data
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for n, d in members.items():
+            z.writestr(n, d)
+
+
+def test_a_trace_member_declaring_more_than_it_holds_is_refused(tmp_path):
+    """A .npy header may declare any shape; the reader would allocate it before finding the bytes short."""
+    import io
+
+    from numpy.lib import format as npy
+
+    from dipdeploy.trace import Trace, TraceError
+
+    path = _trace(tmp_path)
+    f = io.BytesIO()
+    npy.write_array_header_1_0(f, {"descr": "<i4", "fortran_order": False, "shape": (1 << 34, 4)})
+    _replace_member(path, "sel_in.0.npy", f.getvalue() + bytes(64))
+    with pytest.raises(TraceError, match=r"declares shape \(17179869184, 4\)"):
+        Trace.load(path)
+    _one_line(["simulate", "--trace", str(path), "--device", "sd8gen3"], "declares shape", "dipdeploy trace")
+
+
+def test_a_trace_inflating_past_memory_is_refused_before_reading(tmp_path, monkeypatch):
+    """What a small compressed file inflates to is its members' declared sizes, known before any read."""
+    from dipdeploy.trace import Trace, TraceError
+
+    path = _trace(tmp_path)
+    assert Trace.load(path).num_tokens == 4  # the machine's memory holds it
+    with pytest.raises(TraceError, match="inflate to .* over the cap"):
+        Trace.load(path, max_bytes=1000)
+    monkeypatch.setattr("dipdeploy.cli.sim.trace_room", lambda: 1000)
+    _one_line(["simulate", "--trace", str(path), "--device", "sd8gen3"], "over the cap", "record fewer tokens")
+
+
+def test_a_trace_header_with_a_huge_layer_count_is_refused(tmp_path):
+    import numpy as np
+
+    from dipdeploy.trace import Trace, TraceError
+
+    path = _trace(tmp_path)
+    z = dict(np.load(path))
+    head = json.loads(str(z["header"]))
+    head["num_layers"] = 10**12
+    z["header"] = np.array(json.dumps(head))
+    np.savez(path, **z)
+    with pytest.raises(TraceError, match=r"num_layers 1000000000000 is not a whole number in \[1, 4096\]"):
+        Trace.load(path)
+
+
+PROFILE = """name = "bad"
+dram_bandwidth_gbs = {dram}
+dram_bandwidth_gbs_source = "test"
+dram_capacity_gb = 8.0
+dram_capacity_gb_source = "test"
+flash_seq_read_gbs = {flash}
+flash_seq_read_gbs_source = "test"
+flash_random_4k_iops = {iops}
+flash_random_4k_iops_source = "test"
+"""
+
+
+@pytest.mark.parametrize("values, says", [
+    ({"iops": 0}, "flash_random_4k_iops must be a finite number > 0, got 0"),
+    ({"flash": "nan"}, "flash_seq_read_gbs must be a finite number > 0, got nan"),
+    ({"dram": "inf"}, "dram_bandwidth_gbs must be a finite number > 0, got inf"),
+    ({"flash": '"fast"'}, "flash_seq_read_gbs must be a finite number > 0, got 'fast'"),
+], ids=["0 IOPS", "nan bandwidth", "inf DRAM bandwidth", "a string"])
+def test_device_profiles_with_impossible_numbers_are_refused(tmp_path, values, says):
+    profile = tmp_path / "bad.toml"
+    profile.write_text(PROFILE.format(**{"dram": 50.0, "flash": 2.0, "iops": 100000, **values}))
+    _one_line(["simulate", "--model", "tiny-llama", "--method", "dense", "--policy", "static", "--device",
+               str(profile)], says)
+
+
+def test_a_registry_shape_with_a_huge_layer_count_is_refused(tmp_path, monkeypatch):
+    from dipdeploy.registry import PACKAGED_MODELS
+
+    text = (PACKAGED_MODELS / "tiny-llama.toml").read_text()
+    text = text.replace("name = \"tiny-llama\"", "name = \"huge\"")
+    assert "num_hidden_layers = 2" in text
+    (tmp_path / "huge.toml").write_text(text.replace("num_hidden_layers = 2", "num_hidden_layers = 1000000000000"))
+    monkeypatch.setenv("DIPDEPLOY_MODELS", str(tmp_path))
+    _one_line(["simulate", "--model", "huge", "--method", "dense", "--policy", "static", "--device", "sd8gen3"],
+              "num_hidden_layers 1000000000000 is not a whole number in [1, 4096]")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--io-gap", str(10**15)], f"io gap {10**15} is over the cap of"),
+    (["--context", str(10**12)], f"context {10**12} is over the cap of {MAX_TOKENS}"),
+    (["--steps", str(10**9), "--sweep-dram", "1GB..2GB"], f"--steps {10**9} is over the cap of 1000"),
+], ids=["io-gap", "context", "steps"])
+def test_simulate_counts_have_caps(args, says):
+    _one_line(["simulate", "--model", "tiny-llama", "--method", "dense", "--policy", "static", "--device", "sd8gen3",
+               *args], says)

@@ -231,6 +231,16 @@ def model_eval_config(opts: dict, **task_fields) -> EvalConfig:
     return cfg
 
 
+def trace_room() -> int | None:
+    """The most bytes a trace read here may inflate to: this machine's memory, or the cgroup's limit
+    where it is tighter (``Trace.load``'s ``max_bytes``); None where neither is known."""
+    from dipdeploy.runtime.cgroup import memory_limit
+    from dipdeploy.trace import physical_memory
+
+    known = [m for m in (physical_memory(), memory_limit()) if m]
+    return min(known) if known else None
+
+
 def floats(text: str, flag: str) -> list[float]:
     """A comma list of numbers (``--density 0.4,0.5``); a typo is named with the option."""
     try:

@@ -13,7 +13,7 @@ import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import console, fail, kept, utf8, write_json, write_output
+from dipdeploy.cli.core import console, fail, kept, trace_room, utf8, write_json, write_output
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.runtime.blockio import IO_RING_DEPTH as _IO_RING_DEPTH
@@ -135,7 +135,7 @@ def engine_config(options: dict) -> EngineConfig:
     if options.get("pin_from") is not None:
         from dipdeploy.trace import Trace
 
-        cfg.pinned_counts = Trace.load(options["pin_from"]).row_counts()
+        cfg.pinned_counts = Trace.load(options["pin_from"], max_bytes=trace_room()).row_counts()
     return cfg
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from dipdeploy.cache import POLICIES
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
-from dipdeploy.flash import BLOCK, MAX_REQUEST
+from dipdeploy.flash import MAX_GAP
 from dipdeploy.limits import MAX_TOKENS
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP
@@ -36,9 +36,8 @@ PREFILL_CHUNK = 128
 MAX_THREADS = 256
 #: --io-threads: reads in flight; a device's queue holds fewer, and without io_uring each is a thread
 MAX_IO_THREADS = 1024
-#: --io-gap: a gap of more blocks than one request holds reads more than the request it saves costs
-#: (``dipdeploy.flash.REQUEST_BLOCKS``), and the read-through blocks pass through the bounce buffer
-MAX_IO_GAP = MAX_REQUEST // BLOCK
+#: --io-gap: ``dipdeploy.flash.MAX_GAP`` (wider gaps read more than the request they save costs)
+MAX_IO_GAP = MAX_GAP
 
 
 class FieldError(ValueError):
