@@ -173,3 +173,37 @@ def test_a_registry_shape_with_a_huge_layer_count_is_refused(tmp_path, monkeypat
 def test_simulate_counts_have_caps(args, says):
     _one_line(["simulate", "--model", "tiny-llama", "--method", "dense", "--policy", "static", "--device", "sd8gen3",
                *args], says)
+
+
+@pytest.mark.parametrize("source, says", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+     "runs over the cap of 1048576 loop steps"),
+    ("{% for i in range(10**9) %}{% endfor %}", "asks for a range of 1000000000, over the cap"),
+    ("{{ 'x' * 10**10 }}", "repeats a sequence to 10000000000 items, over the cap"),
+    ("{{ 7 ** 100000000 }}", "raises to the power 100000000, over the cap of 1024"),
+    ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "writes over the cap of 16777216 characters"),
+], ids=["nested ranges", "one huge range", "repeated string", "huge power", "huge output"])
+def test_chat_template_renders_are_capped(source, says):
+    from dipdeploy.runtime.template import ChatTemplate
+
+    with pytest.raises(ValueError, match=says) as err:
+        ChatTemplate(source, {}).render([{"role": "user", "content": "hi"}])
+    assert "\n" not in str(err.value) and "model's own chat template" in str(err.value)
+
+
+def test_a_bundle_with_a_runaway_chat_template_is_refused_in_one_line(chat_bundle, tmp_path):
+    import shutil
+
+    from dipdeploy.bundle.manifest import file_record
+    from dipdeploy.runtime.template import TEMPLATE_FILE
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(chat_bundle, bundle)
+    raw = json.loads((bundle / MANIFEST).read_text())
+    assert TEMPLATE_FILE in raw["files"]  # the template export ships beside the tokenizer
+    (bundle / TEMPLATE_FILE).write_text("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                                        "{% endfor %}")
+    raw["files"][TEMPLATE_FILE] = file_record(bundle / TEMPLATE_FILE)
+    (bundle / MANIFEST).write_text(json.dumps(raw))
+    _one_line(["run", str(bundle), "-p", "hi", "--chat", "-n", "1", "--no-native"],
+              "chat template runs over the cap of 1048576 loop steps")
