@@ -207,3 +207,35 @@ def test_a_bundle_with_a_runaway_chat_template_is_refused_in_one_line(chat_bundl
     (bundle / MANIFEST).write_text(json.dumps(raw))
     _one_line(["run", str(bundle), "-p", "hi", "--chat", "-n", "1", "--no-native"],
               "chat template runs over the cap of 1048576 loop steps")
+
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"hidden_size": 66}, "hidden_size 66 is not divisible by num_attention_heads 4"),
+    ({"vocab_size": 0}, "vocab_size 0 must be a whole number in [1, "),
+    ({"num_hidden_layers": 0}, "num_hidden_layers 0 must be a whole number in [1, 4096]"),
+    ({"num_attention_heads": 0}, "num_attention_heads 0 must be a whole number in [1, "),
+    ({"num_hidden_layers": 10**12}, "num_hidden_layers 1000000000000 must be a whole number in [1, 4096]"),
+    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not divisible by num_key_value_heads 3"),
+    ({"hidden_size": "64"}, "hidden_size '64' must be a whole number"),
+], ids=["hidden not divisible", "vocab 0", "0 layers", "0 heads", "1e12 layers", "kv groups", "a string"])
+def test_impossible_hf_configs_are_refused_before_transformers(tmp_path, monkeypatch, change, says):
+    """The refusal comes from the raw config.json, before transformers builds a config or a model."""
+    import transformers
+
+    def built(*a, **k):
+        raise AssertionError("transformers was asked to read the config")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", built)
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **change}))
+    _one_line(["eval", "--model", str(tmp_path), "--max-windows", "1"], says, "fix config.json")
+
+
+def test_a_config_with_head_dim_need_not_split_evenly(tmp_path):
+    from dipdeploy.loading import _shape_problem
+
+    assert _shape_problem(LLAMA) is None
+    assert _shape_problem({**LLAMA, "hidden_size": 66, "head_dim": 16}) is None
