@@ -33,3 +33,11 @@ def check_count(value, name: str, low: int, high: int, unit: str = "") -> int:
     if value > high:
         raise ValueError(f"{name} {value} is over the cap of {high}{unit}; give {high} or less")
     return value
+
+
+def check_caps(*counts: tuple[str, object, int, str]) -> None:
+    """For each (name, value, cap, unit): ValueError with one line when ``value`` (not None) is over
+    ``cap``; the lower bounds stay with each owner's own checks."""
+    for name, value, cap, unit in counts:
+        if value is not None and type(value) is int and value > cap:
+            raise ValueError(f"{name} {value} is over the cap of {cap}{' ' + unit if unit else ''}; give {cap} or less")

@@ -239,3 +239,20 @@ def test_a_config_with_head_dim_need_not_split_evenly(tmp_path):
 
     assert _shape_problem(LLAMA) is None
     assert _shape_problem({**LLAMA, "hidden_size": 66, "head_dim": 16}) is None
+
+
+@pytest.mark.parametrize("args, says", [
+    (["eval", "--model", "tiny-llama", "--seqlen", str(10**9)], f"--seqlen {10**9} is over the cap of {MAX_TOKENS}"),
+    (["eval", "--model", "tiny-llama", "--max-windows", str(10**9)], f"--max-windows {10**9} is over the cap of"),
+    (["eval", "--model", "tiny-llama", "--batch-size", str(10**9)], f"--batch-size {10**9} is over the cap of 1024"),
+    (["eval", "--model", "tiny-llama", "--calib-windows", str(10**9)], f"--calib-windows {10**9} is over the cap"),
+    (["eval", "--task", "humaneval", "--model", "tiny-llama", "--timeout", "1e15"], "--timeout 1e+15 out of range"),
+    (["calibrate", "--model", "tiny-llama", "-o", "{tmp}/p.json", "--windows", str(10**9)],
+     f"--windows {10**9} is over the cap of"),
+    (["trace", "--model", "tiny-llama", "-o", "{tmp}/t.npz", "--tokens", str(10**12)],
+     f"--tokens {10**12} is over the cap of {MAX_TOKENS}"),
+    (["demo", "--max-new-tokens", str(10**12)], f"--max-new-tokens {10**12} is over the cap of {MAX_TOKENS}"),
+], ids=["eval seqlen", "eval max-windows", "eval batch-size", "eval calib-windows", "humaneval timeout",
+        "calibrate windows", "trace tokens", "demo max-new-tokens"])
+def test_other_commands_counts_have_caps(tmp_path, args, says):
+    _one_line([a.format(tmp=tmp_path) for a in args], says)

@@ -16,6 +16,7 @@ from dipdeploy.cli.tables import table as make_table
 from dipdeploy.demo import DemoConfig, chat_hint
 from dipdeploy.eval import EvalConfig
 from dipdeploy.eval.humaneval import TaskConfig
+from dipdeploy.limits import MAX_TOKENS, MAX_WINDOWS, check_caps
 from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig
 from dipdeploy.registry import list_models
 from dipdeploy.sparsity.plan import SparsityConfig, allocation_label
@@ -360,6 +361,7 @@ def calibrate_cmd(
         check_inputs(data_dir=data_dir, files={"--text-file": text_file}, outputs={"--out": out}, force=force)
         if windows < 1 or seqlen < 16:
             raise ValueError(f"--windows {windows} --seqlen {seqlen}: give at least 1 window of 16 tokens")
+        check_caps(("--windows", windows, MAX_WINDOWS, "windows"), ("--seqlen", seqlen, MAX_TOKENS, "tokens"))
         cfg = _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac,
                                 fixed_top_n, gamma_warmup, cache_split)
         check_inputs(model=model)
@@ -490,6 +492,7 @@ def trace_cmd(
                      force=force)
         if tokens < 1:
             raise ValueError(f"--tokens {tokens}: give at least 1 token to trace")
+        check_caps(("--tokens", tokens, MAX_TOKENS, "tokens"))
         if method not in ("dense", "dip", "dip-ca"):
             raise ValueError(f"--method {method!r}: tracing records dense, dip or dip-ca")
         if split not in ("test", "validation"):
