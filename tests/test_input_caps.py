@@ -169,7 +169,11 @@ def test_a_registry_shape_with_a_huge_layer_count_is_refused(tmp_path, monkeypat
     (["--io-gap", str(10**15)], f"io gap {10**15} is over the cap of"),
     (["--context", str(10**12)], f"context {10**12} is over the cap of {MAX_TOKENS}"),
     (["--steps", str(10**9), "--sweep-dram", "1GB..2GB"], f"--steps {10**9} is over the cap of 1000"),
-], ids=["io-gap", "context", "steps"])
+    (["--warmup", str(10**12)], f"warmup {10**12} is over the cap of {MAX_TOKENS}"),
+    (["--gamma-warmup", str(10**12)], f"gamma_warmup {10**12} is over the cap of {MAX_TOKENS}"),
+    (["--fixed-top-n", str(10**12)], f"fixed_top_n {10**12} is over the cap of"),
+    (["--tokens", str(10**12)], f"--tokens {10**12} is over the cap of {MAX_TOKENS}"),
+], ids=["io-gap", "context", "steps", "warmup", "gamma-warmup", "fixed-top-n", "tokens"])
 def test_simulate_counts_have_caps(args, says):
     _one_line(["simulate", "--model", "tiny-llama", "--method", "dense", "--policy", "static", "--device", "sd8gen3",
                *args], says)
