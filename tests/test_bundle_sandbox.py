@@ -292,3 +292,17 @@ def test_mutated_manifests_never_give_a_traceback(tiny, tmp_path, args):
         assert res.exit_code in (0, 2) and isinstance(res.exception, (SystemExit, type(None))), res.output
         codes.add(res.exit_code)
     assert codes == {0, 2}
+
+
+def test_a_hard_linked_manifest_or_a_fifo_file_is_refused(tiny, tmp_path):
+    """Not only the listed files: the manifest itself must be the bundle's own regular file, and a FIFO in
+    a listed file's place is refused by its kind, never opened (a read would block)."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny, bundle)
+    os.link(bundle / MANIFEST, tmp_path / "elsewhere.json")
+    with pytest.raises(BundleError, match="manifest.json: 2 hard links"):
+        read_manifest(bundle)
+    (tmp_path / "elsewhere.json").unlink()
+    (bundle / "tokenizer.json").unlink()
+    os.mkfifo(bundle / "tokenizer.json")
+    _one_line_exit_2(runner.invoke(app, ["inspect", str(bundle)]), "tokenizer.json: not a regular file")
