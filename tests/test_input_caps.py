@@ -260,3 +260,9 @@ def test_a_config_with_head_dim_need_not_split_evenly(tmp_path):
         "calibrate windows", "trace tokens", "demo max-new-tokens"])
 def test_other_commands_counts_have_caps(tmp_path, args, says):
     _one_line([a.format(tmp=tmp_path) for a in args], says)
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("--top-k", 10**12, "--top-k must be an integer in [0, 4194304]"), ("--seed", -5, "--seed must be an integer >= 0")])
+def test_sampling_options_are_bounded(tmp_path, option, value, says):
+    _one_line(["run", str(tmp_path), "-p", "x", option, str(value)], says)
