@@ -58,6 +58,7 @@ from dipdeploy.paths import check_output
 
 TRACE_FORMAT = "dipdeploy-trace"
 TRACE_VERSION = 1
+HEADER_MAX = 16 << 20  # bytes of the JSON header (a few kB per trace: K per layer and a free-form meta)
 TRACE_SOURCES = ("torch", "runtime", "synthetic")
 TRACE_METHODS = ("dense", "dip", "dip-ca", "glu", "gate", "up", "cats", "teal")  # as in dipdeploy.sparsity
 REGENERATE_HINT = (
@@ -99,8 +100,16 @@ def _check_layers(name: str, arrays: list[np.ndarray] | None, L: int, T: int | N
                 f"got [{int(a.min())}, {int(a.max())}]")
 
 
-def physical_memory() -> int | None:
-    """This machine's memory in bytes (None where the platform does not say)."""
+def available_memory() -> int | None:
+    """The memory this machine can give a new allocation, in bytes: ``MemAvailable`` where Linux says
+    it, else the physical memory (None where the platform says neither)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -117,6 +126,9 @@ def _check_members(z, path: Path, max_bytes: int | None) -> None:
     total = 0
     for info in z.zip.infolist():
         total += info.file_size
+        if info.filename == "header.npy" and info.file_size > HEADER_MAX:  # parsed as JSON whole
+            raise TraceError(f"{path}: its header is {info.file_size} bytes, over the cap of {HEADER_MAX}; "
+                             f"{REGENERATE_HINT}")
         try:
             with z.zip.open(info) as f:
                 version = npy.read_magic(f)
@@ -284,7 +296,7 @@ class Trace:
     @classmethod
     def load(cls, path: str | os.PathLike, max_bytes: int | None = None) -> Trace:
         """Read a trace; refuse unknown formats/versions and missing fields with a clear message.
-        ``max_bytes``: the most its arrays may inflate to (default: this machine's memory; a caller that
+        ``max_bytes``: the most its arrays may inflate to (default: the memory available now; a caller that
         knows a tighter limit, a cgroup's, passes it), checked from the archive's declared sizes before
         any array is read (:func:`_check_members`)."""
         path = Path(path)
@@ -297,7 +309,7 @@ class Trace:
         with z:
             if "header" not in z.files:
                 raise TraceError(f"{path} has no 'header' entry, so it is not a dipdeploy trace; {REGENERATE_HINT}")
-            _check_members(z, path, physical_memory() if max_bytes is None else max_bytes)
+            _check_members(z, path, available_memory() if max_bytes is None else max_bytes)
             try:
                 head = json.loads(str(z["header"]))
             except json.JSONDecodeError as exc:

@@ -233,12 +233,12 @@ def model_eval_config(opts: dict, **task_fields) -> EvalConfig:
 
 
 def trace_room() -> int | None:
-    """The most bytes a trace read here may inflate to: this machine's memory, or the cgroup's limit
+    """The most bytes a trace read here may inflate to: the memory available now, or the cgroup's limit
     where it is tighter (``Trace.load``'s ``max_bytes``); None where neither is known."""
     from dipdeploy.runtime.cgroup import memory_limit
-    from dipdeploy.trace import physical_memory
+    from dipdeploy.trace import available_memory
 
-    known = [m for m in (physical_memory(), memory_limit()) if m]
+    known = [m for m in (available_memory(), memory_limit()) if m]
     return min(known) if known else None
 
 
