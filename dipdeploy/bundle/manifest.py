@@ -231,11 +231,12 @@ def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str 
     """Problems found (empty = intact). Structure, always: every path the manifest names is a plain file
     name of a regular file in the bundle (no separator, no '..', no symbolic link, no second hard link)
     listed in ``files`` with its size; every initializer a graph stores outside itself names a listed
-    ``.bin`` file and lies inside it (:func:`_graph_problems`); every tensor lies inside its file with the length its dtype and shape give; the plan
-    has the model's layer count and the per-layer graphs match it; ``genai_config.json`` names no op
-    library but ``ops.native_library`` (:func:`_genai_problems`). ``checksums`` (see ``CHECKSUMS``):
-    which files' sha256 are compared too; "small" skips the tensor data files, whose full read is what
-    a streaming runtime avoids at start (README, "The bundle").
+    ``.bin`` file and lies inside it (:func:`_graph_problems`); every tensor lies inside its file with
+    the length its dtype and shape give; the plan has the model's layer count and the per-layer graphs
+    match it; ``genai_config.json`` names no op library but ``ops.native_library``
+    (:func:`_genai_problems`). ``checksums`` (see ``CHECKSUMS``): which files' sha256 are compared too;
+    "small" skips the tensor data files, whose full read is what a streaming runtime avoids at start
+    (README, "The bundle").
 
     The op library is code that onnxruntime-genai runs when it opens the bundle, so its sha256 in the
     bundle's own manifest vouches for nothing: with ``libraries`` (the sha256 of the libraries the caller
