@@ -20,6 +20,9 @@ MAX_WIDTH = 1 << 22
 MAX_WINDOWS = 1 << 16
 #: Windows run side by side (eval --batch-size): their activations are held at once.
 MAX_BATCH = 1024
+#: Compute threads (ORT intra-op, torch): beyond a machine's cores they only contend, and on the runtime's
+#: per-layer path each session starts its own pool, so a mistyped count would exhaust the process's threads.
+MAX_THREADS = 256
 
 
 def check_count(value, name: str, low: int, high: int, unit: str = "") -> int:

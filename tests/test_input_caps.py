@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from dipdeploy.bundle.manifest import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST_MAX, MAX_ENTRIES, BundleError, read_manifest
 from dipdeploy.bundle.names import MANIFEST
 from dipdeploy.cli import app
-from dipdeploy.limits import MAX_TOKENS
-from dipdeploy.runtime.config import MAX_IO_GAP, MAX_IO_THREADS, MAX_THREADS, EngineConfig, FieldError
+from dipdeploy.limits import MAX_THREADS, MAX_TOKENS
+from dipdeploy.runtime.config import MAX_IO_GAP, MAX_IO_THREADS, EngineConfig, FieldError
 
 runner = CliRunner()
 
@@ -256,8 +256,12 @@ def test_a_config_with_head_dim_need_not_split_evenly(tmp_path):
     (["trace", "--model", "tiny-llama", "-o", "{tmp}/t.npz", "--tokens", str(10**12)],
      f"--tokens {10**12} is over the cap of {MAX_TOKENS}"),
     (["demo", "--max-new-tokens", str(10**12)], f"--max-new-tokens {10**12} is over the cap of {MAX_TOKENS}"),
+    (["export", "--model", "tiny-llama", "--out", "{tmp}/b", "--max-length", str(10**11)],
+     f"--max-length {10**11} is over the cap of {MAX_TOKENS}"),
+    (["export", "--model", "tiny-llama", "--out", "{tmp}/b", "--stats-windows", str(10**9)],
+     f"--stats-windows {10**9} is over the cap of"),
 ], ids=["eval seqlen", "eval max-windows", "eval batch-size", "eval calib-windows", "humaneval timeout",
-        "calibrate windows", "trace tokens", "demo max-new-tokens"])
+        "calibrate windows", "trace tokens", "demo max-new-tokens", "export max-length", "export stats-windows"])
 def test_other_commands_counts_have_caps(tmp_path, args, says):
     _one_line([a.format(tmp=tmp_path) for a in args], says)
 
@@ -266,3 +270,10 @@ def test_other_commands_counts_have_caps(tmp_path, args, says):
     ("--top-k", 10**12, "--top-k must be an integer in [0, 4194304]"), ("--seed", -5, "--seed must be an integer >= 0")])
 def test_sampling_options_are_bounded(tmp_path, option, value, says):
     _one_line(["run", str(tmp_path), "-p", "x", option, str(value)], says)
+
+
+def test_export_threads_have_a_cap():
+    from dipdeploy.export.config import ExportConfig
+
+    with pytest.raises(ValueError, match=f"ExportConfig.threads 100000 is over the cap of {MAX_THREADS}"):
+        ExportConfig(threads=100000)

@@ -13,7 +13,7 @@ import numpy as np
 from dipdeploy.cache import POLICIES
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
 from dipdeploy.flash import MAX_GAP
-from dipdeploy.limits import MAX_TOKENS
+from dipdeploy.limits import MAX_THREADS, MAX_TOKENS
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP
 from dipdeploy.runtime.budget import DramBudget
@@ -31,9 +31,6 @@ PREFILL_MODES = ("batch", "token")
 #: overhead; 128 peaked lower than 256 on a long prompt for a slightly slower prefill than one chunk on a
 #: short one (benchmarks/results/memory.md, the chunk sweep)
 PREFILL_CHUNK = 128
-#: ORT intra-op threads: compute threads, so beyond a machine's cores they only contend, and on the
-#: per-layer path each session starts its own pool, so a mistyped count would exhaust the process's threads
-MAX_THREADS = 256
 #: --io-threads: reads in flight; a device's queue holds fewer, and without io_uring each is a thread
 MAX_IO_THREADS = 1024
 #: --io-gap: ``dipdeploy.flash.MAX_GAP`` (wider gaps read more than the request they save costs)
