@@ -182,11 +182,15 @@ def test_simulate_counts_have_caps(args, says):
 @pytest.mark.parametrize("source, says", [
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
      "runs over the cap of 1048576 loop steps"),
-    ("{% for i in range(10**9) %}{% endfor %}", "asks for a range of 1000000000, over the cap"),
+    ("{% for i in range(10**9) %}{% endfor %}", "1000000000.* over the cap"),
+    ("{{ 'x'|center(10**9) }}", "passes 1000000000 to the center filter, over the cap"),
+    ("{{ 'x'.ljust(10**9) }}", "passes 1000000000 to ljust, over the cap"),
+    ("{{ messages|batch(10**9)|list }}", "passes 1000000000 to the batch filter, over the cap"),
     ("{{ 'x' * 10**10 }}", "repeats a sequence to 10000000000 items, over the cap"),
     ("{{ 7 ** 100000000 }}", "raises to the power 100000000, over the cap of 1024"),
     ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "writes over the cap of 16777216 characters"),
-], ids=["nested ranges", "one huge range", "repeated string", "huge power", "huge output"])
+], ids=["nested ranges", "one huge range", "center", "ljust", "batch", "repeated string", "huge power",
+        "huge output"])
 def test_chat_template_renders_are_capped(source, says):
     from dipdeploy.runtime.template import ChatTemplate
 

@@ -11,6 +11,7 @@ turn format to follow, ``dipdeploy run`` without ``--chat`` continues raw text.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -150,6 +151,25 @@ class _Counted:
             yield i
 
 
+def _check_arguments(name: str, args, kwargs) -> None:
+    for value in (*args, *kwargs.values()):
+        if type(value) is int and abs(value) > MAX_RENDER_CHARS:
+            raise TemplateLimit(f"passes {value} to {name}, over the cap of {MAX_RENDER_CHARS}")
+
+
+def _capped(name: str, f):
+    """Filter ``f`` with its arguments after the value checked (:func:`_check_arguments`); jinja2's
+    markers of what a filter is passed first (the environment, the context) are kept by ``wraps``."""
+    skip = 2 if getattr(f, "jinja_pass_arg", None) is not None else 1
+
+    @functools.wraps(f)
+    def capped(*args, **kwargs):
+        _check_arguments(f"the {name} filter", args[skip:], kwargs)
+        return f(*args, **kwargs)
+
+    return capped
+
+
 @lru_cache(maxsize=8)
 def _compile(source: str):
     import jinja2
@@ -162,10 +182,15 @@ def _compile(source: str):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     class Sandbox(ImmutableSandboxedEnvironment):
-        """The sandbox with ``*`` and ``**`` capped: a repeated string or list, or a huge power, is built
+        """The sandbox with ``*``, ``**`` and the integers given to calls and filters capped: a repeated
+        string or list, a huge power, or a width (``'x'.ljust(n)``, ``|center(n)``, ``|batch(n)``) is built
         whole before the output cap could see it."""
 
         intercepted_binops = frozenset({"*", "**"})
+
+        def call(self, context, obj, /, *args, **kwargs):
+            _check_arguments(getattr(obj, "__name__", "a call"), args, kwargs)
+            return super().call(context, obj, *args, **kwargs)
 
         def call_binop(self, context, operator, left, right):
             if operator == "**" and isinstance(right, int) and abs(right) > MAX_POWER:
@@ -179,6 +204,7 @@ def _compile(source: str):
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
+    env.filters.update({name: _capped(name, f) for name, f in env.filters.items()})
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
