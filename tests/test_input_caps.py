@@ -186,11 +186,14 @@ def test_simulate_counts_have_caps(args, says):
     ("{{ 'x'|center(10**9) }}", "passes 1000000000 to the center filter, over the cap"),
     ("{{ 'x'.ljust(10**9) }}", "passes 1000000000 to ljust, over the cap"),
     ("{{ messages|batch(10**9)|list }}", "passes 1000000000 to the batch filter, over the cap"),
+    ("{{ '{:>1000000000}'.format('x') }}", "formats a field 1000000000 wide, over the cap"),
+    ("{{ '%1000000000s' % 'x' }}", "formats a field 1000000000 wide, over the cap"),
+    ("{{ '%.1000000000f'|format(1.0) }}", "formats a field 1000000000 wide, over the cap"),
     ("{{ 'x' * 10**10 }}", "repeats a sequence to 10000000000 items, over the cap"),
     ("{{ 7 ** 100000000 }}", "raises to the power 100000000, over the cap of 1024"),
     ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "writes over the cap of 16777216 characters"),
-], ids=["nested ranges", "one huge range", "center", "ljust", "batch", "repeated string", "huge power",
-        "huge output"])
+], ids=["nested ranges", "one huge range", "center", "ljust", "batch", "str.format width", "% width",
+        "format filter precision", "repeated string", "huge power", "huge output"])
 def test_chat_template_renders_are_capped(source, says):
     from dipdeploy.runtime.template import ChatTemplate
 

@@ -157,6 +157,23 @@ def _check_arguments(name: str, args, kwargs) -> None:
             raise TemplateLimit(f"passes {value} to {name}, over the cap of {MAX_RENDER_CHARS}")
 
 
+def _check_widths(fmt: str, braces: bool) -> None:
+    """The widths and precisions of a format string (``{:>N}`` with ``braces``, else ``%N.Ms``) under
+    the output cap: a formatted field is built whole before the output cap could see it."""
+    import re
+    import string
+
+    try:
+        specs = [spec for _, _, spec, _ in string.Formatter().parse(fmt) if spec] if braces else \
+            [m.group(0) for m in re.finditer(r"%[-#0 +]*\d*(?:\.\d*)?", fmt)]
+    except ValueError:
+        return  # a malformed format: the formatting itself refuses it
+    for spec in specs:
+        for digits in re.findall(r"\d+", spec):
+            if len(digits) > 12 or int(digits) > MAX_RENDER_CHARS:
+                raise TemplateLimit(f"formats a field {digits[:20]} wide, over the cap of {MAX_RENDER_CHARS}")
+
+
 def _capped(name: str, f):
     """Filter ``f`` with its arguments after the value checked (:func:`_check_arguments`); jinja2's
     markers of what a filter is passed first (the environment, the context) are kept by ``wraps``."""
@@ -165,6 +182,8 @@ def _capped(name: str, f):
     @functools.wraps(f)
     def capped(*args, **kwargs):
         _check_arguments(f"the {name} filter", args[skip:], kwargs)
+        if name == "format" and len(args) >= skip and isinstance(args[skip - 1], str):  # "%9s"|format(x)
+            _check_widths(args[skip - 1], braces=False)
         return f(*args, **kwargs)
 
     return capped
@@ -186,13 +205,20 @@ def _compile(source: str):
         string or list, a huge power, or a width (``'x'.ljust(n)``, ``|center(n)``, ``|batch(n)``) is built
         whole before the output cap could see it."""
 
-        intercepted_binops = frozenset({"*", "**"})
+        intercepted_binops = frozenset({"*", "**", "%"})
+
+        def wrap_str_format(self, value):
+            if isinstance(getattr(value, "__self__", None), str):  # 'text {:>9}'.format(...): its widths
+                _check_widths(value.__self__, braces=True)
+            return super().wrap_str_format(value)
 
         def call(self, context, obj, /, *args, **kwargs):
             _check_arguments(getattr(obj, "__name__", "a call"), args, kwargs)
             return super().call(context, obj, *args, **kwargs)
 
         def call_binop(self, context, operator, left, right):
+            if operator == "%" and isinstance(left, str):
+                _check_widths(left, braces=False)
             if operator == "**" and isinstance(right, int) and abs(right) > MAX_POWER:
                 raise TemplateLimit(f"raises to the power {right}, over the cap of {MAX_POWER}")
             if operator == "*":
