@@ -48,6 +48,8 @@ import json
 import math
 import os
 import tempfile
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,7 +136,7 @@ def _check_members(z, path: Path, max_bytes: int | None) -> None:
                 version = npy.read_magic(f)
                 read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
                 shape, _, dtype = read(f)
-        except (OSError, ValueError, EOFError) as exc:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             raise TraceError(f"{path}: member {info.filename} is not a readable array ({exc}); "
                              f"{REGENERATE_HINT}") from None
         need = math.prod(shape) * dtype.itemsize

@@ -182,7 +182,7 @@ def _capped(name: str, f):
     @functools.wraps(f)
     def capped(*args, **kwargs):
         _check_arguments(f"the {name} filter", args[skip:], kwargs)
-        if name == "format" and len(args) >= skip and isinstance(args[skip - 1], str):  # "%9s"|format(x)
+        if name == "format" and len(args) >= skip and isinstance(args[skip - 1], str):  # a %-format
             _check_widths(args[skip - 1], braces=False)
         return f(*args, **kwargs)
 
