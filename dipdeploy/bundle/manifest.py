@@ -287,7 +287,7 @@ def _kind_problem(name: str, st: os.stat_result) -> str | None:
         return f"{name}: a symbolic link (a bundle holds plain files)"
     if not stat.S_ISREG(st.st_mode):
         return f"{name}: not a regular file (a bundle holds plain files)"
-    if st.st_nlink > 1:  # not != 1: a filesystem that counts no links (0) cannot share the bytes either
+    if st.st_nlink > 1:  # a filesystem that reports 0 keeps no count to judge by
         return (f"{name}: {st.st_nlink} hard links to the same bytes (a bundle file must be its own copy; a link "
                 "may be a file outside the bundle)")
     return None
