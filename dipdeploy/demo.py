@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from dipdeploy import defaults
+from dipdeploy.limits import MAX_TOKENS, MAX_WINDOWS, check_caps
 
 Progress = Callable[[str], None]
 
@@ -50,6 +51,8 @@ class DemoConfig:
         for name in ("windows", "seqlen", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        check_caps(("--windows", self.windows, MAX_WINDOWS, "windows"), ("--seqlen", self.seqlen, MAX_TOKENS, "tokens"),
+                   ("--max-new-tokens", self.max_new_tokens, MAX_TOKENS, "tokens"))
 
 
 @dataclass

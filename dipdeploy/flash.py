@@ -27,6 +27,10 @@ import numpy as np
 BLOCK = 4096  # bytes: the Flash page / filesystem block a device reads whole (and ``O_DIRECT`` aligns to)
 MAX_REQUEST = 128 * 1024  # bytes: longer coalesced ranges are split so several reads stay in flight
 REQUEST_BLOCKS = 8  # what one request costs in blocks' transfer (fitted: benchmarks/results/read-gaps.md)
+# The widest gap (blocks) read through to save a request (the runtime's and the simulator's --io-gap): a
+# wider one reads more than a whole request's bytes, far more than the request it saves costs, and every
+# block read through passes through the bounce buffer.
+MAX_GAP = MAX_REQUEST // BLOCK
 
 
 def miss_cost(row_bytes: int, block: int = BLOCK, request_blocks: int = REQUEST_BLOCKS) -> float:

@@ -28,6 +28,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from dipdeploy.arch import Arch, ArchitectureError, arch_of, get_arch
+from dipdeploy.limits import MAX_LAYERS, MAX_WIDTH
 from dipdeploy.paths import atomic_dir, cache_dir
 from dipdeploy.registry import ModelSpec, get_model, is_registered
 
@@ -407,6 +408,35 @@ def check_raw_config(where) -> None:
             f"{where}: config.json has an auto_map (Python code shipped with the model) and dipdeploy runs no "
             f"model code; {names[0]} has a family record, so delete the auto_map entry from config.json "
             f"to load it with transformers' own class")
+    problem = _shape_problem(raw)
+    if problem:
+        raise ValueError(f"{path}: {problem}; fix config.json or pass the model's own Hugging Face directory")
+
+
+#: config.json counts checked before transformers builds anything, with their caps (dipdeploy.limits): a
+#: zero builds empty layers that fail later inside torch, and a huge one allocates before any check.
+_CONFIG_COUNTS = {"hidden_size": MAX_WIDTH, "intermediate_size": MAX_WIDTH, "num_hidden_layers": MAX_LAYERS,
+                  "num_attention_heads": MAX_WIDTH, "num_key_value_heads": MAX_WIDTH, "vocab_size": MAX_WIDTH,
+                  "head_dim": MAX_WIDTH}
+
+
+def _shape_problem(raw: dict) -> str | None:
+    """What makes the model's shapes impossible, or None. Only the keys present are checked (a missing
+    one takes transformers' class default); ``hidden_size`` must split into the heads where ``head_dim``
+    is not given (transformers then divides, and a remainder builds projections of the wrong width), and
+    the query heads into key/value groups."""
+    for key, cap in _CONFIG_COUNTS.items():
+        value = raw.get(key)
+        if value is None:
+            continue
+        if type(value) is not int or not 1 <= value <= cap:
+            return f"{key} {value!r} must be a whole number in [1, {cap}]"
+    hidden, heads, kv = raw.get("hidden_size"), raw.get("num_attention_heads"), raw.get("num_key_value_heads")
+    if hidden and heads and raw.get("head_dim") is None and hidden % heads:
+        return f"hidden_size {hidden} is not divisible by num_attention_heads {heads} (and no head_dim is given)"
+    if heads and kv and heads % kv:
+        return f"num_attention_heads {heads} is not divisible by num_key_value_heads {kv}"
+    return None
 
 
 def _tokenizer(where):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dipdeploy.arch import Arch, ArchitectureError, get_arch
+from dipdeploy.limits import MAX_LAYERS, MAX_WIDTH
 
 #: The folder of the shipped registry, inside the package (``package-data`` in pyproject.toml covers it).
 PACKAGED_MODELS = Path(__file__).resolve().parent / "models"
@@ -33,6 +34,14 @@ class ModelShape:
     head_dim: int = 0  # from the family's rule (``Arch.head_dim``), never assumed to be d / heads
 
     def __post_init__(self) -> None:
+        for name, cap in (("hidden_size", MAX_WIDTH), ("intermediate_size", MAX_WIDTH),
+                          ("num_hidden_layers", MAX_LAYERS), ("num_attention_heads", MAX_WIDTH),
+                          ("num_key_value_heads", MAX_WIDTH), ("vocab_size", MAX_WIDTH),
+                          ("max_position_embeddings", MAX_WIDTH)):
+            value = getattr(self, name)  # every count sizes a table, a loop or a simulated layer
+            if type(value) is not int or not 1 <= value <= cap:
+                raise ValueError(f"model shape {name} {value!r} is not a whole number in [1, {cap}] (the cap); "
+                                 "fix the registry file")
         if self.head_dim <= 0:
             raise ValueError("ModelShape needs head_dim: take it from the family record, "
                              "dipdeploy.arch.get_arch(architecture).head_dim(shape)")

@@ -45,17 +45,22 @@ which command regenerates it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from dipdeploy.limits import MAX_LAYERS, MAX_TOKENS, MAX_WIDTH
 from dipdeploy.paths import check_output
 
 TRACE_FORMAT = "dipdeploy-trace"
 TRACE_VERSION = 1
+HEADER_MAX = 16 << 20  # bytes of the JSON header (a few kB per trace: K per layer and a free-form meta)
 TRACE_SOURCES = ("torch", "runtime", "synthetic")
 TRACE_METHODS = ("dense", "dip", "dip-ca", "glu", "gate", "up", "cats", "teal")  # as in dipdeploy.sparsity
 REGENERATE_HINT = (
@@ -97,6 +102,53 @@ def _check_layers(name: str, arrays: list[np.ndarray] | None, L: int, T: int | N
                 f"got [{int(a.min())}, {int(a.max())}]")
 
 
+def available_memory() -> int | None:
+    """The memory this machine can give a new allocation, in bytes: ``MemAvailable`` where Linux says
+    it, else the physical memory (None where the platform says neither)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_members(z, path: Path, max_bytes: int | None) -> None:
+    """Refuse an archive whose arrays would not fit before reading any: each member's declared size
+    (the zip's) must hold the shape its .npy header declares, and the declared sizes together must fit
+    in ``max_bytes``. A compressed member inflates to its declared size, so a small file of zeros can
+    declare gigabytes; this reads only the headers."""
+    from numpy.lib import format as npy
+
+    total = 0
+    for info in z.zip.infolist():
+        total += info.file_size
+        if info.filename == "header.npy" and info.file_size > HEADER_MAX:  # parsed as JSON whole
+            raise TraceError(f"{path}: its header is {info.file_size} bytes, over the cap of {HEADER_MAX}; "
+                             f"{REGENERATE_HINT}")
+        try:
+            with z.zip.open(info) as f:
+                version = npy.read_magic(f)
+                read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                shape, _, dtype = read(f)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            raise TraceError(f"{path}: member {info.filename} is not a readable array ({exc}); "
+                             f"{REGENERATE_HINT}") from None
+        need = math.prod(shape) * dtype.itemsize
+        if need > info.file_size:
+            raise TraceError(f"{path}: member {info.filename} declares shape {shape} ({need} bytes) in "
+                             f"{info.file_size} bytes; {REGENERATE_HINT}")
+    if max_bytes is not None and total > max_bytes:
+        raise TraceError(f"{path}: its arrays inflate to {total / 2**30:.2f} GiB, over the cap of the "
+                         f"{max_bytes / 2**30:.2f} GiB of memory this process may use; record fewer tokens or "
+                         "simulate where there is more memory")
+
+
 @dataclass
 class Trace:
     """Per-token, per-layer selected rows of one run (see the module docstring for the file format)."""
@@ -128,9 +180,11 @@ class Trace:
             raise TraceError(f"trace source {self.source!r} unknown; allowed: {', '.join(TRACE_SOURCES)}")
         if self.method not in TRACE_METHODS:
             raise TraceError(f"trace method {self.method!r} unknown; allowed: {', '.join(TRACE_METHODS)}")
-        for name in ("hidden_size", "intermediate_size", "num_layers"):
+        for name, high in (("hidden_size", MAX_WIDTH), ("intermediate_size", MAX_WIDTH), ("num_layers", MAX_LAYERS)):
             if int(getattr(self, name)) < 1:
                 raise TraceError(f"trace field {name} must be >= 1, got {getattr(self, name)}")
+            if int(getattr(self, name)) > high:
+                raise TraceError(f"trace field {name} {getattr(self, name)} is over the cap of {high}")
         if not 0.0 < self.density <= 1.0:
             raise TraceError(f"trace density must lie in (0, 1], got {self.density}")
         if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
@@ -242,8 +296,11 @@ class Trace:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Trace:
-        """Read a trace; refuse unknown formats/versions and missing fields with a clear message."""
+    def load(cls, path: str | os.PathLike, max_bytes: int | None = None) -> Trace:
+        """Read a trace; refuse unknown formats/versions and missing fields with a clear message.
+        ``max_bytes``: the most its arrays may inflate to (default: the memory available now; a caller that
+        knows a tighter limit, a cgroup's, passes it), checked from the archive's declared sizes before
+        any array is read (:func:`_check_members`)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"trace {path} not found; {REGENERATE_HINT}")
@@ -254,10 +311,13 @@ class Trace:
         with z:
             if "header" not in z.files:
                 raise TraceError(f"{path} has no 'header' entry, so it is not a dipdeploy trace; {REGENERATE_HINT}")
+            _check_members(z, path, available_memory() if max_bytes is None else max_bytes)
             try:
                 head = json.loads(str(z["header"]))
             except json.JSONDecodeError as exc:
                 raise TraceError(f"{path}: header is not JSON ({exc}); {REGENERATE_HINT}") from exc
+            if not isinstance(head, dict):
+                raise TraceError(f"{path}: header is not a JSON object; {REGENERATE_HINT}")
             if head.get("format") != TRACE_FORMAT:
                 raise TraceError(f"{path}: format {head.get('format')!r} is not {TRACE_FORMAT!r}; {REGENERATE_HINT}")
             if head.get("version") != TRACE_VERSION:
@@ -266,7 +326,13 @@ class Trace:
             missing = [k for k in _HEADER_KEYS if k not in head]
             if missing:
                 raise TraceError(f"{path}: header lacks {', '.join(missing)}; {REGENERATE_HINT}")
-            L = int(head["num_layers"])
+            for key, high in (("num_layers", MAX_LAYERS), ("hidden_size", MAX_WIDTH),
+                              ("intermediate_size", MAX_WIDTH), ("num_tokens", MAX_TOKENS)):
+                value = head[key]
+                if type(value) is not int or not 1 <= value <= high:
+                    raise TraceError(f"{path}: header {key} {value!r} is not a whole number in [1, {high}] (the "
+                                     f"cap); {REGENERATE_HINT}")
+            L = head["num_layers"]
 
             def layers(name: str, required: bool) -> list[np.ndarray] | None:
                 keys = [f"{name}.{layer}" for layer in range(L)]

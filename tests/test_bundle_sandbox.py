@@ -78,7 +78,39 @@ def _before_positions(raw) -> None:
     del raw["files"]["positions.onnx"]
 
 
+def _graph_names(location: str):
+    """An edit pointing one of head.onnx's external initializers at ``location`` (the bundle folder is
+    substituted for ``{bundle}``), the graph's size and sha256 recomputed into the manifest, so only the
+    location check can refuse it."""
+    def edit(bundle: Path) -> None:
+        import onnx
+
+        from dipdeploy.bundle.manifest import file_record
+
+        graph = onnx.load(str(bundle / "head.onnx"), load_external_data=False)
+        init = next(t for t in graph.graph.initializer if t.external_data)
+        entry = next(e for e in init.external_data if e.key == "location")
+        entry.value = location.format(bundle=bundle)
+        if entry.value == "unlisted.bin":
+            shutil.copy2(bundle / "dense.bin", bundle / "unlisted.bin")
+        onnx.save(graph, str(bundle / "head.onnx"))
+        _edit_manifest(bundle, lambda r: r["files"].__setitem__("head.onnx", file_record(bundle / "head.onnx")))
+    return edit
+
+
+def _hard_linked_mlp(bundle: Path) -> None:
+    """mlp.bin as one more name of a file outside the bundle (same bytes, so its size and sha256 pass)."""
+    canary = bundle.parent / CANARY
+    canary.unlink()
+    os.link(bundle / "mlp.bin", canary)
+
+
 HOSTILE = {
+    "graph external data ../canary": (_graph_names("../" + CANARY), "stores its data in '../canary.bin'"),
+    "graph external data absolute": (_graph_names("{bundle}/../" + CANARY), "not a plain file name"),
+    "graph external data unlisted": (_graph_names("unlisted.bin"), "not one of the bundle's data files"),
+    "graph external data tokenizer": (_graph_names("tokenizer.json"), "not one of the bundle's data files"),
+    "hard-linked mlp.bin": (_hard_linked_mlp, "mlp.bin: 2 hard links"),
     "tensor file ../canary": (lambda b: _edit_manifest(b, lambda r: _codebook(r).update(file="../" + CANARY)),
                               "not a plain file name"),
     "tensor file absolute": (lambda b: _edit_manifest(b, lambda r: _codebook(r).update(file=str(b.parent / CANARY))),
@@ -260,3 +292,17 @@ def test_mutated_manifests_never_give_a_traceback(tiny, tmp_path, args):
         assert res.exit_code in (0, 2) and isinstance(res.exception, (SystemExit, type(None))), res.output
         codes.add(res.exit_code)
     assert codes == {0, 2}
+
+
+def test_a_hard_linked_manifest_or_a_fifo_file_is_refused(tiny, tmp_path):
+    """Not only the listed files: the manifest itself must be the bundle's own regular file, and a FIFO in
+    a listed file's place is refused by its kind, never opened (a read would block)."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny, bundle)
+    os.link(bundle / MANIFEST, tmp_path / "elsewhere.json")
+    with pytest.raises(BundleError, match="manifest.json: 2 hard links"):
+        read_manifest(bundle)
+    (tmp_path / "elsewhere.json").unlink()
+    (bundle / "tokenizer.json").unlink()
+    os.mkfifo(bundle / "tokenizer.json")
+    _one_line_exit_2(runner.invoke(app, ["inspect", str(bundle)]), "tokenizer.json: not a regular file")

@@ -13,21 +13,32 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import stat
 from collections.abc import Collection
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+from dipdeploy.bundle.graphdata import GraphDataError, external_data
 from dipdeploy.bundle.names import EDGE_GRAPHS, GENAI_CONFIG, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
 from dipdeploy.flash import BLOCK
 
 BUNDLE_FORMAT = "dipdeploy-bundle"
 BUNDLE_VERSION = 3  # 3: the joined decoder (graphs.decoder); 2: positions.onnx, the MLP term unadded
 REGENERATE = "regenerate the bundle with `dipdeploy export`"
+# Caps on what a manifest may hold, checked before it is parsed or walked: json.loads holds the whole
+# text many times over in objects and ``verify`` visits every entry, so a hostile manifest of gigabytes or
+# millions of entries would exhaust memory or time before any check could refuse it. What export writes
+# for the largest registry model is a few hundred kB and about a thousand tensors.
+MANIFEST_MAX = 16 << 20  # bytes
+MAX_ENTRIES = 100_000  # tensors, and files, a manifest may list
 # Item sizes of the dtypes a tensor may have (numpy names; ``open_tensor`` maps them with numpy).
 DTYPES = {"float64": 8, "float32": 4, "float16": 2, "int64": 8, "uint64": 8, "int32": 4, "uint32": 4,
           "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1}
 GENAI_LIBRARY_KEY = "custom_ops_library"  # the key onnxruntime-genai loads a library from
 GENAI_CONFIG_MAX = 1 << 20  # bytes: what export writes is a few kB
+GRAPH_SUFFIX = ".onnx"  # every listed file so named is a graph onnxruntime may open: its external data is checked
+DATA_SUFFIX = ".bin"  # what a graph's external data may name: the weight files export writes (dense.bin, mlp.bin)
 LIBRARY_SUFFIXES = (".so", ".dylib", ".dll")  # the one file a bundle may lack is a shared library (``verify``)
 # How much of the bundle ``verify`` hashes: nothing, every file except the tensor data files, everything.
 CHECKSUMS = ("none", "small", "all")
@@ -97,6 +108,10 @@ class Manifest:
             if name in raw and (not isinstance(raw[name], kind) or isinstance(raw[name], bool)):
                 raise BundleError(f"manifest field {name!r} has the wrong type ({type(raw[name]).__name__}); "
                                   f"{REGENERATE}")
+        for name in ("tensors", "files"):
+            if len(raw[name]) > MAX_ENTRIES:
+                raise BundleError(f"manifest lists {len(raw[name])} {name}, over the cap of {MAX_ENTRIES}; "
+                                  f"{REGENERATE}")
         if raw.get("alignment", 1) < 1:
             raise BundleError(f"manifest alignment {raw['alignment']} is not positive; {REGENERATE}")
         return cls(**raw)
@@ -123,11 +138,27 @@ def parse_manifest(bundle: str | Path) -> Manifest:
                                 f"manifest.json beside the graphs)")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {bundle} is not a dipdeploy bundle; {REGENERATE}")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        kind = _kind_problem(MANIFEST, st)
+        if kind:
+            raise BundleError(f"{path}: {kind.removeprefix(MANIFEST + ': ')}; {REGENERATE}")
+        if st.st_size > MANIFEST_MAX:
+            raise BundleError(_too_large(path, st.st_size))
+        raw = f.read(MANIFEST_MAX + 1)  # the cap holds even if the file grows after the fstat
+    if len(raw) > MANIFEST_MAX:
+        raise BundleError(_too_large(path, len(raw)))
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BundleError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {REGENERATE}") from None
     return Manifest.from_json(text)
+
+
+def _too_large(path: Path, size: int) -> str:
+    return (f"{path} is {size} bytes, over the {MANIFEST_MAX >> 20} MiB cap on a manifest (export writes a few "
+            f"hundred kB at most); {REGENERATE}")
 
 
 def check_structure(bundle: str | Path, manifest: Manifest, checksums: str = "small",
@@ -198,12 +229,14 @@ def file_record(path: Path) -> dict:
 def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str = "all",
            libraries: Collection[str] | None = None) -> list[str]:
     """Problems found (empty = intact). Structure, always: every path the manifest names is a plain file
-    name of a regular file in the bundle (no separator, no '..', no symbolic link) listed in ``files``
-    with its size; every tensor lies inside its file with the length its dtype and shape give; the plan
-    has the model's layer count and the per-layer graphs match it; ``genai_config.json`` names no op
-    library but ``ops.native_library`` (:func:`_genai_problems`). ``checksums`` (see ``CHECKSUMS``):
-    which files' sha256 are compared too; "small" skips the tensor data files, whose full read is what
-    a streaming runtime avoids at start (README, "The bundle").
+    name of a regular file in the bundle (no separator, no '..', no symbolic link, no second hard link)
+    listed in ``files`` with its size; every initializer a graph stores outside itself names a listed
+    ``.bin`` file and lies inside it (:func:`_graph_problems`); every tensor lies inside its file with
+    the length its dtype and shape give; the plan has the model's layer count and the per-layer graphs
+    match it; ``genai_config.json`` names no op library but ``ops.native_library``
+    (:func:`_genai_problems`). ``checksums`` (see ``CHECKSUMS``): which files' sha256 are compared too;
+    "small" skips the tensor data files, whose full read is what a streaming runtime avoids at start
+    (README, "The bundle").
 
     The op library is code that onnxruntime-genai runs when it opens the bundle, so its sha256 in the
     bundle's own manifest vouches for nothing: with ``libraries`` (the sha256 of the libraries the caller
@@ -216,17 +249,21 @@ def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str 
     manifest = manifest or parse_manifest(bundle)
     data = {t.get("file") for t in manifest.tensors.values() if isinstance(t, dict) and isinstance(t.get("file"), str)}
     lib = manifest.ops.get("native_library")
-    problems = []
+    problems, graphs = [], []
     for name, rec in manifest.files.items():
         problem = _file_problem(bundle, name, rec, checksums == "all" or (checksums == "small" and name not in data),
                                 optional=name == lib and name.endswith(LIBRARY_SUFFIXES))
         if problem:
             problems.append(problem)
+        elif name.endswith(GRAPH_SUFFIX):
+            graphs.append(name)
     if GENAI_CONFIG in manifest.files and not any(p.startswith(GENAI_CONFIG + ":") for p in problems):
         problems += _genai_problems(bundle, lib)
     if libraries is not None and isinstance(lib, str) and lib in manifest.files and not _name_problem(lib):
         problems += _library_problems(bundle / lib, libraries)
     problems += _path_problems(manifest)
+    for name in graphs:
+        problems += _graph_problems(bundle, name, manifest.files)
     for name, t in manifest.tensors.items():
         problems += _tensor_problems(manifest, name, t)
     return problems + _overlap_problems(manifest) + _plan_problems(manifest) + _sizes_problems(manifest)
@@ -242,27 +279,89 @@ def _is_count(v) -> bool:
     return type(v) is int and v >= 0
 
 
+def _kind_problem(name: str, st: os.stat_result) -> str | None:
+    """A bundle file must be a regular file of its own: not a link, a FIFO or a device, and with one
+    name only, as a hard link shares its bytes with a file that may lie outside the bundle (its sha256,
+    recomputed into the manifest, would vouch for those bytes)."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"{name}: a symbolic link (a bundle holds plain files)"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{name}: not a regular file (a bundle holds plain files)"
+    if st.st_nlink > 1:  # a filesystem that reports 0 keeps no count to judge by
+        return (f"{name}: {st.st_nlink} hard links to the same bytes (a bundle file must be its own copy; a link "
+                "may be a file outside the bundle)")
+    return None
+
+
 def _file_problem(bundle: Path, name: str, rec, hash_it: bool, optional: bool = False) -> str | None:
     bad = _name_problem(name)
     if bad:
         return f"files: {bad}"
     path = bundle / name
-    if path.is_symlink():
-        return f"{name}: a symbolic link (a bundle holds plain files)"
-    if optional and not path.exists():
-        return None
-    if not path.is_file():
-        return f"{name}: missing"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None if optional else f"{name}: missing"
+    except OSError as exc:
+        return f"{name}: cannot be read ({exc.strerror})"
+    kind = _kind_problem(name, st)
+    if kind:
+        return kind
     if path.resolve().parent != bundle.resolve():
         return f"{name}: resolves outside the bundle"
     if not isinstance(rec, dict) or not _is_count(rec.get("size")) or not isinstance(rec.get("sha256"), str):
         return f"{name}: no size and sha256 in the manifest"
-    size = path.stat().st_size
+    size = st.st_size
     if size != rec["size"]:
         return f"{name}: size {size} != {rec['size']}"
     if hash_it and file_record(path)["sha256"] != rec["sha256"]:
         return f"{name}: sha256 mismatch"
     return None
+
+
+def _graph_problems(bundle: Path, name: str, files: dict) -> list[str]:
+    """Every tensor a graph stores outside itself must name a plain file listed in ``files``, and lie
+    inside it: onnxruntime opens what ``location`` names relative to the graph before any check of ours
+    could see the bytes (``dipdeploy.bundle.graphdata``). The graph is read through one descriptor that
+    follows no link, and the bytes parsed are the bytes that descriptor's checks passed."""
+    try:
+        fd = os.open(bundle / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        return [f"{name}: cannot be read ({exc.strerror})"]
+    try:
+        kind = _kind_problem(name, os.fstat(fd))
+        if kind:
+            return [kind]
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(files[name]["size"] + 1)
+    finally:
+        os.close(fd)
+    if len(data) != files[name]["size"]:
+        return [f"{name}: size {len(data)} != {files[name]['size']}"]
+    try:
+        entries = external_data(data)
+    except GraphDataError as exc:
+        return [f"{name}: not a readable ONNX graph ({exc})"]
+    problems = []
+    for e in entries:
+        where = f"{name}: initializer {e['name']!r} stores its data in {e['location']!r}"
+        bad = _name_problem(e["location"])
+        if e["location"] is None:
+            problems.append(f"{name}: initializer {e['name']!r} is external but names no file")
+        elif bad:
+            problems.append(f"{where}, {bad}")
+        elif e["location"] not in files or not e["location"].endswith(DATA_SUFFIX):
+            problems.append(f"{where}, not one of the bundle's data files")
+        else:
+            size = files[e["location"]].get("size") if isinstance(files[e["location"]], dict) else None
+            try:
+                offset, length = int(e["offset"]), int(e["length"] if e["length"] is not None else 0)
+            except ValueError:
+                problems.append(f"{where} at offset {e['offset']!r}, length {e['length']!r}: not byte counts")
+                continue
+            if offset < 0 or length < 0 or (_is_count(size) and offset + length > size):
+                problems.append(f"{where}, bytes [{offset}, {offset + length}) outside its {size} bytes")
+    return problems
 
 
 def _genai_problems(bundle: Path, lib) -> list[str]:

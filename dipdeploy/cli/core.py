@@ -16,6 +16,7 @@ from dipdeploy.cli.tables import table as make_table
 from dipdeploy.demo import DemoConfig, chat_hint
 from dipdeploy.eval import EvalConfig
 from dipdeploy.eval.humaneval import TaskConfig
+from dipdeploy.limits import MAX_TOKENS, MAX_WINDOWS, check_caps
 from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig
 from dipdeploy.registry import list_models
 from dipdeploy.sparsity.plan import SparsityConfig, allocation_label
@@ -231,6 +232,16 @@ def model_eval_config(opts: dict, **task_fields) -> EvalConfig:
     return cfg
 
 
+def trace_room() -> int | None:
+    """The most bytes a trace read here may inflate to: the memory available now, or the cgroup's limit
+    where it is tighter (``Trace.load``'s ``max_bytes``); None where neither is known."""
+    from dipdeploy.runtime.cgroup import memory_limit
+    from dipdeploy.trace import available_memory
+
+    known = [m for m in (available_memory(), memory_limit()) if m]
+    return min(known) if known else None
+
+
 def floats(text: str, flag: str) -> list[float]:
     """A comma list of numbers (``--density 0.4,0.5``); a typo is named with the option."""
     try:
@@ -350,6 +361,7 @@ def calibrate_cmd(
         check_inputs(data_dir=data_dir, files={"--text-file": text_file}, outputs={"--out": out}, force=force)
         if windows < 1 or seqlen < 16:
             raise ValueError(f"--windows {windows} --seqlen {seqlen}: give at least 1 window of 16 tokens")
+        check_caps(("--windows", windows, MAX_WINDOWS, "windows"), ("--seqlen", seqlen, MAX_TOKENS, "tokens"))
         cfg = _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac,
                                 fixed_top_n, gamma_warmup, cache_split)
         check_inputs(model=model)
@@ -480,6 +492,7 @@ def trace_cmd(
                      force=force)
         if tokens < 1:
             raise ValueError(f"--tokens {tokens}: give at least 1 token to trace")
+        check_caps(("--tokens", tokens, MAX_TOKENS, "tokens"))
         if method not in ("dense", "dip", "dip-ca"):
             raise ValueError(f"--method {method!r}: tracing records dense, dip or dip-ca")
         if split not in ("test", "validation"):

@@ -14,6 +14,7 @@ from dipdeploy.cli.core import (CALIB_SEQLEN, CALIB_WINDOWS, STATS_WINDOWS, VQ_D
                                 kept, utf8, write_json)
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.export.config import ExportConfig
+from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.terminal import shown
 
 _X = ExportConfig  # every default of export is ExportConfig's (docs/design.md §1)
@@ -211,6 +212,7 @@ def inspect_cmd(
         utf8(prompt, "--prompt")
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens {max_new_tokens}: give at least 1")
+        check_count(max_new_tokens, "--max-new-tokens", 1, MAX_TOKENS, "tokens")
         m = read_manifest(bundle)
     except _ERRORS as err:
         fail(err)

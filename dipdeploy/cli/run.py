@@ -13,8 +13,9 @@ import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import console, fail, kept, utf8, write_json, write_output
+from dipdeploy.cli.core import console, fail, kept, trace_room, utf8, write_json, write_output
 from dipdeploy.cli.tables import table as make_table
+from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.runtime.blockio import IO_RING_DEPTH as _IO_RING_DEPTH
 from dipdeploy.runtime.blockio import IO_THREADS as _IO_THREADS
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT
@@ -134,7 +135,7 @@ def engine_config(options: dict) -> EngineConfig:
     if options.get("pin_from") is not None:
         from dipdeploy.trace import Trace
 
-        cfg.pinned_counts = Trace.load(options["pin_from"]).row_counts()
+        cfg.pinned_counts = Trace.load(options["pin_from"], max_bytes=trace_room()).row_counts()
     return cfg
 
 
@@ -205,6 +206,7 @@ def run_cmd(
             raise ValueError("--system needs --chat (the system prompt goes through the chat template)")
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        check_count(max_new_tokens, "--max-new-tokens", 1, MAX_TOKENS, "tokens")
         for flag, value in (("--prompt", prompt), ("--system", system), *(("--stop", s) for s in stop or ())):
             utf8(value, flag)
         sampler = _sampler(options)
@@ -268,6 +270,7 @@ def chat_cmd(
     try:
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        check_count(max_new_tokens, "--max-new-tokens", 1, MAX_TOKENS, "tokens")
         check_policy(policy)
         for flag, value in (("--system", system), *(("--stop", s) for s in stop or ())):
             utf8(value, flag)

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import typer
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import check_inputs, console, fail, floats, kept, write_output
+from dipdeploy.cli.core import check_inputs, console, fail, floats, kept, trace_room, write_output
 from dipdeploy.cli.tables import table as make_table
+from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.terminal import shown
 
 _ERRORS = (ValueError, OSError, KeyError)
+MAX_STEPS = 1000  # --steps: each point of a sweep is a whole simulation of every configuration
 
 
 def _csv(text: str | None) -> list[str] | None:
@@ -94,8 +96,12 @@ def simulate_cmd(
             raise ValueError("give --dram or --sweep-dram, not both")
         if steps < 2 and sweep_dram:
             raise ValueError(f"--steps {steps}: a sweep needs at least 2 points")
+        if steps > MAX_STEPS:
+            raise ValueError(f"--steps {steps} is over the cap of {MAX_STEPS} points; give {MAX_STEPS} or less")
         if tokens is not None and tokens < 1:
             raise ValueError(f"--tokens {tokens}: give at least 1 token (or leave --tokens out for all)")
+        if tokens is not None:
+            check_count(tokens, "--tokens", 1, MAX_TOKENS, "tokens")
         given = {"device": device, "model": model, "precision": precision, "context": context, "warmup": warmup,
                  "preload": False if cold else None, "gamma_warmup": gamma_warmup, "fixed_top_n": fixed_top_n,
                  "cache_split": cache_split, "io_gap": io_gap}
@@ -104,7 +110,7 @@ def simulate_cmd(
         methods = _csv(method) or [base.method]
         policies = _csv(policy) or [base.policy]
         gammas = floats(gamma, "--gamma") if gamma is not None else [defaults["gamma"]]
-        tr = Trace.load(trace) if trace is not None else None
+        tr = Trace.load(trace, max_bytes=trace_room()) if trace is not None else None
         if tr is not None and tokens:
             tr = tr.head(tokens)
         cfgs = expand_variants(base, methods, policies, gammas)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from dipdeploy import defaults
+from dipdeploy.limits import MAX_BATCH, MAX_TOKENS, MAX_WINDOWS, check_caps
 from dipdeploy.progress import Progress
 from dipdeploy.sparsity.plan import METHODS, SparsityConfig, SparsityPlan
 from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES, device_of
@@ -85,6 +86,15 @@ class EvalConfig:
             raise ValueError(f"device {self.device!r} unknown; choose one of {', '.join(DEVICES)}")
         if self.seqlen < 2:
             raise ValueError(f"seqlen must be >= 2, got {self.seqlen}")
+        for name in ("max_windows", "batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        check_caps(("--seqlen", self.seqlen, MAX_TOKENS, "tokens"), ("--calib-seqlen", self.calib_seqlen, MAX_TOKENS,
+                                                                     "tokens"),
+                   ("--max-windows", self.max_windows, MAX_WINDOWS, "windows"),
+                   ("--calib-windows", self.calib_windows, MAX_WINDOWS, "windows"),
+                   ("--stats-windows", self.stats_windows, MAX_WINDOWS, "windows"),
+                   ("--batch-size", self.batch_size, MAX_BATCH, "windows"))
         if self.calib_windows < 1 or self.stats_windows < 1 or self.calib_seqlen < 16:
             raise ValueError(f"--calib-windows {self.calib_windows} --stats-windows {self.stats_windows} "
                              f"--calib-seqlen {self.calib_seqlen}: give at least 1 window of 16 tokens")

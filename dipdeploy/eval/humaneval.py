@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -38,6 +39,7 @@ MAX_NEW_TOKENS = 512
 #: template is under this on the Qwen2.5 tokenizer), plus ``max_new_tokens``; capped at the bundle's positions.
 PROMPT_TOKENS = 1024
 MAX_NEW_TOKENS_CAP = 4096
+MAX_TIMEOUT_S = 600.0  # one check program's limit: a test suite that runs longer is a hang, not a slow answer
 
 
 @dataclass
@@ -54,6 +56,9 @@ class TaskConfig:
             raise ValueError(f"limit {self.limit} out of range; give 1..{PROBLEMS} (or none for all)")
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
             raise ValueError(f"max_new_tokens {self.max_new_tokens} out of range; give 1..{MAX_NEW_TOKENS_CAP}")
+        if not (math.isfinite(self.timeout_s) and 0 < self.timeout_s <= MAX_TIMEOUT_S):
+            raise ValueError(f"--timeout {self.timeout_s} out of range; give seconds in (0, {MAX_TIMEOUT_S:g}] (each "
+                             "of the 164 check programs may run that long)")
 
 
 def problems(limit: int | None = None) -> list[dict]:

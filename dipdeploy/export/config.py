@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from dipdeploy import defaults
 from dipdeploy.flash import BLOCK
+from dipdeploy.limits import MAX_THREADS, MAX_TOKENS, MAX_WINDOWS, check_caps
 from dipdeploy.ops.formats import format_of_config
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.quant.config import QUANT_PRESETS
@@ -131,6 +132,11 @@ class ExportConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < lo:
                 raise ValueError(f"ExportConfig.{name}={value!r} must be an int >= {lo}")
+        check_caps(*((f"--{name.replace('_', '-')}" if name != "threads" else "ExportConfig.threads", getattr(self, name),
+                      cap, unit) for name, cap, unit in (
+            ("max_length", MAX_TOKENS, "tokens"), ("validate_tokens", MAX_TOKENS, "tokens"),
+            ("calib_windows", MAX_WINDOWS, "windows"), ("calib_seqlen", MAX_TOKENS, "tokens"),
+            ("stats_windows", MAX_WINDOWS, "windows"), ("threads", MAX_THREADS, "threads"))))
 
     @property
     def quantised(self) -> bool:

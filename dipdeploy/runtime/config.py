@@ -12,6 +12,8 @@ import numpy as np
 
 from dipdeploy.cache import POLICIES
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS
+from dipdeploy.flash import MAX_GAP
+from dipdeploy.limits import MAX_THREADS, MAX_TOKENS
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP
 from dipdeploy.runtime.budget import DramBudget
@@ -29,6 +31,10 @@ PREFILL_MODES = ("batch", "token")
 #: overhead; 128 peaked lower than 256 on a long prompt for a slightly slower prefill than one chunk on a
 #: short one (benchmarks/results/memory.md, the chunk sweep)
 PREFILL_CHUNK = 128
+#: --io-threads: reads in flight; a device's queue holds fewer, and without io_uring each is a thread
+MAX_IO_THREADS = 1024
+#: --io-gap: ``dipdeploy.flash.MAX_GAP`` (wider gaps read more than the request they save costs)
+MAX_IO_GAP = MAX_GAP
 
 
 class FieldError(ValueError):
@@ -41,6 +47,12 @@ class FieldError(ValueError):
 
     def named(self, name: str) -> str:
         return f"{name} {self.rest}"
+
+
+def _cap(name: str, value, cap: int, unit: str) -> None:
+    """Refuse a count above its cap (a None count is the engine's own choice, never over it)."""
+    if value is not None and value > cap:
+        raise FieldError(name, f"{value} is over the cap of {cap} {unit}; give {cap} or less")
 
 
 @dataclass
@@ -133,28 +145,33 @@ class EngineConfig:
             raise FieldError("prefill_chunk", f"must be a whole number of tokens >= 1, got {self.prefill_chunk!r}")
         if self.prefill_chunk < 1:
             raise FieldError("prefill_chunk", f"must be >= 1 token, got {self.prefill_chunk}")
+        _cap("prefill_chunk", self.prefill_chunk, MAX_TOKENS, "tokens")
         if self.policy not in POLICIES:
             raise FieldError("policy", f"{self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
         if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
             raise FieldError("gamma", f"must lie in [0, 1], got {self.gamma}")
         if self.context is not None and self.context < 1:
             raise FieldError("context", f"must be >= 1 token, got {self.context}")
+        _cap("context", self.context, MAX_TOKENS, "tokens")
         if self.accuracy_level is not None and self.accuracy_level not in BUNDLE_ACCURACY_LEVELS:
             raise FieldError("accuracy_level", f"must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
         if self.threads < 1:
             raise FieldError("threads", f"must be >= 1, got {self.threads}")
+        _cap("threads", self.threads, MAX_THREADS, "threads")
         if self.thread_pool not in THREAD_POOLS:
             raise FieldError("thread_pool", f"{self.thread_pool}: choose one of {', '.join(THREAD_POOLS)}")
         if self.io not in IO_CHOICES:
             raise FieldError("io", f"{self.io}: choose one of {', '.join(IO_CHOICES)}")
         if self.io_threads is not None and self.io_threads < 1:
             raise FieldError("io_threads", f"must be >= 1, got {self.io_threads}")
+        _cap("io_threads", self.io_threads, MAX_IO_THREADS, "reads in flight")
         if self.io_engine not in IO_ENGINE_CHOICES:
             raise FieldError("io_engine", f"{self.io_engine}: choose one of {', '.join(IO_ENGINE_CHOICES)}")
         if type(self.io_gap) is not int:
             raise FieldError("io_gap", f"must be a whole number of blocks >= 0, got {self.io_gap!r}")
         if self.io_gap < 0:
             raise FieldError("io_gap", f"must be >= 0 blocks, got {self.io_gap}")
+        _cap("io_gap", self.io_gap, MAX_IO_GAP, "blocks")
         if self.cache_split not in CACHE_SPLITS:
             raise FieldError("cache_split", f"{self.cache_split}: choose one of {', '.join(CACHE_SPLITS)}")
         if self.fused and self.single_session:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dipdeploy.limits import MAX_WIDTH
+
 
 @dataclass
 class Sampler:
@@ -39,7 +41,9 @@ class Sampler:
         problems = [message for ok, message in (
             (math.isfinite(self.temperature) and self.temperature >= 0,
              f"--temperature must be a number >= 0 (0 = greedy), got {self.temperature}"),
-            (type(self.top_k) is int and self.top_k >= 0, f"--top-k must be an integer >= 0 (0 = off), got {self.top_k}"),
+            (type(self.top_k) is int and 0 <= self.top_k <= MAX_WIDTH,  # the cap: no vocabulary is larger
+             f"--top-k must be an integer in [0, {MAX_WIDTH}] (0 = off), got {self.top_k}"),
+            (type(self.seed) is int and self.seed >= 0, f"--seed must be an integer >= 0, got {self.seed}"),
             (0.0 < self.top_p <= 1.0, f"--top-p must lie in (0, 1] (1 = off), got {self.top_p}"),
             (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
              f"--repetition-penalty must be a number > 0 (1 = off; HF uses 1.1-1.3), got {self.repetition_penalty}"),

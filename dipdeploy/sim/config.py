@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from dipdeploy.cache import POLICIES, POLICY_RECORDS, policy_of
 from dipdeploy.cache.split import CACHE_SPLITS
+from dipdeploy.flash import MAX_GAP
+from dipdeploy.limits import MAX_TOKENS, MAX_WIDTH
 from dipdeploy.sim.memory import SIM_CACHE_SPLIT
 from dipdeploy.sim.precision import PRECISIONS
 from dipdeploy.sparsity.plan import SparsityConfig
@@ -68,9 +70,14 @@ class SimConfig:
             raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
         if self.dram_budget is not None and self.dram_budget <= 0:
             raise ValueError(f"dram_budget must be > 0 bytes, got {self.dram_budget}")
-        for name in ("gamma_warmup", "fixed_top_n", "context", "warmup"):
+        if self.io_gap > MAX_GAP:
+            raise ValueError(f"io gap {self.io_gap} is over the cap of {MAX_GAP} blocks; give {MAX_GAP} or less")
+        for name, cap in (("gamma_warmup", MAX_TOKENS), ("fixed_top_n", MAX_WIDTH), ("context", MAX_TOKENS),
+                          ("warmup", MAX_TOKENS)):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            if getattr(self, name) > cap:  # tokens or inputs: no trace or model has more
+                raise ValueError(f"{name} {getattr(self, name)} is over the cap of {cap}; give {cap} or less")
         if self.kv_bytes_per_value <= 0:
             raise ValueError(f"kv_bytes_per_value must be > 0, got {self.kv_bytes_per_value}")
         if self.method == "dense" and policy_of(self.policy).updates:

@@ -20,11 +20,14 @@ are ours. The loader refuses a profile with an unsourced number.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 GB = 1e9
+PROFILE_MAX = 1 << 20  # bytes of a profile file read at most: a profile is a few dozen lines
+MAX_READ_UNIT = 1 << 24  # bytes: a Flash read unit is a page of a few KiB; the cap only stops a mistyped one
 _NUMBERS = ("dram_bandwidth_gbs", "dram_capacity_gb", "flash_seq_read_gbs")
 
 
@@ -37,12 +40,12 @@ class FlashModel:
     read_unit: int = 1  # bytes: reads transfer whole blocks of this size (1: no granularity)
 
     def __post_init__(self) -> None:
-        if self.seq_bandwidth <= 0:
-            raise ValueError(f"flash seq_bandwidth must be > 0 bytes/s, got {self.seq_bandwidth}")
-        if self.request_s < 0:
-            raise ValueError(f"flash request_s must be >= 0 s, got {self.request_s}")
-        if self.read_unit < 1:
-            raise ValueError(f"flash read_unit must be >= 1 byte, got {self.read_unit}")
+        if not (math.isfinite(self.seq_bandwidth) and self.seq_bandwidth > 0):  # nan and inf compare False
+            raise ValueError(f"flash seq_bandwidth must be a finite rate > 0 bytes/s, got {self.seq_bandwidth}")
+        if not (math.isfinite(self.request_s) and self.request_s >= 0):
+            raise ValueError(f"flash request_s must be a finite time >= 0 s, got {self.request_s}")
+        if not 1 <= self.read_unit <= MAX_READ_UNIT:
+            raise ValueError(f"flash read_unit must lie in [1, {MAX_READ_UNIT}] bytes (the cap), got {self.read_unit}")
 
     def read_time(self, requests, nbytes):
         """Seconds for ``requests`` requests carrying ``nbytes`` bytes in total (scalars or arrays)."""
@@ -63,10 +66,10 @@ class DeviceProfile:
     sources: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.dram_bandwidth <= 0:
-            raise ValueError(f"device {self.name}: dram_bandwidth must be > 0, got {self.dram_bandwidth}")
-        if self.dram_capacity <= 0:
-            raise ValueError(f"device {self.name}: dram_capacity must be > 0, got {self.dram_capacity}")
+        for name in ("dram_bandwidth", "dram_capacity"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"device {self.name}: {name} must be finite and > 0, got {value}")
 
     @property
     def assumptions(self) -> list[str]:
@@ -77,28 +80,48 @@ def devices_dir() -> Path:
     return Path(__file__).resolve().parent / "devices"
 
 
+def _number(raw: dict, key: str, path: Path, positive: bool = True) -> float:
+    """A profile's number: finite, and > 0 (``positive``) or >= 0; anything else refused by name, so no
+    profile divides by zero or turns every result into nan or inf."""
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ValueError(f"device profile {path}: {key} must be a finite number {'>' if positive else '>='} 0, "
+                         f"got {value!r}")
+    return float(value)
+
+
 def _parse(path: Path) -> DeviceProfile:
-    raw = tomllib.loads(path.read_text())
+    with open(path, "rb") as f:
+        data = f.read(PROFILE_MAX + 1)
+    if len(data) > PROFILE_MAX:
+        raise ValueError(f"device profile {path} is over the cap of {PROFILE_MAX} bytes (a profile is a few "
+                         "dozen lines); give a profile file")
+    raw = tomllib.loads(data.decode("utf-8"))
     numbers = list(_NUMBERS) + [k for k in ("flash_request_us", "flash_random_4k_iops", "flash_read_unit_bytes")
                                 if k in raw]
     if not any(k in raw for k in ("flash_request_us", "flash_random_4k_iops")):
         raise ValueError(f"device profile {path}: give flash_request_us or flash_random_4k_iops")
-    missing = [k for k in numbers if k not in raw]
+    missing = [k for k in ["name", *numbers] if k not in raw]
     if missing:
         raise ValueError(f"device profile {path}: missing {', '.join(missing)}")
     unsourced = [k for k in numbers if not str(raw.get(f"{k}_source", "")).strip()]
     if unsourced:
         raise ValueError(f"device profile {path}: numbers without a source: {', '.join(unsourced)} "
                          f"(add '<field>_source', or mark it 'assumption: …')")
-    seq = float(raw["flash_seq_read_gbs"]) * GB
+    seq = _number(raw, "flash_seq_read_gbs", path) * GB
     if "flash_request_us" in raw:
-        request_s = float(raw["flash_request_us"]) * 1e-6
+        request_s = _number(raw, "flash_request_us", path, positive=False) * 1e-6
     else:
-        request_s = max(0.0, 1.0 / float(raw["flash_random_4k_iops"]) - 4096.0 / seq)
+        request_s = max(0.0, 1.0 / _number(raw, "flash_random_4k_iops", path) - 4096.0 / seq)
+    unit = raw.get("flash_read_unit_bytes", 1)
+    if type(unit) is not int:
+        raise ValueError(f"device profile {path}: flash_read_unit_bytes must be a whole number of bytes, got {unit!r}")
     return DeviceProfile(
-        name=raw["name"], description=raw.get("description", ""),
-        dram_bandwidth=float(raw["dram_bandwidth_gbs"]) * GB, dram_capacity=float(raw["dram_capacity_gb"]) * GB,
-        flash=FlashModel(seq_bandwidth=seq, request_s=request_s, read_unit=int(raw.get("flash_read_unit_bytes", 1))),
+        name=str(raw["name"]), description=str(raw.get("description", "")),
+        dram_bandwidth=_number(raw, "dram_bandwidth_gbs", path) * GB,
+        dram_capacity=_number(raw, "dram_capacity_gb", path) * GB,
+        flash=FlashModel(seq_bandwidth=seq, request_s=request_s, read_unit=unit),
         sources={k: raw[f"{k}_source"] for k in numbers},
     )
 
