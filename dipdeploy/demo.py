@@ -6,7 +6,7 @@ Every configuration is a BQ4 bundle with per-layer graphs: the dense one is a ρ
 streams from Flash); the DIP-CA ones use LFU and the plan's γ. The plans are uniform with ρ_in = 1.1 ρ
 (inside the 1.0–1.3 ρ range the split search of docs/method.md covers, without its minutes). Perplexity
 is the torch reference of each bundle (fake-quantised weights, the same plan, cache and γ: what the
-runtime computes up to rounding, README "Correctness") on WikiText-2 test windows, the protocol of
+runtime computes up to rounding, docs/runtime.md, "Correctness") on WikiText-2 test windows, the protocol of
 ``dipdeploy eval``; speed, Flash and memory come from the runtime's own stats. Flash is the phone's,
 emulated: the rows read through the mapping (``--io mmap``, not the engine's default ``auto``) and the
 4 KiB blocks holding them paced at ``flash_bandwidth`` (what a device returns: a row smaller than a block,

@@ -236,7 +236,7 @@ def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str 
     match it; ``genai_config.json`` names no op library but ``ops.native_library``
     (:func:`_genai_problems`). ``checksums`` (see ``CHECKSUMS``): which files' sha256 are compared too;
     "small" skips the tensor data files, whose full read is what a streaming runtime avoids at start
-    (README, "The bundle").
+    (docs/bundle.md).
 
     The op library is code that onnxruntime-genai runs when it opens the bundle, so its sha256 in the
     bundle's own manifest vouches for nothing: with ``libraries`` (the sha256 of the libraries the caller
@@ -450,7 +450,7 @@ def _tensor_problems(manifest: Manifest, name: str, t) -> list[str]:
 
 
 def _overlap_problems(manifest: Manifest) -> list[str]:
-    """Export writes every tensor once (README, "The bundle"): two tensors sharing bytes mean an edited
+    """Export writes every tensor once (docs/bundle.md): two tensors sharing bytes mean an edited
     manifest that would read one tensor's weights as another's. The one exception is a declared view
     (``view_of``: a tied lm_head reading the int4 embedding's blocks), which must cover exactly the
     bytes of the tensor it names."""

@@ -10,7 +10,8 @@ its own graph, cut where the host runtime acts (layers.py). Both call the same f
 node names, norms (fused ones included: ``ExportConfig.fuse_norms``) and attributes, so the runtime's
 graphs compute what ``model.onnx`` computes; they differ only in how a graph sees the MLP rows
 (initializers, or the host's slab rows with their slots: :class:`Rows`) and the cache (none: plain DIP,
-or the group's residency with the plan's γ: :class:`Selection`; DESIGN.md, "DIP-CA"), and in where the
+or the group's residency with the plan's γ: :class:`Selection`; export/DESIGN.md, "DIP-CA: who does the
+cache-aware masking"), and in where the
 attention's shared values come from (computed in the graph, or ``positions.onnx``'s outputs as inputs:
 ``blocks.shared_from_inputs``). Where the residual stream crosses a graph boundary (a layer's input, the
 head's norm) the MLP's term travels unadded (``mlp_out``) and the next norm adds it, as in ``model.onnx``.

@@ -131,7 +131,7 @@ def topk_column_mask_function(variant: TopKVariant) -> FunctionProto:
     if variant.cache:
         shape = b.op("Shape", ["X"])
         gamma = b.const_from_attr("gamma", "value_float")
-        # C's bytes as uint8, nonzero = resident (README): ORT hands a bool tensor's bytes over as fed,
+        # C's bytes as uint8, nonzero = resident (custom_ops/README.md): ORT hands a bool tensor's bytes over as fed,
         # and its Where reads a byte other than 0 or 1 as neither.
         resident = b.op("Greater", [b.op("Cast", ["C"], to=TensorProto.UINT8), b.const(0, np.uint8)])
         w = b.op("Expand", [b.op("Where", [resident, b.const(1.0), gamma]), shape])

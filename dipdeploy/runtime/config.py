@@ -24,7 +24,7 @@ from dipdeploy.sparsity.plan import SparsityConfig
 if TYPE_CHECKING:
     from dipdeploy.sim.devices import FlashModel
 
-#: how ``extend`` feeds the tokens it is given (README, "The host runtime": batched prefill)
+#: how ``extend`` feeds the tokens it is given (docs/runtime.md: the batched prefill)
 PREFILL_MODES = ("batch", "token")
 #: the batched prefill's most tokens per graph run (llama.cpp's n_ubatch): its activations are in the
 #: plan, ORT's intermediates of one chunk (attention scores: heads × chunk × context floats) in the fixed
@@ -66,11 +66,11 @@ class EngineConfig:
     ``run`` and the longest conversation of ``chat`` (one default for both); None: ``DEFAULT_CONTEXT``, or
     the bundle's positions (:func:`bundle_positions`) if fewer; a larger one is refused when the bundle opens.
     ``dram_budget`` and ``policy`` default to the torch DIP-CA reference's ``cache_frac`` and ``policy``
-    (``SparsityConfig``), so a bundle run as it comes matches what ``eval`` measured (README, "Budget").
+    (``SparsityConfig``), so a bundle run as it comes matches what ``eval`` measured (docs/runtime.md, "Budget").
     ``prefill``: "batch" runs the tokens ``extend`` is given (a prompt, a chat turn) as one batch per
     layer, plain DIP per token with the layer's selected rows read once, then warms the caches from those
     selections in token order; "token" feeds them one by one as decode does, the exact torch DIP-CA
-    reference (README, "The host runtime").
+    reference (docs/runtime.md).
     ``prefill_chunk``: "batch" runs at most this many tokens per graph run (a longer prompt in chunks,
     each attending to the earlier ones through the KV cache), so the prefill's working set is bounded
     by the chunk, not by the prompt (its buffers are in the plan: ``Residency.prefill``).
@@ -107,7 +107,7 @@ class EngineConfig:
     first, as the per-layer path does (benchmarks/fused.py measures both).
     ``prefetch``: with ``overlap_reads``, each pre-norm layer's up|gate selection is predicted from the
     layer's input and the predicted misses are read while its attention runs (``CachePrefetch``,
-    DESIGN.md "Reads overlapped with compute"); the decisions and logits do not change, a wrong guess costs
+    docs/decisions/0005-prefetch-auto.md); the decisions and logits do not change, a wrong guess costs
     reads. None: on or off, whichever decodes faster on the first tokens (``readahead.ReadAheadProbe``)."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
