@@ -29,9 +29,9 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 def fail(err: Exception) -> None:
     """Print a clear one-line error (no traceback, never wrapped, the message's brackets kept, a file's
-    control characters made visible) and exit 2."""
+    control characters made visible) on stderr, where a redirected stdout does not hide it, and exit 2."""
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)  # KeyError quotes its str
-    console.print(f"[bold red]error:[/] {' '.join(shown(text).split())}", soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {' '.join(shown(text).split())}", soft_wrap=True)
     raise typer.Exit(2)
 
 

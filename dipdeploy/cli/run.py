@@ -207,9 +207,10 @@ def check_bundle(bundle: Path, command: str) -> None:
     is a common first try: say it is a model, and give the export that makes a bundle of it."""
     import shlex
 
+    from dipdeploy.bundle.names import MANIFEST
     from dipdeploy.registry import is_registered
 
-    if bundle.is_dir() and (bundle / "manifest.json").is_file():
+    if bundle.is_dir() and (bundle / MANIFEST).is_file():
         return
     if bundle.is_file() and bundle.suffix.lower() in _MODEL_FILES:
         what = "a model file"
