@@ -1,9 +1,8 @@
 """``--help`` of the commands with many options (``run``, ``chat``): options grouped in panels, names whole.
 
 Why not typer's own rich help: its option table shrinks the name column together with the help column
-when a terminal is narrow, so at 80 columns a long name came out cut ("--repetition-pena…") and a user
-could not copy it. Here the names column never wraps; the help text beside it wraps (and folds a long
-word) in whatever room is left. Each option names its panel with typer's ``rich_help_panel=``; panels
+in a narrow terminal, which cuts a long name ("--repetition-pena…") where a user needs to copy it. Here
+the names column never wraps; the help text beside it wraps (and folds a long word) in the room left. Each option names its panel with typer's ``rich_help_panel=``; panels
 appear in the order of :data:`PANELS`, options in their declaration order.
 """
 
