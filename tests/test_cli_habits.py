@@ -64,8 +64,9 @@ def test_the_aliases_users_type(command):
     for name, alias in [("temperature", "--temp"), ("repetition_penalty", "--repeat-penalty"), ("context", "-c"),
                         ("threads", "-t"), ("seed", "-s")]:
         assert alias in params[name], (command, name)
+    assert {"-f", "--file"} <= set(params["file"])  # run: the prompt; chat: the system prompt
     if command == "run":
-        assert {"-f", "--file"} <= set(params["file"]) and {"-q", "--quiet"} <= set(params["quiet"])
+        assert {"-q", "--quiet"} <= set(params["quiet"])
 
 
 def test_the_aliases_set_the_same_options(chat_bundle, tmp_path):
@@ -134,3 +135,18 @@ def test_help_fits_80_columns_in_panels_with_every_option_name_whole(command):
             if name.startswith("-"):
                 assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", res.output), name
     assert not any(line.rstrip().endswith("…") for line in lines)  # rich's mark of a cut cell
+
+
+def test_chat_reads_its_system_prompt_from_a_file(chat_bundle, tmp_path):
+    sysfile = tmp_path / "system.txt"
+    sysfile.write_text("Be brief, é.", encoding="utf-8")
+    args = ["chat", str(chat_bundle), "-n", "3", "--no-native"]
+    by_file = runner.invoke(app, [*args, "-f", str(sysfile)], input="hello\n")
+    by_option = runner.invoke(app, [*args, "--system", "Be brief, é."], input="hello\n")
+    assert by_file.exit_code == 0, by_file.output
+    strip = lambda out: re.sub(r"[\d.]+ tok/s", "", out)  # noqa: E731  (the speed differs run to run)
+    assert strip(by_file.stdout) == strip(by_option.stdout)
+    _one_line_refusal(runner.invoke(app, [*args, "-f", str(sysfile), "--system", "x"], input=""),
+                      "give the system prompt once: --system TEXT or -f FILE")
+    _one_line_refusal(runner.invoke(app, [*args, "-f", "-"], input=""), "reads stdin itself")
+    _one_line_refusal(runner.invoke(app, [*args, "-f", str(tmp_path / "none.txt")], input=""), "does not exist")

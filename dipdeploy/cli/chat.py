@@ -18,7 +18,8 @@ from dipdeploy.cli.helpview import BASIC, PanelCommand
 from dipdeploy.cli.run import (_ERRORS, BUDGET, CACHE_SPLIT, CONTEXT, FLASH, FLASH_DEVICE, FUSED, GAMMA, IO,
                                IO_ENGINE, IO_GAP, IO_THREADS, LEVEL, NATIVE, POLICY, PREFETCH, PREFILL,
                                PREFILL_CHUNK, REP, SEED, SINGLE, STOP, SYSTEM, TEMPERATURE, THREAD_POOL, THREADS,
-                               TOP_K, TOP_P, _engine, _Prefill, _sampler, check_bundle, sampling_note)
+                               TOP_K, TOP_P, _engine, _Prefill, _sampler, check_bundle, read_prompt,
+                               sampling_note)
 from dipdeploy.terminal import shown
 
 #: lines kept in the history file (readline's, as a shell keeps its own)
@@ -75,6 +76,9 @@ def chat_cmd(
     prefetch: Optional[bool] = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P,
     repetition_penalty: float = REP, stop: Optional[List[str]] = STOP, seed: Optional[int] = SEED,
     system: Optional[str] = SYSTEM,
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="read the system prompt from this UTF-8 text "
+                                        "file (llama.cpp's conversation mode), instead of --system",
+                                        rich_help_panel=BASIC),
 ) -> None:
     """Interactive chat through the bundle's chat template: streams each answer, then one line of stats.
     Ctrl-C stops an answer (kept in the conversation); Ctrl-C, Ctrl-D or /exit at the prompt quits; /help
@@ -87,6 +91,7 @@ def chat_cmd(
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         check_policy(policy)
+        system = read_prompt(system, file, flag="--system", what="the system prompt", required=False, stdin=False)
         for flag, value in (("--system", system), *(("--stop", s) for s in stop or ())):
             utf8(value, flag)
         sampler = _sampler(options)

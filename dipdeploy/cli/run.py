@@ -224,25 +224,30 @@ def check_bundle(bundle: Path, command: str) -> None:
                      f"{shlex.quote(str(bundle))} --out BUNDLE`, then `dipdeploy {command} BUNDLE`")
 
 
-def read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
-    """The prompt of ``-p TEXT`` or ``-f FILE`` (``-f -``: standard input), exactly one of them; a file must
-    be UTF-8 text of a prompt's size (a wrong file is refused, not tokenised)."""
-    if (prompt is None) == (file is None):
-        raise ValueError("give the prompt once: -p TEXT or -f FILE (a UTF-8 text file; - reads stdin)")
+def read_prompt(prompt: Optional[str], file: Optional[Path], *, flag: str = "-p", what: str = "the prompt",
+                required: bool = True, stdin: bool = True) -> Optional[str]:
+    """The text of ``-p TEXT`` (``flag``) or ``-f FILE`` (``-f -``: standard input, where ``stdin``), never
+    both, one of them when ``required``; a file must be UTF-8 text of a prompt's size (a wrong file is refused,
+    not tokenised)."""
+    if (prompt is not None and file is not None) or (required and prompt is None and file is None):
+        raise ValueError(f"give {what} once: {flag} TEXT or -f FILE (a UTF-8 text file"
+                         f"{'; - reads stdin' if stdin else ''})")
     if file is None:
-        return utf8(prompt, "--prompt")
+        return utf8(prompt, "--prompt" if flag == "-p" else flag)
     if str(file) == "-":
+        if not stdin:
+            raise ValueError("-f - : this command reads stdin itself; give a file")
         data = sys.stdin.buffer.read(PROMPT_FILE_LIMIT + 1) if hasattr(sys.stdin, "buffer") else \
             sys.stdin.read().encode("utf-8", "surrogateescape")
     else:
         if not file.is_file():
             raise FileNotFoundError(f"--file {file} {'is a folder' if file.is_dir() else 'does not exist'}; give "
-                                    f"a text file holding the prompt")
+                                    f"a text file holding {what}")
         with open(file, "rb") as f:
             data = f.read(PROMPT_FILE_LIMIT + 1)
     if len(data) > PROMPT_FILE_LIMIT:
         raise ValueError(f"--file {file} is larger than {PROMPT_FILE_LIMIT >> 20} MiB, too long for a prompt; give "
-                         f"a file holding the prompt's text alone")
+                         f"a file holding {what} alone")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
