@@ -196,7 +196,11 @@ CASES = [
     ("run-flash-device", "run {bundle} -p hi --flash-device toaster", "unknown device 'toaster'"),
     ("run-flash-both", "run {bundle} -p hi --flash-bandwidth 1GB/s --flash-device sd8gen3", "not both"),
     ("chat-flash-device", "chat {bundle} --flash-device toaster", "unknown device 'toaster'"),
-    ("run-no-prompt", "run {bundle}", "Missing option '--prompt'"),
+    ("run-no-prompt", "run {bundle}", "give the prompt once: -p TEXT or -f FILE"),
+    ("run-prompt-and-file", "run {bundle} -p hi -f {file}", "give the prompt once: -p TEXT or -f FILE"),
+    ("run-file-missing", "run {bundle} -f {missing}", "--file"),
+    ("run-seed-negative", "run {bundle} -p hi -s -1", "--seed must be >= 0"),
+    ("run-registry-model", "run tiny-llama -p hi", "is a model of the registry (`dipdeploy models`), not a bundle"),
     # chat
     ("chat-context-too-long", "chat {bundle} --context 100000 --no-native", "exceeds the 256 positions"),
     ("chat-bundle-missing", "chat {missing}", "not found: give the folder `dipdeploy export` wrote"),

@@ -124,3 +124,74 @@ def test_chat_cli_streams_answers_on_a_piped_stdin(chat_bundle):
                              input="  \nhello\n")
     assert res.exit_code == 0, res.output
     assert "tok/s" in res.output and "Traceback" not in res.output
+
+
+def test_exit_ends_the_chat_before_the_lines_after_it(chat_bundle):
+    chat = _chat(chat_bundle)
+    _out, notes = _run(chat, _lines("hello", "/exit", "never read"))
+    assert [m["content"] for m in chat.turns if m["role"] == "user"] == ["hello"]
+
+
+def test_clear_starts_a_new_conversation_and_keeps_the_system_prompt(chat_bundle):
+    chat = _chat(chat_bundle, system="sys prompt")
+    _out, notes = _run(chat, _lines("first", "/clear", "second"))
+    assert [m["content"] for m in chat.turns if m["role"] == "user"] == ["second"]
+    assert any("new conversation" in n for n in notes) and chat.history[0]["content"] == "sys prompt"
+    ids = chat.engine.encode(chat.template.render(chat.history[:2], add_generation_prompt=True))
+    assert chat.engine.sequence[: len(ids)] == ids  # the answer to "second" read "first" nowhere
+
+
+def test_help_and_set_change_the_sampling_and_refusals_are_one_line(chat_bundle):
+    chat = _chat(chat_bundle)
+    _out, notes = _run(chat, _lines("/help", "/set temp 0.7", "/set top_p 0.9", "/set seed 5", "/set top-k 3",
+                                    "/set repeat_penalty 1.2", "/set temp hot", "/set top_p 2", "/set volume 3",
+                                    "/frobnicate", "/set"))
+    assert "/clear" in notes[0] and "/set" in notes[0] and "/exit" in notes[0]
+    s = chat.sampler
+    assert (s.temperature, s.top_p, s.seed, s.top_k, s.repetition_penalty) == (0.7, 0.9, 5, 3, 1.2)
+    refusals = notes[6:10]
+    assert "/set temp hot: not a number" in refusals[0] and "stays temp 0.7" in refusals[0]
+    assert "--top-p must lie in (0, 1]" in refusals[1]
+    assert "NAME one of temp" in refusals[2] and "unknown command /frobnicate" in refusals[3]
+    assert all("\n" not in n for n in notes) and notes[-1].startswith("temp 0.7, top_k 3")
+    assert chat.turns == []  # no command reached the model
+
+
+def test_set_seed_repeats_a_sampled_answer(chat_bundle):
+    answers = []
+    for _ in range(2):
+        chat = _chat(chat_bundle)
+        _run(chat, _lines("/set temp 1.5", "/set seed 11", "hello"), n=6)
+        answers.append(chat.turns[-1]["content"])
+    assert answers[0] == answers[1]
+
+
+def test_a_double_slash_sends_a_message_that_begins_with_a_slash(chat_bundle):
+    chat = _chat(chat_bundle)
+    _run(chat, _lines("//usr/bin is a folder"))
+    assert chat.turns[0]["content"] == "/usr/bin is a folder"
+
+
+def test_chat_cli_takes_commands_on_a_piped_stdin(chat_bundle):
+    res = CliRunner().invoke(app, ["chat", str(chat_bundle), "-n", "3", "--no-native"],
+                             input="/help\n/set temp 0.5\n/exit\nnot read\n")
+    assert res.exit_code == 0, res.output
+    assert "/clear" in res.output and "temp 0.5" in res.output and "tok/s" not in res.output
+
+
+def test_line_editing_keeps_a_capped_history_in_the_cache_folder(tmp_path, monkeypatch):
+    readline = __import__("pytest").importorskip("readline")
+    from dipdeploy.cli import chat as chat_cli
+
+    monkeypatch.setenv("DIPDEPLOY_CACHE", str(tmp_path))
+    with chat_cli.line_editing(True):
+        readline.add_history("a remembered line")
+    assert "a remembered line" in chat_cli.history_file().read_text()
+    assert readline.get_history_length() == chat_cli.HISTORY_LINES
+    with chat_cli.line_editing(True):  # the next session reads it back
+        assert readline.get_history_item(readline.get_current_history_length()) == "a remembered line"
+    (tmp_path / "off").mkdir()
+    monkeypatch.setenv("DIPDEPLOY_CACHE", str(tmp_path / "off"))
+    with chat_cli.line_editing(False):  # not a terminal: no history written
+        pass
+    assert list((tmp_path / "off").iterdir()) == []

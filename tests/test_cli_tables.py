@@ -12,7 +12,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def narrow(monkeypatch):
-    for console in (core.console, sim.console):
+    for console in (core.console, core.err_console, sim.console):
         monkeypatch.setattr(console, "width", 80)
 
 
@@ -59,8 +59,8 @@ def test_inspect_is_a_short_summary_and_files_lists_every_file(narrow, bundle):
 def test_run_stats_and_eval_rows_fit_80_columns(narrow, bundle):
     res = runner.invoke(app, ["run", str(bundle), "-p", "Hi", "-n", "2", "--no-native"])
     assert res.exit_code == 0, res.output
-    # the stats table: after the generated text (any characters) and its "[… stopped at 2 tokens]" mark
-    _fits(res.stdout[res.stdout.index(f"dipdeploy run {bundle.name}"):])
+    # the stats table (stderr): after the prompt and the "[… stopped at 2 tokens]" mark
+    _fits(res.stderr[res.stderr.index(f"dipdeploy run {bundle.name}"):])
     row = {"method": "dip-ca", "density": 0.4948, "rho_in": 0.55, "allocation": "greedy", "ppl": 1234.5678,
            "quant": "VQ3QuantConfig (a-long-folder-name/smollm2-vq3-gptq.npz)", "bits_per_weight": 3.1289,
            "tokens": 2047 * 16, "eval_s": 1234.5}

@@ -24,13 +24,15 @@ from dipdeploy.terminal import shown
 from dipdeploy.torchdevice import DEFAULT_DEVICE
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs and pipes get whole tables
+#: what accompanies a command's result (run's stats, notes), so stdout holds the result alone
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(err: Exception) -> None:
     """Print a clear one-line error (no traceback, never wrapped, the message's brackets kept, a file's
-    control characters made visible) and exit 2."""
+    control characters made visible) on stderr, where a redirected stdout does not hide it, and exit 2."""
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)  # KeyError quotes its str
-    console.print(f"[bold red]error:[/] {' '.join(shown(text).split())}", soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {' '.join(shown(text).split())}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -138,12 +140,12 @@ def kept(*written: bool) -> None:
         raise typer.Exit(1)
 
 
-def write_json(rows, path: Optional[Path], force: bool, flag: str = "--json") -> bool:
+def write_json(rows, path: Optional[Path], force: bool, flag: str = "--json", said: bool = True) -> bool:
     """``rows`` as JSON at ``path`` through :func:`write_output` (kept elsewhere if the write fails)."""
     from dipdeploy.paths import write_atomic
 
     text = json.dumps(rows, indent=1)
-    return write_output(lambda p, f: write_atomic(p, text, force=f), path, force, flag, text=text)
+    return write_output(lambda p, f: write_atomic(p, text, force=f), path, force, flag, text=text, said=said)
 
 
 # Options shared by eval and calibrate (typer wants them spelled out per command); every default is read

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import signal
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
 
@@ -13,7 +11,8 @@ import typer
 
 from dipdeploy import defaults
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import console, fail, kept, trace_room, utf8, write_json, write_output
+from dipdeploy.cli.core import console, err_console, fail, kept, trace_room, utf8, write_json, write_output
+from dipdeploy.cli.helpview import ADVANCED, BASIC, IO_PANEL, MEMORY, SAMPLING, PanelCommand
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.runtime.blockio import IO_RING_DEPTH as _IO_RING_DEPTH
@@ -30,82 +29,83 @@ _E = EngineConfig
 _ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
 
 BUDGET = typer.Option(_E.dram_budget, "--dram-budget", help="DRAM for the MLP caches: a share of the MLP bytes "
-                      "(50%) or a total for everything resident (120MB, 1.5GiB); dense weights and the KV cache come first")
+                      "(50%) or a total for everything resident (120MB, 1.5GiB); dense weights and the KV cache come first", rich_help_panel=MEMORY)
 POLICY = typer.Option(_E.policy, "--policy", help="cache policy: lfu | lru | belady (offline bound, γ = 1) | "
-                      "static (pinned rows: the dense baseline) | none")
-GAMMA = typer.Option(None, "--gamma", help="DIP-CA γ in [0, 1] (1 = plain DIP); default: the bundle's")
+                      "static (pinned rows: the dense baseline) | none", rich_help_panel=MEMORY)
+GAMMA = typer.Option(None, "--gamma", help="DIP-CA γ in [0, 1] (1 = plain DIP); default: the bundle's", rich_help_panel=MEMORY)
 LEVEL = typer.Option(None, "--accuracy-level", help="0 = fp32; 4 = int8 activations/coefficients in MatMulNBits and "
-                     "BQ4 SparseGatherMatMul (faster on x86); default: the bundle's")
+                     "BQ4 SparseGatherMatMul (faster on x86); default: the bundle's", rich_help_panel=ADVANCED)
 NATIVE = typer.Option(None, "--native/--no-native", help="native kernels (default: when built) or the ONNX "
-                      "fallback functions")
+                      "fallback functions", rich_help_panel=ADVANCED)
 FLASH = typer.Option(None, "--flash-bandwidth", help="emulate a phone's Flash at this rate, e.g. 1GB/s: the whole "
-                     "4 KiB blocks holding the missed rows are paced, as a device returns them")
+                     "4 KiB blocks holding the missed rows are paced, as a device returns them", rich_help_panel=IO_PANEL)
 FLASH_DEVICE = typer.Option(None, "--flash-device", help="emulate a device profile's Flash (a `dipdeploy simulate "
                             "--device` name, e.g. sd8gen3, or a .toml profile): its bandwidth and its cost per "
-                            "request, a run of touching 4 KiB blocks a request; instead of --flash-bandwidth")
+                            "request, a run of touching 4 KiB blocks a request; instead of --flash-bandwidth", rich_help_panel=IO_PANEL)
 COLD = typer.Option(_E.cold, "--cold", help="drop the MLP file from the OS page cache before the run (real disk "
-                    "reads)")
+                    "reads)", rich_help_panel=IO_PANEL)
 IO = typer.Option(_E.io, "--io", help="Flash reads: auto (direct where rows stay on Flash and the filesystem "
                   "takes O_DIRECT, else mmap) | mmap (MADV_RANDOM gathers through the page cache: faster where "
                   "the whole MLP file fits in free memory, thrashes under a memory limit that does not hold it) | "
                   "pread (positioned reads, one per run of adjacent rows; slower in Python) | direct (O_DIRECT, "
-                  "block-aligned, many in flight: every miss from the device, the budget kept)")
+                  "block-aligned, many in flight: every miss from the device, the budget kept)", rich_help_panel=IO_PANEL)
 IO_THREADS = typer.Option(_E.io_threads, "--io-threads", help="--io direct: reads in flight (the io_uring queue "
                           f"depth, default {_IO_RING_DEPTH}, or the op library's pread threads, default {_IO_THREADS}; "
-                          "a Python thread pool without the library)")
+                          "a Python thread pool without the library)", rich_help_panel=IO_PANEL)
 IO_ENGINE = typer.Option(_E.io_engine, "--io-engine", help="--io direct: auto (io_uring where the kernel grants a "
                          "ring, else threads) | io_uring (a ring that keeps many more reads in flight without a "
                          "thread each, as fio's --ioengine=io_uring) | threads (a pool of pread threads, as fio's "
-                         "--ioengine=psync with numjobs)")
+                         "--ioengine=psync with numjobs)", rich_help_panel=IO_PANEL)
 IO_GAP = typer.Option(_E.io_gap, "--io-gap", help="--io direct: read through gaps of at most this many 4 KiB blocks "
-                      "between wanted rows, so they cost one request, not two (0: only touching blocks coalesce)")
+                      "between wanted rows, so they cost one request, not two (0: only touching blocks coalesce)", rich_help_panel=IO_PANEL)
 CACHE_SPLIT = typer.Option(_E.cache_split, "--cache-split", help="how the budget's cache bytes are shared among the "
                            "groups: reads (the groups whose misses cost most reading per byte first: small rows "
-                           "such as down's) | even (the same share of every group's rows, the paper's)")
-CONTEXT = typer.Option(_E.context, "--context", help=f"KV-cache length reserved in the budget (tokens): "
+                           "such as down's) | even (the same share of every group's rows, the paper's)", rich_help_panel=MEMORY)
+CONTEXT = typer.Option(_E.context, "--context", "-c", help=f"KV-cache length reserved in the budget (tokens): "
                        f"prompt plus answer (run), the whole conversation (chat); default {DEFAULT_CONTEXT}, or "
-                       f"the bundle's positions if fewer; more than those is refused")
+                       f"the bundle's positions if fewer; more than those is refused", rich_help_panel=MEMORY)
 PREFILL = typer.Option(_E.prefill, "--prefill", help="prompt: batch (one batch per layer, plain DIP, caches warmed "
-                       "from its selections) | token (one at a time as decode: the exact DIP-CA reference)")
+                       "from its selections) | token (one at a time as decode: the exact DIP-CA reference)", rich_help_panel=ADVANCED)
 PREFILL_CHUNK = typer.Option(_E.prefill_chunk, "--prefill-chunk", help="--prefill batch: at most this many tokens "
                              "per graph run (llama.cpp's --ubatch-size); a longer prompt runs in chunks, so its "
-                             "activations stay within the plan")
+                             "activations stay within the plan", rich_help_panel=ADVANCED)
 PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (long with --prefill token)
-THREADS = typer.Option(_E.threads, "--threads", help="ORT intra-op threads (prefill and decode; the sessions run "
-                       "one at a time)")
+THREADS = typer.Option(_E.threads, "--threads", "-t", help="ORT intra-op threads (prefill and decode; the sessions run "
+                       "one at a time)", rich_help_panel=BASIC)
 THREAD_POOL = typer.Option(_E.thread_pool, "--thread-pool", help="above 1 thread: per-session (each session's own "
                            "pool, workers sleep when idle) | shared (onnxruntime's one pool for the process; its "
-                           "workers spin)")
+                           "workers spin)", rich_help_panel=ADVANCED)
 SINGLE = typer.Option(_E.single_session, "--single-session/--per-layer", help="all in DRAM: model.onnx in one "
                       "session per token, every row resident from the start, so DIP-CA is plain DIP (default: when "
                       "the budget holds every MLP row and no --trace is asked for), or the per-layer graphs (caches "
-                      "start empty; joined or not: --fused/--no-fused)")
+                      "start empty; joined or not: --fused/--no-fused)", rich_help_panel=MEMORY)
 FUSED = typer.Option(_E.fused, "--fused/--no-fused", help="below 100 %: the per-layer graphs joined into one "
                      "session per token, the cache step inside the graph (the same decisions, faster), or "
                      "--no-fused: one session per graph, the cache step on the host. Default: joined wherever it "
-                     "can run (--io mmap or direct, the op library, no belady, no --trace)")
+                     "can run (--io mmap or direct, the op library, no belady, no --trace)", rich_help_panel=ADVANCED)
 PREFETCH = typer.Option(_E.prefetch, "--prefetch/--no-prefetch", show_default=False,
                         help="--io direct, joined: predict each layer's up|gate rows from its input and read the "
                         "missing ones while its attention runs (the same decisions and logits; a wrong guess costs "
                         "reads), or read them only once selected (faster where the token waits on the device: a "
                         "fast CPU, --accuracy-level 4). Default: whichever decodes faster, timed on the first "
-                        f"{_PROBE_TOKENS} tokens each way")
-PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)")
+                        f"{_PROBE_TOKENS} tokens each way", rich_help_panel=IO_PANEL)
+PIN = typer.Option(None, "--pin-from", help="static: pin the most used rows of this trace (`dipdeploy trace`)", rich_help_panel=MEMORY)
 VERIFY = typer.Option(_E.verify, "--verify", help="also check the sha256 of the tensor data files first (the "
-                      "structure, sizes and the other files' sha256 are always checked)")
+                      "structure, sizes and the other files' sha256 are always checked)", rich_help_panel=IO_PANEL)
 
 
 # Generation options: the names of HF generate / llama.cpp; defaults are Sampler's (one definition).
 _GEN = Sampler()
-TEMPERATURE = typer.Option(_GEN.temperature, "--temperature", help="0 = greedy")
-TOP_K = typer.Option(_GEN.top_k, "--top-k", help="sample from the k most likely tokens (0 = off)")
-TOP_P = typer.Option(_GEN.top_p, "--top-p", help="sample from the smallest set of tokens reaching this probability")
-REP = typer.Option(_GEN.repetition_penalty, "--repetition-penalty", help="divide positive / multiply negative logits "
-                   "of tokens already in the context (HF semantics; 1 = off, 1.1-1.3 typical)")
+TEMPERATURE = typer.Option(_GEN.temperature, "--temperature", "--temp", help="0 = greedy", rich_help_panel=SAMPLING)
+TOP_K = typer.Option(_GEN.top_k, "--top-k", help="sample from the k most likely tokens (0 = off)", rich_help_panel=SAMPLING)
+TOP_P = typer.Option(_GEN.top_p, "--top-p", help="sample from the smallest set of tokens reaching this probability", rich_help_panel=SAMPLING)
+REP = typer.Option(_GEN.repetition_penalty, "--repetition-penalty", "--repeat-penalty", help="divide positive / multiply negative logits "
+                   "of tokens already in the context (HF semantics; 1 = off, 1.1-1.3 typical)", rich_help_panel=SAMPLING)
 STOP = typer.Option(None, "--stop", help="end the answer at this string (not printed; repeatable); the model's EOS "
-                    "ends it too")
-SEED = typer.Option(_GEN.seed, "--seed", help="sampling seed")
-SYSTEM = typer.Option(None, "--system", help="system prompt (through the bundle's chat template)")
+                    "ends it too", rich_help_panel=SAMPLING)
+SEED = typer.Option(None, "--seed", "-s", help="sampling seed (default: a random one, printed with the stats "
+                    "and kept in --json, so a run can be repeated; greedy needs none)", rich_help_panel=SAMPLING)
+SYSTEM = typer.Option(None, "--system", help="system prompt (through the bundle's chat template)", rich_help_panel=BASIC)
 
 
 def _by_field(cls, options: dict) -> dict:
@@ -114,8 +114,29 @@ def _by_field(cls, options: dict) -> dict:
 
 
 def _sampler(options: dict) -> Sampler:
-    """The ``Sampler`` of a command's parsed options, by field name (its checks name the options)."""
-    return Sampler(**{**_by_field(Sampler, options), "stop": tuple(options.get("stop") or ())})
+    """The ``Sampler`` of a command's parsed options, by field name (its checks name the options). Without
+    ``--seed`` a sampled run draws its seed, so two runs do not give the same answer as a fixed default
+    would; the seed drawn is the sampler's ``seed``, which the command shows so the run can be repeated."""
+    fields = {**_by_field(Sampler, options), "stop": tuple(options.get("stop") or ())}
+    if fields.get("seed") is not None and fields["seed"] < 0:
+        raise ValueError(f"--seed must be >= 0, got {fields['seed']}; or leave it out for a random one")
+    if fields.get("seed") is None:  # drawn for greedy too: chat's /set temp may turn sampling on
+        fields["seed"] = random_seed()
+    return Sampler(**fields)
+
+
+def random_seed() -> int:
+    import secrets
+
+    return secrets.randbelow(SEED_RANGE)
+
+
+SEED_RANGE = 2**31  # seeds a user can retype (a positive 32-bit integer), as llama.cpp prints them
+
+
+def sampling_note(sampler: Sampler) -> str | None:
+    """The line that makes a sampled answer repeatable (None for greedy, which is repeatable as it is)."""
+    return f"seed {sampler.seed} (-s {sampler.seed} repeats this answer)" if sampler.temperature > 0 else None
 
 
 def engine_config(options: dict) -> EngineConfig:
@@ -150,12 +171,13 @@ def _engine(bundle: Path, options: dict):
 
 class _Prefill:
     """A long prompt's prefill as a progress stage (``dipdeploy.progress``), and the prompt printed once,
-    when its prefill is done, so the stage's line or bar never lands inside the streamed text."""
+    when its prefill is done, so the stage's line or bar never lands inside the streamed text. Both go to
+    stderr (stdout holds the generated text alone); ``quiet`` shows neither."""
 
-    def __init__(self):
+    def __init__(self, quiet: bool = False):
         from dipdeploy.progress import Progress
 
-        self.progress, self.stage, self.printed = Progress(), None, False
+        self.progress, self.stage, self.printed = Progress(quiet=quiet), None, quiet
 
     def on_prefill(self, done: int, total: int) -> None:
         if self.stage is None and total >= PREFILL_PROGRESS:
@@ -168,49 +190,122 @@ class _Prefill:
 
     def prompt(self, text: str | None) -> None:
         if not self.printed and text is not None:
-            console.print(f"[bold]{shown(text, lines=True)}[/]", end="", highlight=False)
+            # on a terminal the answer continues the prompt's line; else the prompt's stream ends its line
+            inline = sys.stdout.isatty() and sys.stderr.isatty()
+            err_console.print(f"[bold]{shown(text, lines=True)}[/]", end="" if inline or text.endswith("\n") else "\n",
+                              highlight=False)
         self.printed = True
 
 
-@app.command("run")
+#: a prompt file larger than this is a wrong file rather than a prompt: refused before reading it all
+PROMPT_FILE_LIMIT = 1 << 20
+#: suffixes of model files that users hand to ``run`` as llama.cpp's ``-m`` takes them
+_MODEL_FILES = (".gguf", ".safetensors", ".bin", ".pt", ".pth")
+
+
+def check_bundle(bundle: Path, command: str) -> None:
+    """A model where a bundle is expected (``run model.gguf``, ``run smollm2-135m``, ``run ~/models/HF``)
+    is a common first try: say it is a model, and give the export that makes a bundle of it."""
+    import shlex
+
+    from dipdeploy.bundle.names import MANIFEST
+    from dipdeploy.registry import is_registered
+
+    if bundle.is_dir() and (bundle / MANIFEST).is_file():
+        return
+    if bundle.is_file() and bundle.suffix.lower() in _MODEL_FILES:
+        what = "a model file"
+    elif bundle.is_dir() and (bundle / "config.json").is_file():
+        what = "a Hugging Face model folder"
+    elif not bundle.exists() and is_registered(str(bundle)):
+        what = "a model of the registry (`dipdeploy models`)"
+    else:
+        return  # the engine says what is wrong with it
+    raise ValueError(f"{bundle} is {what}, not a bundle; make a bundle of it first: `dipdeploy export --model "
+                     f"{shlex.quote(str(bundle))} --out BUNDLE`, then `dipdeploy {command} BUNDLE`")
+
+
+def read_prompt(prompt: Optional[str], file: Optional[Path], *, flag: str = "-p", what: str = "the prompt",
+                required: bool = True, stdin: bool = True) -> Optional[str]:
+    """The text of ``-p TEXT`` (``flag``) or ``-f FILE`` (``-f -``: standard input, where ``stdin``), never
+    both, one of them when ``required``; a file must be UTF-8 text of a prompt's size (a wrong file is refused,
+    not tokenised)."""
+    if (prompt is not None and file is not None) or (required and prompt is None and file is None):
+        raise ValueError(f"give {what} once: {flag} TEXT or -f FILE (a UTF-8 text file"
+                         f"{'; - reads stdin' if stdin else ''})")
+    if file is None:
+        return utf8(prompt, "--prompt" if flag == "-p" else flag)
+    if str(file) == "-":
+        if not stdin:
+            raise ValueError("-f - : this command reads stdin itself; give a file")
+        data = sys.stdin.buffer.read(PROMPT_FILE_LIMIT + 1) if hasattr(sys.stdin, "buffer") else \
+            sys.stdin.read().encode("utf-8", "surrogateescape")
+    else:
+        if not file.is_file():
+            raise FileNotFoundError(f"--file {file} {'is a folder' if file.is_dir() else 'does not exist'}; give "
+                                    f"a text file holding {what}")
+        with open(file, "rb") as f:
+            data = f.read(PROMPT_FILE_LIMIT + 1)
+    if len(data) > PROMPT_FILE_LIMIT:
+        raise ValueError(f"--file {file} is larger than {PROMPT_FILE_LIMIT >> 20} MiB, too long for a prompt; give "
+                         f"a file holding {what} alone")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--file {file} is not UTF-8 text (byte {data[err.start:err.start + 1]!r} at offset "
+                         f"{err.start}); convert it (iconv -t UTF-8)") from None
+
+
+@app.command("run", cls=PanelCommand)
 def run_cmd(
     bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
-    prompt: str = typer.Option(..., "--prompt", "-p", help="text to continue (with --chat: the user's message)"),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="text to continue (with --chat: the "
+                                         "user's message)", rich_help_panel=BASIC),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="read the prompt from this UTF-8 text file "
+                                        "(- : standard input), instead of -p", rich_help_panel=BASIC),
     max_new_tokens: int = typer.Option(defaults.MAX_NEW_TOKENS, "--max-new-tokens", "-n",
-                                       help="tokens to generate"),
+                                       help="tokens to generate", rich_help_panel=BASIC),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     flash_device: Optional[str] = FLASH_DEVICE,
-    cold: bool = COLD, io: str = IO, io_threads: Optional[int] = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
-    prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
+    cold: bool = COLD, io: str = IO, io_threads: Optional[int] = IO_THREADS, io_engine: str = IO_ENGINE,
+    io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT, prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY, single_session: Optional[bool] = SINGLE,
-    fused: Optional[bool] = FUSED, prefetch: Optional[bool] = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K,
-    top_p: float = TOP_P, repetition_penalty: float = REP, stop: Optional[List[str]] = STOP, seed: int = SEED,
+    fused: Optional[bool] = FUSED, prefetch: Optional[bool] = PREFETCH, temperature: float = TEMPERATURE,
+    top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP, stop: Optional[List[str]] = STOP,
+    seed: Optional[int] = SEED,
     chat: bool = typer.Option(False, "--chat", help="format the prompt as one user turn with the bundle's chat "
-                              "template (default: raw completion)"),
+                              "template (default: raw completion)", rich_help_panel=BASIC),
     system: Optional[str] = SYSTEM,
     trace: Optional[Path] = typer.Option(None, "--trace", help="record every token's selected rows and hits "
-                                         "(a dipdeploy trace, for `dipdeploy simulate`)"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the text and the stats as JSON"),
-    force: bool = typer.Option(False, "--force", help="overwrite existing --trace/--json files"),
+                                         "(a dipdeploy trace, for `dipdeploy simulate`)", rich_help_panel=ADVANCED),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the text, the seed and the stats as JSON",
+                                            rich_help_panel=BASIC),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print the generated text alone: no prompt, stats, "
+                               "progress or notes of files written (errors still show)", rich_help_panel=BASIC),
+    force: bool = typer.Option(False, "--force", help="overwrite existing --trace/--json files",
+                               rich_help_panel=BASIC),
 ) -> None:
-    """Generate from a bundle under a DRAM budget, MLP rows streamed from its weight file; print the stats."""
+    """Generate from a bundle under a DRAM budget, MLP rows streamed from its weight file. The text goes to
+    stdout, the stats to stderr (`run … > answer.txt` keeps the answer alone)."""
     options = dict(locals())
     from dipdeploy.cli.core import check_inputs
     from dipdeploy.runtime.chat import length_mark
     from dipdeploy.runtime.template import ChatTemplate, messages
 
     try:
+        check_bundle(bundle, "run")
         if system is not None and not chat:
             raise ValueError("--system needs --chat (the system prompt goes through the chat template)")
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         check_count(max_new_tokens, "--max-new-tokens", 1, MAX_TOKENS, "tokens")
-        for flag, value in (("--prompt", prompt), ("--system", system), *(("--stop", s) for s in stop or ())):
+        check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
+        prompt = options["prompt"] = read_prompt(prompt, file)
+        for flag, value in (("--system", system), *(("--stop", s) for s in stop or ())):
             utf8(value, flag)
         sampler = _sampler(options)
-        check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
         if trace is not None:  # a trace is the per-layer path's selections (dipdeploy.runtime.backends.whole)
             if single_session:
                 raise ValueError("--trace records the per-layer graphs' selections: drop --single-session")
@@ -223,7 +318,7 @@ def run_cmd(
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
             text = engine.encode(rendered, special_tokens=False)  # the template writes its special tokens
         recorder = engine.trace_recorder() if trace is not None else None
-        screen = _Prefill()
+        screen = _Prefill(quiet)
         shown_prompt = prompt + ("\n" if chat else "")
         g = engine.generate(text, max_new_tokens, sampler=sampler, trace=recorder, on_prefill=screen.on_prefill,
                             on_text=lambda piece: (screen.prompt(shown_prompt),
@@ -233,73 +328,23 @@ def run_cmd(
         console.print()
     except _ERRORS as err:
         fail(err)
-    if g.finish == "length":
-        console.print(f"[dim]{shown(length_mark(max_new_tokens))}[/]")
-    table = make_table("stat", "value", title=f"dipdeploy run {shown(bundle.name)}", wrap=("stat", "value"))
-    for k, v in g.stats.table():
-        table.add_row(shown(k), shown(v))
-    console.print(table)
+    if not quiet:
+        if g.finish == "length":
+            err_console.print(f"[dim]{shown(length_mark(max_new_tokens))}[/]")
+        table = make_table("stat", "value", title=f"dipdeploy run {shown(bundle.name)}", wrap=("stat", "value"))
+        for k, v in g.stats.table():
+            table.add_row(shown(k), shown(v))
+        if sampling_note(sampler):
+            table.add_row("seed", str(sampler.seed))
+        err_console.print(table)
     traced = True
     if recorder is not None:
         recorder.meta.update({"prompt": prompt, "bundle": str(bundle)})
         recorded = recorder.finish()
-        traced = write_output(lambda p, f: recorded.save(p, force=f), trace, force, "--trace")
+        traced = write_output(lambda p, f: recorded.save(p, force=f), trace, force, "--trace", said=False)
     kept(traced, write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, "finish": g.finish,
-                             **g.stats.as_dict()}, json_out, force=force))
-
-
-@app.command("chat")
-def chat_cmd(
-    bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export` (with a chat template)"),
-    max_new_tokens: int = typer.Option(defaults.CHAT_MAX_NEW_TOKENS, "--max-new-tokens", "-n",
-                                       help="tokens per answer at most"),
-    dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
-    accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
-    flash_device: Optional[str] = FLASH_DEVICE,
-    io: str = IO, io_threads: Optional[int] = IO_THREADS, io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT,
-    prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
-    thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: Optional[bool] = FUSED,
-    prefetch: Optional[bool] = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP,
-    stop: Optional[List[str]] = STOP, seed: int = SEED, system: Optional[str] = SYSTEM,
-) -> None:
-    """Interactive chat through the bundle's chat template: streams each answer, then one line of stats.
-    Ctrl-C stops an answer (kept in the conversation); Ctrl-C or Ctrl-D at the prompt quits."""
-    options = dict(locals())
-    from dipdeploy.runtime.chat import Chat, Interrupt, check_policy, repl
-
-    try:
-        if max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-        check_count(max_new_tokens, "--max-new-tokens", 1, MAX_TOKENS, "tokens")
-        check_policy(policy)
-        for flag, value in (("--system", system), *(("--stop", s) for s in stop or ())):
-            utf8(value, flag)
-        sampler = _sampler(options)
-        engine = _engine(bundle, options)
-        chat = Chat(engine, sampler, system)
-    except _ERRORS as err:
-        fail(err)
-    density = (engine.manifest.plan or {}).get("density", 1.0)
-    console.print(f"[dim]{shown(bundle.name)}: {shown(engine.manifest.method)} at MLP density ρ {density:.2f} "
-                  f"(`dipdeploy demo` shows what ρ costs), budget {shown(dram_budget)}, policy "
-                  f"{shown(engine.cfg.policy)}, "
-                  f"γ {engine.gamma:g}; Ctrl-C stops an answer, Ctrl-D or Ctrl-C at the prompt quits[/]")
-    interrupt = Interrupt()
-
-    @contextmanager
-    def answering():
-        previous = signal.signal(signal.SIGINT, lambda *_: setattr(interrupt, "requested", True))
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    def write(piece: str) -> None:
-        sys.stdout.write(shown(piece, lines=True, markup=False))  # a model's text may hold ESC
-        sys.stdout.flush()
-
-    try:
-        repl(chat, input, write, lambda line: console.print(f"[dim]{shown(line)}[/]", highlight=False),
-             max_new_tokens, interrupt, answering, on_prefill=lambda: _Prefill().on_prefill)
-    except _ERRORS as err:
-        fail(err)
+                             "seed": sampler.seed, **g.stats.as_dict()}, json_out, force=force, said=False))
+    if not quiet:
+        for path in (trace, json_out):
+            if path is not None:
+                err_console.print(f"wrote {shown(path)}")

@@ -10,6 +10,7 @@ continue. Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
@@ -60,6 +61,11 @@ class Chat:
         self.turns: list[dict] = []  # user and assistant messages, oldest first
         engine.reset()
 
+    def clear(self) -> None:
+        """Start a new conversation (the system prompt stays); the next turn re-reads from the first token
+        that differs, and the DRAM row caches stay warm."""
+        self.turns = []
+
     @property
     def history(self) -> list[dict]:
         return self.system + self.turns
@@ -95,13 +101,61 @@ def length_mark(max_new_tokens: int) -> str:
     return f"[… stopped at {max_new_tokens} tokens; -n to raise]"
 
 
+#: ``/set NAME VALUE``: the sampling options a conversation can change, by the names users type
+SETTABLE = {"temp": "temperature", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+            "seed": "seed", "repeat_penalty": "repetition_penalty", "repetition_penalty": "repetition_penalty"}
+HELP = ("commands: /exit (or Ctrl-D) quits · /clear starts a new conversation · /set NAME VALUE changes "
+        "sampling (NAME: temp, top_k, top_p, repeat_penalty, seed) · /set shows it · /help this list; "
+        "a message that begins with / is sent as //message")
+QUIT = "quit"
+
+
+def sampling(sampler: Sampler) -> str:
+    return (f"temp {sampler.temperature:g}, top_k {sampler.top_k}, top_p {sampler.top_p:g}, repeat_penalty "
+            f"{sampler.repetition_penalty:g}, seed {sampler.seed}")
+
+
+def command(chat: Chat, line: str) -> str:
+    """A ``/command`` line: what to show, or :data:`QUIT`. A refusal is one line naming the fix; the
+    conversation goes on either way."""
+    words = line.split()
+    name, args = words[0].lower(), words[1:]
+    if name in ("/exit", "/quit", "/bye") and not args:
+        return QUIT
+    if name == "/clear" and not args:
+        chat.clear()
+        return "[a new conversation: the earlier turns are forgotten]"
+    if name in ("/help", "/?") and not args:
+        return HELP
+    if name == "/set" and not args:
+        return sampling(chat.sampler)
+    if name == "/set":
+        key = args[0].lower().replace("-", "_")
+        if key not in SETTABLE or len(args) != 2:
+            return f"/set {' '.join(args)}: give /set NAME VALUE, NAME one of temp, top_k, top_p, repeat_penalty, seed"
+        field = SETTABLE[key]
+        kind = int if field in ("top_k", "seed") else float
+        try:
+            value = kind(args[1])
+            if field == "seed" and value < 0:
+                raise ValueError(f"seed must be >= 0, got {value}")
+            chat.sampler = dataclasses.replace(chat.sampler, **{field: value})  # checked, and reseeded
+        except ValueError as err:
+            what = f"not {'an integer' if kind is int else 'a number'}" if "invalid literal" in str(err) \
+                or "could not convert" in str(err) else str(err)
+            return f"/set {key} {args[1]}: {what}; the sampling stays {sampling(chat.sampler)}"
+        return sampling(chat.sampler)
+    return f"unknown command {words[0]} (or wrong arguments); /help lists the commands"
+
+
 def repl(chat: Chat, read: Callable[[str], str], write: Callable[[str], None], note: Callable[[str], None],
          max_new_tokens: int, interrupt: Interrupt, answering=nullcontext,
          on_prefill: Callable[[], Callable[[int, int], None]] | None = None) -> None:
     """The loop of ``dipdeploy chat``, terminal-free for tests: ``read`` is ``input``, ``write`` streams
     the answer, ``note`` prints status lines, ``answering()`` is a context manager the CLI uses to route
     Ctrl-C to ``interrupt`` while an answer streams, ``on_prefill()`` gives each turn its prefill
-    callback (progress for a long message). Ctrl-C or Ctrl-D at the prompt quits; a blank line is ignored."""
+    callback (progress for a long message). Ctrl-C or Ctrl-D at the prompt quits; a blank line is ignored;
+    a line that begins with / is a :func:`command` (``//`` sends a message that begins with /)."""
     while True:
         try:
             line = read("> ")
@@ -109,6 +163,14 @@ def repl(chat: Chat, read: Callable[[str], str], write: Callable[[str], None], n
             write("\n")
             return
         if not line.strip():
+            continue
+        if line.lstrip().startswith("//"):
+            line = line.lstrip()[1:]
+        elif line.lstrip().startswith("/"):
+            said = command(chat, line)
+            if said == QUIT:
+                return
+            note(said)
             continue
         interrupt.requested = False
         try:
