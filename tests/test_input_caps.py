@@ -274,7 +274,7 @@ def test_other_commands_counts_have_caps(tmp_path, args, says):
 
 
 @pytest.mark.parametrize("option, value, says", [
-    ("--top-k", 10**12, "--top-k must be an integer in [0, 4194304]"), ("--seed", -5, "--seed must be an integer >= 0")])
+    ("--top-k", 10**12, "--top-k must be an integer in [0, 4194304]"), ("--seed", -5, "--seed must be >= 0, got -5")])
 def test_sampling_options_are_bounded(tmp_path, option, value, says):
     _one_line(["run", str(tmp_path), "-p", "x", option, str(value)], says)
 
