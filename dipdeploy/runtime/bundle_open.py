@@ -30,6 +30,22 @@ def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
     return manifest
 
 
+def check_vocabulary(path: Path, manifest: Manifest, tokenizer_vocab: int | None) -> None:
+    """Refuse a bundle whose tokenizer (``tokenizer_vocab``: its size with added tokens, None when it has
+    none) or whose config's ``vocab_size`` names more tokens than the embedding table has rows: such ids
+    would embed as zero rows in ``model.onnx`` and decode garbage with exit 0."""
+    from dipdeploy.runtime.embedding import embedding_rows
+
+    rows = embedding_rows(manifest)
+    if rows is None:
+        return
+    declared = (manifest.source.get("config") or {}).get("vocab_size")
+    for what, n in (("the config's vocab_size", declared), ("the tokenizer's vocabulary", tokenizer_vocab)):
+        if type(n) is int and n > rows:
+            raise BundleError(f"bundle {path}: {what} ({n} tokens) exceeds the embedding table's {rows} rows; "
+                              f"{REGENERATE}")
+
+
 def bundle_positions(path: str | Path, manifest: Manifest | None = None) -> int:
     """Positions the bundle can run: the model's ``max_position_embeddings`` (the manifest's config), or
     fewer when the export built a shorter RoPE table (``context_length`` of genai_config.json). A longer

@@ -39,6 +39,25 @@ def embedding_table_bytes(manifest: Manifest) -> int:
     return sum(manifest.tensors[n]["length"] for n in names if n in manifest.tensors)
 
 
+def embedding_rows(manifest: Manifest) -> int | None:
+    """Rows of the embedding table (the token ids the bundle can embed), or None when the manifest names
+    no 2-d table (``EmbeddingRows`` refuses that where it reads rows)."""
+    t = manifest.tensors.get(embedding_tensors(manifest)[0])
+    shape = t.get("shape") if isinstance(t, dict) else None
+    return int(shape[0]) if isinstance(shape, list) and len(shape) == 2 and type(shape[0]) is int else None
+
+
+def check_token_ids(ids, rows: int | None) -> None:
+    """Refuse a token id the embedding table has no row for, in one line: ``model.onnx``'s Gather gives
+    such an id a zero row (a silent wrong result), so every path checks ids where they enter the engine."""
+    if rows is None:
+        return
+    bad = next((t for t in ids if not 0 <= int(t) < rows), None)
+    if bad is not None:
+        raise ValueError(f"token id {int(bad)} is outside the embedding table's {rows} rows: give ids in "
+                         f"0..{rows - 1} (the bundle's tokenizer encodes text to such ids)")
+
+
 class EmbeddingRows:
     """Positioned reads of single embedding rows (see the module docstring)."""
 

@@ -27,11 +27,11 @@ from dipdeploy.bundle.names import MLP_FILE
 from dipdeploy.cache import policy_of
 from dipdeploy.runtime import record as recording
 from dipdeploy.runtime.backends import Decoder, open_backend
-from dipdeploy.runtime.bundle_open import bundle_positions, open_bundle
+from dipdeploy.runtime.bundle_open import bundle_positions, check_vocabulary, open_bundle
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT
 from dipdeploy.runtime.cgroup import check_budget, memory_limit
 from dipdeploy.runtime.config import EngineConfig
-from dipdeploy.runtime.embedding import embedding_table_bytes
+from dipdeploy.runtime.embedding import check_token_ids, embedding_rows, embedding_table_bytes
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.native_cache import choose_cache_library
@@ -89,6 +89,10 @@ class Engine:
         baked = int((m.export_config or {}).get("accuracy_level", 0)) if m.quant else 0
         self.accuracy_level = baked if self.cfg.accuracy_level is None else self.cfg.accuracy_level
         self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
+        self._tokenizer = None
+        has_tokenizer = (self.path / "tokenizer.json").is_file()
+        check_vocabulary(self.path, m, self.tokenizer.get_vocab_size(True) if has_tokenizer else None)
+        self.vocab_rows = embedding_rows(m)  # every token id fed is checked against it
         limit = bundle_positions(self.path, m)
         if self.cfg.context is None:
             self.cfg = dataclasses.replace(self.cfg, context=min(DEFAULT_CONTEXT, limit))
@@ -100,7 +104,6 @@ class Engine:
         self.kv = KvCache(KvShape(self.num_layers, dec["num_key_value_heads"], dec["head_size"], self.cfg.context),
                           (m.export_config or {}).get("attention", "standard"))
         check_budget(m, self.cfg.dram_budget, self.kv.nbytes, memory_limit())  # before any session opens
-        self._tokenizer = None
         self._state = None
         self.backend: Decoder = open_backend(self, session_options, native)  # chosen once (sets cfg.io)
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
@@ -168,6 +171,7 @@ class Engine:
         """Feed one token; returns the logits [V] of the next one. ``record(layer, sel_in, sel_glu,
         hits_in, hits_glu)`` gets each layer's selections as views of the graph buffers, which the next
         token overwrites: a recorder that keeps them copies them (the per-layer path only)."""
+        check_token_ids([token], self.vocab_rows)
         return self.backend.step(int(token), timer, record)
 
     def prefill(self, ids: list[int], timer: Timer, record=None,
@@ -179,6 +183,7 @@ class Engine:
         chunk instead of the prompt. ``progress(done, total)`` follows each chunk."""
         if self._state["pos"] + len(ids) > self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
+        check_token_ids(ids, self.vocab_rows)
         return self.backend.prefill(ids, timer, record, progress)
 
     def trace_recorder(self):
@@ -210,6 +215,7 @@ class Engine:
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
+        check_token_ids(ids, self.vocab_rows)  # before Belady's recording pass
         if len(ids) + max_new_tokens > self.cfg.context:
             raise ValueError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the context of "
                              f"{self.cfg.context}; raise --context")

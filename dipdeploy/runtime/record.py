@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dipdeploy.runtime.embedding import check_token_ids
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.stats import Timer
 
@@ -56,6 +57,7 @@ def teacher_forced(engine: Engine, prompt: list[int], tokens: list[int]) -> tupl
         raise ValueError("the prompt is empty: give at least one token")
     if len(prompt) + len(tokens) > engine.cfg.context:
         raise ValueError(f"{len(prompt) + len(tokens)} tokens exceed the context of {engine.cfg.context}")
+    check_token_ids([*prompt, *tokens], engine.vocab_rows)  # before any token is fed
     engine.reset()
     timer, sel = Timer(), []
 
