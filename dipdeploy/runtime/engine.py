@@ -109,7 +109,8 @@ class Engine:
         self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
                                 emulate=self.cfg.emulate,
                                 io_threads=self.cfg.io_threads,
-                                io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap)
+                                io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap,
+                                size=(m.files.get(MLP_FILE) or {}).get("size"))
         self.backend.open_slabs()
 
     def __getattr__(self, name: str):

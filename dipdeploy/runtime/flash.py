@@ -53,12 +53,14 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import time
 from dataclasses import astuple, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dipdeploy.bundle.manifest import BundleError
 from dipdeploy.flash import plan_reads, touched_blocks
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, AlignedBuffer, make_reader, open_direct
 
@@ -158,7 +160,14 @@ class FlashStore:
 
     def __init__(self, path: str | os.PathLike, *, io: str = "mmap", cold: bool = False,
                  emulate: FlashModel | None = None, io_threads: int | None = None, native: bool = True,
-                 io_engine: str = IO_ENGINE, io_gap: int = IO_GAP):
+                 io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, size: int | None = None):
+        """``size``: the bytes the manifest lists for the file. The descriptor that is read (and mapped)
+        is ``fstat``-ed against it right after it opens, so a file truncated since the bundle's checks is
+        refused in one line instead of a SIGBUS on the first mapped page past its end. A file truncated
+        while a run maps it is outside the contract: a bundle is read-only for as long as a run holds it
+        (``export --force`` swaps in a new directory rather than rewriting files in place), and Python
+        cannot survive a SIGBUS; ``io="pread"`` or ``"direct"`` turn such a truncation into a short-read
+        error instead."""
         if io not in IO_MODES:
             raise ValueError(f"io={io!r}: choose one of {', '.join(IO_MODES)}")
         if io_gap < 0:
@@ -168,9 +177,11 @@ class FlashStore:
         self._reader = self._bounce = self._mmap = self._map = None
         if io == "direct":
             self.fd, self.note = open_direct(self.path)
-            self._reader, self._bounce = make_reader(io_threads, native, io_engine), AlignedBuffer()
         else:
             self.fd = os.open(self.path, os.O_RDONLY)
+        self._check_size(size)
+        if io == "direct":
+            self._reader, self._bounce = make_reader(io_threads, native, io_engine), AlignedBuffer()
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         if cold:
@@ -182,6 +193,16 @@ class FlashStore:
             self._map = np.frombuffer(self._mmap, dtype=np.uint8)
         self.counters = FlashCounters()
         self._debt = 0.0
+
+    def _check_size(self, size: int | None) -> None:
+        """Refuse (closing the descriptor) a file that is not a regular file of at least ``size`` bytes."""
+        st = os.fstat(self.fd)
+        if size is None or (st.st_size >= size and stat.S_ISREG(st.st_mode)):
+            return
+        os.close(self.fd)
+        self.fd = -1
+        raise BundleError(f"{self.path}: {st.st_size} bytes where the manifest lists {size} (changed since the "
+                      "bundle was checked); re-export the bundle or run `dipdeploy inspect --verify`")
 
     def native_reader(self, bounce: int):
         """``--io direct`` with the op library's reader, for a caller that reads through it in C++ (the
