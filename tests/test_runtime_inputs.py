@@ -107,3 +107,24 @@ def test_a_weight_file_truncated_after_the_checks_is_one_line_under_io_mmap(tiny
     assert len([ln for ln in lines if not ln.startswith("warning")]) == 1, lines
     if budget != "100%":  # at 100% model.onnx's session (ORT maps mlp.bin itself) refuses first, in one line
         assert "bytes where the manifest lists" in proc.stderr
+
+
+@pytest.mark.parametrize("backend", [dict(dram_budget="100%"), dict(dram_budget="50%", fused=False),
+                                     dict(dram_budget="50%", fused=None)])
+def test_a_stop_during_the_prefill_ends_it_after_the_current_chunk(tiny_dipca_bundle, backend):
+    """A host's Ctrl-C (``should_stop``) during a long prefill returns after the chunk that is running,
+    with finish "interrupted" and the fed chunks in the sequence, instead of waiting for the whole prompt."""
+    eng = Engine(tiny_dipca_bundle(), prefill_chunk=4, **backend)
+    prompt = [3, 17, 42, 9, 100, 7, 64, 5, 11, 12, 13]  # three chunks
+    done, stop = [], []
+
+    def on_prefill(n, total):
+        done.append(n)
+        stop.append(True)  # as a Ctrl-C during the first chunk would
+
+    g = eng.generate(prompt, 4, on_prefill=on_prefill, should_stop=lambda: bool(stop))
+    assert g.finish == "interrupted" and g.tokens == []
+    assert done == [4] and eng.sequence == prompt[:4]
+    eng.truncate(0)  # the engine stays usable: a new sequence runs the whole prompt
+    g = eng.generate(prompt, 2, stop_at_eos=False, on_prefill=lambda n, t: done.append(n))
+    assert g.finish == "length" and done[1:] == [4, 8, 11]

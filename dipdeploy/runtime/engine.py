@@ -39,6 +39,10 @@ from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 
 
+class _Stopped(Exception):
+    """``should_stop`` said stop between two prefill chunks (``Engine.prefill``)."""
+
+
 @dataclass
 class Generation:
     """``text`` is what was streamed: complete characters, cut before a stop string, no EOS token.
@@ -176,16 +180,31 @@ class Engine:
         return self.backend.step(int(token), timer, record)
 
     def prefill(self, ids: list[int], timer: Timer, record=None,
-                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+                progress: Callable[[int, int], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
         """Feed ``ids`` in chunks of at most ``EngineConfig.prefill_chunk`` tokens, each one batch per
         layer (per-layer path), one run of the joined graph or of ``model.onnx``; returns the logits [V]
         after the last token. A chunk attends to the earlier ones through the KV cache, as a decoded token
         does, so chunking changes only the floating-point summation, and bounds the working set by the
-        chunk instead of the prompt. ``progress(done, total)`` follows each chunk."""
+        chunk instead of the prompt. ``progress(done, total)`` follows each chunk. ``should_stop()`` is
+        asked after each chunk but the last (a host's Ctrl-C waits one chunk, not the whole prompt): when
+        it says stop, the sequence holds the chunks fed and None is returned."""
         if self._state["pos"] + len(ids) > self.cfg.context:
             raise ValueError(f"context of {self.cfg.context} tokens is full; raise --context")
         check_token_ids(ids, self.vocab_rows)
-        return self.backend.prefill(ids, timer, record, progress)
+        if should_stop is None:
+            return self.backend.prefill(ids, timer, record, progress)
+
+        def between(done: int, total: int) -> None:
+            if progress is not None:
+                progress(done, total)
+            if done < total and should_stop():
+                raise _Stopped  # between chunks: every backend has committed the chunk by now
+
+        try:
+            return self.backend.prefill(ids, timer, record, between)
+        except _Stopped:
+            return None
 
     def trace_recorder(self):
         """A ``TraceRecorder`` for ``generate(trace=...)`` (``dipdeploy.runtime.record.trace_recorder``)."""
@@ -246,8 +265,8 @@ class Engine:
                stop_at_eos=True, prompt=None, record=None, should_stop=None, on_prefill=None) -> Generation:
         """Feed ``ids`` after what the sequence holds (no reset: the KV cache and the caches continue),
         then sample until EOS (``stop_at_eos``), one of ``sampler.stop``, ``max_new_tokens`` or
-        ``should_stop()`` (asked before every token: a host's Ctrl-C, which must not cut a token's
-        cache update in half). The last sampled token is not fed; a caller that continues feeds it first.
+        ``should_stop()`` (asked before every token and between prefill chunks: a host's Ctrl-C, which
+        must not cut a token's cache update in half). The last sampled token is not fed; a caller that continues feeds it first.
 
         ``on_text(piece)`` receives the answer's text as it becomes final (``dipdeploy.runtime.stream``:
         whole UTF-8 characters, never a stop string); ``on_prefill(done, total)`` follows ``ids``."""
@@ -272,10 +291,8 @@ class Engine:
         logits = None
         by_token = self.cfg.prefill == "token"
         if not by_token and ids:
-            if stopped():
-                finish = "interrupted"
-            else:
-                logits = self.prefill([int(t) for t in ids], timer, feed, on_prefill)
+            logits = None if stopped() else self.prefill([int(t) for t in ids], timer, feed, on_prefill, stopped)
+            finish = "interrupted" if logits is None else finish
         for n, t in enumerate(ids if by_token else []):
             if stopped():
                 finish = "interrupted"
