@@ -56,8 +56,36 @@ def test_a_vocabulary_beyond_the_embedding_is_refused_when_the_bundle_opens(tiny
     raw = json.loads((bundle / MANIFEST).read_text())
     raw["source"]["config"]["vocab_size"] = rows * 2
     (bundle / MANIFEST).write_text(json.dumps(raw))
-    with pytest.raises(BundleError, match=f"the config's vocab_size \\({rows * 2} tokens\\) exceeds"):
+    with pytest.raises(BundleError, match=f"source.config.vocab_size {rows * 2} exceeds the embedding table's "
+                                          f"{rows} rows"):
         Engine(bundle, dram_budget="100%")
+    m.source["config"]["vocab_size"] = rows * 2  # past verify (as a caller holding a parsed manifest would)
+    with pytest.raises(BundleError, match=f"the config's vocab_size \\({rows * 2} tokens\\) exceeds"):
+        check_vocabulary(bundle, m, None)
+
+
+@pytest.mark.parametrize("edit,problem", [
+    (lambda raw: raw["source"]["config"].update(vocab_size=10 ** 6), "source.config.vocab_size 1000000 exceeds"),
+    (lambda raw: raw["plan"].update(hidden_size=raw["plan"]["hidden_size"] * 2), "plan.hidden_size is"),
+    (lambda raw: raw["source"]["config"].update(intermediate_size=7), "source.config.intermediate_size is 7"),
+])
+def test_verify_refuses_a_bundle_whose_shapes_disagree_with_its_config(tiny_dipca_bundle, tmp_path, edit, problem):
+    """``inspect --verify`` said ok on these: every file intact, but widths or the vocabulary the engine
+    cannot run with."""
+    from typer.testing import CliRunner
+
+    import dipdeploy.cli.export  # noqa: F401  (registers inspect)
+    from dipdeploy.bundle.manifest import parse_manifest, verify
+    from dipdeploy.cli._app import app
+
+    bundle = _copy(tiny_dipca_bundle(), tmp_path)
+    assert verify(bundle) == []
+    raw = json.loads((bundle / MANIFEST).read_text())
+    edit(raw)
+    (bundle / MANIFEST).write_text(json.dumps(raw))
+    assert any(problem in p for p in verify(bundle, parse_manifest(bundle))), verify(bundle)
+    res = CliRunner().invoke(app, ["inspect", str(bundle), "--verify"])
+    assert res.exit_code != 0 and problem in " ".join(res.output.split())
 
 
 @pytest.mark.parametrize("io", ["mmap", "pread", "direct"])

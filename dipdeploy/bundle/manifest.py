@@ -20,7 +20,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from dipdeploy.bundle.graphdata import GraphDataError, external_data
-from dipdeploy.bundle.names import EDGE_GRAPHS, GENAI_CONFIG, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
+from dipdeploy.bundle.names import EDGE_GRAPHS, EMBEDDING, GENAI_CONFIG, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
 from dipdeploy.flash import BLOCK
 
 BUNDLE_FORMAT = "dipdeploy-bundle"
@@ -266,7 +266,8 @@ def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str 
         problems += _graph_problems(bundle, name, manifest.files)
     for name, t in manifest.tensors.items():
         problems += _tensor_problems(manifest, name, t)
-    return problems + _overlap_problems(manifest) + _plan_problems(manifest) + _sizes_problems(manifest)
+    return (problems + _overlap_problems(manifest) + _plan_problems(manifest) + _shape_problems(manifest)
+            + _sizes_problems(manifest))
 
 
 def _name_problem(name) -> str | None:
@@ -508,4 +509,26 @@ def _plan_problems(manifest: Manifest) -> list[str]:
         problems.append(f"graphs.layers: {count} graphs do not match the plan's {n} layers "
                         f"(3 per layer + {' + '.join(g.removesuffix('.onnx') for g in EDGE_GRAPHS)} = "
                         f"{3 * n + len(EDGE_GRAPHS)})")
+    return problems
+
+
+def _shape_problems(manifest: Manifest) -> list[str]:
+    """The plan and the embedding table must have the config's widths, and the table a row for every
+    token of the config's vocabulary: a bundle that differs passes every file check, then runs with the
+    wrong widths or embeds the ids past the table as zero rows (a wrong answer with exit 0)."""
+    plan, cfg = manifest.plan or {}, manifest.source.get("config")
+    if not isinstance(cfg, dict):
+        return []
+    problems = [f"plan.{key} is {plan[key]!r} but source.config.{key} is {cfg[key]!r}"
+                for key in ("hidden_size", "intermediate_size")
+                if type(plan.get(key)) is int and type(cfg.get(key)) is int and plan[key] != cfg[key]]
+    table = manifest.tensors.get(f"{EMBEDDING}.weight") or manifest.tensors.get(f"{EMBEDDING}.qweight")
+    shape = table.get("shape") if isinstance(table, dict) else None
+    if not (isinstance(shape, list) and len(shape) == 2 and all(type(n) is int for n in shape)):
+        return problems
+    vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size")
+    if type(vocab) is int and vocab > shape[0]:
+        problems.append(f"source.config.vocab_size {vocab} exceeds the embedding table's {shape[0]} rows")
+    if f"{EMBEDDING}.weight" in manifest.tensors and type(hidden) is int and shape[1] != hidden:
+        problems.append(f"the embedding table's width {shape[1]} is not source.config.hidden_size {hidden}")
     return problems
