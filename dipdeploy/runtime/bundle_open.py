@@ -31,9 +31,11 @@ def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
 
 
 def check_vocabulary(path: Path, manifest: Manifest, tokenizer_vocab: int | None) -> None:
-    """Refuse a bundle whose tokenizer (``tokenizer_vocab``: its size with added tokens, None when it has
+    """Refuse a bundle whose tokenizer (``tokenizer_vocab``: its model's vocabulary, None when it has
     none) or whose config's ``vocab_size`` names more tokens than the embedding table has rows: such ids
-    would embed as zero rows in ``model.onnx`` and decode garbage with exit 0."""
+    would embed as zero rows in ``model.onnx`` and decode garbage with exit 0. Added (special) tokens
+    are not counted: a small model's tokenizer may list one past its table, and the engine refuses that
+    id in one line where a text encodes to it (``embedding.check_token_ids``)."""
     from dipdeploy.runtime.embedding import embedding_rows
 
     rows = embedding_rows(manifest)

@@ -95,7 +95,7 @@ class Engine:
         self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
         self._tokenizer = None
         has_tokenizer = (self.path / "tokenizer.json").is_file()
-        check_vocabulary(self.path, m, self.tokenizer.get_vocab_size(True) if has_tokenizer else None)
+        check_vocabulary(self.path, m, self.tokenizer.get_vocab_size(False) if has_tokenizer else None)
         self.vocab_rows = embedding_rows(m)  # every token id fed is checked against it
         limit = bundle_positions(self.path, m)
         if self.cfg.context is None:
