@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from dipdeploy.arch import Arch, ArchitectureError, arch_of, get_arch
 from dipdeploy.limits import MAX_LAYERS, MAX_WIDTH
-from dipdeploy.paths import atomic_dir, cache_dir
+from dipdeploy.paths import atomic_dir, cache_dir, read_capped
 from dipdeploy.registry import ModelSpec, get_model, is_registered
 
 
@@ -386,9 +386,8 @@ def check_raw_config(where) -> None:
     if not path.is_file():
         return  # not a folder (a GGUF's metadata) or no config: ``_config`` names the fix
     try:
-        with open(path, "rb") as f:
-            text = f.read(RAW_CONFIG_MAX + 1)
-        raw = json.loads(text) if len(text) <= RAW_CONFIG_MAX else None
+        text = read_capped(path, RAW_CONFIG_MAX)
+        raw = json.loads(text) if text is not None else None
     except (ValueError, RecursionError) as err:
         raise ValueError(f"{path} is not valid JSON ({type(err).__name__}); pass a complete Hugging Face model "
                          f"directory or a .gguf file") from None

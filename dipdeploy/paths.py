@@ -113,6 +113,15 @@ def check_input_dir(path: Path | str | None, flag: str) -> Path | None:
     return path
 
 
+def read_capped(path: Path | str, cap: int) -> bytes | None:
+    """The bytes of ``path``, or None when it holds more than ``cap``: at most ``cap + 1`` bytes are read,
+    so a huge file (or one that grows while it is read) costs no more than the cap before its reader
+    refuses it in its own words."""
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    return data if len(data) <= cap else None
+
+
 def check_input_file(path: Path | str | None, flag: str) -> Path | None:
     """An input file the user named must exist before any work starts (not after the model loaded)."""
     if path is None:

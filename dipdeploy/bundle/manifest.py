@@ -22,6 +22,7 @@ from pathlib import Path
 from dipdeploy.bundle.graphdata import GraphDataError, external_data
 from dipdeploy.bundle.names import EDGE_GRAPHS, EMBEDDING, GENAI_CONFIG, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
 from dipdeploy.flash import BLOCK
+from dipdeploy.paths import read_capped
 
 BUNDLE_FORMAT = "dipdeploy-bundle"
 BUNDLE_VERSION = 3  # 3: the joined decoder (graphs.decoder); 2: positions.onnx, the MLP term unadded
@@ -380,9 +381,8 @@ def _genai_problems(bundle: Path, lib) -> list[str]:
                 walk(value)
 
     try:
-        with open(bundle / GENAI_CONFIG, "rb") as f:
-            text = f.read(GENAI_CONFIG_MAX + 1)
-        if len(text) > GENAI_CONFIG_MAX:
+        text = read_capped(bundle / GENAI_CONFIG, GENAI_CONFIG_MAX)
+        if text is None:
             return [f"{GENAI_CONFIG}: larger than {GENAI_CONFIG_MAX} bytes"]
         walk(json.loads(text))
     except (OSError, ValueError, RecursionError) as exc:

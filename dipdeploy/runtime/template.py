@@ -19,6 +19,8 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
+from dipdeploy.paths import read_capped
+
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -87,9 +89,8 @@ class ChatTemplate:
 
 def _read(path: Path) -> str:
     """A template file's text, refused above ``MAX_SOURCE_BYTES`` before it is read whole."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_SOURCE_BYTES + 1)
-    if len(data) > MAX_SOURCE_BYTES:
+    data = read_capped(path, MAX_SOURCE_BYTES)
+    if data is None:
         raise ValueError(f"{path} is over the cap of {MAX_SOURCE_BYTES} bytes for a tokenizer config or chat "
                          "template; re-export the bundle with the model's own tokenizer files")
     return data.decode("utf-8")

@@ -25,6 +25,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dipdeploy.paths import read_capped
+
 GB = 1e9
 PROFILE_MAX = 1 << 20  # bytes of a profile file read at most: a profile is a few dozen lines
 MAX_READ_UNIT = 1 << 24  # bytes: a Flash read unit is a page of a few KiB; the cap only stops a mistyped one
@@ -92,9 +94,8 @@ def _number(raw: dict, key: str, path: Path, positive: bool = True) -> float:
 
 
 def _parse(path: Path) -> DeviceProfile:
-    with open(path, "rb") as f:
-        data = f.read(PROFILE_MAX + 1)
-    if len(data) > PROFILE_MAX:
+    data = read_capped(path, PROFILE_MAX)
+    if data is None:
         raise ValueError(f"device profile {path} is over the cap of {PROFILE_MAX} bytes (a profile is a few "
                          "dozen lines); give a profile file")
     raw = tomllib.loads(data.decode("utf-8"))
