@@ -9,7 +9,7 @@ gives the plan ``eval`` calibrates itself; and how a quantised model's token emb
 ``export`` ships and ``eval --quant`` must measure alike. Floor 1: no imports.
 """
 
-#: The embedded default model (a registry name; README, "Quick start").
+#: The embedded default model (a registry name; README, "Quickstart").
 MODEL = "smollm2-135m"
 #: Calibration text: this many windows of this many tokens of the WikiText-2 validation split.
 CALIB_WINDOWS = 4
