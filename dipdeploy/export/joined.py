@@ -32,7 +32,7 @@ holds no weights: its initializers are the per-layer graphs' external tensors, b
 Inputs: ``hidden`` (the embedded tokens, [1, N, d]), ``attention_mask``, ``position_ids``, the past K/V,
 and per layer ``layer.{i}.cache_in``/``cache_glu`` (residency), ``layer.{i}.up_gate.*``/``down.*``
 (slabs) and ``layer.{i}.up_gate.handle``/``down.handle`` (the native groups, int64 [1]); outputs
-``logits`` (last position only) and the presents.
+``logits`` (the last position only, unless ``logits_from`` says from which) and the presents.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 import onnx
 
 from dipdeploy.bundle.manifest import REGENERATE, BundleError
-from dipdeploy.bundle.names import JOINED, MLP_GROUPS, joined_input
+from dipdeploy.bundle.names import JOINED, JOINED_LOGITS_FROM as LOGITS_FROM, MLP_GROUPS, joined_input
 from dipdeploy.export.graph import check_model
 from dipdeploy.ops.nodes import set_gamma
 from dipdeploy.ops.schemas import CACHE_OPS, DOMAIN, SGMM_OP
@@ -197,13 +197,17 @@ class _Joiner:
         self.nodes.insert(at + 1, node)  # the nodes stay in topological order
 
     def last(self, value: str) -> str:
-        """``value`` [1, N, d] cut to its last position [1, 1, d]: the head needs the logits after the last
-        token only (a batched prefill's chunk would otherwise cost N · vocab logits)."""
+        """``value`` [1, N, d] cut to its positions from ``LOGITS_FROM`` on (by default the last one only,
+        [1, 1, d]): a batched prefill needs the logits after its last token only (else it would cost
+        N · vocab logits), a speculative verification those after every token (``LOGITS_FROM`` bound to 0,
+        ``dipdeploy.runtime.speculate``). ``LOGITS_FROM`` is a graph input ([-1]: the last position), not an
+        initializer a host may override, which onnxruntime would warn of at every session it opens."""
         h, T = self.onnx.helper, self.onnx.TensorProto
-        for name, v in (("starts", -1), ("ends", 2**63 - 1), ("axes", 1)):
-            self.initializers.setdefault(f"last/{name}", h.make_tensor(f"last/{name}", T.INT64, [1], [v]))
+        for name, v in (("last/ends", 2**63 - 1), ("last/axes", 1)):
+            self.initializers.setdefault(name, h.make_tensor(name, T.INT64, [1], [v]))
+        self.inputs.setdefault(LOGITS_FROM, h.make_tensor_value_info(LOGITS_FROM, T.INT64, [1]))
         out = value + ".last"
-        self.nodes.append(h.make_node("Slice", [value, "last/starts", "last/ends", "last/axes"], [out],
+        self.nodes.append(h.make_node("Slice", [value, LOGITS_FROM, "last/ends", "last/axes"], [out],
                                       name=out + "/slice"))
         return out
 

@@ -31,6 +31,8 @@ PREFILL_MODES = ("batch", "token")
 #: overhead; 128 peaked lower than 256 on a long prompt for a slightly slower prefill than one chunk on a
 #: short one (benchmarks/results/memory.md, the chunk sweep)
 PREFILL_CHUNK = 128
+#: --speculate: the most draft tokens one verification pass checks (each costs a row of logits)
+MAX_SPECULATE = 16
 #: --io-threads: reads in flight; a device's queue holds fewer, and without io_uring each is a thread
 MAX_IO_THREADS = 1024
 #: --io-gap: ``dipdeploy.flash.MAX_GAP`` (wider gaps read more than the request they save costs)
@@ -108,7 +110,9 @@ class EngineConfig:
     ``prefetch``: with ``overlap_reads``, each pre-norm layer's up|gate selection is predicted from the
     layer's input and the predicted misses are read while its attention runs (``CachePrefetch``,
     docs/decisions/0005-prefetch-auto.md); the decisions and logits do not change, a wrong guess costs
-    reads. None: on or off, whichever decodes faster on the first tokens (``readahead.ReadAheadProbe``)."""
+    reads. None: on or off, whichever decodes faster on the first tokens (``readahead.ReadAheadProbe``).
+    ``speculate``: the most draft tokens one verification pass checks (``dipdeploy.runtime.speculate``);
+    the plan reserves that pass's logits (``speculate`` + 1 rows of the vocabulary); 0: no speculation."""
 
     dram_budget: str | float = f"{SparsityConfig.cache_frac:.0%}"
     policy: str = SparsityConfig.policy
@@ -136,6 +140,7 @@ class EngineConfig:
     fused: bool | None = None  # the per-layer graphs joined, the cache step in the graph; None: where it can
     overlap_reads: bool = True  # joined, --io direct: the misses read while the resident rows are multiplied
     prefetch: bool | None = None  # ... and a layer's predicted up|gate misses read while its attention runs
+    speculate: int = 0  # draft tokens per verification pass (dipdeploy.runtime.speculate); 0: none
     emulate: FlashModel | None = field(init=False, default=None, repr=False)  # flash_bandwidth or flash_device as a pacing
 
     def __post_init__(self) -> None:
@@ -146,6 +151,12 @@ class EngineConfig:
         if self.prefill_chunk < 1:
             raise FieldError("prefill_chunk", f"must be >= 1 token, got {self.prefill_chunk}")
         _cap("prefill_chunk", self.prefill_chunk, MAX_TOKENS, "tokens")
+        if type(self.speculate) is not int or self.speculate < 0:
+            raise FieldError("speculate", f"must be a whole number of draft tokens >= 0, got {self.speculate!r}")
+        _cap("speculate", self.speculate, MAX_SPECULATE, "draft tokens")
+        if self.speculate and (self.prefill != "batch" or self.speculate + 1 > self.prefill_chunk):
+            raise FieldError("speculate", f"{self.speculate} verifies {self.speculate + 1} tokens in one batched run: "
+                                          f"it needs --prefill batch and --prefill-chunk {self.speculate + 1} or more")
         if self.policy not in POLICIES:
             raise FieldError("policy", f"{self.policy!r} unknown; choose one of {', '.join(POLICIES)}")
         if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:

@@ -262,14 +262,18 @@ class Engine:
         return set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
 
     def extend(self, ids, max_new_tokens, sampler, on_text=None, trace=None, keep_logits=False,
-               stop_at_eos=True, prompt=None, record=None, should_stop=None, on_prefill=None) -> Generation:
+               stop_at_eos=True, prompt=None, record=None, should_stop=None, on_prefill=None,
+               draft=None) -> Generation:
         """Feed ``ids`` after what the sequence holds (no reset: the KV cache and the caches continue),
         then sample until EOS (``stop_at_eos``), one of ``sampler.stop``, ``max_new_tokens`` or
         ``should_stop()`` (asked before every token and between prefill chunks: a host's Ctrl-C, which
         must not cut a token's cache update in half). The last sampled token is not fed; a caller that continues feeds it first.
 
         ``on_text(piece)`` receives the answer's text as it becomes final (``dipdeploy.runtime.stream``:
-        whole UTF-8 characters, never a stop string); ``on_prefill(done, total)`` follows ``ids``."""
+        whole UTF-8 characters, never a stop string); ``on_prefill(done, total)`` follows ``ids``.
+        ``draft``: a ``dipdeploy.runtime.speculate`` draft; the tokens then come from its proposals and
+        the target's verification passes (the engine opened with ``EngineConfig.speculate``)."""
+        from dipdeploy.runtime import speculate
         from dipdeploy.runtime.stream import TextStream
 
         timer = Timer()
@@ -283,6 +287,10 @@ class Engine:
         feed = recording.feed(trace, record)
         if feed is not None and not self.backend.records_selections:
             raise ValueError(self.backend.per_layer_only("traces and recorded selections"))
+        if draft is not None:
+            speculate.check_draft(self, draft)
+            if feed is not None:
+                raise ValueError("speculative decoding records no per-layer selections: drop --speculate")
         base = self.backend.lookups()  # [layer, group, (hits, lookups)] since the caches' reset
 
         stream = TextStream(self.tokenizer, sampler.stop)
@@ -302,28 +310,51 @@ class Engine:
                 on_prefill(n + 1, len(ids))
         t1, flash1 = time.perf_counter(), self.flash.counters.snapshot()
         hits_prefill = self.backend.lookups() - base
-        for n in range(max_new_tokens if finish != "interrupted" else 0):
+        fed = self._state["pos"]
+        spec = speculate.SpeculationStats() if draft is not None else None
+        if finish == "interrupted" or max_new_tokens == 0:
+            source = (_ for _ in ())
+        elif draft is not None:
+            source = speculate.tokens(self, draft, logits, sampler, max_new_tokens, timer, spec, time.perf_counter)
+        else:
+            source = self._plain_tokens(logits, sampler, max_new_tokens, timer, feed)
+        while True:
             if stopped():
-                finish = "interrupted"
+                finish = "interrupted" if len(new) < max_new_tokens else finish
                 break
+            item = next(source, None)
+            if item is None:
+                break
+            tok, chosen_from = item
             if keep_logits:
-                kept.append(logits.copy())
-            tok = sampler(logits, self._state["ids"])  # the sampled tokens before it are fed already
+                kept.append(chosen_from.copy())
             new.append(tok)
             if tok not in eos:
                 show(stream.push(tok))
             if tok in eos or stream.stopped is not None:
                 finish = "eos" if tok in eos else "stop"
                 break
-            if n == max_new_tokens - 1:
-                break
-            logits = self.step(tok, timer, feed)
+        source.close()
+        if self._state["pos"] > fed + max(len(new) - 1, 0):  # a verification pass fed tokens past the answer
+            self.truncate(fed + max(len(new) - 1, 0))
         show(stream.finish())
         t2 = time.perf_counter()
         hits = self.backend.lookups() - base
         stats = RunStats.collect(self, len(ids), len(new), t1 - t0, t2 - t1, timer, hits, hits_prefill,
                                  flash1 - flash0, self.flash.counters - flash1, memory_now())
+        if spec is not None:
+            stats.speculation = {"draft": draft.name, "k": self.cfg.speculate, **spec.as_dict()}
         return Generation(prompt, stream.text, new, stats, kept, finish)
+
+    def _plain_tokens(self, logits, sampler, max_new_tokens, timer, feed):
+        """The tokens of plain decoding, each with the logits it was sampled from: sample, then feed it
+        unless it is the last."""
+        for n in range(max_new_tokens):
+            tok = sampler(logits, self._state["ids"])  # the sampled tokens before it are fed already
+            yield tok, logits
+            if n == max_new_tokens - 1:
+                return
+            logits = self.step(tok, timer, feed)
 
     def close(self) -> None:
         self.backend.close()

@@ -29,7 +29,9 @@ _ERRORS = {-2: "slot table out of step with the cache: a hit has no slot or a mi
            -4: "slot table: no free slot for an admitted row after the step",
            -5: "a row's bytes lie outside the mapped MLP file: the bundle is truncated; re-export it or run "
                "`dipdeploy inspect --verify`",
-           -6: "dd_cache: bad arguments"}
+           -6: "dd_cache: bad arguments",
+           -10: "a step outside a batched prefill takes one token's selection",
+           -11: "a speculative draft runs the joined decoder's overlap graph (CacheBegin/CacheEnd), not CacheStep"}
 
 
 @functools.cache
@@ -59,6 +61,8 @@ def cache_library(path: str):
         lib.dd_cache_prefill.restype, lib.dd_cache_prefill.argtypes = _I64, [_P, _I64, _P]
     if hasattr(lib, "dd_cache_read_ahead"):  # CachePrefetch's switch
         lib.dd_cache_read_ahead.restype, lib.dd_cache_read_ahead.argtypes = _I64, [_P, _I64, ctypes.c_int]
+    if hasattr(lib, "dd_cache_draft"):  # a speculative draft over the resident rows (dipdeploy.runtime.speculate)
+        lib.dd_cache_draft.restype, lib.dd_cache_draft.argtypes = _I64, [_P, _I64, ctypes.c_int]
     return lib
 
 
@@ -123,6 +127,16 @@ def read_ahead(library: str, handles: np.ndarray, on: bool) -> None:
     if lib is None or not hasattr(lib, "dd_cache_read_ahead"):
         raise RuntimeError(f"{library} has no dd_cache_read_ahead: rebuild it (make ops)")
     _check(lib.dd_cache_read_ahead(handles.ctypes.data, handles.size, int(on)), 0)
+
+
+def draft(library: str, handles: np.ndarray, on: bool) -> None:
+    """Put the groups ``handles`` in or out of a speculative draft: their CacheBegin/CacheEnd multiply the
+    selection's resident rows only, nothing is read and the caches do not change (custom_ops/README.md,
+    CacheBegin; ``dipdeploy.runtime.speculate``)."""
+    lib = cache_library(library)
+    if lib is None or not hasattr(lib, "dd_cache_draft"):
+        raise RuntimeError(f"{library} has no dd_cache_draft: rebuild it (make ops)")
+    _check(lib.dd_cache_draft(handles.ctypes.data, handles.size, int(on)), 0)
 
 
 def _check(rc: int, rows: int) -> int:

@@ -103,6 +103,7 @@ class RunStats:
     read_ahead_rows_per_token: float = 0.0  # joined, --io direct: rows CachePrefetch read before the selection
     read_ahead_used_per_token: float = 0.0  # ... that the selection then missed
     read_ahead: str | None = None  # joined, --io direct: "on", "off" or --prefetch auto's choice (Engine.read_ahead_setting)
+    speculation: dict | None = None  # --speculate: draft, k, passes, drafted, accepted, acceptance, tokens_per_pass, seconds
 
     @classmethod
     def collect(cls, engine, n_prompt: int, n_new: int, prefill_s: float, decode_s: float, timer: Timer,

@@ -13,6 +13,7 @@ int64_t dd_cache_graph_begin(void * group, const int64_t * sel, int64_t tokens, 
 int64_t dd_cache_graph_misses(const void * group);
 int64_t dd_cache_graph_end(void * group, int64_t * idx, int64_t * slots);
 int64_t dd_cache_graph_prefetch(void * group, const int64_t * pred, int64_t k);
+int64_t dd_cache_draft(void * const * groups, int64_t n, int on);
 int64_t dd_cache_drain(void * const * groups, int64_t n, int64_t * out);
 const char * dd_cache_error(int64_t code);
 int64_t dd_cache_read_errno(const void * group);

@@ -46,6 +46,7 @@ static int64_t open_step(Group * g, const int64_t * sel, int64_t tokens, int64_t
 __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, const int64_t * sel, int64_t tokens,
                                                                    int64_t k, int64_t * slots) {
   Group * g = static_cast<Group *>(gp);
+  if (g && g->draft) return kDraftStep;
   if (g && g->ahead) {
     const int64_t rc = end_ahead(*g);
     if (rc < 0) return rc;
@@ -72,6 +73,30 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_step(void * gp, co
   return n;
 }
 
+// CacheBegin's work in a speculative draft (dd_cache_draft): the entries of one token's selection `sel`
+// [1, k] that the cache holds and their slots in `idx`, `slots` (hits in selection order, [1, H]), and no
+// misses for CacheEnd: the draft's product runs over the resident rows alone. The cache, its slots and its
+// counters do not change and nothing is read. Returns H.
+static int64_t draft_begin(Group & g, const int64_t * sel, int64_t tokens, int64_t k, int64_t * idx,
+                           int64_t * slots) {
+  if (k < 0 || tokens < 0) return kBadArgs;
+  if (!g.full.empty() || tokens != 1) return kOneToken;
+  int64_t h = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t r = sel[j];
+    if (r < 0 || r >= g.rows) return kOutOfRange;
+    if (!g.resident[r]) continue;
+    if (g.slot_of[r] < 0) return kOutOfStep;
+    idx[h] = r;
+    slots[h] = g.slot_of[r];
+    ++h;
+  }
+  g.open_misses = 0;
+  g.open_reads = 0;
+  g.begin_ns = 0;
+  return h;
+}
+
 // CacheBegin's work (the joined decoder reading while it multiplies, dipdeploy/runtime/backends/joined.py): the step
 // of dd_cache_graph_step for the selection `sel` [tokens, k], with the misses' reads only started (the
 // group's reader) or already copied (the mapping), and the hits' entries of the selection and their slots
@@ -85,6 +110,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
                                                                     int64_t k, int64_t * idx, int64_t * slots) {
   Group * g = static_cast<Group *>(gp);
   if (g && g->open_misses >= 0) return kOutOfStep;
+  if (g && g->draft) return draft_begin(*g, sel, tokens, k, idx, slots);
   int64_t info[4] = {0, 0, 0, 0};
   bool filled = false;
   const int64_t misses = open_step(g, sel, tokens, k, slots, info, &filled);  // slots: every entry's, for now
@@ -149,8 +175,8 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_begin(void * gp, c
 __attribute__((visibility("default"))) int64_t dd_cache_graph_prefetch(void * gp, const int64_t * pred, int64_t k) {
   Group * g = static_cast<Group *>(gp);
   if (!g || k < 0 || (k > 0 && !pred)) return kBadArgs;
-  if (!g->ahead_on || g->map || g->direct.fd < 0 || !g->full.empty() || g->direct.pending || g->ahead ||
-      g->open_misses >= 0)
+  if (!g->ahead_on || g->draft || g->map || g->direct.fd < 0 || !g->full.empty() || g->direct.pending ||
+      g->ahead || g->open_misses >= 0)
     return 0;
   const int64_t t0 = now_ns();
   try {
@@ -183,6 +209,29 @@ __attribute__((visibility("default"))) int64_t dd_cache_read_ahead(void * const 
   for (int64_t i = 0; i < n; ++i)
     if (!groups[i]) return kBadArgs;
   for (int64_t i = 0; i < n; ++i) static_cast<Group *>(groups[i])->ahead_on = on != 0;
+  return 0;
+}
+
+// Puts the `n` groups in or out of a speculative draft (dipdeploy/runtime/speculate.py): in it, CacheBegin
+// and CacheEnd multiply the selection's resident rows only (draft_begin), CacheSettle and CachePrefetch do
+// nothing, and CacheStep is refused (kDraftStep). A read-ahead in flight is waited for first (its reads
+// count, as a read-ahead no step used does). Refused while a group has a step open or is in a prefill.
+// Returns 0, or an error code.
+__attribute__((visibility("default"))) int64_t dd_cache_draft(void * const * groups, int64_t n, int on) {
+  if (n < 0 || (n > 0 && !groups)) return kBadArgs;
+  for (int64_t i = 0; i < n; ++i) {
+    const Group * g = static_cast<const Group *>(groups[i]);
+    if (!g) return kBadArgs;
+    if (g->open_misses >= 0 || !g->full.empty()) return kOutOfStep;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    Group * g = static_cast<Group *>(groups[i]);
+    if (on && g->ahead) {
+      const int64_t rc = end_ahead(*g);
+      if (rc < 0) return rc;
+    }
+    g->draft = on != 0;
+  }
   return 0;
 }
 
@@ -221,6 +270,7 @@ __attribute__((visibility("default"))) int64_t dd_cache_graph_end(void * gp, int
 __attribute__((visibility("default"))) int64_t dd_cache_graph_settle(void * gp) {
   Group * g = static_cast<Group *>(gp);
   if (!g) return kBadArgs;
+  if (g->draft) return 0;
   if (g->full.empty()) return dd_cache_settle(g);
   try {
     return prefill_warm(*g);

@@ -203,6 +203,7 @@ __attribute__((visibility("default"))) const char * dd_cache_error(int64_t code)
     case kBounce: return "the misses' blocks exceed the bounce buffer the plan reserved";
     case kReadFailed: return "a read of the MLP file failed or came back short: the bundle may be truncated; run `dipdeploy inspect --verify`";
     case kOneToken: return "input 'indices' must be one token's selection [1, K] outside a batched prefill";
+    case kDraftStep: return "a speculative draft runs the joined decoder's overlap graph (CacheBegin/CacheEnd), not CacheStep";
     default: return "bad arguments";
   }
 }
@@ -219,6 +220,7 @@ __attribute__((visibility("default"))) void dd_cache_drop_step(void * gp) {
   g->direct.pending = false;
   g->ahead = false;
   g->open_misses = -1;
+  g->draft = false;
 }
 
 }  // extern "C"

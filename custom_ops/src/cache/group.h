@@ -107,6 +107,9 @@ struct Group {
   // which keeps the misses it did not hold in rest_rows/rest_slots. `ahead_on`: dd_cache_read_ahead's switch
   std::vector<int64_t> ahead_rows, rest_rows, rest_slots;
   bool ahead = false, ahead_on = true;
+  // a speculative draft (dd_cache_draft): CacheBegin hands the product the selection's resident rows only,
+  // CacheEnd none; nothing is read, and neither the cache nor its counters change
+  bool draft = false;
   int64_t ahead_ns = 0;
   // since the last drain (dd_cache_drain): misses, requests, bytes wanted, ns, block bytes (read from the
   // device by the reader; with the mapping, the blocks holding the copied rows: touched_blocks), the rows
@@ -123,6 +126,7 @@ struct Group {
   int64_t chunk_tokens = 0;
 };
 constexpr int64_t kOneToken = -10;  // a step outside a prefill with more than one token's selection
+constexpr int64_t kDraftStep = -11;  // a draft through CacheStep (it has no product over the resident rows alone)
 
 // policy.cc: the cache rule.
 int64_t access(Group & g, const int64_t * sel, int64_t k, uint8_t * hits);

@@ -46,6 +46,14 @@ class Decoder(Protocol):
 
     def lookups(self) -> np.ndarray: ...
 
+    def verify(self, ids: list[int], timer: Timer) -> np.ndarray:
+        """One speculative verification pass over ``ids`` (at most ``EngineConfig.speculate`` + 1): the
+        logits after every one of them, [n, V], valid until the next pass (``dipdeploy.runtime.speculate``)."""
+
+    def draft_mode(self, on: bool) -> None:
+        """In draft mode (``--draft cache``) a step multiplies only the rows its caches hold, reads nothing
+        and changes no cache; a backend that cannot draft refuses in one line."""
+
     def per_layer_only(self, what: str) -> str:
         """The one line refusing what only the per-layer path has."""
 

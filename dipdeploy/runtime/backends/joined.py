@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from dipdeploy.bundle.manifest import REGENERATE, BundleError
-from dipdeploy.bundle.names import JOINED, MLP_GROUPS, joined_input
+from dipdeploy.bundle.names import JOINED, JOINED_LOGITS_FROM, MLP_GROUPS, joined_input
 from dipdeploy.cache import policy_of
 from dipdeploy.flash import BLOCK, MAX_REQUEST
 from dipdeploy.runtime.backends.per_layer import SlabDecoder
@@ -61,6 +61,7 @@ class JoinedDecoder(SlabDecoder):
     def __init__(self, host, session_options, native: bool):
         super().__init__(host)
         self.read_ahead = None  # --prefetch auto: the probe that chooses
+        self._drafting = False  # draft_mode: every step over the resident rows alone
         options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
         gamma = None if self.gamma == self.baked_gamma else self.gamma
         chunk = min(self.cfg.prefill_chunk, self.cfg.context) if self.cfg.prefill == "batch" else 1
@@ -120,6 +121,17 @@ class JoinedDecoder(SlabDecoder):
 
     native_hits = lookups
 
+    def _prefill_mode(self, on: bool) -> None:
+        """Every group in or out of prefill mode (``NativeCache.prefill``): their steps fill the
+        full-height buffers with a chunk's rows and warm the caches from its selections."""
+        for pair in self.slabs:
+            for slab in pair:
+                if on:
+                    full = self._full_buffers(slab)
+                    slab.native_state().prefill([full[a.name] for a in slab.arrays.per_row])
+                else:
+                    slab.native_state().prefill(None)
+
     def prefill(self, ids: list[int], timer: Timer, record=None,
                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         """Each chunk of ``ids`` through the joined graph in one run (``_chunk``), the groups in prefill
@@ -128,11 +140,8 @@ class JoinedDecoder(SlabDecoder):
         if record is not None:
             raise ValueError(self.per_layer_only("per-layer selections"))
         size = self.fused.chunk
-        slabs = [slab for pair in self.slabs for slab in pair]
         if size > 1:
-            for slab in slabs:
-                full = self._full_buffers(slab)
-                slab.native_state().prefill([full[a.name] for a in slab.arrays.per_row])
+            self._prefill_mode(True)
         try:
             for start in range(0, n, size):
                 chunk = ids[start:start + size]
@@ -141,16 +150,54 @@ class JoinedDecoder(SlabDecoder):
                     progress(min(start + size, n), n)
         finally:
             if size > 1:
-                for slab in slabs:
-                    slab.native_state().prefill(None)
+                self._prefill_mode(False)
         return logits
+
+    def verify(self, ids: list[int], timer: Timer) -> np.ndarray:
+        """One speculative verification pass (``dipdeploy.runtime.speculate``): ``ids`` (at most
+        ``EngineConfig.speculate`` + 1) in one run of the joined graph, the groups in prefill mode (the
+        union of the tokens' selected rows read once, then the caches warmed from the selections in token
+        order), each token selecting against the residency as it stood before the pass; the logits after
+        every token, [n, V] (a view of the plan's ``verify_logits``, valid until the next pass)."""
+        st, n = self._state, len(ids)
+        if n > self.cfg.speculate + 1:
+            raise ValueError(f"a verification holds at most {self.cfg.speculate + 1} tokens (speculate + 1), got {n}")
+        self._prefill_mode(True)
+        try:
+            timer.start()
+            hidden = self.fused.chunk_hidden.array[: n * self.d].reshape(n, self.d)
+            for j, t in enumerate(ids):
+                self.embedding.read(int(t), hidden[j])
+            timer.lap("embed+head")
+            logits = self.fused.verify_chunk(st["pos"], n, self.verify_logits)
+            timer.lap("fused graph")
+        finally:
+            self._prefill_mode(False)
+        self._drain_graph_reads()
+        timer.lap("cache")
+        st["pos"] += n
+        st["ids"].extend(int(t) for t in ids)
+        return logits
+
+    def draft_mode(self, on: bool) -> None:
+        """The target as its own speculative draft (``--draft cache``): in draft mode every step multiplies
+        the selection's resident rows only, reads nothing and leaves the caches as they are (the op
+        library's ``dd_cache_draft``); it needs the overlap graph, which has a product over the resident
+        rows alone."""
+        from dipdeploy.runtime.native_cache import draft
+
+        if on and not self.fused.overlap:
+            raise ValueError("--draft cache multiplies the resident rows alone, which the joined decoder's overlap "
+                             "graph does (--io direct with overlapped reads); give --io direct, or --draft MODEL")
+        draft(self._cache_library, self.fused.handles, on)
+        self._drafting = on
 
     def step(self, token: int, timer: Timer, record=None) -> np.ndarray:
         """One token through the joined decoder; its reads are counted from the native groups' totals."""
         if record is not None:
             raise ValueError(self.per_layer_only("per-layer selections"))
         token = int(token)
-        st, probe = self._state, self.read_ahead
+        st, probe = self._state, None if self._drafting else self.read_ahead
         if probe is not None:  # every token: a cache reset makes new groups, which read ahead
             on = probe.next()
             read_ahead(self._cache_library, self.fused.handles, on)
@@ -230,12 +277,23 @@ class JoinedModel:
         self.logits = np.zeros((1, 1, vocab), np.float32)
         self.bound.input("hidden", self.hidden)
         self.bound.output("logits", self.logits)
+        # bundles exported before speculation have no logits_from input: their graph cuts to the last position
+        self.logits_from = JOINED_LOGITS_FROM in {a.name for a in self.session.get_inputs()}
+        last = np.full(1, -1, np.int64)
+        if self.logits_from:
+            self.bound.input(JOINED_LOGITS_FROM, last)
         self.handles = np.zeros(2 * layers, np.int64)  # bound: the graph reads each group's handle here
-        self.prefill_bound = self.chunk_hidden = None
+        self.prefill_bound = self.chunk_hidden = self.verify_bound = None
         if chunk > 1:
             self.prefill_bound = Bound(self.session)
             self.chunk_hidden = Buffer(np.zeros(chunk * d, np.float32))
             self.prefill_bound.output("logits", self.logits)
+            if self.logits_from:
+                self.prefill_bound.input(JOINED_LOGITS_FROM, last)
+                # a speculative verification: the prefill's buffers, the caches' own residency, every
+                # position's logits (dipdeploy.runtime.speculate)
+                self.verify_bound = Bound(self.session)
+                self.verify_bound.input(JOINED_LOGITS_FROM, np.zeros(1, np.int64))
 
     def slab_inputs(self, layer: int, group: str) -> list:
         """The session's slab inputs of one group with the per-layer graph's names (``up_gate.qweight``…),
@@ -266,6 +324,12 @@ class JoinedModel:
                     p.input(joined_input(i, name), value)
                 p.input(residency, everything.setdefault(slab.rows, np.ones(slab.rows, bool)))
                 p.input(joined_input(i, f"{group}.handle"), handle)
+                if self.verify_bound is not None:
+                    v = self.verify_bound
+                    for name, value in {**slab.arrays.shared, **full(slab)}.items():
+                        v.input(joined_input(i, name), value)
+                    v.input(residency, nat.state.resident.view(bool))
+                    v.input(joined_input(i, f"{group}.handle"), handle)
 
     def run(self, pos: int) -> np.ndarray:
         """One token (``hidden`` already holds its embedding) at position ``pos``; the logits [V] (a view of
@@ -285,11 +349,28 @@ class JoinedModel:
     def run_chunk(self, pos: int, n: int) -> np.ndarray:
         """``n`` ≤ ``chunk`` tokens (``chunk_hidden`` holds their embeddings) at positions ``pos``…, through
         the prefill binding, the groups in prefill mode; the logits [V] after the last one."""
-        if pos + n > self.context:
-            raise ValueError(f"context of {self.context} tokens is full; raise --context")
         if self.prefill_bound is None or not 1 <= n <= self.chunk:
             raise ValueError(f"a chunk holds 1 to {self.chunk if self.prefill_bound else 0} tokens, got {n}")
-        b = self.prefill_bound
+        self._run_chunk(self.prefill_bound, pos, n)
+        return self.logits[0, -1]
+
+    def verify_chunk(self, pos: int, n: int, logits: Buffer) -> np.ndarray:
+        """``n`` ≤ ``chunk`` tokens as ``run_chunk`` runs them, but each selecting against the caches'
+        residency as it stood before the run (γ applies, as in decode) and with the logits after every
+        one of them, [n, V] in ``logits`` (``dipdeploy.runtime.speculate``: one verification pass)."""
+        if self.verify_bound is None:
+            raise ValueError(f"speculative decoding verifies through the joined decoder's logits_from input, "
+                             f"which this bundle's graph lacks; {REGENERATE}")
+        if not 1 <= n <= self.chunk:
+            raise ValueError(f"a verification holds 1 to {self.chunk} tokens, got {n}")
+        vocab = self.logits.shape[-1]
+        self.verify_bound.output_at("logits", logits, (1, n, vocab))
+        self._run_chunk(self.verify_bound, pos, n)
+        return logits.array[: n * vocab].reshape(n, vocab)
+
+    def _run_chunk(self, b: Bound, pos: int, n: int) -> None:
+        if pos + n > self.context:
+            raise ValueError(f"context of {self.context} tokens is full; raise --context")
         self.positions.array[:n] = np.arange(pos, pos + n)
         b.input_at("hidden", self.chunk_hidden, (1, n, self.hidden.shape[-1]))
         b.input_at("position_ids", self.positions, (1, n))
@@ -298,7 +379,6 @@ class JoinedModel:
         b.run()
         self.kv.commit_session()
         self.kv.advance(n)
-        return self.logits[0, -1]
 
 
 

@@ -35,7 +35,7 @@ from dipdeploy.runtime.backends import HostBound
 from dipdeploy.runtime.budget import DramBudget, GroupShape, Residency, plan_residency
 from dipdeploy.runtime.embedding import EmbeddingRows
 from dipdeploy.runtime.positions import PositionValues
-from dipdeploy.runtime.sessions import Bound, SharedInitializers, open_session, shared_arena
+from dipdeploy.runtime.sessions import Bound, Buffer, SharedInitializers, open_session, shared_arena
 from dipdeploy.runtime.slab import GroupSlab, group_arrays
 from dipdeploy.runtime.stats import Timer
 from dipdeploy.runtime.threadpool import pool_options
@@ -102,6 +102,7 @@ class SlabDecoder(HostBound):
         self._chunk_shapes = _chunk_buffers(min(cfg.prefill_chunk, cfg.context), self.d, self.f, self.k) if batch else {}
         prefill = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._prefill_shapes)
         prefill += sum(n * np.dtype(dtype).itemsize for n, dtype in self._chunk_shapes.values())
+        prefill += (cfg.speculate + 1) * self.decoder["vocab_size"] * 4 if cfg.speculate else 0  # verify_logits
         read = 0
         if cfg.io == "direct":
             read = max(bounce_bytes([x.offset for x in g.per_row], [x.row_bytes for x in g.per_row], rows,
@@ -112,6 +113,9 @@ class SlabDecoder(HostBound):
                                                    cfg.cache_split)
         self.shared_staging = staging.SharedStaging(self.residency.staging) if share else None
         self._prefill_arrays: dict | None = None
+        # a speculative verification's logits, [speculate + 1, vocab] (in the plan above)
+        self.verify_logits = Buffer(np.zeros((cfg.speculate + 1) * self.decoder["vocab_size"] if cfg.speculate
+                                             else 0, np.float32))
         self._chunk_arrays: dict = {}
         self.slabs = [tuple(GroupSlab(arr, rows, k, cap, self.flash, self._cache_library, self.shared_staging)
                             for arr, rows, k, cap in zip(pair, (self.d, self.f), k_pair, caps))
@@ -288,6 +292,14 @@ class PerLayerDecoder(SlabDecoder):
         st["pos"] = pos + 1
         st["ids"].append(int(token))
         return b["logits"][0, -1].copy()
+
+    def verify(self, ids: list[int], timer: Timer) -> np.ndarray:
+        raise ValueError("speculative decoding verifies through the joined decoder or model.onnx, and this engine "
+                         "runs the per-layer graphs: drop --no-fused / --per-layer")
+
+    def draft_mode(self, on: bool) -> None:
+        if on:
+            self.verify([], Timer())
 
     def _count(self, i: int, hits_in: np.ndarray, hits_glu: np.ndarray) -> None:
         """Layer ``i``'s lookups of a token (or a batch of them) into ``lookups``."""

@@ -203,6 +203,26 @@ class WholeDecoder(HostBound):
                 progress(min(start + size, n), n)
         return logits
 
+    def verify(self, ids: list[int], timer: Timer) -> np.ndarray:
+        """One speculative verification pass (``dipdeploy.runtime.speculate``): ``ids`` in one run, the
+        logits after every token [n, V] (a view of the session's logits buffer, valid until the next run)."""
+        if len(ids) > self.cfg.speculate + 1:
+            raise ValueError(f"a verification holds at most {self.cfg.speculate + 1} tokens (speculate + 1), "
+                             f"got {len(ids)}")
+        st = self._state
+        timer.start()
+        logits = self.whole.run(ids, st["pos"])
+        timer.lap("model.onnx")
+        st["pos"] += len(ids)
+        st["ids"].extend(int(t) for t in ids)
+        self._fed += len(ids)
+        return logits
+
+    def draft_mode(self, on: bool) -> None:
+        if on:
+            raise ValueError("--draft cache: every row is resident at this budget, so the cache draft would be the "
+                             "model itself; give --draft MODEL, a lower --dram-budget, or no --speculate")
+
     def _run(self, ids: list[int], timer: Timer, record) -> np.ndarray:
         """One ``model.onnx`` run on ``ids``; the logits [V] after the last of them."""
         if record is not None:
