@@ -172,3 +172,23 @@ def test_model_draft_comes_out_of_the_budget(tiny_dipca_bundle):
         assert held > 0 and cfg.dram_budget == f"{50_000_000 - held}B" and cfg.speculate == 2
     finally:
         draft.close()
+
+
+@native
+def test_cli_run_speculates_and_reports(tiny_dipca_bundle, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dipdeploy.cli import app
+
+    bundle, out = tiny_dipca_bundle(), tmp_path / "run.json"
+    res = CliRunner().invoke(app, ["run", str(bundle), "-p", "hello", "-n", "12", "--dram-budget", "50%", "--io",
+                                   "direct", "--speculate", "3", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    spec = json.loads(out.read_text())["speculation"]
+    assert spec["draft"] == "cache" and spec["k"] == 3 and spec["passes"] >= 1
+    res = CliRunner().invoke(app, ["run", str(bundle), "-p", "hello", "--draft", str(bundle)])
+    assert res.exit_code == 2 and "--speculate" in res.output and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["run", str(bundle), "-p", "hello", "--speculate", "99"])
+    assert res.exit_code == 2 and "cap" in res.output, res.output

@@ -15,10 +15,10 @@ from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, utf8
 from dipdeploy.cli.helpview import BASIC, PanelCommand
-from dipdeploy.cli.run import (_ERRORS, BUDGET, CACHE_SPLIT, CONTEXT, FLASH, FLASH_DEVICE, FUSED, GAMMA, IO,
-                               IO_ENGINE, IO_GAP, IO_THREADS, LEVEL, NATIVE, POLICY, PREFETCH, PREFILL,
-                               PREFILL_CHUNK, REP, SEED, SINGLE, STOP, SYSTEM, TEMPERATURE, THREAD_POOL, THREADS,
-                               TOP_K, TOP_P, _engine, _Prefill, _sampler, check_bundle, read_prompt,
+from dipdeploy.cli.run import (_ERRORS, BUDGET, CACHE_SPLIT, CONTEXT, DRAFT, FLASH, FLASH_DEVICE, FUSED, GAMMA,
+                               IO, IO_ENGINE, IO_GAP, IO_THREADS, LEVEL, NATIVE, POLICY, PREFETCH, PREFILL,
+                               PREFILL_CHUNK, REP, SEED, SINGLE, SPECULATE, STOP, SYSTEM, TEMPERATURE, THREAD_POOL,
+                               THREADS, TOP_K, TOP_P, _engine, _Prefill, _sampler, check_bundle, read_prompt,
                                sampling_note)
 from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.terminal import shown
@@ -74,7 +74,8 @@ def chat_cmd(
     io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT, prefill: str = PREFILL,
     prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
     thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: Optional[bool] = FUSED,
-    prefetch: Optional[bool] = PREFETCH, temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P,
+    prefetch: Optional[bool] = PREFETCH, speculate: int = SPECULATE, draft: Optional[str] = DRAFT,
+    temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P,
     repetition_penalty: float = REP, stop: Optional[List[str]] = STOP, seed: Optional[int] = SEED,
     system: Optional[str] = SYSTEM,
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="read the system prompt from this UTF-8 text "
@@ -97,8 +98,8 @@ def chat_cmd(
         for flag, value in (("--system", system), *(("--stop", s) for s in stop or ())):
             utf8(value, flag)
         sampler = _sampler(options)
-        engine = _engine(bundle, options)
-        chat = Chat(engine, sampler, system)
+        engine, drafter = _engine(bundle, options)
+        chat = Chat(engine, sampler, system, draft=drafter)
     except _ERRORS as err:
         fail(err)
     density = (engine.manifest.plan or {}).get("density", 1.0)

@@ -18,7 +18,7 @@ from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.runtime.blockio import IO_RING_DEPTH as _IO_RING_DEPTH
 from dipdeploy.runtime.blockio import IO_THREADS as _IO_THREADS
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT
-from dipdeploy.runtime.config import EngineConfig
+from dipdeploy.runtime.config import MAX_SPECULATE, EngineConfig
 from dipdeploy.runtime.readahead import PROBE_TOKENS as _PROBE_TOKENS
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.terminal import shown
@@ -105,6 +105,12 @@ STOP = typer.Option(None, "--stop", help="end the answer at this string (not pri
                     "ends it too", rich_help_panel=SAMPLING)
 SEED = typer.Option(None, "--seed", "-s", help="sampling seed (default: a random one, printed with the stats "
                     "and kept in --json, so a run can be repeated; greedy needs none)", rich_help_panel=SAMPLING)
+SPECULATE = typer.Option(_E.speculate, "--speculate", help="draft up to K tokens and verify them in one batched "
+                         f"pass that reads each missing row once (0 = off, at most {MAX_SPECULATE}); docs/runtime.md",
+                         rich_help_panel=ADVANCED)
+DRAFT = typer.Option(None, "--draft", help="--speculate's draft: cache (the model on the rows its caches hold: no "
+                     "read, no memory; the default) or a bundle of the same tokenizer, kept resident inside "
+                     "--dram-budget (give it as a size)", rich_help_panel=ADVANCED)
 SYSTEM = typer.Option(None, "--system", help="system prompt (through the bundle's chat template)", rich_help_panel=BASIC)
 
 
@@ -161,12 +167,24 @@ def engine_config(options: dict) -> EngineConfig:
 
 
 def _engine(bundle: Path, options: dict):
+    """The engine of a command's options and, with ``--speculate``, its draft (``--draft``: the target's
+    own caches, or a bundle whose plan comes out of the same budget: ``speculate.open_model_draft``)."""
     from dipdeploy.runtime import Engine
+    from dipdeploy.runtime.speculate import CACHE_DRAFT, CacheDraft, open_model_draft
 
-    engine = Engine(bundle, engine_config(options))
+    cfg, draft = engine_config(options), None
+    name = options.get("draft") or CACHE_DRAFT
+    if name != CACHE_DRAFT and not cfg.speculate:
+        raise ValueError(f"--draft {name} drafts for --speculate K: give --speculate 4, say, or drop --draft")
+    if cfg.speculate and name == CACHE_DRAFT:
+        draft = CacheDraft()
+    elif cfg.speculate:
+        check_bundle(Path(name), "run --draft")
+        draft, cfg = open_model_draft(cfg, name)
+    engine = Engine(bundle, cfg)
     if engine.flash.note:
         typer.echo(f"note: {shown(engine.flash.note, markup=False)}", err=True)
-    return engine
+    return engine, draft
 
 
 class _Prefill:
@@ -272,7 +290,8 @@ def run_cmd(
     io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT, prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
     context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY, single_session: Optional[bool] = SINGLE,
-    fused: Optional[bool] = FUSED, prefetch: Optional[bool] = PREFETCH, temperature: float = TEMPERATURE,
+    fused: Optional[bool] = FUSED, prefetch: Optional[bool] = PREFETCH, speculate: int = SPECULATE,
+    draft: Optional[str] = DRAFT, temperature: float = TEMPERATURE,
     top_k: int = TOP_K, top_p: float = TOP_P, repetition_penalty: float = REP, stop: Optional[List[str]] = STOP,
     seed: Optional[int] = SEED,
     chat: bool = typer.Option(False, "--chat", help="format the prompt as one user turn with the bundle's chat "
@@ -311,8 +330,11 @@ def run_cmd(
                 raise ValueError("--trace records the per-layer graphs' selections: drop --single-session")
             if fused:
                 raise ValueError("--trace records the per-layer graphs' selections: drop --fused")
+            if speculate:
+                raise ValueError("--trace records the per-layer graphs' selections, which --speculate does not run: "
+                                 "drop --speculate")
             options.update(single_session=False, fused=False)
-        engine = _engine(bundle, options)
+        engine, drafter = _engine(bundle, options)
         text = prompt
         if chat:
             rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
@@ -321,6 +343,7 @@ def run_cmd(
         screen = _Prefill(quiet)
         shown_prompt = prompt + ("\n" if chat else "")
         g = engine.generate(text, max_new_tokens, sampler=sampler, trace=recorder, on_prefill=screen.on_prefill,
+                            draft=drafter,
                             on_text=lambda piece: (screen.prompt(shown_prompt),
                                                    console.print(shown(piece, lines=True, markup=False), end="",
                                                                  markup=False, highlight=False)))

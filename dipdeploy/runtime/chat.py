@@ -53,9 +53,9 @@ def check_policy(policy: str) -> None:
 
 class Chat:
     def __init__(self, engine: Engine, sampler: Sampler | None = None, system: str | None = None,
-                 template: ChatTemplate | None = None):
+                 template: ChatTemplate | None = None, draft=None):
         check_policy(engine.cfg.policy)
-        self.engine, self.sampler = engine, sampler or Sampler()
+        self.engine, self.sampler, self.draft = engine, sampler or Sampler(), draft  # draft: --speculate's
         self.template = template or ChatTemplate.from_bundle(engine.path, engine.manifest.files)
         self.system = [{"role": "system", "content": system}] if system else []
         self.turns: list[dict] = []  # user and assistant messages, oldest first
@@ -92,7 +92,7 @@ class Chat:
             keep += 1
         self.engine.truncate(keep)
         g = self.engine.extend(ids[keep:], max_new_tokens, self.sampler, on_text=on_text, should_stop=should_stop,
-                               on_prefill=on_prefill)
+                               on_prefill=on_prefill, draft=self.draft)
         self.turns += [user, {"role": "assistant", "content": g.text}]
         return Reply(g, dropped, len(ids))
 

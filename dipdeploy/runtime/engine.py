@@ -220,13 +220,13 @@ class Engine:
     def generate(self, prompt: str | list[int], max_new_tokens: int = 32, *, sampler: Sampler | None = None,
                  on_text: Callable[[str], None] | None = None, trace=None, keep_logits: bool = False,
                  stop_at_eos: bool = True, should_stop: Callable[[], bool] | None = None,
-                 on_prefill: Callable[[int, int], None] | None = None) -> Generation:
+                 on_prefill: Callable[[int, int], None] | None = None, draft=None) -> Generation:
         """Feed ``prompt`` (batched or token by token: ``EngineConfig.prefill``), then sample up to
         ``max_new_tokens`` (see ``extend``).
 
         ``trace``: a ``dipdeploy.trace.TraceRecorder`` that receives every token's selections and hits.
         ``on_prefill(done, total)`` follows the prompt (once per token in token mode, once per chunk in
-        batch mode).
+        batch mode). ``draft``: speculative decoding (``extend``).
         Policy ``belady`` runs the sequence twice: once with no cache to record the selections (DIP's
         selection does not depend on the cache when γ = 1), then with Belady over that future.
         """
@@ -249,7 +249,7 @@ class Engine:
         self.reset(future)
         return self.extend(ids, max_new_tokens, sampler, on_text, trace, keep_logits, stop_at_eos,
                            prompt if isinstance(prompt, str) else None, should_stop=should_stop,
-                           on_prefill=on_prefill)
+                           on_prefill=on_prefill, draft=draft)
 
     def teacher_forced(self, prompt: list[int], tokens: list[int]) -> tuple[list[np.ndarray], list[dict]]:
         """Logits and selections of a new sequence fed ``prompt`` then ``tokens[:-1]``

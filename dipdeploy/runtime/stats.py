@@ -189,6 +189,11 @@ class RunStats:
                                                  f"the selection ({used:.0%} used; read-ahead {self.read_ahead})"))
         elif self.read_ahead:
             rows.append(("read-ahead", self.read_ahead))
+        if self.speculation:
+            sp = self.speculation
+            rows.append(("speculation", f"draft {sp['draft']}, up to {sp['k']} tokens: {sp['passes']} verification "
+                                        f"passes, {sp['accepted']} of {sp['drafted']} drafts kept "
+                                        f"({sp['acceptance']:.0%}), {sp['tokens_per_pass']:.2f} tokens per pass"))
         rows += [
             ("DRAM read per token", f"{self.dram_mb_per_token:.2f} MB"),
             ("resident (planned)", f"{r['total'] / mb:.1f} MB = dense {r['dense'] / mb:.1f} + KV {r['kv'] / mb:.1f} + "
