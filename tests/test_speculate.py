@@ -192,3 +192,30 @@ def test_cli_run_speculates_and_reports(tiny_dipca_bundle, tmp_path):
     assert res.exit_code == 2 and "--speculate" in res.output and len(res.output.strip().splitlines()) == 1
     res = CliRunner().invoke(app, ["run", str(bundle), "-p", "hello", "--speculate", "99"])
     assert res.exit_code == 2 and "cap" in res.output, res.output
+
+
+def test_ngram_draft_copies_what_followed_the_last_occurrence():
+    from types import SimpleNamespace
+
+    from dipdeploy.runtime.speculate import NgramDraft
+
+    eng = SimpleNamespace(_state={"ids": [5, 6, 7, 8, 9, 1, 6, 7]}, vocab_rows=16)
+    # the sequence ends 6 7 + first 8: the trigram 6 7 8 occurred at 1, followed by 9 1 6
+    assert NgramDraft().propose(eng, 8, 3, Sampler(), _timer()) == ([9, 1, 6], [None] * 3)
+    assert NgramDraft().propose(eng, 8, 9, Sampler(), _timer())[0] == [9, 1, 6, 7, 8]  # up to the end
+    assert NgramDraft().propose(eng, 2, 3, Sampler(), _timer()) == ([], [])  # 2 never occurred
+    drafts, dists = NgramDraft().propose(eng, 8, 2, Sampler(temperature=1.0), _timer())
+    assert drafts == [9, 1] and [int(np.argmax(q)) for q in dists] == [9, 1] and all(q.sum() == 1 for q in dists)
+
+
+@native
+def test_ngram_draft_greedy_equals_plain_on_the_one_session_path(tiny_dipca_bundle):
+    from dipdeploy.runtime.speculate import NgramDraft
+
+    bundle = tiny_dipca_bundle()
+    ref = _plain(bundle, n=32, dram_budget="100%")
+    got, sequence = _speculative(bundle, NgramDraft(), n=32, dram_budget="100%", speculate=4)
+    assert_generations_agree(ref, got)
+    assert sequence == PROMPT + got.tokens[:-1]
+    spec = got.stats.speculation
+    assert len(got.tokens) == 1 + spec["accepted"] + spec["passes"] + spec["plain"]

@@ -30,6 +30,8 @@ Drafts:
 * ``CacheDraft`` (``--draft cache``): the target itself in draft mode (``Decoder.draft_mode``): each layer
   multiplies only the selected rows its caches hold, reads nothing and changes no cache. It costs no
   Flash read and no memory beyond the verification's logits.
+* ``NgramDraft`` (``--draft ngram``): the tokens that followed an earlier occurrence of the sequence's
+  last few tokens (prompt lookup); no model at all.
 * ``ModelDraft`` (``--draft BUNDLE``): a second engine on a smaller bundle of the same tokenizer, every row
   resident; its plan comes out of the same ``--dram-budget`` (``open_model_draft``), so a comparison with
   plain decoding is at equal memory.
@@ -52,6 +54,10 @@ from dipdeploy.runtime.stats import Timer
 
 #: ``--draft``'s value for the target drafting from its own caches
 CACHE_DRAFT = "cache"
+#: ``--draft``'s value for drafts copied from the sequence itself (prompt lookup)
+NGRAM_DRAFT = "ngram"
+#: prompt lookup: the longest suffix of the sequence searched for an earlier occurrence, in tokens
+NGRAM_MAX = 3
 
 
 @dataclass
@@ -60,6 +66,7 @@ class SpeculationStats:
     the seconds spent drafting and verifying."""
 
     passes: int = 0
+    plain: int = 0  # tokens decoded plainly: a draft with nothing to propose, or no room for one
     drafted: int = 0
     accepted: int = 0
     draft_s: float = 0.0
@@ -122,6 +129,33 @@ class CacheDraft:
             engine.backend.draft_mode(False)
             engine.truncate(pos)
         return tokens, dists
+
+    def close(self) -> None:
+        pass
+
+
+class NgramDraft:
+    """Drafts copied from the sequence itself (prompt lookup decoding, as transformers'
+    ``prompt_lookup_num_tokens`` and vLLM's n-gram speculator): the tokens that followed the latest earlier
+    occurrence of the sequence's last ``n`` tokens (``n`` from ``NGRAM_MAX`` down to 1), up to ``k`` of them.
+    No model runs, nothing is read, nothing is held; code and answers that quote their prompt repeat
+    long spans. No occurrence: no draft, and the token is decoded plainly."""
+
+    name = NGRAM_DRAFT
+
+    def propose(self, engine, first: int, k: int, sampler: Sampler, timer: Timer) -> tuple[list[int], list]:
+        seq = engine._state["ids"] + [first]
+        for n in range(min(NGRAM_MAX, len(seq) - 1), 0, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):  # the latest occurrence first
+                if seq[start:start + n] == tail:
+                    drafts = seq[start + n:start + n + k]
+                    if sampler.temperature > 0:  # a copied token's draft distribution is certain
+                        dists = [np.eye(1, engine.vocab_rows, t, dtype=np.float64)[0] for t in drafts]
+                    else:
+                        dists = [None] * len(drafts)
+                    return drafts, dists
+        return [], []
 
     def close(self) -> None:
         pass
@@ -233,12 +267,21 @@ def tokens(engine, draft: Draft, logits: np.ndarray, sampler: Sampler, max_new_t
             logits = engine.step(tok, timer)
             tok, _ = _choose(sampler, logits, engine._state["ids"])
             made += 1
+            stats.plain += 1
             yield tok, logits
             continue
         t0 = clock()
         drafts, dists = draft.propose(engine, tok, n, sampler, timer)
         check_token_ids(drafts, engine.vocab_rows)
         t1 = clock()
+        stats.draft_s += t1 - t0
+        if not drafts:  # nothing to verify: one plain step
+            logits = engine.step(tok, timer)
+            tok, _ = _choose(sampler, logits, engine._state["ids"])
+            made += 1
+            stats.plain += 1
+            yield tok, logits
+            continue
         pos, context = engine._state["pos"], engine._state["ids"] + [tok]
         checked = engine.backend.verify([tok] + drafts, timer)
         kept, nxt = accept(sampler, drafts, dists, checked, context)
@@ -247,7 +290,6 @@ def tokens(engine, draft: Draft, logits: np.ndarray, sampler: Sampler, max_new_t
         stats.passes += 1
         stats.drafted += len(drafts)
         stats.accepted += kept
-        stats.draft_s += t1 - t0
         stats.verify_s += clock() - t1
         for i in range(kept):
             yield drafts[i], rows[i]
