@@ -728,3 +728,43 @@ def test_a_bundle_without_the_joined_decoder_runs_the_per_layer_graphs(tiny_dipc
     assert eng.fused is None and not eng.generate(PROMPT, 2, stop_at_eos=False).stats.fused
     with pytest.raises(ValueError, match="no joined decoder graph"):
         Engine(bundle, dram_budget="50%", fused=True)
+
+
+@pytest.mark.parametrize("io", ["mmap", "direct"])
+def test_draft_mode_multiplies_the_resident_rows_alone(io, tmp_path):
+    """``dd_cache_draft`` (``--speculate --draft cache``): CacheBegin gives the selection's resident entries
+    and their slots, CacheEnd none, CacheSettle does nothing; the cache, its slots, counters and reads stay
+    as they were; CacheStep is refused in one line; out of the draft the steps are as before."""
+    import onnxruntime as ort
+
+    from dipdeploy.runtime.native_cache import draft
+
+    rows, k = 80, 12
+    rng = np.random.default_rng(11)
+    g = _group(tmp_path, rng, rows, k, 30, "lfu", io, 0)
+    opts = session_options(1, True)
+    split = ort.InferenceSession(_split_graph(k).SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    step = ort.InferenceSession(_step_graph(k).SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    handle = np.array([g.nat.handle], np.int64)
+    for _ in range(10):  # warm the cache
+        split.run(None, {"indices": rng.choice(rows, k, replace=False)[None], "handle": handle, "slab": g.slab})
+    drain(str(LIB), handle)
+    state = g.nat.state
+    before = [np.copy(getattr(state, f)) for f in ("resident", "last_use", "uses", "counters", "slot_of")]
+    draft(str(LIB), handle, True)
+    for _ in range(5):
+        sel = rng.choice(rows, k, replace=False)
+        hit_idx, hit_slots, miss_idx, miss_slots, hit_rows, miss_rows, out = split.run(
+            None, {"indices": sel[None], "handle": handle, "slab": g.slab})
+        held = sel[state.resident[sel].astype(bool)]
+        assert hit_idx[0].tolist() == held.tolist() and hit_slots[0].tolist() == state.slot_of[held].tolist()
+        assert miss_idx.shape == (1, 0) and miss_slots.shape == (1, 0)
+        assert np.isclose(out, g.weights[held].sum(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(Exception, match="overlap graph"):
+        step.run(None, {"indices": sel[None], "handle": handle, "slab": g.slab})
+    for was, f in zip(before, ("resident", "last_use", "uses", "counters", "slot_of")):
+        assert np.array_equal(was, getattr(state, f)), f
+    assert drain(str(LIB), handle).misses == 0
+    draft(str(LIB), handle, False)
+    split.run(None, {"indices": rng.choice(rows, k, replace=False)[None], "handle": handle, "slab": g.slab})
+    assert state.counters[0] == before[3][0] + 1
