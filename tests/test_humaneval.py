@@ -127,7 +127,7 @@ def test_torch_generator_on_a_tiny_model(tiny_llama):
     (["--batch-size", "1000"], "--batch-size 1000 out of range"),
     (["--resume"], "--resume continues the run of a --json output"),
     (["--task", "mmlu"], "--task 'mmlu' unknown"),
-    (["--dram-budget", "50%"], "--dram-budget is the bundle engine's"),
+    (["--dram-budget", "50%"], "are the bundle engine's"),
     (["--vq-hessian", "none"], "--vq-hessian"),  # the model options are perplexity's, checked alike
     (["--lora", "no-such-adapter"], "is not an adapter directory"),
 ])
@@ -165,3 +165,7 @@ def test_bundle_engine_end_to_end(chat_bundle, tmp_path, monkeypatch):
     assert r.exit_code == 2 and "--force" in r.output
     r = runner.invoke(app, [*args, "--force", "--method", "dip"])
     assert r.exit_code == 2 and "--bundle runs the bundle's own method" in r.output
+    spec = tmp_path / "spec.json"
+    r = runner.invoke(app, [*args[:-1], str(spec), "--speculate", "2", "--draft", "ngram"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(spec.read_text())[0]["speculate"] == {"k": 2, "draft": "ngram"}

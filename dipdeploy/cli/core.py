@@ -159,7 +159,7 @@ _MODEL_ARGS = ("model", "method", "density", "plan", "data_dir", "rho_in", "allo
                "lora_merge", "device")
 #: eval's options of `--task humaneval` beyond those (the rest are perplexity's)
 _HUMANEVAL_ARGS = ("batch_size", "json_out", "plot", "force", "limit", "max_new_tokens", "bundle", "dram_budget",
-                   "timeout", "resume")
+                   "timeout", "resume", "speculate", "draft")
 MODEL = typer.Option(defaults.MODEL, "--model", "-m", help="registry name, HF directory, .gguf file or hub id")
 RHO_IN = typer.Option(None, "--rho-in", help="input share ρ_in for teal/dip/dip-ca; default: calibrated")
 ALLOC = typer.Option(_S.allocation, "--allocation", help="per-layer allocation: uniform | greedy | joint (per-layer density and split) | greedy-split (greedy densities, per-layer split; docs/method.md)")
@@ -299,6 +299,10 @@ def eval_cmd(
                                           "reference of --model)"),
     dram_budget: Optional[str] = typer.Option(None, "--dram-budget", help="humaneval --bundle: the engine's DRAM "
                                               "budget (as `run --dram-budget`)"),
+    speculate: int = typer.Option(0, "--speculate", help="humaneval --bundle: speculative decoding, up to K draft "
+                                  "tokens per verification pass (as `run --speculate`)"),
+    draft: Optional[str] = typer.Option(None, "--draft", help="humaneval --bundle --speculate: the draft (cache | "
+                                        "ngram | a bundle; as `run --draft`)"),
     timeout: float = typer.Option(_TASK.timeout_s, "--timeout", help="humaneval: seconds each check program may "
                                   "run in the sandbox"),
     resume: bool = typer.Option(False, "--resume", help="humaneval: continue the unfinished run of the same "

@@ -17,7 +17,8 @@ MAX_BATCH = 64
 
 def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[Path], plot: Optional[Path],
                   force: bool, limit: Optional[int], max_new_tokens: int, bundle: Optional[Path],
-                  dram_budget: Optional[str], timeout: float, resume: bool) -> None:
+                  dram_budget: Optional[str], timeout: float, resume: bool, speculate: int = 0,
+                  draft: Optional[str] = None) -> None:
     """``opts``: eval's model and plan options (``core._MODEL_ARGS``); the rest are HumanEval's."""
     from dipdeploy.eval.humaneval import ResumeLog, evaluate_bundle, evaluate_torch, problems
     from dipdeploy.eval.sandbox import MAX_TIMEOUT_S
@@ -40,8 +41,7 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
         if bundle is not None:
             from dipdeploy.eval.humaneval import PROMPT_TOKENS
             from dipdeploy.runtime.bundle_open import bundle_positions
-            from dipdeploy.runtime.config import EngineConfig
-            from dipdeploy.runtime.engine import Engine
+            from dipdeploy.cli.run import _engine
             from dipdeploy.runtime.template import ChatTemplate
 
             if any(opts[k] is not None for k in ("method", "density", "plan")):
@@ -50,15 +50,19 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
                 raise FileNotFoundError(f"--bundle {bundle} is not a bundle directory; give one from `dipdeploy export`")
             log = ResumeLog(partial, resume)
             context = min(PROMPT_TOKENS + task.max_new_tokens, bundle_positions(bundle))
-            engine = Engine(bundle, EngineConfig(context=context, **({"dram_budget": dram_budget} if dram_budget else {})))
+            engine, drafter = _engine(bundle, {"context": context, "speculate": speculate, "draft": draft,
+                                               **({"dram_budget": dram_budget} if dram_budget else {})})
             try:
                 template = ChatTemplate.from_bundle(bundle, engine.manifest.files)
-                rows = [evaluate_bundle(engine, template, bundle, task, log, Progress())]
+                rows = [evaluate_bundle(engine, template, bundle, task, log, Progress(), drafter)]
             finally:
                 engine.close()
+                if drafter is not None:
+                    drafter.close()
         else:
-            if dram_budget is not None:
-                raise ValueError("--dram-budget is the bundle engine's; add --bundle or drop it")
+            if dram_budget is not None or speculate or draft is not None:
+                raise ValueError("--dram-budget, --speculate and --draft are the bundle engine's; add --bundle or drop "
+                                 "them")
             cfg = model_eval_config({**opts, "method": opts["method"] or "dense"})
             log = ResumeLog(partial, resume)
             rows = evaluate_torch(cfg, task, log, batch_size or TORCH_BATCH, Progress())

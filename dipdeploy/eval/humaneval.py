@@ -246,9 +246,11 @@ def torch_generator(lm, max_new_tokens: int, batch: int = 1) -> Callable[[list[d
     return generate
 
 
-def bundle_generator(engine, template, max_new_tokens: int) -> Callable[[list[dict]], list[tuple[str, int, str]]]:
+def bundle_generator(engine, template, max_new_tokens: int,
+                     draft=None) -> Callable[[list[dict]], list[tuple[str, int, str]]]:
     """Greedy decoding by ``dipdeploy run``'s engine (its default sampler), the prompt rendered by the
-    bundle's chat template (``template.render(messages)``)."""
+    bundle's chat template (``template.render(messages)``); ``draft``: speculative decoding
+    (``dipdeploy.runtime.speculate``)."""
 
     def generate(items: list[dict]) -> list[tuple[str, int, str]]:
         results = []
@@ -256,7 +258,7 @@ def bundle_generator(engine, template, max_new_tokens: int) -> Callable[[list[di
             ids = engine.encode(template.render(messages(problem)), special_tokens=False)
             text: list[str] = []
             g = engine.generate(ids, max_new_tokens, on_text=text.append,
-                                should_stop=lambda: block_closed("".join(text)))
+                                should_stop=lambda: block_closed("".join(text)), draft=draft)
             results.append((g.text, len(g.tokens), "block" if g.finish == "interrupted" else g.finish))
         return results
 
@@ -303,18 +305,22 @@ def evaluate_torch(cfg, task: TaskConfig, log: ResumeLog, batch: int = 8, progre
     return out
 
 
-def evaluate_bundle(engine, template, bundle: Path, task: TaskConfig, log: ResumeLog, progress=None) -> dict:
+def evaluate_bundle(engine, template, bundle: Path, task: TaskConfig, log: ResumeLog, progress=None,
+                    draft=None) -> dict:
     """pass@1 of an exported bundle decoded by ``engine`` (a ``dipdeploy.runtime.engine.Engine`` the caller
     opened, with a context of ``PROMPT_TOKENS + max_new_tokens`` where the bundle has the positions).
     The runtime sits above this floor, so the engine and the bundle's chat template come in from the CLI."""
     items = problems(task.limit)
     m, cfg = engine.manifest, engine.cfg
     density = float(m.plan.get("density", 1.0)) if m.plan else 1.0
+    spec = [cfg.speculate, draft.name] if draft is not None else []  # a speculative run is another run
     ident = json.dumps([str(Path(bundle).resolve()), m.files, str(cfg.dram_budget), cfg.policy,
-                        task.max_new_tokens], sort_keys=True, default=str)
+                        task.max_new_tokens, *spec], sort_keys=True, default=str)
     key = f"bundle|{m.method}|{density:g}|{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
     with progress.stage(f"humaneval {Path(bundle).name}, problems", total=len(items)) as stage:
-        rows = run_rows(key, items, bundle_generator(engine, template, task.max_new_tokens), task, log, 1, stage)
+        rows = run_rows(key, items, bundle_generator(engine, template, task.max_new_tokens, draft), task, log, 1,
+                        stage)
     return _row("bundle", str(m.source.get("model")), m.method, round(density, 4), rows,
                 {"bundle": str(bundle), "dram_budget": str(cfg.dram_budget), "policy": cfg.policy,
-                 "quant": (m.quant or {}).get("name") or "none"})
+                 "quant": (m.quant or {}).get("name") or "none",
+                 "speculate": {"k": cfg.speculate, "draft": draft.name} if draft is not None else None})
