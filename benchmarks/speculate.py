@@ -7,8 +7,8 @@ table gives it, or a size) in a child process in a fresh memory group, limited o
 to its plan plus ``--overhead`` (the interpreter, onnxruntime and its arenas, which the plan does not
 count); a model draft's plan comes out of the same budget (``speculate.open_model_draft``: give sizes). A child opens the engine, decodes a few tokens to
 warm it, drops the MLP file from the page cache, then decodes ``--tokens`` greedy tokens after each
-prompt. Repeats are interleaved (every configuration once, then again). Rows: decode tok/s over all
-prompts, device MB per generated token (``RunStats.flash_device_mb_per_token``), the drafts kept
+prompt. Repeats are interleaved (every configuration once, then again). Rows, per prompt kind: decode
+tok/s over its prompts, device MB per generated token (``RunStats.flash_device_mb_per_token``), the drafts kept
 (acceptance), tokens per verification pass, the group's peak, and the ratio to plain decoding at the same
 limit, measured in the same run.
 
@@ -51,14 +51,15 @@ def humaneval_prompts(n: int) -> list[str]:
 
 
 def ensure_bundle(model: str, method: str) -> Path:
-    """The benchmark's bundle of ``model`` (DIP-CA ρ 0.5, or dense for a draft), exported once, streamed."""
+    """The benchmark's bundle of ``model`` (DIP-CA ρ 0.5, or for a draft DIP at ρ 1: every row, the runtime's
+    dense bundle), exported once, streamed."""
     from dipdeploy.export.bundle import export_model
     from dipdeploy.export.config import ExportConfig
 
     out = BUNDLES / f"{model}-{method}"
     if not (out / "manifest.json").is_file():
         print(f"exporting {out} …", file=sys.stderr, flush=True)
-        kw = dict(density=0.5, rho_in=0.55) if method == "dip-ca" else {}
+        kw = dict(density=0.5, rho_in=0.55) if method == "dip-ca" else dict(density=1.0, rho_in=1.0)
         export_model(ExportConfig(model=model, method=method, quant="bq4", stream=True, validate_tokens=0, **kw),
                      out, force=True)
     return out
@@ -84,31 +85,33 @@ def child(spec: dict) -> dict:
     plan = eng.backend.residency.total + (draft.engine.backend.residency.total if hasattr(draft, "engine") else 0)
     limit = plan + spec["overhead"]
     (group / "memory.limit_in_bytes").write_text(str(limit))  # the budget's plan + the process's overhead
-    prompts = [eng.encode(TEMPLATE.format(p), special_tokens=False) for p in spec["prompts"]]
-    eng.generate(prompts[0][:16], 4, stop_at_eos=False, draft=draft)  # warm the sessions
+    prompts = [(kind, eng.encode(TEMPLATE.format(p), special_tokens=False)) for kind, p in spec["prompts"]]
+    eng.generate(prompts[0][1][:16], 4, stop_at_eos=False, draft=draft)  # warm the sessions
     eng.flash.drop_page_cache()
     (group / "memory.max_usage_in_bytes").write_text("0")
-    tokens = seconds = device = passes = drafted = accepted = plain = 0
-    for ids in prompts:
+    sums: dict[str, dict] = {}
+    for kind, ids in prompts:
         s = eng.generate(ids, spec["tokens"], stop_at_eos=False, draft=draft).stats
-        tokens += s.new_tokens
-        seconds += s.decode_s
-        device += (s.flash_device_mb_per_token or 0.0) * max(s.new_tokens - 1, 0)
-        sp = s.speculation or {}
-        passes += sp.get("passes", 0)
-        drafted += sp.get("drafted", 0)
-        accepted += sp.get("accepted", 0)
-        plain += sp.get("plain", 0)
-    row = {"tok_s": (tokens - len(prompts)) / seconds if seconds else 0.0,
-           "device_mb_per_token": device / max(tokens - len(prompts), 1),
-           "acceptance": accepted / drafted if drafted else None,
-           "tokens_per_pass": (accepted + passes) / passes if passes else None, "plain_steps": plain if draft else None,
-           "peak_group_mb": int((group / "memory.max_usage_in_bytes").read_text()) / 1e6,
-           "plan_mb": plan / 1e6, "limit_mb": limit / 1e6}
+        sp, t = s.speculation or {}, sums.setdefault(kind, dict.fromkeys(
+            ("prompts", "decoded", "seconds", "device", "passes", "drafted", "accepted", "plain"), 0))
+        t["prompts"] += 1
+        t["decoded"] += s.new_tokens - 1  # the first token comes from the prompt's pass
+        t["seconds"] += s.decode_s
+        t["device"] += (s.flash_device_mb_per_token or 0.0) * (s.new_tokens - 1)
+        for key in ("passes", "drafted", "accepted", "plain"):
+            t[key] += sp.get(key, 0)
+    peak = int((group / "memory.max_usage_in_bytes").read_text()) / 1e6
+    rows = {kind: {"prompts": t["prompts"], "tok_s": t["decoded"] / t["seconds"] if t["seconds"] else 0.0,
+                   "device_mb_per_token": t["device"] / max(t["decoded"], 1),
+                   "acceptance": t["accepted"] / t["drafted"] if t["drafted"] else None,
+                   "tokens_per_pass": (t["accepted"] + t["passes"]) / t["passes"] if t["passes"] else None,
+                   "plain_steps": t["plain"] if draft else None, "peak_group_mb": peak, "plan_mb": plan / 1e6,
+                   "limit_mb": limit / 1e6}
+            for kind, t in sums.items()}
     eng.close()
     if draft is not None:
         draft.close()
-    return row
+    return rows
 
 
 def run_in_group(spec: dict, timeout: float) -> dict:
@@ -121,7 +124,7 @@ def run_in_group(spec: dict, timeout: float) -> dict:
             tail = " ".join(done.stderr.split())[-240:]
             return {"error": f"{'killed at the memory limit' if done.returncode == -9 else f'exit {done.returncode}'}"
                              f" (memory.failcnt {oom}): {tail}"}
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return json.loads(done.stdout.strip().splitlines()[-1])  # {prompt kind: row}
 
 
 def main() -> None:
@@ -150,10 +153,11 @@ def main() -> None:
         args.model, args.budgets, args.ks, args.drafts, args.tokens, args.repeats = \
             "smollm2-135m", "50%", "4", "plain,cache,ngram", 16, 1
     target = ensure_bundle(args.model, "dip-ca")
-    draft_bundle = ensure_bundle(args.draft_model, "dense") if args.draft_model else None
+    draft_bundle = ensure_bundle(args.draft_model, "dip") if args.draft_model else None
     size = json.loads((target / "manifest.json").read_text())["sizes"]["bytes_total"]  # for the header
     kinds = [d.strip() for d in args.drafts.split(",") if d.strip()]
-    prompts = (humaneval_prompts(2) if "humaneval" in args.prompts else []) + (CHAT if "chat" in args.prompts else [])
+    prompts = ([("humaneval", p) for p in humaneval_prompts(2)] if "humaneval" in args.prompts else []) + \
+        ([("chat", p) for p in CHAT] if "chat" in args.prompts else [])
     configs = [("plain", 0)] if "plain" in kinds else []
     configs += [("cache", int(k)) for k in args.ks.split(",")] if "cache" in kinds else []
     configs += [("ngram", k) for k in (4, 8) if not args.quick or k == 4] if "ngram" in kinds else []
@@ -167,30 +171,35 @@ def main() -> None:
                         "tokens": args.tokens, "context": args.context, "threads": args.threads,
                         "overhead": args.overhead * 1_000_000}
                 t0 = time.time()
-                row = run_in_group(spec, timeout=1800)
-                runs.setdefault((budget, draft, k), []).append(row)
+                got = run_in_group(spec, timeout=1800)
+                kinds_seen = sorted({kind for kind, _ in prompts})
+                for kind in kinds_seen:
+                    runs.setdefault((budget, draft, k, kind), []).append(got if "error" in got else got[kind])
                 print(f"repeat {rep + 1}/{args.repeats} budget {budget} {Path(draft).name} k {k}: "
-                      f"{row.get('tok_s', 0):.2f} tok/s {row.get('error', '')} ({time.time() - t0:.0f} s)",
-                      file=sys.stderr, flush=True)
+                      + (got["error"] if "error" in got else
+                         ", ".join(f"{kind} {got[kind]['tok_s']:.2f} tok/s" for kind in kinds_seen))
+                      + f" ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     rows = []
-    for (budget, draft, k), rs in runs.items():
+    for (budget, draft, k, kind), rs in runs.items():
         ok = [r for r in rs if "error" not in r]
+        head = {"budget": budget, "draft": Path(draft).name, "k": k, "prompts": kind}
         if not ok:
-            rows.append({"budget": budget, "draft": Path(draft).name, "k": k, "tok_s": None, "runs": rs[0]["error"]})
+            rows.append({**head, "tok_s": None, "runs": rs[0]["error"]})
             continue
         ok.sort(key=lambda r: r["tok_s"])
-        med = ok[len(ok) // 2]
-        rows.append({"budget": budget, "draft": Path(draft).name, "k": k, "prompts": len(prompts), **med,
+        rows.append({**head, **ok[len(ok) // 2], "prompts": f"{kind} ({ok[0]['prompts']})",
                      "runs": " / ".join(f"{r['tok_s']:.2f}" for r in rs if "tok_s" in r)})
-    for r in rows:
-        base = next((p for p in rows if p["budget"] == r["budget"] and p["draft"] == "plain" and p.get("tok_s")), None)
+    for r in rows:  # the ratio to plain decoding at the same budget on the same prompts, medians of one run
+        base = next((p for p in rows if (p["budget"], p["prompts"]) == (r["budget"], r["prompts"])
+                     and p["draft"] == "plain" and p.get("tok_s")), None)
         r["x_plain"] = r["tok_s"] / base["tok_s"] if base and r.get("tok_s") else None
+    rows.sort(key=lambda r: (r["prompts"], r["budget"]))
     info = machine()
     text = "\n".join([
         f"# Speculative decoding under a memory limit: {args.model}", "",
         f"Machine: {info['cpu']} ({lscpu()}); python {info['python']}; load at the end {info['load_1min']}. "
         f"Target {target.name} ({size / 1e6:.0f} MB), `--io direct`, {args.threads} threads, greedy, "
-        f"{args.tokens} tokens after each of {len(prompts)} prompts ({args.prompts}), context 512, "
+        f"{args.tokens} tokens after each of {len(prompts)} prompts ({args.prompts}), context {args.context}, "
         f"budget {args.budgets}, each run's cgroup limit (page cache counted) = its plan + {args.overhead} MB; median of {args.repeats} interleaved "
         f"runs (all listed). Made by `python benchmarks/speculate.py {' '.join(sys.argv[1:])}`.", "",
         md_table(rows, COLS), ""])
