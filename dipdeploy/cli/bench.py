@@ -1,0 +1,166 @@
+"""CLI of ``dipdeploy bench``: one benchmark tool with suites, in llama-bench's style (issue #58).
+
+Parses the grid flags (``dipdeploy.bench.grid``), runs the suite, presents its rows (``dipdeploy.bench.rows``)
+on stdout or in ``--output``; progress goes to stderr. Refusals of bad input are one line and exit 2,
+before any export or measurement.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dipdeploy.cli._app import app
+from dipdeploy.cli.core import check_inputs, fail, kept, write_output
+from dipdeploy.cli.helpview import ADVANCED, BASIC, IO_PANEL, MEMORY, PanelCommand
+from dipdeploy.terminal import shown
+
+#: the suites built, and those issue #58 plans (listed in ``bench --help`` so a user knows what is coming)
+SUITES = {"decode": "prefill (ppN) and decode (tgN) tokens/s of the host runtime over a grid of models, "
+                    "methods, densities, DRAM budgets, io modes and threads"}
+PLANNED = ("memory", "reads", "kernels", "accuracy", "recovery", "quant", "export", "simulate", "profile")
+OUTPUT = "Output"
+_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
+
+bench_app = typer.Typer(
+    name="bench",
+    help="Benchmarks in llama-bench's style: comma lists expand to every combination, repetitions run "
+         "round-robin, one row schema as markdown, CSV or JSON, the machine named in every file.\n\n"
+         "Suites: " + "; ".join(f"{name}: {what}" for name, what in SUITES.items()) + ".\n\n"
+         "Planned (issue #58): " + ", ".join(PLANNED) + "; until then the scripts of benchmarks/ "
+         "(docs/benchmarks.md).",
+    short_help="Benchmarks in llama-bench's style: suites over grids of comma lists (see `dipdeploy bench --help`).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(bench_app, name="bench")
+
+
+def _format(fmt: Optional[str], output: Optional[Path]) -> str:
+    """``-o`` as given, else the ``--output`` file's suffix (.md, .csv, .json), else markdown."""
+    from dipdeploy.bench.rows import FORMATS
+
+    if fmt is None and output is not None and output.suffix.lstrip(".").lower() in FORMATS:
+        return output.suffix.lstrip(".").lower()
+    fmt = (fmt or "md").lower()
+    if fmt not in FORMATS:
+        raise ValueError(f"-o {fmt!r} is not one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def command_line(grid, quick: bool) -> str:
+    """The command that reruns ``grid``: every list written out, defaults included."""
+    words = ["dipdeploy", "bench", "decode"]
+    for m in grid.models:
+        words += ["-m", m]
+    words += ["--method", ",".join(grid.methods), "--density", ",".join(f"{d:g}" for d in grid.densities),
+              "--budget", ",".join(grid.budgets), "--io", ",".join(grid.ios),
+              "-t", ",".join(map(str, grid.threads)), "-p", ",".join(map(str, grid.n_prompt)),
+              "-n", ",".join(map(str, grid.n_gen)), "-r", str(grid.repetitions), "--quant", grid.quant]
+    return shlex.join(words)
+
+
+@bench_app.command("decode", cls=PanelCommand, short_help=SUITES["decode"])
+def decode_cmd(
+    model: Optional[List[str]] = typer.Option(None, "--model", "-m", help="registry model (`dipdeploy models`), "
+                                              "Hugging Face folder or bundle folder; a comma list or repeated",
+                                              rich_help_panel=BASIC),
+    method: Optional[List[str]] = typer.Option(None, "--method", help="dense (a ρ = 1 bundle, static pinning: "
+                                               "dense-static) | dip | dip-ca; models only, a bundle runs as "
+                                               "exported [default: dip-ca]", rich_help_panel=BASIC),
+    density: Optional[List[str]] = typer.Option(None, "--density", help="MLP densities ρ in (0, 1] of dip and "
+                                                "dip-ca [default: 0.5]", rich_help_panel=BASIC),
+    n_prompt: Optional[List[str]] = typer.Option(None, "--n-prompt", "-p", help="ppN rows: prefill tokens/s of an "
+                                                 "N-token prompt; 0 leaves them out [default: 512; --quick: 64]",
+                                                 rich_help_panel=BASIC),
+    n_gen: Optional[List[str]] = typer.Option(None, "--n-gen", "-n", help="tgN rows: decode tokens/s over N "
+                                              "generated tokens; 0 leaves them out [default: 128; --quick: 16]",
+                                              rich_help_panel=BASIC),
+    repetitions: Optional[int] = typer.Option(None, "--repetitions", "-r", help="repetitions of each "
+                                              "configuration, round-robin [default: 5; --quick: 1]",
+                                              rich_help_panel=BASIC),
+    quick: bool = typer.Option(False, "--quick", help="a smoke run: -p 64 -n 16 -r 1 where not given",
+                               rich_help_panel=BASIC),
+    budget: Optional[List[str]] = typer.Option(None, "--budget", help="DRAM budgets as `run --dram-budget` takes "
+                                               "them: a share of the MLP bytes (50%) or a total (120MB) "
+                                               "[default: 50%]", rich_help_panel=MEMORY),
+    io: Optional[List[str]] = typer.Option(None, "--io", help="Flash reads as `run --io`: auto | mmap | pread | "
+                                           "direct [default: auto]", rich_help_panel=IO_PANEL),
+    threads: Optional[List[str]] = typer.Option(None, "--threads", "-t", help="ORT intra-op threads "
+                                                "[default: 1]", rich_help_panel=ADVANCED),
+    quant: str = typer.Option("bq4", "--quant", help="MLP weight format of the bundles exported for a model",
+                              rich_help_panel=ADVANCED),
+    bundle_cache: Path = typer.Option(Path("build/bench/bundles"), "--bundle-cache", help="where bundles of "
+                                      "models are exported once and reused", rich_help_panel=ADVANCED),
+    fmt: Optional[str] = typer.Option(None, "--format", "-o", help="md | csv | json [default: md, or the "
+                                      "--output file's suffix]", rich_help_panel=OUTPUT),
+    output: Optional[Path] = typer.Option(None, "--output", help="write the rows to this file (atomically) "
+                                          "instead of stdout", rich_help_panel=OUTPUT),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing --output file", rich_help_panel=OUTPUT),
+) -> None:
+    """Prefill and decode tokens/s of the host runtime, llama-bench's pp and tg rows: every combination of
+    the comma lists, each repeated round-robin, mean ± standard deviation per row. A registry model is
+    exported once per method and density into --bundle-cache. The table goes to stdout (or --output),
+    progress to stderr."""
+    from dipdeploy.bench import grid as g
+    from dipdeploy.bench.bundles import METHODS, check_model
+    from dipdeploy.export.config import EXPORT_QUANTS
+    from dipdeploy.limits import MAX_THREADS
+    from dipdeploy.runtime.flash import IO_CHOICES
+
+    try:
+        out_format = _format(fmt, output)
+        check_inputs(outputs={"--output": output}, force=force)
+        if quant not in EXPORT_QUANTS:
+            raise ValueError(f"--quant {quant!r} is not one of {', '.join(EXPORT_QUANTS)}")
+        models = g.split(model, "-m/--model")
+        grid = g.DecodeGrid(
+            models=models,
+            methods=g.choices(method, "--method", METHODS) or ["dip-ca"],
+            densities=g.densities(density) or [0.5],
+            budgets=g.budgets(budget) or [g.DEFAULT_BUDGET],
+            ios=g.choices(io, "--io", IO_CHOICES) or ["auto"],
+            threads=g.ints(threads, "-t/--threads", 1, MAX_THREADS, "threads") or [1],
+            n_prompt=g.ints(n_prompt, "-p/--n-prompt", 0, g.MAX_PROMPT, "tokens")
+            or [g.QUICK_PROMPT if quick else g.DEFAULT_PROMPT],
+            n_gen=g.ints(n_gen, "-n/--n-gen", 0, g.MAX_GEN, "tokens") or [g.QUICK_GEN if quick else g.DEFAULT_GEN],
+            repetitions=repetitions if repetitions is not None else (g.QUICK_REPETITIONS if quick
+                                                                     else g.DEFAULT_REPETITIONS),
+            quant=quant, cache=bundle_cache)
+        for target in grid.models:
+            check_model(target)
+    except _ERRORS as err:
+        fail(err)
+    _run_decode(grid, quick, out_format, output, force)
+
+
+def _say(line: str) -> None:
+    typer.echo(shown(line, markup=False), err=True)
+
+
+def _run_decode(grid, quick: bool, out_format: str, output: Optional[Path], force: bool) -> None:
+    from dipdeploy.bench.decode import cases_of, run_decode
+    from dipdeploy.bench.machine import machine
+    from dipdeploy.bench.rows import render
+    from dipdeploy.paths import write_atomic
+
+    try:
+        cases_of(grid)  # the grid's size is refused before any export
+        here = machine()
+        _say(f"machine: {here.line()}")
+        result = run_decode(grid, _say)
+    except _ERRORS as err:
+        fail(err)
+    header = {"suite": "decode", "command": command_line(grid, quick), "quick": quick,
+              "seconds": round(result.seconds, 1), "machine": {**here.as_dict(), "line": here.line()}}
+    text = render(result.rows, header, out_format)
+    _say(f"done in {result.seconds:.1f} s")
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    kept(write_output(lambda p, f: write_atomic(p, text, force=f), output, force, "--output", text=text,
+                      said=False))
+    _say(f"wrote {output}")
