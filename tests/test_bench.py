@@ -1,0 +1,231 @@
+"""`dipdeploy bench`: the grid's comma lists expand to every combination in flag order, repetitions run
+round-robin, every count is bounded and bad input is refused in one line (exit 2) before any work, the
+one row schema is written as markdown, CSV and JSON naming the machine, --output is written atomically
+and never clobbered without --force, and a tiny end-to-end decode run gives a pp and a tg row per
+configuration. Behaviour only: no test reads a timing."""
+
+import csv
+import io
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dipdeploy.bench import grid as g
+from dipdeploy.bench.bundles import BundleSpec, cache_folder, ensure, plan_density, specs_for
+from dipdeploy.bench.machine import flags_summary, machine
+from dipdeploy.bench.rows import FORMATS, Row, Sample, mean_std, render, row
+from dipdeploy.cli import app
+
+runner = CliRunner()
+TINY = ["-p", "8", "-n", "4", "-r", "1"]
+
+
+def _bench(*args, **kwargs):
+    return runner.invoke(app, ["bench", "decode", *args], **kwargs)
+
+
+def _one_line_refusal(res, *words):
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in res.output, res.output
+    for w in words:
+        assert w in res.output, res.output
+
+
+# --- the grid ---------------------------------------------------------------------------------------
+
+def test_comma_lists_and_repeated_flags_expand_in_order_without_repeats():
+    assert g.split(["50%,100%", "25%", "50%"], "--budget") == ["50%", "100%", "25%"]
+    assert g.split(None, "--io") == []
+    assert g.ints(["0,64", "512"], "-p", 0, g.MAX_PROMPT, "tokens") == [0, 64, 512]
+    assert g.densities(["0.5,1"]) == [0.5, 1.0]
+    assert g.budgets(["50%, 120MB"]) == ["50%", "120MB"]
+
+
+def test_cases_are_the_product_in_flag_order_and_repetitions_round_robin():
+    specs = [BundleSpec("m", "dense", 1.0, "a"), BundleSpec("m", "dip-ca", 0.5, "b")]
+    grid = g.DecodeGrid(models=["m"], budgets=["50%", "100%"], ios=["mmap"], threads=[1, 2])
+    cases = grid.cases(specs)
+    assert [c.key() for c in cases][:3] == [("m", "dense", 1.0, "50%", "mmap", 1), ("m", "dense", 1.0, "50%", "mmap", 2),
+                                            ("m", "dense", 1.0, "100%", "mmap", 1)]
+    assert len(cases) == 8
+    assert g.order(3, 2) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+
+
+def test_tests_are_llama_bench_rows_and_zero_leaves_one_out():
+    grid = g.DecodeGrid(models=["m"], n_prompt=[0, 16], n_gen=[8])
+    assert grid.tests() == [("pp", 16), ("tg", 8)]
+    with pytest.raises(ValueError, match="nothing to measure"):
+        g.DecodeGrid(models=["m"], n_prompt=[0], n_gen=[0])
+
+
+def test_a_model_gives_one_bundle_per_method_and_density_and_dense_once(tmp_path):
+    specs = specs_for("tiny-llama", ("dense", "dip", "dip-ca"), (0.5, 0.25), tmp_path, "bq4")
+    assert [(s.method, s.density) for s in specs] == [("dense", 1.0), ("dip", 0.5), ("dip", 0.25),
+                                                      ("dip-ca", 0.5), ("dip-ca", 0.25)]
+    assert specs[0].policy == "static" and all(s.policy is None for s in specs[1:])
+    assert specs[0].path == cache_folder(tmp_path, "tiny-llama", "dense", 1.0, "bq4") == tmp_path / "tiny-llama-dense-bq4"
+    assert specs[3].path.name == "tiny-llama-dip-ca-r0.5-bq4"
+
+
+def test_plan_density_counts_up_and_gate_twice():
+    plan = {"hidden_size": 8, "intermediate_size": 16, "layers": [{"k_in": 4, "k_glu": 16}]}
+    assert plan_density(plan) == round((2 * 0.5 + 1.0) / 3, 4)
+
+
+# --- refusals: one line, exit 2, before any work ----------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["-m", "tiny-llama", "-r", "0"], ["-r/--repetitions", ">= 1"]),
+    (["-m", "tiny-llama", "-r", str(g.MAX_REPETITIONS + 1)], ["cap of 100"]),
+    (["-m", "tiny-llama", "-n", str(g.MAX_GEN + 1)], ["-n/--n-gen", "cap"]),
+    (["-m", "tiny-llama", "-p", "-1"], ["-p/--n-prompt", ">= 0"]),
+    (["-m", "tiny-llama", "-p", "many"], ["-p/--n-prompt", "whole numbers"]),
+    (["-m", "tiny-llama", "-t", "0"], ["-t/--threads"]),
+    (["-m", "tiny-llama", "-t", "100000"], ["-t/--threads", "cap"]),
+    (["-m", "tiny-llama", "--budget", "150%"], ["--budget 150%"]),
+    (["-m", "tiny-llama", "--budget", "lots"], ["--budget lots", "not a size"]),
+    (["-m", "tiny-llama", "--budget", "50%,,100%"], ["empty item"]),
+    (["-m", "tiny-llama", "--method", "dense,teal"], ["--method 'teal'", "dense, dip, dip-ca"]),
+    (["-m", "tiny-llama", "--density", "1.5"], ["--density", "(0, 1]"]),
+    (["-m", "tiny-llama", "--io", "floppy"], ["--io 'floppy'"]),
+    (["-m", "tiny-llama", "--quant", "int2"], ["--quant 'int2'"]),
+    (["-m", "tiny-llama", "-o", "xml"], ["-o 'xml'", "md, csv, json"]),
+    (["-m", "no-such-model"], ["-m no-such-model", "neither a bundle"]),
+    ([], ["give a model"]),
+    (["-m", "tiny-llama", "--budget", ",".join(f"{i}%" for i in range(g.MAX_VALUES + 1))], ["--budget", "cap"]),
+    (["-m", "tiny-llama", "--budget", ",".join(f"{i}%" for i in range(30)), "--density", "0.1,0.2,0.3,0.4,0.5",
+      "-r", "20"], ["the grid runs", "cap of 2000"]),
+    (["-m", "tiny-llama", "-r", "x"], ["-r"]),
+])
+def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
+    _one_line_refusal(_bench(*args, "--bundle-cache", str(tmp_path / "cache")), *words)
+    assert not (tmp_path / "cache").exists()  # refused before any export
+
+
+def test_an_existing_output_is_refused_without_force_before_the_work(tmp_path):
+    out = tmp_path / "rows.md"
+    out.write_text("earlier results")
+    _one_line_refusal(_bench("-m", "tiny-llama", "--output", str(out), "--bundle-cache", str(tmp_path / "c")),
+                      "exists", "--force")
+    assert out.read_text() == "earlier results" and not (tmp_path / "c").exists()
+
+
+def test_a_cached_folder_of_another_export_is_refused_not_overwritten(tmp_path, tiny_dipca_bundle):
+    import shutil
+
+    spec = specs_for("tiny-llama", ("dip",), (0.5,), tmp_path, "bq4")[0]
+    shutil.copytree(tiny_dipca_bundle(), spec.path)  # a DIP-CA bundle where the DIP one belongs
+    with pytest.raises(FileExistsError, match="another export"):
+        ensure(spec)
+
+
+# --- rows and formats -------------------------------------------------------------------------------
+
+def _rows():
+    labels = dict(model="tiny-llama", method="dip-ca", density=0.5, budget="50%", io="auto", threads=1)
+    return [row(labels, "pp8", [Sample(100.0, 0.1, None, None, "mmap"), Sample(110.0, 0.1, None, None, "mmap")]),
+            row(labels, "tg4", [Sample(10.0, 0.2, 0.5, 0.75, "direct")])]
+
+
+def _header():
+    m = machine()
+    return {"suite": "decode", "command": "dipdeploy bench decode -m tiny-llama", "machine": {**m.as_dict(), "line": m.line()}}
+
+
+def test_mean_and_sample_std_as_llama_bench():
+    assert mean_std([2.0]) == (2.0, 0.0)
+    mean, std = mean_std([1.0, 3.0])
+    assert mean == 2.0 and std == pytest.approx(2 ** 0.5)
+    pp, tg = _rows()
+    assert pp.tok_s == 105.0 and pp.repetitions == 2 and pp.io_used == "mmap" and pp.hit_rate is None
+    assert tg.device_mb_per_token == 0.5 and tg.hit_rate == 0.75
+
+
+def test_a_figure_missing_from_one_repetition_is_left_empty():
+    labels = dict(model="m", method="dip", density=0.5, budget="50%", io="auto", threads=1)
+    r = row(labels, "tg4", [Sample(1.0, hit_rate=0.5), Sample(1.0, hit_rate=None)])
+    assert r.hit_rate is None
+
+
+def test_every_format_names_the_machine_and_holds_every_row():
+    rows, header = _rows(), _header()
+    cpu = header["machine"]["cpu"]
+    md = render(rows, header, "md")
+    assert md.startswith("`dipdeploy bench decode -m tiny-llama`") and f"machine: {cpu}" in md
+    table = [line for line in md.splitlines() if line.startswith("| tiny-llama")]
+    assert len(table) == 2 and "105.00 ± 7.07" in table[0] and "auto→mmap" in table[0] and "auto→direct" in table[1]
+    parsed = list(csv.DictReader(io.StringIO(render(rows, header, "csv"))))
+    assert [r["test"] for r in parsed] == ["pp8", "tg4"] and all(r["machine_cpu"] == cpu for r in parsed)
+    assert parsed[0]["hit_rate"] == "" and float(parsed[1]["hit_rate"]) == 0.75
+    js = json.loads(render(rows, header, "json"))
+    assert js["header"]["machine"]["cpu"] == cpu and [r["test"] for r in js["rows"]] == ["pp8", "tg4"]
+    assert set(js["rows"][0]) == set(Row.__dataclass_fields__)
+    assert FORMATS == ("md", "csv", "json")
+
+
+def test_the_machine_record():
+    m = machine()
+    assert m.cores >= 1 and m.python and m.date.endswith("Z") and m.git
+    assert flags_summary("fpu avx2 sse avx512f asimd") == "avx2 avx512f asimd"
+    assert m.cpu in m.line() and m.onnxruntime in m.line()
+
+
+# --- end to end on the tiny model -------------------------------------------------------------------
+
+def test_decode_on_a_bundle_folder_gives_a_pp_and_a_tg_row_per_configuration(tiny_dipca_bundle):
+    res = _bench("-m", str(tiny_dipca_bundle()), "--budget", "25%,100%", "-r", "2", "-p", "8", "-n", "4",
+                 "--io", "mmap", "-o", "json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    rows = out["rows"]
+    assert [(r["budget"], r["test"]) for r in rows] == [("25%", "pp8"), ("25%", "tg4"), ("100%", "pp8"), ("100%", "tg4")]
+    assert all(r["method"] == "dip-ca" and r["repetitions"] == 2 and r["tok_s"] > 0 for r in rows)
+    assert rows[1]["hit_rate"] is not None and rows[0]["hit_rate"] is None  # a decode figure only
+    assert out["header"]["machine"]["cpu"] and "-r 2" in out["header"]["command"]
+    progress = [line for line in res.stderr.splitlines() if line.startswith("[")]
+    assert [line.split(":")[1].split(",")[1].strip() for line in progress] == [
+        "budget 25%", "budget 100%", "budget 25%", "budget 100%"]  # round-robin, not both 25% first
+    assert res.stderr.splitlines()[0].startswith("machine: ")
+
+
+def test_decode_exports_a_model_once_per_method_and_reuses_it(tmp_path):
+    cache = tmp_path / "cache"
+    args = ["-m", "tiny-llama", "--method", "dense,dip-ca", "--density", "0.5", "--bundle-cache", str(cache)]
+    res = _bench(*args, *TINY, "-o", "csv")
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(io.StringIO(res.stdout)))
+    assert [(r["method"], r["density"], r["test"]) for r in rows] == [
+        ("dense", "1.0", "pp8"), ("dense", "1.0", "tg4"), ("dip-ca", "0.5", "pp8"), ("dip-ca", "0.5", "tg4")]
+    assert sorted(p.name for p in cache.iterdir()) == ["tiny-llama-dense-bq4", "tiny-llama-dip-ca-r0.5-bq4"]
+    again = _bench(*args, "--quick", "-n", "0", "-p", "8")
+    assert again.exit_code == 0, again.output
+    assert "exporting" not in again.stderr, again.stderr
+    assert "| tg" not in again.stdout and again.stdout.count("| pp8 |") == 2
+
+
+def test_output_is_written_atomically_and_replaced_only_with_force(tmp_path, tiny_dipca_bundle):
+    out = tmp_path / "rows.json"
+    base = ["-m", str(tiny_dipca_bundle()), *TINY, "--io", "mmap", "--output", str(out)]
+    res = _bench(*base)
+    assert res.exit_code == 0, res.output
+    assert res.stdout == "" and json.loads(out.read_text())["rows"]  # the suffix chose JSON
+    assert [p.name for p in tmp_path.iterdir()] == ["rows.json"]  # no temporary file left
+    first = out.read_text()
+    _one_line_refusal(_bench(*base), "exists", "--force")
+    assert out.read_text() == first
+    res = _bench(*base, "--force", "-o", "md")
+    assert res.exit_code == 0, res.output
+    assert out.read_text().startswith("`dipdeploy bench decode") and out.read_text() != first
+
+
+def test_help_lists_the_suites():
+    res = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "100"})
+    assert res.exit_code == 0 and "decode" in res.output and "Planned" in res.output
+    res = runner.invoke(app, ["bench", "decode", "--help"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0
+    assert all(len(line) <= 80 for line in res.output.splitlines())
+    for name in ("--model", "--method", "--density", "--budget", "--io", "--threads", "--n-prompt", "--n-gen",
+                 "--repetitions", "--quick", "--output", "--force", "--format"):
+        assert name in res.output
