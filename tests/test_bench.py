@@ -229,3 +229,49 @@ def test_help_lists_the_suites():
     for name in ("--model", "--method", "--density", "--budget", "--io", "--threads", "--n-prompt", "--n-gen",
                  "--repetitions", "--quick", "--output", "--force", "--format"):
         assert name in res.output
+
+
+# --- scenario files ---------------------------------------------------------------------------------
+
+def _scenario(tmp_path, text):
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_published_scenario_holds_the_showcase_flags():
+    from pathlib import Path
+
+    from dipdeploy.bench.scenario import load
+
+    sc = load(Path(__file__).resolve().parents[1] / "benchmarks" / "scenarios" / "decode-smollm2.toml")
+    assert sc.suite == "decode" and sc.value("model", None) == ["smollm2-135m"]
+    assert sc.value("method", []) == ["dense", "dip-ca"] and sc.value("budget", None) == ["50%", "100%"]
+    assert sc.value("repetitions", None) == 3 and sc.value("budget", ["25%"]) == ["25%"]  # the command line wins
+
+
+@pytest.mark.parametrize("text, words", [
+    ('suite = "decode"\nflavour = 1\n', ["unknown keys flavour"]),
+    ('suite = "decode"\n[flags]\nlimit = "1G"\n', ["flags limit", "not options of `bench decode`"]),
+    ('suite = "reads"\n', ["suite = 'reads'", "not one of decode"]),
+    ('suite = "decode"\n[flags]\nrepetitions = "3"\n', ["flags.repetitions", "whole number"]),
+    ('suite = "decode"\n[flags]\nbudget = []\n', ["flags.budget"]),
+    ('suite = "decode"\n[flags\n', ["not UTF-8 TOML"]),
+])
+def test_a_bad_scenario_is_refused_in_one_line(tmp_path, text, words):
+    path = _scenario(tmp_path, text)
+    for args in (["bench", "decode", "--scenario", str(path)], ["bench", "--scenario", str(path)]):
+        _one_line_refusal(runner.invoke(app, args), *words)
+
+
+def test_a_scenario_runs_alone_or_under_its_suite_and_the_command_line_wins(tmp_path, tiny_dipca_bundle):
+    path = _scenario(tmp_path, f'suite = "decode"\ntitle = "a tiny table"\n[flags]\nmodel = "{tiny_dipca_bundle()}"\n'
+                               'io = "mmap"\nn_prompt = 8\nn_gen = [4]\nrepetitions = 1\nbudget = ["25%", "50%"]\n')
+    res = runner.invoke(app, ["bench", "--scenario", str(path)])
+    assert res.exit_code == 0, res.output
+    assert f"scenario `{path}`: a tiny table" in res.stdout and res.stdout.count("| tg4 |") == 2
+    res = runner.invoke(app, ["bench", "decode", "--scenario", str(path), "--budget", "100%", "-o", "json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert {r["budget"] for r in out["rows"]} == {"100%"} and out["header"]["scenario"]["title"] == "a tiny table"
+    _one_line_refusal(runner.invoke(app, ["bench", "--scenario", str(path), "decode"]), "give --scenario after")

@@ -94,11 +94,15 @@ MD_COLUMNS = ("model", "method", "ρ", "budget", "io", "threads", "test", "t/s",
 
 
 def markdown(rows: list[Row], header: dict) -> str:
-    """A title line naming the command, one naming the machine, then the table, llama-bench's columns
-    first and ``t/s`` as mean ± standard deviation."""
+    """A line naming the command (and one naming the scenario, if any), one naming the machine, then the
+    table, llama-bench's columns first and ``t/s`` as mean ± standard deviation."""
     m = header["machine"]
-    lines = [f"`{header['command']}`", "",
-             f"machine: {m['line']}", "",
+    sc = header.get("scenario")
+    lines = [f"`{header['command']}`", ""]
+    if sc:
+        lines += [f"scenario `{sc['path']}`: {sc['title']}" + (f" (backs {sc['published']})" if sc.get("published")
+                                                               else ""), ""]
+    lines += [f"machine: {m['line']}", "",
              "| " + " | ".join(MD_COLUMNS) + " |",
              "|" + "|".join("---:" if c in ("ρ", "threads", "t/s", "Flash MB/tok", "device MB/tok", "hit rate")
                             else "---" for c in MD_COLUMNS) + "|"]

@@ -39,6 +39,31 @@ bench_app = typer.Typer(
 app.add_typer(bench_app, name="bench")
 
 
+@bench_app.callback(invoke_without_command=True)
+def bench_main(ctx: typer.Context,
+               scenario: Optional[Path] = typer.Option(None, "--scenario", help="run a scenario file "
+                                                       "(benchmarks/scenarios/): the suite it names with its "
+                                                       "flags, the table on stdout")) -> None:
+    """Without a suite, ``--scenario FILE`` runs the suite the file names, as ``bench SUITE --scenario FILE``."""
+    if ctx.invoked_subcommand is not None:
+        if scenario is not None:
+            fail(ValueError(f"give --scenario after the suite (`dipdeploy bench {ctx.invoked_subcommand} "
+                            f"--scenario {scenario} ...`) or alone (`dipdeploy bench --scenario {scenario}`)"))
+        return
+    if scenario is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    from dipdeploy.bench.scenario import load
+
+    try:
+        suite = load(scenario).suite
+    except _ERRORS as err:
+        fail(err)
+    command = ctx.command.get_command(ctx, suite)
+    with command.make_context(suite, ["--scenario", str(scenario)], parent=ctx) as sub:
+        command.invoke(sub)
+
+
 def _format(fmt: Optional[str], output: Optional[Path]) -> str:
     """``-o`` as given, else the ``--output`` file's suffix (.md, .csv, .json), else markdown."""
     from dipdeploy.bench.rows import FORMATS
@@ -91,8 +116,8 @@ def decode_cmd(
                                            "direct [default: auto]", rich_help_panel=IO_PANEL),
     threads: Optional[List[str]] = typer.Option(None, "--threads", "-t", help="ORT intra-op threads "
                                                 "[default: 1]", rich_help_panel=ADVANCED),
-    quant: str = typer.Option("bq4", "--quant", help="MLP weight format of the bundles exported for a model",
-                              rich_help_panel=ADVANCED),
+    quant: Optional[str] = typer.Option(None, "--quant", help="MLP weight format of the bundles exported for a "
+                                        "model [default: bq4]", rich_help_panel=ADVANCED),
     bundle_cache: Path = typer.Option(Path("build/bench/bundles"), "--bundle-cache", help="where bundles of "
                                       "models are exported once and reused", rich_help_panel=ADVANCED),
     fmt: Optional[str] = typer.Option(None, "--format", "-o", help="md | csv | json [default: md, or the "
@@ -100,6 +125,8 @@ def decode_cmd(
     output: Optional[Path] = typer.Option(None, "--output", help="write the rows to this file (atomically) "
                                           "instead of stdout", rich_help_panel=OUTPUT),
     force: bool = typer.Option(False, "--force", help="overwrite an existing --output file", rich_help_panel=OUTPUT),
+    scenario: Optional[Path] = typer.Option(None, "--scenario", help="a scenario file (benchmarks/scenarios/): "
+                                            "its flags, those given here replacing the file's", rich_help_panel=BASIC),
 ) -> None:
     """Prefill and decode tokens/s of the host runtime, llama-bench's pp and tg rows: every combination of
     the comma lists, each repeated round-robin, mean ± standard deviation per row. A registry model is
@@ -111,7 +138,19 @@ def decode_cmd(
     from dipdeploy.limits import MAX_THREADS
     from dipdeploy.runtime.flash import IO_CHOICES
 
+    scenario_header = None
     try:
+        if scenario is not None:
+            from dipdeploy.bench.scenario import load
+
+            sc = load(scenario, "decode")
+            scenario_header = {"path": str(scenario), "title": sc.title, "published": sc.published}
+            model, method, density, budget, io, threads, n_prompt, n_gen, repetitions, quant = (
+                sc.value(name, given) for name, given in (
+                    ("model", model), ("method", method), ("density", density), ("budget", budget), ("io", io),
+                    ("threads", threads), ("n_prompt", n_prompt), ("n_gen", n_gen), ("repetitions", repetitions),
+                    ("quant", quant)))
+        quant = quant or "bq4"
         out_format = _format(fmt, output)
         check_inputs(outputs={"--output": output}, force=force)
         if quant not in EXPORT_QUANTS:
@@ -134,14 +173,15 @@ def decode_cmd(
             check_model(target)
     except _ERRORS as err:
         fail(err)
-    _run_decode(grid, quick, out_format, output, force)
+    _run_decode(grid, quick, out_format, output, force, scenario_header)
 
 
 def _say(line: str) -> None:
     typer.echo(shown(line, markup=False), err=True)
 
 
-def _run_decode(grid, quick: bool, out_format: str, output: Optional[Path], force: bool) -> None:
+def _run_decode(grid, quick: bool, out_format: str, output: Optional[Path], force: bool,
+                scenario: Optional[dict] = None) -> None:
     from dipdeploy.bench.decode import cases_of, run_decode
     from dipdeploy.bench.machine import machine
     from dipdeploy.bench.rows import render
@@ -155,6 +195,7 @@ def _run_decode(grid, quick: bool, out_format: str, output: Optional[Path], forc
     except _ERRORS as err:
         fail(err)
     header = {"suite": "decode", "command": command_line(grid, quick), "quick": quick,
+              "scenario": scenario,
               "seconds": round(result.seconds, 1), "machine": {**here.as_dict(), "line": here.line()}}
     text = render(result.rows, header, out_format)
     _say(f"done in {result.seconds:.1f} s")
