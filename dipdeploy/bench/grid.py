@@ -106,10 +106,11 @@ class Case:
     budget: str
     io: str
     threads: int
+    limit: str = "none"  # the memory suite's cgroup limit
 
     def key(self) -> tuple:
         b = self.bundle
-        return (b.model, b.method, b.density, self.budget, self.io, self.threads)
+        return (b.model, b.method, b.density, self.budget, self.io, self.threads, self.limit)
 
 
 @dataclass

@@ -6,7 +6,9 @@ decode tokens/s over 128 generated tokens), its figures the mean and the sample 
 token, device megabytes per token and the hit rate are means too, left empty where the engine does not
 report them (device bytes are counted by ``--io direct`` only; a bundle whose every row is resident reads
 nothing). Every writing names the machine: the markdown's first lines, the CSV's machine columns on each
-row (as llama-bench's CSV carries its CPU and commit), the JSON's ``header`` object.
+row (as llama-bench's CSV carries its CPU and commit), the JSON's ``header`` object. Another suite's
+rows (``dipdeploy.bench.memory.MemoryRow``) are written the same way: a row class names its markdown
+columns (``MD_COLUMNS``) and cells (``cells``), its fields are the CSV's and the JSON's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import io
 import json
 import math
 from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
 
 #: ``-o`` values
 FORMATS = ("md", "csv", "json")
@@ -51,8 +54,17 @@ class Row:
     device_mb_per_token: float | None = None
     hit_rate: float | None = None
 
+    MD_COLUMNS: ClassVar[tuple[str, ...]] = ("model", "method", "ρ", "budget", "io", "threads", "test", "t/s",
+                                             "Flash MB/tok", "device MB/tok", "hit rate")
+
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def cells(self) -> tuple[str, ...]:
+        """The markdown cells, in ``MD_COLUMNS``' order."""
+        return (self.model, self.method, f"{self.density:g}", self.budget, _io(self), str(self.threads), self.test,
+                f"{self.tok_s:.2f} ± {self.tok_s_std:.2f}", _figure(self.flash_mb_per_token, 4),
+                _figure(self.device_mb_per_token, 4), "" if self.hit_rate is None else f"{self.hit_rate:.3f}")
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -89,34 +101,35 @@ def _figure(value: float | None, digits: int) -> str:
     return "" if value is None else f"{value:.{digits}g}"
 
 
-MD_COLUMNS = ("model", "method", "ρ", "budget", "io", "threads", "test", "t/s", "Flash MB/tok", "device MB/tok",
-              "hit rate")
-
-
-def markdown(rows: list[Row], header: dict) -> str:
+def markdown(rows: list, header: dict, kind: type = Row) -> str:
     """A line naming the command (and one naming the scenario, if any), one naming the machine, then the
-    table, llama-bench's columns first and ``t/s`` as mean ± standard deviation."""
+    table: the row class's ``MD_COLUMNS`` (the decode suite's: llama-bench's columns first and ``t/s`` as
+    mean ± standard deviation), figures right-aligned."""
     m = header["machine"]
+    kind = type(rows[0]) if rows else kind
     sc = header.get("scenario")
     lines = [f"`{header['command']}`", ""]
     if sc:
         lines += [f"scenario `{sc['path']}`: {sc['title']}" + (f" (backs {sc['published']})" if sc.get("published")
                                                                else ""), ""]
     lines += [f"machine: {m['line']}", "",
-             "| " + " | ".join(MD_COLUMNS) + " |",
-             "|" + "|".join("---:" if c in ("ρ", "threads", "t/s", "Flash MB/tok", "device MB/tok", "hit rate")
-                            else "---" for c in MD_COLUMNS) + "|"]
+              "| " + " | ".join(kind.MD_COLUMNS) + " |",
+              "|" + "|".join("---:" if _numeric(c) else "---" for c in kind.MD_COLUMNS) + "|"]
     for r in rows:
-        cells = (r.model, r.method, f"{r.density:g}", r.budget, _io(r), str(r.threads), r.test,
-                 f"{r.tok_s:.2f} ± {r.tok_s_std:.2f}", _figure(r.flash_mb_per_token, 4),
-                 _figure(r.device_mb_per_token, 4), "" if r.hit_rate is None else f"{r.hit_rate:.3f}")
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in r.cells()) + " |")
+    notes = header.get("notes") or []
+    lines += [""] * bool(notes) + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
 
 
-def to_csv(rows: list[Row], header: dict) -> str:
+def _numeric(column: str) -> bool:
+    return column in ("ρ", "threads", "t/s", "tg t/s", "hit rate", "limit hits") or "MB" in column
+
+
+def to_csv(rows: list, header: dict, kind: type = Row) -> str:
     machine = header["machine"]
-    names = [f.name for f in fields(Row)] + [f"machine_{k}" for k in CSV_MACHINE]
+    kind = type(rows[0]) if rows else kind
+    names = [f.name for f in fields(kind)] + [f"machine_{k}" for k in CSV_MACHINE]
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(names)
@@ -125,12 +138,12 @@ def to_csv(rows: list[Row], header: dict) -> str:
     return out.getvalue()
 
 
-def to_json(rows: list[Row], header: dict) -> str:
+def to_json(rows: list, header: dict, kind: type = Row) -> str:
     return json.dumps({"header": header, "rows": [r.as_dict() for r in rows]}, indent=1, ensure_ascii=False) + "\n"
 
 
-def render(rows: list[Row], header: dict, fmt: str) -> str:
-    """The rows in ``fmt`` (one of ``FORMATS``)."""
+def render(rows: list, header: dict, fmt: str, kind: type = Row) -> str:
+    """The rows (of one row class, ``kind`` when there are none) in ``fmt`` (one of ``FORMATS``)."""
     if fmt not in FORMATS:
         raise ValueError(f"-o {fmt!r} is not one of {', '.join(FORMATS)}")
-    return {"md": markdown, "csv": to_csv, "json": to_json}[fmt](rows, header)
+    return {"md": markdown, "csv": to_csv, "json": to_json}[fmt](rows, header, kind)

@@ -18,8 +18,8 @@ from pathlib import Path
 #: a scenario holds a few flags: anything larger is a wrong file
 MAX_BYTES = 64 << 10
 #: the flags each suite takes from a scenario (its options' long names, dashes as underscores)
-FLAGS = {"decode": ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n_gen", "repetitions",
-                    "quant")}
+_GRID = ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n_gen", "repetitions", "quant")
+FLAGS = {"decode": _GRID, "memory": _GRID + ("limit",)}
 _KEYS = ("suite", "title", "published", "flags")
 
 
