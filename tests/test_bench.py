@@ -322,3 +322,25 @@ def test_memory_runs_each_configuration_in_a_process_and_a_group_of_its_own(tiny
     if groups:  # a limit near the interpreter's own pages: killed by it, or refused by the engine's check
         assert rows[1]["status"] in ("killed", "refused") and rows[1]["limit"] == "10MB"
         assert rows[1]["decode_tok_s"] is None and rows[1]["status"] in json.loads(res.stdout)["header"]["notes"][0]
+
+
+def test_an_interrupt_keeps_the_rows_measured_and_exits_130(tiny_dipca_bundle, monkeypatch, tmp_path):
+    from dipdeploy.bench import decode
+
+    real, calls = decode.measure, []
+
+    def measure(case, grid):
+        calls.append(case)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(case, grid)
+
+    monkeypatch.setattr(decode, "measure", measure)
+    out = tmp_path / "partial.json"
+    res = _bench("-m", str(tiny_dipca_bundle()), "--budget", "25%,100%", "-r", "2", "-p", "8", "-n", "4",
+                 "--io", "mmap", "--output", str(out))
+    assert res.exit_code == 130, res.output
+    js = json.loads(out.read_text())
+    assert js["header"]["interrupted"] is True
+    assert [(r["budget"], r["test"], r["repetitions"]) for r in js["rows"]] == [
+        ("25%", "pp8", 1), ("25%", "tg4", 1), ("100%", "pp8", 1), ("100%", "tg4", 1)]

@@ -13,7 +13,8 @@ one short generation that is not measured (the sessions' first-run allocations),
 Every test starts from the engine's reset state (an empty KV cache, caches as the policy starts them), so
 the order of the tests does not change their figures. The prompt is ``PASSAGE``'s tokens, repeated to N:
 text the model reads like text, so the selections DIP makes are those of real input, not of random ids.
-The engine is closed after each repetition, so one configuration's memory never holds another's.
+The engine is closed after each repetition, so one configuration's memory never holds another's. An
+interrupt (Ctrl-C) ends the run between two measurements' results: the rows keep the repetitions done.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ WARMUP_PROMPT = 32
 class DecodeResult:
     rows: list[Row]
     seconds: float  # the whole run's wall time, exports included
+    interrupted: bool = False  # Ctrl-C: the rows hold the repetitions measured before it
 
 
 def prompt_ids(engine, n: int) -> list[int]:
@@ -143,11 +145,16 @@ def run_decode(grid: DecodeGrid, notice: Notice = lambda line: None) -> DecodeRe
         ensure(spec, notice)
     samples: dict[int, dict[str, list[Sample]]] = {i: {} for i in range(len(cases))}
     plan = order(len(cases), grid.repetitions)
-    for step, (rep, i) in enumerate(plan, 1):
-        got = measure(cases[i], grid)
-        for test, sample in got.items():
-            samples[i].setdefault(test, []).append(sample)
-        figures = ", ".join(f"{t} {s.tok_s:.2f} t/s" for t, s in got.items())
-        notice(f"[{step}/{len(plan)}] repetition {rep + 1}/{grid.repetitions}: {_describe(cases[i])}: {figures}")
+    interrupted = False
+    try:
+        for step, (rep, i) in enumerate(plan, 1):
+            got = measure(cases[i], grid)
+            for test, sample in got.items():
+                samples[i].setdefault(test, []).append(sample)
+            figures = ", ".join(f"{t} {s.tok_s:.2f} t/s" for t, s in got.items())
+            notice(f"[{step}/{len(plan)}] repetition {rep + 1}/{grid.repetitions}: {_describe(cases[i])}: {figures}")
+    except KeyboardInterrupt:
+        interrupted = True
+        notice("interrupted: the rows hold the repetitions measured so far")
     rows = [row(labels(case), test, samples[i][test]) for i, case in enumerate(cases) for test in samples[i]]
-    return DecodeResult(rows, time.perf_counter() - t0)
+    return DecodeResult(rows, time.perf_counter() - t0, interrupted)

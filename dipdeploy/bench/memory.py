@@ -9,7 +9,8 @@ tokens and decodes ``-n`` tokens (one row ``ppP+tgN``). A row reports the engine
 process's peak RSS (``VmHWM``), the group's peak (page cache included), the times usage hit the limit,
 the decode tokens/s, and the status: ``ok``, ``refused`` (the engine's own check that the budget cannot
 fit under the limit), ``killed`` (the limit's OOM killer ended it) or ``failed``. Over repetitions the
-peaks are the largest and tokens/s the mean of the runs that finished.
+peaks are the largest and tokens/s the mean of the runs that finished. An interrupt (Ctrl-C) keeps the
+rows of the runs that finished before it.
 """
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ class MemoryResult:
     rows: list[MemoryRow]
     seconds: float
     notes: list[str]
+    interrupted: bool = False  # Ctrl-C: the rows hold the runs that finished before it
 
 
 def check_groups(grid: MemoryGrid) -> bool:
@@ -226,22 +228,26 @@ def run_memory(grid: MemoryGrid, notice: Notice = lambda line: None) -> MemoryRe
     tests = grid.runs()
     runs: dict[tuple[int, int], list[Run]] = {}
     plan = order(len(cases), grid.repetitions)
-    notes = []
-    for step, (rep, i) in enumerate(plan, 1):
-        case = cases[i]
-        for j, (p, n) in enumerate(tests):
-            r = run_one(case, p, n, use_groups)
-            runs.setdefault((i, j), []).append(r)
-            b = case.bundle
-            what = (f"{b.model} {b.method} ρ {b.density:g}, budget {case.budget}, io {case.io}, limit {case.limit}, "
-                    f"pp{p}+tg{n}")
-            peak = f", cgroup peak {r.cgroup_peak_mb:.1f} MB" if r.cgroup_peak_mb is not None else ""
-            notice(f"[{step}/{len(plan)}] repetition {rep + 1}/{grid.repetitions}: {what}: {r.status}{peak}"
-                   + (f" ({r.why})" if r.why else ""))
-            if r.why:
-                notes.append(f"{what}: {r.status}: {r.why}")
+    notes, interrupted = [], False
+    try:
+        for step, (rep, i) in enumerate(plan, 1):
+            case = cases[i]
+            for j, (p, n) in enumerate(tests):
+                r = run_one(case, p, n, use_groups)
+                runs.setdefault((i, j), []).append(r)
+                b = case.bundle
+                what = (f"{b.model} {b.method} ρ {b.density:g}, budget {case.budget}, io {case.io}, "
+                        f"limit {case.limit}, pp{p}+tg{n}")
+                peak = f", cgroup peak {r.cgroup_peak_mb:.1f} MB" if r.cgroup_peak_mb is not None else ""
+                notice(f"[{step}/{len(plan)}] repetition {rep + 1}/{grid.repetitions}: {what}: {r.status}{peak}"
+                       + (f" ({r.why})" if r.why else ""))
+                if r.why:
+                    notes.append(f"{what}: {r.status}: {r.why}")
+    except KeyboardInterrupt:
+        interrupted = True
+        notice("interrupted: the rows hold the runs that finished")
     from dipdeploy.bench.decode import labels
 
     rows = [aggregate({**labels(case), "limit": case.limit}, f"pp{p}+tg{n}", runs[(i, j)])
-            for i, case in enumerate(cases) for j, (p, n) in enumerate(tests)]
-    return MemoryResult(rows, time.perf_counter() - t0, notes)
+            for i, case in enumerate(cases) for j, (p, n) in enumerate(tests) if (i, j) in runs]
+    return MemoryResult(rows, time.perf_counter() - t0, notes, interrupted)

@@ -109,6 +109,8 @@ def markdown(rows: list, header: dict, kind: type = Row) -> str:
     kind = type(rows[0]) if rows else kind
     sc = header.get("scenario")
     lines = [f"`{header['command']}`", ""]
+    if header.get("interrupted"):
+        lines += ["interrupted: the rows hold the repetitions measured before it (their `repetitions`)", ""]
     if sc:
         lines += [f"scenario `{sc['path']}`: {sc['title']}" + (f" (backs {sc['published']})" if sc.get("published")
                                                                else ""), ""]

@@ -15,6 +15,7 @@ import typer
 
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import check_inputs, fail, kept, write_output
+from dipdeploy.cli.errors import INTERRUPTED
 from dipdeploy.cli.helpview import ADVANCED, BASIC, IO_PANEL, MEMORY, PanelCommand
 from dipdeploy.terminal import shown
 
@@ -194,17 +195,22 @@ def _run(suite: str, options: dict) -> None:
             result, kind = run_decode(grid, _say), Row
     except _ERRORS as err:
         fail(err)
+    if result.interrupted and not result.rows:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(INTERRUPTED)
     header = {"suite": suite, "command": command_line(suite, grid), "quick": options["quick"],
-              "scenario": scenario, "seconds": round(result.seconds, 1),
+              "scenario": scenario, "seconds": round(result.seconds, 1), "interrupted": result.interrupted,
               "machine": {**here.as_dict(), "line": here.line()}, "notes": getattr(result, "notes", [])}
     text = render(result.rows, header, out_format, kind)
-    _say(f"done in {result.seconds:.1f} s")
+    _say(f"{'interrupted' if result.interrupted else 'done'} in {result.seconds:.1f} s")
     if output is None:
         typer.echo(text, nl=False)
-        return
-    kept(write_output(lambda p, f: write_atomic(p, text, force=f), output, force, "--output", text=text,
-                      said=False))
-    _say(f"wrote {output}")
+    else:
+        kept(write_output(lambda p, f: write_atomic(p, text, force=f), output, force, "--output", text=text,
+                          said=False))
+        _say(f"wrote {output}")
+    if result.interrupted:  # the partial rows are out; the exit status still says the run did not finish
+        raise typer.Exit(INTERRUPTED)
 
 
 @bench_app.command("decode", cls=PanelCommand, short_help=SUITES["decode"])
