@@ -48,7 +48,8 @@ def test_cases_are_the_product_in_flag_order_and_repetitions_round_robin():
     specs = [BundleSpec("m", "dense", 1.0, "a"), BundleSpec("m", "dip-ca", 0.5, "b")]
     grid = g.DecodeGrid(models=["m"], budgets=["50%", "100%"], ios=["mmap"], threads=[1, 2])
     cases = grid.cases(specs)
-    assert [c.key()[:6] for c in cases][:3] == [("m", "dense", 1.0, "50%", "mmap", 1), ("m", "dense", 1.0, "50%", "mmap", 2),
+    assert [c.key()[:6] for c in cases][:3] == [("m", "dense", 1.0, "50%", "mmap", 1),
+                                                ("m", "dense", 1.0, "50%", "mmap", 2),
                                                 ("m", "dense", 1.0, "100%", "mmap", 1)]
     assert len(cases) == 8
     assert g.order(3, 2) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
@@ -66,7 +67,8 @@ def test_a_model_gives_one_bundle_per_method_and_density_and_dense_once(tmp_path
     assert [(s.method, s.density) for s in specs] == [("dense", 1.0), ("dip", 0.5), ("dip", 0.25),
                                                       ("dip-ca", 0.5), ("dip-ca", 0.25)]
     assert specs[0].policy == "static" and all(s.policy is None for s in specs[1:])
-    assert specs[0].path == cache_folder(tmp_path, "tiny-llama", "dense", 1.0, "bq4") == tmp_path / "tiny-llama-dense-bq4"
+    dense = cache_folder(tmp_path, "tiny-llama", "dense", 1.0, "bq4")
+    assert specs[0].path == dense == tmp_path / "tiny-llama-dense-bq4"
     assert specs[3].path.name == "tiny-llama-dip-ca-r0.5-bq4"
 
 
@@ -132,7 +134,8 @@ def _rows():
 
 def _header():
     m = machine()
-    return {"suite": "decode", "command": "dipdeploy bench decode -m tiny-llama", "machine": {**m.as_dict(), "line": m.line()}}
+    return {"suite": "decode", "command": "dipdeploy bench decode -m tiny-llama",
+            "machine": {**m.as_dict(), "line": m.line()}}
 
 
 def test_mean_and_sample_std_as_llama_bench():
@@ -181,7 +184,8 @@ def test_decode_on_a_bundle_folder_gives_a_pp_and_a_tg_row_per_configuration(tin
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     rows = out["rows"]
-    assert [(r["budget"], r["test"]) for r in rows] == [("25%", "pp8"), ("25%", "tg4"), ("100%", "pp8"), ("100%", "tg4")]
+    assert [(r["budget"], r["test"]) for r in rows] == [("25%", "pp8"), ("25%", "tg4"),
+                                                        ("100%", "pp8"), ("100%", "tg4")]
     assert all(r["method"] == "dip-ca" and r["repetitions"] == 2 and r["tok_s"] > 0 for r in rows)
     assert rows[1]["hit_rate"] is not None and rows[0]["hit_rate"] is None  # a decode figure only
     assert out["header"]["machine"]["cpu"] and "-r 2" in out["header"]["command"]

@@ -14,7 +14,7 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dipdeploy.limits import MAX_THREADS, check_count
+from dipdeploy.limits import check_count
 
 #: repetitions of each case (``-r``)
 MAX_REPETITIONS = 100

@@ -54,7 +54,8 @@ def _flag_value(path: Path, name: str, value) -> None:
         ok = (isinstance(value, scalar) and type(value) is not bool) or (
             isinstance(value, list) and value and all(isinstance(v, scalar) and type(v) is not bool for v in value))
     if not ok:
-        raise ValueError(f"--scenario {path}: flags.{name} = {value!r} is not a {'whole number' if name == 'repetitions' else 'string' if name == 'quant' else 'value or a list of values'}")
+        want = {"repetitions": "whole number", "quant": "string"}.get(name, "value or a list of values")
+        raise ValueError(f"--scenario {path}: flags.{name} = {value!r} is not a {want}")
 
 
 def load(path: Path | str, suite: str | None = None) -> Scenario:

@@ -31,7 +31,7 @@ _ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionE
 bench_app = typer.Typer(
     name="bench",
     help="Benchmarks in llama-bench's style: comma lists expand to every combination, repetitions run "
-         "round-robin, one row schema as markdown, CSV or JSON, the machine named in every file.\n\n"
+         "round-robin, each suite's rows as markdown, CSV or JSON, the machine named in every file.\n\n"
          "Suites: " + "; ".join(f"{name}: {what}" for name, what in SUITES.items()) + ".\n\n"
          "Planned (issue #58): " + ", ".join(PLANNED) + "; until then the scripts of benchmarks/ "
          "(docs/benchmarks.md).",
@@ -136,7 +136,8 @@ def _grid(suite: str, o: dict, quick: bool):
 
         sc = load(o["scenario"], suite)
         scenario = {"path": str(o["scenario"]), "title": sc.title, "published": sc.published}
-        o = {**o, **{name: sc.value(name, o.get(name)) for name in _GRID_FLAGS + (("limit",) if suite == "memory" else ())}}
+        names = _GRID_FLAGS + (("limit",) if suite == "memory" else ())
+        o = {**o, **{name: sc.value(name, o.get(name)) for name in names}}
     quant = o["quant"] or "bq4"
     if quant not in EXPORT_QUANTS:
         raise ValueError(f"--quant {quant!r} is not one of {', '.join(EXPORT_QUANTS)}")
