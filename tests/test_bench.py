@@ -348,3 +348,17 @@ def test_an_interrupt_keeps_the_rows_measured_and_exits_130(tiny_dipca_bundle, m
     assert js["header"]["interrupted"] is True
     assert [(r["budget"], r["test"], r["repetitions"]) for r in js["rows"]] == [
         ("25%", "pp8", 1), ("25%", "tg4", 1), ("100%", "pp8", 1), ("100%", "tg4", 1)]
+
+
+def test_cold_is_a_switch_of_the_command_line_or_the_scenario(tmp_path, tiny_dipca_bundle):
+    from dipdeploy.bench.scenario import load
+
+    sc = load(_scenario(tmp_path, 'suite = "decode"\n[flags]\ncold = true\n'))
+    assert sc.value("cold", False) is True
+    assert load(_scenario(tmp_path, 'suite = "decode"\n')).value("cold", True) is True
+    _one_line_refusal(runner.invoke(app, ["bench", "decode", "--scenario",
+                                          str(_scenario(tmp_path, 'suite = "decode"\n[flags]\ncold = 1\n'))]),
+                      "flags.cold", "boolean")
+    res = _bench("-m", str(tiny_dipca_bundle()), *TINY, "--io", "mmap", "--cold", "-o", "json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["header"]["command"].endswith("--cold") and len(json.loads(res.stdout)["rows"]) == 2

@@ -11,7 +11,8 @@ one short generation that is not measured (the sessions' first-run allocations),
   engine's ``decode_tok_s``, its Flash figures and hit rate per decode step.
 
 Every test starts from the engine's reset state (an empty KV cache, caches as the policy starts them), so
-the order of the tests does not change their figures. The prompt is ``PASSAGE``'s tokens, repeated to N:
+the order of the tests does not change their figures; with ``cold`` the engine also drops the MLP file
+from the page cache before each test, so its reads come from the disk. The prompt is ``PASSAGE``'s tokens, repeated to N:
 text the model reads like text, so the selections DIP makes are those of real input, not of random ids.
 The engine is closed after each repetition, so one configuration's memory never holds another's. An
 interrupt (Ctrl-C) ends the run between two measurements' results: the rows keep the repetitions done.
@@ -62,11 +63,11 @@ def prompt_ids(engine, n: int) -> list[int]:
     return ids[:n]
 
 
-def _engine(case: Case, context: int | None):
+def _engine(case: Case, context: int | None, cold: bool = False):
     from dipdeploy.runtime import Engine, EngineConfig
 
     spec: BundleSpec = case.bundle
-    cfg = EngineConfig(dram_budget=case.budget, io=case.io, threads=case.threads, context=context,
+    cfg = EngineConfig(dram_budget=case.budget, io=case.io, threads=case.threads, context=context, cold=cold,
                        **({"policy": spec.policy} if spec.policy else {}))
     return Engine(spec.path, cfg)
 
@@ -90,7 +91,7 @@ def measure(case: Case, grid: DecodeGrid) -> dict[str, Sample]:
     from dipdeploy.runtime.sampler import Sampler
 
     need = needed_context(grid)
-    engine = _engine(case, None if need <= DEFAULT_CONTEXT else need)
+    engine = _engine(case, None if need <= DEFAULT_CONTEXT else need, grid.cold)
     try:
         if engine.cfg.context < need:
             raise ValueError(f"-p/-n need {need} positions; {case.bundle.path} runs {engine.cfg.context} (its "

@@ -117,7 +117,8 @@ class Case:
 class DecodeGrid:
     """What ``dipdeploy bench decode`` runs, every list checked: models (registry names, Hugging Face folders
     or bundle folders), methods and densities (for models only: a bundle runs as exported), budgets, io
-    modes, threads, the pp prompt and tg generation lengths (0 leaves that test out), repetitions."""
+    modes, threads, the pp prompt and tg generation lengths (0 leaves that test out), repetitions, and
+    whether every test starts cold (``cold``)."""
 
     models: list[str]
     methods: list[str] = field(default_factory=lambda: ["dip-ca"])
@@ -130,6 +131,7 @@ class DecodeGrid:
     repetitions: int = DEFAULT_REPETITIONS
     quant: str = "bq4"
     cache: Path = Path("build/bench/bundles")
+    cold: bool = False  # the engine drops the MLP file from the page cache before each test (``EngineConfig.cold``)
 
     def __post_init__(self) -> None:
         if not self.models:

@@ -19,7 +19,7 @@ from pathlib import Path
 MAX_BYTES = 64 << 10
 #: the flags each suite takes from a scenario (its options' long names, dashes as underscores)
 _GRID = ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n_gen", "repetitions", "quant")
-FLAGS = {"decode": _GRID, "memory": _GRID + ("limit",)}
+FLAGS = {"decode": _GRID + ("cold",), "memory": _GRID + ("limit",)}
 _KEYS = ("suite", "title", "published", "flags")
 
 
@@ -34,12 +34,14 @@ class Scenario:
     def value(self, name: str, given):
         """``given`` (the command line's value) when the user gave it, else the file's, else None: lists
         as lists of strings (what a repeated flag gives), a scalar flag as the file's scalar."""
+        if name == "cold":  # a switch: on when the command line or the file turns it on
+            return bool(given) or bool(self.flags.get(name))
         if given not in (None, [], ()):
             return given
         raw = self.flags.get(name)
         if raw is None:
             return given
-        if name in ("repetitions", "quant"):
+        if name in ("repetitions", "quant", "cold"):
             return raw
         return [str(v) for v in raw] if isinstance(raw, list) else [str(raw)]
 
@@ -48,13 +50,16 @@ def _flag_value(path: Path, name: str, value) -> None:
     scalar = (str, int, float)
     if name == "repetitions":
         ok = type(value) is int
+    elif name == "cold":
+        ok = type(value) is bool
     elif name == "quant":
         ok = isinstance(value, str)
     else:
         ok = (isinstance(value, scalar) and type(value) is not bool) or (
             isinstance(value, list) and value and all(isinstance(v, scalar) and type(v) is not bool for v in value))
     if not ok:
-        want = {"repetitions": "whole number", "quant": "string"}.get(name, "value or a list of values")
+        want = {"repetitions": "whole number", "quant": "string", "cold": "boolean (true or false)"}.get(
+            name, "value or a list of values")
         raise ValueError(f"--scenario {path}: flags.{name} = {value!r} is not a {want}")
 
 

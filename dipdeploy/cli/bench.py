@@ -90,6 +90,8 @@ def command_line(suite: str, grid) -> str:
         words += ["--limit", ",".join(grid.limits)]
     words += ["-t", ",".join(map(str, grid.threads)), "-p", ",".join(map(str, grid.n_prompt)),
               "-n", ",".join(map(str, grid.n_gen)), "-r", str(grid.repetitions), "--quant", grid.quant]
+    if grid.cold:
+        words.append("--cold")
     return shlex.join(words)
 
 
@@ -136,7 +138,7 @@ def _grid(suite: str, o: dict, quick: bool):
 
         sc = load(o["scenario"], suite)
         scenario = {"path": str(o["scenario"]), "title": sc.title, "published": sc.published}
-        names = _GRID_FLAGS + (("limit",) if suite == "memory" else ())
+        names = _GRID_FLAGS + (("limit",) if suite == "memory" else ("cold",))
         o = {**o, **{name: sc.value(name, o.get(name)) for name in names}}
     quant = o["quant"] or "bq4"
     if quant not in EXPORT_QUANTS:
@@ -151,7 +153,7 @@ def _grid(suite: str, o: dict, quick: bool):
         n_prompt=g.ints(o["n_prompt"], "-p/--n-prompt", 0, g.MAX_PROMPT, "tokens")
         or [g.QUICK_PROMPT if quick else g.DEFAULT_PROMPT],
         n_gen=g.ints(o["n_gen"], "-n/--n-gen", 0, g.MAX_GEN, "tokens") or [g.QUICK_GEN if quick else g.DEFAULT_GEN],
-        quant=quant, cache=o["bundle_cache"])
+        quant=quant, cache=o["bundle_cache"], cold=bool(o.get("cold")))
     if o["repetitions"] is not None:
         kw["repetitions"] = o["repetitions"]
     elif quick:
@@ -227,7 +229,10 @@ def decode_cmd(
                                               "configuration, round-robin [default: 5; --quick: 1]",
                                               rich_help_panel=BASIC),
     quick: bool = QUICK, scenario: Optional[Path] = SCENARIO, budget: Optional[List[str]] = BUDGET,
-    io: Optional[List[str]] = IO, threads: Optional[List[str]] = THREADS, quant: Optional[str] = QUANT,
+    io: Optional[List[str]] = IO,
+    cold: bool = typer.Option(False, "--cold", help="drop the MLP file from the page cache before each test "
+                              "(reads from the disk), as `run --cold`", rich_help_panel=IO_PANEL),
+    threads: Optional[List[str]] = THREADS, quant: Optional[str] = QUANT,
     bundle_cache: Path = CACHE, fmt: Optional[str] = FORMAT, output: Optional[Path] = OUT, force: bool = FORCE,
 ) -> None:
     """Prefill and decode tokens/s of the host runtime, llama-bench's pp and tg rows: every combination of
