@@ -235,7 +235,7 @@ def test_help_lists_the_suites_and_each_fits_80_columns(suite):
     for name in ("--model", "--method", "--density", "--budget", "--io", "--threads", "--n-prompt", "--n-gen",
                  "--repetitions", "--quick", "--output", "--force", "--format", "--scenario"):
         assert name in res.output
-    assert ("--limit" in res.output) == (suite == "memory")
+    assert "--limit" in res.output and ("--cold" in res.output) == (suite == "decode")
 
 
 # --- scenario files ---------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ def test_the_published_scenario_holds_the_showcase_flags():
 
 @pytest.mark.parametrize("text, words", [
     ('suite = "decode"\nflavour = 1\n', ["unknown keys flavour"]),
-    ('suite = "decode"\n[flags]\nlimit = "1G"\n', ["flags limit", "not options of `bench decode`"]),
+    ('suite = "decode"\n[flags]\npeers = "llama.cpp"\n', ["flags peers", "not options of `bench decode`"]),
     ('suite = "reads"\n', ["suite = 'reads'", "not one of decode"]),
     ('suite = "decode"\n[flags]\nrepetitions = "3"\n', ["flags.repetitions", "whole number"]),
     ('suite = "decode"\n[flags]\nbudget = []\n', ["flags.budget"]),
@@ -362,3 +362,24 @@ def test_cold_is_a_switch_of_the_command_line_or_the_scenario(tmp_path, tiny_dip
     res = _bench("-m", str(tiny_dipca_bundle()), *TINY, "--io", "mmap", "--cold", "-o", "json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["header"]["command"].endswith("--cold") and len(json.loads(res.stdout)["rows"]) == 2
+
+
+def test_decode_under_a_limit_runs_each_repetition_in_a_limited_group_and_counts_what_failed(tiny_dipca_bundle):
+    from dipdeploy.bench.cgroup import probe
+
+    args = ["-m", str(tiny_dipca_bundle()), "-p", "8", "-n", "4", "-r", "2", "--io", "mmap"]
+    if probe() is not None:  # no rights to make a group: a limit is refused before any work
+        _one_line_refusal(_bench(*args, "--limit", "500MB"), "--limit needs a cgroup")
+        return
+    res = _bench(*args, "--limit", "500MB,10MB", "-o", "json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert [(r["limit"], r["test"], r["repetitions"], r["failed"]) for r in out["rows"]] == [
+        ("500MB", "pp8", 2, 0), ("500MB", "tg4", 2, 0)]  # 10MB: every repetition killed or refused, no row
+    assert len(out["header"]["notes"]) == 2 and all("limit 10MB" in n for n in out["header"]["notes"])
+    assert "--limit 500MB,10MB" in out["header"]["command"]
+    md = _bench(*args, "-r", "1", "--limit", "500MB")
+    assert md.exit_code == 0, md.output
+    assert "| limit |" in md.stdout and "| 500MB |" in md.stdout and "| failed |" not in md.stdout
+    plain = _bench(*args, "-r", "1")
+    assert "| limit |" not in plain.stdout  # the usual value: the column is left out of the markdown

@@ -109,3 +109,11 @@ def probe(root: Path = ROOT) -> str | None:
     except (OSError, RuntimeError) as err:
         return f"cannot make a cgroup memory group ({' '.join(str(err).split())})"
     return None
+
+
+def require(root: Path = ROOT) -> None:
+    """Refuse, in one line with the fix, a ``--limit`` where no limited group can be made."""
+    why = probe(root)
+    if why is not None:
+        raise ValueError(f"--limit needs a cgroup memory group: {why}; run as root or in a delegated cgroup, or "
+                         f"give --limit none")

@@ -28,6 +28,8 @@ MAX_RUNS = 2000
 DEFAULT_PROMPT, DEFAULT_GEN, DEFAULT_REPETITIONS = 512, 128, 5
 QUICK_PROMPT, QUICK_GEN, QUICK_REPETITIONS = 64, 16, 1
 DEFAULT_BUDGET = "50%"
+#: ``--limit``'s value for a run under no cgroup limit
+NO_LIMIT = "none"
 
 
 def split(values: list[str] | tuple[str, ...] | str | None, flag: str) -> list[str]:
@@ -97,6 +99,21 @@ def budgets(values, flag: str = "--budget") -> list[str]:
     return items
 
 
+def parse_limit(text: str) -> int | None:
+    """``none`` or a size (such as "300MB" or "1.5GiB") in bytes; anything else is refused naming ``--limit``."""
+    from dipdeploy.runtime.budget import parse_bytes
+
+    if text.lower() == NO_LIMIT:
+        return None
+    try:
+        value = parse_bytes(text, "--limit")
+    except ValueError as err:
+        raise ValueError(f"--limit {text}: {err}; give none or a size such as 300MB") from None
+    if value <= 0:
+        raise ValueError(f"--limit {text} must be above 0 bytes; give none or a size such as 300MB")
+    return value
+
+
 @dataclass(frozen=True)
 class Case:
     """One configuration of the grid: a row per test (pp, tg) comes from its repetitions. ``bundle``
@@ -106,7 +123,7 @@ class Case:
     budget: str
     io: str
     threads: int
-    limit: str = "none"  # the memory suite's cgroup limit
+    limit: str = NO_LIMIT  # the cgroup memory limit the run is under
 
     def key(self) -> tuple:
         b = self.bundle
@@ -117,8 +134,9 @@ class Case:
 class DecodeGrid:
     """What ``dipdeploy bench decode`` runs, every list checked: models (registry names, Hugging Face folders
     or bundle folders), methods and densities (for models only: a bundle runs as exported), budgets, io
-    modes, threads, the pp prompt and tg generation lengths (0 leaves that test out), repetitions, and
-    whether every test starts cold (``cold``)."""
+    modes, threads, the pp prompt and tg generation lengths (0 leaves that test out), repetitions,
+    whether every test starts cold (``cold``), and the cgroup memory limits the runs are under
+    (``limits``: ``none`` runs in this process)."""
 
     models: list[str]
     methods: list[str] = field(default_factory=lambda: ["dip-ca"])
@@ -132,6 +150,7 @@ class DecodeGrid:
     quant: str = "bq4"
     cache: Path = Path("build/bench/bundles")
     cold: bool = False  # the engine drops the MLP file from the page cache before each test (``EngineConfig.cold``)
+    limits: list[str] = field(default_factory=lambda: [NO_LIMIT])
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -139,14 +158,17 @@ class DecodeGrid:
         check_count(self.repetitions, "-r/--repetitions", 1, MAX_REPETITIONS, "repetitions")
         if not any(self.n_prompt) and not any(self.n_gen):
             raise ValueError("-p and -n are all 0: nothing to measure; give -p N (prefill) or -n N (decode) above 0")
+        for text in self.limits:
+            parse_limit(text)
 
     def tests(self) -> list[tuple[str, int]]:
         """("pp", p) and ("tg", n) tests in llama-bench's order, a zero length left out."""
         return [("pp", p) for p in self.n_prompt if p] + [("tg", n) for n in self.n_gen if n]
 
     def cases(self, specs: list) -> list[Case]:
-        """The product of the bundles (``specs``) and the engine's lists, in flag order."""
-        return [Case(s, b, io, t) for s, b, io, t in itertools.product(specs, self.budgets, self.ios, self.threads)]
+        """The product of the bundles (``specs``), the engine's lists and the limits, in flag order."""
+        return [Case(s, b, io, t, lim) for s, b, io, t, lim in
+                itertools.product(specs, self.budgets, self.ios, self.threads, self.limits)]
 
     def check_size(self, n_cases: int) -> None:
         runs = n_cases * self.repetitions

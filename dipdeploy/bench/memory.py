@@ -15,60 +15,28 @@ rows of the runs that finished before it.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Callable, ClassVar
 
 from dipdeploy.bench.bundles import BundleSpec, ensure
-from dipdeploy.bench.grid import Case, DecodeGrid, order
+from dipdeploy.bench.grid import Case, DecodeGrid, order, parse_limit
 
 Notice = Callable[[str], None]
-NO_LIMIT = "none"
-#: a run that has not ended by then is stuck (a thrashing page cache under a tight limit), not slow
-CHILD_TIMEOUT = 3600
 #: ``-r`` of the memory suite: a peak needs one run, not five
 DEFAULT_REPETITIONS = 1
 _MB = 1e6
 
 
-def parse_limit(text: str) -> int | None:
-    """``none`` or a size (such as "300MB" or "1.5GiB") in bytes; anything else is refused naming ``--limit``."""
-    from dipdeploy.runtime.budget import parse_bytes
-
-    if text.lower() == NO_LIMIT:
-        return None
-    try:
-        value = parse_bytes(text, "--limit")
-    except ValueError as err:
-        raise ValueError(f"--limit {text}: {err}; give none or a size such as 300MB") from None
-    if value <= 0:
-        raise ValueError(f"--limit {text} must be above 0 bytes; give none or a size such as 300MB")
-    return value
-
-
 @dataclass
 class MemoryGrid(DecodeGrid):
-    """The decode grid and ``limits`` (``none`` or sizes). Its one test is ``ppP+tgN`` per pair of the
-    first ``-p`` and ``-n`` lists' values."""
+    """The decode grid, one repetition by default. Its test is ``ppP+tgN``, one per pair of a ``-p`` and
+    an ``-n`` value."""
 
-    limits: list[str] = field(default_factory=lambda: [NO_LIMIT])
     repetitions: int = DEFAULT_REPETITIONS
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for text in self.limits:
-            parse_limit(text)
 
     def runs(self) -> list[tuple[int, int]]:
         return [(p, n) for p in self.n_prompt for n in self.n_gen]
-
-    def cases(self, specs: list) -> list[Case]:
-        return [Case(c.bundle, c.budget, c.io, c.threads, limit) for c in super().cases(specs) for limit in self.limits]
 
 
 @dataclass(frozen=True)
@@ -120,64 +88,21 @@ class Run:
     io_used: str | None = None
 
 
-def drop_page_cache(bundle: Path) -> None:
-    """Every file of the bundle out of the page cache (clean pages only; a file that cannot be opened is
-    left as it is)."""
-    for path in Path(bundle).iterdir():
-        if path.is_file():
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def _child_env() -> dict:
-    """The child imports this dipdeploy, wherever it was imported from (a checkout on PYTHONPATH)."""
-    here = str(Path(__file__).resolve().parents[2])
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": here + (os.pathsep + path if path else "")}
-
-
-def _spec(case: Case, p: int, n: int) -> dict:
-    from dipdeploy.runtime.budget import DEFAULT_CONTEXT
+def run_one(case: Case, p: int, n: int, use_group: bool) -> Run:
+    """One child for ``case`` under its limit (in a group when ``use_group``)."""
+    from dipdeploy.bench.child import spawn
+    from dipdeploy.bench.decode import engine_options
 
     spec: BundleSpec = case.bundle
-    need = max(p, 1) + n + 1
-    return {"bundle": str(spec.path), "dram_budget": case.budget, "io": case.io, "threads": case.threads,
-            "policy": spec.policy, "context": None if need <= DEFAULT_CONTEXT else need, "n_prompt": p, "n_gen": n}
-
-
-def run_one(case: Case, p: int, n: int, use_groups: bool) -> Run:
-    """One child for ``case`` under its limit (in a group when ``use_groups``)."""
-    from dipdeploy.bench.cgroup import memory_group
-
-    drop_page_cache(case.bundle.path)
-    cmd = [sys.executable, "-m", "dipdeploy.bench.child", json.dumps(_spec(case, p, n))]
-    limit = parse_limit(case.limit)
-    peak = hits = kills = None
-    if use_groups:
-        with memory_group("dipdeploy-bench", limit) as group:
-            done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), preexec_fn=group.enter,
-                                  timeout=CHILD_TIMEOUT)
-            peak, hits, kills = group.peak(), group.limit_hits(), group.oom_kills()
-    else:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), timeout=CHILD_TIMEOUT)
-    lines = done.stdout.strip().splitlines()
-    cg = None if peak is None else peak / _MB
-    if done.returncode != 0 or not lines:
-        killed = done.returncode < 0 or bool(kills)
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return Run("killed" if killed else "failed", why=f"exit {done.returncode}: {last}", cgroup_peak_mb=cg,
-                   limit_hits=hits)
-    out = json.loads(lines[-1])
-    if out["status"] != "ok":
-        return Run(out["status"], why=out.get("why", ""), cgroup_peak_mb=cg, limit_hits=hits)
+    options = engine_options(case, max(p, 1) + n + 1, cold=False)  # spawn drops the bundle's pages already
+    done = spawn({"suite": "memory", "bundle": str(spec.path), "options": options, "n_prompt": p, "n_gen": n},
+                 parse_limit(case.limit), use_group)
+    cg = None if done.cgroup_peak is None else done.cgroup_peak / _MB
+    if done.status != "ok":
+        return Run(done.status, why=done.why, cgroup_peak_mb=cg, limit_hits=done.limit_hits)
+    out = done.reply
     return Run("ok", planned_mb=out["planned"] / _MB, peak_rss_mb=out["end"].get("VmHWM", 0) / _MB,
-               cgroup_peak_mb=cg, limit_hits=hits, decode_tok_s=out["decode_tok_s"], io_used=out["io"])
+               cgroup_peak_mb=cg, limit_hits=done.limit_hits, decode_tok_s=out["decode_tok_s"], io_used=out["io"])
 
 
 def aggregate(labels: dict, test: str, runs: list[Run]) -> MemoryRow:
@@ -206,13 +131,11 @@ class MemoryResult:
 
 def check_groups(grid: MemoryGrid) -> bool:
     """Whether the runs go in groups: always where they can; a limit where they cannot is refused."""
-    from dipdeploy.bench.cgroup import probe
+    from dipdeploy.bench.cgroup import probe, require
 
-    why = probe()
-    if why is not None and any(parse_limit(t) is not None for t in grid.limits):
-        raise ValueError(f"--limit needs a cgroup memory group: {why}; run as root or in a delegated cgroup, or "
-                         f"give --limit none")
-    return why is None
+    if any(parse_limit(t) is not None for t in grid.limits):
+        require()
+    return probe() is None
 
 
 def run_memory(grid: MemoryGrid, notice: Notice = lambda line: None) -> MemoryResult:
@@ -248,6 +171,6 @@ def run_memory(grid: MemoryGrid, notice: Notice = lambda line: None) -> MemoryRe
         notice("interrupted: the rows hold the runs that finished")
     from dipdeploy.bench.decode import labels
 
-    rows = [aggregate({**labels(case), "limit": case.limit}, f"pp{p}+tg{n}", runs[(i, j)])
+    rows = [aggregate(labels(case), f"pp{p}+tg{n}", runs[(i, j)])
             for i, case in enumerate(cases) for j, (p, n) in enumerate(tests) if (i, j) in runs]
     return MemoryResult(rows, time.perf_counter() - t0, notes, interrupted)

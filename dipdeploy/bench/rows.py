@@ -53,18 +53,23 @@ class Row:
     flash_mb_per_token: float | None = None
     device_mb_per_token: float | None = None
     hit_rate: float | None = None
+    limit: str = "none"  # the cgroup memory limit of the runs (none: in this process)
+    failed: int = 0  # repetitions under the limit that did not finish (refused or killed)
 
-    MD_COLUMNS: ClassVar[tuple[str, ...]] = ("model", "method", "ρ", "budget", "io", "threads", "test", "t/s",
-                                             "Flash MB/tok", "device MB/tok", "hit rate")
+    MD_COLUMNS: ClassVar[tuple[str, ...]] = ("model", "method", "ρ", "budget", "io", "threads", "limit", "test",
+                                             "t/s", "Flash MB/tok", "device MB/tok", "hit rate", "failed")
+    #: columns left out of the markdown when every row has this value (the CSV and JSON keep them)
+    MD_OPTIONAL: ClassVar[dict[str, str]] = {"limit": "none", "failed": "0"}
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def cells(self) -> tuple[str, ...]:
         """The markdown cells, in ``MD_COLUMNS``' order."""
-        return (self.model, self.method, f"{self.density:g}", self.budget, _io(self), str(self.threads), self.test,
-                f"{self.tok_s:.2f} ± {self.tok_s_std:.2f}", _figure(self.flash_mb_per_token, 4),
-                _figure(self.device_mb_per_token, 4), "" if self.hit_rate is None else f"{self.hit_rate:.3f}")
+        return (self.model, self.method, f"{self.density:g}", self.budget, _io(self), str(self.threads), self.limit,
+                self.test, f"{self.tok_s:.2f} ± {self.tok_s_std:.2f}", _figure(self.flash_mb_per_token, 4),
+                _figure(self.device_mb_per_token, 4), "" if self.hit_rate is None else f"{self.hit_rate:.3f}",
+                str(self.failed))
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -81,11 +86,12 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(present) / len(present) if present and len(present) == len(values) else None
 
 
-def row(labels: dict, test: str, samples: list[Sample]) -> Row:
-    """The row of one configuration (``labels``: model, method, density, budget, io, threads) and test."""
+def row(labels: dict, test: str, samples: list[Sample], failed: int = 0) -> Row:
+    """The row of one configuration (``labels``: model, method, density, budget, io, threads, limit) and
+    test; ``failed``: its repetitions that gave no sample."""
     mean, std = mean_std([s.tok_s for s in samples])
     used = {s.io_used for s in samples}
-    return Row(**labels, test=test, tok_s=mean, tok_s_std=std, repetitions=len(samples),
+    return Row(**labels, test=test, tok_s=mean, tok_s_std=std, repetitions=len(samples), failed=failed,
                io_used=used.pop() if len(used) == 1 else ",".join(sorted(u or "?" for u in used)),
                flash_mb_per_token=_mean([s.flash_mb_per_token for s in samples]),
                device_mb_per_token=_mean([s.device_mb_per_token for s in samples]),
@@ -104,7 +110,8 @@ def _figure(value: float | None, digits: int) -> str:
 def markdown(rows: list, header: dict, kind: type = Row) -> str:
     """A line naming the command (and one naming the scenario, if any), one naming the machine, then the
     table: the row class's ``MD_COLUMNS`` (the decode suite's: llama-bench's columns first and ``t/s`` as
-    mean ± standard deviation), figures right-aligned."""
+    mean ± standard deviation; ``MD_OPTIONAL`` ones only where a row differs from their usual value),
+    figures right-aligned, then the notes."""
     m = header["machine"]
     kind = type(rows[0]) if rows else kind
     sc = header.get("scenario")
@@ -114,18 +121,23 @@ def markdown(rows: list, header: dict, kind: type = Row) -> str:
     if sc:
         lines += [f"scenario `{sc['path']}`: {sc['title']}" + (f" (backs {sc['published']})" if sc.get("published")
                                                                else ""), ""]
+    optional = getattr(kind, "MD_OPTIONAL", {})
+    cells = [r.cells() for r in rows]
+    keep = [k for k, c in enumerate(kind.MD_COLUMNS)
+            if c not in optional or any(row_cells[k] != optional[c] for row_cells in cells)]
+    columns = [kind.MD_COLUMNS[k] for k in keep]
     lines += [f"machine: {m['line']}", "",
-              "| " + " | ".join(kind.MD_COLUMNS) + " |",
-              "|" + "|".join("---:" if _numeric(c) else "---" for c in kind.MD_COLUMNS) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in r.cells()) + " |")
+              "| " + " | ".join(columns) + " |",
+              "|" + "|".join("---:" if _numeric(c) else "---" for c in columns) + "|"]
+    for row_cells in cells:
+        lines.append("| " + " | ".join(row_cells[k].replace("|", "\\|") for k in keep) + " |")
     notes = header.get("notes") or []
     lines += [""] * bool(notes) + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
 
 
 def _numeric(column: str) -> bool:
-    return column in ("ρ", "threads", "t/s", "tg t/s", "hit rate", "limit hits") or "MB" in column
+    return column in ("ρ", "threads", "t/s", "tg t/s", "hit rate", "limit hits", "failed") or "MB" in column
 
 
 def to_csv(rows: list, header: dict, kind: type = Row) -> str:

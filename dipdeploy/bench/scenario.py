@@ -19,7 +19,7 @@ from pathlib import Path
 MAX_BYTES = 64 << 10
 #: the flags each suite takes from a scenario (its options' long names, dashes as underscores)
 _GRID = ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n_gen", "repetitions", "quant")
-FLAGS = {"decode": _GRID + ("cold",), "memory": _GRID + ("limit",)}
+FLAGS = {"decode": _GRID + ("limit", "cold"), "memory": _GRID + ("limit",)}
 _KEYS = ("suite", "title", "published", "flags")
 
 

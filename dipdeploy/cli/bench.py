@@ -15,6 +15,7 @@ import typer
 
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import check_inputs, fail, kept, write_output
+from dipdeploy.bench.grid import NO_LIMIT
 from dipdeploy.cli.errors import INTERRUPTED
 from dipdeploy.cli.helpview import ADVANCED, BASIC, IO_PANEL, MEMORY, PanelCommand
 from dipdeploy.terminal import shown
@@ -86,7 +87,7 @@ def command_line(suite: str, grid) -> str:
         words += ["-m", m]
     words += ["--method", ",".join(grid.methods), "--density", ",".join(f"{d:g}" for d in grid.densities),
               "--budget", ",".join(grid.budgets), "--io", ",".join(grid.ios)]
-    if suite == "memory":
+    if suite == "memory" or grid.limits != [NO_LIMIT]:
         words += ["--limit", ",".join(grid.limits)]
     words += ["-t", ",".join(map(str, grid.threads)), "-p", ",".join(map(str, grid.n_prompt)),
               "-n", ",".join(map(str, grid.n_gen)), "-r", str(grid.repetitions), "--quant", grid.quant]
@@ -138,7 +139,7 @@ def _grid(suite: str, o: dict, quick: bool):
 
         sc = load(o["scenario"], suite)
         scenario = {"path": str(o["scenario"]), "title": sc.title, "published": sc.published}
-        names = _GRID_FLAGS + (("limit",) if suite == "memory" else ("cold",))
+        names = _GRID_FLAGS + (("limit",) if suite == "memory" else ("limit", "cold"))
         o = {**o, **{name: sc.value(name, o.get(name)) for name in names}}
     quant = o["quant"] or "bq4"
     if quant not in EXPORT_QUANTS:
@@ -153,15 +154,16 @@ def _grid(suite: str, o: dict, quick: bool):
         n_prompt=g.ints(o["n_prompt"], "-p/--n-prompt", 0, g.MAX_PROMPT, "tokens")
         or [g.QUICK_PROMPT if quick else g.DEFAULT_PROMPT],
         n_gen=g.ints(o["n_gen"], "-n/--n-gen", 0, g.MAX_GEN, "tokens") or [g.QUICK_GEN if quick else g.DEFAULT_GEN],
-        quant=quant, cache=o["bundle_cache"], cold=bool(o.get("cold")))
+        quant=quant, cache=o["bundle_cache"], cold=bool(o.get("cold")),
+        limits=g.split(o["limit"], "--limit") or [NO_LIMIT])
     if o["repetitions"] is not None:
         kw["repetitions"] = o["repetitions"]
     elif quick:
         kw["repetitions"] = g.QUICK_REPETITIONS
     if suite == "memory":
-        from dipdeploy.bench.memory import NO_LIMIT, MemoryGrid
+        from dipdeploy.bench.memory import MemoryGrid
 
-        grid = MemoryGrid(**kw, limits=g.split(o["limit"], "--limit") or [NO_LIMIT])
+        grid = MemoryGrid(**kw)
     else:
         grid = g.DecodeGrid(**kw)
     for target in grid.models:
@@ -232,6 +234,10 @@ def decode_cmd(
     io: Optional[List[str]] = IO,
     cold: bool = typer.Option(False, "--cold", help="drop the MLP file from the page cache before each test "
                               "(reads from the disk), as `run --cold`", rich_help_panel=IO_PANEL),
+    limit: Optional[List[str]] = typer.Option(None, "--limit", help="cgroup memory limits: none (in this "
+                                              "process) or a size (300MB): each repetition in a process and a "
+                                              "group of that limit, page cache counted [default: none]",
+                                              rich_help_panel=MEMORY),
     threads: Optional[List[str]] = THREADS, quant: Optional[str] = QUANT,
     bundle_cache: Path = CACHE, fmt: Optional[str] = FORMAT, output: Optional[Path] = OUT, force: bool = FORCE,
 ) -> None:
