@@ -383,3 +383,19 @@ def test_decode_under_a_limit_runs_each_repetition_in_a_limited_group_and_counts
     assert "| limit |" in md.stdout and "| 500MB |" in md.stdout and "| failed |" not in md.stdout
     plain = _bench(*args, "-r", "1")
     assert "| limit |" not in plain.stdout  # the usual value: the column is left out of the markdown
+
+
+def test_without_cgroup_rights_a_limit_is_refused_and_none_still_runs(tmp_path, monkeypatch, tiny_dipca_bundle):
+    from dipdeploy.bench import cgroup
+
+    monkeypatch.setattr(cgroup, "probe", lambda root=cgroup.ROOT: "cannot make a cgroup memory group (no rights)")
+    for suite in ("decode", "memory"):
+        res = runner.invoke(app, ["bench", suite, "-m", "tiny-llama", "--limit", "none,300MB",
+                                  "--bundle-cache", str(tmp_path / "c")])
+        _one_line_refusal(res, "--limit needs a cgroup memory group", "no rights", "--limit none")
+    assert not (tmp_path / "c").exists()
+    res = runner.invoke(app, ["bench", "memory", "-m", str(tiny_dipca_bundle()), "-p", "8", "-n", "4", "--io", "mmap",
+                              "-o", "json"])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.stdout)["rows"][0]
+    assert row["status"] == "ok" and row["cgroup_peak_mb"] is None and row["peak_rss_mb"] > 0

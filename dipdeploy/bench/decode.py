@@ -12,13 +12,13 @@ one short generation that is not measured (the sessions' first-run allocations),
 
 Every test starts from the engine's reset state (an empty KV cache, caches as the policy starts them), so
 the order of the tests does not change their figures; with ``cold`` the engine also drops the MLP file
-from the page cache before each test, so its reads come from the disk. The prompt is ``PASSAGE``'s tokens, repeated to N:
-text the model reads like text, so the selections DIP makes are those of real input, not of random ids.
-The engine is closed after each repetition, so one configuration's memory never holds another's. Under a
-``--limit`` each repetition runs in a child process in a cgroup memory group of that limit instead
-(``dipdeploy.bench.child``: the bundle dropped from the page cache first); a repetition that is refused or
-killed there is counted in its rows' ``failed`` and said in the notes under the table. An
-interrupt (Ctrl-C) ends the run between two measurements' results: the rows keep the repetitions done.
+from the page cache before each test, so its reads come from the disk. The prompt is ``PASSAGE``'s
+tokens, repeated to N: text the model reads like text, so the selections DIP makes are those of real
+input, not of random ids. The engine is closed after each repetition, so one configuration's memory never
+holds another's. Under a ``--limit`` each repetition runs in a child process in a cgroup memory group of
+that limit instead (``dipdeploy.bench.child``: the bundle dropped from the page cache first); a
+repetition that is refused or killed there is counted in its rows' ``failed`` and said in the notes under
+the table. An interrupt (Ctrl-C) ends the run: the rows keep the repetitions done before it.
 """
 
 from __future__ import annotations

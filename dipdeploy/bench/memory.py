@@ -1,6 +1,6 @@
 """The memory suite: what a run holds against what its budget planned, and whether it keeps to a limit.
 
-Each configuration of the grid (the decode suite's, plus ``--limit``) runs, per repetition and
+Each configuration of the grid (the decode suite's, ``--limit`` included) runs, per repetition and
 round-robin, in a fresh process (``dipdeploy.bench.child``) inside a fresh cgroup memory group
 (``dipdeploy.bench.cgroup``) limited to the row's ``--limit`` (``none``: no limit, the group only
 measures). Before each run the bundle's files are dropped from the page cache, so the group is charged

@@ -120,8 +120,6 @@ FORMAT = typer.Option(None, "--format", "-o", help="md | csv | json [default: md
 OUT = typer.Option(None, "--output", help="write the rows to this file (atomically) instead of stdout",
                    rich_help_panel=OUTPUT)
 FORCE = typer.Option(False, "--force", help="overwrite an existing --output file", rich_help_panel=OUTPUT)
-#: the grid's flags by name, as a scenario's [flags] names them
-_GRID_FLAGS = ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n_gen", "repetitions", "quant")
 
 
 def _grid(suite: str, o: dict, quick: bool):
@@ -135,12 +133,11 @@ def _grid(suite: str, o: dict, quick: bool):
 
     scenario = None
     if o.get("scenario") is not None:
-        from dipdeploy.bench.scenario import load
+        from dipdeploy.bench.scenario import FLAGS, load
 
         sc = load(o["scenario"], suite)
         scenario = {"path": str(o["scenario"]), "title": sc.title, "published": sc.published}
-        names = _GRID_FLAGS + (("limit",) if suite == "memory" else ("limit", "cold"))
-        o = {**o, **{name: sc.value(name, o.get(name)) for name in names}}
+        o = {**o, **{name: sc.value(name, o.get(name)) for name in FLAGS[suite]}}
     quant = o["quant"] or "bq4"
     if quant not in EXPORT_QUANTS:
         raise ValueError(f"--quant {quant!r} is not one of {', '.join(EXPORT_QUANTS)}")
@@ -188,6 +185,10 @@ def _run(suite: str, options: dict) -> None:
         check_inputs(outputs={"--output": output}, force=force)
         grid, scenario = _grid(suite, options, options["quick"])
         cases_of(grid)  # the grid's size is refused before any export
+        if grid.limits != [NO_LIMIT]:
+            from dipdeploy.bench.cgroup import require
+
+            require()  # a limit where no group can be made: refused before any export
         here = machine()
         _say(f"machine: {here.line()}")
         if suite == "memory":
