@@ -73,19 +73,27 @@ def spawn(spec: dict, limit: int | None, use_group: bool) -> ChildResult:
     drop_page_cache(Path(spec["bundle"]))
     cmd = [sys.executable, "-m", "dipdeploy.bench.child", json.dumps(spec)]
     peak = hits = kills = None
-    if use_group:
-        with memory_group("dipdeploy-bench", limit) as group:
-            done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), preexec_fn=group.enter,
-                                  timeout=CHILD_TIMEOUT)
-            peak, hits, kills = group.peak(), group.limit_hits(), group.oom_kills()
-    else:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=CHILD_TIMEOUT)
+    try:
+        if use_group:
+            with memory_group("dipdeploy-bench", limit) as group:
+                try:
+                    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), preexec_fn=group.enter,
+                                          timeout=CHILD_TIMEOUT)
+                finally:
+                    peak, hits, kills = group.peak(), group.limit_hits(), group.oom_kills()
+        else:
+            done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:  # run() killed it
+        return ChildResult("failed", f"did not end within {CHILD_TIMEOUT} s", None, peak, hits)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         status = "killed" if done.returncode < 0 or kills else "failed"
         return ChildResult(status, f"exit {done.returncode}: {last}", None, peak, hits)
-    reply = json.loads(lines[-1])
+    try:
+        reply = json.loads(lines[-1])
+    except ValueError:
+        return ChildResult("failed", f"no reply (its last line: {lines[-1][:200]})", None, peak, hits)
     return ChildResult(reply["status"], reply.get("why", ""), reply, peak, hits)
 
 
