@@ -165,6 +165,7 @@ def test_every_format_names_the_machine_and_holds_every_row():
     assert parsed[0]["hit_rate"] == "" and float(parsed[1]["hit_rate"]) == 0.75
     js = json.loads(render(rows, header, "json"))
     assert js["header"]["machine"]["cpu"] == cpu and [r["test"] for r in js["rows"]] == ["pp8", "tg4"]
+    assert "load at the end" not in md  # only a run's header has it
     assert set(js["rows"][0]) == {f.name for f in dataclasses.fields(Row)}
     assert FORMATS == ("md", "csv", "json")
 
@@ -189,6 +190,7 @@ def test_decode_on_a_bundle_folder_gives_a_pp_and_a_tg_row_per_configuration(tin
     assert all(r["method"] == "dip-ca" and r["repetitions"] == 2 and r["tok_s"] > 0 for r in rows)
     assert rows[1]["hit_rate"] is not None and rows[0]["hit_rate"] is None  # a decode figure only
     assert out["header"]["machine"]["cpu"] and "-r 2" in out["header"]["command"]
+    assert out["header"]["load_1min_end"] >= 0 and out["header"]["machine"]["load_1min"] >= 0
     progress = [line for line in res.stderr.splitlines() if line.startswith("[")]
     assert [line.split(":")[1].split(",")[1].strip() for line in progress] == [
         "budget 25%", "budget 100%", "budget 25%", "budget 100%"]  # round-robin, not both 25% first

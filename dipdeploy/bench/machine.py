@@ -117,6 +117,12 @@ def _kernel_set() -> str:
         return UNKNOWN
 
 
+def load_now() -> float:
+    """The 1-minute load average (NaN where the platform has none): recorded when a run starts and ends,
+    since another process's work during a run changes its figures."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")
+
+
 def machine() -> Machine:
     cpu, info = lscpu(), _cpuinfo()
     from dipdeploy import __version__
@@ -134,6 +140,6 @@ def machine() -> Machine:
         dipdeploy=__version__,
         kernel_set=_kernel_set(),
         git=git_revision(),
-        load_1min=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan"),
+        load_1min=load_now(),
         date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )

@@ -126,7 +126,8 @@ def markdown(rows: list, header: dict, kind: type = Row) -> str:
     keep = [k for k, c in enumerate(kind.MD_COLUMNS)
             if c not in optional or any(row_cells[k] != optional[c] for row_cells in cells)]
     columns = [kind.MD_COLUMNS[k] for k in keep]
-    lines += [f"machine: {m['line']}", "",
+    end = header.get("load_1min_end")
+    lines += [f"machine: {m['line']}" + ("" if end is None else f"; load at the end {end:g}"), "",
               "| " + " | ".join(columns) + " |",
               "|" + "|".join("---:" if _numeric(c) else "---" for c in columns) + "|"]
     for row_cells in cells:

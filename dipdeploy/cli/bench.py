@@ -175,7 +175,7 @@ def _say(line: str) -> None:
 def _run(suite: str, options: dict) -> None:
     """Check everything, run the suite, write its rows: the one path of every suite."""
     from dipdeploy.bench.decode import cases_of
-    from dipdeploy.bench.machine import machine
+    from dipdeploy.bench.machine import load_now, machine
     from dipdeploy.bench.rows import Row, render
     from dipdeploy.paths import write_atomic
 
@@ -206,7 +206,8 @@ def _run(suite: str, options: dict) -> None:
         raise typer.Exit(INTERRUPTED)
     header = {"suite": suite, "command": command_line(suite, grid), "quick": options["quick"],
               "scenario": scenario, "seconds": round(result.seconds, 1), "interrupted": result.interrupted,
-              "machine": {**here.as_dict(), "line": here.line()}, "notes": getattr(result, "notes", [])}
+              "machine": {**here.as_dict(), "line": here.line()}, "load_1min_end": load_now(),
+              "notes": getattr(result, "notes", [])}
     text = render(result.rows, header, out_format, kind)
     _say(f"{'interrupted' if result.interrupted else 'done'} in {result.seconds:.1f} s")
     if output is None:
