@@ -1,0 +1,274 @@
+"""CLI of ``dipdeploy bench``: one benchmark tool with suites, in llama-bench's style (issue #58).
+
+Parses the grid flags (``dipdeploy.bench.grid``), runs the suite, presents its rows (``dipdeploy.bench.rows``)
+on stdout or in ``--output``; progress goes to stderr. Refusals of bad input are one line and exit 2,
+before any export or measurement.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dipdeploy.cli._app import app
+from dipdeploy.cli.core import check_inputs, fail, kept, write_output
+from dipdeploy.bench.grid import NO_LIMIT
+from dipdeploy.cli.errors import INTERRUPTED
+from dipdeploy.cli.helpview import ADVANCED, BASIC, IO_PANEL, MEMORY, PanelCommand
+from dipdeploy.terminal import shown
+
+#: the suites built, and those issue #58 plans (listed in ``bench --help`` so a user knows what is coming)
+SUITES = {"decode": "prefill (ppN) and decode (tgN) tokens/s of the host runtime over a grid of models, "
+                    "methods, densities, DRAM budgets, io modes and threads",
+          "memory": "planned residency, peak RSS and cgroup peak of each configuration in a process of its own, "
+                    "under cgroup memory limits (--limit)"}
+PLANNED = ("reads", "kernels", "accuracy", "recovery", "quant", "export", "simulate", "profile")
+OUTPUT = "Output"
+_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
+
+bench_app = typer.Typer(
+    name="bench",
+    help="Benchmarks in llama-bench's style: comma lists expand to every combination, repetitions run "
+         "round-robin, each suite's rows as markdown, CSV or JSON, the machine named in every file.\n\n"
+         "Suites: " + "; ".join(f"{name}: {what}" for name, what in SUITES.items()) + ".\n\n"
+         "Planned (issue #58): " + ", ".join(PLANNED) + "; until then the scripts of benchmarks/ "
+         "(docs/benchmarks.md).",
+    short_help="Benchmarks in llama-bench's style: suites over grids of comma lists (see `dipdeploy bench --help`).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench_main(ctx: typer.Context,
+               scenario: Optional[Path] = typer.Option(None, "--scenario", help="run a scenario file "
+                                                       "(benchmarks/scenarios/): the suite it names with its "
+                                                       "flags, the table on stdout")) -> None:
+    """Without a suite, ``--scenario FILE`` runs the suite the file names, as ``bench SUITE --scenario FILE``."""
+    if ctx.invoked_subcommand is not None:
+        if scenario is not None:
+            fail(ValueError(f"give --scenario after the suite (`dipdeploy bench {ctx.invoked_subcommand} "
+                            f"--scenario {scenario} ...`) or alone (`dipdeploy bench --scenario {scenario}`)"))
+        return
+    if scenario is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    from dipdeploy.bench.scenario import load
+
+    try:
+        suite = load(scenario).suite
+    except _ERRORS as err:
+        fail(err)
+    command = ctx.command.get_command(ctx, suite)
+    with command.make_context(suite, ["--scenario", str(scenario)], parent=ctx) as sub:
+        command.invoke(sub)
+
+
+def _format(fmt: Optional[str], output: Optional[Path]) -> str:
+    """``-o`` as given, else the ``--output`` file's suffix (.md, .csv, .json), else markdown."""
+    from dipdeploy.bench.rows import FORMATS
+
+    if fmt is None and output is not None and output.suffix.lstrip(".").lower() in FORMATS:
+        return output.suffix.lstrip(".").lower()
+    fmt = (fmt or "md").lower()
+    if fmt not in FORMATS:
+        raise ValueError(f"-o {fmt!r} is not one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def command_line(suite: str, grid) -> str:
+    """The command that reruns ``grid``: every list written out, defaults included."""
+    words = ["dipdeploy", "bench", suite]
+    for m in grid.models:
+        words += ["-m", m]
+    words += ["--method", ",".join(grid.methods), "--density", ",".join(f"{d:g}" for d in grid.densities),
+              "--budget", ",".join(grid.budgets), "--io", ",".join(grid.ios)]
+    if suite == "memory" or grid.limits != [NO_LIMIT]:
+        words += ["--limit", ",".join(grid.limits)]
+    words += ["-t", ",".join(map(str, grid.threads)), "-p", ",".join(map(str, grid.n_prompt)),
+              "-n", ",".join(map(str, grid.n_gen)), "-r", str(grid.repetitions), "--quant", grid.quant]
+    if grid.cold:
+        words.append("--cold")
+    return shlex.join(words)
+
+
+# The options both suites take (typer wants each declared in the signature; the objects are shared).
+MODEL = typer.Option(None, "--model", "-m", help="registry model (`dipdeploy models`), Hugging Face folder or "
+                     "bundle folder; a comma list or repeated", rich_help_panel=BASIC)
+METHOD = typer.Option(None, "--method", help="dense (a ρ = 1 bundle, static pinning: dense-static) | dip | "
+                      "dip-ca; models only, a bundle runs as exported [default: dip-ca]", rich_help_panel=BASIC)
+DENSITY = typer.Option(None, "--density", help="MLP densities ρ in (0, 1] of dip and dip-ca [default: 0.5]",
+                       rich_help_panel=BASIC)
+QUICK = typer.Option(False, "--quick", help="a smoke run: -p 64 -n 16 -r 1 where not given", rich_help_panel=BASIC)
+SCENARIO = typer.Option(None, "--scenario", help="a scenario file (benchmarks/scenarios/): its flags, those "
+                        "given here replacing the file's", rich_help_panel=BASIC)
+BUDGET = typer.Option(None, "--budget", help="DRAM budgets as `run --dram-budget` takes them: a share of the "
+                      "MLP bytes (50%) or a total (120MB) [default: 50%]", rich_help_panel=MEMORY)
+IO = typer.Option(None, "--io", help="Flash reads as `run --io`: auto | mmap | pread | direct [default: auto]",
+                  rich_help_panel=IO_PANEL)
+THREADS = typer.Option(None, "--threads", "-t", help="ORT intra-op threads [default: 1]", rich_help_panel=ADVANCED)
+QUANT = typer.Option(None, "--quant", help="MLP weight format of the bundles exported for a model [default: bq4]",
+                     rich_help_panel=ADVANCED)
+CACHE = typer.Option(Path("build/bench/bundles"), "--bundle-cache", help="where bundles of models are exported "
+                     "once and reused", rich_help_panel=ADVANCED)
+FORMAT = typer.Option(None, "--format", "-o", help="md | csv | json [default: md, or the --output file's suffix]",
+                      rich_help_panel=OUTPUT)
+OUT = typer.Option(None, "--output", help="write the rows to this file (atomically) instead of stdout",
+                   rich_help_panel=OUTPUT)
+FORCE = typer.Option(False, "--force", help="overwrite an existing --output file", rich_help_panel=OUTPUT)
+
+
+def _grid(suite: str, o: dict, quick: bool):
+    """The suite's grid from its parsed options ``o`` (a scenario's flags under those given), every value
+    checked; the second item is the scenario's header entry (None without one)."""
+    from dipdeploy.bench import grid as g
+    from dipdeploy.bench.bundles import METHODS, check_model
+    from dipdeploy.export.config import EXPORT_QUANTS
+    from dipdeploy.limits import MAX_THREADS
+    from dipdeploy.runtime.flash import IO_CHOICES
+
+    scenario = None
+    if o.get("scenario") is not None:
+        from dipdeploy.bench.scenario import FLAGS, load
+
+        sc = load(o["scenario"], suite)
+        scenario = {"path": str(o["scenario"]), "title": sc.title, "published": sc.published}
+        o = {**o, **{name: sc.value(name, o.get(name)) for name in FLAGS[suite]}}
+    quant = o["quant"] or "bq4"
+    if quant not in EXPORT_QUANTS:
+        raise ValueError(f"--quant {quant!r} is not one of {', '.join(EXPORT_QUANTS)}")
+    kw = dict(
+        models=g.split(o["model"], "-m/--model"),
+        methods=g.choices(o["method"], "--method", METHODS) or ["dip-ca"],
+        densities=g.densities(o["density"]) or [0.5],
+        budgets=g.budgets(o["budget"]) or [g.DEFAULT_BUDGET],
+        ios=g.choices(o["io"], "--io", IO_CHOICES) or ["auto"],
+        threads=g.ints(o["threads"], "-t/--threads", 1, MAX_THREADS, "threads") or [1],
+        n_prompt=g.ints(o["n_prompt"], "-p/--n-prompt", 0, g.MAX_PROMPT, "tokens")
+        or [g.QUICK_PROMPT if quick else g.DEFAULT_PROMPT],
+        n_gen=g.ints(o["n_gen"], "-n/--n-gen", 0, g.MAX_GEN, "tokens") or [g.QUICK_GEN if quick else g.DEFAULT_GEN],
+        quant=quant, cache=o["bundle_cache"], cold=bool(o.get("cold")),
+        limits=g.split(o["limit"], "--limit") or [NO_LIMIT])
+    if o["repetitions"] is not None:
+        kw["repetitions"] = o["repetitions"]
+    elif quick:
+        kw["repetitions"] = g.QUICK_REPETITIONS
+    if suite == "memory":
+        from dipdeploy.bench.memory import MemoryGrid
+
+        grid = MemoryGrid(**kw)
+    else:
+        grid = g.DecodeGrid(**kw)
+    for target in grid.models:
+        check_model(target)
+    return grid, scenario
+
+
+def _say(line: str) -> None:
+    typer.echo(shown(line, markup=False), err=True)
+
+
+def _run(suite: str, options: dict) -> None:
+    """Check everything, run the suite, write its rows: the one path of every suite."""
+    from dipdeploy.bench.decode import cases_of
+    from dipdeploy.bench.machine import load_now, machine
+    from dipdeploy.bench.rows import Row, render
+    from dipdeploy.paths import write_atomic
+
+    output, force = options["output"], options["force"]
+    try:
+        out_format = _format(options["fmt"], output)
+        check_inputs(outputs={"--output": output}, force=force)
+        grid, scenario = _grid(suite, options, options["quick"])
+        cases_of(grid)  # the grid's size is refused before any export
+        if grid.limits != [NO_LIMIT]:
+            from dipdeploy.bench.cgroup import require
+
+            require()  # a limit where no group can be made: refused before any export
+        here = machine()
+        _say(f"machine: {here.line()}")
+        if suite == "memory":
+            from dipdeploy.bench.memory import MemoryRow, run_memory
+
+            result, kind = run_memory(grid, _say), MemoryRow
+        else:
+            from dipdeploy.bench.decode import run_decode
+
+            result, kind = run_decode(grid, _say), Row
+    except _ERRORS as err:
+        fail(err)
+    if result.interrupted and not result.rows:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(INTERRUPTED)
+    header = {"suite": suite, "command": command_line(suite, grid), "quick": options["quick"],
+              "scenario": scenario, "seconds": round(result.seconds, 1), "interrupted": result.interrupted,
+              "machine": {**here.as_dict(), "line": here.line()}, "load_1min_end": load_now(),
+              "notes": getattr(result, "notes", [])}
+    text = render(result.rows, header, out_format, kind)
+    _say(f"{'interrupted' if result.interrupted else 'done'} in {result.seconds:.1f} s")
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        kept(write_output(lambda p, f: write_atomic(p, text, force=f), output, force, "--output", text=text,
+                          said=False))
+        _say(f"wrote {output}")
+    if result.interrupted:  # the partial rows are out; the exit status still says the run did not finish
+        raise typer.Exit(INTERRUPTED)
+
+
+@bench_app.command("decode", cls=PanelCommand, short_help=SUITES["decode"])
+def decode_cmd(
+    model: Optional[List[str]] = MODEL, method: Optional[List[str]] = METHOD, density: Optional[List[str]] = DENSITY,
+    n_prompt: Optional[List[str]] = typer.Option(None, "--n-prompt", "-p", help="ppN rows: prefill tokens/s of an "
+                                                 "N-token prompt; 0 leaves them out [default: 512; --quick: 64]",
+                                                 rich_help_panel=BASIC),
+    n_gen: Optional[List[str]] = typer.Option(None, "--n-gen", "-n", help="tgN rows: decode tokens/s over N "
+                                              "generated tokens; 0 leaves them out [default: 128; --quick: 16]",
+                                              rich_help_panel=BASIC),
+    repetitions: Optional[int] = typer.Option(None, "--repetitions", "-r", help="repetitions of each "
+                                              "configuration, round-robin [default: 5; --quick: 1]",
+                                              rich_help_panel=BASIC),
+    quick: bool = QUICK, scenario: Optional[Path] = SCENARIO, budget: Optional[List[str]] = BUDGET,
+    io: Optional[List[str]] = IO,
+    cold: bool = typer.Option(False, "--cold", help="drop the MLP file from the page cache before each test "
+                              "(reads from the disk), as `run --cold`", rich_help_panel=IO_PANEL),
+    limit: Optional[List[str]] = typer.Option(None, "--limit", help="cgroup memory limits: none (in this "
+                                              "process) or a size (300MB): each repetition in a process and a "
+                                              "group of that limit, page cache counted [default: none]",
+                                              rich_help_panel=MEMORY),
+    threads: Optional[List[str]] = THREADS, quant: Optional[str] = QUANT,
+    bundle_cache: Path = CACHE, fmt: Optional[str] = FORMAT, output: Optional[Path] = OUT, force: bool = FORCE,
+) -> None:
+    """Prefill and decode tokens/s of the host runtime, llama-bench's pp and tg rows: every combination of
+    the comma lists, each repeated round-robin, mean ± standard deviation per row. A registry model is
+    exported once per method and density into --bundle-cache. The table goes to stdout (or --output),
+    progress to stderr."""
+    _run("decode", dict(locals()))
+
+
+@bench_app.command("memory", cls=PanelCommand, short_help=SUITES["memory"])
+def memory_cmd(
+    model: Optional[List[str]] = MODEL, method: Optional[List[str]] = METHOD, density: Optional[List[str]] = DENSITY,
+    n_prompt: Optional[List[str]] = typer.Option(None, "--n-prompt", "-p", help="prompt tokens of each run "
+                                                 "[default: 512; --quick: 64]", rich_help_panel=BASIC),
+    n_gen: Optional[List[str]] = typer.Option(None, "--n-gen", "-n", help="tokens decoded after the prompt "
+                                              "[default: 128; --quick: 16]", rich_help_panel=BASIC),
+    repetitions: Optional[int] = typer.Option(None, "--repetitions", "-r", help="runs of each configuration, "
+                                              "round-robin; the peaks are the largest [default: 1]",
+                                              rich_help_panel=BASIC),
+    quick: bool = QUICK, scenario: Optional[Path] = SCENARIO, budget: Optional[List[str]] = BUDGET,
+    limit: Optional[List[str]] = typer.Option(None, "--limit", help="cgroup memory limits of the runs: none or a "
+                                              "size (300MB), page cache counted [default: none]",
+                                              rich_help_panel=MEMORY),
+    io: Optional[List[str]] = IO, threads: Optional[List[str]] = THREADS, quant: Optional[str] = QUANT,
+    bundle_cache: Path = CACHE, fmt: Optional[str] = FORMAT, output: Optional[Path] = OUT, force: bool = FORCE,
+) -> None:
+    """What each configuration holds against what its budget planned: every run in a process of its own and
+    a cgroup memory group of its own (limited by --limit), the bundle dropped from the page cache first.
+    Rows: planned residency, peak RSS, the group's peak (page cache included), the times it hit the limit,
+    decode tokens/s, and whether the run finished, was refused by the engine or killed by the limit."""
+    _run("memory", dict(locals()))
