@@ -114,6 +114,46 @@ def child(spec: dict) -> dict:
     return rows
 
 
+def verify_cost(bundle: Path, budget: str, threads: int, sizes=(1, 2, 3, 5, 9), repeats: int = 5) -> list[dict]:
+    """What one verification pass of n tokens costs against one decode step, at ``budget``, after a chat
+    prompt and a few decoded tokens: the median of ``repeats`` runs of each, the KV cache cut back after
+    each (the drafts are arbitrary tokens: the cost does not depend on them). Unlimited memory."""
+    import numpy as np
+
+    from dipdeploy.runtime import Engine
+    from dipdeploy.runtime.stats import Timer
+
+    eng = Engine(bundle, dram_budget=budget, io="direct", context=512, threads=threads, speculate=max(sizes) - 1,
+                 prefetch=False)
+    t = Timer()
+    eng.reset()
+    logits = eng.prefill(eng.encode(TEMPLATE.format(CHAT[0]), special_tokens=False), t)
+    tok = int(np.argmax(logits))
+    for _ in range(6):
+        tok = int(np.argmax(eng.step(tok, t)))
+    pos = eng._state["pos"]
+
+    def median(run) -> float:
+        took = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run()
+            took.append(time.perf_counter() - t0)
+            eng.truncate(pos)
+        return sorted(took)[len(took) // 2]
+
+    step = median(lambda: eng.step(tok, t))
+    drafts = [tok] + [int(x) for x in np.random.default_rng(0).integers(0, 1000, max(sizes))]
+    rows = [{"budget": budget, "path": "one session" if eng.single_session else "joined", "tokens": 1,
+             "what": "decode step", "ms": 1e3 * step, "x_step": 1.0}]
+    for n in sizes:
+        took = median(lambda: eng.backend.verify(drafts[:n], t))
+        rows.append({"budget": budget, "path": rows[0]["path"], "tokens": n, "what": "verification pass",
+                     "ms": 1e3 * took, "x_step": took / step})
+    eng.close()
+    return rows
+
+
 def run_in_group(spec: dict, timeout: float) -> dict:
     with memory_group("dipdeploy-speculate") as (group, enter):
         spec = {**spec, "group": str(group)}
@@ -143,6 +183,9 @@ def main() -> None:
                     "its plan (interpreter, onnxruntime, its arenas)")
     ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--quick", action="store_true", help="SmolLM2, 50 %% budget, plain/cache/ngram at K 4, 16 tokens")
+    ap.add_argument("--verify-cost", action="store_true", help="also time a verification pass of 1-9 tokens "
+                    "against a decode step at each budget (unlimited memory)")
+    ap.add_argument("--verify-only", action="store_true", help="only the --verify-cost table (its own results file)")
     ap.add_argument("--json", default=None, help="write the rows here too")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -164,6 +207,8 @@ def main() -> None:
     configs += [(str(draft_bundle), 4)] if "model" in kinds and draft_bundle else []
     budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     runs: dict[tuple, list[dict]] = {}
+    if args.verify_only:
+        args.verify_cost, args.repeats = True, 0
     for rep in range(args.repeats):
         for budget in budgets:
             for draft, k in configs:
@@ -194,16 +239,23 @@ def main() -> None:
                      and p["draft"] == "plain" and p.get("tok_s")), None)
         r["x_plain"] = r["tok_s"] / base["tok_s"] if base and r.get("tok_s") else None
     rows.sort(key=lambda r: (r["prompts"], r["budget"]))
+    costs = [r for budget in budgets for r in verify_cost(target, budget, args.threads)] if args.verify_cost else []
     info = machine()
+    conditions = (f"verification passes timed at budgets {args.budgets}" if args.verify_only else
+                  f"greedy, {args.tokens} tokens after each of {len(prompts)} prompts ({args.prompts}), context "
+                  f"{args.context}, budget {args.budgets}, each run's cgroup limit (page cache counted) = its plan + "
+                  f"{args.overhead} MB; median of {args.repeats} interleaved runs (all listed)")
     text = "\n".join([
         f"# Speculative decoding under a memory limit: {args.model}", "",
         f"Machine: {info['cpu']} ({lscpu()}); python {info['python']}; load at the end {info['load_1min']}. "
-        f"Target {target.name} ({size / 1e6:.0f} MB), `--io direct`, {args.threads} threads, greedy, "
-        f"{args.tokens} tokens after each of {len(prompts)} prompts ({args.prompts}), context {args.context}, "
-        f"budget {args.budgets}, each run's cgroup limit (page cache counted) = its plan + {args.overhead} MB; median of {args.repeats} interleaved "
-        f"runs (all listed). Made by `python benchmarks/speculate.py {' '.join(sys.argv[1:])}`.", "",
-        md_table(rows, COLS), ""])
-    publish(RESULTS, f"speculate-{args.model}", args.quick, text, rows, args.json)
+        f"Target {target.name} ({size / 1e6:.0f} MB), `--io direct`, {args.threads} threads, {conditions}. "
+        f"Made by `python benchmarks/speculate.py {' '.join(sys.argv[1:])}`.", "",
+        *([md_table(rows, COLS), ""] if rows else []),
+        *(["What a verification pass costs against a decode step (`--verify-cost`; median of 5, unlimited memory, "
+           "the same budgets):", "", md_table(costs, ["budget", "path", "what", "tokens", "ms", "x_step"]), ""]
+          if costs else [])])
+    name = f"speculate-{args.model}" + ("-verify" if args.verify_only else "")
+    publish(RESULTS, name, args.quick, text, rows + costs, args.json)
 
 
 if __name__ == "__main__":

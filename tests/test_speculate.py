@@ -187,7 +187,7 @@ def test_cli_run_speculates_and_reports(tiny_dipca_bundle, tmp_path):
                                    "direct", "--speculate", "3", "--json", str(out)])
     assert res.exit_code == 0, res.output
     spec = json.loads(out.read_text())["speculation"]
-    assert spec["draft"] == "cache" and spec["k"] == 3 and spec["passes"] >= 1
+    assert spec["draft"] == "ngram" and spec["k"] == 3  # the default draft
     res = CliRunner().invoke(app, ["run", str(bundle), "-p", "hello", "--draft", str(bundle)])
     assert res.exit_code == 2 and "--speculate" in res.output and len(res.output.strip().splitlines()) == 1
     res = CliRunner().invoke(app, ["run", str(bundle), "-p", "hello", "--speculate", "99"])

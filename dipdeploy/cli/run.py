@@ -108,10 +108,10 @@ SEED = typer.Option(None, "--seed", "-s", help="sampling seed (default: a random
 SPECULATE = typer.Option(_E.speculate, "--speculate", help="draft up to K tokens and verify them in one batched "
                          f"pass that reads each missing row once (0 = off, at most {MAX_SPECULATE}); docs/runtime.md",
                          rich_help_panel=ADVANCED)
-DRAFT = typer.Option(None, "--draft", help="--speculate's draft: cache (the model on the rows its caches hold: no "
-                     "read, no memory; the default), ngram (tokens copied from an earlier occurrence of the last few: "
-                     "no model) or a bundle of the same tokenizer, kept resident inside --dram-budget (give it as a "
-                     "size)", rich_help_panel=ADVANCED)
+DRAFT = typer.Option(None, "--draft", help="--speculate's draft: ngram (tokens copied from an earlier occurrence of "
+                     "the last few: no model; the default), cache (the model on the rows its caches hold: no read) "
+                     "or a bundle of the same tokenizer, kept resident inside --dram-budget (give it as a size)",
+                     rich_help_panel=ADVANCED)
 SYSTEM = typer.Option(None, "--system", help="system prompt (through the bundle's chat template)", rich_help_panel=BASIC)
 
 
@@ -171,11 +171,12 @@ def _engine(bundle: Path, options: dict):
     """The engine of a command's options and, with ``--speculate``, its draft (``--draft``: the target's
     own caches, or a bundle whose plan comes out of the same budget: ``speculate.open_model_draft``)."""
     from dipdeploy.runtime import Engine
-    from dipdeploy.runtime.speculate import CACHE_DRAFT, NGRAM_DRAFT, CacheDraft, NgramDraft, open_model_draft
+    from dipdeploy.runtime.speculate import (CACHE_DRAFT, DEFAULT_DRAFT, NGRAM_DRAFT, CacheDraft, NgramDraft,
+                                             open_model_draft)
 
     cfg, draft = engine_config(options), None
-    name = options.get("draft") or CACHE_DRAFT
-    if name != CACHE_DRAFT and not cfg.speculate:
+    name = options.get("draft") or DEFAULT_DRAFT
+    if options.get("draft") is not None and not cfg.speculate:
         raise ValueError(f"--draft {name} drafts for --speculate K: give --speculate 4, say, or drop --draft")
     if cfg.speculate and name in (CACHE_DRAFT, NGRAM_DRAFT):
         draft = CacheDraft() if name == CACHE_DRAFT else NgramDraft()

@@ -58,6 +58,9 @@ CACHE_DRAFT = "cache"
 NGRAM_DRAFT = "ngram"
 #: prompt lookup: the longest suffix of the sequence searched for an earlier occurrence, in tokens
 NGRAM_MAX = 3
+#: ``--draft``'s default: prompt lookup was kept more often and decoded faster than the cache draft in every
+#: row of benchmarks/results/speculate.md
+DEFAULT_DRAFT = NGRAM_DRAFT
 
 
 @dataclass
