@@ -1,4 +1,4 @@
-"""``dipdeploy bench``: one benchmark tool in llama-bench's style (issue #58), the front end's floor.
+"""``dipdeploy bench``: one benchmark tool in llama-bench's style, the front end's floor.
 
 A suite runs a grid of configurations (comma lists expand to every combination, ``grid``), each repeated
 round-robin, and reports one row schema (``rows``) as markdown, CSV or JSON, every file naming the

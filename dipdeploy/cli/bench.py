@@ -1,4 +1,4 @@
-"""CLI of ``dipdeploy bench``: one benchmark tool with suites, in llama-bench's style (issue #58).
+"""CLI of ``dipdeploy bench``: one benchmark tool with suites, in llama-bench's style.
 
 Parses the grid flags (``dipdeploy.bench.grid``), runs the suite, presents its rows (``dipdeploy.bench.rows``)
 on stdout or in ``--output``; progress goes to stderr. Refusals of bad input are one line and exit 2,
@@ -20,7 +20,7 @@ from dipdeploy.cli.errors import INTERRUPTED
 from dipdeploy.cli.helpview import ADVANCED, BASIC, IO_PANEL, MEMORY, PanelCommand
 from dipdeploy.terminal import shown
 
-#: the suites built, and those issue #58 plans (listed in ``bench --help`` so a user knows what is coming)
+#: the suites built, and those planned (listed in ``bench --help`` so a user knows what is coming)
 SUITES = {"decode": "prefill (ppN) and decode (tgN) tokens/s of the host runtime over a grid of models, "
                     "methods, densities, DRAM budgets, io modes and threads",
           "memory": "planned residency, peak RSS and cgroup peak of each configuration in a process of its own, "
@@ -34,7 +34,7 @@ bench_app = typer.Typer(
     help="Benchmarks in llama-bench's style: comma lists expand to every combination, repetitions run "
          "round-robin, each suite's rows as markdown, CSV or JSON, the machine named in every file.\n\n"
          "Suites: " + "; ".join(f"{name}: {what}" for name, what in SUITES.items()) + ".\n\n"
-         "Planned (issue #58): " + ", ".join(PLANNED) + "; until then the scripts of benchmarks/ "
+         "Planned: " + ", ".join(PLANNED) + "; until then the scripts of benchmarks/ "
          "(docs/benchmarks.md).",
     short_help="Benchmarks in llama-bench's style: suites over grids of comma lists (see `dipdeploy bench --help`).",
     no_args_is_help=True,
