@@ -36,7 +36,7 @@ CONFIGS = {
 RENAMED = {("calibrate", "windows"): defaults.CALIB_WINDOWS, ("calibrate", "seqlen"): defaults.CALIB_SEQLEN,
            ("demo", "density"): ",".join(f"{d:g}" for d in DemoConfig.densities)}
 # Commands with no config dataclass of their own (their options are their own).
-NO_CONFIG = {"models", "inspect", "devices", "build-ops", "quantize"}
+NO_CONFIG = {"models", "inspect", "devices", "build-ops", "quantize", "bench"}  # bench: its grid's bounds and defaults are dipdeploy.bench.grid's
 
 
 def _commands():
