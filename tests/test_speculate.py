@@ -54,8 +54,8 @@ def test_cache_draft_greedy_equals_plain_at_gamma_one(tiny_dipca_bundle, k):
     spec = got.stats.speculation
     assert spec["draft"] == "cache" and spec["k"] == k and spec["passes"] >= 1
     assert 0 <= spec["accepted"] <= spec["drafted"]
-    # the first token comes from the prompt's logits; the others from passes or plain steps
-    assert len(got.tokens) == 1 + spec["accepted"] + spec["passes"] + spec["plain"] and spec["plain"] >= 1
+    # the first token comes from the prompt's logits, the last may be a plain step (no room for a draft)
+    assert len(got.tokens) - 1 - spec["accepted"] - spec["passes"] in (0, 1)
 
 
 @native
@@ -219,30 +219,3 @@ def test_ngram_draft_greedy_equals_plain_on_the_one_session_path(tiny_dipca_bund
     assert sequence == PROMPT + got.tokens[:-1]
     spec = got.stats.speculation
     assert len(got.tokens) == 1 + spec["accepted"] + spec["passes"] + spec["plain"]
-
-
-def test_draft_length_follows_what_it_measured():
-    """Plain step first, then ``k``; a draft that is always kept at a small cost per token keeps ``k``, one
-    never kept falls to plain steps and is tried again after ``EXPLORE`` of them."""
-    from dipdeploy.runtime.speculate import DraftLength
-
-    good = DraftLength(4)
-    assert good.choose(10) == 0
-    good.stepped(1.0)
-    assert good.choose(10) == 4 and good.choose(2) == 2 and good.choose(0) == 0
-    for _ in range(5):
-        good.passed(4, 4, 1.0 + 4 * 0.2)
-    assert good.choose(10) == 4
-    bad = DraftLength(4)
-    bad.stepped(1.0)
-    for _ in range(10):
-        bad.passed(4, 0, 1.0 + 4 * 0.3)
-    assert bad.choose(10) == 0
-    for _ in range(DraftLength.EXPLORE):
-        bad.stepped(1.0)
-    assert bad.choose(10) == 4  # explores again
-    costly = DraftLength(8)  # kept half the time, but each draft costs as much as a step
-    costly.stepped(1.0)
-    for _ in range(10):
-        costly.passed(8, 4, 1.0 + 8 * 1.0)
-    assert costly.choose(10) < 8

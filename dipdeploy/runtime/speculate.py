@@ -8,10 +8,6 @@ same caches, reader and counters as decode (the batched prefill's semantics: ``d
 then cut back to the kept tokens (``KvCache.truncate``: the length alone with GroupQueryAttention, a
 repack with standard attention); the row caches keep what the pass brought in, as a cache does.
 
-Draft length. ``DraftLength`` chooses each pass's length up to K from the share of drafts kept so far
-and the measured cost of a pass against a plain step, so a draft that is rarely kept decodes at about
-the speed of plain decoding instead of below it.
-
 Acceptance. Greedy (temperature 0): a draft is kept while it equals the target's choice after the tokens
 before it; the first mismatch is replaced by that choice, and when every draft is kept the pass's last
 logits give one more token. Sampling: the speculative-sampling rule (Leviathan et al. 2023, Chen et al.
@@ -258,69 +254,32 @@ def accept(sampler: Sampler, drafts: list[int], dists: list, logits: np.ndarray,
     return len(drafts), _choose(sampler, logits[len(drafts)], context)[0]
 
 
-class DraftLength:
-    """How many tokens each pass drafts: the length that maximises the expected tokens per second, from
-    what this generation measured. A draft token is kept with probability ``kept`` (an average over the
-    passes), so a pass of n drafts emits (1 − kept^(n+1)) / (1 − kept) tokens in expectation, and costs a
-    plain step plus ``per_draft`` seconds per draft (drafting and verifying, an average of the passes);
-    n = 0 is a plain step. The first token is a plain step (it times one), the first pass drafts ``k``;
-    while it chooses 0 it still tries a pass every ``EXPLORE`` plain steps, so a draft that starts to fit
-    is found again. The length changes the speed, never the tokens a greedy pass emits."""
-
-    EXPLORE = 16
-    WEIGHT = 0.3  # of the newest pass or step in the averages
-
-    def __init__(self, k: int):
-        self.k, self.kept = k, 0.5
-        self.step_s: float | None = None
-        self.per_draft: float | None = None
-        self.plain_run = 0
-
-    def _mean(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.WEIGHT) * old + self.WEIGHT * new
-
-    def choose(self, room: int) -> int:
-        """The draft length for the next pass, at most ``room`` (0: a plain step)."""
-        n = min(self.k, room)
-        if n < 1 or self.step_s is None:  # the first token is a plain step, which times one
-            return 0
-        if self.per_draft is None or self.plain_run >= self.EXPLORE:
-            return n
-        a = min(self.kept, 1 - 1e-9)
-        rate = [(1 - a ** (m + 1)) / (1 - a) / (self.step_s + self.per_draft * m) for m in range(n + 1)]
-        return int(np.argmax(rate))  # ties to the shorter draft
-
-    def stepped(self, seconds: float) -> None:
-        self.step_s = self._mean(self.step_s, seconds)
-        self.plain_run += 1
-
-    def passed(self, drafted: int, kept: int, seconds: float) -> None:
-        self.kept = self._mean(self.kept, kept / drafted)
-        if self.step_s is not None:
-            self.per_draft = self._mean(self.per_draft, max(seconds - self.step_s, 0.0) / drafted)
-        self.plain_run = 0
-
-
 def tokens(engine, draft: Draft, logits: np.ndarray, sampler: Sampler, max_new_tokens: int, timer: Timer,
            stats: SpeculationStats, clock: Callable[[], float]) -> Iterator[tuple[int, np.ndarray | None]]:
     """The generated tokens, each with the logits it was chosen from (the target's), for ``Engine.extend``:
     the first from ``logits`` (after the prompt), then per verification pass the kept drafts and the
-    target's own token, or a plain step where ``DraftLength`` or the draft proposes nothing. The engine's
-    sequence may hold tokens past the last one consumed; the consumer cuts it back (``Engine.extend``)."""
-    length = DraftLength(engine.cfg.speculate)
+    target's own token. The engine's sequence may hold tokens past the last one consumed; the consumer
+    cuts it back (``Engine.extend``)."""
+    k = engine.cfg.speculate
     tok, _ = _choose(sampler, logits, engine._state["ids"])
     yield tok, logits
     made = 1
     while made < max_new_tokens:
-        n = length.choose(min(max_new_tokens - made - 1, engine.cfg.context - engine._state["pos"] - 1))
+        n = min(k, max_new_tokens - made - 1, engine.cfg.context - engine._state["pos"] - 1)
+        if n < 1:  # no room for a draft: one plain step
+            logits = engine.step(tok, timer)
+            tok, _ = _choose(sampler, logits, engine._state["ids"])
+            made += 1
+            stats.plain += 1
+            yield tok, logits
+            continue
         t0 = clock()
-        drafts, dists = draft.propose(engine, tok, n, sampler, timer) if n > 0 else ([], [])
+        drafts, dists = draft.propose(engine, tok, n, sampler, timer)
         check_token_ids(drafts, engine.vocab_rows)
         t1 = clock()
         stats.draft_s += t1 - t0
         if not drafts:  # nothing to verify: one plain step
             logits = engine.step(tok, timer)
-            length.stepped(clock() - t1)
             tok, _ = _choose(sampler, logits, engine._state["ids"])
             made += 1
             stats.plain += 1
@@ -331,12 +290,10 @@ def tokens(engine, draft: Draft, logits: np.ndarray, sampler: Sampler, max_new_t
         kept, nxt = accept(sampler, drafts, dists, checked, context)
         rows = checked[: kept + 1].copy()
         engine.truncate(pos + 1 + kept)
-        t2 = clock()
-        length.passed(len(drafts), kept, t2 - t0)
         stats.passes += 1
         stats.drafted += len(drafts)
         stats.accepted += kept
-        stats.verify_s += t2 - t1
+        stats.verify_s += clock() - t1
         for i in range(kept):
             yield drafts[i], rows[i]
         tok = nxt
