@@ -266,19 +266,12 @@ def tokens(engine, draft: Draft, logits: np.ndarray, sampler: Sampler, max_new_t
     made = 1
     while made < max_new_tokens:
         n = min(k, max_new_tokens - made - 1, engine.cfg.context - engine._state["pos"] - 1)
-        if n < 1:  # no room for a draft: one plain step
-            logits = engine.step(tok, timer)
-            tok, _ = _choose(sampler, logits, engine._state["ids"])
-            made += 1
-            stats.plain += 1
-            yield tok, logits
-            continue
         t0 = clock()
-        drafts, dists = draft.propose(engine, tok, n, sampler, timer)
+        drafts, dists = draft.propose(engine, tok, n, sampler, timer) if n > 0 else ([], [])
         check_token_ids(drafts, engine.vocab_rows)
         t1 = clock()
         stats.draft_s += t1 - t0
-        if not drafts:  # nothing to verify: one plain step
+        if not drafts:  # no room for a draft, or nothing proposed: one plain step
             logits = engine.step(tok, timer)
             tok, _ = _choose(sampler, logits, engine._state["ids"])
             made += 1

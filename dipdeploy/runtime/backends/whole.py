@@ -209,14 +209,7 @@ class WholeDecoder(HostBound):
         if len(ids) > self.cfg.speculate + 1:
             raise ValueError(f"a verification holds at most {self.cfg.speculate + 1} tokens (speculate + 1), "
                              f"got {len(ids)}")
-        st = self._state
-        timer.start()
-        logits = self.whole.run(ids, st["pos"])
-        timer.lap("model.onnx")
-        st["pos"] += len(ids)
-        st["ids"].extend(int(t) for t in ids)
-        self._fed += len(ids)
-        return logits
+        return self._feed(ids, timer)
 
     def draft_mode(self, on: bool) -> None:
         if on:
@@ -227,9 +220,14 @@ class WholeDecoder(HostBound):
         """One ``model.onnx`` run on ``ids``; the logits [V] after the last of them."""
         if record is not None:
             raise ValueError(self.per_layer_only("per-layer selections"))
+        return self._feed(ids, timer)[-1].copy()
+
+    def _feed(self, ids: list[int], timer: Timer) -> np.ndarray:
+        """``ids`` through ``model.onnx`` in one run, the sequence advanced; the logits after each [n, V]
+        (a view of the session's buffer, valid until the next run)."""
         st = self._state
         timer.start()
-        logits = self.whole.run(ids, st["pos"])[-1].copy()
+        logits = self.whole.run(ids, st["pos"])
         timer.lap("model.onnx")
         st["pos"] += len(ids)
         st["ids"].extend(int(t) for t in ids)
