@@ -27,7 +27,7 @@ ORT_TESTS=(tests/test_ops_harness.py tests/test_ops_errors.py tests/test_ops_hos
 IO_TESTS=(tests/test_flash_direct.py -k "(threads or io_uring) and not run_through")
 CACHE_TESTS=(tests/test_native_cache.py -k "not engine")
 # the cache step inside a graph (CacheStep/CacheSettle, both readers) and one joined decoder reading with O_DIRECT
-GRAPH_TESTS=(tests/test_runtime_fused.py -k "cache_step_op or split_the_step or read_ahead_hands or batched_prefill_take or (decodes and direct and standard) or (batched_prefill_is and direct) or (reading_ahead and standard)")
+GRAPH_TESTS=(tests/test_runtime_fused.py -k "cache_step_op or split_the_step or read_ahead_hands or batched_prefill_take or (decodes and direct and standard) or (batched_prefill_is and direct) or (reading_ahead and standard) or draft_mode")
 KERNEL_SETS=(portable avx2 default)
 # A report's first line (UBSan: file:line:col: runtime error: ...); a failing test may print it twice.
 REPORT='[^ ]+:[0-9]+:[0-9]+: runtime error: .*|ERROR: (Address|Leak)Sanitizer: .*|AddressSanitizer: CHECK failed: .*'
