@@ -21,6 +21,7 @@ from typing import Callable, ClassVar
 
 from dipdeploy.bench.bundles import BundleSpec, ensure
 from dipdeploy.bench.grid import Case, DecodeGrid, order, parse_limit
+from dipdeploy.bench.rows import io_label
 
 Notice = Callable[[str], None]
 #: ``-r`` of the memory suite: a peak needs one run, not five
@@ -68,9 +69,8 @@ class MemoryRow:
         def f(v, digits=1):
             return "" if v is None else f"{v:.{digits}f}"
 
-        io = self.io if self.io_used in (None, self.io) else f"{self.io}→{self.io_used}"
-        return (self.model, self.method, f"{self.density:g}", self.budget, io, self.limit, self.test, self.status,
-                f(self.planned_mb), f(self.peak_rss_mb), f(self.cgroup_peak_mb),
+        return (self.model, self.method, f"{self.density:g}", self.budget, io_label(self.io, self.io_used),
+                self.limit, self.test, self.status, f(self.planned_mb), f(self.peak_rss_mb), f(self.cgroup_peak_mb),
                 "" if self.limit_hits is None else str(self.limit_hits), f(self.decode_tok_s, 2))
 
 

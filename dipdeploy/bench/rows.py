@@ -66,10 +66,10 @@ class Row:
 
     def cells(self) -> tuple[str, ...]:
         """The markdown cells, in ``MD_COLUMNS``' order."""
-        return (self.model, self.method, f"{self.density:g}", self.budget, _io(self), str(self.threads), self.limit,
-                self.test, f"{self.tok_s:.2f} ± {self.tok_s_std:.2f}", _figure(self.flash_mb_per_token, 4),
-                _figure(self.device_mb_per_token, 4), "" if self.hit_rate is None else f"{self.hit_rate:.3f}",
-                str(self.failed))
+        return (self.model, self.method, f"{self.density:g}", self.budget, io_label(self.io, self.io_used),
+                str(self.threads), self.limit, self.test, f"{self.tok_s:.2f} ± {self.tok_s_std:.2f}",
+                _figure(self.flash_mb_per_token, 4), _figure(self.device_mb_per_token, 4),
+                "" if self.hit_rate is None else f"{self.hit_rate:.3f}", str(self.failed))
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -98,8 +98,9 @@ def row(labels: dict, test: str, samples: list[Sample], failed: int = 0) -> Row:
                hit_rate=_mean([s.hit_rate for s in samples]))
 
 
-def _io(r: Row) -> str:
-    return r.io if r.io_used in (None, r.io) else f"{r.io}→{r.io_used}"
+def io_label(asked: str, used: str | None) -> str:
+    """The ``--io`` asked for, and what it resolved to where that differs (``auto→direct``)."""
+    return asked if used in (None, asked) else f"{asked}→{used}"
 
 
 def _figure(value: float | None, digits: int) -> str:
