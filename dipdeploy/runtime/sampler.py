@@ -82,8 +82,17 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, context=()) -> int:
         """The next token after ``context`` (the token ids the sequence holds, for the penalty)."""
+        return self.draw(logits, context)[0]
+
+    def draw(self, logits: np.ndarray, context=()) -> tuple[int, np.ndarray | None]:
+        """The next token after ``context`` and the distribution it was drawn from (None: greedy), which
+        speculative sampling needs (``dipdeploy.runtime.speculate``)."""
         if self.temperature == 0.0:
-            return int(np.argmax(self.penalise(logits, context)))
+            return int(np.argmax(self.penalise(logits, context))), None
         p = self.probabilities(logits, context)
+        return self.pick(p), p
+
+    def pick(self, p: np.ndarray) -> int:
+        """A token drawn from the distribution ``p`` with this sampler's generator."""
         keep = np.flatnonzero(p)
         return int(keep[self._rng.choice(len(keep), p=p[keep])])

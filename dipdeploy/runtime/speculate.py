@@ -101,15 +101,6 @@ class Draft(Protocol):
     def close(self) -> None: ...
 
 
-def _choose(sampler: Sampler, logits: np.ndarray, context: list[int]) -> tuple[int, np.ndarray | None]:
-    """The sampler's token after ``context``, and the distribution it was drawn from (None: greedy)."""
-    if sampler.temperature == 0.0:
-        return int(np.argmax(sampler.penalise(logits, context))), None
-    q = sampler.probabilities(logits, context)
-    keep = np.flatnonzero(q)
-    return int(keep[sampler._rng.choice(len(keep), p=q[keep])]), q
-
-
 class CacheDraft:
     """The target drafting from its own caches (module docstring): ``k`` steps in draft mode over the KV
     cache's next positions, which are then cut back off."""
@@ -124,7 +115,7 @@ class CacheDraft:
         try:
             for _ in range(k):
                 logits = engine.backend.step(tok, timer, None)
-                tok, q = _choose(sampler, logits, context)
+                tok, q = sampler.draw(logits, context)
                 tokens.append(tok)
                 dists.append(q)
                 context.append(tok)
@@ -188,7 +179,7 @@ class ModelDraft:
         logits = d.prefill(want[same:], timer)
         context, tokens, dists = list(want), [], []
         for j in range(k):
-            tok, q = _choose(sampler, logits, context)
+            tok, q = sampler.draw(logits, context)
             tokens.append(tok)
             dists.append(q)
             context.append(tok)
@@ -247,11 +238,9 @@ def accept(sampler: Sampler, drafts: list[int], dists: list, logits: np.ndarray,
             p, q = sampler.probabilities(logits[i], context), dists[i]
             if sampler._rng.random() * q[d] >= p[d]:  # kept with probability min(1, p(d) / q(d))
                 rest = np.maximum(p - q, 0.0)
-                rest /= rest.sum()
-                keep = np.flatnonzero(rest)
-                return i, int(keep[sampler._rng.choice(len(keep), p=rest[keep])])
+                return i, sampler.pick(rest / rest.sum())
         context.append(d)
-    return len(drafts), _choose(sampler, logits[len(drafts)], context)[0]
+    return len(drafts), sampler.draw(logits[len(drafts)], context)[0]
 
 
 def tokens(engine, draft: Draft, logits: np.ndarray, sampler: Sampler, max_new_tokens: int, timer: Timer,
@@ -261,7 +250,7 @@ def tokens(engine, draft: Draft, logits: np.ndarray, sampler: Sampler, max_new_t
     target's own token. The engine's sequence may hold tokens past the last one consumed; the consumer
     cuts it back (``Engine.extend``)."""
     k = engine.cfg.speculate
-    tok, _ = _choose(sampler, logits, engine._state["ids"])
+    tok, _ = sampler.draw(logits, engine._state["ids"])
     yield tok, logits
     made = 1
     while made < max_new_tokens:
@@ -273,7 +262,7 @@ def tokens(engine, draft: Draft, logits: np.ndarray, sampler: Sampler, max_new_t
         stats.draft_s += t1 - t0
         if not drafts:  # no room for a draft, or nothing proposed: one plain step
             logits = engine.step(tok, timer)
-            tok, _ = _choose(sampler, logits, engine._state["ids"])
+            tok, _ = sampler.draw(logits, engine._state["ids"])
             made += 1
             stats.plain += 1
             yield tok, logits
