@@ -96,7 +96,9 @@ int64_t prefill_warm(Group & g) {
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(g.slabs[a] + g.given[size_t(i)] * rb, g.full[a] + g.admitted_rows[size_t(i)] * rb, size_t(rb));
   }
-  g.chunk.clear();
+  // The selection's memory goes back now, not at the next chunk: it is tokens × k indices per group, and
+  // every group of every layer keeping its capacity would hold all the layers' selections at once.
+  std::vector<int64_t>().swap(g.chunk);
   g.chunk_tokens = 0;
   return n;
 }
