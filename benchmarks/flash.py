@@ -54,7 +54,7 @@ from pathlib import Path
 
 from _common import lscpu, machine, md_table, memory_group, positive_int, write_rows_json
 
-from peers import CHILD_PEER, LLAMA_PEERS, PEERS, build_genai, build_gguf, child_argv, read_bytes
+from peers import LLAMA_PEERS, PEERS, build_genai, build_gguf, child_argv, peer_row, peer_spec, read_bytes
 
 from dipdeploy.cache.split import CACHE_SPLIT
 from dipdeploy.paths import write_atomic
@@ -63,8 +63,6 @@ from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_RING_DEPTH, IO_THREA
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The history of the city begins in the early"
-PEER_WARMUP = 4  # the peers' warm-up prompt, in tokens (dipdeploy/bench/peer_child.py)
-PEER_CONTEXT = 256  # the peers' context, in positions
 PATHS = {"per-layer": False, "default": None}  # --path → EngineConfig.fused
 BUNDLES = {  # method → (folder under build/, export options); dip-ca is `dipdeploy export --method dip-ca
     #           --quant bq4 --rho-in 0.55 --out build/flash-bundle`
@@ -342,25 +340,6 @@ def ensure_peer(method: str, args, checkpoint: Path) -> tuple[list[str], Path] |
     return child_argv(args.llama_python), gguf
 
 
-def peer_spec(method: str, model: Path, tokens: int, limit: int | None) -> dict:
-    """The peer child's spec for one row: ``tokens`` decode steps (its tg test) after a warm-up on PROMPT,
-    one thread, the model's files dropped after the warm-up (cold), the limit set after the load."""
-    return {"peer": CHILD_PEER[method], "model": str(model), "text": PROMPT, "tests": [["tg", tokens]],
-            "warmup": PEER_WARMUP, "context": max(PEER_CONTEXT, tokens + 2), "threads": 1, "cold": True,
-            "limit": limit}
-
-
-def peer_row(reply: dict, spec: dict) -> dict:
-    """The peer child's reply as this table's row: decode tok/s, device MB per decode token, the group's
-    peak over the decode, peak RSS and the limit; ``error`` where the limit could not be set."""
-    limit_mb = spec["limit"] / 1e6 if spec["limit"] else None
-    if reply.get("status") != "ok":
-        return {"error": reply.get("error") or reply.get("why", "no reply"), "limit_mb": limit_mb}
-    s = reply["samples"][f"tg{spec['tests'][0][1]}"]
-    return {"tok_s": s["tok_s"], "device_mb": s["device_mb_per_token"], "peak_group_mb": s["cgroup_peak_mb"],
-            "peak_rss_mb": reply.get("peak_rss_mb"), "limit_mb": limit_mb}
-
-
 def levels_in(rows: list[dict]) -> list[int | None]:
     """The accuracy levels our rows ran at, the bundles' own (None) first."""
     return sorted({r.get("accuracy_level") for r in rows if r["method"] in BUNDLES}, key=lambda v: -1 if v is None else v)
@@ -534,7 +513,7 @@ def section_1b(args) -> None:
         for method, (cmd, model) in peers.items():
             for budget, limit_mb in [*limits.items(), (unlimited, None)]:
                 t = time.time()
-                spec = peer_spec(method, model, tokens, int(limit_mb * 1e6) if limit_mb else None)
+                spec = peer_spec(method, model, PROMPT, tokens, int(limit_mb * 1e6) if limit_mb else None)
                 res = peer_row(run_in_group(spec, args.timeout, cmd), spec)
                 rows.append({"method": method, "io": "mmap" if method in LLAMA_PEERS else "read at load",
                              "budget": budget, **res, "load_1min": round(os.getloadavg()[0], 2)})

@@ -46,6 +46,28 @@ PEERS = ("onnxruntime-genai int4", "llama.cpp Q4_0 mmap", "llama.cpp Q4_0 mmap, 
 LLAMA_PEERS = PEERS[1:]
 #: each row's peer as the child names it (``dipdeploy.bench.peer_child.PEERS``)
 CHILD_PEER = dict(zip(PEERS, ("genai", "llama.cpp", "llama.cpp-no-repack")))
+PEER_WARMUP = 4  # flash.py's peers' warm-up prompt, in tokens
+PEER_CONTEXT = 256  # flash.py's peers' context, in positions
+
+
+def peer_spec(method: str, model: Path, prompt: str, tokens: int, limit: int | None) -> dict:
+    """The peer child's spec for one of flash.py's rows: ``tokens`` decode steps (its tg test) after a
+    warm-up on ``prompt``, one thread, the model's files dropped after the warm-up (cold), the limit set
+    after the load."""
+    return {"peer": CHILD_PEER[method], "model": str(model), "text": prompt, "tests": [["tg", tokens]],
+            "warmup": PEER_WARMUP, "context": max(PEER_CONTEXT, tokens + 2), "threads": 1, "cold": True,
+            "limit": limit}
+
+
+def peer_row(reply: dict, spec: dict) -> dict:
+    """The peer child's reply as flash.py's row: decode tok/s, device MB per decode token, the group's
+    peak over the decode, peak RSS and the limit; ``error`` where the limit could not be set."""
+    limit_mb = spec["limit"] / 1e6 if spec["limit"] else None
+    if reply.get("status") != "ok":
+        return {"error": reply.get("error") or reply.get("why", "no reply"), "limit_mb": limit_mb}
+    s = reply["samples"][f"tg{spec['tests'][0][1]}"]
+    return {"tok_s": s["tok_s"], "device_mb": s["device_mb_per_token"], "peak_group_mb": s["cgroup_peak_mb"],
+            "peak_rss_mb": reply.get("peak_rss_mb"), "limit_mb": limit_mb}
 
 
 def build_genai(python: str, checkpoint: Path, out: Path) -> None:

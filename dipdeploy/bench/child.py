@@ -76,7 +76,8 @@ def spawn(spec: dict, limit: int | None, use_group: bool) -> ChildResult:
     return run_child([sys.executable, "-m", "dipdeploy.bench.child"], spec, limit, use_group, _env())
 
 
-def run_child(argv: list[str], spec: dict, limit: int | None, use_group: bool, env: dict | None = None) -> ChildResult:
+def run_child(argv: list[str], spec: dict, limit: int | None, use_group: bool, env: dict | None = None,
+              timeout: int = CHILD_TIMEOUT) -> ChildResult:
     """``argv`` and ``spec`` as its last argument (JSON), in a fresh cgroup memory group limited to ``limit``
     when ``use_group`` (the spec then names the group, ``{"path", "version"}``, so the child can read its
     peak or set a limit of its own); the child's one-line JSON reply, or why there is none."""
@@ -89,14 +90,14 @@ def run_child(argv: list[str], spec: dict, limit: int | None, use_group: bool, e
                 cmd = [*argv, json.dumps({**spec, "group": {"path": str(group.path), "version": group.version}})]
                 try:
                     done = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=group.enter,
-                                          timeout=CHILD_TIMEOUT)
+                                          timeout=timeout)
                 finally:
                     peak, hits, kills = group.peak(), group.limit_hits(), group.oom_kills()
         else:
             done = subprocess.run([*argv, json.dumps(spec)], capture_output=True, text=True, env=env,
-                                  timeout=CHILD_TIMEOUT)
+                                  timeout=timeout)
     except subprocess.TimeoutExpired:  # run() killed it
-        return ChildResult("failed", f"did not end within {CHILD_TIMEOUT} s", None, peak, hits)
+        return ChildResult("failed", f"did not end within {timeout} s", None, peak, hits)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -210,7 +210,10 @@ class GenaiRunner(Runner):
         ids = [int(i) for i in self.tokenizer.encode(text)]
         if first:
             return ids
-        lead = [int(i) for i in self.tokenizer.encode("")]  # what the tokenizer adds to any text (a BOS)
+        try:  # what the tokenizer adds to any text (a BOS)
+            lead = [int(i) for i in self.tokenizer.encode("")]
+        except Exception:  # a tokenizer that refuses empty text adds nothing we can see
+            lead = []
         return ids[len(lead):] if lead and ids[:len(lead)] == lead else ids
 
     def _generator(self, length: int):

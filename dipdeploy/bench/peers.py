@@ -30,6 +30,8 @@ PYTHON_FLAG = {"llama.cpp": "--llama-python", "llama.cpp-no-repack": "--llama-py
 MODEL_FLAG = {"llama.cpp": "--gguf", "llama.cpp-no-repack": "--gguf", "genai": "--genai-model"}
 _SHOWN = {"llama.cpp": "llama.cpp", "llama.cpp-no-repack": "llama.cpp", "genai": "genai"}
 _IO = {"llama.cpp": "mmap", "llama.cpp-no-repack": "mmap", "genai": "read at load"}
+#: seconds an interpreter may take to import its peer's package and say its version
+PROBE_TIMEOUT = 300
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ def version(peer: str, python: Path) -> str:
     """The peer package's version, asked of its interpreter: also the check that it imports there."""
     from dipdeploy.bench.child import run_child
 
-    done = run_child(child_argv(python), {"peer": peer, "probe": True}, None, use_group=False)
+    done = run_child(child_argv(python), {"peer": peer, "probe": True}, None, use_group=False, timeout=PROBE_TIMEOUT)
     if done.status != "ok" or not done.reply or not isinstance(done.reply.get("version"), str):
         raise ValueError(f"{PYTHON_FLAG[peer]} {python} cannot run the {peer} peer ({done.why or 'no version'}); "
                          f"give the interpreter of the venv its package is installed in")
