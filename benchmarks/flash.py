@@ -54,7 +54,7 @@ from pathlib import Path
 
 from _common import lscpu, machine, md_table, memory_group, positive_int, write_rows_json
 
-from peers import LLAMA_PEERS, PEERS, build_genai, build_gguf, read_bytes
+from peers import LLAMA_PEERS, PEERS, build_genai, build_gguf, child_argv, peer_row, peer_spec, read_bytes
 
 from dipdeploy.cache.split import CACHE_SPLIT
 from dipdeploy.paths import write_atomic
@@ -203,11 +203,15 @@ def child(spec: dict) -> dict:
 
 
 def run_in_group(spec: dict, timeout: float, cmd: list[str] | None = None) -> dict:
-    """``cmd`` (default: this script) + ``--child SPEC`` in a fresh memory group under this process's."""
+    """This script's ``--child SPEC``, or ``cmd`` + SPEC (a peer's child, dipdeploy/bench/peer_child.py), in a
+    fresh memory group under this process's."""
     with memory_group("dipdeploy-flash") as (group, enter):
-        spec = {**spec, "group": str(group)}
-        done = subprocess.run([*(cmd or [sys.executable, __file__]), "--child", json.dumps(spec)], capture_output=True,
-                              text=True, timeout=timeout, preexec_fn=enter, cwd=ROOT / "benchmarks")
+        if cmd is None:
+            argv = [sys.executable, __file__, "--child", json.dumps({**spec, "group": str(group)})]
+        else:
+            argv = [*cmd, json.dumps({**spec, "group": {"path": str(group), "version": 1}})]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=enter,
+                              cwd=ROOT / "benchmarks")
         if done.returncode != 0:
             oom = int((group / "memory.failcnt").read_text())
             why = "killed at the memory limit" if done.returncode == -9 and oom else f"exit {done.returncode}"
@@ -321,20 +325,19 @@ def run_configs(cfgs: list[dict], paths: dict[tuple[str, str], Path], tokens: in
 def ensure_peer(method: str, args, checkpoint: Path) -> tuple[list[str], Path] | str:
     """A peer's model, built once under build/ by its own tools, and the command its child runs; or the
     reason it is left out (its interpreter option not given)."""
-    here = str(Path(__file__).resolve().parent / "peers.py")
     if method == PEERS[0]:
         if not args.genai_python:
             return "left out (no --genai-python)"
         model = ROOT / "build" / f"genai-{LLAMA_1B}-int4"
         if not (model / "genai_config.json").is_file():
             build_genai(args.genai_python, checkpoint, model)
-        return [args.genai_python, here], model
+        return child_argv(args.genai_python), model
     gguf = ROOT / "build" / f"{LLAMA_1B}-q4_0.gguf"
     if not args.llama_python or not (gguf.is_file() or args.llama_convert):
         return "left out (no --llama-python, or neither the GGUF nor --llama-convert)"
     if not gguf.is_file():
         build_gguf(args.llama_python, Path(args.llama_convert), checkpoint, gguf)
-    return [args.llama_python, here], gguf
+    return child_argv(args.llama_python), gguf
 
 
 def levels_in(rows: list[dict]) -> list[int | None]:
@@ -510,9 +513,8 @@ def section_1b(args) -> None:
         for method, (cmd, model) in peers.items():
             for budget, limit_mb in [*limits.items(), (unlimited, None)]:
                 t = time.time()
-                spec = dict(peer=method, model=str(model), prompt=PROMPT, tokens=tokens, threads=1,
-                            limit=int(limit_mb * 1e6) if limit_mb else None)
-                res = run_in_group(spec, args.timeout, cmd)
+                spec = peer_spec(method, model, PROMPT, tokens, int(limit_mb * 1e6) if limit_mb else None)
+                res = peer_row(run_in_group(spec, args.timeout, cmd), spec)
                 rows.append({"method": method, "io": "mmap" if method in LLAMA_PEERS else "read at load",
                              "budget": budget, **res, "load_1min": round(os.getloadavg()[0], 2)})
                 print(f"{method:24s} {budget:16s} " + (res.get("error") or f"{res['tok_s']:.2f} tok/s, device "
@@ -540,9 +542,10 @@ def section_1b(args) -> None:
         "instead of the bundles' 0 (empty); `ahead_rows` / `ahead_used`: rows read during the attention per "
         "token and those the selection then missed. `limit_mb`: as in the SmolLM2 table above (the group's anonymous + mapped pages after "
         f"warm-up, slabs touched, MLP file dropped) + {args.slack >> 20} MiB (`--slack`; `dip belady`: + its recorded selections and next-use tables)",
-        f"- peers (benchmarks/peers.py), each in its own group: {PEERS[0]} (its builder, `-p int4 -e cpu`, "
-        f"its own decode loop), {PEERS[1]} (convert_hf_to_gguf.py → Q4_0, llama-cpp-python, use_mmap; tok_s "
-        f"from llama.cpp's eval timer; its CPU backend repacks the Q4_0 weights into anonymous memory) and "
+        f"- peers (benchmarks/peers.py; their child dipdeploy/bench/peer_child.py, tok_s over the wall time of "
+        f"the decode steps after a one-token prompt, greedy), each in its own group: {PEERS[0]} (its builder, "
+        f"`-p int4 -e cpu`, its own decode loop), {PEERS[1]} (convert_hf_to_gguf.py → Q4_0, llama-cpp-python, "
+        f"use_mmap; its CPU backend repacks the Q4_0 weights into anonymous memory) and "
         f"{PEERS[2]} (the same with `use_extra_bufts` off, llama.cpp's `--no-repack`: the weights are used from "
         "the mapped file's pages, which the kernel can drop). A peer's `limit_mb` is the DIP-CA run's at the same budget (the larger "
         "where DIP-CA ran at two levels), set after "

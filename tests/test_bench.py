@@ -378,6 +378,7 @@ def test_decode_under_a_limit_runs_each_repetition_in_a_limited_group_and_counts
     out = json.loads(res.stdout)
     assert [(r["limit"], r["test"], r["repetitions"], r["failed"]) for r in out["rows"]] == [
         ("500MB", "pp8", 2, 0), ("500MB", "tg4", 2, 0)]  # 10MB: every repetition killed or refused, no row
+    assert all(0 < r["cgroup_peak_mb"] <= 500 and r["kept"] is None for r in out["rows"])  # no limit-none row
     assert len(out["header"]["notes"]) == 2 and all("limit 10MB" in n for n in out["header"]["notes"])
     assert "--limit 500MB,10MB" in out["header"]["command"]
     md = _bench(*args, "-r", "1", "--limit", "500MB")

@@ -1,5 +1,6 @@
 """A benchmark run in a process of its own: the child's entry (``python -m dipdeploy.bench.child SPEC``)
-and the parent's call of it (:func:`spawn`), one protocol in one module.
+and the parent's call of it (:func:`spawn`; :func:`run_child` starts any child of this protocol, a peer's
+too: ``dipdeploy.bench.peer_child``), one protocol in one module.
 
 Why a process: its peak resident memory (``VmHWM``) and its cgroup's peak are the run's alone, not the
 parent's imports or an earlier run's freed pages, and a cgroup limit applies to it alone. Before each
@@ -11,7 +12,7 @@ bundle, the engine's options, and the suite's work:
   ignored; the reply holds the planned residency, ``/proc/self/status`` after the imports, after the
   engine opened and at the end, and the run's tokens/s.
 * ``decode``: the decode suite's tests (``dipdeploy.bench.decode.run_tests``); the reply holds each test's
-  sample.
+  sample, with the group's peak over the test (the spec names the group when there is one).
 
 The child prints one JSON line. An option the engine refuses (a budget that cannot fit under the group's
 limit, ``check_budget``) is a ``refused`` reply, not a failure; a kill by the limit leaves no reply, and
@@ -29,6 +30,8 @@ from pathlib import Path
 
 #: a run that has not ended by then is stuck (a thrashing page cache under a tight limit), not slow
 CHILD_TIMEOUT = 3600
+#: what a child's reply may say of its run
+STATUSES = ("ok", "refused", "failed")
 
 
 @dataclass(frozen=True)
@@ -67,24 +70,34 @@ def _env() -> dict:
 
 
 def spawn(spec: dict, limit: int | None, use_group: bool) -> ChildResult:
-    """Run ``spec`` in a child, in a fresh cgroup memory group limited to ``limit`` when ``use_group``."""
+    """Run ``spec`` in a child of this dipdeploy, in a fresh cgroup memory group limited to ``limit`` when
+    ``use_group``, the bundle's files dropped from the page cache first."""
+    drop_page_cache(Path(spec["bundle"]))
+    return run_child([sys.executable, "-m", "dipdeploy.bench.child"], spec, limit, use_group, _env())
+
+
+def run_child(argv: list[str], spec: dict, limit: int | None, use_group: bool, env: dict | None = None,
+              timeout: int = CHILD_TIMEOUT) -> ChildResult:
+    """``argv`` and ``spec`` as its last argument (JSON), in a fresh cgroup memory group limited to ``limit``
+    when ``use_group`` (the spec then names the group, ``{"path", "version"}``, so the child can read its
+    peak or set a limit of its own); the child's one-line JSON reply, or why there is none."""
     from dipdeploy.bench.cgroup import memory_group
 
-    drop_page_cache(Path(spec["bundle"]))
-    cmd = [sys.executable, "-m", "dipdeploy.bench.child", json.dumps(spec)]
     peak = hits = kills = None
     try:
         if use_group:
             with memory_group("dipdeploy-bench", limit) as group:
+                cmd = [*argv, json.dumps({**spec, "group": {"path": str(group.path), "version": group.version}})]
                 try:
-                    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), preexec_fn=group.enter,
-                                          timeout=CHILD_TIMEOUT)
+                    done = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=group.enter,
+                                          timeout=timeout)
                 finally:
                     peak, hits, kills = group.peak(), group.limit_hits(), group.oom_kills()
         else:
-            done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=CHILD_TIMEOUT)
+            done = subprocess.run([*argv, json.dumps(spec)], capture_output=True, text=True, env=env,
+                                  timeout=timeout)
     except subprocess.TimeoutExpired:  # run() killed it
-        return ChildResult("failed", f"did not end within {CHILD_TIMEOUT} s", None, peak, hits)
+        return ChildResult("failed", f"did not end within {timeout} s", None, peak, hits)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -94,6 +107,8 @@ def spawn(spec: dict, limit: int | None, use_group: bool) -> ChildResult:
         reply = json.loads(lines[-1])
     except ValueError:
         return ChildResult("failed", f"no reply (its last line: {lines[-1][:200]})", None, peak, hits)
+    if not isinstance(reply, dict) or reply.get("status") not in STATUSES:
+        return ChildResult("failed", f"a reply without a known status: {lines[-1][:200]}", None, peak, hits)
     return ChildResult(reply["status"], reply.get("why", ""), reply, peak, hits)
 
 
@@ -120,7 +135,10 @@ def main(argv: list[str]) -> int:
     try:
         engine = open_engine(spec["bundle"], spec["options"])
         if spec["suite"] == "decode":
-            samples = run_tests(engine, [tuple(t) for t in spec["tests"]], spec["need"])
+            from dipdeploy.bench.peer_child import Group
+
+            group = Group(spec["group"]["path"], spec["group"]["version"]) if spec.get("group") else None
+            samples = run_tests(engine, [tuple(t) for t in spec["tests"]], spec["need"], group)
             reply = {"status": "ok", "samples": {test: asdict(s) for test, s in samples.items()}}
         else:
             reply = _memory(spec, engine, imports)

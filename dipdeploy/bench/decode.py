@@ -18,7 +18,12 @@ input, not of random ids. The engine is closed after each repetition, so one con
 holds another's. Under a ``--limit`` each repetition runs in a child process in a cgroup memory group of
 that limit instead (``dipdeploy.bench.child``: the bundle dropped from the page cache first); a
 repetition that is refused or killed there is counted in its rows' ``failed`` and said in the notes under
-the table. An interrupt (Ctrl-C) ends the run: the rows keep the repetitions done before it.
+the table, and each test's row carries the group's peak over the test. An interrupt (Ctrl-C) ends the
+run: the rows keep the repetitions done before it.
+
+With ``gammas`` (``--gamma``) each DIP-CA bundle runs once per γ (``EngineConfig.gamma``), so one run
+sweeps the cache awareness of one export. The peers (``dipdeploy.bench.peers``) run the same tests, on
+the same passage, in children of their own interpreters, each repetition interleaved with ours.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from pathlib import Path
 from typing import Callable
 
 from dipdeploy.bench.bundles import BundleSpec, ensure, specs_for
-from dipdeploy.bench.grid import NO_LIMIT, Case, DecodeGrid, order, parse_limit
-from dipdeploy.bench.rows import Row, Sample, row
+from dipdeploy.bench.grid import NO_LIMIT, Case, DecodeGrid, method_label, order, parse_limit
+from dipdeploy.bench.rows import Row, Sample, row, with_kept
 
 Notice = Callable[[str], None]
 
@@ -77,6 +82,8 @@ def engine_options(case: Case, need: int, cold: bool) -> dict:
                "context": None if need <= DEFAULT_CONTEXT else need}
     if case.bundle.policy:
         options["policy"] = case.bundle.policy
+    if case.gamma is not None:
+        options["gamma"] = case.gamma
     return options
 
 
@@ -86,12 +93,16 @@ def open_engine(bundle: str | Path, options: dict):
     return Engine(bundle, EngineConfig(**options))
 
 
-def _sample(stats, tok_s: float, decode: bool) -> Sample:
+def _sample(stats, tok_s: float, decode: bool, peak_mb: float | None) -> Sample:
     """A test's figures. The hit rate is a decode figure: the batched prefill reads each layer's selected
-    rows once for the whole prompt, so it has none; nor has a bundle whose every row is resident."""
+    rows once for the whole prompt, so it has none; nor has a bundle whose every row is resident. Device
+    requests are counted where device bytes are (``--io direct``: the requests the reader sent)."""
+    direct = stats.flash_device_mb_per_token is not None
     return Sample(tok_s=tok_s, flash_mb_per_token=stats.flash_mb_per_token,
                   device_mb_per_token=stats.flash_device_mb_per_token,
-                  hit_rate=stats.hit_rate if decode and not stats.single_session else None, io_used=stats.io)
+                  hit_rate=stats.hit_rate if decode and not stats.single_session else None, io_used=stats.io,
+                  cgroup_peak_mb=peak_mb,
+                  device_requests_per_token=stats.flash_block_requests_per_token if direct else None)
 
 
 def needed_context(grid: DecodeGrid) -> int:
@@ -107,8 +118,10 @@ class RunFailed(Exception):
         self.status, self.why = status, why
 
 
-def run_tests(engine, tests: list[tuple[str, int]], need: int) -> dict[str, Sample]:
-    """The warm-up, then every test on ``engine`` (see the module docstring): {"pp512": Sample, ...}."""
+def run_tests(engine, tests: list[tuple[str, int]], need: int, group=None) -> dict[str, Sample]:
+    """The warm-up, then every test on ``engine`` (see the module docstring): {"pp512": Sample, ...}.
+    ``group`` (a ``peer_child.Group``, in a child under a limit): its peak is reset before each test and
+    read after it, as a peer's child does."""
     from dipdeploy.runtime.sampler import Sampler
 
     if engine.cfg.context < need:
@@ -120,12 +133,15 @@ def run_tests(engine, tests: list[tuple[str, int]], need: int) -> dict[str, Samp
     engine.generate(ids[:WARMUP_PROMPT], 2, sampler=greedy, stop_at_eos=False)
     out = {}
     for kind, n in tests:
+        if group is not None:
+            group.reset_peak()
         if kind == "pp":
             stats = engine.generate(ids[:n], 0, sampler=greedy, stop_at_eos=False).stats
-            out[f"pp{n}"] = _sample(stats, stats.prefill_tok_s, decode=False)
         else:
             stats = engine.generate(ids[:1], n + 1, sampler=greedy, stop_at_eos=False).stats
-            out[f"tg{n}"] = _sample(stats, stats.decode_tok_s, decode=True)
+        peak = group.peak_mb() if group is not None else None
+        out[f"{kind}{n}"] = _sample(stats, stats.prefill_tok_s if kind == "pp" else stats.decode_tok_s,
+                                    decode=kind == "tg", peak_mb=peak)
     return out
 
 
@@ -154,14 +170,17 @@ def measure(case: Case, grid: DecodeGrid) -> dict[str, Sample]:
 
 def labels(case: Case) -> dict:
     b: BundleSpec = case.bundle
-    return {"model": b.model, "method": b.method, "density": b.density, "budget": case.budget, "io": case.io,
-            "threads": case.threads, "limit": case.limit}
+    return {"model": b.model, "method": method_label(b.method, case.gamma), "density": b.density,
+            "budget": case.budget, "io": case.io, "threads": case.threads, "limit": case.limit}
 
 
 def _describe(case: Case) -> str:
     b = case.bundle
     limit = "" if case.limit == NO_LIMIT else f", limit {case.limit}"
-    return f"{b.model} {b.method} ρ {b.density:g}, budget {case.budget}, io {case.io}, {case.threads} thread(s){limit}"
+    if b.density is None:  # a peer
+        return f"{b.model} {b.method}, {case.threads} thread(s){limit}"
+    return (f"{b.model} {method_label(b.method, case.gamma)} ρ {b.density:g}, budget {case.budget}, io {case.io}, "
+            f"{case.threads} thread(s){limit}")
 
 
 def cases_of(grid: DecodeGrid) -> list[Case]:
@@ -176,15 +195,23 @@ def cases_of(grid: DecodeGrid) -> list[Case]:
 
 
 def run_decode(grid: DecodeGrid, notice: Notice = lambda line: None) -> DecodeResult:
-    """Export what is missing, then every case × repetition round-robin; the rows in case order, each
-    test's rows after the other (pp before tg, as llama-bench prints them)."""
+    """Export what is missing, then every case × repetition round-robin, the peers' among ours; the rows in
+    case order, each test's rows after the other (pp before tg, as llama-bench prints them), each limited
+    row's ``kept`` against its configuration at limit none."""
+    from dipdeploy.bench.peers import PeerSpec, measure_peer
+
     t0 = time.perf_counter()
     cases = cases_of(grid)
     if any(c.limit != NO_LIMIT for c in cases):
         from dipdeploy.bench.cgroup import require
 
         require()
-    for spec in dict.fromkeys(c.bundle for c in cases):
+    peer_groups = False
+    if grid.peers:  # a peer runs in a child always, in a group where one can be made (its peak)
+        from dipdeploy.bench.cgroup import probe
+
+        peer_groups = probe() is None
+    for spec in dict.fromkeys(c.bundle for c in cases if not isinstance(c.bundle, PeerSpec)):
         ensure(spec, notice)
     samples: dict[int, dict[str, list[Sample]]] = {i: {} for i in range(len(cases))}
     failed: dict[int, int] = {}
@@ -195,7 +222,11 @@ def run_decode(grid: DecodeGrid, notice: Notice = lambda line: None) -> DecodeRe
         for step, (rep, i) in enumerate(plan, 1):
             where = f"[{step}/{len(plan)}] repetition {rep + 1}/{grid.repetitions}: {_describe(cases[i])}"
             try:
-                got = measure(cases[i], grid)
+                if isinstance(cases[i].bundle, PeerSpec):
+                    got, said = measure_peer(cases[i], grid, peer_groups)
+                    notes += [f"{_describe(cases[i])}, repetition {rep + 1}: {line}" for line in said]
+                else:
+                    got = measure(cases[i], grid)
             except RunFailed as err:
                 failed[i] = failed.get(i, 0) + 1
                 notes.append(f"{_describe(cases[i])}, repetition {rep + 1}: {err}")
@@ -209,4 +240,4 @@ def run_decode(grid: DecodeGrid, notice: Notice = lambda line: None) -> DecodeRe
         notice("interrupted: the rows hold the repetitions measured so far")
     rows = [row(labels(case), test, samples[i][test], failed.get(i, 0)) for i, case in enumerate(cases)
             for test in samples[i]]
-    return DecodeResult(rows, time.perf_counter() - t0, interrupted, notes)
+    return DecodeResult(with_kept(rows), time.perf_counter() - t0, interrupted, notes)

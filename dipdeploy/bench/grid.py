@@ -75,6 +75,28 @@ def densities(values, flag: str = "--density") -> list[float]:
     return out
 
 
+def gammas(values, flag: str = "--gamma") -> list[float]:
+    """DIP-CA's γ values (``EngineConfig.gamma``), each in [0, 1]."""
+    out = []
+    for item in split(values, flag):
+        try:
+            gamma = float(item)
+        except ValueError:
+            raise ValueError(f"{flag} must be values of DIP-CA's γ in [0, 1], got {item!r}") from None
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"{flag} must be values of DIP-CA's γ in [0, 1], got {item}")
+        out.append(gamma)
+    return out
+
+
+def method_label(method: str, gamma: float | None) -> str:
+    """A row's method: the bundle's, with the γ it ran at where ``--gamma`` set one; γ 1 is DIP's
+    selection (no cache awareness) over DIP-CA's cache."""
+    if gamma is None:
+        return method
+    return "dip (γ 1)" if gamma == 1.0 else f"{method} γ{gamma:g}"
+
+
 def choices(values, flag: str, allowed: tuple[str, ...]) -> list[str]:
     items = split(values, flag)
     for item in items:
@@ -117,17 +139,19 @@ def parse_limit(text: str) -> int | None:
 @dataclass(frozen=True)
 class Case:
     """One configuration of the grid: a row per test (pp, tg) comes from its repetitions. ``bundle``
-    is a ``dipdeploy.bench.bundles.BundleSpec``."""
+    is a ``dipdeploy.bench.bundles.BundleSpec``, or a ``dipdeploy.bench.peers.PeerSpec`` for a peer's row
+    (no budget; its io is the peer's load mode)."""
 
     bundle: object
     budget: str
     io: str
     threads: int
     limit: str = NO_LIMIT  # the cgroup memory limit the run is under
+    gamma: float | None = None  # DIP-CA's γ (``--gamma``); None: the bundle's
 
     def key(self) -> tuple:
         b = self.bundle
-        return (b.model, b.method, b.density, self.budget, self.io, self.threads, self.limit)
+        return (b.model, b.method, b.density, self.budget, self.io, self.threads, self.limit, self.gamma)
 
 
 @dataclass
@@ -135,8 +159,10 @@ class DecodeGrid:
     """What ``dipdeploy bench decode`` runs, every list checked: models (registry names, Hugging Face folders
     or bundle folders), methods and densities (for models only: a bundle runs as exported), budgets, io
     modes, threads, the pp prompt and tg generation lengths (0 leaves that test out), repetitions,
-    whether every test starts cold (``cold``), and the cgroup memory limits the runs are under
-    (``limits``: ``none`` runs in this process)."""
+    whether every test starts cold (``cold``), the cgroup memory limits the runs are under
+    (``limits``: ``none`` runs in this process), DIP-CA's γ values (``gammas``: each DIP-CA bundle runs at
+    each; empty: at the bundle's) and the peers run beside ours (``peers``: ``dipdeploy.bench.peers.PeerSpec``,
+    each at every thread count and limit)."""
 
     models: list[str]
     methods: list[str] = field(default_factory=lambda: ["dip-ca"])
@@ -151,6 +177,8 @@ class DecodeGrid:
     cache: Path = Path("build/bench/bundles")
     cold: bool = False  # the engine drops the MLP file from the page cache before each test (``EngineConfig.cold``)
     limits: list[str] = field(default_factory=lambda: [NO_LIMIT])
+    gammas: list[float] = field(default_factory=list)
+    peers: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -166,9 +194,16 @@ class DecodeGrid:
         return [("pp", p) for p in self.n_prompt if p] + [("tg", n) for n in self.n_gen if n]
 
     def cases(self, specs: list) -> list[Case]:
-        """The product of the bundles (``specs``), the engine's lists and the limits, in flag order."""
-        return [Case(s, b, io, t, lim) for s, b, io, t, lim in
-                itertools.product(specs, self.budgets, self.ios, self.threads, self.limits)]
+        """The product of the bundles (``specs``; a DIP-CA one once per γ of ``gammas``), the engine's lists
+        and the limits, in flag order, then each peer at every thread count and limit."""
+        if self.gammas and not any(s.method == "dip-ca" for s in specs):
+            raise ValueError("--gamma applies to dip-ca rows and the grid has none; give --method dip-ca or a "
+                             "DIP-CA bundle, or leave --gamma out")
+        ours = [Case(s, b, io, t, lim, gamma) for s in specs
+                for gamma in (self.gammas if s.method == "dip-ca" and self.gammas else [None])
+                for b, io, t, lim in itertools.product(self.budgets, self.ios, self.threads, self.limits)]
+        return ours + [Case(p, "", p.io, t, lim) for p in self.peers for t, lim in
+                       itertools.product(self.threads, self.limits)]
 
     def check_size(self, n_cases: int) -> None:
         runs = n_cases * self.repetitions

@@ -3,10 +3,14 @@
 A row is one configuration and one test (``pp512``: prefill tokens/s of a 512-token prompt; ``tg128``:
 decode tokens/s over 128 generated tokens), its figures the mean and the sample standard deviation
 (n − 1; 0 for one repetition) over the repetitions, as llama-bench prints ``t/s``. Flash megabytes per
-token, device megabytes per token and the hit rate are means too, left empty where the engine does not
-report them (device bytes are counted by ``--io direct`` only; a bundle whose every row is resident reads
-nothing). Every writing names the machine: the markdown's first lines, the CSV's machine columns on each
-row (as llama-bench's CSV carries its CPU and commit), the JSON's ``header`` object. Another suite's
+token, device megabytes and requests per token and the hit rate are means too, left empty where the engine
+does not report them (device bytes and requests are counted by ``--io direct`` only; a bundle whose every
+row is resident reads nothing; a peer reports device bytes alone, from ``/proc/self/io``). The cgroup peak
+is the largest over the repetitions (runs in a group only), and ``kept`` a row's tokens/s over its
+configuration's at limit ``none`` where the grid ran that too: what the limit leaves of the speed. A peer's
+row (``dipdeploy.bench.peers``) has no density, budget or Flash figures. Every writing names the machine:
+the markdown's first lines, the CSV's machine columns on each row (as llama-bench's CSV carries its CPU and
+commit), the JSON's ``header`` object. Another suite's
 rows (``dipdeploy.bench.memory.MemoryRow``) are written the same way: a row class names its markdown
 columns (``MD_COLUMNS``) and cells (``cells``), its fields are the CSV's and the JSON's.
 """
@@ -17,7 +21,7 @@ import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import ClassVar
 
 #: ``-o`` values
@@ -35,13 +39,15 @@ class Sample:
     device_mb_per_token: float | None = None
     hit_rate: float | None = None
     io_used: str | None = None
+    cgroup_peak_mb: float | None = None  # the group's peak over the test (a run in a group only)
+    device_requests_per_token: float | None = None  # the requests the device served (``--io direct`` only)
 
 
 @dataclass(frozen=True)
 class Row:
     model: str
     method: str
-    density: float
+    density: float | None  # None: a peer's row (no MLP density)
     budget: str
     io: str
     threads: int
@@ -55,21 +61,28 @@ class Row:
     hit_rate: float | None = None
     limit: str = "none"  # the cgroup memory limit of the runs (none: in this process)
     failed: int = 0  # repetitions under the limit that did not finish (refused or killed)
+    device_requests_per_token: float | None = None
+    cgroup_peak_mb: float | None = None  # the largest over the repetitions
+    kept: float | None = None  # t/s over the same configuration's at limit none (``with_kept``)
 
     MD_COLUMNS: ClassVar[tuple[str, ...]] = ("model", "method", "ρ", "budget", "io", "threads", "limit", "test",
-                                             "t/s", "Flash MB/tok", "device MB/tok", "hit rate", "failed")
+                                             "t/s", "kept", "Flash MB/tok", "device MB/tok", "device req/tok",
+                                             "hit rate", "cgroup peak MB", "failed")
     #: columns left out of the markdown when every row has this value (the CSV and JSON keep them)
-    MD_OPTIONAL: ClassVar[dict[str, str]] = {"limit": "none", "failed": "0"}
+    MD_OPTIONAL: ClassVar[dict[str, str]] = {"limit": "none", "failed": "0", "kept": "", "device req/tok": "",
+                                             "cgroup peak MB": ""}
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def cells(self) -> tuple[str, ...]:
         """The markdown cells, in ``MD_COLUMNS``' order."""
-        return (self.model, self.method, f"{self.density:g}", self.budget, io_label(self.io, self.io_used),
-                str(self.threads), self.limit, self.test, f"{self.tok_s:.2f} ± {self.tok_s_std:.2f}",
+        return (self.model, self.method, "" if self.density is None else f"{self.density:g}", self.budget,
+                io_label(self.io, self.io_used), str(self.threads), self.limit, self.test,
+                f"{self.tok_s:.2f} ± {self.tok_s_std:.2f}", "" if self.kept is None else f"{self.kept:.2f}",
                 _figure(self.flash_mb_per_token, 4), _figure(self.device_mb_per_token, 4),
-                "" if self.hit_rate is None else f"{self.hit_rate:.3f}", str(self.failed))
+                _figure(self.device_requests_per_token, 4), "" if self.hit_rate is None else f"{self.hit_rate:.3f}",
+                "" if self.cgroup_peak_mb is None else f"{self.cgroup_peak_mb:.1f}", str(self.failed))
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -95,7 +108,24 @@ def row(labels: dict, test: str, samples: list[Sample], failed: int = 0) -> Row:
                io_used=used.pop() if len(used) == 1 else ",".join(sorted(u or "?" for u in used)),
                flash_mb_per_token=_mean([s.flash_mb_per_token for s in samples]),
                device_mb_per_token=_mean([s.device_mb_per_token for s in samples]),
-               hit_rate=_mean([s.hit_rate for s in samples]))
+               hit_rate=_mean([s.hit_rate for s in samples]),
+               device_requests_per_token=_mean([s.device_requests_per_token for s in samples]),
+               cgroup_peak_mb=max((s.cgroup_peak_mb for s in samples if s.cgroup_peak_mb is not None), default=None))
+
+
+#: the labels that name a configuration apart from its limit: rows equal in these are one configuration
+_SAME = ("model", "method", "density", "budget", "io", "threads", "test")
+
+
+def with_kept(rows: list[Row], unlimited: str = "none") -> list[Row]:
+    """``rows`` with ``kept`` set on each row under a limit whose configuration also ran at ``unlimited``:
+    its tokens/s over that row's, what the limit leaves of the speed (empty where the grid has no such row)."""
+    base = {tuple(getattr(r, k) for k in _SAME): r.tok_s for r in rows if r.limit == unlimited}
+    out = []
+    for r in rows:
+        ref = base.get(tuple(getattr(r, k) for k in _SAME))
+        out.append(replace(r, kept=r.tok_s / ref) if r.limit != unlimited and ref else r)
+    return out
 
 
 def io_label(asked: str, used: str | None) -> str:
@@ -139,7 +169,8 @@ def markdown(rows: list, header: dict, kind: type = Row) -> str:
 
 
 def _numeric(column: str) -> bool:
-    return column in ("ρ", "threads", "t/s", "tg t/s", "hit rate", "limit hits", "failed") or "MB" in column
+    return (column in ("ρ", "threads", "t/s", "tg t/s", "kept", "hit rate", "limit hits", "failed") or "MB" in column
+            or column.endswith("/tok"))
 
 
 def to_csv(rows: list, header: dict, kind: type = Row) -> str:

@@ -4,7 +4,8 @@ A scenario is a small TOML file under ``benchmarks/scenarios/``: ``suite`` (the 
 (what the table shows), optionally ``published`` (the results file it backs), and a ``[flags]`` table whose
 keys are the suite's options by their long names without dashes (``model``, ``method``, ``budget``,
 ``n_prompt``, ``repetitions``, ...), each value a string, a number or a list of them, as a comma list
-would give them. A flag given on the command line replaces the file's value of that flag; every other
+would give them; a path (``gguf``, ``llama_python``, ...) is one string, ``~`` standing for the home
+folder. A flag given on the command line replaces the file's value of that flag; every other
 flag keeps its default. Unknown keys, a suite other than the one run and a file larger than
 ``MAX_BYTES`` are refused in one line.
 """
@@ -19,7 +20,11 @@ from pathlib import Path
 MAX_BYTES = 64 << 10
 #: the flags each suite takes from a scenario (its options' long names, dashes as underscores)
 _GRID = ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n_gen", "repetitions", "quant")
-FLAGS = {"decode": _GRID + ("limit", "cold"), "memory": _GRID + ("limit",)}
+#: the peer flags: paths, one each (``dipdeploy.bench.peers``)
+_PATHS = ("gguf", "genai_model", "llama_python", "genai_python")
+FLAGS = {"decode": _GRID + ("limit", "cold", "gamma", "peer") + _PATHS, "memory": _GRID + ("limit",)}
+#: flags whose value is one scalar, not a list
+_SCALARS = ("repetitions", "quant") + _PATHS
 _KEYS = ("suite", "title", "published", "flags")
 
 
@@ -41,7 +46,7 @@ class Scenario:
         raw = self.flags.get(name)
         if raw is None:
             return given
-        if name in ("repetitions", "quant", "cold"):
+        if name in _SCALARS:
             return raw
         return [str(v) for v in raw] if isinstance(raw, list) else [str(raw)]
 
@@ -52,14 +57,14 @@ def _flag_value(path: Path, name: str, value) -> None:
         ok = type(value) is int
     elif name == "cold":
         ok = type(value) is bool
-    elif name == "quant":
-        ok = isinstance(value, str)
+    elif name in ("quant",) + _PATHS:
+        ok = isinstance(value, str) and bool(value)
     else:
         ok = (isinstance(value, scalar) and type(value) is not bool) or (
             isinstance(value, list) and value and all(isinstance(v, scalar) and type(v) is not bool for v in value))
     if not ok:
-        want = {"repetitions": "whole number", "quant": "string", "cold": "boolean (true or false)"}.get(
-            name, "value or a list of values")
+        want = {"repetitions": "whole number", "cold": "boolean (true or false)"}.get(
+            name, "string" if name in ("quant",) + _PATHS else "value or a list of values")
         raise ValueError(f"--scenario {path}: flags.{name} = {value!r} is not a {want}")
 
 

@@ -93,7 +93,11 @@ def command_line(suite: str, grid) -> str:
               "-n", ",".join(map(str, grid.n_gen)), "-r", str(grid.repetitions), "--quant", grid.quant]
     if grid.cold:
         words.append("--cold")
-    return shlex.join(words)
+    if grid.gammas:
+        words += ["--gamma", ",".join(f"{v:g}" for v in grid.gammas)]
+    from dipdeploy.bench.peers import flag_words
+
+    return shlex.join(words + flag_words(grid.peers))
 
 
 # The options both suites take (typer wants each declared in the signature; the objects are shared).
@@ -120,6 +124,12 @@ FORMAT = typer.Option(None, "--format", "-o", help="md | csv | json [default: md
 OUT = typer.Option(None, "--output", help="write the rows to this file (atomically) instead of stdout",
                    rich_help_panel=OUTPUT)
 FORCE = typer.Option(False, "--force", help="overwrite an existing --output file", rich_help_panel=OUTPUT)
+PEERS_PANEL = "Peers (rows of other engines, in the same run)"
+
+
+def _path(value) -> Optional[Path]:
+    """A path flag's value, from the command line (a Path) or a scenario file (a string, ~ allowed)."""
+    return None if value in (None, "") else Path(str(value)).expanduser()
 
 
 def _grid(suite: str, o: dict, quick: bool):
@@ -157,14 +167,26 @@ def _grid(suite: str, o: dict, quick: bool):
         kw["repetitions"] = o["repetitions"]
     elif quick:
         kw["repetitions"] = g.QUICK_REPETITIONS
+    peers = None
     if suite == "memory":
         from dipdeploy.bench.memory import MemoryGrid
 
         grid = MemoryGrid(**kw)
     else:
+        from dipdeploy.bench.peer_child import PEERS
+        from dipdeploy.bench.peers import PeerFlags, check
+
+        kw["gammas"] = g.gammas(o.get("gamma"))
+        peers = PeerFlags(tuple(g.choices(o.get("peer"), "--peer", PEERS)), _path(o.get("gguf")),
+                          _path(o.get("genai_model")), _path(o.get("llama_python")), _path(o.get("genai_python")))
         grid = g.DecodeGrid(**kw)
+        check(peers, grid.models)  # every peer flag refused before a model is loaded or an interpreter started
     for target in grid.models:
         check_model(target)
+    if peers is not None and peers.peers:
+        from dipdeploy.bench.peers import resolve
+
+        grid.peers = resolve(peers, grid.models)  # each interpreter asked for its package's version
     return grid, scenario
 
 
@@ -241,12 +263,26 @@ def decode_cmd(
                                               "group of that limit, page cache counted [default: none]",
                                               rich_help_panel=MEMORY),
     threads: Optional[List[str]] = THREADS, quant: Optional[str] = QUANT,
+    gamma: Optional[List[str]] = typer.Option(None, "--gamma", help="DIP-CA's γ in [0, 1]: each dip-ca "
+                                              "configuration once per value (γ 1: DIP's selection) [default: "
+                                              "the bundle's]", rich_help_panel=ADVANCED),
+    peer: Optional[List[str]] = typer.Option(None, "--peer", help="peers run as rows beside ours: llama.cpp | "
+                                             "llama.cpp-no-repack | genai, each in its own venv's interpreter",
+                                             rich_help_panel=PEERS_PANEL),
+    gguf: Optional[Path] = typer.Option(None, "--gguf", help="llama.cpp's model [default: the GGUF of the -m "
+                                        "registry model, if already in the cache]", rich_help_panel=PEERS_PANEL),
+    genai_model: Optional[Path] = typer.Option(None, "--genai-model", help="onnxruntime-genai's model folder "
+                                               "(its builder's output)", rich_help_panel=PEERS_PANEL),
+    llama_python: Optional[Path] = typer.Option(None, "--llama-python", help="the Python of the venv with "
+                                                "llama-cpp-python", rich_help_panel=PEERS_PANEL),
+    genai_python: Optional[Path] = typer.Option(None, "--genai-python", help="the Python of the venv with "
+                                                "onnxruntime-genai", rich_help_panel=PEERS_PANEL),
     bundle_cache: Path = CACHE, fmt: Optional[str] = FORMAT, output: Optional[Path] = OUT, force: bool = FORCE,
 ) -> None:
     """Prefill and decode tokens/s of the host runtime, llama-bench's pp and tg rows: every combination of
     the comma lists, each repeated round-robin, mean ± standard deviation per row. A registry model is
-    exported once per method and density into --bundle-cache. The table goes to stdout (or --output),
-    progress to stderr."""
+    exported once per method and density into --bundle-cache; --peer adds llama.cpp and onnxruntime-genai
+    rows to the same run. The table goes to stdout (or --output), progress to stderr."""
     _run("decode", dict(locals()))
 
 
