@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 from dipdeploy.agreement import compare_logits, tolerance_for
 from dipdeploy.cache import RowCache
 from dipdeploy.cli import app
+from dipdeploy.ops.native import library_path
 from dipdeploy.runtime import Engine, Sampler
+from dipdeploy.runtime.native_cache import graph_step_library
 from dipdeploy.runtime.chat import Chat
 
 pytestmark = pytest.mark.numerics
@@ -181,3 +183,18 @@ def test_prefill_chunk_is_refused_in_the_config():
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match="prefill chunk"):
             EngineConfig(prefill_chunk=bad)
+
+
+@pytest.mark.skipif(library_path() is None or graph_step_library(str(library_path())) is None,
+                    reason="needs the op library with the graph's cache step (make ops)")
+def test_the_groups_hold_no_chunk_selection_after_a_batched_prefill(tiny_dipca_bundle):
+    """The joined graph's batched prefill copies each chunk's selection into its group for the settle; the
+    settle gives it back, or every group of every layer would keep tokens × k indices after a prompt."""
+    eng = Engine(tiny_dipca_bundle(), dram_budget="50%", io="direct", fused=True)
+    try:
+        got = eng.generate(PROMPT, 2, stop_at_eos=False)
+        assert got.stats.prefill == "batch" and type(eng.backend).__name__ == "JoinedDecoder"
+        states = [slab.native_state() for pair in eng.slabs for slab in pair]
+        assert states and all(s.chunk_bytes() == 0 for s in states)
+    finally:
+        eng.close()

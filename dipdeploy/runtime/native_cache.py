@@ -59,6 +59,8 @@ def cache_library(path: str):
         lib.dd_cache_direct.argtypes = [_P, ctypes.c_int, _P, ctypes.c_int, _I64, _I64, _I64, _P, _I64]
     if hasattr(lib, "dd_cache_prefill"):  # the graph's batched prefill
         lib.dd_cache_prefill.restype, lib.dd_cache_prefill.argtypes = _I64, [_P, _I64, _P]
+    if hasattr(lib, "dd_cache_chunk_bytes"):
+        lib.dd_cache_chunk_bytes.restype, lib.dd_cache_chunk_bytes.argtypes = _I64, [_P]
     if hasattr(lib, "dd_cache_read_ahead"):  # CachePrefetch's switch
         lib.dd_cache_read_ahead.restype, lib.dd_cache_read_ahead.argtypes = _I64, [_P, _I64, ctypes.c_int]
     if hasattr(lib, "dd_cache_draft"):  # a speculative draft over the resident rows (dipdeploy.runtime.speculate)
@@ -260,6 +262,12 @@ class NativeCache:
         self._full = buffers  # kept alive: the library holds their addresses
         pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
         _check(self._lib.dd_cache_prefill(self._handle, len(buffers), pointers), self.rows)
+
+    def chunk_bytes(self) -> int:
+        """The bytes the group still holds for a batched prefill's chunk (the selection the settle warms the
+        cache from): 0 once each chunk has settled, so the groups of every layer never hold their selections
+        at once."""
+        return int(_check(self._lib.dd_cache_chunk_bytes(self._handle), self.rows))
 
     def pull(self, cache: RowCache, table: SlotTable) -> None:
         """Copy the state into the numpy reference objects (which then own it)."""

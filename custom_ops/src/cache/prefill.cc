@@ -130,4 +130,11 @@ __attribute__((visibility("default"))) int64_t dd_cache_prefill(void * gp, int64
   return 0;
 }
 
+// The bytes a group still holds for a batched prefill's chunk (its selection's capacity): none once the
+// chunk has settled. Tests read it (tests/test_prefill.py); the runtime does not.
+__attribute__((visibility("default"))) int64_t dd_cache_chunk_bytes(void * gp) {
+  const Group * g = static_cast<const Group *>(gp);
+  return g ? int64_t(g->chunk.capacity() * sizeof(int64_t)) : kBadArgs;
+}
+
 }  // extern "C"
