@@ -308,3 +308,25 @@ def memory_cmd(
     Rows: planned residency, peak RSS, the group's peak (page cache included), the times it hit the limit,
     decode tokens/s, and whether the run finished, was refused by the engine or killed by the limit."""
     _run("memory", dict(locals()))
+
+
+@bench_app.command("plot", cls=PanelCommand,
+                   short_help="tokens/s against the cgroup memory limit from `bench decode` JSON rows, as a PNG")
+def plot_cmd(
+    rows: List[Path] = typer.Argument(..., help="the JSON of one or more `bench decode --output ROWS.json` runs "
+                                      "(e.g. one per --limit)"),
+    output: Path = typer.Option(..., "--output", help="the PNG to write (atomically)", rich_help_panel=OUTPUT),
+    test: str = typer.Option("tg128", "--test", help="the test whose tok/s is drawn, e.g. tg32 or pp512",
+                             rich_help_panel=BASIC),
+    title: str = typer.Option("", "--title", help="the plot's title [default: the test's]", rich_help_panel=BASIC),
+    force: bool = FORCE,
+) -> None:
+    """One line per configuration (model, method, ρ, budget, threads): its tok/s at each limit, its unlimited
+    speed at the right, the repetitions' standard deviation as error bars."""
+    from dipdeploy.bench.plot import load_rows, plot
+
+    try:
+        written = plot(load_rows(rows), output, test, title, force)
+    except (ValueError, FileExistsError, OSError) as err:
+        fail(err)
+    typer.echo(f"wrote {written}", err=True)
