@@ -102,7 +102,7 @@ def summarise(rows, model, device):
     return out
 
 
-def markdown(args, trace_desc, summary, sanity, rows, elapsed, models, devices) -> str:
+def markdown(args, trace_desc, summary, sanity, rows, elapsed, models, devices, source=SOURCE_MODEL) -> str:
     lines = [
         "# Simulated throughput vs DRAM: dense-static vs DIP vs DIP-CA (`benchmarks/simulate.py`)",
         "",
@@ -110,7 +110,7 @@ def markdown(args, trace_desc, summary, sanity, rows, elapsed, models, devices) 
         f"are **simulated** device figures, not measurements on the devices). Run took {elapsed:.0f} s "
         f"(`{'--quick' if args.quick else 'full'}`).",
         "",
-        f"Conditions: trace = {trace_desc}; {args.tokens_used} tokens replayed on the SmolLM2 shape, "
+        f"Conditions: trace = {trace_desc}; {args.tokens_used} tokens replayed on the {source} shape, "
         f"{args.proj_tokens_used} on projected shapes, first {args.warmup} unmeasured (cache warm-up); precision "
         f"{args.precision} ({'4.25' if args.precision == 'bq4' else args.precision} bits/weight for every weight); "
         f"KV cache ignored (context 0, as in the paper's simulator); DIP-CA γ = {args.gamma} re-masked from the "
@@ -118,7 +118,7 @@ def markdown(args, trace_desc, summary, sanity, rows, elapsed, models, devices) 
         f"input mask: an approximation); tokens/s = 1 / mean(DRAM time + Flash time), serial. DRAM sweep: "
         f"{args.steps} budgets from the non-MLP size (no MLP cached) to the whole model.",
         "",
-        "Phi-3-Medium and Mistral-7B rows are **extrapolated**: the SmolLM2 access pattern mapped onto the "
+        f"Phi-3-Medium and Mistral-7B rows are **extrapolated**: the {source} access pattern mapped onto the "
         "larger widths by rank (each source row → a block of co-selected rows, scattered by a fixed permutation) "
         "and layers by relative depth (dipdeploy/sim/pattern.py).",
         "",
@@ -131,9 +131,9 @@ def markdown(args, trace_desc, summary, sanity, rows, elapsed, models, devices) 
           f"{'≈0.29' if r.device == 'a18-paper' else '—'} |" for r in sanity],
         "",
         "The paper's headline (Phi-3-Medium, at ΔPPL < 0.1): DIP-CA needs 46 % less DRAM for dense's throughput, "
-        "or gives +40 % tokens/s at equal DRAM. The rows below are at the trace's density (ρ = 0.5, where DIP "
-        "costs SmolLM2 about ×1.3–1.45 in perplexity, docs/method.md) on an access pattern extrapolated from "
-        "SmolLM2, so they are not the same operating point; accuracy is not part of the simulation.",
+        "or gives +40 % tokens/s at equal DRAM. The rows below are at the trace's density (what DIP costs in "
+        f"perplexity there: the {source} accuracy results) on an access pattern extrapolated from "
+        f"{source}, so they are not the same operating point; accuracy is not part of the simulation.",
         "",
         "## Summary vs dense-static",
         "",
@@ -175,9 +175,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="two devices, fewer tokens/budgets/policies (< 2 min)")
     ap.add_argument("--json", dest="json_out", help="write all rows (and the summary) to this JSON file")
-    ap.add_argument("--trace", help="SmolLM2 DIP trace (.npz) from `dipdeploy trace`")
+    ap.add_argument("--trace", help="a DIP trace (.npz) from `dipdeploy trace` (default: SmolLM2's)")
     ap.add_argument("--synthetic", action="store_true", help="use a synthetic Zipf-like trace instead")
-    ap.add_argument("--tokens", type=int, default=256, help="tokens of the trace replayed on the SmolLM2 shape")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens of the trace replayed on its own model's shape")
     ap.add_argument("--proj-tokens", type=int, default=64, help="tokens replayed on projected shapes")
     ap.add_argument("--steps", type=int, default=9, help="DRAM budgets per sweep (odd: the middle is f = 0.5)")
     ap.add_argument("--warmup", type=int, default=16, help="first tokens replayed but not measured")
@@ -212,11 +212,13 @@ def main(argv=None) -> None:
         rows += part
         for d in devices:
             summary += summarise(part, model, d)
-            plot_curves([r for r in part if r.device == d], RESULTS / f"simulate-{model}-{d}.png",
+            # a projection names its source when the trace is not SmolLM2's, so it keeps SmolLM2's plots
+            stem = model if model == trace.model or trace.model == SOURCE_MODEL else f"{model}-from-{trace.model}"
+            plot_curves([r for r in part if r.device == d], RESULTS / f"simulate-{stem}-{d}.png",
                         title=f"{model} on {d}, {args.precision}", force=True)
     sanity = [simulate(None, SimConfig(device=d, model="phi-3-medium", method="dense", policy="static",
                                        precision="bq4", dram_budget=4e9)) for d in ("a18-paper", "a18")]
-    text = markdown(args, desc, summary, sanity, rows, time.time() - t0, models, devices)
+    text = markdown(args, desc, summary, sanity, rows, time.time() - t0, models, devices, trace.model)
     out = Path(args.out)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(text)
