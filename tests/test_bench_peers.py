@@ -5,6 +5,7 @@ The peer child is exercised on a fake runner and behind a mocked subprocess: no 
 Behaviour only: no test reads a timing."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +262,19 @@ def test_the_issue_54_scenario_holds_the_peers_and_the_gamma_sweep(tmp_path):
     assert isinstance(sc.value("llama_python", None), str) and sc.value("llama_python", Path("x")) == Path("x")
     _one_line_refusal(runner.invoke(app, ["bench", "decode", "--scenario", str(_scenario(
         tmp_path, 'suite = "decode"\n[flags]\ngguf = ["a", "b"]\n'))]), "flags.gguf", "string")
+
+
+def test_our_engine_and_the_peers_reserve_the_same_context():
+    """A limit weighs on every engine alike: ours reserves the KV cache of the tests' positions, as the
+    peers are given (not the engine's larger default)."""
+    from dipdeploy.bench.decode import engine_options, needed_context
+    from dipdeploy.bench.peers import child_spec
+
+    grid = g.DecodeGrid(models=["m"], n_prompt=[128], n_gen=[32])
+    case = grid.cases([BundleSpec("m", "dip-ca", 0.5, "b")])[0]
+    need = needed_context(grid)
+    assert need == 128 and engine_options(case, need, False)["context"] == need
+    from dipdeploy.bench.peers import PeerSpec
+
+    peer = PeerSpec("llama.cpp", "m", "llama.cpp 0 mmap repack", Path("m.gguf"), "python", "mmap")
+    assert child_spec(peer, grid.tests(), need, 2, False, None)["context"] == need

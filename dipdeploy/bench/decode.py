@@ -75,11 +75,9 @@ def prompt_ids(engine, n: int) -> list[int]:
 
 def engine_options(case: Case, need: int, cold: bool) -> dict:
     """The ``EngineConfig`` fields of ``case`` for runs of ``need`` positions (plain values: a child process
-    is handed them as JSON); the context is the engine's default unless the runs need more."""
-    from dipdeploy.runtime.budget import DEFAULT_CONTEXT
-
-    options = {"dram_budget": case.budget, "io": case.io, "threads": case.threads, "cold": cold,
-               "context": None if need <= DEFAULT_CONTEXT else need}
+    is handed them as JSON). The context is ``need``, the one the peers get (``peers.child_spec``): the KV
+    cache a budget reserves is the tests', so a limit weighs on the engines alike."""
+    options = {"dram_budget": case.budget, "io": case.io, "threads": case.threads, "cold": cold, "context": need}
     if case.bundle.policy:
         options["policy"] = case.bundle.policy
     if case.gamma is not None:
