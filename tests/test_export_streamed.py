@@ -125,7 +125,7 @@ def test_unknown_device_is_refused(tmp_path):
 
 
 def test_streamed_gguf_gives_the_eager_bundle_of_the_same_gguf(tmp_path, data_dir, monkeypatch):
-    """A GGUF (Q8_0 matrices) streamed tensor by tensor (``loading.GGUFCheckpoint``, no fp32 copy written)
+    """A GGUF (Q8_0 matrices) streamed tensor by tensor (``checkpoint.GGUFCheckpoint``, no fp32 copy written)
     and calibrated layer by layer gives the bundle of the eager export of the same file (transformers'
     whole-file dequantisation, then its fp32 copy), byte for byte."""
     from dipdeploy.loading import load_model
