@@ -11,8 +11,10 @@ import ctypes
 import ctypes.util
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -109,15 +111,45 @@ class StreamedCheckpoint:
         return_freed_heap()
 
 
+#: Bytes of fp32 output dequantised at a time from a GGUF tensor. gguf's whole-tensor dequantisation keeps
+#: every row group's result until it joins them, beside the output and the groups' temporaries, so the
+#: model's largest matrices (the embedding, an untied lm_head) would cost several times their fp32 size
+#: at once; GGUF blocks never span two rows, so a block of rows dequantises to the same values alone.
+GGUF_BLOCK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """Where one tensor lies in a GGUF file and how it is stored: what reading it needs, without the
+    reader (whose parsed metadata, the vocabulary and merges among it, is large and no longer needed)."""
+
+    name: str  # the GGUF name (``blk.N.ffn_up.weight``)
+    kind: int  # gguf.GGMLQuantizationType
+    dtype: np.dtype  # of the stored array: uint8 blocks for quantised types, with the file's byte order
+    shape: tuple[int, ...]  # of the stored array: rows first, then bytes (or values) per row
+    offset: int  # from the start of the file
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+
 class GGUFCheckpoint(StreamedCheckpoint):
-    """A GGUF file read lazily, tensor by tensor: the file is memory-mapped (``gguf.GGUFReader``) and a
-    tensor is dequantised only when its module is materialised, so a streamed export of a GGUF needs
-    no fp32 copy of the model on disk (4 bytes per weight) nor in memory.
+    """A GGUF file read lazily, tensor by tensor: a tensor is read and dequantised only when its module is
+    materialised, so a streamed export of a GGUF needs no fp32 copy of the model on disk (4 bytes per
+    weight) nor in memory.
+
+    The file's metadata is parsed once (``gguf.GGUFReader``) for the tensors' places, then dropped. A
+    tensor is read with plain file reads, :data:`GGUF_BLOCK_BYTES` of output at a time, into the fp32
+    array it becomes: only that array and one block are held, and no page of the file stays mapped into
+    the process (a memory-mapped read would leave every page it touched counted in its resident memory
+    for as long as the mapping lives).
 
     Names and values are transformers' own GGUF loading (``modeling_gguf_pytorch_utils``): its name map
-    (``get_gguf_hf_weights_map``, GGUF ``blk.N.*`` → HF paths) and its per-architecture tensor processor
-    (Llama's q/k head permutation undone, Gemma's norm offset), applied to one tensor at a time, so each
-    tensor is the one the eager load (and the cached fp32 copy) holds (``tests/test_loading.py``)."""
+    (``get_gguf_hf_weights_map``, GGUF ``blk.N.*`` → HF paths), gguf's dequantisation and its
+    per-architecture tensor processor (Llama's q/k head permutation undone, Gemma's norm offset), applied
+    to one tensor at a time, so each tensor is the one the eager load (and the cached fp32 copy) holds
+    (``tests/test_loading.py``)."""
 
     def __init__(self, gguf: Path, model: torch.nn.Module):
         from gguf import GGUFReader
@@ -126,22 +158,55 @@ class GGUFCheckpoint(StreamedCheckpoint):
 
         self.directory = gguf
         self.lora = {}
-        self.reader = GGUFReader(str(gguf))
+        reader = GGUFReader(str(gguf))
         # The processors read HF-named config keys (num_attention_heads, …), which the model's config holds
         # with the values transformers parsed from this file's metadata: no second parse.
         self.parsed = {"config": model.config.to_dict()}
-        architecture = read_field(self.reader, "general.architecture")[0]
+        architecture = read_field(reader, "general.architecture")[0]
         self.processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=self.parsed["config"])
         self.mapping = get_gguf_hf_weights_map(model, self.processor)
-        self.by_hf = {self.mapping[t.name]: t for t in self.reader.tensors if t.name in self.mapping}
+        self.by_hf = {self.mapping[t.name]: GGUFTensor(t.name, t.tensor_type, t.data.dtype, tuple(t.data.shape),
+                                                       int(t.data_offset))
+                      for t in reader.tensors if t.name in self.mapping}
         self.files = {name: gguf.name for name in self.by_hf}
 
     def _tensor(self, name: str) -> torch.Tensor:
-        import numpy as np
-        from gguf import dequantize
-
         t = self.by_hf[name]
-        weights = dequantize(t.data, t.tensor_type)
+        with open(self.directory, "rb", buffering=0) as f:
+            weights = _dequantized(f, t)
         result = self.processor.process(weights=weights, name=t.name, tensor_key_mapping=self.mapping,
                                         parsed_parameters=self.parsed)
-        return torch.from_numpy(np.copy(result.weights))
+        out = np.ascontiguousarray(result.weights)
+        return torch.from_numpy(out if out.flags.writeable else np.copy(out))
+
+
+def _dequantized(f, t: GGUFTensor) -> np.ndarray:
+    """Tensor ``t`` of the open file ``f`` in fp32, dequantised a block of rows at a time into one array."""
+    from gguf import dequantize
+
+    if len(t.shape) < 2:
+        return dequantize(_read(f, t, 0, 1), t.kind)
+    rows = t.shape[0]
+    first = dequantize(_read(f, t, 0, 1), t.kind)
+    step = max(1, GGUF_BLOCK_BYTES // max(1, first.nbytes))
+    out = np.empty((rows, *first.shape[1:]), dtype=first.dtype)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        out[start:stop] = dequantize(_read(f, t, start, stop), t.kind)
+    return out
+
+
+def _read(f, t: GGUFTensor, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of ``t`` as stored, read from the file into a fresh array (all of a 1-D tensor
+    when it has no rows to split)."""
+    shape = (stop - start, *t.shape[1:]) if len(t.shape) > 1 else t.shape
+    buf = np.empty(shape, dtype=t.dtype)
+    view = memoryview(buf.reshape(-1).view(np.uint8))
+    f.seek(t.offset + start * t.row_bytes)
+    done = 0
+    while done < len(view):
+        n = f.readinto(view[done:])
+        if not n:
+            raise OSError(f"{f.name}: the file ends inside tensor {t.name!r}; the GGUF is truncated")
+        done += n
+    return buf
