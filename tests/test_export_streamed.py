@@ -125,7 +125,7 @@ def test_unknown_device_is_refused(tmp_path):
 
 
 def test_streamed_gguf_gives_the_eager_bundle_of_the_same_gguf(tmp_path, data_dir, monkeypatch):
-    """A GGUF (Q8_0 matrices) streamed tensor by tensor (``loading.GGUFCheckpoint``, no fp32 copy written)
+    """A GGUF (Q8_0 matrices) streamed tensor by tensor (``checkpoint.GGUFCheckpoint``, no fp32 copy written)
     and calibrated layer by layer gives the bundle of the eager export of the same file (transformers'
     whole-file dequantisation, then its fp32 copy), byte for byte."""
     from dipdeploy.loading import load_model
@@ -177,3 +177,35 @@ def test_calibrate_stream_refuses_what_needs_the_whole_model(tmp_path, data_dir,
     line = res.output.strip()
     assert res.exit_code == 2 and len(line.splitlines()) == 1 and line.startswith("error:"), res.output
     assert named in line and "--no-stream" in line and not out.exists()
+
+
+def test_streamed_export_releases_the_quantised_embedding(tmp_path):
+    """Nothing reads a streamed model's torch embedding once its int4 rows are taken (no validation, the head
+    quantised apart or from those rows): the table goes back to ``meta`` instead of being written back."""
+    from dipdeploy.export.bundle import export
+    from dipdeploy.export.prepare import make_plan
+    from dipdeploy.loading import load_model
+
+    lm = load_model("tiny-llama", stream=True)
+    cfg = ExportConfig(model="tiny-llama", rho_in=0.6, quant="bq4", stream=True, validate_tokens=0)
+    export(lm, cfg, tmp_path / "b", make_plan(lm, cfg))
+    assert lm.model.get_input_embeddings().weight.is_meta and lm.model.get_output_embeddings().weight.is_meta
+
+
+def test_write_back_in_row_blocks_is_the_whole_dequantisation(monkeypatch):
+    """The eager reference's fake-quantised weights are written a block of rows at a time, across the
+    modules a packed matrix stacks ([q; k; v]): the same values as the whole matrix dequantised at once."""
+    import numpy as np
+
+    import dipdeploy.export.source as source
+    from dipdeploy.quant.api import dequantize_rows, quantize_dense
+    from dipdeploy.quant.config import Block4QuantConfig
+
+    torch.manual_seed(0)
+    modules = [torch.nn.Linear(64, 20), torch.nn.Linear(64, 17)]
+    rows = torch.cat([m.weight for m in modules]).detach().numpy()
+    packed = quantize_dense(rows, Block4QuantConfig())
+    monkeypatch.setattr(source, "WRITE_BACK_BYTES", 4 * 64 * 6)  # 6 rows a block, straddling the two modules
+    source.ModelSource._assign(modules, packed)
+    got = torch.cat([m.weight for m in modules]).detach().numpy()
+    assert np.array_equal(got, dequantize_rows(packed)) and not np.array_equal(got, rows)

@@ -34,6 +34,7 @@ FLOORS = {
     "torchdevice": 2,  # which torch device a stage runs on: a leaf (torch imported on call) for any torch floor
     # floor 3
     "loading": 3, "sparsity": 3, "ops": 3,
+    "checkpoint": 3,  # a streamed model's weights read one module at a time (safetensors, GGUF); loading hands it out
     # floor 4
     "export": 4, "eval": 4, "finetune": 4, "sim": 4,
     # floor 5

@@ -58,7 +58,8 @@ def test_gguf_path_shares_the_cache():
 def test_streamed_gguf_reads_each_tensor_as_the_eager_load_holds_it(smollm2, tmp_path, monkeypatch):
     """A streamed GGUF is dequantised tensor by tensor (no fp32 copy written): every tensor equals the
     eager model's (the same transformers dequantisation and q/k un-permutation, one tensor at a time)."""
-    from dipdeploy.loading import GGUFCheckpoint, _embedded_gguf
+    from dipdeploy.checkpoint import GGUFCheckpoint
+    from dipdeploy.loading import _embedded_gguf
 
     monkeypatch.setenv("DIPDEPLOY_CACHE", str(tmp_path / "cache"))  # no fp32 copy there: none may be made
     gguf = str(_embedded_gguf(get_model("smollm2-135m")))

@@ -273,3 +273,19 @@ def test_block_quantiser_in_row_chunks_gives_the_same_bytes(cfg, monkeypatch):
     assert whole.arrays().keys() == chunked.arrays().keys()
     for name, arr in whole.arrays().items():
         assert np.array_equal(arr, chunked.arrays()[name]), name
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_weight_is_found_in_any_row_block(bad, monkeypatch):
+    """The finiteness check runs a few rows at a time (no whole-matrix mask): a bad value in the last
+    block, in a middle one or in the first is refused all the same."""
+    import dipdeploy.quant.api as api
+
+    monkeypatch.setattr(api, "CHECK_BYTES", 4 * 64 * 5)  # 5 rows a block
+    w = np.random.default_rng(0).standard_normal((23, 64)).astype(np.float32)
+    assert np.array_equal(api.check_rows(w), w)
+    for row in (0, 11, 22):
+        x = w.copy()
+        x[row, 63] = bad
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            api.check_rows(x)

@@ -27,7 +27,19 @@ from dipdeploy.sparsity.scores import Fold, fold_layer
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to(dtype=torch.float32, device="cpu").numpy().copy()
+    return _view(t).copy()
+
+
+def _view(t: torch.Tensor) -> np.ndarray:
+    """``t`` as float32 numpy, sharing its memory where it is float32 on the CPU already (a copy of a
+    large table would double it while it is quantised)."""
+    return t.detach().to(dtype=torch.float32, device="cpu").numpy()
+
+
+#: Bytes of fp32 rows dequantised at a time when quantised values are written back into the torch model:
+#: each row decodes alone, so blocks give the whole matrix's values without its integer codes and fp32
+#: copy beside the weight.
+WRITE_BACK_BYTES = 32 << 20
 
 
 @dataclass
@@ -81,6 +93,8 @@ class ModelSource:
         self.int4_embedding = self.dense_cfg is not None and embedding == "int4"
         self._embedding: Embedding | None = None
         self._untie_if_quantised()
+        # decided once: a streamed export releases the embedding (and a tied head with it) once it is quantised
+        self._tied = self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
 
     def quant_dict(self) -> dict | None:
         if self.mlp_cfg is None:
@@ -97,7 +111,7 @@ class ModelSource:
 
     @property
     def tied(self) -> bool:
-        return self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
+        return self._tied
 
     # -- pieces ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -121,19 +135,23 @@ class ModelSource:
     def embedding(self) -> Embedding:
         """The table as the bundle stores it (``blocks.Embedding``), quantised once: an int4 table's
         dequantised rows are written back into the model (and so into a tied lm_head), as every other
-        quantised weight is."""
+        quantised weight is; a streamed model's table (and a tied head) is released instead, since
+        nothing reads it again. The fp32 table is not copied: an fp32 bundle stores the model's own."""
         if self._embedding is None:
             module = self.model.get_input_embeddings()
-            w = _np(module.weight)
+            w = _view(module.weight)
             vocab, dim = w.shape
             if not self.int4_embedding:
                 self._embedding = Embedding("fp32", vocab, dim, {"weight": w})
             else:
                 packed = quantize_dense(w, self.mlp_cfg)
-                with torch.no_grad():
-                    module.weight.copy_(torch.from_numpy(dequantize_rows(packed)).to(module.weight.dtype))
+                del w
+                if self.write_back:
+                    self._assign([module], packed)
+                else:
+                    self._drop([module, self.model.get_output_embeddings()] if self.tied else [module])
                 self.stats.dense_bits += 8 * packed.nbytes
-                self.stats.dense_params += w.size
+                self.stats.dense_params += vocab * dim
                 self._embedding = Embedding("nbits", vocab, dim, {
                     "qweight": packed.qweight.reshape(vocab, -1), "scales": packed.scales.astype(np.float32)},
                     block_size=self.dense_cfg.block_size)
@@ -141,8 +159,10 @@ class ModelSource:
 
     def _linear(self, weights: list[torch.nn.Linear]) -> Linear:
         """Rows of several nn.Linear stacked ([q; k; v]) as one Linear, quantised if asked."""
-        # [out, in]: one copy, made from views of the torch weights (a 7B lm_head: vocab × d fp32)
-        w = np.concatenate([m.weight.detach().to(dtype=torch.float32, device="cpu").numpy() for m in weights], axis=0)
+        # [out, in]: the torch weight itself (an lm_head: vocab × d fp32), or one copy of several stacked
+        views = [_view(m.weight) for m in weights]
+        w = views[0] if len(views) == 1 else np.concatenate(views, axis=0)
+        del views
         biases = [m.bias for m in weights]
         bias = np.concatenate([_np(b) for b in biases]) if all(b is not None for b in biases) else None
         out_f, in_f = w.shape
@@ -150,10 +170,11 @@ class ModelSource:
             return Linear("fp32", in_f, out_f, {"weight": np.ascontiguousarray(w.T)}, bias)
         self._drop(weights)
         packed = quantize_dense(w, self.mlp_cfg)
+        del w  # a streamed module's storage, kept until now by this view of it
         if self.write_back:
-            self._assign(weights, dequantize_rows(packed))
+            self._assign(weights, packed)
         self.stats.dense_bits += 8 * packed.nbytes
-        self.stats.dense_params += w.size
+        self.stats.dense_params += out_f * in_f
         B, nb = self.dense_cfg.block_size, packed.n_blocks
         arrays = {"qweight": packed.qweight.reshape(out_f, nb, B // 2),
                   "scales": packed.scales.astype(np.float32).reshape(-1)}
@@ -169,11 +190,16 @@ class ModelSource:
 
     @staticmethod
     @torch.no_grad()
-    def _assign(modules: list[torch.nn.Linear], rows: np.ndarray) -> None:
+    def _assign(modules: list[torch.nn.Module], packed) -> None:
+        """The dequantised rows of ``packed`` into the weights of ``modules`` (stacked in this order), a
+        block of rows at a time (:data:`WRITE_BACK_BYTES`)."""
+        step = max(1, WRITE_BACK_BYTES // (4 * packed.cols))
         start = 0
         for m in modules:
             n = m.weight.shape[0]
-            m.weight.copy_(torch.from_numpy(rows[start:start + n]).to(m.weight.dtype))
+            for i in range(0, n, step):
+                rows = dequantize_rows(packed, np.arange(start + i, start + min(n, i + step)))
+                m.weight[i:i + len(rows)].copy_(torch.from_numpy(rows).to(m.weight.dtype))
             start += n
 
     def _norm(self, module) -> np.ndarray:

@@ -75,7 +75,7 @@ class WeightStore:
         if pad:
             f.write(b"\0" * pad)
         offset = pos + pad
-        f.write(array.tobytes())
+        f.write(memoryview(array.reshape(-1)).cast("B"))  # the array's own bytes: no copy of a large one
         self.entries[name] = TensorEntry(name, file, offset, array.nbytes, array.dtype.name, tuple(array.shape), layout)
         self._protos[name] = external_tensor(name, array.dtype, array.shape, file, offset, array.nbytes)
         return self.proto(name)

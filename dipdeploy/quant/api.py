@@ -70,9 +70,19 @@ def check_rows(rows: np.ndarray) -> np.ndarray:
         raise ValueError(f"expected a non-empty 2-D row matrix [R, C], got shape {rows.shape}")
     if not np.issubdtype(rows.dtype, np.floating):
         raise ValueError(f"expected floating-point weights, got dtype {rows.dtype}")
-    if not np.isfinite(rows).all():
+    if not all(np.isfinite(block).all() for block in _row_blocks(rows)):
         raise ValueError("weights contain NaN or Inf; fix the checkpoint before quantising")
     return np.ascontiguousarray(rows, dtype=np.float32)
+
+
+#: Bytes of a matrix checked at a time by :func:`check_rows`: its mask of finite values is one byte per
+#: weight, a large temporary for a large vocabulary's embedding or lm_head when made whole.
+CHECK_BYTES = 8 << 20
+
+
+def _row_blocks(rows: np.ndarray):
+    step = max(1, CHECK_BYTES // max(1, rows[0].nbytes))
+    return (rows[i:i + step] for i in range(0, rows.shape[0], step))
 
 
 def quantize(rows: np.ndarray, cfg, *, row_weight: np.ndarray | None = None,

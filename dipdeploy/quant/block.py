@@ -134,23 +134,31 @@ def _encode(x: np.ndarray, cfg: _BlockIntConfig, ratio: float):
 #: Input bytes quantised at a time: every step works per row (each block's scale, codes and packed bytes
 #: depend on that row alone), so row chunks give the same bytes while bounding the temporaries (about
 #: eight input-sized arrays with the scale search) to a few times the chunk instead of eight times a whole
-#: 7B MLP matrix ([4096, 28672] fp32).
-CHUNK_BYTES = 32 << 20
+#: 7B MLP matrix ([4096, 28672] fp32) or a large vocabulary's lm_head.
+CHUNK_BYTES = 8 << 20
 
 
 def quantize_block(rows: np.ndarray, cfg: _BlockIntConfig, row_weight: np.ndarray | None = None) -> BlockQuantTensor:
     """Round-to-nearest (or, with ``cfg.scale_search``, the per-block best clipping ratio), in row chunks
-    of about :data:`CHUNK_BYTES`.
+    of about :data:`CHUNK_BYTES`, each written into the packed arrays as it is done (no second copy of
+    them from joining the chunks).
 
     ``row_weight`` is ignored: it is constant within a block in the sparse row layout, so it cannot
     change any per-block choice.
     """
     R, C = rows.shape
+    if R == 0:
+        return BlockQuantTensor(cfg, R, C, *_quantize_rows(rows, cfg))
     step = max(1, CHUNK_BYTES // max(1, 4 * C))
-    parts = [_quantize_rows(rows[i:i + step], cfg) for i in range(0, R, step)] or [_quantize_rows(rows, cfg)]
-    qweight, scales, zeros = (np.concatenate(arrays) if arrays[0] is not None else None
-                              for arrays in zip(*parts))
-    return BlockQuantTensor(cfg, R, C, qweight, scales, zeros)
+    out = None
+    for i in range(0, R, step):
+        parts = _quantize_rows(rows[i:i + step], cfg)
+        if out is None:  # the packed widths are known from the first chunk
+            out = [None if a is None else np.empty((R, a.shape[1]), dtype=a.dtype) for a in parts]
+        for whole, part in zip(out, parts):
+            if whole is not None:
+                whole[i:i + len(part)] = part
+    return BlockQuantTensor(cfg, R, C, *out)
 
 
 def _quantize_rows(rows: np.ndarray, cfg: _BlockIntConfig):

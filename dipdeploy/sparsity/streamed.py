@@ -1,7 +1,7 @@
 """Calibration of a streamed model: the weights stay on disk, one decoder layer is in memory at a time.
 
 The split search of :mod:`dipdeploy.sparsity.calibrate` runs each candidate input share as a whole
-forward pass; a streamed model (``dipdeploy.loading.StreamedCheckpoint``) cannot hold the model for
+forward pass; a streamed model (``dipdeploy.checkpoint.StreamedCheckpoint``) cannot hold the model for
 that. Here the same forwards run in the sequential order GPTQ uses: one forward pass through the HF
 model with every decoder layer replaced by a recorder records what each layer is called with (the
 embedding output, the attention mask of its layer type, the RoPE tables, the positions); then layer i
