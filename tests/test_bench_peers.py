@@ -278,3 +278,19 @@ def test_our_engine_and_the_peers_reserve_the_same_context():
 
     peer = PeerSpec("llama.cpp", "m", "llama.cpp 0 mmap repack", Path("m.gguf"), "python", "mmap")
     assert child_spec(peer, grid.tests(), need, 2, False, None)["context"] == need
+
+
+def test_accuracy_levels_run_each_of_our_configurations_once_per_level_and_label_them():
+    from dipdeploy.bench.decode import engine_options, labels
+
+    specs = [BundleSpec("m", "dense", 1.0, "a", policy="static"), BundleSpec("m", "dip-ca", 0.5, "b")]
+    cases = g.DecodeGrid(models=["m"], gammas=[0.5], accuracy_levels=g.accuracy_levels(["0,4"])).cases(specs)
+    assert [(c.bundle.method, c.gamma, c.accuracy_level) for c in cases] == [
+        ("dense", None, 0), ("dense", None, 4), ("dip-ca", 0.5, 0), ("dip-ca", 0.5, 4)]
+    assert [labels(c)["method"] for c in cases] == ["dense L0", "dense L4", "dip-ca γ0.5 L0", "dip-ca γ0.5 L4"]
+    assert engine_options(cases[1], 64, False)["accuracy_level"] == 4
+    assert "accuracy_level" not in engine_options(g.DecodeGrid(models=["m"]).cases(specs)[0], 64, False)
+    assert len({c.key() for c in cases}) == 4
+    for bad in ("2", "x", "4,,0"):
+        with pytest.raises(ValueError, match="--accuracy-level"):
+            g.accuracy_levels([bad])

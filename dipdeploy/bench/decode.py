@@ -82,6 +82,8 @@ def engine_options(case: Case, need: int, cold: bool) -> dict:
         options["policy"] = case.bundle.policy
     if case.gamma is not None:
         options["gamma"] = case.gamma
+    if case.accuracy_level is not None:
+        options["accuracy_level"] = case.accuracy_level
     return options
 
 
@@ -168,7 +170,7 @@ def measure(case: Case, grid: DecodeGrid) -> dict[str, Sample]:
 
 def labels(case: Case) -> dict:
     b: BundleSpec = case.bundle
-    return {"model": b.model, "method": method_label(b.method, case.gamma), "density": b.density,
+    return {"model": b.model, "method": method_label(b.method, case.gamma, case.accuracy_level), "density": b.density,
             "budget": case.budget, "io": case.io, "threads": case.threads, "limit": case.limit}
 
 
@@ -177,7 +179,7 @@ def _describe(case: Case) -> str:
     limit = "" if case.limit == NO_LIMIT else f", limit {case.limit}"
     if b.density is None:  # a peer
         return f"{b.model} {b.method}, {case.threads} thread(s){limit}"
-    return (f"{b.model} {method_label(b.method, case.gamma)} ρ {b.density:g}, budget {case.budget}, io {case.io}, "
+    return (f"{b.model} {method_label(b.method, case.gamma, case.accuracy_level)} ρ {b.density:g}, budget {case.budget}, io {case.io}, "
             f"{case.threads} thread(s){limit}")
 
 

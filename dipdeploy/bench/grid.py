@@ -89,12 +89,26 @@ def gammas(values, flag: str = "--gamma") -> list[float]:
     return out
 
 
-def method_label(method: str, gamma: float | None) -> str:
-    """A row's method: the bundle's, with the γ it ran at where ``--gamma`` set one; γ 1 is DIP's
-    selection (no cache awareness) over DIP-CA's cache."""
-    if gamma is None:
-        return method
-    return "dip (γ 1)" if gamma == 1.0 else f"{method} γ{gamma:g}"
+def accuracy_levels(values, flag: str = "--accuracy-level") -> list[int]:
+    """The native kernels' accuracy levels (``EngineConfig.accuracy_level``: 0 fp32 activations, 4 int8),
+    each one the bundles can run at."""
+    from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
+
+    out = []
+    for item in split(values, flag):
+        if not item.isdigit() or int(item) not in BUNDLE_ACCURACY_LEVELS:
+            raise ValueError(f"{flag} must be accuracy levels among {', '.join(map(str, BUNDLE_ACCURACY_LEVELS))}, "
+                             f"got {item!r}")
+        out.append(int(item))
+    return out
+
+
+def method_label(method: str, gamma: float | None, level: int | None = None) -> str:
+    """A row's method: the bundle's, with the γ it ran at where ``--gamma`` set one (γ 1 is DIP's
+    selection, no cache awareness, over DIP-CA's cache) and the accuracy level where
+    ``--accuracy-level`` set one."""
+    name = method if gamma is None else "dip (γ 1)" if gamma == 1.0 else f"{method} γ{gamma:g}"
+    return name if level is None else f"{name} L{level}"
 
 
 def choices(values, flag: str, allowed: tuple[str, ...]) -> list[str]:
@@ -148,10 +162,12 @@ class Case:
     threads: int
     limit: str = NO_LIMIT  # the cgroup memory limit the run is under
     gamma: float | None = None  # DIP-CA's γ (``--gamma``); None: the bundle's
+    accuracy_level: int | None = None  # ``--accuracy-level``; None: the bundle's
 
     def key(self) -> tuple:
         b = self.bundle
-        return (b.model, b.method, b.density, self.budget, self.io, self.threads, self.limit, self.gamma)
+        return (b.model, b.method, b.density, self.budget, self.io, self.threads, self.limit, self.gamma,
+                self.accuracy_level)
 
 
 @dataclass
@@ -178,6 +194,7 @@ class DecodeGrid:
     cold: bool = False  # the engine drops the MLP file from the page cache before each test (``EngineConfig.cold``)
     limits: list[str] = field(default_factory=lambda: [NO_LIMIT])
     gammas: list[float] = field(default_factory=list)
+    accuracy_levels: list[int] = field(default_factory=list)  # each of ours once per level; empty: the bundle's
     peers: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -199,8 +216,9 @@ class DecodeGrid:
         if self.gammas and not any(s.method == "dip-ca" for s in specs):
             raise ValueError("--gamma applies to dip-ca rows and the grid has none; give --method dip-ca or a "
                              "DIP-CA bundle, or leave --gamma out")
-        ours = [Case(s, b, io, t, lim, gamma) for s in specs
+        ours = [Case(s, b, io, t, lim, gamma, level) for s in specs
                 for gamma in (self.gammas if s.method == "dip-ca" and self.gammas else [None])
+                for level in (self.accuracy_levels or [None])
                 for b, io, t, lim in itertools.product(self.budgets, self.ios, self.threads, self.limits)]
         return ours + [Case(p, "", p.io, t, lim) for p in self.peers for t, lim in
                        itertools.product(self.threads, self.limits)]

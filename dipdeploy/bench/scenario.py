@@ -22,7 +22,7 @@ MAX_BYTES = 64 << 10
 _GRID = ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n_gen", "repetitions", "quant")
 #: the peer flags: paths, one each (``dipdeploy.bench.peers``)
 _PATHS = ("gguf", "genai_model", "llama_python", "genai_python")
-FLAGS = {"decode": _GRID + ("limit", "cold", "gamma", "peer") + _PATHS, "memory": _GRID + ("limit",)}
+FLAGS = {"decode": _GRID + ("limit", "cold", "gamma", "accuracy_level", "peer") + _PATHS, "memory": _GRID + ("limit",)}
 #: flags whose value is one scalar, not a list
 _SCALARS = ("repetitions", "quant") + _PATHS
 _KEYS = ("suite", "title", "published", "flags")

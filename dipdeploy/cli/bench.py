@@ -95,6 +95,8 @@ def command_line(suite: str, grid) -> str:
         words.append("--cold")
     if grid.gammas:
         words += ["--gamma", ",".join(f"{v:g}" for v in grid.gammas)]
+    if grid.accuracy_levels:
+        words += ["--accuracy-level", ",".join(map(str, grid.accuracy_levels))]
     from dipdeploy.bench.peers import flag_words
 
     return shlex.join(words + flag_words(grid.peers))
@@ -177,6 +179,7 @@ def _grid(suite: str, o: dict, quick: bool):
         from dipdeploy.bench.peers import PeerFlags, check
 
         kw["gammas"] = g.gammas(o.get("gamma"))
+        kw["accuracy_levels"] = g.accuracy_levels(o.get("accuracy_level"))
         peers = PeerFlags(tuple(g.choices(o.get("peer"), "--peer", PEERS)), _path(o.get("gguf")),
                           _path(o.get("genai_model")), _path(o.get("llama_python")), _path(o.get("genai_python")))
         grid = g.DecodeGrid(**kw)
@@ -266,6 +269,10 @@ def decode_cmd(
     gamma: Optional[List[str]] = typer.Option(None, "--gamma", help="DIP-CA's γ in [0, 1]: each dip-ca "
                                               "configuration once per value (γ 1: DIP's selection) [default: "
                                               "the bundle's]", rich_help_panel=ADVANCED),
+    accuracy_level: Optional[List[str]] = typer.Option(None, "--accuracy-level", help="the native kernels' "
+                                                       "accuracy levels, as `run --accuracy-level`: each of our "
+                                                       "configurations once per level (0: fp32 activations, 4: "
+                                                       "int8) [default: the bundle's]", rich_help_panel=ADVANCED),
     peer: Optional[List[str]] = typer.Option(None, "--peer", help="peers run as rows beside ours: llama.cpp | "
                                              "llama.cpp-no-repack | genai, each in its own venv's interpreter",
                                              rich_help_panel=PEERS_PANEL),
