@@ -22,8 +22,8 @@ def test_series_order_limits_with_no_limit_last_and_drop_unmeasured_rows():
     rows = [_row("dip-ca", "none", 9.0), _row("dip-ca", "838MB", 3.0), _row("dip-ca", "559MB", 1.5),
             _row("llama.cpp", "559MB", 0.0, density=None, repetitions=0), _row("dip-ca", "none", 20.0, test="pp128")]
     got = series(rows, "tg32")
-    assert list(got) == ["m dip-ca ρ 0.5 budget 50% t2"]
-    assert [p[0] for p in got["m dip-ca ρ 0.5 budget 50% t2"]] == [559_000_000, 838_000_000, None]
+    assert list(got) == ["m dip-ca ρ 0.5 t2"]
+    assert [p[0] for p in got["m dip-ca ρ 0.5 t2"]] == [559_000_000, 838_000_000, None]
 
 
 def test_plot_joins_runs_writes_a_png_and_keeps_an_existing_one(tmp_path):

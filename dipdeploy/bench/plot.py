@@ -45,15 +45,16 @@ def load_rows(paths: list[Path]) -> list[dict]:
 
 
 def series(rows: list[dict], test: str) -> dict[str, list[tuple[int | None, float, float]]]:
-    """Configuration label → (limit in bytes or None, tok/s, std) of the rows of ``test`` that measured
-    something, each configuration's points ordered by limit with no limit last."""
+    """Configuration label (model, method, ρ, threads) → (limit in bytes or None, tok/s, std) of the rows of
+    ``test`` that measured something, each configuration's points ordered by limit with no limit last."""
     out: dict[str, list] = defaultdict(list)
     for r in rows:
         if r["test"] != test or not r.get("repetitions") or r.get("tok_s") is None:
             continue
         density = r.get("density")
+        # no budget in the label: a run per limit gives each limit the budget that fits under it, and a
+        # configuration's line joins them
         label = " ".join(str(x) for x in (r["model"], r["method"], "" if density in (None, "") else f"ρ {density:g}",
-                                          f"budget {r['budget']}" if r.get("budget") else "",
                                           f"t{r['threads']}") if x)
         out[label].append((parse_limit(r.get("limit") or NO_LIMIT), float(r["tok_s"]), float(r.get("tok_s_std") or 0)))
     return {k: sorted(v, key=lambda p: (p[0] is None, p[0] or 0)) for k, v in out.items()}
@@ -75,7 +76,7 @@ def plot(rows: list[dict], out: str | os.PathLike, test: str, title: str = "", f
     limits = sorted({p[0] for pts in curves.values() for p in pts if p[0] is not None})
     position = {lim: i for i, lim in enumerate(limits)}
     unlimited = len(limits)
-    fig, ax = plt.subplots(figsize=(7.2, 4.4))
+    fig, ax = plt.subplots(figsize=(10.5, 4.6))
     for name, pts in curves.items():
         xs = [unlimited if lim is None else position[lim] for lim, _, _ in pts]
         ax.errorbar(xs, [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", ms=4, capsize=3, label=name,
@@ -86,7 +87,7 @@ def plot(rows: list[dict], out: str | os.PathLike, test: str, title: str = "", f
     ax.set_ylabel(f"{test} tokens/s")
     ax.set_title(title or f"{test} tokens/s against the memory limit", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: the lines stay visible
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
