@@ -31,7 +31,9 @@ def constants() -> list[tuple[str, str, object, str]]:
     return [
         ("int", "MAX_NEW_TOKENS", defaults.MAX_NEW_TOKENS, "dipdeploy.defaults.MAX_NEW_TOKENS"),
         ("int", "CHAT_MAX_NEW_TOKENS", defaults.CHAT_MAX_NEW_TOKENS, "dipdeploy.defaults.CHAT_MAX_NEW_TOKENS"),
-        ("int", "THREADS", EngineConfig.threads, "dipdeploy.runtime.config.EngineConfig.threads"),
+        # None in Python is the physical cores; ORT's own 0 means the same (its default intra-op pool size)
+        ("int", "THREADS", 0 if EngineConfig.threads is None else EngineConfig.threads,
+         "dipdeploy.runtime.config.EngineConfig.threads (None: the physical cores; 0, ORT's default, the same)"),
         ("int", "CONTEXT", DEFAULT_CONTEXT, "dipdeploy.runtime.budget.DEFAULT_CONTEXT"),
         ("String", "POLICY", SparsityConfig.policy, "dipdeploy.sparsity.plan.SparsityConfig.policy"),
         ("double", "CACHE_FRAC", SparsityConfig.cache_frac, "dipdeploy.sparsity.plan.SparsityConfig.cache_frac"),

@@ -146,3 +146,41 @@ def test_engine_config_refuses_bad_thread_options():
         Engine("nowhere", threads=0)
     with pytest.raises(ValueError, match="thread pool global: choose one of"):
         Engine("nowhere", thread_pool="global")
+
+
+def _topology(root, cpus):
+    """Fake sysfs: ``cpus`` maps a CPU number to its (package, core), or None for a CPU without topology."""
+    for cpu, where in cpus.items():
+        topo = root / f"sys/devices/system/cpu/cpu{cpu}/topology"
+        topo.mkdir(parents=True)
+        if where is not None:
+            (topo / "physical_package_id").write_text(f"{where[0]}\n")
+            (topo / "core_id").write_text(f"{where[1]}\n")
+
+
+def test_physical_cores_count_smt_siblings_once_within_the_affinity_mask(tmp_path, monkeypatch):
+    from dipdeploy.runtime.threadpool import physical_cores
+
+    # two packages of two cores, each core with two SMT threads (CPU n and n + 4 are siblings)
+    _topology(tmp_path, {n: (n // 2, n % 2) for n in range(4)} | {n + 4: (n // 2, n % 2) for n in range(4)})
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    assert physical_cores(tmp_path) == 4
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 4, 1})  # a mask with one SMT pair
+    assert physical_cores(tmp_path) == 2
+
+
+def test_physical_cores_fall_back_to_the_mask_without_topology(tmp_path, monkeypatch):
+    from dipdeploy.runtime.threadpool import physical_cores
+
+    _topology(tmp_path, {0: None, 1: None, 2: None})
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2})
+    assert physical_cores(tmp_path) == 3
+
+
+def test_the_engine_defaults_to_the_physical_cores():
+    from dipdeploy.limits import MAX_THREADS
+    from dipdeploy.runtime.config import EngineConfig
+    from dipdeploy.runtime.threadpool import physical_cores
+
+    assert EngineConfig().threads == min(physical_cores(), MAX_THREADS) >= 1
+    assert EngineConfig(threads=1).threads == 1

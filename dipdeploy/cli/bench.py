@@ -116,7 +116,8 @@ BUDGET = typer.Option(None, "--budget", help="DRAM budgets as `run --dram-budget
                       "MLP bytes (50%) or a total (120MB) [default: 50%]", rich_help_panel=MEMORY)
 IO = typer.Option(None, "--io", help="Flash reads as `run --io`: auto | mmap | pread | direct [default: auto]",
                   rich_help_panel=IO_PANEL)
-THREADS = typer.Option(None, "--threads", "-t", help="ORT intra-op threads [default: 1]", rich_help_panel=ADVANCED)
+THREADS = typer.Option(None, "--threads", "-t", help="ORT intra-op threads [default: the physical cores, as "
+                       "llama-bench's]", rich_help_panel=ADVANCED)
 QUANT = typer.Option(None, "--quant", help="MLP weight format of the bundles exported for a model [default: bq4]",
                      rich_help_panel=ADVANCED)
 CACHE = typer.Option(Path("build/bench/bundles"), "--bundle-cache", help="where bundles of models are exported "
@@ -141,6 +142,7 @@ def _grid(suite: str, o: dict, quick: bool):
     from dipdeploy.bench.bundles import METHODS, check_model
     from dipdeploy.export.config import EXPORT_QUANTS
     from dipdeploy.limits import MAX_THREADS
+    from dipdeploy.runtime.threadpool import physical_cores
     from dipdeploy.runtime.flash import IO_CHOICES
 
     scenario = None
@@ -159,7 +161,7 @@ def _grid(suite: str, o: dict, quick: bool):
         densities=g.densities(o["density"]) or [0.5],
         budgets=g.budgets(o["budget"]) or [g.DEFAULT_BUDGET],
         ios=g.choices(o["io"], "--io", IO_CHOICES) or ["auto"],
-        threads=g.ints(o["threads"], "-t/--threads", 1, MAX_THREADS, "threads") or [1],
+        threads=g.ints(o["threads"], "-t/--threads", 1, MAX_THREADS, "threads") or [min(physical_cores(), MAX_THREADS)],
         n_prompt=g.ints(o["n_prompt"], "-p/--n-prompt", 0, g.MAX_PROMPT, "tokens")
         or [g.QUICK_PROMPT if quick else g.DEFAULT_PROMPT],
         n_gen=g.ints(o["n_gen"], "-n/--n-gen", 0, g.MAX_GEN, "tokens") or [g.QUICK_GEN if quick else g.DEFAULT_GEN],

@@ -72,7 +72,7 @@ def chat_cmd(
     accuracy_level: Optional[int] = LEVEL, native: Optional[bool] = NATIVE, flash_bandwidth: Optional[str] = FLASH,
     flash_device: Optional[str] = FLASH_DEVICE, io: str = IO, io_threads: Optional[int] = IO_THREADS,
     io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT, prefill: str = PREFILL,
-    prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: int = THREADS,
+    prefill_chunk: int = PREFILL_CHUNK, context: Optional[int] = CONTEXT, threads: Optional[int] = THREADS,
     thread_pool: str = THREAD_POOL, single_session: Optional[bool] = SINGLE, fused: Optional[bool] = FUSED,
     prefetch: Optional[bool] = PREFETCH, speculate: int = SPECULATE, draft: Optional[str] = DRAFT,
     temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P,

@@ -71,7 +71,8 @@ PREFILL_CHUNK = typer.Option(_E.prefill_chunk, "--prefill-chunk", help="--prefil
                              "activations stay within the plan", rich_help_panel=ADVANCED)
 PREFILL_PROGRESS = 64  # prompts from this many tokens on show the prefill's progress (long with --prefill token)
 THREADS = typer.Option(_E.threads, "--threads", "-t", help="ORT intra-op threads (prefill and decode; the sessions run "
-                       "one at a time)", rich_help_panel=BASIC)
+                       "one at a time) [default: the physical cores, as llama.cpp's -t]", show_default=False,
+                       rich_help_panel=BASIC)
 THREAD_POOL = typer.Option(_E.thread_pool, "--thread-pool", help="above 1 thread: per-session (each session's own "
                            "pool, workers sleep when idle) | shared (onnxruntime's one pool for the process; its "
                            "workers spin)", rich_help_panel=ADVANCED)
@@ -290,7 +291,7 @@ def run_cmd(
     flash_device: Optional[str] = FLASH_DEVICE,
     cold: bool = COLD, io: str = IO, io_threads: Optional[int] = IO_THREADS, io_engine: str = IO_ENGINE,
     io_gap: int = IO_GAP, cache_split: str = CACHE_SPLIT, prefill: str = PREFILL, prefill_chunk: int = PREFILL_CHUNK,
-    context: Optional[int] = CONTEXT, threads: int = THREADS, thread_pool: str = THREAD_POOL,
+    context: Optional[int] = CONTEXT, threads: Optional[int] = THREADS, thread_pool: str = THREAD_POOL,
     pin_from: Optional[Path] = PIN, verify: bool = VERIFY, single_session: Optional[bool] = SINGLE,
     fused: Optional[bool] = FUSED, prefetch: Optional[bool] = PREFETCH, speculate: int = SPECULATE,
     draft: Optional[str] = DRAFT, temperature: float = TEMPERATURE,

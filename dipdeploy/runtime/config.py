@@ -18,7 +18,7 @@ from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_ENGINE_CHOICES, IO_GAP
 from dipdeploy.runtime.budget import DramBudget
 from dipdeploy.runtime.flash import IO_AUTO, IO_CHOICES, emulation
-from dipdeploy.runtime.threadpool import THREAD_POOLS
+from dipdeploy.runtime.threadpool import THREAD_POOLS, physical_cores
 from dipdeploy.sparsity.plan import SparsityConfig
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class EngineConfig:
     the op library (custom_ops/src/cache/, the rules of ``dipdeploy.cache``, decision for decision);
     False keeps them in numpy (the reference); None: whenever the native kernels are used
     (dipdeploy/runtime/DESIGN.md).
-    ``threads``: ORT intra-op threads of every session; above 1, ``thread_pool`` says whose pool runs
+    ``threads``: ORT intra-op threads of every session (None: the physical cores); above 1, ``thread_pool`` says whose pool runs
     them: each session's own, not spinning ("per-session"), or ORT's one pool for the process
     ("shared", sized once per process): ``dipdeploy.runtime.threadpool``.
     ``shared_staging``: every group's staging slots on the same pages (``dipdeploy.runtime.staging``), so
@@ -120,7 +120,7 @@ class EngineConfig:
     accuracy_level: int | None = None
     native: bool | None = None
     native_cache: bool | None = None  # the per-token cache step in the op library; None: with `native`
-    threads: int = 1
+    threads: int | None = None  # None: the physical cores (threadpool.physical_cores), llama.cpp's default
     thread_pool: str = "per-session"  # "shared": ORT's one global pool for the process (threadpool.py)
     flash_bandwidth: float | None = None  # emulate a device of this bandwidth on top of the real reads
     flash_device: str | None = None  # ... or a device profile's (dipdeploy.sim.devices), with its request cost
@@ -166,6 +166,8 @@ class EngineConfig:
         _cap("context", self.context, MAX_TOKENS, "tokens")
         if self.accuracy_level is not None and self.accuracy_level not in BUNDLE_ACCURACY_LEVELS:
             raise FieldError("accuracy_level", f"must be 0 (float32) or 4 (int8), got {self.accuracy_level}")
+        if self.threads is None:
+            self.threads = min(physical_cores(), MAX_THREADS)
         if self.threads < 1:
             raise FieldError("threads", f"must be >= 1, got {self.threads}")
         _cap("threads", self.threads, MAX_THREADS, "threads")

@@ -28,10 +28,32 @@ One thread per-session needs no pool at all (ORT runs every node on the calling 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 #: ``EngineConfig.thread_pool`` values (see the module docstring)
 THREAD_POOLS = ("per-session", "shared")
+
+
+def physical_cores(root: str | Path = "/") -> int:
+    """The physical cores this process may run on: ``EngineConfig.threads``' default, as llama.cpp's
+    ``-t`` defaults to them. SMT siblings share a core's execution units, so a second thread per core
+    adds synchronisation and no arithmetic. Counted as the distinct (package, core) pairs of the CPUs in
+    the process's affinity mask, from sysfs; where the topology is not readable, the CPUs of the mask.
+    ``root`` re-roots the sysfs paths (tests give a folder of fake files)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        topo = Path(root) / f"sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
+        except OSError:
+            return max(1, len(cpus))
+    return max(1, len(cores))
 
 
 class ThreadPoolConflict(ValueError):

@@ -12,8 +12,8 @@ public final class Defaults {
     public static final int MAX_NEW_TOKENS = 64;
     /** dipdeploy.defaults.CHAT_MAX_NEW_TOKENS */
     public static final int CHAT_MAX_NEW_TOKENS = 128;
-    /** dipdeploy.runtime.config.EngineConfig.threads */
-    public static final int THREADS = 1;
+    /** dipdeploy.runtime.config.EngineConfig.threads (None: the physical cores; 0, ORT's default, the same) */
+    public static final int THREADS = 0;
     /** dipdeploy.runtime.budget.DEFAULT_CONTEXT */
     public static final int CONTEXT = 1024;
     /** dipdeploy.sparsity.plan.SparsityConfig.policy */

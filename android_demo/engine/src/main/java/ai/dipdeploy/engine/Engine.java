@@ -55,7 +55,7 @@ public final class Engine implements AutoCloseable {
         public String policy;            // null: the manifest's (Defaults.POLICY when absent), else lru/lfu/none
         public double cacheFrac = -1;    // < 0: the manifest's cache_frac (Defaults.CACHE_FRAC when absent)
         public String cacheSplit = Defaults.CACHE_SPLIT; // how those bytes are shared by the groups: reads | even
-        public int threads = Defaults.THREADS;
+        public int threads = Defaults.THREADS;  // 0: ORT's default, the physical cores
         public String nativeLibraryPath; // e.g. context.getApplicationInfo().nativeLibraryDir + "/libdipdeploy_ops.so"
         public int maxContext = Defaults.CONTEXT; // KV-cache tokens, at most the bundle's positions
     }
