@@ -150,3 +150,23 @@ def write_atomic(path: Path, data: bytes | str, force: bool = False) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def write_figure(fig, out: Path, dpi: int = 120) -> Path:
+    """Save a matplotlib figure as a PNG at ``out`` atomically (a temporary sibling renamed in, so a kill
+    leaves the old file or none) and close it; ``out`` already passed ``check_output``."""
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=dpi)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private
+        os.replace(tmp, out)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out

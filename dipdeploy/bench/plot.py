@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 from dipdeploy.bench.grid import NO_LIMIT, parse_limit
-from dipdeploy.paths import check_output
+from dipdeploy.paths import check_output, write_figure
 
 #: files one plot reads (each a ``bench decode --output X.json``)
 MAX_FILES = 32
@@ -89,15 +88,4 @@ def plot(rows: list[dict], out: str | os.PathLike, test: str, title: str = "", f
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: the lines stay visible
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private
-        os.replace(tmp, out)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    return write_figure(fig, out)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from dipdeploy.paths import check_output
+from dipdeploy.paths import check_output, write_figure
 from dipdeploy.sim.simulate import SimResult
 
 
@@ -41,15 +40,4 @@ def plot_curves(rows: list[SimResult], out: str | os.PathLike, title: str = "", 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private
-        os.replace(tmp, out)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    return write_figure(fig, out)
