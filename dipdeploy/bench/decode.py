@@ -22,7 +22,8 @@ the table, and each test's row carries the group's peak over the test. An interr
 run: the rows keep the repetitions done before it.
 
 With ``gammas`` (``--gamma``) each DIP-CA bundle runs once per γ (``EngineConfig.gamma``), so one run
-sweeps the cache awareness of one export. The peers (``dipdeploy.bench.peers``) run the same tests, on
+sweeps the cache awareness of one export; with ``accuracy_levels`` (``--accuracy-level``) each of our
+configurations runs once per native accuracy level (int8 activations at 4, as the peers compute). The peers (``dipdeploy.bench.peers``) run the same tests, on
 the same passage, in children of their own interpreters, each repetition interleaved with ours.
 """
 
