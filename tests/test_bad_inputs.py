@@ -309,3 +309,19 @@ def test_default_context_fits_the_bundle_and_an_explicit_one_is_checked(bundle):
     eng.close()
     with pytest.raises(ValueError, match="give --context 256 or less"):
         Engine(bundle, native=False, context=257)
+
+
+def test_trace_refuses_a_missing_wikitext_before_it_loads_the_model(tmp_path, monkeypatch):
+    """The texts are found before the model is loaded (minutes for a real model), so a missing data folder is
+    one line at once."""
+    monkeypatch.delenv("DIPDEPLOY_DATA", raising=False)
+    monkeypatch.setattr("dipdeploy.data._hf_datasets_rows", lambda split: None)
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the text was found")
+
+    monkeypatch.setattr("dipdeploy.loading.load_model", no_load)
+    r = CliRunner().invoke(app, ["trace", "-m", "tiny-llama", "--method", "dip", "--rho-in", "0.6",
+                                 "-o", str(tmp_path / "t.npz")])
+    assert r.exit_code == 2 and "WikiText-2" in r.output and "--data-dir" in r.output, r.output
+    assert not (tmp_path / "t.npz").exists()

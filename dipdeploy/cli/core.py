@@ -507,8 +507,13 @@ def trace_cmd(
         cfg = None if p is not None or method == "dense" else SparsityConfig(
             method=method, density=density, rho_in=rho_in, gamma=gamma, policy=policy, cache_frac=cache_frac)
         check_inputs(model=model)
-        from dipdeploy.data import calibration_windows, load_text, windows as make_windows
+        from dipdeploy.data import calibration_windows, load_text, wikitext_text, windows as make_windows
         from dipdeploy.loading import load_model
+
+        # the texts before the model: a missing WikiText-2 is one line now, not after minutes of loading
+        text = load_text("wikitext2", split, text_file, data_dir)
+        if p is None and cfg is not None:
+            wikitext_text("validation", data_dir)  # calibration's text (calibration_windows reads it again)
         from dipdeploy.sparsity.calibrate import calibrate
         from dipdeploy.sparsity.plan import uniform_plan
         from dipdeploy.sparsity.trace import record_trace
@@ -525,7 +530,7 @@ def trace_cmd(
                 calib = calibration_windows(lm.tokenizer, defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN, data_dir)
                 p = calibrate(lm, cfg, calib)
         with progress.stage(f"trace {tokens} tokens"):
-            ids = make_windows(lm.tokenizer, load_text("wikitext2", split, text_file, data_dir), tokens, 1)
+            ids = make_windows(lm.tokenizer, text, tokens, 1)
             trace = record_trace(lm, p, ids, meta={"text": str(text_file) if text_file else f"wikitext2/{split}"})
     except (ValueError, OSError, KeyError) as err:
         fail(err)
