@@ -75,30 +75,38 @@ def densities(values, flag: str = "--density") -> list[float]:
     return out
 
 
+def _engine_field(name: str, value, flag: str) -> None:
+    """Refuse ``value`` of ``EngineConfig.<name>`` with the engine's own check (its one definition of the
+    range), named as ``flag``, as ``budgets`` does."""
+    from dipdeploy.runtime.config import EngineConfig, FieldError
+
+    try:
+        EngineConfig(**{name: value})
+    except FieldError as err:
+        raise ValueError(err.named(flag)) from None
+
+
 def gammas(values, flag: str = "--gamma") -> list[float]:
-    """DIP-CA's γ values (``EngineConfig.gamma``), each in [0, 1]."""
+    """DIP-CA's γ values (``EngineConfig.gamma``), each in the range the engine takes."""
     out = []
     for item in split(values, flag):
         try:
             gamma = float(item)
         except ValueError:
             raise ValueError(f"{flag} must be values of DIP-CA's γ in [0, 1], got {item!r}") from None
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"{flag} must be values of DIP-CA's γ in [0, 1], got {item}")
+        _engine_field("gamma", gamma, flag)
         out.append(gamma)
     return out
 
 
 def accuracy_levels(values, flag: str = "--accuracy-level") -> list[int]:
     """The native kernels' accuracy levels (``EngineConfig.accuracy_level``: 0 fp32 activations, 4 int8),
-    each one the bundles can run at."""
-    from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
-
+    each one the engine takes."""
     out = []
     for item in split(values, flag):
-        if not item.isdigit() or int(item) not in BUNDLE_ACCURACY_LEVELS:
-            raise ValueError(f"{flag} must be accuracy levels among {', '.join(map(str, BUNDLE_ACCURACY_LEVELS))}, "
-                             f"got {item!r}")
+        if not item.isdigit():
+            raise ValueError(f"{flag} must be whole numbers, accuracy levels such as 0 or 4, got {item!r}")
+        _engine_field("accuracy_level", int(item), flag)
         out.append(int(item))
     return out
 
