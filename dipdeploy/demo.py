@@ -83,12 +83,12 @@ def chat_hint(cfg: DemoConfig, bundle: str) -> list[str]:
 def run_demo(cfg: DemoConfig, force: bool, progress: Progress) -> tuple[list[DemoRow], bool]:
     """The rows (dense first) and whether the native op library ran them."""
     from dipdeploy.data import load_text
-    from dipdeploy.ops.native import library_path
+    from dipdeploy.ops.native import library_path, missing_library_hint
 
     text = load_text("wikitext2", "test", None, cfg.data_dir)  # missing data fails before minutes of work
     native = library_path() is not None
     progress("native op library: " + ("found" if native else "not built, running the ONNX fallback functions "
-                                       "(slower; `make ops` builds it)"))
+                                       f"(slower; {missing_library_hint()})"))
     rows = []
     configs = [("dense", 1.0)] + [("DIP-CA", d) for d in cfg.densities]
     for n, (label, density) in enumerate(configs, 1):

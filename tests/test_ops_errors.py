@@ -122,7 +122,7 @@ def test_builders_reject_bad_arguments() -> None:
 
 def test_missing_library_error_names_the_fix(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv(ENV_LIB, str(tmp_path / "nope.so"))
-    with pytest.raises(FileNotFoundError, match="make ops"):
+    with pytest.raises(FileNotFoundError, match="unset it"):
         require_library()
 
 

@@ -128,8 +128,13 @@ def export_cmd(
             table.add_row(shown(k), f"{v:.4g}" if isinstance(v, float) else shown(v))
     console.print(table)
     console.print(f"{summary['seconds']} s in all; steps (s): {shown(summary['steps_s'])}")
-    console.print(f"run it: dipdeploy inspect {shown(out)} --prompt TEXT [--native]  (in your own ORT code, "
-                  f"register {shown(out)}/libdipdeploy_ops.so with SessionOptions.register_custom_ops_library for the native kernels)")
+    from dipdeploy.ops.native import library_path
+
+    lib = library_path()
+    console.print(f"run it: dipdeploy run {shown(out)} -p TEXT  (in your own ORT code, register "
+                  + (f"{shown(lib)}, the op library dipdeploy runs on," if lib else "the op library")
+                  + " with SessionOptions.register_custom_ops_library for the native kernels; a bundle's own copy "
+                  "is code: `dipdeploy inspect BUNDLE --verify` checks it is this one)")
     kept(write_json({**summary, "validation": result.manifest.validation}, json_out, force))
 
 

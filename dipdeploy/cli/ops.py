@@ -15,8 +15,11 @@ def build_ops_cmd(
     force: bool = typer.Option(False, "--force", help="rebuild from scratch"),
 ) -> None:
     """Build the native TopKColumnMask / SparseGatherMatMul library (fetches the ORT headers once, via npm)."""
-    from dipdeploy.ops.native import build_ops
+    from dipdeploy.ops.native import BUILD_SCRIPT, build_ops, packaged_library
 
+    if not BUILD_SCRIPT.is_file() and arch in (None, packaged_library().parent.name) and packaged_library().is_file():
+        console.print(f"nothing to build: this installed dipdeploy carries the library, {shown(packaged_library())}")
+        return
     try:
         path = build_ops(arch, force=force)
     except (ValueError, FileNotFoundError) as err:  # refused before anything is built

@@ -2,8 +2,10 @@
 
 Nothing here loads the library at import; ``session_options(native=True)`` registers it with ORT.
 The build (``custom_ops/build.sh``, also ``make ops`` and ``dipdeploy build-ops``) writes
-``build/custom_ops/<arch>/libdipdeploy_ops.so`` in the source tree; ``$DIPDEPLOY_OPS_LIB`` overrides
-the path (for an installed package, or a library built elsewhere).
+``build/custom_ops/<arch>/libdipdeploy_ops.so`` in the source tree; a wheel carries that build as
+``dipdeploy/ops/lib/<arch>/libdipdeploy_ops.so`` (``setup.py``); ``$DIPDEPLOY_OPS_LIB`` overrides both
+(a library built elsewhere). The copy a bundle ships is never loaded from here: it is code, trusted only
+as one of these (docs/decisions/0007-op-library-in-the-wheel.md).
 """
 
 from __future__ import annotations
@@ -36,25 +38,42 @@ def built_library(arch: str | None = None) -> Path:
     return _SOURCE_ROOT / "build" / "custom_ops" / _check_arch(arch or host_arch()) / LIB_NAME
 
 
+def packaged_library(arch: str | None = None) -> Path:
+    """Where an installed wheel keeps the library for ``arch``; it exists only in a wheel built with it."""
+    return Path(__file__).resolve().parent / "lib" / _check_arch(arch or host_arch()) / LIB_NAME
+
+
 def library_path(arch: str | None = None) -> Path | None:
-    """The native library for ``arch`` (``$DIPDEPLOY_OPS_LIB`` first, for the host), or None if not built."""
+    """The native library for ``arch``: ``$DIPDEPLOY_OPS_LIB`` (for the host), else the checkout's build,
+    else the wheel's copy; None when there is none."""
     if arch in (None, host_arch()) and os.environ.get(ENV_LIB):
         path = Path(os.environ[ENV_LIB])
         if not path.is_file():
-            raise FileNotFoundError(f"${ENV_LIB}={path} does not exist; unset it or run `make ops`")
+            raise FileNotFoundError(f"${ENV_LIB}={path} does not exist; unset it, or point it at a "
+                                    f"{LIB_NAME} that `dipdeploy build-ops` built")
         return path
-    path = built_library(arch)
-    return path if path.is_file() else None
+    for path in (built_library(arch), packaged_library(arch)):
+        if path.is_file():
+            return path
+    return None
+
+
+def missing_library_hint() -> str:
+    """What a user without the library can do, for where this dipdeploy came from (a checkout or a wheel)."""
+    if BUILD_SCRIPT.is_file():
+        return "`make ops` (or `dipdeploy build-ops`) builds it"
+    return (f"this installed dipdeploy has none for {host_arch()}: install a wheel built with it (one built "
+            f"from a checkout after `make ops`), or set ${ENV_LIB} to a {LIB_NAME} built from a checkout")
 
 
 def known_library_hashes() -> frozenset[str]:
-    """The sha256 of every op library this dipdeploy would load or has built: ``$DIPDEPLOY_OPS_LIB`` and
-    ``build/custom_ops/<arch>/`` for each arch. A bundle's copy of the library is code that
+    """The sha256 of every op library this dipdeploy would load or has built: ``$DIPDEPLOY_OPS_LIB``,
+    ``build/custom_ops/<arch>/`` and the wheel's ``lib/<arch>/`` for each arch. A bundle's copy of the library is code that
     onnxruntime-genai runs, so ``inspect --verify`` trusts it only when it is one of these, never on the
     word of the bundle's own manifest; dipdeploy itself loads only :func:`library_path`."""
     from dipdeploy.bundle.manifest import file_record
 
-    paths = [built_library(arch) for arch in ARCHES]
+    paths = [where(arch) for arch in ARCHES for where in (built_library, packaged_library)]
     if os.environ.get(ENV_LIB):
         paths.append(Path(os.environ[ENV_LIB]))
     return frozenset(file_record(path)["sha256"] for path in paths if path.is_file())
@@ -77,10 +96,8 @@ def require_library(arch: str | None = None) -> Path:
     """Like :func:`library_path` but raises a clear error naming the fix when the library is absent."""
     path = library_path(arch)
     if path is None:
-        raise FileNotFoundError(
-            f"the dipdeploy custom-op library is not built ({built_library(arch)} is missing); "
-            "run `make ops` or `dipdeploy build-ops`"
-        )
+        raise FileNotFoundError(f"the dipdeploy custom-op library is not built ({built_library(arch)} is "
+                                f"missing): {missing_library_hint()}")
     return path
 
 
@@ -88,7 +105,8 @@ def build_ops(arch: str | None = None, force: bool = False) -> Path:
     """Build the library with ``custom_ops/build.sh`` (fetches the ORT headers once); returns its path."""
     arch = _check_arch(arch or host_arch())
     if not BUILD_SCRIPT.is_file():
-        raise FileNotFoundError(f"{BUILD_SCRIPT} not found: building needs a source checkout of dipdeploy")
+        raise FileNotFoundError(f"{BUILD_SCRIPT} not found: building needs a source checkout of dipdeploy "
+                                f"(git clone, then `make ops`); {missing_library_hint()}")
     cmd = ["bash", str(BUILD_SCRIPT), "--arch", arch] + (["--force"] if force else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

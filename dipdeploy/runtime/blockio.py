@@ -169,7 +169,10 @@ def make_reader(threads: int | None = None, native: bool = True, engine: str = I
                     if engine != IO_ENGINE_AUTO:
                         raise
     if engine == "io_uring":
-        raise ValueError("--io-engine io_uring needs the op library (`make ops`); use --io-engine threads")
+        from dipdeploy.ops.native import missing_library_hint
+
+        raise ValueError(f"--io-engine io_uring needs the op library ({missing_library_hint()}); "
+                         "use --io-engine threads")
     return PythonReader(in_flight("threads", threads))
 
 

@@ -63,7 +63,7 @@ class Engine:
     def __init__(self, bundle: str | Path, config: EngineConfig | None = None, **overrides):
         import onnxruntime  # noqa: F401  (fail early with the import error, before any work)
 
-        from dipdeploy.ops.native import kernel_set, library_path, session_options
+        from dipdeploy.ops.native import kernel_set, library_path, missing_library_hint, session_options
 
         if config is not None and overrides:
             raise TypeError("give either an EngineConfig or keyword options, not both")
@@ -85,8 +85,8 @@ class Engine:
         if native is None:
             native = library_path() is not None
             if not native:
-                warnings.warn("the native op library is not built: running the ONNX fallback functions "
-                              "(slower); `make ops` builds it", stacklevel=2)
+                warnings.warn("no native op library: running the ONNX fallback functions (slower, and holding "
+                              f"more than the plan); {missing_library_hint()}", stacklevel=2)
         self.native = native
         self.kernel_set = kernel_set() if native else None
         self._cache_library = choose_cache_library(native, self.cfg.native_cache)

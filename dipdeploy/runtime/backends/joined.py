@@ -47,7 +47,9 @@ def why_not(host, native: bool) -> str | None:
 
     reason = _why_not_config(host.cfg, host.manifest, host.num_layers)
     if reason is None and not native:
-        reason = "the cache step in the graph is the op library's: build it (make ops)"
+        from dipdeploy.ops.native import missing_library_hint
+
+        reason = f"the cache step in the graph is the op library's: {missing_library_hint()}"
     if reason is None and (host._cache_library is None or graph_step_library(host._cache_library) is None):
         reason = "the op library predates the cache step in the graph: rebuild it (make ops)"
     return reason
