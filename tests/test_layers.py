@@ -26,6 +26,7 @@ FLOORS = {
     "trace": 1,  # the trace file (.npz), a file interface like the bundle; imports paths only
     "progress": 1,  # stage reporting, stdlib only; eval and cli report through it
     "terminal": 1,  # the one escaping of foreign text for a terminal (shown); progress, demo and cli print through it
+    "extras": 1,  # the install's optional parts and the line naming a missing one; imports nothing of dipdeploy
     "limits": 1,  # the upper bounds on counts from flags and files, stdlib only
     "wheelparts": 1,  # a model file joined from data-only wheels; imports paths only (loading uses it)
     # floor 2: numeric formats and rules over numpy (torch only in quant's fake quantisation and GPTQ).

@@ -3,6 +3,7 @@
 import os
 import sys
 import traceback
+import warnings
 
 import typer
 from typer._click import exceptions as click  # typer vendors click: its usage errors are these classes
@@ -17,15 +18,27 @@ def _debug_from_env() -> bool:
     return os.environ.get("DIPDEPLOY_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def _note(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning a command raises (the fallback ops, a plan's warm-up) as one ``note:`` line on stderr,
+    not Python's two lines naming a source file; ``--debug`` keeps Python's form."""
+    from dipdeploy.terminal import shown
+
+    typer.echo(f"note: {' '.join(shown(str(message), markup=False).split())}", err=True)
+
+
 class _Group(TyperGroup):
     """Usage errors (an unknown option, a value of the wrong type, a missing option) end like every other
     refusal of bad input: one line naming the problem and where the fix is, exit code 2, instead of
     click's usage block. Every other exception a command lets escape, an interrupt included, ends as one
-    line too (``dipdeploy.cli.errors``), with the traceback only under ``--debug``."""
+    line too (``dipdeploy.cli.errors``), with the traceback only under ``--debug``; so does a warning
+    (``_note``)."""
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():  # restores Python's own display afterwards
+                if not _debug["on"]:
+                    warnings.showwarning = _note
+                return super().invoke(ctx)
         except (typer.Exit, typer.Abort, click.ClickException, SystemExit, GeneratorExit, BrokenPipeError):
             raise  # a closed pipe (``dipdeploy models | head``) is typer's: a quiet exit 1
         except BaseException as err:  # noqa: B036  (a KeyboardInterrupt or a Rust panic too: one line each)

@@ -333,7 +333,9 @@ def plot_cmd(
     """One line per configuration (model, method, ρ, budget, threads): its tok/s at each limit, its unlimited
     speed at the right, the repetitions' standard deviation as error bars."""
     from dipdeploy.bench.plot import load_rows, plot
+    from dipdeploy.extras import require
 
+    require("plot")
     try:
         written = plot(load_rows(rows), output, test, title, force)
     except (ValueError, FileExistsError, OSError) as err:

@@ -204,6 +204,10 @@ def check_inputs(*, data_dir: Optional[Path] = None, files: dict[str, Optional[P
     for flag, path in (files or {}).items():
         check_input_file(path, flag)
     check_outputs(force, outputs or {})
+    if (outputs or {}).get("--plot") is not None:
+        from dipdeploy.extras import require
+
+        require("plot")  # a PNG asked for, checked before the work it would plot
     if model is not None:
         from dipdeploy.loading import check_model
 

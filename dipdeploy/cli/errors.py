@@ -6,7 +6,8 @@ bad input it foresees itself (``core.fail``, exit 2); whatever still escapes rea
 through ``_Group`` (``_app.py``). The classes that come from damaged or foreign input (text that is not
 UTF-8, a truncated file or archive, a graph or a weight file onnxruntime or safetensors refuses, a
 tokenizer.json that tokenizers cannot parse) are named with their fix and exit 2 like any bad input;
-running out of memory, a failed write and anything unforeseen exit 1.
+running out of memory, a failed write, a missing optional part of the install (``dipdeploy.extras``) and
+anything unforeseen exit 1.
 ``--debug`` or ``DIPDEPLOY_DEBUG=1`` adds the traceback.
 """
 
@@ -17,6 +18,8 @@ import re
 import struct
 import zipfile
 
+from dipdeploy.extras import MissingExtra, extra_of
+from dipdeploy.extras import message as extra_message
 from dipdeploy.terminal import shown
 
 #: exit codes: the user's input (as ``core.fail``), anything else, an interrupt (128 + SIGINT, as shells do)
@@ -100,6 +103,8 @@ def describe(err: BaseException) -> tuple[str, int]:
                 f"not of the format expected: download or create it again"), BAD_INPUT
     if isinstance(err, OSError):
         return _os_error(err)
+    if isinstance(err, ModuleNotFoundError) and extra_of(err.name) is not None:
+        return (str(err) if isinstance(err, MissingExtra) else extra_message(extra_of(err.name), err.name)), FAILED
     return f"internal error ({kind}: {_detail(err)}); {DEBUG}", FAILED
 
 
