@@ -35,6 +35,7 @@ SKIP_RULES = {
     "make": "Makefile targets set up a venv, or build the shared native library",
     "dipdeploy build-ops": "rebuilds the native op library that the other tests use (`make ops`)",
     "python benchmarks/": "a benchmark script: minutes to hours on real models (docs/benchmarks.md)",
+    "pip": "installs into the user's environment; `make wheel-check` builds and installs the wheel in a fresh venv",
 }
 # Commands a page's lines need and do not run themselves (its inputs from another page), run first.
 SETUP = {
