@@ -130,7 +130,8 @@ def export_cmd(
     console.print(f"{summary['seconds']} s in all; steps (s): {shown(summary['steps_s'])}")
     console.print(f"run it: dipdeploy inspect {shown(out)} --prompt TEXT [--native]  (in your own ORT code, "
                   f"register {shown(out)}/libdipdeploy_ops.so with SessionOptions.register_custom_ops_library for the native kernels)")
-    kept(write_json({**summary, "validation": result.manifest.validation}, json_out, force))
+    kept(write_json({**summary, "validation": result.manifest.validation}, json_out, force,
+                    schema="export"))
 
 
 def _file_kind(name: str) -> str:
@@ -280,6 +281,6 @@ def inspect_cmd(
                       f"{shown(rows['quant'])}")
         gen = {"text": g.text, "tokens": g.tokens, "tokens_per_s": g.tokens_per_s, "native": g.native}
     kept(write_json({**rows, "summary": summary, "sizes": sizes, "problems": problems, "generation": gen}, json_out,
-                    force))
+                    force, schema="inspect"))
     if problems:
         raise typer.Exit(1)

@@ -6,7 +6,6 @@ left unset here falls back to it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from pathlib import Path
 
@@ -85,7 +84,7 @@ def simulate_cmd(
     from dipdeploy.sim import SimConfig
     from dipdeploy.sim.devices import get_device
     from dipdeploy.sim.plot import label, plot_curves
-    from dipdeploy.sim.report import write_json
+    from dipdeploy.sim.report import to_json, write_json
     from dipdeploy.sim.sweep import auto_budgets, compare, expand_variants, resolve_shape, sweep
     from dipdeploy.sim.units import parse_range, parse_size
     from dipdeploy.trace import Trace
@@ -177,7 +176,7 @@ def simulate_cmd(
                                 f"{100 * c.gain:+.0f} %", need, red)
         if summary.row_count:
             console.print(summary)
-    text = json.dumps([r.row() for r in rows], indent=1)  # what sim.report.write_json writes
+    text = to_json([r.row() for r in rows])  # what sim.report.write_json writes
     title = f"{rows[0].model} on {rows[0].device}, {rows[0].precision}"
     kept(write_output(lambda p, f: write_json([r.row() for r in rows], p, force=f), json_out, force, "--json",
                       text=text),
