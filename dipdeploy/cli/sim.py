@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import check_inputs, console, fail, floats, kept, trace_room, write_output
+from dipdeploy.cli.core import check_inputs, console, fail, floats, kept, trace_room, write_json, write_output
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.terminal import shown
@@ -25,23 +25,32 @@ def _csv(text: str | None) -> list[str] | None:
 
 
 @app.command("devices")
-def devices_cmd() -> None:
+def devices_cmd(
+    json_out: Path = typer.Option(None, "--json", help="Write the profiles to this JSON file (docs/json.md)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --json file."),
+) -> None:
     """List the device profiles (dipdeploy/sim/devices/*.toml) with their Flash read-size curve."""
-    from dipdeploy.sim.devices import list_devices
+    from dipdeploy.sim.devices import CURVE_SIZES, list_devices
 
+    try:
+        check_inputs(outputs={"--json": json_out}, force=force)
+        devices = list_devices()
+    except _ERRORS as err:
+        fail(err)
     table = make_table("name", "DRAM\nGB/s", "DRAM\nGB", "Flash\nGB/s", "µs/\nreq", "4 KiB", "64 KiB", "1 MiB",
                        "assumed", wrap=("assumed",))
-    for d in list_devices():
-        eff = [f"{d.flash.effective_bandwidth(s) / 1e9:.2f}" for s in (4096, 65536, 1 << 20)]
+    for d in devices:
+        eff = [f"{d.flash.effective_bandwidth(s) / 1e9:.2f}" for s in CURVE_SIZES]
         table.add_row(shown(d.name), f"{d.dram_bandwidth / 1e9:g}", f"{d.dram_capacity / 1e9:g}",
                       f"{d.flash.seq_bandwidth / 1e9:g}", f"{d.flash.request_s * 1e6:.2f}", *eff,
                       shown(", ".join(d.assumptions) or "-"))
     console.print(table)
-    for d in list_devices():  # a profile is a user's .toml too: its strings go through shown
+    for d in devices:  # a profile is a user's .toml too: its strings go through shown
         console.print(f"{shown(d.name)}: {shown(d.description)}")
     console.print("Flash GB/s: sequential read rate; µs/req: the cost of one request. Columns 4 KiB / 64 KiB / "
                   "1 MiB: effective GB/s at that request size (t = request cost + bytes / sequential bandwidth). "
                   "Sources: each profile's *_source fields.")
+    kept(write_json({"devices": [d.as_dict() for d in devices]}, json_out, force, schema="devices"))
 
 
 @app.command("simulate")
