@@ -159,7 +159,9 @@ def simulate(work: Path, trace: str) -> list[dict] | dict:
                     str(SIM_STEPS), "--json", str(js), "--force"), work / "simulate.log")
     if res["rc"]:
         return {"error": res["tail"][-300:]}
-    return json.loads(js.read_text())
+    from dipdeploy.jsonout import read
+
+    return read(json.loads(js.read_text()), "simulate", js)["rows"]
 
 
 def _run_rows(r: dict) -> tuple[list[dict], list[str], dict | list, list[dict]]:

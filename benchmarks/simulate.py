@@ -18,6 +18,7 @@ with this command).
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import shutil
 import subprocess
@@ -26,11 +27,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from dipdeploy.paths import cache_dir
+from dipdeploy.paths import cache_dir, write_atomic
 from dipdeploy.registry import get_model
 from dipdeploy.sim import SimConfig, simulate
 from dipdeploy.sim.plot import label, plot_curves
-from dipdeploy.sim.report import write_json
 from dipdeploy.sim.sweep import auto_budgets, compare, expand_variants, sweep
 from dipdeploy.sim.synthetic import synthetic_trace
 from dipdeploy.trace import Trace
@@ -225,8 +225,9 @@ def main(argv=None) -> None:
     tmp.replace(out)
     print(text)
     if args.json_out:
-        write_json([{**r.row(), "kind": "row"} for r in rows] + [{**s, "kind": "summary"} for s in summary],
-                   args.json_out, force=args.force)
+        # the benchmark's own rows and summary (not `dipdeploy simulate`'s document): a plain list
+        both = [{**r.row(), "kind": "row"} for r in rows] + [{**s, "kind": "summary"} for s in summary]
+        write_atomic(Path(args.json_out), json.dumps(both, indent=1), force=args.force)
 
 
 if __name__ == "__main__":

@@ -46,3 +46,21 @@ def test_plot_refuses_a_test_no_row_has_and_a_file_that_is_not_decode_rows(tmp_p
     bad.write_text(json.dumps({"rows": [{"x": 1}]}))
     r = CliRunner().invoke(app, ["bench", "plot", str(bad), "--output", str(tmp_path / "p.png")])
     assert r.exit_code == 2 and "bad.json" in r.output
+
+
+def test_plot_reads_a_decode_document_and_refuses_a_memory_one(tmp_path):
+    """A file as `bench decode -o json` writes it now (the schema keys first) reads like one written before
+    them; the memory suite's document, or a newer version, is refused in one line naming the file."""
+    from dipdeploy.jsonout import VERSIONS, document
+
+    doc = document("bench.decode", {"header": {}, "rows": [_row("dip-ca", "none", 9.0)]})
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(doc))
+    out = tmp_path / "p.png"
+    r = CliRunner().invoke(app, ["bench", "plot", str(new), "--output", str(out), "--test", "tg32"])
+    assert r.exit_code == 0, r.output
+    for name, data in (("mem.json", document("bench.memory", {"header": {}, "rows": []})),
+                       ("later.json", {**doc, "schema_version": VERSIONS["bench.decode"] + 1})):
+        (tmp_path / name).write_text(json.dumps(data))
+        r = CliRunner().invoke(app, ["bench", "plot", str(tmp_path / name), "--output", str(tmp_path / "q.png")])
+        assert r.exit_code == 2 and name in r.output and len(r.output.strip().splitlines()) == 1, r.output

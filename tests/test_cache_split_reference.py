@@ -79,7 +79,7 @@ def test_eval_cache_split_reads(tmp_path, data_dir):
                                    "--rho-in", "0.55", "--seqlen", "64", "--max-windows", "1", "--data-dir",
                                    str(data_dir), "--quant", "bq4", "--cache-split", "reads", "--json", str(out)])
     assert res.exit_code == 0, res.output
-    [row] = json.loads(out.read_text())
+    [row] = json.loads(out.read_text())["rows"]
     assert row["cache_split"] == "reads" and row["ppl"] > 1
     res = CliRunner().invoke(app, ["eval", "--model", "tiny-llama", "--method", "dip-ca", "--cache-split", "odd",
                                    "--data-dir", str(data_dir)])

@@ -20,7 +20,7 @@ def test_eval_json_and_plot(tmp_path, data_dir):
                               "--seqlen", "64", "--max-windows", "1", "--data-dir", str(data_dir),
                               "--rho-in", "0.55", "--json", str(out), "--plot", str(png)])
     assert res.exit_code == 0, res.output
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["rows"]
     assert [r["method"] for r in rows] == ["dense", "dip", "dip"] and png.stat().st_size > 1000
     assert len(rows[0]["window_nll"]) == 1 and "against dense" not in res.output  # one window: no interval
 
@@ -76,7 +76,7 @@ def test_eval_with_lora_adapter(tmp_path, data_dir, tiny_llama):
                                   "--max-windows", "1", "--data-dir", str(data_dir), "--lora", str(adapter), mode,
                                   "--json", str(out)])
         assert res.exit_code == 0, res.output
-        row = json.loads(out.read_text())[0]
+        row = json.loads(out.read_text())["rows"][0]
         ppl[row["lora"]] = row["ppl"]
     assert set(ppl) == {"merged", "adapter"}
     assert abs(ppl["merged"] - ppl["adapter"]) / ppl["adapter"] < 1e-3
@@ -89,7 +89,7 @@ def test_demo_sets_dense_against_dip_ca_on_one_screen(data_dir, tmp_path):
             "--out", str(out), "--data-dir", str(data_dir), "--json", str(js)]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    rows = json.loads(js.read_text())
+    rows = json.loads(js.read_text())["rows"]
     assert [(r["label"], r["density"] == 1.0) for r in rows] == [("dense", True), ("DIP-CA", False)]
     assert all(r["ppl"] > 1 and r["flash_mb_per_token"] >= 0 and r["new_tokens"] >= 1 for r in rows)
     assert rows[1]["flash_mb_per_token"] < rows[0]["flash_mb_per_token"]  # fewer rows read at ρ 0.6
@@ -122,7 +122,7 @@ def test_eval_with_a_plan_labels_and_meters_the_row_as_the_plan(tmp_path, data_d
     res = runner.invoke(app, ["eval", "--model", "tiny-llama", "--plan", str(plan), "--seqlen", "64",
                               "--max-windows", "1", "--data-dir", str(data_dir), "--json", str(rows)])
     assert res.exit_code == 0, res.output
-    (row,) = json.loads(rows.read_text())
+    (row,) = json.loads(rows.read_text())["rows"]
     assert (row["method"], row["target_density"], row["density"]) == ("teal", 0.6, 0.6)
     assert row["density_test"] != row["density"]  # measured on the test tokens, as for a calibrated TEAL row
     for extra in (["--method", "dip"], ["--density", "0.5"]):

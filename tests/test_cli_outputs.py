@@ -194,7 +194,7 @@ def test_simulate_keeps_its_rows_when_the_json_cannot_be_written(tmp_path, spare
     res = runner.invoke(app, ["simulate", "--trace", str(tr), "--json", str(target)])
     assert res.exit_code == 1, res.output
     (kept,) = spare.iterdir()
-    assert f"the results are in {kept} instead" in res.stderr and json.loads(kept.read_text())[0]["tok_s"] > 0
+    assert f"the results are in {kept} instead" in res.stderr and json.loads(kept.read_text())["rows"][0]["tok_s"] > 0
 
 
 def test_calibrate_keeps_its_plan_when_the_out_cannot_be_written(tmp_path, spare, monkeypatch):

@@ -111,7 +111,7 @@ def test_distilled_adapter_loads_in_eval_lora(distilled, tmp_path):
     assert res.exit_code == 0, res.output
     import json
 
-    row = json.loads((tmp_path / "rows.json").read_text())[0]
+    row = json.loads((tmp_path / "rows.json").read_text())["rows"][0]
     assert row["lora"] == "merged" and math.isfinite(row["ppl"])
     assert SparsityPlan.load(out / "plan.json").layers == plan.layers
 

@@ -156,7 +156,7 @@ def test_bundle_engine_end_to_end(chat_bundle, tmp_path, monkeypatch):
             "--json", str(out)]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
-    row = json.loads(out.read_text())[0]
+    row = json.loads(out.read_text())["rows"][0]
     assert (row["engine"], row["method"], row["problems"]) == ("bundle", "dip-ca", 2)
     assert [p["task_id"] for p in row["per_problem"]] == ["HumanEval/0", "HumanEval/1"]
     assert all(p["new_tokens"] <= 4 for p in row["per_problem"])
@@ -168,4 +168,4 @@ def test_bundle_engine_end_to_end(chat_bundle, tmp_path, monkeypatch):
     spec = tmp_path / "spec.json"
     r = runner.invoke(app, [*args[:-1], str(spec), "--speculate", "2", "--draft", "ngram"])
     assert r.exit_code == 0, r.output
-    assert json.loads(spec.read_text())[0]["speculate"] == {"k": 2, "draft": "ngram"}
+    assert json.loads(spec.read_text())["rows"][0]["speculate"] == {"k": 2, "draft": "ngram"}

@@ -28,6 +28,7 @@ FLOORS = {
     "terminal": 1,  # the one escaping of foreign text for a terminal (shown); progress, demo and cli print through it
     "extras": 1,  # the install's optional parts and the line naming a missing one; imports nothing of dipdeploy
     "limits": 1,  # the upper bounds on counts from flags and files, stdlib only
+    "jsonout": 1,  # the commands' JSON documents (schema keys, the reader of old files), stdlib only
     "wheelparts": 1,  # a model file joined from data-only wheels; imports paths only (loading uses it)
     # floor 2: numeric formats and rules over numpy (torch only in quant's fake quantisation and GPTQ).
     "quant": 2, "cache": 2,

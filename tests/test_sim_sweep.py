@@ -81,7 +81,9 @@ def test_cli_simulate_json_and_plot(tmp_path):
             "--json", str(out), "--plot", str(png)]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    rows = json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    assert (doc["schema"], doc["schema_version"]) == ("dipdeploy.simulate", 1)
+    rows = doc["rows"]
     assert len(rows) == 9 and JSON_KEYS <= set(rows[0])
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert "vs dense-static" in res.output

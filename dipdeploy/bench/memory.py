@@ -61,6 +61,8 @@ class MemoryRow:
 
     MD_COLUMNS: ClassVar[tuple[str, ...]] = ("model", "method", "ρ", "budget", "io", "limit", "test", "status",
                                              "planned MB", "peak RSS MB", "cgroup peak MB", "limit hits", "tg t/s")
+    #: its JSON document (``dipdeploy.jsonout``)
+    SCHEMA: ClassVar[str] = "bench.memory"
 
     def as_dict(self) -> dict:
         return asdict(self)

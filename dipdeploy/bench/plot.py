@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from dipdeploy.bench.grid import NO_LIMIT, parse_limit
+from dipdeploy.jsonout import read
 from dipdeploy.paths import check_output, write_figure
 
 #: files one plot reads (each a ``bench decode --output X.json``)
@@ -35,7 +36,8 @@ def load_rows(paths: list[Path]) -> list[dict]:
         except (OSError, ValueError) as err:
             raise ValueError(f"{path}: not readable as JSON ({err}); give the file of `bench decode --output "
                              f"ROWS.json`") from None
-        if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or any(
+        data = read(data, "bench.decode", path)  # a file written before the schema keys reads too
+        if not isinstance(data.get("rows"), list) or any(
                 not isinstance(r, dict) or "tok_s" not in r or "test" not in r for r in data["rows"]):
             raise ValueError(f"{path} holds no decode rows (a `bench decode --output ROWS.json` file has a "
                              f"'rows' list with 'test' and 'tok_s')")

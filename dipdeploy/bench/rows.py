@@ -12,17 +12,19 @@ row (``dipdeploy.bench.peers``) has no density, budget or Flash figures. Every w
 the markdown's first lines, the CSV's machine columns on each row (as llama-bench's CSV carries its CPU and
 commit), the JSON's ``header`` object. Another suite's
 rows (``dipdeploy.bench.memory.MemoryRow``) are written the same way: a row class names its markdown
-columns (``MD_COLUMNS``) and cells (``cells``), its fields are the CSV's and the JSON's.
+columns (``MD_COLUMNS``) and cells (``cells``) and its JSON document (``SCHEMA``), its fields are the CSV's
+and the JSON's.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import ClassVar
+
+from dipdeploy.jsonout import dumps
 
 #: ``-o`` values
 FORMATS = ("md", "csv", "json")
@@ -71,6 +73,8 @@ class Row:
     #: columns left out of the markdown when every row has this value (the CSV and JSON keep them)
     MD_OPTIONAL: ClassVar[dict[str, str]] = {"limit": "none", "failed": "0", "kept": "", "device req/tok": "",
                                              "cgroup peak MB": ""}
+    #: its JSON document (``dipdeploy.jsonout``)
+    SCHEMA: ClassVar[str] = "bench.decode"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -186,7 +190,9 @@ def to_csv(rows: list, header: dict, kind: type = Row) -> str:
 
 
 def to_json(rows: list, header: dict, kind: type = Row) -> str:
-    return json.dumps({"header": header, "rows": [r.as_dict() for r in rows]}, indent=1, ensure_ascii=False) + "\n"
+    """The row class's document (its ``SCHEMA``): the header, then the rows."""
+    kind = type(rows[0]) if rows else kind
+    return dumps(kind.SCHEMA, {"header": header, "rows": [r.as_dict() for r in rows]}, ensure_ascii=False) + "\n"
 
 
 def render(rows: list, header: dict, fmt: str, kind: type = Row) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -140,11 +139,14 @@ def kept(*written: bool) -> None:
         raise typer.Exit(1)
 
 
-def write_json(rows, path: Optional[Path], force: bool, flag: str = "--json", said: bool = True) -> bool:
-    """``rows`` as JSON at ``path`` through :func:`write_output` (kept elsewhere if the write fails)."""
+def write_json(body, path: Optional[Path], force: bool, flag: str = "--json", said: bool = True, *,
+               schema: str) -> bool:
+    """``body`` as the JSON document of ``schema`` (a command of ``dipdeploy.jsonout.VERSIONS``, which adds
+    the schema keys) at ``path`` through :func:`write_output` (kept elsewhere if the write fails)."""
+    from dipdeploy.jsonout import dumps
     from dipdeploy.paths import write_atomic
 
-    text = json.dumps(rows, indent=1)
+    text = dumps(schema, body)
     return write_output(lambda p, f: write_atomic(p, text, force=f), path, force, flag, text=text, said=said)
 
 
@@ -289,7 +291,7 @@ def eval_cmd(
     lora: Optional[Path] = typer.Option(None, help="a peft adapter from `dipdeploy finetune` (applied first)"),
     lora_merge: bool = typer.Option(True, "--lora-merge/--lora-live", help="merge the adapter or keep it live"),
     device: Optional[str] = DEVICE,
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as a JSON list"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as JSON (docs/json.md)"),
     plot: Optional[Path] = typer.Option(None, help="save a PPL-vs-density Pareto plot (PNG; pass@1 with --task humaneval)"),
     force: bool = FORCE,
     task: str = typer.Option("wikitext2", "--task", help="wikitext2 (perplexity) | humaneval (greedy pass@1 "
@@ -339,7 +341,7 @@ def eval_cmd(
         console.print(shown(line))
     from dipdeploy.eval.plot import plot_pareto
 
-    kept(write_json(rows, json_out, force),
+    kept(write_json(rows, json_out, force, schema="eval"),
          write_output(lambda p, f: plot_pareto(rows, p, rows[0]["model"], force=f), plot, force, "--plot"))
 
 
@@ -436,7 +438,7 @@ def demo_cmd(
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     _demo_screen(cfg, rows, native)
-    kept(write_json([r.as_dict() for r in rows], json_out, force=force))
+    kept(write_json([r.as_dict() for r in rows], json_out, force=force, schema="demo"))
 
 
 def _demo_screen(cfg, rows, native: bool) -> None:

@@ -135,7 +135,8 @@ def export_cmd(
                   + (f"{shown(lib)}, the op library dipdeploy runs on," if lib else "the op library")
                   + " with SessionOptions.register_custom_ops_library for the native kernels; a bundle's own copy "
                   "is code: `dipdeploy inspect BUNDLE --verify` checks it is this one)")
-    kept(write_json({**summary, "validation": result.manifest.validation}, json_out, force))
+    kept(write_json({**summary, "validation": result.manifest.validation}, json_out, force,
+                    schema="export"))
 
 
 def _file_kind(name: str) -> str:
@@ -285,6 +286,6 @@ def inspect_cmd(
                       f"{shown(rows['quant'])}")
         gen = {"text": g.text, "tokens": g.tokens, "tokens_per_s": g.tokens_per_s, "native": g.native}
     kept(write_json({**rows, "summary": summary, "sizes": sizes, "problems": problems, "generation": gen}, json_out,
-                    force))
+                    force, schema="inspect"))
     if problems:
         raise typer.Exit(1)

@@ -369,7 +369,8 @@ def run_cmd(
         recorded = recorder.finish()
         traced = write_output(lambda p, f: recorded.save(p, force=f), trace, force, "--trace", said=False)
     kept(traced, write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, "finish": g.finish,
-                             "seed": sampler.seed, **g.stats.as_dict()}, json_out, force=force, said=False))
+                             "seed": sampler.seed, **g.stats.as_dict()}, json_out, force=force, said=False,
+                            schema="run"))
     if not quiet:
         for path in (trace, json_out):
             if path is not None:

@@ -6,13 +6,12 @@ left unset here falls back to it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from pathlib import Path
 
 import typer
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import check_inputs, console, fail, floats, kept, trace_room, write_output
+from dipdeploy.cli.core import check_inputs, console, fail, floats, kept, trace_room, write_json, write_output
 from dipdeploy.cli.tables import table as make_table
 from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.terminal import shown
@@ -26,23 +25,32 @@ def _csv(text: str | None) -> list[str] | None:
 
 
 @app.command("devices")
-def devices_cmd() -> None:
+def devices_cmd(
+    json_out: Path = typer.Option(None, "--json", help="Write the profiles to this JSON file (docs/json.md)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --json file."),
+) -> None:
     """List the device profiles (dipdeploy/sim/devices/*.toml) with their Flash read-size curve."""
-    from dipdeploy.sim.devices import list_devices
+    from dipdeploy.sim.devices import CURVE_SIZES, list_devices
 
+    try:
+        check_inputs(outputs={"--json": json_out}, force=force)
+        devices = list_devices()
+    except _ERRORS as err:
+        fail(err)
     table = make_table("name", "DRAM\nGB/s", "DRAM\nGB", "Flash\nGB/s", "µs/\nreq", "4 KiB", "64 KiB", "1 MiB",
                        "assumed", wrap=("assumed",))
-    for d in list_devices():
-        eff = [f"{d.flash.effective_bandwidth(s) / 1e9:.2f}" for s in (4096, 65536, 1 << 20)]
+    for d in devices:
+        eff = [f"{d.flash.effective_bandwidth(s) / 1e9:.2f}" for s in CURVE_SIZES]
         table.add_row(shown(d.name), f"{d.dram_bandwidth / 1e9:g}", f"{d.dram_capacity / 1e9:g}",
                       f"{d.flash.seq_bandwidth / 1e9:g}", f"{d.flash.request_s * 1e6:.2f}", *eff,
                       shown(", ".join(d.assumptions) or "-"))
     console.print(table)
-    for d in list_devices():  # a profile is a user's .toml too: its strings go through shown
+    for d in devices:  # a profile is a user's .toml too: its strings go through shown
         console.print(f"{shown(d.name)}: {shown(d.description)}")
     console.print("Flash GB/s: sequential read rate; µs/req: the cost of one request. Columns 4 KiB / 64 KiB / "
                   "1 MiB: effective GB/s at that request size (t = request cost + bytes / sequential bandwidth). "
                   "Sources: each profile's *_source fields.")
+    kept(write_json({"devices": [d.as_dict() for d in devices]}, json_out, force, schema="devices"))
 
 
 @app.command("simulate")
@@ -85,7 +93,7 @@ def simulate_cmd(
     from dipdeploy.sim import SimConfig
     from dipdeploy.sim.devices import get_device
     from dipdeploy.sim.plot import label, plot_curves
-    from dipdeploy.sim.report import write_json
+    from dipdeploy.sim.report import to_json, write_json
     from dipdeploy.sim.sweep import auto_budgets, compare, expand_variants, resolve_shape, sweep
     from dipdeploy.sim.units import parse_range, parse_size
     from dipdeploy.trace import Trace
@@ -177,7 +185,7 @@ def simulate_cmd(
                                 f"{100 * c.gain:+.0f} %", need, red)
         if summary.row_count:
             console.print(summary)
-    text = json.dumps([r.row() for r in rows], indent=1)  # what sim.report.write_json writes
+    text = to_json([r.row() for r in rows])  # what sim.report.write_json writes
     title = f"{rows[0].model} on {rows[0].device}, {rows[0].precision}"
     kept(write_output(lambda p, f: write_json([r.row() for r in rows], p, force=f), json_out, force, "--json",
                       text=text),

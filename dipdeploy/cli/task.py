@@ -74,7 +74,7 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
         table.add_row(shown(r["engine"]), shown(r["method"]), f"{r['density']:.4g}", f"{r['pass_at_1']:.1f}",
                       *map(shown, (r["passed"], r["problems"], r["new_tokens"], r["tok_s"])))
     console.print(table)
-    written = write_json(rows, json_out, force or resume)
+    written = write_json(rows, json_out, force or resume, schema="eval.humaneval")
     log.close()
     from dipdeploy.eval.plot import plot_pareto
 

@@ -31,6 +31,8 @@ GB = 1e9
 PROFILE_MAX = 1 << 20  # bytes of a profile file read at most: a profile is a few dozen lines
 MAX_READ_UNIT = 1 << 24  # bytes: a Flash read unit is a page of a few KiB; the cap only stops a mistyped one
 _NUMBERS = ("dram_bandwidth_gbs", "dram_capacity_gb", "flash_seq_read_gbs")
+#: request sizes (bytes) at which ``devices`` shows each profile's effective Flash bandwidth
+CURVE_SIZES = (4096, 65536, 1 << 20)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,16 @@ class DeviceProfile:
     @property
     def assumptions(self) -> list[str]:
         return [k for k, v in self.sources.items() if str(v).lower().startswith("assumption")]
+
+    def as_dict(self) -> dict:
+        """The profile in base units (bytes, bytes/s, seconds), with its read-size curve at
+        :data:`CURVE_SIZES`: the entry of ``devices --json``."""
+        f = self.flash
+        return {"name": self.name, "description": self.description, "dram_bytes_per_s": self.dram_bandwidth,
+                "dram_capacity_bytes": self.dram_capacity, "flash_seq_bytes_per_s": f.seq_bandwidth,
+                "flash_request_s": f.request_s, "flash_read_unit_bytes": f.read_unit,
+                "flash_effective_bytes_per_s": {str(size): f.effective_bandwidth(size) for size in CURVE_SIZES},
+                "assumptions": self.assumptions, "sources": dict(self.sources)}
 
 
 def devices_dir() -> Path:

@@ -1,13 +1,19 @@
-"""Writing results: JSON rows (atomic, never clobbering without ``force``: ``dipdeploy.paths``' rule)."""
+"""Writing results: the ``simulate`` JSON document (atomic, never clobbering without ``force``:
+``dipdeploy.paths``' rule; its schema keys from ``dipdeploy.jsonout``)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from dipdeploy.jsonout import dumps
 from dipdeploy.paths import write_atomic
 
 
+def to_json(rows: list[dict]) -> str:
+    """The text of ``simulate --json``: the rows under the schema keys."""
+    return dumps("simulate", rows)
+
+
 def write_json(rows: list[dict], path: str | os.PathLike, force: bool = False) -> Path:
-    return write_atomic(Path(path), json.dumps(rows, indent=1), force=force)
+    return write_atomic(Path(path), to_json(rows), force=force)
