@@ -86,6 +86,9 @@ class BundleDir:
             self._stack.close()
             raise
 
+    def __str__(self) -> str:  # in messages, the bundle's path (never a path to open: use the methods)
+        return str(self.path)
+
     def __enter__(self) -> "BundleDir":
         return self
 
@@ -196,5 +199,5 @@ class BundleDir:
 
     def error(self, problem: str) -> BundleError:
         """The one line for a file that failed its checks while the bundle was read."""
-        return BundleError(f"bundle {self.path}: {problem} (it changed after the bundle was checked); {REGENERATE} "
-                           "or run `dipdeploy inspect --verify`")
+        return BundleError(f"bundle {self.path}: {problem}; {REGENERATE} (`dipdeploy inspect --verify` checks "
+                           "every file)")
