@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from dipdeploy.bundle.bundledir import BundleDir, FileProblem
-from dipdeploy.bundle.manifest import REGENERATE, BundleError, held
+from dipdeploy.bundle.manifest import REGENERATE, BundleError, held, restore_interrupted
 from dipdeploy.bundle.names import GENAI_CONFIG, MLP_FILE, TOKENIZER
 from dipdeploy.cache import policy_of
 from dipdeploy.runtime import record as recording
@@ -68,6 +68,7 @@ class Engine:
             raise TypeError("give either an EngineConfig or keyword options, not both")
         self.cfg = config or EngineConfig(**overrides)
         self.path = Path(bundle)
+        restore_interrupted(self.path)  # an export killed between its renames: its old bundle put back
         with held(self.path):  # a missing folder: the reader's one line
             pass
         #: the bundle folder every file is read through, held for the engine's life (``close``)
