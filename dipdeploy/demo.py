@@ -137,7 +137,7 @@ def _one(cfg: DemoConfig, label: str, density: float, native: bool, force: bool,
                                       io="mmap"))
     try:
         try:
-            rendered = ChatTemplate.from_bundle(out, engine.manifest.files).render(messages(cfg.question))
+            rendered = ChatTemplate.from_bundle(engine.files, engine.manifest.files).render(messages(cfg.question))
             prompt = engine.encode(rendered, special_tokens=False)  # the template writes its special tokens
         except ValueError as err:  # a base model: no turn format to follow
             progress(f"{err}; continuing the question as raw text")

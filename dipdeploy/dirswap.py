@@ -13,7 +13,14 @@ Writers hold an exclusive ``flock`` on ``.<name>.lock`` for the whole build, so 
 the lock belong to no live writer and can be removed. The holder unlinks the lock file before
 releasing it, and a process that locked an inode no longer at the path retries, so two processes
 never hold "the" lock on different inodes; a writer killed with SIGKILL leaves an unlocked lock file,
-which the next holder reuses and removes. Floor 1: no torch.
+which the next holder reuses and removes.
+
+Readers of the directory (a bundle's ``run``) hold a shared ``flock`` on ``.<name>.reading`` while they
+open it (:func:`reading`), and :func:`replace_dir` takes it exclusively around its renames: a swap waits
+for a reader's opens to finish, and a reader waits out a swap, so no reader opens half of one directory
+and half of the other, or a name the swap is about to remove. It is a lock of its own, not the writers'
+``.<name>.lock``, because a writer holds that one for its whole build and a reader of the old directory
+must not wait for that. The last reader out removes the file, by the same inode rule. Floor 1: no torch.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ class OutputBusy(RuntimeError):
 
 def lock_path(final: Path) -> Path:
     return final.parent / f".{final.name}.lock"
+
+
+def reading_path(final: Path) -> Path:
+    return final.parent / f".{final.name}.reading"
 
 
 def tmp_prefix(final: Path) -> str:
@@ -91,13 +102,68 @@ def hold(final: Path, wait: bool = True, what: str = "another process"):
         os.close(fd)
 
 
-def _lock(path: str, wait: bool, busy: str) -> int:
-    """An open descriptor of ``path`` holding its flock, retried until the locked inode is still the
-    one at ``path`` (a releasing holder unlinks it)."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+@contextmanager
+def reading(final: Path):
+    """Hold ``final``'s reading lock shared for the block (see the module docstring): opens done inside
+    it see one directory, never a swap half done. Where the lock file cannot be made (a read-only or
+    foreign parent folder, where no writer of this user swaps either) the block runs without it."""
+    key = str(reading_path(Path(final)))
+    try:
+        fd = _lock(key, True, "", shared=True)
+    except OSError as err:
+        if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
+            raise
+        fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            _release_shared(key, fd)
+
+
+def _release_shared(path: str, fd: int) -> None:
+    """Drop a shared hold; the last holder (the one that can take it exclusively at once) unlinks the
+    file first, as :func:`hold` does, so a waiter on the old inode retries on a new one."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass  # another reader or a swap holds it: they remove it
+    else:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                os.unlink(path)
+        except OSError:
+            pass
+    os.close(fd)
+
+
+@contextmanager
+def _swapping(final: Path):
+    """The reading lock held exclusively (waiting for readers' opens) for a swap's renames."""
+    key = str(reading_path(final))
+    fd = _lock(key, True, "")
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(key)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _lock(path: str, wait: bool, busy: str, shared: bool = False) -> int:
+    """An open descriptor of ``path`` holding its flock (``shared``: LOCK_SH), retried until the locked
+    inode is still the one at ``path`` (a releasing holder unlinks it)."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except PermissionError:
+            if not shared:
+                raise
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # flock needs no write access
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(path))
             except FileNotFoundError:
@@ -186,6 +252,18 @@ def replace_dir(tmp: Path, final: Path, hook: Hook | None = None) -> None:
     ``hook(step)`` runs before each of :data:`STEPS`; tests and benchmarks raise or signal there."""
     hook = hook or (lambda step: None)
     tmp, final = Path(tmp), Path(final)
+    with _swapping(final):  # no reader is between its opens while the directories trade places
+        old = _swap(tmp, final, hook)
+    try:
+        hook("drop")
+    finally:  # the new directory is in: the old one goes even when interrupted here
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    hook("done")
+
+
+def _swap(tmp: Path, final: Path, hook: Hook) -> Path | None:
+    """:func:`replace_dir`'s renames; the old directory's path after them (None: there was none)."""
     old = None
     hook("aside")
     if not final.exists():
@@ -208,12 +286,7 @@ def replace_dir(tmp: Path, final: Path, hook: Hook | None = None) -> None:
             raise
         os.rename(old, tmp)  # as after an exchange: the caller's cleanup of ``tmp`` finishes an interrupted drop
         old = tmp
-    try:
-        hook("drop")
-    finally:  # the new directory is in: the old one goes even when interrupted here
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    hook("done")
+    return old
 
 
 _exchange_ok: dict[int, bool] = {}  # st_dev → whether RENAME_EXCHANGE works there

@@ -185,14 +185,23 @@ def test_a_truncated_file_is_a_clear_error(tmp_path, reader):
 
 
 def _refuse_o_direct(monkeypatch):
-    real_open = os.open
+    """A filesystem that refuses O_DIRECT, on open and on an open descriptor (``blockio.direct_fd``)."""
+    import fcntl
 
-    def refusing_open(p, flags, *a):
+    real_open, real_fcntl = os.open, fcntl.fcntl
+
+    def refusing_open(p, flags, *a, **kw):
         if flags & os.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(p, flags, *a)
+        return real_open(p, flags, *a, **kw)
+
+    def refusing_fcntl(fd, cmd, arg=0):
+        if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_fcntl(fd, cmd, arg)
 
     monkeypatch.setattr(os, "open", refusing_open)
+    monkeypatch.setattr(fcntl, "fcntl", refusing_fcntl)
 
 
 def test_refused_o_direct_falls_back_with_one_line(tmp_path, monkeypatch):

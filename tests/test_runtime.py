@@ -240,7 +240,7 @@ def test_missing_native_library_falls_back_with_a_warning(dipca_bundle, monkeypa
     import dipdeploy.ops.native as native
 
     monkeypatch.setattr(native, "library_path", lambda arch=None: None)
-    with pytest.warns(UserWarning, match="native op library is not built"):
+    with pytest.warns(UserWarning, match="no native op library: running the ONNX fallback"):
         eng = Engine(dipca_bundle[0], dram_budget="50%")
     assert eng.native is False
 

@@ -12,7 +12,8 @@ A bundle is a directory::
 
 ``names.py``: the names writer and readers agree on (files, graphs, symbolic dims, tensors);
 ``manifest.py``: the manifest, its format and version, and the one reader that checks a bundle before
-anything in it is opened; ``graphdata.py``: the external-data files each graph names, read without
+anything in it is opened; ``bundledir.py``: the bundle folder held by one descriptor, through which
+every file is opened, checked on that descriptor and read; ``graphdata.py``: the external-data files each graph names, read without
 ``onnx``, which that reader holds to the manifest's files. Written by ``dipdeploy.export``; read by ``dipdeploy.runtime``, the CLI and the
 Android demo's Java mirror (``android_demo/engine/.../Manifest.java``).
 """

@@ -14,19 +14,18 @@ import hashlib
 import json
 import math
 import os
-import stat
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+from dipdeploy.bundle.bundledir import REGENERATE, BundleDir, BundleError, FileProblem, kind_problem, name_problem
 from dipdeploy.bundle.graphdata import GraphDataError, external_data
 from dipdeploy.bundle.names import EDGE_GRAPHS, EMBEDDING, GENAI_CONFIG, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
 from dipdeploy.flash import BLOCK
-from dipdeploy.paths import read_capped
 
 BUNDLE_FORMAT = "dipdeploy-bundle"
 BUNDLE_VERSION = 3  # 3: the joined decoder (graphs.decoder); 2: positions.onnx, the MLP term unadded
-REGENERATE = "regenerate the bundle with `dipdeploy export`"
 # Caps on what a manifest may hold, checked before it is parsed or walked: json.loads holds the whole
 # text many times over in objects and ``verify`` visits every entry, so a hostile manifest of gigabytes or
 # millions of entries would exhaust memory or time before any check could refuse it. What export writes
@@ -47,10 +46,6 @@ _FIELD_TYPES = {"source": dict, "method": str, "plan": (dict, type(None)), "quan
                 "ops": dict, "onnxruntime": dict, "graphs": dict, "tensors": dict, "files": dict,
                 "dipca": (dict, type(None)), "sizes": dict, "validation": dict, "export_config": dict,
                 "alignment": int, "row_order": (dict, type(None))}
-
-
-class BundleError(ValueError):
-    """A bundle that cannot be used as it is; the message is one line naming the problem and the fix."""
 
 
 @dataclass
@@ -118,33 +113,50 @@ class Manifest:
         return cls(**raw)
 
 
-def read_manifest(bundle: str | Path, checksums: str = "small", libraries: Collection[str] | None = None) -> Manifest:
+def read_manifest(bundle: str | Path | BundleDir, checksums: str = "small",
+                  libraries: Collection[str] | None = None) -> Manifest:
     """The manifest of ``bundle`` after :func:`check_structure`: what every command that opens a bundle
     calls first, so no file is opened on the manifest's word before its paths and ranges are checked. A
     bundle missing because an export was killed between its two renames is restored first
-    (:func:`restore_interrupted`). ``libraries``: see :func:`verify`."""
-    restore_interrupted(Path(bundle))
-    manifest = parse_manifest(bundle)
-    check_structure(bundle, manifest, checksums, libraries)
+    (:func:`restore_interrupted`). ``libraries``: see :func:`verify`. Given a :class:`BundleDir`, every
+    file is read through it and its ``files`` are set to the manifest's."""
+    restore_interrupted(bundle.path if isinstance(bundle, BundleDir) else Path(bundle))
+    with held(bundle) as folder:
+        manifest = parse_manifest(folder)
+        folder.files = manifest.files
+        check_structure(folder, manifest, checksums, libraries)
     return manifest
 
 
-def parse_manifest(bundle: str | Path) -> Manifest:
-    """The manifest of ``bundle``, parsed but not checked against the files (what :func:`verify` reports on)."""
-    path = Path(bundle) / MANIFEST
-    if path.is_symlink():
-        raise BundleError(f"{path} is a symbolic link; a bundle holds plain files; {REGENERATE}")
+@contextmanager
+def held(bundle: str | Path | BundleDir, files: dict | None = None) -> Iterator[BundleDir]:
+    """``bundle`` as a :class:`BundleDir`: the one given, or one opened for the block (with ``files``)."""
+    if isinstance(bundle, BundleDir):
+        yield bundle
+        return
     if not Path(bundle).is_dir():
         raise FileNotFoundError(f"bundle {bundle} not found: give the folder `dipdeploy export` wrote (its "
                                 f"manifest.json beside the graphs)")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: {bundle} is not a dipdeploy bundle; {REGENERATE}")
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with BundleDir(bundle, files) as folder:
+        yield folder
+
+
+def parse_manifest(bundle: str | Path | BundleDir) -> Manifest:
+    """The manifest of ``bundle``, parsed but not checked against the files (what :func:`verify` reports on)."""
+    with held(bundle) as folder:
+        return _parse(folder)
+
+
+def _parse(folder: BundleDir) -> Manifest:
+    path = folder.path / MANIFEST
+    try:
+        fd = folder.open(MANIFEST)
+    except FileProblem as exc:
+        if exc.problem == f"{MANIFEST}: missing":
+            raise FileNotFoundError(f"{path} not found: {folder.path} is not a dipdeploy bundle; {REGENERATE}") from None
+        raise BundleError(f"{path}: {exc.problem.removeprefix(MANIFEST + ': ')}; {REGENERATE}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        kind = _kind_problem(MANIFEST, st)
-        if kind:
-            raise BundleError(f"{path}: {kind.removeprefix(MANIFEST + ': ')}; {REGENERATE}")
         if st.st_size > MANIFEST_MAX:
             raise BundleError(_too_large(path, st.st_size))
         raw = f.read(MANIFEST_MAX + 1)  # the cap holds even if the file grows after the fstat
@@ -162,11 +174,12 @@ def _too_large(path: Path, size: int) -> str:
             f"hundred kB at most); {REGENERATE}")
 
 
-def check_structure(bundle: str | Path, manifest: Manifest, checksums: str = "small",
+def check_structure(bundle: str | Path | BundleDir, manifest: Manifest, checksums: str = "small",
                     libraries: Collection[str] | None = None) -> None:
     """Raise :class:`BundleError` (one line: the first problems and the fix) unless :func:`verify` finds
     the bundle intact at the given ``checksums`` level (and its op library among ``libraries``)."""
     problems = verify(bundle, manifest, checksums, libraries)
+    bundle = bundle.path if isinstance(bundle, BundleDir) else bundle
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise BundleError(f"bundle {bundle} is damaged: {'; '.join(problems[:5])}{more}; files truncated or "
@@ -188,8 +201,9 @@ def restore_interrupted(bundle: Path) -> bool:
         return False
 
 
-def open_tensor(bundle: str | Path, manifest: Manifest, name: str):
-    """A read-only ``np.memmap`` of one tensor of the table (what a host runtime reads rows from)."""
+def open_tensor(bundle: str | Path | BundleDir, manifest: Manifest, name: str):
+    """A read-only ``np.memmap`` of one tensor of the table (what a host runtime reads rows from), mapped
+    from a descriptor :meth:`BundleDir.open` checked."""
     import numpy as np
 
     if name not in manifest.tensors:
@@ -197,11 +211,16 @@ def open_tensor(bundle: str | Path, manifest: Manifest, name: str):
     t = manifest.tensors[name]
     if t["length"] == 0:  # np.memmap cannot map zero bytes
         return np.zeros(tuple(t["shape"]), dtype=np.dtype(t["dtype"]))
-    return np.memmap(Path(bundle) / t["file"], dtype=np.dtype(t["dtype"]), mode="r", offset=t["offset"],
-                     shape=tuple(t["shape"]))
+    with held(bundle, manifest.files) as folder:
+        try:
+            fd = folder.open(t["file"])
+        except FileProblem as exc:
+            raise folder.error(exc.problem) from None
+        with os.fdopen(fd, "rb") as f:  # the map keeps its own reference to the file
+            return np.memmap(f, dtype=np.dtype(t["dtype"]), mode="r", offset=t["offset"], shape=tuple(t["shape"]))
 
 
-def row_positions(bundle: str | Path, manifest: Manifest, layer: int, group: str, rows: int):
+def row_positions(bundle: str | Path | BundleDir, manifest: Manifest, layer: int, group: str, rows: int):
     """The file row of each logical row of one MLP group (int64 [rows]), or None where ``mlp.bin`` keeps
     the logical order (``row_order`` absent or natural); a calibrated bundle whose position tensor is
     missing or not a permutation of ``range(rows)`` raises :class:`BundleError`."""
@@ -209,13 +228,14 @@ def row_positions(bundle: str | Path, manifest: Manifest, layer: int, group: str
 
     if (manifest.row_order or {}).get("order", "natural") == "natural":
         return None
+    where = bundle.path if isinstance(bundle, BundleDir) else bundle
     name = ROW_POSITION.format(layer=layer, group=group)
     if name not in manifest.tensors:
-        raise BundleError(f"{bundle}: row_order is {manifest.row_order.get('order')!r} but tensor {name} is "
+        raise BundleError(f"{where}: row_order is {manifest.row_order.get('order')!r} but tensor {name} is "
                           f"missing; {REGENERATE}")
     position = np.array(open_tensor(bundle, manifest, name), dtype=np.int64)
     if position.shape != (rows,) or not (np.sort(position) == np.arange(rows)).all():
-        raise BundleError(f"{bundle}: tensor {name} is not a permutation of the group's {rows} rows; {REGENERATE}")
+        raise BundleError(f"{where}: tensor {name} is not a permutation of the group's {rows} rows; {REGENERATE}")
     return position
 
 
@@ -227,7 +247,7 @@ def file_record(path: Path) -> dict:
     return {"size": path.stat().st_size, "sha256": h.hexdigest()}
 
 
-def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str = "all",
+def verify(bundle: str | Path | BundleDir, manifest: Manifest | None = None, checksums: str = "all",
            libraries: Collection[str] | None = None) -> list[str]:
     """Problems found (empty = intact). Structure, always: every path the manifest names is a plain file
     name of a regular file in the bundle (no separator, no '..', no symbolic link, no second hard link)
@@ -243,11 +263,19 @@ def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str 
     bundle's own manifest vouches for nothing: with ``libraries`` (the sha256 of the libraries the caller
     trusts; this floor cannot locate them, ``dipdeploy.ops.native.known_library_hashes`` does) a shipped
     library must be one of them. It is the one listed file a bundle may lack: dipdeploy never loads the
-    bundle's copy, and a host may bring its own."""
+    bundle's copy, and a host may bring its own.
+
+    Every file is opened through one :class:`BundleDir` and checked on the descriptor that is read."""
     if checksums not in CHECKSUMS:
         raise ValueError(f"checksums={checksums!r}: choose one of {', '.join(CHECKSUMS)}")
-    bundle = Path(bundle)
-    manifest = manifest or parse_manifest(bundle)
+    with held(bundle) as folder:
+        manifest = manifest or _parse(folder)
+        if folder.files is not manifest.files:
+            folder.files = manifest.files
+        return _verify(folder, manifest, checksums, libraries)
+
+
+def _verify(bundle: BundleDir, manifest: Manifest, checksums: str, libraries: Collection[str] | None) -> list[str]:
     data = {t.get("file") for t in manifest.tensors.values() if isinstance(t, dict) and isinstance(t.get("file"), str)}
     lib = manifest.ops.get("native_library")
     problems, graphs = [], []
@@ -261,7 +289,7 @@ def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str 
     if GENAI_CONFIG in manifest.files and not any(p.startswith(GENAI_CONFIG + ":") for p in problems):
         problems += _genai_problems(bundle, lib)
     if libraries is not None and isinstance(lib, str) and lib in manifest.files and not _name_problem(lib):
-        problems += _library_problems(bundle / lib, libraries)
+        problems += _library_problems(bundle, lib, libraries)
     problems += _path_problems(manifest)
     for name in graphs:
         problems += _graph_problems(bundle, name, manifest.files)
@@ -271,75 +299,47 @@ def verify(bundle: str | Path, manifest: Manifest | None = None, checksums: str 
             + _sizes_problems(manifest))
 
 
-def _name_problem(name) -> str | None:
-    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
-        return f"{name!r} is not a plain file name inside the bundle (no directories, '..' or absolute paths)"
-    return None
+_name_problem, _kind_problem = name_problem, kind_problem
 
 
 def _is_count(v) -> bool:
     return type(v) is int and v >= 0
 
 
-def _kind_problem(name: str, st: os.stat_result) -> str | None:
-    """A bundle file must be a regular file of its own: not a link, a FIFO or a device, and with one
-    name only, as a hard link shares its bytes with a file that may lie outside the bundle (its sha256,
-    recomputed into the manifest, would vouch for those bytes)."""
-    if stat.S_ISLNK(st.st_mode):
-        return f"{name}: a symbolic link (a bundle holds plain files)"
-    if not stat.S_ISREG(st.st_mode):
-        return f"{name}: not a regular file (a bundle holds plain files)"
-    if st.st_nlink > 1:  # a filesystem that reports 0 keeps no count to judge by
-        return (f"{name}: {st.st_nlink} hard links to the same bytes (a bundle file must be its own copy; a link "
-                "may be a file outside the bundle)")
+def _file_problem(bundle: BundleDir, name: str, rec, hash_it: bool, optional: bool = False) -> str | None:
+    try:
+        fd = bundle.open(name)  # a plain name, no link followed, a regular file of one link, the listed size
+    except FileProblem as exc:
+        return None if optional and exc.problem == f"{name}: missing" else exc.problem
+    with os.fdopen(fd, "rb") as f:
+        if not isinstance(rec, dict) or not _is_count(rec.get("size")) or not isinstance(rec.get("sha256"), str):
+            return f"{name}: no size and sha256 in the manifest"
+        if hash_it and _sha256(f) != rec["sha256"]:
+            return f"{name}: sha256 mismatch"
     return None
 
 
-def _file_problem(bundle: Path, name: str, rec, hash_it: bool, optional: bool = False) -> str | None:
-    bad = _name_problem(name)
-    if bad:
-        return f"files: {bad}"
-    path = bundle / name
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None if optional else f"{name}: missing"
-    except OSError as exc:
-        return f"{name}: cannot be read ({exc.strerror})"
-    kind = _kind_problem(name, st)
-    if kind:
-        return kind
-    if path.resolve().parent != bundle.resolve():
-        return f"{name}: resolves outside the bundle"
-    if not isinstance(rec, dict) or not _is_count(rec.get("size")) or not isinstance(rec.get("sha256"), str):
-        return f"{name}: no size and sha256 in the manifest"
-    size = st.st_size
-    if size != rec["size"]:
-        return f"{name}: size {size} != {rec['size']}"
-    if hash_it and file_record(path)["sha256"] != rec["sha256"]:
-        return f"{name}: sha256 mismatch"
-    return None
+def _sha256(f) -> str:
+    h = hashlib.sha256()
+    while block := f.read(1 << 22):
+        h.update(block)
+    return h.hexdigest()
 
 
-def _graph_problems(bundle: Path, name: str, files: dict) -> list[str]:
-    """Every tensor a graph stores outside itself must name a plain file listed in ``files``, and lie
-    inside it: onnxruntime opens what ``location`` names relative to the graph before any check of ours
-    could see the bytes (``dipdeploy.bundle.graphdata``). The graph is read through one descriptor that
-    follows no link, and the bytes parsed are the bytes that descriptor's checks passed."""
+def _graph_problems(bundle: BundleDir, name: str, files: dict) -> list[str]:
+    """:func:`graph_data_problems` of the graph's bytes, read through one checked descriptor."""
     try:
-        fd = os.open(bundle / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        return [f"{name}: cannot be read ({exc.strerror})"]
-    try:
-        kind = _kind_problem(name, os.fstat(fd))
-        if kind:
-            return [kind]
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(files[name]["size"] + 1)
-    finally:
-        os.close(fd)
-    if len(data) != files[name]["size"]:
-        return [f"{name}: size {len(data)} != {files[name]['size']}"]
+        data = bundle.read_bytes(name, hash_it=False)  # the files check compared its sha256
+    except FileProblem as exc:
+        return [exc.problem]
+    return graph_data_problems(name, data, files)
+
+
+def graph_data_problems(name: str, data: bytes, files: dict) -> list[str]:
+    """Every tensor the graph ``data`` stores outside itself must name a plain file listed in ``files``,
+    and lie inside it: onnxruntime opens what ``location`` names relative to the graph before any check of
+    ours could see the bytes (``dipdeploy.bundle.graphdata``). The runtime calls this on the very bytes it
+    hands onnxruntime."""
     try:
         entries = external_data(data)
     except GraphDataError as exc:
@@ -366,7 +366,7 @@ def _graph_problems(bundle: Path, name: str, files: dict) -> list[str]:
     return problems
 
 
-def _genai_problems(bundle: Path, lib) -> list[str]:
+def _genai_problems(bundle: BundleDir, lib) -> list[str]:
     """onnxruntime-genai loads whatever library ``custom_ops_library`` names (in any ``session_options``
     of ``genai_config.json``) when it opens the bundle: every such entry must be exactly the manifest's
     ``ops.native_library``, the plain file name whose bytes ``verify`` checks, never a path elsewhere."""
@@ -380,11 +380,13 @@ def _genai_problems(bundle: Path, lib) -> list[str]:
             else:
                 walk(value)
 
+    size = (bundle.files.get(GENAI_CONFIG) or {}).get("size")
+    if type(size) is int and size > GENAI_CONFIG_MAX:
+        return [f"{GENAI_CONFIG}: larger than {GENAI_CONFIG_MAX} bytes"]
     try:
-        text = read_capped(bundle / GENAI_CONFIG, GENAI_CONFIG_MAX)
-        if text is None:
-            return [f"{GENAI_CONFIG}: larger than {GENAI_CONFIG_MAX} bytes"]
-        walk(json.loads(text))
+        walk(json.loads(bundle.read_bytes(GENAI_CONFIG, hash_it=False)))
+    except FileProblem as exc:
+        return [exc.problem]
     except (OSError, ValueError, RecursionError) as exc:
         return [f"{GENAI_CONFIG}: not readable JSON ({type(exc).__name__})"]
     if lib is None:
@@ -394,12 +396,13 @@ def _genai_problems(bundle: Path, lib) -> list[str]:
             f"onnxruntime-genai would load it" for v in named if v != lib]
 
 
-def _library_problems(path: Path, libraries: Collection[str]) -> list[str]:
-    if not path.is_file() or path.is_symlink():  # absent (a host brings its own) or refused by the files check
+def _library_problems(bundle: BundleDir, lib: str, libraries: Collection[str]) -> list[str]:
+    try:
+        if bundle.sha256(lib) in libraries:
+            return []
+    except FileProblem:  # absent (a host brings its own) or refused by the files check
         return []
-    if file_record(path)["sha256"] in libraries:
-        return []
-    return [f"the bundle's {path.name} is not a library this dipdeploy built or knows: remove it or re-export"]
+    return [f"the bundle's {lib} is not a library this dipdeploy built or knows: remove it or re-export"]
 
 
 def _path_problems(manifest: Manifest) -> list[str]:

@@ -21,7 +21,8 @@ JOINED_LOGITS_FROM = "logits_from"
 MLP_GROUPS = ("up_gate", "down")  # a layer's row groups, in the order every stage lists them
 # Files the readers open by their fixed names (the runtime's decoder settings, the tokenizer).
 GENAI_CONFIG = "genai_config.json"  # onnxruntime-genai's settings, which the runtime reads too
-READ_BY_NAME = (GENAI_CONFIG, "tokenizer.json")
+TOKENIZER = "tokenizer.json"
+READ_BY_NAME = (GENAI_CONFIG, TOKENIZER)
 ROW_POSITION = "model.layers.{layer}.mlp.{group}.position"  # int64 [R]: the file row of each logical row
 
 

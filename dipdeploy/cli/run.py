@@ -340,7 +340,7 @@ def run_cmd(
         engine, drafter = _engine(bundle, options)
         text = prompt
         if chat:
-            rendered = ChatTemplate.from_bundle(engine.path, engine.manifest.files).render(messages(prompt, system))
+            rendered = ChatTemplate.from_bundle(engine.files, engine.manifest.files).render(messages(prompt, system))
             text = engine.encode(rendered, special_tokens=False)  # the template writes its special tokens
         recorder = engine.trace_recorder() if trace is not None else None
         screen = _Prefill(quiet)

@@ -53,7 +53,7 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
             engine, drafter = _engine(bundle, {"context": context, "speculate": speculate, "draft": draft,
                                                **({"dram_budget": dram_budget} if dram_budget else {})})
             try:
-                template = ChatTemplate.from_bundle(bundle, engine.manifest.files)
+                template = ChatTemplate.from_bundle(engine.files, engine.manifest.files)
                 rows = [evaluate_bundle(engine, template, bundle, task, log, Progress(), drafter)]
             finally:
                 engine.close()

@@ -176,6 +176,32 @@ def make_reader(threads: int | None = None, native: bool = True, engine: str = I
     return PythonReader(in_flight("threads", threads))
 
 
+def direct_fd(fd: int, path: str, block: int = BLOCK) -> str | None:
+    """Switch the open ``fd`` of ``path`` to ``O_DIRECT`` (``fcntl``, so the file read is the one already
+    opened and checked, not a name looked up again; probed with one aligned read); where the filesystem
+    refuses it, ``fd`` is left as it was and the one-line note of :func:`open_direct` is returned."""
+    import fcntl
+
+    flag = getattr(os, "O_DIRECT", 0)
+    if flag:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags | flag)
+            os.preadv(fd, [memoryview(AlignedBuffer(block).get(block))], 0)
+            return None
+        except OSError as err:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+            if err.errno != errno.EINVAL:
+                raise
+    return _direct_note(path, flag)
+
+
+def _direct_note(path: str, flag: int) -> str:
+    why = "this platform has no O_DIRECT" if not flag else "its filesystem refuses O_DIRECT"
+    return (f"--io direct: {path}: {why}; reading the same block-aligned requests through the OS page cache "
+            "instead (put the bundle on a disk filesystem such as ext4 or xfs for reads from the device)")
+
+
 def open_direct(path: str, block: int = BLOCK) -> tuple[int, str | None]:
     """``path`` opened with ``O_DIRECT`` (probed with one aligned read), or, where the filesystem
     refuses it (tmpfs, some overlay and network filesystems), opened plainly with a one-line note."""
@@ -195,7 +221,4 @@ def open_direct(path: str, block: int = BLOCK) -> tuple[int, str | None]:
                 os.close(fd)
                 if err.errno != errno.EINVAL:
                     raise
-    why = "this platform has no O_DIRECT" if not flag else "its filesystem refuses O_DIRECT"
-    note = (f"--io direct: {path}: {why}; reading the same block-aligned requests through the OS page cache "
-            "instead (put the bundle on a disk filesystem such as ext4 or xfs for reads from the device)")
-    return os.open(path, os.O_RDONLY), note
+    return os.open(path, os.O_RDONLY), _direct_note(path, flag)

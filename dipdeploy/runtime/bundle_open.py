@@ -8,19 +8,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, read_manifest
+from dipdeploy.bundle.bundledir import BundleDir, FileProblem
+from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, held, read_manifest
+from dipdeploy.bundle.names import GENAI_CONFIG
 
 
-def open_bundle(path: str | Path, full_verify: bool = False) -> Manifest:
+def open_bundle(path: str | Path | BundleDir, full_verify: bool = False) -> Manifest:
     """The manifest, after ``read_manifest``'s structure checks (paths inside the bundle, tensor ranges,
     plan against graphs, sizes, the small files' checksums) and, if asked, every file's checksum and the
     shipped op library against the libraries this dipdeploy knows (the check a bundle handed to
     onnxruntime-genai needs; the engine itself loads only its own library)."""
     from dipdeploy.ops.native import known_library_hashes
 
-    path = Path(path)
     manifest = read_manifest(path, checksums="all" if full_verify else "small",
                              libraries=known_library_hashes() if full_verify else None)
+    path = path.path if isinstance(path, BundleDir) else Path(path)
     if "layers" not in manifest.graphs:
         raise BundleError(f"{path} has no per-layer graphs (exported with --no-per-layer or as dense); "
                           "export it again with `dipdeploy export --method dip|dip-ca` (per-layer graphs are the default)")
@@ -48,20 +50,35 @@ def check_vocabulary(path: Path, manifest: Manifest, tokenizer_vocab: int | None
                               f"{REGENERATE}")
 
 
-def bundle_positions(path: str | Path, manifest: Manifest | None = None) -> int:
+def bundle_positions(path: str | Path, manifest: Manifest | None = None, genai: dict | None = None) -> int:
     """Positions the bundle can run: the model's ``max_position_embeddings`` (the manifest's config), or
-    fewer when the export built a shorter RoPE table (``context_length`` of genai_config.json). A longer
-    context would fail inside onnxruntime at that position, after minutes of work."""
+    fewer when the export built a shorter RoPE table (``context_length`` of genai_config.json; ``genai``:
+    that file as already read). A longer context would fail inside onnxruntime at that position, after
+    minutes of work."""
     path = Path(path)
     m = manifest or read_manifest(path)
     found = [(m.source.get("config") or {}).get("max_position_embeddings")]
-    genai = path / "genai_config.json"
-    if genai.is_file():
-        found.append(json.loads(genai.read_text()).get("model", {}).get("context_length"))
+    if genai is None and GENAI_CONFIG in m.files:
+        genai = read_json(path, m, GENAI_CONFIG)
+    if isinstance(genai, dict):
+        found.append((genai.get("model") or {}).get("context_length"))
     found = [int(n) for n in found if isinstance(n, int) and n > 0]
     if not found:
         raise BundleError(f"{path}: the manifest's config has no max_position_embeddings; {REGENERATE}")
     return min(found)
+
+
+def read_json(bundle: str | Path | BundleDir, manifest: Manifest, name: str):
+    """A small JSON file of the bundle, read through ``BundleDir.read_bytes`` (its sha256 compared)."""
+    with held(bundle, manifest.files) as folder:
+        try:
+            data = folder.read_bytes(name)
+        except FileProblem as exc:
+            raise folder.error(exc.problem) from None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise BundleError(f"bundle {folder.path}: {name} is not valid JSON ({type(exc).__name__}); {REGENERATE}") from None
 
 
 def _settings_problems(m: Manifest) -> list[str]:

@@ -56,7 +56,7 @@ class Chat:
                  template: ChatTemplate | None = None, draft=None):
         check_policy(engine.cfg.policy)
         self.engine, self.sampler, self.draft = engine, sampler or Sampler(), draft  # draft: --speculate's
-        self.template = template or ChatTemplate.from_bundle(engine.path, engine.manifest.files)
+        self.template = template or ChatTemplate.from_bundle(engine.files, engine.manifest.files)
         self.system = [{"role": "system", "content": system}] if system else []
         self.turns: list[dict] = []  # user and assistant messages, oldest first
         engine.reset()

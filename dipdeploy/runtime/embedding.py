@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest
+from dipdeploy.bundle.bundledir import BundleDir, FileProblem
+from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, held
 from dipdeploy.bundle.names import EMBEDDING
 
 _ZERO_POINT = 8  # int4 codes are stored offset by 8 (MatMulNBits' and GatherBlockQuantized's default)
@@ -61,7 +62,7 @@ def check_token_ids(ids, rows: int | None) -> None:
 class EmbeddingRows:
     """Positioned reads of single embedding rows (see the module docstring)."""
 
-    def __init__(self, bundle: Path, manifest: Manifest, multiplier: float):
+    def __init__(self, bundle: Path | BundleDir, manifest: Manifest, multiplier: float):
         names = embedding_tensors(manifest)
         ts = [manifest.tensors.get(n) for n in names]
         if any(t is None or len(t["shape"]) != 2 for t in ts) or len({t["file"] for t in ts}) != 1:
@@ -86,8 +87,12 @@ class EmbeddingRows:
                                   f"{scales.dtype}[{scales.size}] and hidden size {self.d} do not fit; {REGENERATE}")
             self._values = np.empty((scales.size, 2 * codes.size // scales.size), np.float32)
         self.multiplier = np.float32(multiplier)
-        self.path = bundle / ts[0]["file"]
-        self.fd = os.open(self.path, os.O_RDONLY)
+        with held(bundle, manifest.files) as folder:  # the rows are read through a checked descriptor
+            self.path = folder.path / ts[0]["file"]
+            try:
+                self.fd = folder.open(ts[0]["file"])
+            except FileProblem as exc:
+                raise folder.error(exc.problem) from None
 
     @property
     def nbytes(self) -> int:

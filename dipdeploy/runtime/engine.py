@@ -1,6 +1,7 @@
 """The host engine: a bundle under a DRAM budget, MLP rows streamed from Flash.
 
-``Engine`` opens the bundle (``bundle_open``: its checks), resolves what ``EngineConfig`` leaves open
+``Engine`` opens the bundle (``bundle_open``: its checks; every file read through one held folder,
+``dipdeploy.bundle.bundledir``, under the folder's reading lock so an export's swap waits), resolves what ``EngineConfig`` leaves open
 (context, io, native kernels), refuses a budget the cgroup limit cannot hold, chooses one decoder (``dipdeploy.runtime.
 backends``: ``model.onnx`` in one session where the budget holds every row, else the joined graph, else
 the per-layer sessions with the host cache step) and generates: prefill, sampling, stop strings, stats.
@@ -13,7 +14,6 @@ Torch-free (floor 5).
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -22,12 +22,13 @@ from typing import Callable
 
 import numpy as np
 
-from dipdeploy.bundle.manifest import REGENERATE, BundleError
-from dipdeploy.bundle.names import MLP_FILE
+from dipdeploy.bundle.bundledir import BundleDir, FileProblem
+from dipdeploy.bundle.manifest import REGENERATE, BundleError, held, restore_interrupted
+from dipdeploy.bundle.names import GENAI_CONFIG, MLP_FILE, TOKENIZER
 from dipdeploy.cache import policy_of
 from dipdeploy.runtime import record as recording
 from dipdeploy.runtime.backends import Decoder, open_backend
-from dipdeploy.runtime.bundle_open import bundle_positions, check_vocabulary, open_bundle
+from dipdeploy.runtime.bundle_open import bundle_positions, check_vocabulary, open_bundle, read_json
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT
 from dipdeploy.runtime.cgroup import check_budget, memory_limit
 from dipdeploy.runtime.config import EngineConfig
@@ -63,13 +64,27 @@ class Engine:
     def __init__(self, bundle: str | Path, config: EngineConfig | None = None, **overrides):
         import onnxruntime  # noqa: F401  (fail early with the import error, before any work)
 
-        from dipdeploy.ops.native import kernel_set, library_path, missing_library_hint, session_options
-
         if config is not None and overrides:
             raise TypeError("give either an EngineConfig or keyword options, not both")
         self.cfg = config or EngineConfig(**overrides)
         self.path = Path(bundle)
-        self.manifest = m = open_bundle(self.path, self.cfg.verify)
+        restore_interrupted(self.path)  # an export killed between its renames: its old bundle put back
+        with held(self.path):  # a missing folder: the reader's one line
+            pass
+        #: the bundle folder every file is read through, held for the engine's life (``close``)
+        self.files = BundleDir(self.path, lock=True)
+        try:
+            self._open()
+        except BaseException:
+            self.files.close()
+            raise
+        finally:
+            self.files.release()  # an export may swap the folder now: everything the run reads is open
+
+    def _open(self) -> None:
+        from dipdeploy.ops.native import kernel_set, library_path, missing_library_hint, session_options
+
+        self.manifest = m = open_bundle(self.files, self.cfg.verify)
         if m.plan is None:
             raise BundleError(f"{self.path} carries no sparsity plan; {REGENERATE}")
         plan = m.plan
@@ -92,12 +107,12 @@ class Engine:
         self._cache_library = choose_cache_library(native, self.cfg.native_cache)
         baked = int((m.export_config or {}).get("accuracy_level", 0)) if m.quant else 0
         self.accuracy_level = baked if self.cfg.accuracy_level is None else self.cfg.accuracy_level
-        self.decoder = json.loads((self.path / "genai_config.json").read_text())["model"]
-        self._tokenizer = None
-        has_tokenizer = (self.path / "tokenizer.json").is_file()
-        check_vocabulary(self.path, m, self.tokenizer.get_vocab_size(False) if has_tokenizer else None)
+        genai = read_json(self.files, m, GENAI_CONFIG)
+        self.decoder = genai["model"]
+        self._tokenizer = self._read_tokenizer() if TOKENIZER in m.files else None
+        check_vocabulary(self.path, m, self._tokenizer.get_vocab_size(False) if self._tokenizer else None)
         self.vocab_rows = embedding_rows(m)  # every token id fed is checked against it
-        limit = bundle_positions(self.path, m)
+        limit = bundle_positions(self.path, m, genai)
         if self.cfg.context is None:
             self.cfg = dataclasses.replace(self.cfg, context=min(DEFAULT_CONTEXT, limit))
         elif self.cfg.context > limit:
@@ -110,7 +125,7 @@ class Engine:
         check_budget(m, self.cfg.dram_budget, self.kv.nbytes, memory_limit())  # before any session opens
         self._state = None
         self.backend: Decoder = open_backend(self, session_options, native)  # chosen once (sets cfg.io)
-        self.flash = FlashStore(self.path / MLP_FILE, io=self.cfg.io, cold=self.cfg.cold,
+        self.flash = FlashStore(self.path / MLP_FILE, fd=self._open_file(MLP_FILE), io=self.cfg.io, cold=self.cfg.cold,
                                 emulate=self.cfg.emulate,
                                 io_threads=self.cfg.io_threads,
                                 io_engine=self.cfg.io_engine, io_gap=self.cfg.io_gap,
@@ -138,12 +153,29 @@ class Engine:
     def _embedding_bytes(self) -> int:
         return embedding_table_bytes(self.manifest)
 
+    def _open_file(self, name: str) -> int:
+        """A checked descriptor of the bundle file ``name`` (``BundleDir.open``), the caller's to close."""
+        try:
+            return self.files.open(name)
+        except FileProblem as exc:
+            raise self.files.error(exc.problem) from None
+
+    def _read_tokenizer(self):
+        """``tokenizer.json`` built from the bytes whose sha256 was checked, not reopened by name."""
+        from tokenizers import Tokenizer
+
+        try:
+            text = self.files.read_bytes(TOKENIZER).decode("utf-8")
+        except FileProblem as exc:
+            raise self.files.error(exc.problem) from None
+        except UnicodeDecodeError:
+            raise self.files.error(f"{TOKENIZER}: not UTF-8 text") from None
+        return Tokenizer.from_str(text)
+
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from tokenizers import Tokenizer
-
-            self._tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+            raise BundleError(f"{self.path} has no {TOKENIZER}; give token ids, or {REGENERATE}")
         return self._tokenizer
 
     # -- one sequence ---------------------------------------------------------------------------
@@ -359,3 +391,4 @@ class Engine:
     def close(self) -> None:
         self.backend.close()
         self.flash.close()
+        self.files.close()

@@ -62,7 +62,7 @@ import numpy as np
 
 from dipdeploy.bundle.manifest import BundleError
 from dipdeploy.flash import plan_reads, touched_blocks
-from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, AlignedBuffer, make_reader, open_direct
+from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, AlignedBuffer, direct_fd, make_reader, open_direct
 
 if TYPE_CHECKING:
     from dipdeploy.sim.devices import FlashModel
@@ -117,7 +117,7 @@ def runs(rows: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], breaks, [len(rows)]]).astype(np.int64)
 
 
-def choose_io(path: str | os.PathLike, rows_on_flash: bool) -> tuple[str, str]:
+def choose_io(path: str | os.PathLike, rows_on_flash: bool, fd: int | None = None) -> tuple[str, str]:
     """What ``--io auto`` reads with, and why in a few words: ``direct`` where the plan leaves MLP rows
     on Flash and the file's filesystem takes ``O_DIRECT``, else ``mmap``.
 
@@ -128,10 +128,20 @@ def choose_io(path: str | os.PathLike, rows_on_flash: bool) -> tuple[str, str]:
     faster, only because the page cache held the whole file beyond the plan (benchmarks/io_auto.py,
     benchmarks/results/io-auto.md). Where every row is resident from the start (``model.onnx`` in one
     session) nothing is read per token, and where the filesystem refuses ``O_DIRECT`` the direct reads
-    would go through the page cache anyway: ``mmap`` there."""
+    would go through the page cache anyway: ``mmap`` there. ``fd``: the file already open (and checked),
+    probed instead of ``path`` and closed here."""
     if not rows_on_flash:
+        if fd is not None:
+            os.close(fd)
         return "mmap", "every MLP row resident"
-    fd, note = open_direct(str(path))
+    if fd is None:
+        fd, note = open_direct(str(path))
+    else:
+        try:
+            note = direct_fd(fd, str(path))
+        except BaseException:
+            os.close(fd)
+            raise
     os.close(fd)
     if note:
         return "mmap", "the filesystem refuses O_DIRECT"
@@ -160,8 +170,10 @@ class FlashStore:
 
     def __init__(self, path: str | os.PathLike, *, io: str = "mmap", cold: bool = False,
                  emulate: FlashModel | None = None, io_threads: int | None = None, native: bool = True,
-                 io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, size: int | None = None):
-        """``size``: the bytes the manifest lists for the file. The descriptor that is read (and mapped)
+                 io_engine: str = IO_ENGINE, io_gap: int = IO_GAP, size: int | None = None, fd: int | None = None):
+        """``fd``: the file already open (the engine's, checked by ``BundleDir.open``), owned from here on;
+        without it ``path`` is opened. ``path`` names the file in messages either way.
+        ``size``: the bytes the manifest lists for the file. The descriptor that is read (and mapped)
         is ``fstat``-ed against it right after it opens, so a file truncated since the bundle's checks is
         refused in one line instead of a SIGBUS on the first mapped page past its end. A file truncated
         while a run maps it is outside the contract: a bundle is read-only for as long as a run holds it
@@ -175,7 +187,15 @@ class FlashStore:
         self.path, self.io, self.emulate, self.io_gap = str(path), io, emulate, io_gap
         self.note: str | None = None  # one line for the user when direct reads fell back to the page cache
         self._reader = self._bounce = self._mmap = self._map = None
-        if io == "direct":
+        if fd is not None:
+            self.fd = fd
+            if io == "direct":
+                try:
+                    self.note = direct_fd(fd, self.path)
+                except BaseException:
+                    os.close(fd)
+                    raise
+        elif io == "direct":
             self.fd, self.note = open_direct(self.path)
         else:
             self.fd = os.open(self.path, os.O_RDONLY)

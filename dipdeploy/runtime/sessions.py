@@ -4,7 +4,14 @@
 level of its MatMulNBits/SparseGatherMatMul nodes: both attributes are baked at export, but both are
 run-time choices (a DIP bundle becomes DIP-CA with γ < 1; level 4 trades int8 rounding for speed),
 so the graph is loaded without its weights, the attributes rewritten, and the session built from
-bytes with the bundle folder as the external-data root.
+bytes.
+
+Every graph is handed to ORT as the bytes ``BundleDir.read_bytes`` checked (its sha256 where the
+manifest lists one), never by path. ORT opens the graph's external data itself, by name, in the held
+bundle folder (``BundleDir.folder``); the names are checked on open descriptors first (a regular file
+of one link, the manifest's size), ORT refuses a name that resolves outside that folder, and after the
+session is built each name must still be the file that was checked (``BundleDir.unchanged``), or the
+session is refused (docs/decisions/0008-bundle-reads.md).
 
 ``Bound`` keeps one IOBinding per session. Every fixed-shape tensor of the decode loop (hidden
 states, indices, slots, residency, slab arrays, RoPE rows, logits) is a numpy buffer bound once at
@@ -20,9 +27,12 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from pathlib import Path
 
 import numpy as np
+
+from dipdeploy.bundle.bundledir import BundleDir, FileProblem
 
 
 @functools.cache
@@ -65,7 +75,7 @@ class SharedInitializers:
     them from ``dense.bin``, and every mapping's pages count in RSS again, once per layer's cos and sin
     (benchmarks/results/notes.md)."""
 
-    def __init__(self, bundle: Path, manifest):
+    def __init__(self, bundle: Path | BundleDir, manifest):
         from onnxruntime import OrtValue
 
         from dipdeploy.bundle.manifest import open_tensor
@@ -85,25 +95,71 @@ class SharedInitializers:
         return options
 
 
-def open_session(path: Path, options, gamma: float | None = None, accuracy_level: int | None = None):
-    """An ORT CPU session for ``path``; with ``gamma`` every TopKColumnMask gets that γ, with
-    ``accuracy_level`` every MatMulNBits and SparseGatherMatMul that level (``with_accuracy_level``)."""
+def graph_bytes(files: BundleDir, name: str) -> bytes:
+    """The graph ``name``'s bytes as checked (``BundleDir.read_bytes``), its external data held to the
+    manifest's files (``graph_data_problems``, on these very bytes)."""
+    from dipdeploy.bundle.manifest import graph_data_problems
+
+    try:
+        data = files.read_bytes(name)
+    except FileProblem as exc:
+        raise files.error(exc.problem) from None
+    problems = graph_data_problems(name, data, files.files)
+    if problems:
+        raise files.error(problems[0])
+    return data
+
+
+def open_session(files: BundleDir | Path, options, gamma: float | None = None, accuracy_level: int | None = None,
+                 name: str | None = None):
+    """An ORT CPU session for the graph ``name`` of the bundle ``files`` (a path: its folder and name);
+    with ``gamma`` every TopKColumnMask gets that γ, with ``accuracy_level`` every MatMulNBits and
+    SparseGatherMatMul that level (``with_accuracy_level``). See the module docstring for what is read how."""
     import onnxruntime as ort
 
-    providers = ["CPUExecutionProvider"]
-    if gamma is None and accuracy_level is None:
-        return ort.InferenceSession(str(path), options, providers=providers)
-    import onnx
+    from dipdeploy.bundle.graphdata import external_data
+    from dipdeploy.bundle.manifest import held
 
-    from dipdeploy.ops.nodes import set_gamma, with_accuracy_level
+    if name is None:
+        files, name = Path(files).parent, Path(files).name
+    with held(files) as folder:
+        if not folder.files:
+            from dipdeploy.bundle.manifest import parse_manifest
 
-    model = onnx.load(str(path), load_external_data=False)
-    if gamma is not None:
-        set_gamma(model.graph.node, gamma)
-    if accuracy_level is not None:
-        model = with_accuracy_level(model, accuracy_level)
-    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
-    return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+            folder.files = parse_manifest(folder).files
+        data = graph_bytes(folder, name)
+        if gamma is not None or accuracy_level is not None:
+            import onnx
+
+            from dipdeploy.ops.nodes import set_gamma, with_accuracy_level
+
+            model = onnx.load_from_string(data)
+            if gamma is not None:
+                set_gamma(model.graph.node, gamma)
+            if accuracy_level is not None:
+                model = with_accuracy_level(model, accuracy_level)
+            data = model.SerializeToString()
+        locations = sorted({e["location"] for e in external_data(data)})
+        for location in locations:  # checked on a descriptor: what ORT must find under that name
+            try:
+                os.close(folder.open(location))
+            except FileProblem as exc:
+                raise folder.error(exc.problem) from None
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder.folder)
+        try:
+            session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        except Exception:
+            _refuse_changed(folder, name, locations)
+            raise
+        _refuse_changed(folder, name, locations)
+        return session
+
+
+def _refuse_changed(folder: BundleDir, graph: str, locations: list[str]) -> None:
+    changed = folder.unchanged(locations)
+    if changed:
+        raise folder.error(f"{changed[0]}: not the file that was checked when onnxruntime opened it for {graph} "
+                           "(replaced, or a link put in its place)")
 
 
 class Buffer:

@@ -19,7 +19,8 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
-from dipdeploy.paths import read_capped
+from dipdeploy.bundle.bundledir import BundleDir, FileProblem
+from dipdeploy.bundle.manifest import held
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -39,18 +40,23 @@ class ChatTemplate:
     special_tokens: dict
 
     @classmethod
-    def from_bundle(cls, bundle: str | Path, files: dict) -> "ChatTemplate":
-        """The template of the bundle at ``bundle``; ``files``: the manifest's file records (only listed,
-        already checked files are opened, the bundle sandbox of README.md)."""
-        bundle = Path(bundle)
+    def from_bundle(cls, bundle: str | Path | BundleDir, files: dict) -> "ChatTemplate":
+        """The template of the bundle at ``bundle`` (an engine's ``files``: read through the folder it
+        holds); ``files``: the manifest's file records (only listed files are opened, each checked on the
+        descriptor read and against its sha256, the bundle sandbox of README.md)."""
+        with held(bundle, files) as folder:
+            return cls._read_from(folder, files)
+
+    @classmethod
+    def _read_from(cls, bundle: BundleDir, files: dict) -> "ChatTemplate":
         config = {}
         if TOKENIZER_CONFIG in files:
-            config = json.loads(_read(bundle / TOKENIZER_CONFIG))
+            config = json.loads(_read(bundle, TOKENIZER_CONFIG))
         source = config.get("chat_template")
         if isinstance(source, list):  # named templates, as transformers allows: take "default"
             source = next((t.get("template") for t in source if isinstance(t, dict) and t.get("name") == "default"), None)
         if TEMPLATE_FILE in files:
-            source = _read(bundle / TEMPLATE_FILE)
+            source = _read(bundle, TEMPLATE_FILE)
         if not isinstance(source, str) or not source.strip():
             raise ValueError(f"bundle {bundle} has no chat template ({TEMPLATE_FILE} or chat_template in "
                              f"{TOKENIZER_CONFIG}): chat needs an instruct model's bundle; continue raw text "
@@ -87,9 +93,16 @@ class ChatTemplate:
                              "bundle with the model's own chat template") from None
 
 
-def _read(path: Path) -> str:
+def _read(bundle: BundleDir, name: str) -> str:
     """A template file's text, refused above ``MAX_SOURCE_BYTES`` before it is read whole."""
-    data = read_capped(path, MAX_SOURCE_BYTES)
+    path = bundle.path / name
+    size = (bundle.files.get(name) or {}).get("size")
+    data = None
+    if not (type(size) is int and size > MAX_SOURCE_BYTES):
+        try:
+            data = bundle.read_bytes(name, cap=MAX_SOURCE_BYTES)
+        except FileProblem as exc:
+            raise bundle.error(exc.problem) from None
     if data is None:
         raise ValueError(f"{path} is over the cap of {MAX_SOURCE_BYTES} bytes for a tokenizer config or chat "
                          "template; re-export the bundle with the model's own tokenizer files")

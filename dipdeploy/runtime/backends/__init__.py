@@ -74,7 +74,8 @@ def open_backend(host, session_options, native: bool) -> Decoder:
     backend = None if host.cfg.fused else open_whole(host, session_options, native)
     host.io_why = "given"  # why the engine reads with cfg.io: given, or what --io auto saw
     if host.cfg.io == IO_AUTO:
-        io, host.io_why = choose_io(host.path / MLP_FILE, rows_on_flash=backend is None)
+        io, host.io_why = choose_io(host.path / MLP_FILE, rows_on_flash=backend is None,
+                                    fd=host._open_file(MLP_FILE))
         host.cfg = dataclasses.replace(host.cfg, io=io)
     if backend is None:
         reason = None if host.cfg.fused is False else joined.why_not(host, native)
@@ -91,7 +92,7 @@ class HostBound:
 
     def __init__(self, host):
         self.host = host
-        self.path, self.manifest, self.decoder = host.path, host.manifest, host.decoder
+        self.path, self.files, self.manifest, self.decoder = host.path, host.files, host.manifest, host.decoder
         self.num_layers, self.d, self.f, self.k = host.num_layers, host.d, host.f, host.k
         self.gamma, self.baked_gamma = host.gamma, host.baked_gamma
         self.kv, self._cache_library = host.kv, host._cache_library

@@ -8,11 +8,11 @@ the native groups' totals. Torch-free (floor 5).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from dipdeploy.bundle.bundledir import BundleDir
 from dipdeploy.bundle.manifest import REGENERATE, BundleError
 from dipdeploy.bundle.names import JOINED, JOINED_LOGITS_FROM, MLP_GROUPS, joined_input
 from dipdeploy.cache import policy_of
@@ -67,7 +67,7 @@ class JoinedDecoder(SlabDecoder):
         options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
         gamma = None if self.gamma == self.baked_gamma else self.gamma
         chunk = min(self.cfg.prefill_chunk, self.cfg.context) if self.cfg.prefill == "batch" else 1
-        self.fused = JoinedModel(self.path, self.manifest, self.shared.apply(shared_arena(options)), self.kv, self.cfg.context,
+        self.fused = JoinedModel(self.files, self.manifest, self.shared.apply(shared_arena(options)), self.kv, self.cfg.context,
                                       self.d, self.decoder["vocab_size"], self.num_layers, gamma,
                                       self.cfg.accuracy_level, chunk,
                                       overlap=self.cfg.io == "direct" and self.cfg.overlap_reads,
@@ -255,7 +255,7 @@ class JoinedModel:
     in ``NativeCache.prefill`` mode, in which the same CacheStep/CacheSettle nodes fill those buffers
     with a chunk's rows and warm the caches from its selections."""
 
-    def __init__(self, path: Path, manifest, options, kv, context: int, d: int, vocab: int, layers: int,
+    def __init__(self, files: BundleDir, manifest, options, kv, context: int, d: int, vocab: int, layers: int,
                  gamma: float | None, accuracy_level: int | None, chunk: int = 1, overlap: bool = False,
                  prefetch: bool = False):
         graphs = set(manifest.graphs.get("decoder") or [])
@@ -270,7 +270,7 @@ class JoinedModel:
         # position per token: without them the arena does not keep a plan per length
         # (benchmarks/results/memory.md)
         options.enable_mem_pattern = False
-        self.session = open_session(path / JOINED[form], options, gamma, accuracy_level)
+        self.session = open_session(files, options, gamma, accuracy_level, name=JOINED[form])
         self.bound = Bound(self.session)
         self.kv, self.context, self.layers, self.chunk = kv, context, layers, chunk
         self.hidden = np.zeros((1, 1, d), np.float32)

@@ -73,8 +73,8 @@ class SlabDecoder(HostBound):
 
         super().__init__(host)
         config = (self.manifest.source or {}).get("config") or {}
-        self.embedding = EmbeddingRows(self.path, self.manifest, arch_of(config).embedding_multiplier(config))
-        self.shared = SharedInitializers(self.path, self.manifest)
+        self.embedding = EmbeddingRows(self.files, self.manifest, arch_of(config).embedding_multiplier(config))
+        self.shared = SharedInitializers(self.files, self.manifest)
 
     @property
     def read_ahead_setting(self) -> str | None:
@@ -86,8 +86,8 @@ class SlabDecoder(HostBound):
         arrays = []
         for i in range(self.num_layers):
             up_args, down_args = self._slab_args(i)
-            arrays.append((group_arrays(m, self.path, i, "up_gate", up_args),
-                           group_arrays(m, self.path, i, "down", down_args)))
+            arrays.append((group_arrays(m, self.files, i, "up_gate", up_args),
+                           group_arrays(m, self.files, i, "down", down_args)))
         def shape(rows: int, group, k: int) -> GroupShape:
             return GroupShape(rows, group.row_bytes, k, staging.window_bytes([a.row_bytes for a in group.per_row], k))
 
@@ -171,7 +171,7 @@ class PerLayerDecoder(SlabDecoder):
                 raise BundleError(f"{self.path}: graph {name} is missing from the manifest; {REGENERATE}")
             options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
             options = self.shared.apply(shared_arena(options))
-            return Bound(open_session(self.path / name, options, g, self.cfg.accuracy_level))
+            return Bound(open_session(self.files, options, g, self.cfg.accuracy_level, name=name))
 
         self.head = sess("head.onnx")
         self.positions = sess("positions.onnx")

@@ -33,18 +33,20 @@ Torch-free (floor 5).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from dipdeploy.bundle.manifest import REGENERATE, BundleError
+from dipdeploy.bundle.bundledir import BundleDir
 from dipdeploy.bundle.names import MLP_FILE
+
+MODEL = "model.onnx"  # the whole decoder (``graphs.model``)
 from dipdeploy.cache import policy_of
 from dipdeploy.runtime.backends import HostBound
 from dipdeploy.runtime.budget import DramBudget, Residency
 from dipdeploy.runtime.kv import KvCache
-from dipdeploy.runtime.sessions import Bound, Buffer, open_session, shared_arena
+from dipdeploy.runtime.sessions import Bound, Buffer, graph_bytes, open_session, shared_arena
 from dipdeploy.runtime.stats import Timer
 from dipdeploy.runtime.threadpool import pool_options
 
@@ -79,7 +81,7 @@ def why_not(manifest, budget: DramBudget, policy: str, plan: Residency) -> str |
     return None
 
 
-def check_past_consumers(model_path: Path, layers: int) -> None:
+def check_past_consumers(model: bytes, layers: int, where: str) -> None:
     """Refuse a standard-attention ``model.onnx`` where a past K/V is read by anything but its Concat or a
     Shape (``export.joined.check_past_readers``): the shifted present buffers (module docstring) would
     otherwise overwrite a past still to be read."""
@@ -87,21 +89,20 @@ def check_past_consumers(model_path: Path, layers: int) -> None:
 
     from dipdeploy.export.joined import check_past_readers
 
-    check_past_readers(onnx.load(str(model_path), load_external_data=False).graph, layers, str(model_path))
+    check_past_readers(onnx.load_from_string(model).graph, layers, where)
 
 
 class WholeModel:
     """``model.onnx`` in one ORT session bound to preallocated buffers (see the module docstring)."""
 
-    def __init__(self, path: Path, options, kv: KvCache, context: int, chunk: int, vocab: int,
+    def __init__(self, files: BundleDir, options, kv: KvCache, context: int, chunk: int, vocab: int,
                  accuracy_level: int | None = None):
-        model = path / "model.onnx"
-        if not model.is_file():
-            raise BundleError(f"{path}: model.onnx is missing; {REGENERATE}")
+        if MODEL not in files.files:
+            raise BundleError(f"{files.path}: {MODEL} is missing; {REGENERATE}")
         if kv.attention == "standard":
-            check_past_consumers(model, kv.shape.layers)
+            check_past_consumers(graph_bytes(files, MODEL), kv.shape.layers, str(files.path / MODEL))
         self.kv, self.context, self.chunk, self.vocab = kv, context, chunk, vocab
-        self.bound = Bound(open_session(model, options, None, accuracy_level))
+        self.bound = Bound(open_session(files, options, None, accuracy_level, name=MODEL))
         self.ids = Buffer(np.zeros(chunk, np.int64))
         self.positions = Buffer(np.zeros(chunk, np.int64))
         self.mask = Buffer(np.ones(context, np.int64))  # batch 1, no padding: bound with the total length
@@ -158,7 +159,7 @@ def open_whole(host, session_options, native: bool) -> WholeDecoder | None:
             raise ValueError(f"one session per token: {reason}; or run the per-layer graphs (--per-layer)")
         return None
     options = pool_options(session_options(cfg.threads, native), cfg.threads, cfg.thread_pool)
-    whole = WholeModel(host.path, shared_arena(options), host.kv, cfg.context, chunk, vocab, cfg.accuracy_level)
+    whole = WholeModel(host.files, shared_arena(options), host.kv, cfg.context, chunk, vocab, cfg.accuracy_level)
     return WholeDecoder(host, whole, plan)
 
 
