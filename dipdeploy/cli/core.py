@@ -385,8 +385,9 @@ def calibrate_cmd(
             lm = load_model(model, stream=streamed)
         with progress.stage("tokenise the calibration text"):
             calib = calibration_windows(lm.tokenizer, windows, seqlen, data_dir, text_file)
-        with progress.stage(f"calibrate {method} ρ={density:g} on {calib.shape[0]}×{seqlen} tokens ({where})"):
-            plan = calibrate_on(lm, cfg, calib, where)
+        with progress.stage(f"calibrate {method} ρ={density:g} on {calib.shape[0]}×{seqlen} tokens ({where}), "
+                            "window passes") as stage:
+            plan = calibrate_on(lm, cfg, calib, where, progress=stage)
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     written = write_output(lambda p, f: plan.save(p, force=f), out, force, "--out", text=plan.to_json(), said=False)
@@ -526,9 +527,9 @@ def trace_cmd(
             p = uniform_plan(SparsityConfig(method="dip", density=1.0), lm.name, c.num_hidden_layers,
                              c.hidden_size, c.intermediate_size)
         elif p is None:
-            with progress.stage(f"calibrate {method} ρ={density:g}"):
+            with progress.stage(f"calibrate {method} ρ={density:g}, window passes") as stage:
                 calib = calibration_windows(lm.tokenizer, defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN, data_dir)
-                p = calibrate(lm, cfg, calib)
+                p = calibrate(lm, cfg, calib, progress=stage)
         with progress.stage(f"trace {tokens} tokens"):
             ids = make_windows(lm.tokenizer, text, tokens, 1)
             trace = record_trace(lm, p, ids, meta={"text": str(text_file) if text_file else f"wikitext2/{split}"})
