@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -73,18 +74,34 @@ def _sparsity_options(method, density, rho_in, allocation, score, gamma, policy,
                           gamma_warmup=gamma_warmup, cache_split=cache_split)
 
 
-#: eval's table: row key → column header (short, so nine columns fit 80)
+#: eval's table: row key → column header (short, so ten columns fit 80)
 _ROW_COLUMNS = {"method": "method", "density": "ρ", "rho_in": "ρ_in", "allocation": "alloc", "ppl": "PPL",
-                "quant": "quant", "bits_per_weight": "bits/\nweight", "tokens": "tokens", "eval_s": "eval s"}
+                "quant": "quant", "bits_per_weight": "bits/\nweight", "tokens": "tokens", "calib_s": "calib\ns",
+                "eval_s": "eval\ns"}
 
 
-def print_rows(rows: list[dict], title: str) -> None:
+def print_rows(rows: list[dict], title: str, seconds: Optional[float] = None) -> None:
+    """eval's rows as a table, and under it the time the command took (``seconds``, when given) in all and
+    per part: each row's calibration (``calib s``: its plan calibrated, or read) and evaluation (``eval s``)."""
     cols = list(_ROW_COLUMNS)
     table = make_table(*_ROW_COLUMNS.values(), title=title, wrap=("quant",))
     for r in rows:
         r = {**r, "allocation": allocation_label(r.get("allocation", "-"), r.get("greedy_strength"))}
         table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else shown(r.get(c, "")) for c in cols])
+    if seconds is not None:
+        table.caption = time_line(rows, seconds)
     console.print(table)
+
+
+def time_line(rows: list[dict], seconds: float) -> str:
+    """``time: T in all (calibrate C, evaluate E, load and the rest R)``: the rows' ``calib_s`` and
+    ``eval_s`` summed; calibration named only where some row spent time on it."""
+    from dipdeploy.progress import duration
+
+    calib, evaluate = (sum(float(r.get(k) or 0.0) for r in rows) for k in ("calib_s", "eval_s"))
+    parts = ([f"calibrate {duration(calib)}"] if calib >= 0.1 else []) + [f"evaluate {duration(evaluate)}"]
+    rest = max(seconds - calib - evaluate, 0.0)
+    return f"time: {duration(seconds)} in all ({', '.join(parts)}, load and the rest {duration(rest)})"
 
 
 def write_output(write: Callable[[Path, bool], object], path: Optional[Path], force: bool, flag: str, *,
@@ -325,12 +342,14 @@ def eval_cmd(
                      outputs={"--json": json_out, "--plot": plot}, force=force)
         cfg = model_eval_config(opts, seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
                                 text_file=str(text_file) if text_file else None, batch_size=batch_size)
+        start = time.perf_counter()
         rows = evaluate(cfg, Progress())
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     from dipdeploy.eval.paired import paired_lines
 
-    print_rows(rows, f"{shown(rows[0]['model'])} · WikiText-2 · seqlen {seqlen} · {rows[0]['windows']} windows")
+    print_rows(rows, f"{shown(rows[0]['model'])} · WikiText-2 · seqlen {seqlen} · {rows[0]['windows']} windows",
+               time.perf_counter() - start)
     for line in paired_lines(rows):
         console.print(shown(line))
     from dipdeploy.eval.plot import plot_pareto
