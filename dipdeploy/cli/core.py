@@ -88,9 +88,9 @@ def print_rows(rows: list[dict], title: str, seconds: Optional[float] = None) ->
     for r in rows:
         r = {**r, "allocation": allocation_label(r.get("allocation", "-"), r.get("greedy_strength"))}
         table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else shown(r.get(c, "")) for c in cols])
-    if seconds is not None:
-        table.caption = time_line(rows, seconds)
     console.print(table)
+    if seconds is not None:
+        console.print(time_line(rows, seconds), highlight=False)
 
 
 def time_line(rows: list[dict], seconds: float) -> str:
@@ -174,6 +174,9 @@ _MODEL_ARGS = ("model", "method", "density", "plan", "data_dir", "rho_in", "allo
                "cache_frac", "fixed_top_n", "gamma_warmup", "cache_split", "quant", "quant_scope", "embedding", "weights",
                "vq_hessian", "vq_feedback", "vq_density", "calib_windows", "calib_seqlen", "stats_windows", "lora",
                "lora_merge", "device")
+#: eval's options of `--bundle` perplexity beyond those (``task.bundle_perplexity_cmd``)
+_BUNDLE_PPL_ARGS = ("bundle", "dram_budget", "speculate", "draft", "seqlen", "max_windows", "dataset", "text_file",
+                    "batch_size", "json_out", "plot", "force")
 #: eval's options of `--task humaneval` beyond those (the rest are perplexity's)
 _HUMANEVAL_ARGS = ("batch_size", "json_out", "plot", "force", "limit", "max_new_tokens", "bundle", "dram_budget",
                    "timeout", "resume", "speculate", "draft")
@@ -311,10 +314,11 @@ def eval_cmd(
                                         "default all)"),
     max_new_tokens: int = typer.Option(_TASK.max_new_tokens, "--max-new-tokens", help="humaneval: tokens per "
                                        "answer at most"),
-    bundle: Optional[Path] = typer.Option(None, "--bundle", help="humaneval: an exported bundle, decoded by "
-                                          "`dipdeploy run`'s engine (its method and density; default: the torch "
-                                          "reference of --model)"),
-    dram_budget: Optional[str] = typer.Option(None, "--dram-budget", help="humaneval --bundle: the engine's DRAM "
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="an exported bundle run by `dipdeploy run`'s "
+                                          "engine, with its own method, density and quantisation: its perplexity "
+                                          "(the text fed one token at a time) or, with --task humaneval, its "
+                                          "pass@1 (default: the torch reference of --model)"),
+    dram_budget: Optional[str] = typer.Option(None, "--dram-budget", help="--bundle: the engine's DRAM "
                                               "budget (as `run --dram-budget`)"),
     speculate: int = typer.Option(0, "--speculate", help="humaneval --bundle: speculative decoding, up to K draft "
                                   "tokens per verification pass (as `run --speculate`)"),
@@ -337,7 +341,14 @@ def eval_cmd(
         from dipdeploy.cli.task import humaneval_cmd
 
         return humaneval_cmd(opts, **{k: given[k] for k in _HUMANEVAL_ARGS})
+    if bundle is not None:
+        from dipdeploy.cli.task import bundle_perplexity_cmd
+
+        return bundle_perplexity_cmd(opts, **{k: given[k] for k in _BUNDLE_PPL_ARGS})
     try:
+        if dram_budget is not None or speculate or draft is not None:
+            raise ValueError("--dram-budget, --speculate and --draft are the bundle engine's; add --bundle or drop "
+                             "them")
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file},
                      outputs={"--json": json_out, "--plot": plot}, force=force)
         cfg = model_eval_config(opts, seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
