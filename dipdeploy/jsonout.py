@@ -19,7 +19,7 @@ import json
 PREFIX = "dipdeploy."
 #: the document of each command (a subcommand after a dot) → its schema version: the one definition
 VERSIONS: dict[str, int] = {
-    "eval": 1, "eval.humaneval": 1, "demo": 1, "simulate": 1, "devices": 1, "export": 1, "inspect": 1, "run": 1,
+    "eval": 1, "eval.bundle": 1, "eval.humaneval": 1, "demo": 1, "simulate": 1, "devices": 1, "export": 1, "inspect": 1, "run": 1,
     "bench.decode": 1, "bench.memory": 1,
 }
 #: the keys every document starts with

@@ -7,7 +7,11 @@ stderr, so stdout keeps only the command's results (tables, generated text).
 
 Log mode writes, per stage, ``what …`` when it starts (flushed, so a log shows the stage at work) and
 its seconds on the same line when it ends; a stage started inside another first ends the open line, and
-the outer stage then ends on a line of its own (``what: <seconds> s``). Floor 1: no torch.
+the outer stage then ends on a line of its own (``what: <seconds> s``). A counted stage (one with a
+total) that runs long adds a line every ``LOG_EVERY_S`` seconds with its count and the time left, so a
+log of a minutes-long calibration shows it moving and when it will end; the live bar shows both always.
+A stage whose total is known only once it runs (how many passes the calibration needs depends on what it
+finds cached) is given it then (``Stage.expect``). Floor 1: no torch.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, TextIO
+from typing import Callable, Iterator, TextIO
 
 from dipdeploy.terminal import shown
 
@@ -45,21 +49,53 @@ def _is_terminal(*streams: TextIO) -> bool:
     return all(getattr(s, "isatty", lambda: False)() for s in streams)
 
 
+#: log mode: the seconds between two lines of a counted stage's count and time left
+LOG_EVERY_S = 30.0
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a reader takes them in: tenths of a second under a minute, then minutes and seconds, then
+    hours and minutes."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(round(seconds))
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+def time_left(done: int, total: int | None, elapsed: float) -> float | None:
+    """Seconds left at the pace so far (None before the first item, or without a total)."""
+    if not total or done <= 0:
+        return None
+    return elapsed * max(total - done, 0) / done
+
+
 @dataclass
 class Stage:
-    """One running stage; ``advance`` counts its items (windows, steps, tokens)."""
+    """One running stage; ``advance`` counts its items (windows, steps, tokens), ``expect`` adds to its
+    total. Both are what a long computation is handed to report through (calibration, validation)."""
 
     what: str
     total: int | None
     progress: "Progress"
     done: int = 0
-    start: float = field(default_factory=time.perf_counter)
+    start: float = 0.0  # the progress's clock when the stage started
     _task: object = field(default=None, init=False, repr=False)  # its row in the live bar
+    _logged: float = field(default=0.0, init=False, repr=False)  # log mode: when its last line was written
 
     def advance(self, n: int = 1) -> None:
         self.done += n
         if self._task is not None:
             self.progress._bar.update(self._task, advance=n)
+        elif self.total and not self.progress.live and not self.progress.quiet:
+            self.progress._log_count(self)
+
+    def expect(self, n: int) -> None:
+        """``n`` more items to come (a total known only once the stage runs)."""
+        self.total = (self.total or 0) + n
+        if self._task is not None:
+            self.progress._bar.update(self._task, total=self.total)
 
     def finish(self) -> float:
         """End the stage; returns and records its seconds (``Progress.seconds[what]``)."""
@@ -70,12 +106,13 @@ class Stage:
 class Progress:
     """Reports stages on ``stream`` (default stderr); ``live`` None: a live bar only when both stdout and
     stderr are terminals (a pipe or a log on either side gets plain lines). ``quiet`` reports nothing
-    (library callers and tests) but still times the stages."""
+    (library callers and tests) but still times the stages. ``clock``: seconds, monotonic (a test's fake)."""
 
     stream: TextIO | None = None
     live: bool | None = None
     quiet: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
+    clock: Callable[[], float] = time.perf_counter
     _open: Stage | None = field(default=None, init=False, repr=False)  # log mode: the stage whose line is open
     _bar: object = field(default=None, init=False, repr=False)  # live mode: rich's Progress while stages run
     _running: int = field(default=0, init=False, repr=False)
@@ -89,7 +126,8 @@ class Progress:
         return self.stream or sys.stderr
 
     def start(self, what: str, total: int | None = None) -> Stage:
-        stage = Stage(what, total, self)
+        stage = Stage(what, total, self, start=self.clock())
+        stage._logged = stage.start
         self._running += 1
         if self.quiet:
             return stage
@@ -97,11 +135,12 @@ class Progress:
             if self._bar is None:
                 from rich.console import Console
                 from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, SpinnerColumn,
-                                           TextColumn, TimeElapsedColumn)
+                                           TextColumn, TimeElapsedColumn, TimeRemainingColumn)
 
                 self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=Console(file=self.out), transient=True)
+                                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
+                                TimeRemainingColumn(), console=Console(file=self.out), transient=True,
+                                get_time=self.clock)
                 self._bar.start()
             stage._task = self._bar.add_task(shown(what), total=total)  # its column renders markup
             return stage
@@ -117,8 +156,20 @@ class Progress:
             self.out.write("\n")
             self._open = None
 
+    def _log_count(self, stage: Stage) -> None:
+        """Log mode: a line with the count and the time left, at most every ``LOG_EVERY_S`` seconds."""
+        now = self.clock()
+        if now - stage._logged < LOG_EVERY_S or stage.done >= stage.total:
+            return
+        stage._logged = now
+        left = time_left(stage.done, stage.total, now - stage.start)
+        self._end_open_line()
+        self.out.write(f"{shown(stage.what, markup=False)}: {stage.done}/{stage.total}, {duration(now - stage.start)}"
+                       + (f", about {duration(left)} left" if left is not None else "") + "\n")
+        self.out.flush()
+
     def _finish(self, stage: Stage) -> float:
-        secs = time.perf_counter() - stage.start
+        secs = self.clock() - stage.start
         self.seconds[stage.what] = round(secs, 3)
         self._running -= 1
         if self.quiet:
@@ -162,9 +213,12 @@ class Steps:
     progress: Progress
     current: Stage | None = None
 
-    def __call__(self, name: str | None = None) -> None:
+    def __call__(self, name: str | None = None) -> Stage | None:
+        """The new step's :class:`Stage`, for a step that counts its work (export's calibration and
+        validation); None after the last."""
         if self.current is not None:
             self.current.finish()
             self.current = None
         if name:
             self.current = self.progress.start(name)
+        return self.current

@@ -23,6 +23,7 @@ def test_eval_json_and_plot(tmp_path, data_dir):
     rows = json.loads(out.read_text())["rows"]
     assert [r["method"] for r in rows] == ["dense", "dip", "dip"] and png.stat().st_size > 1000
     assert len(rows[0]["window_nll"]) == 1 and "against dense" not in res.output  # one window: no interval
+    assert "time: " in res.output and " in all (" in res.output and "load and the rest" in res.output
 
 
 def test_bad_density_is_a_clear_error():

@@ -150,3 +150,30 @@ def test_chat_reads_its_system_prompt_from_a_file(chat_bundle, tmp_path):
                       "give the system prompt once: --system TEXT or -f FILE")
     _one_line_refusal(runner.invoke(app, [*args, "-f", "-"], input=""), "reads stdin itself")
     _one_line_refusal(runner.invoke(app, [*args, "-f", str(tmp_path / "none.txt")], input=""), "does not exist")
+
+
+def test_minus_m_names_the_bundle_as_the_positional_does(chat_bundle, tmp_path):
+    first = _run(chat_bundle, "-p", "Hello there", "-q")
+    by_m = runner.invoke(app, ["run", "-m", str(chat_bundle), "-p", "Hello there", "-q", *RUN])
+    by_long = runner.invoke(app, ["run", "--model", str(chat_bundle), "-p", "Hello there", "-q", *RUN])
+    both = runner.invoke(app, ["run", str(chat_bundle), "-m", str(chat_bundle), "-p", "Hello there", "-q", *RUN])
+    for res in (first, by_m, by_long, both):
+        assert res.exit_code == 0, res.output
+    assert by_m.stdout == by_long.stdout == both.stdout == first.stdout
+    chat = runner.invoke(app, ["chat", "-m", str(chat_bundle), "-n", "3", "--no-native"], input="hello\n")
+    assert chat.exit_code == 0 and chat_bundle.name in chat.stdout, chat.output
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_minus_m_and_a_different_positional_are_refused_in_one_line(chat_bundle, tmp_path, command):
+    other = tmp_path / "other"
+    args = [command, str(chat_bundle), "-m", str(other)] + (["-p", "hi"] if command == "run" else [])
+    _one_line_refusal(runner.invoke(app, args, input=""), "two bundles given", str(other), "give one")
+    args = [command] + (["-p", "hi"] if command == "run" else [])
+    _one_line_refusal(runner.invoke(app, args, input=""), "no bundle given", f"dipdeploy {command} -m BUNDLE")
+
+
+@pytest.mark.parametrize("command", ["eval", "calibrate", "export", "quantize", "trace", "demo", "finetune", "simulate"])
+def test_minus_m_is_the_short_form_of_model_where_a_command_takes_one(command):
+    params = {p.name: p.opts for p in typer.main.get_command(app).commands[command].params}
+    assert {"-m", "--model"} <= set(params["model"]), command

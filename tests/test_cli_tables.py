@@ -63,7 +63,17 @@ def test_run_stats_and_eval_rows_fit_80_columns(narrow, bundle):
     _fits(res.stderr[res.stderr.index(f"dipdeploy run {bundle.name}"):])
     row = {"method": "dip-ca", "density": 0.4948, "rho_in": 0.55, "allocation": "greedy", "ppl": 1234.5678,
            "quant": "VQ3QuantConfig (a-long-folder-name/smollm2-vq3-gptq.npz)", "bits_per_weight": 3.1289,
-           "tokens": 2047 * 16, "eval_s": 1234.5}
+           "tokens": 2047 * 16, "calib_s": 4321.5, "eval_s": 1234.5}
     with core.console.capture() as cap:
-        core.print_rows([row, {**row, "method": "dense"}], "smollm2-135m · WikiText-2 · seqlen 2048 · 16 windows")
+        core.print_rows([row, {**row, "method": "dense"}], "smollm2-135m · WikiText-2 · seqlen 2048 · 16 windows",
+                        12345.6)
     _fits(cap.get())
+    assert "time: 3 h 25 min in all" in cap.get() and "4322" in cap.get()
+
+
+def test_eval_says_the_time_in_all_and_per_part():
+    rows = [{"calib_s": 221.0, "eval_s": 13.6}, {"calib_s": 0.0, "eval_s": 6.4}]
+    assert core.time_line(rows, 250.0) == ("time: 4 min 10 s in all (calibrate 3 min 41 s, evaluate 20.0 s, load "
+                                           "and the rest 9.0 s)")
+    assert core.time_line([{"calib_s": 0.0, "eval_s": 13.6}], 15.0) == ("time: 15.0 s in all (evaluate 13.6 s, "
+                                                                         "load and the rest 1.4 s)")

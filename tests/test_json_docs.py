@@ -129,6 +129,16 @@ def test_eval(tmp_path):
     held_to_docs(out, "eval")
 
 
+def test_eval_bundle(exported, tmp_path):
+    text = tmp_path / "eval.txt"
+    text.write_text("an evaluation text for a tiny model, a few windows long. " * 30)
+    out = tmp_path / "rows.json"
+    res = runner.invoke(app, ["eval", "--bundle", str(exported[0]), "--text-file", str(text), "--seqlen", "16",
+                              "--max-windows", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    held_to_docs(out, "eval.bundle")
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, data_dir):
     """A tiny DIP-CA bundle from `dipdeploy export --json`, and that JSON."""

@@ -78,7 +78,7 @@ def fast_args(line: str) -> list[str]:
     """The CLI arguments of a README line, with the tiny model and small amounts of work."""
     args = shlex.split(line)[1:]
     opts = _options(args[0])
-    if "--model" in opts:
+    if "--model" in opts and args[0] not in ("run", "chat"):  # their -m/--model names a bundle, not a model
         given = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in opts["--model"]), None)
         # a registry model other than the default stays for simulate (it projects onto its shape); the
         # default model, a real model another command would load, a local path or a hub id become the tiny one

@@ -15,11 +15,11 @@ from dipdeploy import defaults
 from dipdeploy.cli._app import app
 from dipdeploy.cli.core import console, fail, utf8
 from dipdeploy.cli.helpview import BASIC, PanelCommand
-from dipdeploy.cli.run import (_ERRORS, BUDGET, CACHE_SPLIT, CONTEXT, DRAFT, FLASH, FLASH_DEVICE, FUSED, GAMMA,
-                               IO, IO_ENGINE, IO_GAP, IO_THREADS, LEVEL, NATIVE, POLICY, PREFETCH, PREFILL,
-                               PREFILL_CHUNK, REP, SEED, SINGLE, SPECULATE, STOP, SYSTEM, TEMPERATURE, THREAD_POOL,
-                               THREADS, TOP_K, TOP_P, _engine, _Prefill, _sampler, check_bundle, read_prompt,
-                               sampling_note)
+from dipdeploy.cli.run import (_ERRORS, BUDGET, BUNDLE_OPTION, CACHE_SPLIT, CONTEXT, DRAFT, FLASH, FLASH_DEVICE,
+                               FUSED, GAMMA, IO, IO_ENGINE, IO_GAP, IO_THREADS, LEVEL, NATIVE, POLICY, PREFETCH,
+                               PREFILL, PREFILL_CHUNK, REP, SEED, SINGLE, SPECULATE, STOP, SYSTEM, TEMPERATURE,
+                               THREAD_POOL, THREADS, TOP_K, TOP_P, _engine, _Prefill, _sampler, check_bundle,
+                               named_bundle, read_prompt, sampling_note)
 from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.terminal import shown
 
@@ -65,7 +65,9 @@ def line_editing(enabled: bool):
 
 @app.command("chat", cls=PanelCommand)
 def chat_cmd(
-    bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export` (with a chat template)"),
+    bundle: Optional[Path] = typer.Argument(None, help="a bundle directory from `dipdeploy export` (with a chat "
+                                            "template; or -m)", show_default=False),
+    model: Optional[Path] = BUNDLE_OPTION,
     max_new_tokens: int = typer.Option(defaults.CHAT_MAX_NEW_TOKENS, "--max-new-tokens", "-n",
                                        help="tokens per answer at most", rich_help_panel=BASIC),
     dram_budget: str = BUDGET, policy: str = POLICY, gamma: Optional[float] = GAMMA,
@@ -89,6 +91,7 @@ def chat_cmd(
     from dipdeploy.runtime.chat import Chat, Interrupt, check_policy, repl
 
     try:
+        bundle = options["bundle"] = named_bundle(bundle, model, "chat")
         check_bundle(bundle, "chat")
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")

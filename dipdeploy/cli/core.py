@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -72,18 +73,34 @@ def _sparsity_options(method, density, rho_in, allocation, score, gamma, policy,
                           gamma_warmup=gamma_warmup, cache_split=cache_split)
 
 
-#: eval's table: row key → column header (short, so nine columns fit 80)
+#: eval's table: row key → column header (short, so ten columns fit 80)
 _ROW_COLUMNS = {"method": "method", "density": "ρ", "rho_in": "ρ_in", "allocation": "alloc", "ppl": "PPL",
-                "quant": "quant", "bits_per_weight": "bits/\nweight", "tokens": "tokens", "eval_s": "eval s"}
+                "quant": "quant", "bits_per_weight": "bits/\nweight", "tokens": "tokens", "calib_s": "calib\ns",
+                "eval_s": "eval\ns"}
 
 
-def print_rows(rows: list[dict], title: str) -> None:
+def print_rows(rows: list[dict], title: str, seconds: Optional[float] = None) -> None:
+    """eval's rows as a table, and under it the time the command took (``seconds``, when given) in all and
+    per part: each row's calibration (``calib s``: its plan calibrated, or read) and evaluation (``eval s``)."""
     cols = list(_ROW_COLUMNS)
     table = make_table(*_ROW_COLUMNS.values(), title=title, wrap=("quant",))
     for r in rows:
         r = {**r, "allocation": allocation_label(r.get("allocation", "-"), r.get("greedy_strength"))}
         table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else shown(r.get(c, "")) for c in cols])
     console.print(table)
+    if seconds is not None:
+        console.print(time_line(rows, seconds), highlight=False)
+
+
+def time_line(rows: list[dict], seconds: float) -> str:
+    """``time: T in all (calibrate C, evaluate E, load and the rest R)``: the rows' ``calib_s`` and
+    ``eval_s`` summed; calibration named only where some row spent time on it."""
+    from dipdeploy.progress import duration
+
+    calib, evaluate = (sum(float(r.get(k) or 0.0) for r in rows) for k in ("calib_s", "eval_s"))
+    parts = ([f"calibrate {duration(calib)}"] if calib >= 0.1 else []) + [f"evaluate {duration(evaluate)}"]
+    rest = max(seconds - calib - evaluate, 0.0)
+    return f"time: {duration(seconds)} in all ({', '.join(parts)}, load and the rest {duration(rest)})"
 
 
 def write_output(write: Callable[[Path, bool], object], path: Optional[Path], force: bool, flag: str, *,
@@ -159,6 +176,9 @@ _MODEL_ARGS = ("model", "method", "density", "plan", "data_dir", "rho_in", "allo
                "cache_frac", "fixed_top_n", "gamma_warmup", "cache_split", "quant", "quant_scope", "embedding", "weights",
                "vq_hessian", "vq_feedback", "vq_density", "calib_windows", "calib_seqlen", "stats_windows", "lora",
                "lora_merge", "device")
+#: eval's options of `--bundle` perplexity beyond those (``task.bundle_perplexity_cmd``)
+_BUNDLE_PPL_ARGS = ("bundle", "dram_budget", "speculate", "draft", "seqlen", "max_windows", "dataset", "text_file",
+                    "batch_size", "json_out", "plot", "force")
 #: eval's options of `--task humaneval` beyond those (the rest are perplexity's)
 _HUMANEVAL_ARGS = ("batch_size", "json_out", "plot", "force", "limit", "max_new_tokens", "bundle", "dram_budget",
                    "timeout", "resume", "speculate", "draft")
@@ -300,10 +320,11 @@ def eval_cmd(
                                         "default all)"),
     max_new_tokens: int = typer.Option(_TASK.max_new_tokens, "--max-new-tokens", help="humaneval: tokens per "
                                        "answer at most"),
-    bundle: Optional[Path] = typer.Option(None, "--bundle", help="humaneval: an exported bundle, decoded by "
-                                          "`dipdeploy run`'s engine (its method and density; default: the torch "
-                                          "reference of --model)"),
-    dram_budget: Optional[str] = typer.Option(None, "--dram-budget", help="humaneval --bundle: the engine's DRAM "
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="an exported bundle run by `dipdeploy run`'s "
+                                          "engine, with its own method, density and quantisation: its perplexity "
+                                          "(the text fed one token at a time) or, with --task humaneval, its "
+                                          "pass@1 (default: the torch reference of --model)"),
+    dram_budget: Optional[str] = typer.Option(None, "--dram-budget", help="--bundle: the engine's DRAM "
                                               "budget (as `run --dram-budget`)"),
     speculate: int = typer.Option(0, "--speculate", help="humaneval --bundle: speculative decoding, up to K draft "
                                   "tokens per verification pass (as `run --speculate`)"),
@@ -326,17 +347,26 @@ def eval_cmd(
         from dipdeploy.cli.task import humaneval_cmd
 
         return humaneval_cmd(opts, **{k: given[k] for k in _HUMANEVAL_ARGS})
+    if bundle is not None:
+        from dipdeploy.cli.task import bundle_perplexity_cmd
+
+        return bundle_perplexity_cmd(opts, **{k: given[k] for k in _BUNDLE_PPL_ARGS})
     try:
+        if dram_budget is not None or speculate or draft is not None:
+            raise ValueError("--dram-budget, --speculate and --draft are the bundle engine's; add --bundle or drop "
+                             "them")
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file},
                      outputs={"--json": json_out, "--plot": plot}, force=force)
         cfg = model_eval_config(opts, seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
                                 text_file=str(text_file) if text_file else None, batch_size=batch_size)
+        start = time.perf_counter()
         rows = evaluate(cfg, Progress())
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     from dipdeploy.eval.paired import paired_lines
 
-    print_rows(rows, f"{shown(rows[0]['model'])} · WikiText-2 · seqlen {seqlen} · {rows[0]['windows']} windows")
+    print_rows(rows, f"{shown(rows[0]['model'])} · WikiText-2 · seqlen {seqlen} · {rows[0]['windows']} windows",
+               time.perf_counter() - start)
     for line in paired_lines(rows):
         console.print(shown(line))
     from dipdeploy.eval.plot import plot_pareto
@@ -391,8 +421,9 @@ def calibrate_cmd(
             lm = load_model(model, stream=streamed)
         with progress.stage("tokenise the calibration text"):
             calib = calibration_windows(lm.tokenizer, windows, seqlen, data_dir, text_file)
-        with progress.stage(f"calibrate {method} ρ={density:g} on {calib.shape[0]}×{seqlen} tokens ({where})"):
-            plan = calibrate_on(lm, cfg, calib, where)
+        with progress.stage(f"calibrate {method} ρ={density:g} on {calib.shape[0]}×{seqlen} tokens ({where}), "
+                            "window passes") as stage:
+            plan = calibrate_on(lm, cfg, calib, where, progress=stage)
     except (ValueError, OSError, KeyError) as err:
         fail(err)
     written = write_output(lambda p, f: plan.save(p, force=f), out, force, "--out", text=plan.to_json(), said=False)
@@ -532,9 +563,9 @@ def trace_cmd(
             p = uniform_plan(SparsityConfig(method="dip", density=1.0), lm.name, c.num_hidden_layers,
                              c.hidden_size, c.intermediate_size)
         elif p is None:
-            with progress.stage(f"calibrate {method} ρ={density:g}"):
+            with progress.stage(f"calibrate {method} ρ={density:g}, window passes") as stage:
                 calib = calibration_windows(lm.tokenizer, defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN, data_dir)
-                p = calibrate(lm, cfg, calib)
+                p = calibrate(lm, cfg, calib, progress=stage)
         with progress.stage(f"trace {tokens} tokens"):
             ids = make_windows(lm.tokenizer, text, tokens, 1)
             trace = record_trace(lm, p, ids, meta={"text": str(text_file) if text_file else f"wikitext2/{split}"})

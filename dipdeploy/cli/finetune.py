@@ -124,9 +124,9 @@ def finetune_cmd(
         with progress.stage(f"load {model}"):
             lm = load_model(model)
         if p is None:
-            with progress.stage(f"calibrate {sp.method} ρ={sp.density:g}"):
+            with progress.stage(f"calibrate {sp.method} ρ={sp.density:g}, window passes") as stage:
                 calib = calibration_windows(lm.tokenizer, defaults.CALIB_WINDOWS, defaults.CALIB_SEQLEN, data_dir)
-                p = calibrate_on(lm, sp, calib, where or "cpu")
+                p = calibrate_on(lm, sp, calib, where or "cpu", progress=stage)
         norms = f", the norms at {cfg.norm_lr_scale:g} × lr" if "norms" in cfg.targets else ""
         say(f"training LoRA (rank {cfg.rank}, {','.join(cfg.targets)}{norms}, objective {cfg.objective}"
             f"{f' + hidden states ×{cfg.hidden_weight:g}' if cfg.hidden_weight else ''}"

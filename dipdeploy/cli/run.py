@@ -224,6 +224,20 @@ PROMPT_FILE_LIMIT = 1 << 20
 _MODEL_FILES = (".gguf", ".safetensors", ".bin", ".pt", ".pth")
 
 
+BUNDLE_OPTION = typer.Option(None, "--model", "-m", help="the bundle directory, as llama.cpp's -m names the model "
+                             "(the same as giving it first)", show_default=False, rich_help_panel=BASIC)
+
+
+def named_bundle(positional: Optional[Path], option: Optional[Path], command: str) -> Path:
+    """The bundle of ``run``/``chat``, given first (``run BUNDLE``) or as ``-m BUNDLE`` (llama.cpp's and
+    onnxruntime-genai's habit); both are accepted when they name the same folder."""
+    if positional is None and option is None:
+        raise ValueError(f"no bundle given: `dipdeploy {command} BUNDLE` or `dipdeploy {command} -m BUNDLE`")
+    if positional is not None and option is not None and positional.resolve() != option.resolve():
+        raise ValueError(f"two bundles given, {positional} and -m {option}; give one")
+    return positional if positional is not None else option
+
+
 def check_bundle(bundle: Path, command: str) -> None:
     """A model where a bundle is expected (``run model.gguf``, ``run smollm2-135m``, ``run ~/models/HF``)
     is a common first try: say it is a model, and give the export that makes a bundle of it."""
@@ -279,7 +293,9 @@ def read_prompt(prompt: Optional[str], file: Optional[Path], *, flag: str = "-p"
 
 @app.command("run", cls=PanelCommand)
 def run_cmd(
-    bundle: Path = typer.Argument(..., help="a bundle directory from `dipdeploy export`"),
+    bundle: Optional[Path] = typer.Argument(None, help="a bundle directory from `dipdeploy export` (or -m)",
+                                            show_default=False),
+    model: Optional[Path] = BUNDLE_OPTION,
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="text to continue (with --chat: the "
                                          "user's message)", rich_help_panel=BASIC),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="read the prompt from this UTF-8 text file "
@@ -317,6 +333,7 @@ def run_cmd(
     from dipdeploy.runtime.template import ChatTemplate, messages
 
     try:
+        bundle = options["bundle"] = named_bundle(bundle, model, "run")
         check_bundle(bundle, "run")
         if system is not None and not chat:
             raise ValueError("--system needs --chat (the system prompt goes through the chat template)")

@@ -58,7 +58,7 @@ def simulate_cmd(
     trace: Path = typer.Option(None, "--trace", help="Trace file (.npz) from `dipdeploy trace` or the runtime's --trace. "
                                "Not needed for --method dense."),
     device: str = typer.Option(None, "--device", help="Device profile name (see `dipdeploy devices`) or a .toml path."),
-    model: str = typer.Option(None, "--model", help="Registry model whose shape to simulate (default: the trace's). "
+    model: str = typer.Option(None, "--model", "-m", help="Registry model whose shape to simulate (default: the trace's). "
                               "A larger model than the trace's is an extrapolation."),
     dram: str = typer.Option(None, "--dram", help="DRAM budget, e.g. 4GB or 3.5GiB (default: half the device's DRAM)."),
     sweep_dram: str = typer.Option(None, "--sweep-dram", help="Sweep the budget: A..B (e.g. 2GB..8GB) or 'auto' "

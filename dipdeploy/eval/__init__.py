@@ -238,8 +238,8 @@ class Evaluator:
             trained = adapter_plan(self.cfg.lora)
             if trained.method == sparsity.method and abs(trained.density - sparsity.density) < 0.01:
                 return trained
-        with self.progress.stage(f"calibrate {sparsity.method} ρ={sparsity.density:g}"):
-            return calibrate(self.lm, sparsity, self.calib, self.splits, self.curves)
+        with self.progress.stage(f"calibrate {sparsity.method} ρ={sparsity.density:g}, window passes") as stage:
+            return calibrate(self.lm, sparsity, self.calib, self.splits, self.curves, progress=stage)
 
     def plan(self, method: str, density: float, **overrides):
         """The plan of one row (None for dense): calibrated or given, DIP-CA's ``reads`` split priced in

@@ -36,7 +36,9 @@ from dipdeploy.sparsity.plan import SparsityPlan
 
 MODEL_FILE = "model.onnx"
 ORT_MIN = "1.29"
-Progress = Callable[[str], None]
+#: announces each step by name; it may return the step's counter (``dipdeploy.progress.Stage``), which the
+#: steps that count their work (calibrate, validate) report to
+Progress = Callable[[str], object]
 
 
 class ValidationError(RuntimeError):
@@ -144,13 +146,13 @@ class _Steps:
         self.progress, self.seconds = progress, {}
         self._name, self._t = None, 0.0
 
-    def __call__(self, name: str | None = None) -> None:
+    def __call__(self, name: str | None = None):
+        """The step's counter, where ``progress`` returns one (None otherwise)."""
         now = time.perf_counter()
         if self._name:
             self.seconds[self._name] = round(now - self._t, 3)
         self._name, self._t = name, now
-        if name:
-            self.progress(name)
+        return self.progress(name) if name else None
 
 
 def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -> Manifest:
@@ -184,8 +186,8 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
         _genai_config(source.spec, lm.tokenizer, source.max_length, lib.name if lib else None), indent=1))
     validation: dict = {}
     if cfg.validate_tokens > 0:
-        steps("validate")
-        validation = _validate(lm, cfg, plan, source.spec, tmp)
+        counter = steps("validate")
+        validation = _validate(lm, cfg, plan, source.spec, tmp, counter)
     elif lm.checkpoint is not None:
         validation = {"skipped": "streamed export (weights read one layer at a time): the torch reference "
                                  "needs the whole model; check with `dipdeploy inspect BUNDLE --prompt TEXT`"}
@@ -304,7 +306,7 @@ def _write_graphs(source, store: WeightStore, plan, cfg: ExportConfig, tmp: Path
     return graphs, orders
 
 
-def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path) -> dict:
+def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path, progress=None) -> dict:
     from dipdeploy.export.validate import validate
     from dipdeploy.sparsity.methods import sparsify_
 
@@ -325,7 +327,7 @@ def _validate(lm, cfg: ExportConfig, plan, spec, tmp: Path) -> dict:
     try:
         sparse = plan is not None and plan.method != "dense"
         v = validate(path, lm.model, spec, prompt, cfg.validate_tokens, sparse=sparse, quantised=cfg.quantised,
-                     threads=cfg.threads, level4_path=level4)
+                     threads=cfg.threads, level4_path=level4, progress=progress)
     finally:
         if level4 is not None:
             path.unlink(missing_ok=True)
@@ -424,8 +426,8 @@ def _export_model(cfg: ExportConfig, out: Path, force: bool, progress: Progress,
     if cfg.lora is not None:
         steps("merge LoRA" if not stream else "LoRA (merged as each layer is read)")
         extra["lora"] = (stream_lora if stream else merge_lora)(lm, cfg.lora)
-    steps("plan" if cfg.plan or cfg.rho_in is not None or cfg.method == "dense" else "calibrate")
-    plan = make_plan(lm, cfg)
+    counter = steps("plan" if cfg.plan or cfg.rho_in is not None or cfg.method == "dense" else "calibrate")
+    plan = make_plan(lm, cfg, counter)
     steps()
     result = export(lm, cfg, out, plan, force=force, progress=progress, extra=extra, notice=notice,
                     swap_hook=swap_hook)

@@ -109,8 +109,9 @@ def load_plan(path: str | Path, lm) -> SparsityPlan:
     return plan
 
 
-def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
-    """The plan ``model.onnx`` runs: from ``cfg.plan``, else uniform at ``rho_in``, else calibrated."""
+def make_plan(lm, cfg: ExportConfig, progress=None) -> SparsityPlan | None:
+    """The plan ``model.onnx`` runs: from ``cfg.plan``, else uniform at ``rho_in``, else calibrated
+    (``progress`` counts the calibration's passes: ``dipdeploy.sparsity.calibrate``)."""
     if cfg.plan is not None:
         plan = load_plan(cfg.plan, lm)
         if plan.method != cfg.method and cfg.method != "dip":
@@ -131,7 +132,7 @@ def make_plan(lm, cfg: ExportConfig) -> SparsityPlan | None:
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{err}; or skip calibration with --rho-in R or --plan PLAN") from err
     # a streamed model one layer in memory at a time, the same plan (sparsity/streamed.py)
-    return calibrate_on(lm, scfg, wins, resolve_device(cfg.device))
+    return calibrate_on(lm, scfg, wins, resolve_device(cfg.device), progress)
 
 
 def miss_trace(lm, plan: SparsityPlan, wins) -> list[tuple]:

@@ -92,8 +92,9 @@ class Validation:
 
 
 @torch.no_grad()
-def torch_greedy(model, prompt: np.ndarray, n: int) -> tuple[list[int], list[np.ndarray]]:
-    """Greedy tokens and the logits they came from: [prefill logits [S, V], step logits [1, V]…]."""
+def torch_greedy(model, prompt: np.ndarray, n: int, on_token=None) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens and the logits they came from: [prefill logits [S, V], step logits [1, V]…];
+    ``on_token()`` after each token (a progress count)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -104,6 +105,8 @@ def torch_greedy(model, prompt: np.ndarray, n: int) -> tuple[list[int], list[np.
     for step in range(n):
         tok = int(logits[-1][-1].argmax())
         tokens.append(tok)
+        if on_token is not None:
+            on_token()
         if step == n - 1:
             break
         out = model(input_ids=torch.tensor([[tok]]), cache=cache, use_cache=True)
@@ -111,16 +114,18 @@ def torch_greedy(model, prompt: np.ndarray, n: int) -> tuple[list[int], list[np.
     return tokens, logits
 
 
-def ort_teacher_forced(session, spec, prompt: np.ndarray, tokens: list[int]) -> tuple[list[int], list[np.ndarray]]:
+def ort_teacher_forced(session, spec, prompt: np.ndarray, tokens: list[int],
+                       on_token=None) -> tuple[list[int], list[np.ndarray]]:
     """ORT fed the prompt, then ``tokens`` one by one; its argmax per step and its logits."""
-    picks, logits, _ = ort_teacher_forced_selections(session, spec, prompt, tokens)
+    picks, logits, _ = ort_teacher_forced_selections(session, spec, prompt, tokens, on_token=on_token)
     return picks, logits
 
 
-def ort_teacher_forced_selections(session, spec, prompt: np.ndarray, tokens: list[int], selection_outputs=None):
+def ort_teacher_forced_selections(session, spec, prompt: np.ndarray, tokens: list[int], selection_outputs=None,
+                                  on_token=None):
     """:func:`ort_teacher_forced`, plus the selections per fed position: ``selection_outputs`` maps
     (layer, group) to a TopKColumnMask output name of the graph (``ops.nodes.with_selection_outputs``);
-    the third result is ``sel[position][(layer, group)]`` = indices [K]."""
+    the third result is ``sel[position][(layer, group)]`` = indices [K]. ``on_token()`` after each step."""
     kv = KVDecoder(session, spec.num_kv_heads, spec.head_dim)
     feed, logits, picks, sel = prompt, [], [], []
     for step in range(len(tokens)):
@@ -128,6 +133,8 @@ def ort_teacher_forced_selections(session, spec, prompt: np.ndarray, tokens: lis
         picks.append(int(logits[-1][-1].argmax()))
         if selection_outputs:
             sel += kv.selections(selection_outputs)
+        if on_token is not None:
+            on_token()
         feed = [tokens[step]]
     return picks, logits, sel
 
@@ -154,23 +161,27 @@ class Level4:
 
 
 def validate(model_path, model, spec, prompt: np.ndarray, n: int, *, sparse: bool, quantised: bool,
-             threads: int = 1, level4_path=None) -> Validation:
+             threads: int = 1, level4_path=None, progress=None) -> Validation:
     """Greedy ``n`` tokens: torch ``model`` (already sparsified/quantised as the bundle) vs ORT.
 
     The tolerance is :func:`dipdeploy.agreement.tolerance_for` of the graph (``sparse``: any plan but
     dense; ``quantised``). A sparse graph is held against the twin (module docstring). A real
     disagreement fails, a near-tie is counted. ``level4_path``: a level-4 graph measured against the
     free-running reference (native library when built, else stock ORT), reported in ``level4``.
+    ``progress`` (a ``dipdeploy.progress.Stage``, or None) counts the tokens each implementation runs.
     """
     import onnxruntime as ort
 
     from dipdeploy.ops.native import library_path, session_options
 
     model_path = Path(model_path)
-    ref_tokens, ref_logits = torch_greedy(model, prompt, n)
+    lib = library_path()
+    tick = progress.advance if progress is not None else None
+    if progress is not None:  # the reference, each ORT path and the level-4 graph; a sparse path's twin adds its own
+        progress.expect(n * (2 + (lib is not None) + (level4_path is not None)))
+    ref_tokens, ref_logits = torch_greedy(model, prompt, n, tick)
     peak = float(max(np.abs(x).max() for x in ref_logits))
     tol = tolerance_for(sparse=sparse, quantised=quantised)
-    lib = library_path()
     checked, outputs = model_path, None
     if sparse:  # a copy beside it (its external data paths are relative), the selections exposed
         proto, outputs = with_selection_outputs(onnx.load(str(model_path), load_external_data=False))
@@ -185,15 +196,19 @@ def validate(model_path, model, spec, prompt: np.ndarray, n: int, *, sparse: boo
 
     def measure(native: bool) -> PathCheck:
         picks, logits, sel = ort_teacher_forced_selections(session(checked, native), spec, prompt, ref_tokens,
-                                                           outputs)
+                                                           outputs, on_token=tick)
         free = float(max(np.abs(next_token_logits(a) - next_token_logits(b)).max()
                          for a, b in zip(ref_logits, logits)))
         if not sparse:
             return PathCheck.of(compare_logits(ref_logits, logits, tol), picks, free, None)
         twin = next((t for s, t in twins if _same_selections(s, sel)), None)
         if twin is None:
+            if progress is not None:
+                progress.expect(n)
             twin = follow(model, prompt.tolist(), ref_tokens, sel)
             twins.append((sel, twin))
+            if progress is not None:
+                progress.advance(n)
         return PathCheck.of(compare_logits(twin.logits, logits, tol), picks, free, twin)
 
     try:
@@ -204,7 +219,7 @@ def validate(model_path, model, spec, prompt: np.ndarray, n: int, *, sparse: boo
             checked.unlink(missing_ok=True)
     level4 = None
     if level4_path is not None:
-        _, logits = ort_teacher_forced(session(level4_path, lib is not None), spec, prompt, ref_tokens)
+        _, logits = ort_teacher_forced(session(level4_path, lib is not None), spec, prompt, ref_tokens, tick)
         a = compare_logits(ref_logits, logits, tol)
         differ = sorted(a.near_ties + a.mismatches)
         level4 = Level4("native" if lib is not None else "stock", a.tokens_agree, a.steps, len(a.near_ties),

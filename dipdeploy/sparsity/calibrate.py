@@ -17,11 +17,17 @@ Named steps (docs/design.md §4), each its own function:
    each layer's own shares.
 
 Calibration text must never be the evaluation split (use WikiText-2 validation or a user file).
+
+``progress`` (a ``dipdeploy.progress.Stage``, or None) counts the forward passes over the calibration
+windows of steps 1 and 3, the ones whose number is known when they start: each step adds its passes to
+the total (``expect``) then counts them (``advance``), so a caller's bar has a total and a time left
+instead of a bare clock. An allocation (step 2) runs between them uncounted.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import torch
@@ -34,10 +40,10 @@ from dipdeploy.sparsity.plan import LayerPlan, SparsityConfig, SparsityPlan, spl
 _SAMPLES_PER_LAYER = 200_000  # magnitudes kept per layer for a quantile: plenty for a 1e-3 quantile error
 
 
-def _nll(model, windows: torch.Tensor) -> float:
+def _nll(model, windows: torch.Tensor, progress=None) -> float:
     """Log of the evaluation's perplexity (``eval.perplexity``) of ``windows``, one window at a time; taken
     through exp as that is, so the recorded ``split_nll`` is its log to the bit."""
-    total, count = summed_nll(model, windows, batch_size=1)
+    total, count = summed_nll(model, windows, batch_size=1, on_batch=progress.advance if progress else None)
     return math.log(math.exp(total / count))
 
 
@@ -68,19 +74,22 @@ def split_probes(cfg: SparsityConfig, name: str, L: int, d: int, f: int,
 
 
 def search_split(lm, cfg: SparsityConfig, windows: torch.Tensor,
-                 ratios: tuple[float, ...] = SPLIT_RATIOS) -> tuple[float, dict]:
+                 ratios: tuple[float, ...] = SPLIT_RATIOS, progress=None) -> tuple[float, dict]:
     """Best ρ_in for DIP at ``cfg.density`` among ``ratios``·ρ (valid ones), by calibration NLL."""
     L, d, f = _shape(lm)
     tried: dict[str, float] = {}
-    for key, plan in split_probes(cfg, lm.name, L, d, f, ratios).items():
+    probes = split_probes(cfg, lm.name, L, d, f, ratios)
+    if progress is not None:
+        progress.expect(len(probes) * int(windows.shape[0]))
+    for key, plan in probes.items():
         sparsify_(lm.model, plan)
-        tried[key] = _nll(lm.model, windows)
+        tried[key] = _nll(lm.model, windows, progress)
     unsparsify_(lm.model)
     best = min(tried, key=tried.get)
     return float(best), {"split_nll": tried}
 
 
-def _observe(model, windows: torch.Tensor) -> dict[tuple[int, str], np.ndarray]:
+def _observe(model, windows: torch.Tensor, progress=None) -> dict[tuple[int, str], np.ndarray]:
     """Run the windows once, keeping a random sample of each layer's observed magnitudes."""
     gen = torch.Generator().manual_seed(0)
     seen: dict[tuple[int, str], list[torch.Tensor]] = {}
@@ -96,6 +105,8 @@ def _observe(model, windows: torch.Tensor) -> dict[tuple[int, str], np.ndarray]:
         with torch.no_grad():
             for w in windows.split(1):
                 model(w, use_cache=False)
+                if progress is not None:
+                    progress.advance()
     finally:
         for mlp in sparse_mlps(model):
             mlp.observer = None
@@ -103,7 +114,7 @@ def _observe(model, windows: torch.Tensor) -> dict[tuple[int, str], np.ndarray]:
 
 
 def fit_thresholds(lm, plan: SparsityPlan, windows: torch.Tensor, rho_in: float | None = None,
-                   rho_glu: float | None = None) -> SparsityPlan:
+                   rho_glu: float | None = None, progress=None) -> SparsityPlan:
     """Per-layer thresholds for CATS (on |act(W_g x)|) and TEAL (on |x|, then |GLU~|).
 
     Each layer's threshold is the quantile that keeps ``rho_in`` (``rho_glu``) of its magnitudes; where
@@ -112,8 +123,10 @@ def fit_thresholds(lm, plan: SparsityPlan, windows: torch.Tensor, rho_in: float 
     d, f = plan.hidden_size, plan.intermediate_size
     sparsify_(lm.model, plan)
     names = ("in", "glu") if plan.method == "teal" else ("gate",)
+    if progress is not None:
+        progress.expect(len(names) * int(windows.shape[0]))
     for name in names:  # TEAL's GLU threshold is fitted with the input threshold already active
-        obs = _observe(lm.model, windows)
+        obs = _observe(lm.model, windows, progress)
         for i, lp in enumerate(plan.layers):
             if name == "in":
                 share = lp.k_in / d if rho_in is None else rho_in
@@ -343,7 +356,7 @@ def split_allocated(lm, plan: SparsityPlan, windows: torch.Tensor, curves: dict 
 
 
 def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | None = None,
-              curves: dict | None = None, search=search_split) -> SparsityPlan:
+              curves: dict | None = None, search=search_split, progress=None) -> SparsityPlan:
     """The whole calibration: split search → allocation → thresholds, as the config asks.
 
     ``splits`` memoises the split search per (density, score) across calls: DIP, DIP-CA and TEAL at the
@@ -352,7 +365,7 @@ def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | Non
     the searched split (with the default split instead, TEAL joint at ρ = 0.4 fell back to a worse split
     than uniform TEAL's searched one: benchmarks/results/accuracy-smollm2.md); ``curves``
     memoises its error curves per score. ``search`` runs the split search: a streamed model
-    passes ``dipdeploy.sparsity.streamed.search_split_streamed``.
+    passes ``dipdeploy.sparsity.streamed.search_split_streamed``. ``progress``: the module docstring.
     """
     L, d, f = _shape(lm)
     info: dict = {"windows": int(windows.shape[0]), "seqlen": int(windows.shape[1])}
@@ -363,7 +376,8 @@ def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | Non
         if key not in splits:  # memoised in the call's dict, and on disk across runs (splitcache)
             from dipdeploy.sparsity.splitcache import cached_split
 
-            splits[key] = cached_split(lm, cfg, windows, search, SPLIT_RATIOS)
+            counted = partial(search, progress=progress) if progress is not None else search
+            splits[key] = cached_split(lm, cfg, windows, counted, SPLIT_RATIOS)
         rho_in, found = splits[key]
         info.update(found)
     plan = uniform_plan(cfg, lm.name, L, d, f, rho_in=rho_in)
@@ -381,14 +395,14 @@ def calibrate(lm, cfg: SparsityConfig, windows: torch.Tensor, splits: dict | Non
         plan = allocate_joint_plan(lm, plan, windows, curves)
     if cfg.method in ("cats", "teal"):
         if plan.allocation == "uniform":
-            plan = fit_thresholds(lm, plan, windows, *split_for(cfg.method, cfg.density, rho_in))
+            plan = fit_thresholds(lm, plan, windows, *split_for(cfg.method, cfg.density, rho_in), progress=progress)
         else:
-            plan = fit_thresholds(lm, plan, windows)
+            plan = fit_thresholds(lm, plan, windows, progress=progress)
         plan.density = cfg.density  # thresholds hit it in expectation on calibration text
     return plan
 
 
-def calibrate_on(lm, cfg: SparsityConfig, windows: torch.Tensor, device: str = "cpu") -> SparsityPlan:
+def calibrate_on(lm, cfg: SparsityConfig, windows: torch.Tensor, device: str = "cpu", progress=None) -> SparsityPlan:
     """:func:`calibrate` on a resolved torch ``device`` (``dipdeploy.torchdevice``), for an eager or a
     streamed model alike, so ``dipdeploy calibrate`` and ``dipdeploy export`` calibrate by one path.
 
@@ -397,14 +411,12 @@ def calibrate_on(lm, cfg: SparsityConfig, windows: torch.Tensor, device: str = "
     in turn (``dipdeploy.sparsity.streamed``), and only the split search streams. The plan holds Python
     numbers only, the same format wherever it was computed."""
     if lm.checkpoint is not None:
-        from functools import partial
-
         from dipdeploy.sparsity.streamed import check_streamable, search_split_streamed
 
         check_streamable(cfg)
-        return calibrate(lm, cfg, windows, search=partial(search_split_streamed, device=device))
+        return calibrate(lm, cfg, windows, search=partial(search_split_streamed, device=device), progress=progress)
     lm.model.to(device)
     try:
-        return calibrate(lm, cfg, windows.to(device))
+        return calibrate(lm, cfg, windows.to(device), progress=progress)
     finally:
         lm.model.to("cpu")

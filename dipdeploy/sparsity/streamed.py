@@ -125,11 +125,12 @@ def check_streamable(cfg: SparsityConfig) -> None:
 
 @torch.no_grad()
 def search_split_streamed(lm, cfg: SparsityConfig, windows: torch.Tensor, device: str = "cpu",
-                          ratios: tuple[float, ...] = SPLIT_RATIOS) -> tuple[float, dict]:
+                          ratios: tuple[float, ...] = SPLIT_RATIOS, progress=None) -> tuple[float, dict]:
     """:func:`dipdeploy.sparsity.calibrate.search_split` on a streamed model, each layer read once.
 
     Same candidates (``split_probes``), same NLL per candidate, same choice; the returned
-    ``(rho_in, {"split_nll": …})`` is what ``calibrate`` memoises in its ``splits``."""
+    ``(rho_in, {"split_nll": …})`` is what ``calibrate`` memoises in its ``splits``. ``progress`` counts
+    the layers (``calibrate``'s module docstring)."""
     L = len(decoder_layers(lm.model))
     probes = split_probes(cfg, lm.name, L, lm.model.config.hidden_size, lm.model.config.intermediate_size, ratios)
     arch = arch_of_model(lm.model)
@@ -139,6 +140,8 @@ def search_split_streamed(lm, cfg: SparsityConfig, windows: torch.Tensor, device
     try:
         calls = _record(lm, windows.to(device))  # on ``device``: the embedding and RoPE are there
         hidden = {key: [per_window[0]["hidden"] for per_window in calls] for key in probes}
+        if progress is not None:
+            progress.expect(L)
         for i, layer in enumerate(decoder_layers(lm.model)):
             with _resident(lm, layer, f"model.layers.{i}.", device):
                 base = layer.mlp
@@ -149,6 +152,8 @@ def search_split_streamed(lm, cfg: SparsityConfig, windows: torch.Tensor, device
                                        for w, h in enumerate(hidden[key])]
                 finally:
                     layer.mlp = base
+            if progress is not None:
+                progress.advance()
         del calls
         tried: dict[str, float] = {}
         with ExitStack() as heads:
