@@ -63,7 +63,7 @@ fi
 
 # ---- 2. golden vectors from the Python code (regenerated when the script or the Python rules changed)
 stamp="$golden/golden.ok"
-inputs=("$root"/android_demo/golden/*.py "$root"/dipdeploy/cache/*.py "$root"/dipdeploy/export/*.py
+inputs=("$root"/android_demo/golden/*.py "$root"/dipdeploy/bundle/*.py "$root"/dipdeploy/cache/*.py "$root"/dipdeploy/export/*.py
         "$root"/dipdeploy/trace.py "$root"/dipdeploy/runtime/*.py)
 fresh=1
 [ -f "$stamp" ] || fresh=0

@@ -20,6 +20,9 @@ Writes JSON (never committed; build/ is ignored) that the Java tests compare wit
                   is absent)
   split.json      dipdeploy.cache.split on random groups (rows, row bytes, K, cache bytes): the capacities
                   of the reads split, and dipdeploy.flash.miss_cost of row sizes around the 4 KiB block
+  sandbox.json    the bundle checks of issue #56 (sandbox_cases.py): external-data problems of hand-built graph
+                  bytes, and verify() of bundle copies with a genai op library, a hard link, a FIFO, graphs
+                  naming data outside the bundle
   tokenizer.json  encode/decode with SmolLM2's tokenizer.json, the tiny models' byte tokenizer and the
                   SentencePiece-style BPE files of sp_tokenizers.py (Gemma, Llama 2, Metaspace; built here),
                   all from the `tokenizers` library
@@ -44,6 +47,7 @@ import numpy as np
 
 from dipdeploy.bundle.manifest import Manifest, open_tensor, read_manifest, verify
 from dipdeploy.cache import RowCache, SlotTable, dipca_scores, gamma_at, policy_of, static_rows, topk_indices, topk_rows
+from sandbox_cases import sandbox_golden  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ("The quick brown fox jumps over the lazy dog. 12345 numbers, café and naïve.\n"
@@ -600,6 +604,7 @@ def main() -> None:
         "replay.json": replay_golden(_TRACE, plan),
         "slots.json": slots_golden(_TRACE),
         "bundle.json": bundle_golden(bundle, out),
+        "sandbox.json": sandbox_golden(bundle, out),
         "runtime.json": runtime_golden(bundle),
         "split.json": split_golden(),
         "tokenizer.json": tokenizer_golden(out),

@@ -240,7 +240,12 @@ public final class Bpe {
     }
 
     public static Bpe fromFile(Path p) throws IOException {
-        return new Bpe(Json.obj(Json.parse(new String(Files.readAllBytes(p), StandardCharsets.UTF_8)), "tokenizer.json"));
+        return fromBytes(Files.readAllBytes(p));
+    }
+
+    /** The tokenizer of a {@code tokenizer.json}'s bytes (the engine passes those its checks read and hashed). */
+    public static Bpe fromBytes(byte[] json) {
+        return new Bpe(Json.obj(Json.parse(new String(json, StandardCharsets.UTF_8)), "tokenizer.json"));
     }
 
     public int vocabSize() { return idToToken.length; }

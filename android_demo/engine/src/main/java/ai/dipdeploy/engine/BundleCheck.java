@@ -1,9 +1,6 @@
 package ai.dipdeploy.engine;
 
 import java.io.IOException;
-import java.nio.file.Files;
-import java.nio.file.LinkOption;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashSet;
@@ -36,24 +33,149 @@ final class BundleCheck {
     /** How much {@code problems} hashes: nothing, every file except the tensor data files, everything. */
     static final List<String> CHECKSUMS = Arrays.asList("none", "small", "all");
 
-    static List<String> problems(Manifest m, Path bundle, String checksums) throws IOException {
+    /** onnxruntime-genai loads a library from this key of {@code genai_config.json} (Python's {@code GENAI_LIBRARY_KEY}). */
+    static final String GENAI_LIBRARY_KEY = "custom_ops_library";
+    static final String GENAI_CONFIG = "genai_config.json";
+    static final long GENAI_CONFIG_MAX = 1L << 20;
+    /** Every listed file so named is a graph ONNX Runtime may open: its external data is checked. */
+    static final String GRAPH_SUFFIX = ".onnx";
+    /** What a graph's external data may name: the weight files export writes. */
+    static final String DATA_SUFFIX = ".bin";
+    /** The one listed file a bundle may lack is a shared library: the engine never loads the bundle's copy. */
+    static final List<String> LIBRARY_SUFFIXES = Arrays.asList(".so", ".dylib", ".dll");
+
+    /** Python's {@code _verify}, in its order; every file read through {@code bundle}. */
+    static List<String> problems(Manifest m, BundleDir bundle, String checksums) throws IOException {
         if (!CHECKSUMS.contains(checksums))
             throw new IllegalArgumentException("checksums=" + checksums + ": choose one of " + CHECKSUMS);
         Map<String, Object> files = Json.obj(m.raw.get("files"), "files");
         Set<String> data = new HashSet<>();
         for (Manifest.Tensor t : m.tensors.values()) data.add(t.file);
-        List<String> out = new ArrayList<>();
+        Object lib = Json.obj(m.raw.get("ops"), "ops").get("native_library");
+        List<String> out = new ArrayList<>(), graphs = new ArrayList<>();
         for (Map.Entry<String, Object> e : files.entrySet()) {
-            boolean hash = checksums.equals("all") || (checksums.equals("small") && !data.contains(e.getKey()));
-            String p = fileProblem(bundle, e.getKey(), e.getValue(), hash);
+            String name = e.getKey();
+            boolean hash = checksums.equals("all") || (checksums.equals("small") && !data.contains(name));
+            boolean optional = name.equals(lib) && LIBRARY_SUFFIXES.stream().anyMatch(name::endsWith);
+            String p = fileProblem(bundle, name, e.getValue(), hash, optional);
             if (p != null) out.add(p);
+            else if (name.endsWith(GRAPH_SUFFIX)) graphs.add(name);
         }
+        boolean genaiBad = false;
+        for (String p : out) genaiBad |= p.startsWith(GENAI_CONFIG + ":");
+        if (files.containsKey(GENAI_CONFIG) && !genaiBad) out.addAll(genaiProblems(bundle, lib));
         out.addAll(pathProblems(m, files));
+        for (String g : graphs) {
+            try {
+                out.addAll(graphDataProblems(g, bundle.readBytes(g, false), files)); // the files check hashed it
+            } catch (BundleDir.Problem ex) {
+                out.add(ex.problem);
+            }
+        }
         for (Manifest.Tensor t : m.tensors.values()) out.addAll(tensorProblems(m, files, t));
         out.addAll(overlapProblems(m));
         out.addAll(planProblems(m));
+        out.addAll(shapeProblems(m));
         out.addAll(sizesProblems(m, files));
         return out;
+    }
+
+    /**
+     * Python's {@code graph_data_problems}: every tensor the graph {@code data} stores outside itself must name
+     * a plain {@code .bin} file listed in {@code files}, and lie inside it. The engine calls this on the very
+     * bytes it hands ONNX Runtime.
+     */
+    static List<String> graphDataProblems(String name, byte[] data, Map<String, Object> files) {
+        List<String> out = new ArrayList<>();
+        List<GraphData.Entry> entries;
+        try {
+            entries = GraphData.externalData(data);
+        } catch (GraphData.Error ex) {
+            out.add(name + ": not a readable ONNX graph (" + ex.getMessage() + ")");
+            return out;
+        }
+        for (GraphData.Entry e : entries) {
+            String where = name + ": initializer " + Manifest.pyStr(e.name) + " stores its data in "
+                    + Manifest.pyRepr(e.location);
+            if (e.location == null) {
+                out.add(name + ": initializer " + Manifest.pyStr(e.name) + " is external but names no file");
+                continue;
+            }
+            String bad = nameProblem(e.location);
+            if (bad != null) out.add(where + ", " + bad);
+            else if (!files.containsKey(e.location) || !e.location.endsWith(DATA_SUFFIX))
+                out.add(where + ", not one of the bundle's data files");
+            else {
+                Object rec = files.get(e.location);
+                Object size = rec instanceof Map ? ((Map<?, ?>) rec).get("size") : null;
+                java.math.BigInteger offset = pyInt(e.offset), length = e.length == null
+                        ? java.math.BigInteger.ZERO : pyInt(e.length);
+                if (offset == null || length == null) {
+                    out.add(where + " at offset " + Manifest.pyRepr(e.offset) + ", length " + Manifest.pyRepr(e.length)
+                            + ": not byte counts");
+                    continue;
+                }
+                java.math.BigInteger end = offset.add(length);
+                if (offset.signum() < 0 || length.signum() < 0
+                        || (isCount(size) && end.compareTo(java.math.BigInteger.valueOf((Long) size)) > 0))
+                    out.add(where + ", bytes [" + offset + ", " + end + ") outside its " + Manifest.pyRepr(size) + " bytes");
+            }
+        }
+        return out;
+    }
+
+    /** Python's {@code int(text)} of a decimal string (surrounding blanks, a sign, '_' between digits), or null. */
+    static java.math.BigInteger pyInt(String text) {
+        if (text == null) return null;
+        String t = text.strip();
+        if (!t.matches("[+-]?[0-9]+(_[0-9]+)*")) return null;
+        return new java.math.BigInteger(t.replace("_", "").replace("+", ""));
+    }
+
+    /**
+     * Python's {@code _genai_problems}: onnxruntime-genai loads whatever library {@code custom_ops_library} names
+     * (anywhere in {@code genai_config.json}) when it opens the bundle: every such entry must be exactly the
+     * manifest's {@code ops.native_library}, the plain file name whose bytes the files check covers.
+     */
+    static List<String> genaiProblems(BundleDir bundle, Object lib) throws IOException {
+        List<String> out = new ArrayList<>();
+        Object rec = bundle.files.get(GENAI_CONFIG);
+        Object size = rec instanceof Map ? ((Map<?, ?>) rec).get("size") : null;
+        if (size instanceof Long && (Long) size > GENAI_CONFIG_MAX) {
+            out.add(GENAI_CONFIG + ": larger than " + GENAI_CONFIG_MAX + " bytes");
+            return out;
+        }
+        List<Object> named = new ArrayList<>();
+        try {
+            walk(Json.parse(Manifest.utf8(bundle.readBytes(GENAI_CONFIG, false), GENAI_CONFIG)), named);
+        } catch (BundleDir.Problem ex) {
+            out.add(ex.problem);
+            return out;
+        } catch (IllegalArgumentException ex) {
+            boolean text = String.valueOf(ex.getMessage()).startsWith("JSON");
+            out.add(GENAI_CONFIG + ": not readable JSON (" + (text ? "JSONDecodeError" : "UnicodeDecodeError") + ")");
+            return out;
+        } catch (StackOverflowError ex) {
+            out.add(GENAI_CONFIG + ": not readable JSON (RecursionError)");
+            return out;
+        }
+        for (Object v : named) {
+            if (lib == null)
+                out.add(GENAI_CONFIG + ": " + GENAI_LIBRARY_KEY + " " + Manifest.pyRepr(v) + " names a library but the "
+                        + "manifest lists none (ops.native_library); onnxruntime-genai would load it");
+            else if (!lib.equals(v))
+                out.add(GENAI_CONFIG + ": " + GENAI_LIBRARY_KEY + " " + Manifest.pyRepr(v) + " is not the bundle's "
+                        + "ops.native_library " + Manifest.pyRepr(lib) + "; onnxruntime-genai would load it");
+        }
+        return out;
+    }
+
+    private static void walk(Object node, List<Object> named) {
+        if (node instanceof Map) {
+            for (Map.Entry<?, ?> e : ((Map<?, ?>) node).entrySet())
+                if (GENAI_LIBRARY_KEY.equals(e.getKey())) named.add(e.getValue());
+                else walk(e.getValue(), named);
+        } else if (node instanceof List) for (Object x : (List<?>) node) walk(x, named);
     }
 
     /** {@code sizes} must be byte counts; {@code bytes_<f>} that of {@code <f>.bin}. */
@@ -87,20 +209,29 @@ final class BundleCheck {
         return v instanceof Long && (Long) v >= 0;
     }
 
-    private static String fileProblem(Path bundle, String name, Object rec, boolean hash) throws IOException {
-        String bad = nameProblem(name);
-        if (bad != null) return "files: " + bad;
-        Path p = bundle.resolve(name);
-        if (Files.isSymbolicLink(p)) return name + ": a symbolic link (a bundle holds plain files)";
-        if (!Files.isRegularFile(p, LinkOption.NOFOLLOW_LINKS)) return name + ": missing";
-        if (!p.toRealPath().getParent().equals(bundle.toRealPath())) return name + ": resolves outside the bundle";
-        if (!(rec instanceof Map) || !isCount(((Map<?, ?>) rec).get("size"))
-                || !(((Map<?, ?>) rec).get("sha256") instanceof String))
-            return name + ": no size and sha256 in the manifest";
-        long size = Files.size(p), want = (Long) ((Map<?, ?>) rec).get("size");
-        if (size != want) return name + ": size " + size + " != " + want;
-        if (hash && !Manifest.sha256(p).equals(((Map<?, ?>) rec).get("sha256"))) return name + ": sha256 mismatch";
+    /** Python's {@code _file_problem}: the open-time checks ({@link BundleDir#open}), the record, the sha256. */
+    private static String fileProblem(BundleDir bundle, String name, Object rec, boolean hash, boolean optional)
+            throws IOException {
+        try (java.nio.channels.SeekableByteChannel ch = bundle.open(name)) {
+            if (!(rec instanceof Map) || !isCount(((Map<?, ?>) rec).get("size"))
+                    || !(((Map<?, ?>) rec).get("sha256") instanceof String))
+                return name + ": no size and sha256 in the manifest";
+            if (hash && !sha256(ch).equals(((Map<?, ?>) rec).get("sha256"))) return name + ": sha256 mismatch";
+        } catch (BundleDir.Problem ex) {
+            return optional && ex.problem.equals(name + ": missing") ? null : ex.problem;
+        }
         return null;
+    }
+
+    private static String sha256(java.nio.channels.SeekableByteChannel ch) throws IOException {
+        java.security.MessageDigest md = BundleDir.digest();
+        java.nio.ByteBuffer buf = java.nio.ByteBuffer.allocate(1 << 20);
+        while (ch.read(buf) > 0) {
+            buf.flip();
+            md.update(buf);
+            buf.clear();
+        }
+        return Manifest.hex(md.digest());
     }
 
     private static List<String> pathProblems(Manifest m, Map<String, Object> files) {
@@ -219,6 +350,40 @@ final class BundleCheck {
             out.add(GraphNames.mlpDownFile(i));
         }
         out.addAll(GraphNames.EDGE_GRAPHS);
+        return out;
+    }
+
+    /** The token table's tensors (Python's {@code EMBEDDING}): {@code .weight} fp32, or {@code .qweight} int4. */
+    static final String EMBEDDING = "model.embed_tokens";
+
+    /**
+     * Python's {@code _shape_problems}: the plan and the embedding table must have the config's widths, and the
+     * table a row for every token of the config's vocabulary, else the bundle runs with the wrong widths or
+     * embeds the ids past the table as zero rows.
+     */
+    private static List<String> shapeProblems(Manifest m) {
+        List<String> out = new ArrayList<>();
+        Object planObj = m.raw.get("plan");
+        Map<?, ?> plan = planObj instanceof Map ? (Map<?, ?>) planObj : new LinkedHashMap<>();
+        Map<String, Object> cfg = m.config;
+        for (String key : Arrays.asList("hidden_size", "intermediate_size")) {
+            Object p = plan.get(key), c = cfg.get(key);
+            if (p instanceof Long && c instanceof Long && !p.equals(c))
+                out.add("plan." + key + " is " + p + " but source.config." + key + " is " + c);
+        }
+        Map<?, ?> tensors = (Map<?, ?>) m.raw.get("tensors");
+        Object table = tensors.get(EMBEDDING + ".weight");
+        if (!(table instanceof Map) || ((Map<?, ?>) table).isEmpty()) table = tensors.get(EMBEDDING + ".qweight");
+        Object shape = table instanceof Map ? ((Map<?, ?>) table).get("shape") : null;
+        if (!(shape instanceof List) || ((List<?>) shape).size() != 2 || !(((List<?>) shape).get(0) instanceof Long)
+                || !(((List<?>) shape).get(1) instanceof Long))
+            return out;
+        long rows = (Long) ((List<?>) shape).get(0), width = (Long) ((List<?>) shape).get(1);
+        Object vocab = cfg.get("vocab_size"), hidden = cfg.get("hidden_size");
+        if (vocab instanceof Long && (Long) vocab > rows)
+            out.add("source.config.vocab_size " + vocab + " exceeds the embedding table's " + rows + " rows");
+        if (tensors.containsKey(EMBEDDING + ".weight") && hidden instanceof Long && width != (Long) hidden)
+            out.add("the embedding table's width " + width + " is not source.config.hidden_size " + hidden);
         return out;
     }
 

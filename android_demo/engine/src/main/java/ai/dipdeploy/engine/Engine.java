@@ -14,6 +14,7 @@ import java.nio.FloatBuffer;
 import java.nio.LongBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -95,96 +96,179 @@ public final class Engine implements AutoCloseable {
     @SuppressWarnings("unchecked")
     public Engine(Path bundle, Options opt) throws IOException, OrtException {
         this.bundle = bundle;
-        this.manifest = Manifest.open(bundle, "small");
-        this.tokenizer = Bpe.fromFile(bundle.resolve("tokenizer.json"));
-        this.layers = manifest.numLayers();
-        this.d = manifest.hiddenSize();
-        this.f = manifest.intermediateSize();
-        this.kvHeads = manifest.numKvHeads();
-        this.headDim = manifest.headDim();
-        if (manifest.layers.size() != layers || !manifest.layerGraphs().contains(GraphNames.attnFile(0)))
-            throw new IllegalArgumentException(bundle + " has no per-layer graphs (a dense or --no-per-layer export); "
-                    + "export it with `dipdeploy export --method dip-ca` (per-layer graphs are the default)");
-        if (!manifest.layerGraphs().contains(GraphNames.POSITIONS))
-            throw new IllegalArgumentException(bundle + " has per-layer graphs without " + GraphNames.POSITIONS
-                    + " (an older export); " + Manifest.REGENERATE);
-        Map<String, Object> ca = manifest.dipca();
-        String policy = opt.policy != null ? opt.policy
-                : ca != null && ca.get("policy") != null ? (String) ca.get("policy") : Defaults.POLICY;
-        if (RowCache.Policy.of(policy).offline())
-            throw new IllegalArgumentException("policy " + policy + " needs offline data (a trace / pinned rows); "
-                    + "the app runs lru, lfu or none");
-        double frac = opt.cacheFrac >= 0 ? opt.cacheFrac
-                : ca != null && ca.get("cache_frac") != null ? Json.dbl(ca.get("cache_frac"), "cache_frac") : Defaults.CACHE_FRAC;
-        // like the Python runtime: a plan's γ warm-up is not applied (γ from the first token)
-        this.gammaWarmup = ca != null && ca.get("gamma_warmup") != null
-                ? Math.toIntExact(Json.lng(ca.get("gamma_warmup"), "gamma_warmup")) : 0;
+        // every bundle file is read through one folder, checked before it is opened (BundleDir)
+        try (BundleDir files = Manifest.held(bundle)) {
+            this.manifest = Manifest.open(files, "small");
+            if (opt.nativeLibraryPath != null) refuseBundleLibrary(files, Paths.get(opt.nativeLibraryPath));
+            this.tokenizer = Bpe.fromBytes(read(files, "tokenizer.json"));
+            this.layers = manifest.numLayers();
+            this.d = manifest.hiddenSize();
+            this.f = manifest.intermediateSize();
+            this.kvHeads = manifest.numKvHeads();
+            this.headDim = manifest.headDim();
+            if (manifest.layers.size() != layers || !manifest.layerGraphs().contains(GraphNames.attnFile(0)))
+                throw new IllegalArgumentException(bundle + " has no per-layer graphs (a dense or --no-per-layer export); "
+                        + "export it with `dipdeploy export --method dip-ca` (per-layer graphs are the default)");
+            if (!manifest.layerGraphs().contains(GraphNames.POSITIONS))
+                throw new IllegalArgumentException(bundle + " has per-layer graphs without " + GraphNames.POSITIONS
+                        + " (an older export); " + Manifest.REGENERATE);
+            Map<String, Object> ca = manifest.dipca();
+            String policy = opt.policy != null ? opt.policy
+                    : ca != null && ca.get("policy") != null ? (String) ca.get("policy") : Defaults.POLICY;
+            if (RowCache.Policy.of(policy).offline())
+                throw new IllegalArgumentException("policy " + policy + " needs offline data (a trace / pinned rows); "
+                        + "the app runs lru, lfu or none");
+            double frac = opt.cacheFrac >= 0 ? opt.cacheFrac
+                    : ca != null && ca.get("cache_frac") != null ? Json.dbl(ca.get("cache_frac"), "cache_frac") : Defaults.CACHE_FRAC;
+            // like the Python runtime: a plan's γ warm-up is not applied (γ from the first token)
+            this.gammaWarmup = ca != null && ca.get("gamma_warmup") != null
+                    ? Math.toIntExact(Json.lng(ca.get("gamma_warmup"), "gamma_warmup")) : 0;
 
-        env = OrtEnvironment.getEnvironment();
-        OrtSession.SessionOptions so = new OrtSession.SessionOptions();
-        so.setIntraOpNumThreads(opt.threads);
-        boolean nat = false;
-        String err = null;
-        if (opt.nativeLibraryPath != null && Files.isRegularFile(java.nio.file.Paths.get(opt.nativeLibraryPath))) {
-            try {
-                so.registerCustomOpLibrary(opt.nativeLibraryPath);
-                nat = true;
-            } catch (OrtException e) {
-                err = e.getMessage();
-                so.close();
-                so = new OrtSession.SessionOptions();
-                so.setIntraOpNumThreads(opt.threads);
+            env = OrtEnvironment.getEnvironment();
+            OrtSession.SessionOptions so = new OrtSession.SessionOptions();
+            so.setIntraOpNumThreads(opt.threads);
+            boolean nat = false;
+            String err = null;
+            if (opt.nativeLibraryPath != null && Files.isRegularFile(Paths.get(opt.nativeLibraryPath))) {
+                try {
+                    so.registerCustomOpLibrary(opt.nativeLibraryPath);
+                    nat = true;
+                } catch (OrtException e) {
+                    err = e.getMessage();
+                    so.close();
+                    so = new OrtSession.SessionOptions();
+                    so.setIntraOpNumThreads(opt.threads);
+                }
             }
+            this.nativeOps = nat;
+            this.nativeError = err;
+            // ORT opens the graphs' external data by name, in the bundle folder (Java cannot hand it the held one)
+            so.addConfigEntry(EXTERNAL_FOLDER, bundle.toAbsolutePath().toString());
+            embed = open(so, files, GraphNames.EMBED);
+            positions = open(so, files, GraphNames.POSITIONS);
+            check(positions, GraphNames.positionsInputs(), GraphNames.POSITIONS);
+            head = open(so, files, GraphNames.HEAD);
+            check(head, GraphNames.headInputs(), GraphNames.HEAD);
+            attn = new OrtSession[layers];
+            up = new OrtSession[layers];
+            down = new OrtSession[layers];
+            perToken = (List<String>[]) new List<?>[layers];
+            upGroups = new MlpGroup[layers];
+            downGroups = new MlpGroup[layers];
+            upSlabs = (Map<String, OnnxTensor>[]) new Map<?, ?>[layers];
+            downSlabs = (Map<String, OnnxTensor>[]) new Map<?, ?>[layers];
+            flash = new FlashStore(bundle.resolve("mlp.bin"), files.openChannel("mlp.bin"));
+            int[][] capacity = CacheSplit.forManifest(manifest, frac, policy, opt.cacheSplit);
+            for (int i = 0; i < layers; i++) {
+                Manifest.LayerPlan lp = manifest.layers.get(i);
+                upGroups[i] = new MlpGroup(manifest, i, "up_gate", lp.kIn, policy, capacity[i][0], flash, null, null);
+                downGroups[i] = new MlpGroup(manifest, i, "down", lp.kGlu, policy, capacity[i][1], flash, null, null);
+                upSlabs[i] = slabTensors(upGroups[i]);
+                downSlabs[i] = slabTensors(downGroups[i]);
+                attn[i] = open(so, files, GraphNames.attnFile(i));
+                up[i] = open(so, files, GraphNames.mlpUpFile(i));
+                down[i] = open(so, files, GraphNames.mlpDownFile(i));
+                perToken[i] = new ArrayList<>(positions.getOutputNames());
+                perToken[i].retainAll(attn[i].getInputNames());
+                check(attn[i], GraphNames.attnInputs(i, perToken[i]), GraphNames.attnFile(i));
+                check(up[i], GraphNames.mlpUpInputs(new ArrayList<>(upSlabs[i].keySet())), GraphNames.mlpUpFile(i));
+                check(down[i], GraphNames.mlpDownInputs(new ArrayList<>(downSlabs[i].keySet())), GraphNames.mlpDownFile(i));
+            }
+            cacheIn = ByteBuffer.allocateDirect(d);
+            cacheGlu = ByteBuffer.allocateDirect(f);
+            cacheInT = OnnxTensor.createTensor(env, cacheIn, new long[] {d}, OnnxJavaType.BOOL);
+            cacheGluT = OnnxTensor.createTensor(env, cacheGlu, new long[] {f}, OnnxJavaType.BOOL);
+            pastK = new OnnxTensor[layers];
+            pastV = new OnnxTensor[layers];
+            kvOwner = new OrtSession.Result[layers];
+            Object db = Json.obj(manifest.raw.get("files"), "files").get("dense.bin");
+            Object dense = db instanceof Map ? ((Map<?, ?>) db).get("size") : null;
+            denseBytes = dense instanceof Long ? (Long) dense : 0;
+            maxContext = Math.min(opt.maxContext, manifest.configIntOr("max_position_embeddings", Integer.MAX_VALUE));
         }
-        this.nativeOps = nat;
-        this.nativeError = err;
-        embed = open(so, GraphNames.EMBED);
-        positions = open(so, GraphNames.POSITIONS);
-        check(positions, GraphNames.positionsInputs(), GraphNames.POSITIONS);
-        head = open(so, GraphNames.HEAD);
-        check(head, GraphNames.headInputs(), GraphNames.HEAD);
-        attn = new OrtSession[layers];
-        up = new OrtSession[layers];
-        down = new OrtSession[layers];
-        perToken = (List<String>[]) new List<?>[layers];
-        upGroups = new MlpGroup[layers];
-        downGroups = new MlpGroup[layers];
-        upSlabs = (Map<String, OnnxTensor>[]) new Map<?, ?>[layers];
-        downSlabs = (Map<String, OnnxTensor>[]) new Map<?, ?>[layers];
-        flash = new FlashStore(bundle.resolve("mlp.bin"));
-        int[][] capacity = CacheSplit.forManifest(manifest, frac, policy, opt.cacheSplit);
-        for (int i = 0; i < layers; i++) {
-            Manifest.LayerPlan lp = manifest.layers.get(i);
-            upGroups[i] = new MlpGroup(manifest, i, "up_gate", lp.kIn, policy, capacity[i][0], flash, null, null);
-            downGroups[i] = new MlpGroup(manifest, i, "down", lp.kGlu, policy, capacity[i][1], flash, null, null);
-            upSlabs[i] = slabTensors(upGroups[i]);
-            downSlabs[i] = slabTensors(downGroups[i]);
-            attn[i] = open(so, GraphNames.attnFile(i));
-            up[i] = open(so, GraphNames.mlpUpFile(i));
-            down[i] = open(so, GraphNames.mlpDownFile(i));
-            perToken[i] = new ArrayList<>(positions.getOutputNames());
-            perToken[i].retainAll(attn[i].getInputNames());
-            check(attn[i], GraphNames.attnInputs(i, perToken[i]), GraphNames.attnFile(i));
-            check(up[i], GraphNames.mlpUpInputs(new ArrayList<>(upSlabs[i].keySet())), GraphNames.mlpUpFile(i));
-            check(down[i], GraphNames.mlpDownInputs(new ArrayList<>(downSlabs[i].keySet())), GraphNames.mlpDownFile(i));
-        }
-        cacheIn = ByteBuffer.allocateDirect(d);
-        cacheGlu = ByteBuffer.allocateDirect(f);
-        cacheInT = OnnxTensor.createTensor(env, cacheIn, new long[] {d}, OnnxJavaType.BOOL);
-        cacheGluT = OnnxTensor.createTensor(env, cacheGlu, new long[] {f}, OnnxJavaType.BOOL);
-        pastK = new OnnxTensor[layers];
-        pastV = new OnnxTensor[layers];
-        kvOwner = new OrtSession.Result[layers];
-        long dense = 0;
-        Path db = bundle.resolve("dense.bin");
-        if (Files.isRegularFile(db)) dense = Files.size(db);
-        denseBytes = dense;
-        maxContext = Math.min(opt.maxContext, manifest.configIntOr("max_position_embeddings", Integer.MAX_VALUE));
         reset();
     }
 
-    private OrtSession open(OrtSession.SessionOptions so, String file) throws OrtException {
-        return env.createSession(bundle.resolve(file).toString(), so);
+    /** ORT's session option naming the folder a graph given as bytes finds its external data in. */
+    static final String EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path";
+
+    /** The checked bytes of a listed file, or the one line naming its problem. */
+    private static byte[] read(BundleDir files, String name) throws IOException {
+        try {
+            return files.readBytes(name, true);
+        } catch (BundleDir.Problem ex) {
+            throw files.error(ex.problem);
+        }
+    }
+
+    /**
+     * An ORT session for the graph {@code file}, built from the bytes the manifest's sha256 vouches for (never by
+     * path), after its external-data locations are checked on those bytes and on the files they name; after
+     * ORT opened those files by name, each must still be the file checked (docs/decisions/0008-bundle-reads.md).
+     */
+    private OrtSession open(OrtSession.SessionOptions so, BundleDir files, String file) throws OrtException, IOException {
+        byte[] data = read(files, file);
+        List<String> problems = BundleCheck.graphDataProblems(file, data, files.files);
+        if (!problems.isEmpty()) throw files.error(problems.get(0));
+        List<String> locations = externalLocations(data);
+        for (String location : locations) { // checked on a channel: what ORT must find under that name
+            try {
+                files.open(location).close();
+            } catch (BundleDir.Problem ex) {
+                throw files.error(ex.problem);
+            }
+        }
+        OrtSession s;
+        try {
+            s = env.createSession(data, so);
+        } catch (OrtException | RuntimeException ex) {
+            refuseChanged(files, file, locations);
+            throw ex;
+        }
+        try {
+            refuseChanged(files, file, locations);
+        } catch (IllegalArgumentException ex) {
+            s.close();
+            throw ex;
+        }
+        return s;
+    }
+
+    static List<String> externalLocations(byte[] graph) {
+        java.util.TreeSet<String> out = new java.util.TreeSet<>();
+        try {
+            for (GraphData.Entry e : GraphData.externalData(graph)) if (e.location != null) out.add(e.location);
+        } catch (GraphData.Error ex) {
+            throw new IllegalStateException(ex); // graphDataProblems parsed these bytes already
+        }
+        return new ArrayList<>(out);
+    }
+
+    private static void refuseChanged(BundleDir files, String graph, List<String> locations) {
+        List<String> changed = files.unchanged(locations);
+        if (!changed.isEmpty())
+            throw files.error(changed.get(0) + ": not the file that was checked when onnxruntime opened it for " + graph
+                    + " (replaced, or a link put in its place)");
+    }
+
+    /**
+     * The engine registers only the app's own op library, never one a bundle ships (code that came with the
+     * data): a library in the bundle's folder, or the same file as one the bundle lists, is refused.
+     */
+    static void refuseBundleLibrary(BundleDir files, Path lib) throws IOException {
+        boolean inBundle = false;
+        Path dir = lib.toAbsolutePath().getParent();
+        if (dir != null && Files.isDirectory(dir)) inBundle = Files.isSameFile(dir, files.path);
+        if (!inBundle && Files.exists(lib))
+            for (String name : files.files.keySet()) {
+                Path p = files.path.resolve(name);
+                if (BundleCheck.nameProblem(name) == null && Files.exists(p, java.nio.file.LinkOption.NOFOLLOW_LINKS)
+                        && Files.isSameFile(lib, p)) inBundle = true;
+            }
+        if (inBundle)
+            throw new IllegalArgumentException("the op library " + lib + " is a file of the bundle " + files.path
+                    + ": the engine never loads code a bundle ships; give the app's own library (its nativeLibraryDir) "
+                    + "or none");
     }
 
     private static void check(OrtSession s, List<String> want, String file) {

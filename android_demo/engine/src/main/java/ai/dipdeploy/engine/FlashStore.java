@@ -39,8 +39,13 @@ public final class FlashStore implements Closeable {
     public long bytes, requests, rows, ioNanos;
 
     public FlashStore(Path path) throws IOException {
+        this(path, FileChannel.open(path, StandardOpenOption.READ));
+    }
+
+    /** Reads through {@code ch}, a channel of {@code path} already opened and checked (the engine's BundleDir). */
+    FlashStore(Path path, FileChannel ch) {
         this.path = path;
-        this.ch = FileChannel.open(path, StandardOpenOption.READ);
+        this.ch = ch;
     }
 
     public long size() throws IOException {

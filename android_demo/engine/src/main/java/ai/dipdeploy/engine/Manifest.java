@@ -6,7 +6,6 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.security.MessageDigest;
-import java.security.NoSuchAlgorithmException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.LinkedHashMap;
@@ -134,16 +133,52 @@ public final class Manifest {
         return new Manifest(raw);
     }
 
+    /** The cap on a manifest's size, checked before it is parsed (Python's {@code MANIFEST_MAX}). */
+    static final long MANIFEST_MAX = 16L << 20;
+
     public static Manifest read(Path bundle) throws IOException {
-        Path p = bundle.resolve(FILE);
-        if (Files.isSymbolicLink(p))
-            throw new IllegalArgumentException(p + " is a symbolic link; a bundle holds plain files; " + REGENERATE);
+        try (BundleDir folder = held(bundle)) {
+            return read(folder);
+        }
+    }
+
+    /** The bundle folder, or one line naming the folder to give when it is missing. */
+    static BundleDir held(Path bundle) throws IOException {
         if (!Files.isDirectory(bundle))
             throw new IOException("bundle " + bundle + " not found: give the folder `dipdeploy export` wrote "
                     + "(its manifest.json beside the graphs)");
-        if (!Files.isRegularFile(p))
-            throw new IOException(p + " not found: " + bundle + " is not a dipdeploy bundle; " + REGENERATE);
-        return fromJson(new String(Files.readAllBytes(p), StandardCharsets.UTF_8));
+        return new BundleDir(bundle);
+    }
+
+    /** The manifest of the held folder (Python's {@code _parse}): checked like any bundle file, then read. */
+    static Manifest read(BundleDir folder) throws IOException {
+        Path p = folder.path.resolve(FILE);
+        byte[] raw;
+        try {
+            raw = folder.readBytes(FILE, MANIFEST_MAX, false);
+        } catch (BundleDir.Problem ex) {
+            if (ex.problem.equals(FILE + ": missing"))
+                throw new IOException(p + " not found: " + folder.path + " is not a dipdeploy bundle; " + REGENERATE);
+            if (ex.problem.startsWith(FILE + ": over "))
+                throw new IllegalArgumentException(p + " is over the " + (MANIFEST_MAX >> 20) + " MiB cap on a manifest "
+                        + "(export writes a few hundred kB at most); " + REGENERATE);
+            String why = ex.problem.startsWith(FILE + ": ") ? ex.problem.substring(FILE.length() + 2) : ex.problem;
+            throw new IllegalArgumentException(p + ": " + why + "; " + REGENERATE);
+        }
+        Manifest m = fromJson(utf8(raw, p.toString()));
+        folder.files = Json.obj(m.raw.get("files"), "files");
+        return m;
+    }
+
+    /** Strict UTF-8 (Python's {@code bytes.decode}): a manifest that is not text is refused, not repaired. */
+    static String utf8(byte[] raw, String what) {
+        try {
+            return StandardCharsets.UTF_8.newDecoder().onMalformedInput(java.nio.charset.CodingErrorAction.REPORT)
+                    .onUnmappableCharacter(java.nio.charset.CodingErrorAction.REPORT)
+                    .decode(java.nio.ByteBuffer.wrap(raw)).toString();
+        } catch (java.nio.charset.CharacterCodingException ex) {
+            throw new IllegalArgumentException(what + " is not UTF-8 text; " + REGENERATE);
+        }
     }
 
     /** Python's {@code value != 1} is false for 1, 1.0 and True. */
@@ -154,11 +189,50 @@ public final class Manifest {
         return false;
     }
 
+    /** Python's {@code repr} of a JSON value, as the Python reader's messages print it. */
     static String pyRepr(Object v) {
         if (v == null) return "None";
-        if (v instanceof String) return "'" + v + "'";
+        if (v instanceof String) return pyStr((String) v);
         if (v instanceof Boolean) return (Boolean) v ? "True" : "False";
+        if (v instanceof Double) return pyFloat((Double) v);
+        StringBuilder b = new StringBuilder();
+        if (v instanceof Map) {
+            for (Map.Entry<?, ?> e : ((Map<?, ?>) v).entrySet())
+                b.append(b.length() == 0 ? "" : ", ").append(pyRepr(e.getKey())).append(": ").append(pyRepr(e.getValue()));
+            return "{" + b + "}";
+        }
+        if (v instanceof List) {
+            for (Object x : (List<?>) v) b.append(b.length() == 0 ? "" : ", ").append(pyRepr(x));
+            return "[" + b + "]";
+        }
         return String.valueOf(v);
+    }
+
+    /** {@code repr(str)}: single quotes unless the text holds one and no double quote; control characters escaped. */
+    static String pyStr(String s) {
+        char q = s.indexOf('\'') >= 0 && s.indexOf('"') < 0 ? '"' : '\'';
+        StringBuilder b = new StringBuilder().append(q);
+        for (int k = 0; k < s.length(); k++) {
+            char c = s.charAt(k);
+            if (c == q || c == '\\') b.append('\\').append(c);
+            else if (c == '\n') b.append("\\n");
+            else if (c == '\r') b.append("\\r");
+            else if (c == '\t') b.append("\\t");
+            else if (c < 0x20 || (c >= 0x7f && c < 0xa0)) b.append(String.format("\\x%02x", (int) c));
+            else b.append(c);
+        }
+        return b.append(q).toString();
+    }
+
+    private static String pyFloat(double d) {
+        if (Double.isNaN(d)) return "nan";
+        if (Double.isInfinite(d)) return d > 0 ? "inf" : "-inf";
+        if (d == Math.rint(d) && Math.abs(d) < 1e16) return String.format(java.util.Locale.ROOT, "%.1f", d);
+        if (Math.abs(d) >= 1e-4 && Math.abs(d) < 1e16) return new java.math.BigDecimal(Double.toString(d)).toPlainString();
+        String[] me = String.format("%s", Double.toString(d)).split("E");
+        int exp = Integer.parseInt(me[1]);
+        String m = me[0].endsWith(".0") ? me[0].substring(0, me[0].length() - 2) : me[0];
+        return m + "e" + (exp < 0 ? "-" : "+") + String.format("%02d", Math.abs(exp));
     }
 
     // ---- convenience views ----
@@ -237,7 +311,15 @@ public final class Manifest {
 
     /** {@link BundleCheck}: structure always; {@code checksums} "none", "small" (not the tensor data files) or "all". */
     public List<String> verify(Path bundle, String checksums) throws IOException {
-        return BundleCheck.problems(this, bundle, checksums);
+        try (BundleDir folder = held(bundle)) {
+            return verify(folder, checksums);
+        }
+    }
+
+    /** {@link #verify(Path, String)} with every file read through {@code folder}. */
+    List<String> verify(BundleDir folder, String checksums) throws IOException {
+        folder.files = Json.obj(raw.get("files"), "files");
+        return BundleCheck.problems(this, folder, checksums);
     }
 
     /**
@@ -246,31 +328,38 @@ public final class Manifest {
      * Problems raise one line naming the first of them and the fix.
      */
     public static Manifest open(Path bundle, String checksums) throws IOException {
-        Manifest m = read(bundle);
-        List<String> problems = m.verify(bundle, checksums);
+        try (BundleDir folder = held(bundle)) {
+            return open(folder, checksums);
+        }
+    }
+
+    /** {@link #open(Path, String)} on a held folder, which the caller goes on reading the bundle through. */
+    static Manifest open(BundleDir folder, String checksums) throws IOException {
+        Manifest m = read(folder);
+        List<String> problems = m.verify(folder, checksums);
         if (!problems.isEmpty()) {
             String more = problems.size() > 5 ? " (and " + (problems.size() - 5) + " more)" : "";
-            throw new IllegalArgumentException("bundle " + bundle + " is damaged: "
+            throw new IllegalArgumentException("bundle " + folder.path + " is damaged: "
                     + String.join("; ", problems.subList(0, Math.min(5, problems.size()))) + more
                     + "; files truncated or altered since export; " + REGENERATE);
         }
         return m;
     }
 
+    /** The sha256 of the file at {@code p} (what a test writes into a manifest it builds). */
     static String sha256(Path p) throws IOException {
-        MessageDigest md;
-        try {
-            md = MessageDigest.getInstance("SHA-256");
-        } catch (NoSuchAlgorithmException ex) {
-            throw new IllegalStateException(ex);
-        }
+        MessageDigest md = BundleDir.digest();
         byte[] buf = new byte[1 << 20];
-        try (InputStream in = Files.newInputStream(p)) {
+        try (InputStream in = Files.newInputStream(p, java.nio.file.LinkOption.NOFOLLOW_LINKS)) {
             int n;
             while ((n = in.read(buf)) > 0) md.update(buf, 0, n);
         }
+        return hex(md.digest());
+    }
+
+    static String hex(byte[] digest) {
         StringBuilder b = new StringBuilder();
-        for (byte x : md.digest()) b.append(String.format("%02x", x & 0xff));
+        for (byte x : digest) b.append(String.format("%02x", x & 0xff));
         return b.toString();
     }
 

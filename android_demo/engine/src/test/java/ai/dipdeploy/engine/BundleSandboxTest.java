@@ -34,6 +34,8 @@ public class BundleSandboxTest {
 
     private Path bundle, canary;
     private String tokenizerJson; // the synthetic bundle's tokenizer.json; null: placeholder bytes
+    /** Bytes of the synthetic bundle's files by name; any other graph is a ModelProto holding only its name. */
+    private final Map<String, byte[]> contents = new LinkedHashMap<>();
 
     /** One layer, hidden 4, intermediate 8: an up|gate rows tensor in mlp.bin and an embedding in dense.bin. */
     private Map<String, Object> write(Consumer<Map<String, Object>> edit) throws IOException {
@@ -49,9 +51,12 @@ public class BundleSandboxTest {
         List<String> layerGraphs = BundleCheck.layerGraphNames(1);
         List<String> names = new ArrayList<>(layerGraphs);
         names.addAll(Arrays.asList("model.onnx", "genai_config.json", "tokenizer.json"));
-        for (String n : names)
-            files.put(n, file(n, (n.equals("tokenizer.json") && tokenizerJson != null ? tokenizerJson : n)
-                    .getBytes(StandardCharsets.UTF_8)));
+        for (String n : names) {
+            byte[] b = (n.equals("tokenizer.json") && tokenizerJson != null ? tokenizerJson : n).getBytes(StandardCharsets.UTF_8);
+            if (n.endsWith(".onnx")) b = Pb.ld(2, b); // ModelProto.producer_name: a graph with no external data
+            if (n.equals("genai_config.json")) b = "{}".getBytes(StandardCharsets.UTF_8);
+            files.put(n, file(n, contents.getOrDefault(n, b)));
+        }
         files.put("mlp.bin", file("mlp.bin", new byte[2 * ALIGN]));
         files.put("dense.bin", file("dense.bin", new byte[ALIGN]));
         Map<String, Object> raw = new LinkedHashMap<>();
@@ -231,6 +236,182 @@ public class BundleSandboxTest {
         assertEquals(err, 2, p.waitFor());
         assertFalse(err, err.contains("\n"));
         assertTrue(err, err.startsWith("error: tokenizer.json: decoder WordPiece is not supported"));
+    }
+
+    /** Protobuf wire format, by hand (field numbers: dipdeploy/bundle/graphdata.py). */
+    static final class Pb {
+        static byte[] cat(byte[]... parts) {
+            java.io.ByteArrayOutputStream b = new java.io.ByteArrayOutputStream();
+            for (byte[] p : parts) b.writeBytes(p);
+            return b.toByteArray();
+        }
+
+        static byte[] varint(long v) {
+            java.io.ByteArrayOutputStream b = new java.io.ByteArrayOutputStream();
+            do {
+                int x = (int) (v & 0x7f);
+                v >>>= 7;
+                b.write(x | (v != 0 ? 0x80 : 0));
+            } while (v != 0);
+            return b.toByteArray();
+        }
+
+        static byte[] ld(int field, byte[] payload) {
+            return cat(varint((long) field << 3 | 2), varint(payload.length), payload);
+        }
+
+        static byte[] ld(int field, String text) {
+            return ld(field, text.getBytes(StandardCharsets.UTF_8));
+        }
+
+        /** A ModelProto whose graph has one initializer stored in {@code location} at [offset, offset + length). */
+        static byte[] externalModel(String tensor, String location, long offset, long length) {
+            byte[] entries = cat(ld(13, cat(ld(1, "location"), ld(2, location))),
+                    ld(13, cat(ld(1, "offset"), ld(2, Long.toString(offset)))),
+                    ld(13, cat(ld(1, "length"), ld(2, Long.toString(length)))));
+            byte[] t = cat(ld(8, tensor), entries, varint(14 << 3), varint(1));
+            return ld(7, ld(5, t));
+        }
+    }
+
+    @Test
+    public void graphsMustNameListedDataInsideTheFile() throws Exception {
+        contents.put("embed.onnx", Pb.externalModel("w", "dense.bin", 0, ALIGN));
+        write(raw -> {});
+        Manifest.open(bundle, "all");
+        contents.put("embed.onnx", Pb.externalModel("w", "../canary.bin", 0, 16));
+        refused(raw -> {}, "embed.onnx: initializer 'w' stores its data in '../canary.bin', '../canary.bin' is not a plain");
+        contents.put("embed.onnx", Pb.externalModel("w", "tokenizer.json", 0, 4));
+        refused(raw -> {}, "stores its data in 'tokenizer.json', not one of the bundle's data files");
+        contents.put("embed.onnx", Pb.externalModel("w", "dense.bin", ALIGN, 1));
+        refused(raw -> {}, "bytes [4096, 4097) outside its 4096 bytes");
+        contents.put("embed.onnx", Pb.cat(Pb.externalModel("w", "dense.bin", 0, 4), new byte[] {0x0b}));
+        refused(raw -> {}, "embed.onnx: not a readable ONNX graph (wire type 3 (field 1) is not one onnx uses)");
+    }
+
+    private static final String GENAI = "{\"model\": {\"decoder\": {\"session_options\": {\"custom_ops_library\": %s}}}}";
+
+    @Test
+    public void genaiConfigMayNameOnlyTheManifestsLibrary() throws Exception {
+        contents.put("genai_config.json", String.format(GENAI, "\"/data/local/tmp/x.so\"").getBytes(StandardCharsets.UTF_8));
+        refused(raw -> {}, "genai_config.json: custom_ops_library '/data/local/tmp/x.so' names a library but the "
+                + "manifest lists none (ops.native_library); onnxruntime-genai would load it");
+        contents.put("genai_config.json", String.format(GENAI, "\"libdipdeploy_ops.so\"").getBytes(StandardCharsets.UTF_8));
+        Consumer<Map<String, Object>> lib = raw -> sub(raw, "ops").put("native_library", "libdipdeploy_ops.so");
+        refused(lib, "ops.native_library: libdipdeploy_ops.so is not one of the bundle's files");
+        contents.put("libdipdeploy_ops.so", new byte[] {0x7f, 'E', 'L', 'F'});
+        Consumer<Map<String, Object>> listed = lib.andThen(raw -> {
+            try {
+                sub(raw, "files").put("libdipdeploy_ops.so", file("libdipdeploy_ops.so", contents.get("libdipdeploy_ops.so")));
+            } catch (java.io.IOException ex) {
+                throw new java.io.UncheckedIOException(ex);
+            }
+        });
+        write(listed);
+        Manifest.open(bundle, "all");
+        Files.delete(bundle.resolve("libdipdeploy_ops.so")); // the one listed file a bundle may lack
+        Manifest.open(bundle, "all");
+        contents.put("genai_config.json", String.format(GENAI, "[\"libdipdeploy_ops.so\"]").getBytes(StandardCharsets.UTF_8));
+        refused(listed, "custom_ops_library ['libdipdeploy_ops.so'] is not the bundle's ops.native_library "
+                + "'libdipdeploy_ops.so'");
+        contents.put("genai_config.json", "{\"model\": ".getBytes(StandardCharsets.UTF_8));
+        refused(raw -> {}, "genai_config.json: not readable JSON (JSONDecodeError)");
+    }
+
+    /** A bundle file must be a regular file with one link: a hard link may be a file outside the bundle. */
+    @Test(timeout = 60_000)
+    public void hardLinksAndFifosAreRefused() throws Exception {
+        write(raw -> {});
+        Files.copy(bundle.resolve("dense.bin"), canary, java.nio.file.StandardCopyOption.REPLACE_EXISTING);
+        Files.delete(bundle.resolve("dense.bin"));
+        Files.createLink(bundle.resolve("dense.bin"), canary);
+        openRefused("dense.bin: 2 hard links to the same bytes (a bundle file must be its own copy; a link may be a "
+                + "file outside the bundle)");
+        write(raw -> {});
+        Path outside = canary.resolveSibling("manifest.json");
+        Files.createLink(outside, bundle.resolve(Manifest.FILE));
+        openRefused(bundle.resolve(Manifest.FILE) + ": 2 hard links");
+        Files.delete(outside);
+        write(raw -> {});
+        Files.delete(bundle.resolve("tokenizer.json"));
+        Process p = new ProcessBuilder("mkfifo", bundle.resolve("tokenizer.json").toString()).start();
+        assertEquals(0, p.waitFor());
+        openRefused("tokenizer.json: not a regular file (a bundle holds plain files)"); // checked before any open
+    }
+
+    /** Each file is read through what was checked: a name swapped after its check is refused, never read. */
+    @Test
+    public void readsAreBoundToTheirChecks() throws Exception {
+        write(raw -> {});
+        Path other = canary.resolveSibling("other.bin");
+        Files.write(other, new byte[2 * ALIGN]);
+        String[] swap = {"link"};
+        BundleDir.afterCheck = name -> {
+            if (!name.equals("mlp.bin")) return;
+            try {
+                Path p = bundle.resolve(name);
+                if (swap[0].equals("link")) {
+                    Files.delete(p);
+                    Files.createSymbolicLink(p, other);
+                } else Files.move(other, p, java.nio.file.StandardCopyOption.REPLACE_EXISTING);
+            } catch (java.io.IOException ex) {
+                throw new java.io.UncheckedIOException(ex);
+            }
+        };
+        try {
+            openRefused("mlp.bin: a symbolic link (a bundle holds plain files)");
+            write(raw -> {});
+            swap[0] = "file";
+            try {
+                Manifest.open(bundle, "none");
+                fail("a file swapped in after the check was read");
+            } catch (IllegalArgumentException ex) {
+                assertTrue(ex.getMessage(), ex.getMessage().contains(
+                        "mlp.bin: not the file that was checked (replaced, or a link put in its place)"));
+            }
+            // bytes changed in place after the check: the hash is over exactly the bytes returned
+            write(raw -> {});
+            BundleDir.afterCheck = name -> {
+                try {
+                    if (name.equals("tokenizer.json")) Files.write(bundle.resolve(name), "tokenizer.jsoX".getBytes(
+                            StandardCharsets.UTF_8), java.nio.file.StandardOpenOption.TRUNCATE_EXISTING);
+                } catch (java.io.IOException ex) {
+                    throw new java.io.UncheckedIOException(ex);
+                }
+            };
+            try (BundleDir folder = Manifest.held(bundle)) {
+                Manifest.read(folder);
+                folder.readBytes("tokenizer.json", true);
+                fail("bytes changed after the check were returned");
+            } catch (BundleDir.Problem ex) {
+                assertEquals("tokenizer.json: sha256 mismatch", ex.problem);
+            }
+        } finally {
+            BundleDir.afterCheck = null;
+        }
+    }
+
+    /** The engine registers the app's own op library only: one in the bundle's folder, or a link to a bundle file, is refused. */
+    @Test
+    public void theEngineNeverLoadsABundlesLibrary() throws Exception {
+        write(raw -> {});
+        Files.write(bundle.resolve("libdipdeploy_ops.so"), new byte[] {0x7f, 'E', 'L', 'F'});
+        Path viaLink = Files.createSymbolicLink(canary.resolveSibling("libdipdeploy_ops.so"), bundle.resolve("dense.bin"));
+        for (Path given : new Path[] {bundle.resolve("libdipdeploy_ops.so"), viaLink}) {
+            Engine.Options opt = new Engine.Options();
+            opt.nativeLibraryPath = given.toString();
+            try {
+                new Engine(bundle, opt);
+                fail("loaded " + given);
+            } catch (IllegalArgumentException ex) {
+                assertTrue(ex.getMessage(), ex.getMessage().contains("the engine never loads code a bundle ships")
+                        && !ex.getMessage().contains("\n"));
+            }
+        }
+        try (BundleDir folder = Manifest.held(bundle)) { // the app's own library, outside the bundle, is let through
+            Manifest.read(folder);
+            Engine.refuseBundleLibrary(folder, Files.write(canary.resolveSibling("libapp.so"), new byte[] {1}));
+        }
     }
 
     @Test
