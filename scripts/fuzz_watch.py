@@ -178,7 +178,7 @@ class Worker:
         deadline, seen, tick = time.monotonic() + timeout, None, 0
         bundle = os.path.realpath(job["bundle"])
         while True:
-            if self.conn.poll(0.004):
+            if self.conn.poll(0.01):
                 try:
                     outcome, detail, tokens = self.conn.recv()
                 except (EOFError, OSError):
@@ -186,7 +186,7 @@ class Worker:
                 else:
                     return outcome, detail, tokens, seen or self.scan(bundle, job.get("race", False), ino, True, before)
             if seen is None:
-                seen = self.scan(bundle, job.get("race", False), ino, tick % 4 == 0, before)
+                seen = self.scan(bundle, job.get("race", False), ino, tick % 2 == 0, before)
             tick += 1
             code = self.proc.poll()
             if code is not None:
