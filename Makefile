@@ -53,8 +53,10 @@ test-kernel-sets: setup
 		DIPDEPLOY_OPS_ISA=$$isa $(BIN)/python -m pytest tests -m numerics || exit 1; \
 	done
 
-# 300 mutated tiny bundles through inspect, inspect --verify and run (scripts/fuzz_bundles.py): no traceback,
-# crash, hang, read outside the bundle or accepted structural edit.
+# 300 mutated tiny bundles through inspect, inspect --verify and run (scripts/fuzz_bundles.py): manifest, data,
+# graph, tokenizer and config edits, hard links, FIFOs, links swapped in during run, export --force racing run;
+# no traceback, crash, hang, read outside the bundle (native opens too: /proc fd scans, strace on a share),
+# accepted structural edit or mixed bundle's tokens.
 fuzz: setup
 	$(BIN)/python scripts/fuzz_bundles.py --cases 300
 

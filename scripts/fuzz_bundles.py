@@ -1,206 +1,170 @@
 """Bounded fuzz run: mutated tiny bundles through ``inspect``, ``inspect --verify`` and ``run``.
 
-    python scripts/fuzz_bundles.py [--cases 300] [--seed 0] [--timeout 20] [--json OUT]
+    python scripts/fuzz_bundles.py [--cases 300] [--seed 0] [--timeout 20] [--strace-share 0.25] [--json OUT]
 
 A bundle is a file users download and run, so a hostile one must never crash, hang, read outside its
 directory or pass as another model. This exports one tiny VQ3 bundle (tiny-llama, the format with the
-most tensors), then for each case copies it, applies one mutation (a manifest field set to a hostile
-value, a path pointing outside, a symlink, a truncated or bit-flipped file, a removed file) and runs the
-three commands in a worker process (in-process CLI calls, so a case costs milliseconds; a worker that
-dies by a signal or outlives ``--timeout`` is recorded and replaced).
+most tensors) and a second one of the same shapes (tiny-llama3: other weights, other tokens), then for
+each case copies the first, applies one mutation of one class (scripts/fuzz_mutations.py: the manifest,
+the data files, a graph, the tokenizer, the configs with their sha256 recomputed, hard links, FIFOs, a
+link swapped in during ``run``, ``export --force`` racing ``run``; the classes share the cases evenly,
+the swaps and races get a few) and runs the three commands in a worker process (scripts/fuzz_watch.py:
+in-process CLI calls, so a case costs milliseconds; a worker that dies by a signal or outlives
+``--timeout`` is recorded and replaced). A share of the cases runs in a second worker under ``strace``.
 
 Each run is classified:
-- ``clean``: exit code 1 or 2 with no traceback, or exit 0;
+- ``clean``: exit code 1 or 2 with no traceback, or exit 0 where that is right;
 - ``traceback``: an exception escaped the CLI;
 - ``crash``: the worker died by a signal; ``hang``: it outlived the timeout;
-- ``outside``: a file outside the bundle was opened (a Python audit hook on ``open``, with a canary file
-  beside the bundle that hostile manifests point at);
-- ``accepted``: exit 0 on a *structural* mutation (paths, ranges, shapes, plan, files, and bit flips in
-  the small files, whose sha256 every open checks) by a command, which must refuse those on every open.
-  Bit flips inside the tensor data files (``mlp.bin``, ``dense.bin``) are caught only by ``--verify``
-  (their full hash is what a streaming runtime avoids at start), so exit 0 there is counted separately
-  as ``content_accepted`` and is a failure only for ``inspect --verify``.
+- ``outside``: a file outside the bundle was opened (the canary beside it, which mutations point at,
+  ``/etc/passwd``, another folder): seen by an audit hook, by scanning the worker's ``/proc`` fds and
+  maps, or in the strace log (fuzz_watch's docstring);
+- ``accepted``: exit 0 by a command the mutation's spec says must refuse it (``refuse``);
+- ``mixed``: ``run`` exited 0 with tokens that neither whole bundle gives alone (a swap or a race);
+- ``content_accepted``: exit 0 where no check can tell (a data file's bits for ``inspect`` and ``run``,
+  an edit the hashed file vouches for); not a failure.
 
-Exit status 1 if any traceback, crash, hang, outside read or accepted structural mutation occurred.
+Exit status 1 if any traceback, crash, hang, outside read, accepted or mixed run occurred.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import multiprocessing as mp
 import os
 import random
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+from fuzz_mutations import MAKERS, SHARED, apply, swap_in
+from fuzz_watch import STRACE, Judge, Worker, strace_outside
+
+PROMPT = "The capital of France is"  # where the two tiny models' greedy tokens part within 12
 COMMANDS = {"inspect": ["inspect", "{b}"], "verify": ["inspect", "{b}", "--verify"],
-            "run": ["run", "{b}", "-p", "hello", "-n", "3", "--dram-budget", "50%"]}
-HOSTILE = ["../canary.bin", "{canary}", "/etc/passwd", "", ".", "..", "sub/mlp.bin", "mlp.bin/..", "mlp.bin\x00x",
-           -1, -4096, 2**63 - 1, 2**31, 0, 1.5, None, [], {}, "x" * 300, True]
+            "run": ["run", "{b}", "-p", PROMPT, "-n", "12", "--dram-budget", "50%", "-q", "--json", "{j}", "--force"]}
+FAILURES = ("traceback", "crash", "hang", "outside", "accepted", "mixed")
+RACE_RUNS = 40  # the most runs one race case makes while its export builds
 
 
-def _tensor_fields(m: dict) -> list[tuple]:
-    out = []
-    for name, t in m["tensors"].items():
-        out += [("tensors", name, key) for key in ("file", "offset", "length", "dtype", "shape")]
-    return out
+def plan(manifest: dict, rng: random.Random, cases: int) -> list[dict]:
+    """``cases`` specs: the shared classes in equal shares, a few swaps and races, in a seeded order."""
+    swaps = cases // 30 if cases >= 30 else 0
+    races = max(1, cases // 100) if cases >= 50 else 0
+    classes = [SHARED[i % len(SHARED)] for i in range(cases - swaps - races)] + ["swap"] * swaps + ["race"] * races
+    rng.shuffle(classes)
+    return [MAKERS[c](manifest, rng) for c in classes]
 
 
-def mutations(manifest: dict, rng: random.Random) -> list[tuple[str, dict]]:
-    """A list of (kind, spec) mutations; kind is "structural" or "content"."""
-    out: list[tuple[str, dict]] = []
-    for path in _tensor_fields(manifest):
-        for value in rng.sample(HOSTILE, 3):
-            out.append(("structural", {"set": path, "value": value}))
-    for name in manifest["files"]:
-        out.append(("structural", {"set": ("files", name, "size"), "value": rng.choice([0, -1, 10**12])}))
-        out.append(("structural", {"rename_files_key": name, "value": rng.choice(["../canary.bin", "{canary}"])}))
-    for role in manifest["graphs"]:
-        out.append(("structural", {"set": ("graphs", role), "value": rng.choice(["{canary}", "../canary.bin",
-                                                                                "/etc/passwd", 5, None])}))
-    out.append(("structural", {"plan_layers": -1}))
-    out.append(("structural", {"plan_layers": +1}))
-    out.append(("structural", {"set": ("version",), "value": 99}))
-    out.append(("structural", {"set": ("format",), "value": "other"}))
-    for name in ("mlp.bin", "dense.bin"):
-        out.append(("structural", {"symlink": name}))
-        out.append(("structural", {"truncate": name}))
-        out.append(("structural", {"remove": name}))
-        for _ in range(6):
-            out.append(("content", {"flip": name, "seed": rng.randrange(1 << 30)}))
-    for name in ("model.onnx", "layer.0.mlp_up.onnx", "tokenizer.json", "genai_config.json"):
-        for _ in range(2):  # small files: their sha256 is checked on every open
-            out.append(("structural", {"flip": name, "seed": rng.randrange(1 << 30)}))
-    out.append(("structural", {"remove": "manifest.json"}))
-    out.append(("structural", {"garble_manifest": True}))
-    return out
+def classify(spec: dict, cmd: str, outcome: str, tokens, expect: list | None) -> str:
+    if outcome in ("rc1", "rc2"):
+        return "clean"
+    if outcome != "rc0":
+        return outcome if outcome in FAILURES else "crash"
+    if cmd in spec["refuse"]:
+        return "accepted"
+    if cmd == "run" and expect is not None:
+        return "clean" if tokens in expect else "mixed"
+    return "clean" if spec["cls"] in ("swap", "race") else "content_accepted"
 
 
-def apply(bundle: Path, canary: Path, kind: str, spec: dict) -> None:
-    mpath = bundle / "manifest.json"
-    m = json.loads(mpath.read_text())
+class Fuzz:
+    def __init__(self, a, work: Path, out: Path, bundles: dict, configs: dict):
+        self.a, self.work, self.out, self.bundles, self.configs = a, work, out, bundles, configs
+        self.canary = work / "canary.bin"
+        self.plain = Worker(work, self.canary)
+        traced = a.strace_share > 0 and os.access(STRACE, os.X_OK)
+        self.traced = Worker(work, self.canary, log=out / "strace.log") if traced else None
+        self.rows, self.jobs, self.tokens = [], {}, {}
 
-    def resolve(v):
-        return str(canary) if v == "{canary}" else v
+    def fresh_canary(self) -> None:
+        self.canary.unlink(missing_ok=True)
+        self.canary.write_bytes(b"CANARY" * 4096)
 
-    if "set" in spec:
-        node = m
-        *parents, last = spec["set"]
-        for p in parents:
-            node = node[p]
-        node[last] = resolve(spec["value"])
-    elif "rename_files_key" in spec:
-        m["files"][resolve(spec["value"])] = m["files"].pop(spec["rename_files_key"])
-    elif "plan_layers" in spec:
-        layers = m["plan"]["layers"]
-        m["plan"]["layers"] = layers[:-1] if spec["plan_layers"] < 0 else layers + [copy.deepcopy(layers[-1])]
-    elif "symlink" in spec:
-        target = bundle / spec["symlink"]
-        shutil.copy(target, canary)
-        target.unlink()
-        target.symlink_to(canary)
-    elif "truncate" in spec:
-        target = bundle / spec["truncate"]
-        with open(target, "r+b") as f:
-            f.truncate(max(0, target.stat().st_size // 2))
-    elif "remove" in spec:
-        (bundle / spec["remove"]).unlink()
-    elif "flip" in spec:
-        target = bundle / spec["flip"]
-        r = random.Random(spec["seed"])
-        with open(target, "r+b") as f:
-            for _ in range(8):
-                f.seek(r.randrange(target.stat().st_size))
-                b = f.read(1)
-                f.seek(-1, 1)
-                f.write(bytes([b[0] ^ (1 << r.randrange(8))]))
-    if "garble_manifest" in spec:
-        mpath.write_text(mpath.read_text()[: len(mpath.read_text()) // 2])
-    elif mpath.exists() and "remove" not in spec:
-        mpath.write_text(json.dumps(m))
+    def call(self, worker: Worker, case: int, spec: dict, cmd: str, bundle: Path, expect=None, during=None,
+             record: bool = True):
+        job_id = len(self.jobs)
+        json_out = self.out / "run.json"
+        json_out.unlink(missing_ok=True)
+        job = {"id": job_id, "argv": [x.format(b=bundle, j=json_out) for x in COMMANDS[cmd]], "bundle": str(bundle),
+               "race": spec["cls"] == "race", "json": str(json_out) if cmd == "run" else None}
+        self.jobs[job_id] = job
+        ino = self.canary.stat().st_ino if self.canary.exists() else None
+        outcome, detail, tokens, seen = worker.call(job, self.a.timeout, ino, during)
+        if seen and outcome not in ("crash", "hang"):
+            outcome, detail = "outside", f"{seen} (/proc scan)"
+        if record:
+            self.rows.append({"case": case, "job": job_id, "class": spec["cls"], "strace": worker is self.traced,
+                              "mutation": {k: str(v) for k, v in spec.items()}, "command": cmd,
+                              "outcome": classify(spec, cmd, outcome, tokens, expect), "detail": str(detail),
+                              "tokens": tokens})
+        return tokens
 
+    def case(self, i: int, spec: dict, traced: bool) -> None:
+        worker = self.traced if traced else self.plain
+        b = self.work / f"case{i}"
+        first = spec.get("race", "A")
+        shutil.copytree(self.bundles[first], b, symlinks=True)
+        self.fresh_canary()
+        if spec["cls"] == "race":
+            return self.race(i, spec, worker, b, first)
+        apply(b, self.canary, spec, self.bundles["B"])
+        if spec["cls"] == "swap":
+            def swapper():
+                time.sleep(spec["delay"])
+                swap_in(b, self.canary, spec["swap"], self.bundles["B"])
+            t = threading.Thread(target=swapper)
+            self.call(worker, i, spec, "run", b, expect=[self.tokens["A"]], during=t)
+            t.join()
+            for cmd in ("inspect", "verify"):
+                self.call(worker, i, spec, cmd, b)
+        else:
+            for cmd in COMMANDS:
+                self.call(worker, i, spec, cmd, b)
+        shutil.rmtree(b, ignore_errors=True)
 
-def _worker(jobs, results, canary: str, bundle_root: str) -> None:
-    """Runs CLI calls in this process; reports (case, command, outcome, detail)."""
-    import logging
+    def race(self, i: int, spec: dict, worker: Worker, b: Path, first: str) -> None:
+        """``export --force`` of the other model into ``b`` in a thread; ``run`` again and again meanwhile
+        (either bundle's tokens, or a clean refusal), then all three commands on what it left."""
+        from dipdeploy.export.bundle import export_model
 
-    from typer.testing import CliRunner
+        second = "B" if first == "A" else "A"
+        failed = []
 
-    from dipdeploy.cli import app
-
-    logging.disable(logging.CRITICAL)
-    state = {"outside": None, "bundle": None}
-    root = os.path.realpath(bundle_root)
-
-    def audit(event, args):
-        if event == "open" and state["bundle"] is not None and args and isinstance(args[0], (str, bytes, os.PathLike)):
-            p = os.fsdecode(args[0])
-            if not p:
-                return
-            real = os.path.realpath(p)
-            inside_work = real.startswith(root + os.sep)
-            in_bundle = real == state["bundle"] or real.startswith(state["bundle"] + os.sep)
-            if real in (canary, "/etc/passwd") or (inside_work and not in_bundle):
-                state["outside"] = real
-
-    sys.addaudithook(audit)
-    runner = CliRunner()
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        case, cmd, argv, bundle = job
-        state["bundle"], state["outside"] = os.path.realpath(bundle), None
-        res = runner.invoke(app, argv)
-        state["bundle"] = None
-        tb = res.exception is not None and not isinstance(res.exception, SystemExit)
-        outcome = ("outside" if state["outside"] else "traceback" if tb else f"rc{res.exit_code}")
-        detail = (state["outside"] or (repr(res.exception)[:200] if tb else res.output.strip().splitlines()[-1:]))
-        results.put((case, cmd, outcome, detail))
-
-
-class Pool:
-    """One worker process, restarted after a crash or a hang."""
-
-    def __init__(self, canary: Path, root: Path):
-        self.ctx = mp.get_context("fork")
-        self.canary, self.root = str(canary), str(root)
-        self._start()
-
-    def _start(self):
-        self.jobs, self.results = self.ctx.Queue(), self.ctx.Queue()
-        self.proc = self.ctx.Process(target=_worker, args=(self.jobs, self.results, self.canary, self.root),
-                                     daemon=True)
-        self.proc.start()
-
-    def call(self, job, timeout: float):
-        import queue
-
-        self.jobs.put(job)
-        deadline = time.monotonic() + timeout
-        while True:
+        def export():
             try:
-                return self.results.get(timeout=0.2)
-            except queue.Empty:
-                pass
-            if not self.proc.is_alive():
-                code = self.proc.exitcode
-                self._start()
-                return (job[0], job[1], "crash", f"worker exit code {code}")
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                self.proc.join()
-                self._start()
-                return (job[0], job[1], "hang", f"over {timeout} s")
+                export_model(self.configs[second], b, force=True)
+            except Exception as exc:  # reported as the case's detail; the runs are judged all the same
+                failed.append(repr(exc)[:200])
 
-    def close(self):
-        self.jobs.put(None)
-        self.proc.join(timeout=5)
+        t = threading.Thread(target=export)
+        t.start()
+        for _ in range(RACE_RUNS):
+            if not t.is_alive():
+                break
+            self.call(worker, i, spec, "run", b, expect=[self.tokens["A"], self.tokens["B"]])
+        t.join()
+        for cmd in COMMANDS:
+            self.call(worker, i, spec, cmd, b, expect=[self.tokens[second]] if not failed else None)
+        if failed:
+            self.rows[-1]["detail"] += f"; the export failed: {failed[0]}"
+        shutil.rmtree(b, ignore_errors=True)
+
+    def reference(self) -> None:
+        """Each whole bundle's tokens alone, from the same worker and command as the cases."""
+        for name, bundle in self.bundles.items():
+            spec = {"cls": "reference", "refuse": []}
+            self.tokens[name] = self.call(self.plain, -1, spec, "run", bundle, record=False)
+            if not isinstance(self.tokens[name], list):
+                raise SystemExit(f"fuzz: the unmutated bundle {name} did not run; fix that first")
+
+    def close(self) -> None:
+        for w in (self.plain, self.traced):
+            if w is not None:
+                w.close()
 
 
 def main(argv=None) -> int:
@@ -208,50 +172,63 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds one command may take")
+    ap.add_argument("--strace-share", type=float, default=0.25, help="share of the cases run under strace (0: none)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from dipdeploy.export.bundle import export_model
     from dipdeploy.export.config import ExportConfig
 
-    rng = random.Random(a.seed)
-    work = Path(tempfile.mkdtemp(prefix="dd-fuzz-"))
+    rng, pick = random.Random(a.seed), random.Random(a.seed + 1)
+    work, out = Path(tempfile.mkdtemp(prefix="dd-fuzz-")), Path(tempfile.mkdtemp(prefix="dd-fuzz-out-"))
+    configs = {name: ExportConfig(model=model, method="dip", rho_in=0.6, quant="vq3", validate_tokens=0)
+               for name, model in (("A", "tiny-llama"), ("B", "tiny-llama3"))}
+    t0 = time.perf_counter()
     try:
-        base = work / "base"
-        export_model(ExportConfig(model="tiny-llama", method="dip", rho_in=0.6, quant="vq3", validate_tokens=0), base)
-        canary = work / "canary.bin"
-        canary.write_bytes(b"CANARY" * 4096)
-        cases = mutations(json.loads((base / "manifest.json").read_text()), rng)
-        rng.shuffle(cases)
-        cases = (cases * (a.cases // max(1, len(cases)) + 1))[: a.cases]
-        pool = Pool(canary, work)
-        rows, counts, t0 = [], {}, time.perf_counter()
-        for i, (kind, spec) in enumerate(cases):
-            b = work / f"case{i}"
-            shutil.copytree(base, b, symlinks=True)
-            if not canary.exists():
-                canary.write_bytes(b"CANARY" * 4096)
-            apply(b, canary, kind, spec)
-            for cmd, argv_t in COMMANDS.items():
-                argv = [x.format(b=b) for x in argv_t]
-                _, _, outcome, detail = pool.call((i, cmd, argv, str(b)), a.timeout)
-                if outcome == "rc0":
-                    outcome = ("accepted" if kind == "structural" or cmd == "verify" else "content_accepted")
-                elif outcome in ("rc1", "rc2"):
-                    outcome = "clean"
-                counts[outcome] = counts.get(outcome, 0) + 1
-                rows.append({"case": i, "kind": kind, "mutation": {k: str(v) for k, v in spec.items()},
-                             "command": cmd, "outcome": outcome, "detail": str(detail)})
-            shutil.rmtree(b, ignore_errors=True)
-            if (i + 1) % 50 == 0:
-                print(f"fuzz: {i + 1}/{len(cases)} cases, {time.perf_counter() - t0:.0f} s, {counts}", flush=True)
-        pool.close()
+        bundles = {"A": work / "base", "B": work / "other"}
+        for name, cfg in configs.items():
+            export_model(cfg, bundles[name])
+        fuzz = Fuzz(a, work, out, bundles, configs)
+        fuzz.reference()
+        if fuzz.tokens["A"] == fuzz.tokens["B"]:
+            print("fuzz: note: both bundles give the same tokens, so a mixed run cannot be told from a whole one")
+        specs = plan(json.loads((bundles["A"] / "manifest.json").read_text()), rng, a.cases)
+        traced_cases = 0
+        try:
+            for i, spec in enumerate(specs):
+                traced = fuzz.traced is not None and pick.random() < a.strace_share
+                traced_cases += traced
+                fuzz.case(i, spec, traced)
+                if (i + 1) % 50 == 0:
+                    print(f"fuzz: {i + 1}/{len(specs)} cases, {time.perf_counter() - t0:.0f} s", flush=True)
+        finally:
+            fuzz.close()
+        if fuzz.traced is not None:
+            for job, path in strace_outside(fuzz.traced.logs, Judge(str(work), str(fuzz.canary)), fuzz.jobs).items():
+                for r in fuzz.rows:
+                    if r["job"] == job and r["outcome"] not in ("crash", "hang"):
+                        r["outcome"], r["detail"] = "outside", f"{path} (strace)"
+        rows = fuzz.rows
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    bad = {k: v for k, v in counts.items() if k in ("traceback", "crash", "hang", "outside", "accepted")}
-    summary = {"cases": len(cases), "runs": len(rows), "seconds": round(time.perf_counter() - t0, 1),
-               "counts": counts, "failures": bad}
-    print(f"fuzz: {len(cases)} cases x {len(COMMANDS)} commands = {len(rows)} runs in {summary['seconds']} s: {counts}")
+        shutil.rmtree(out, ignore_errors=True)
+    counts, by_class = {}, {}
+    for r in rows:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+        c = by_class.setdefault(r["class"], {})
+        c[r["outcome"]] = c.get(r["outcome"], 0) + 1
+    bad = {k: v for k, v in counts.items() if k in FAILURES}
+    summary = {"cases": len(specs), "runs": len(rows), "seconds": round(time.perf_counter() - t0, 1),
+               "strace_cases": traced_cases, "tokens": fuzz.tokens, "counts": counts, "by_class": by_class,
+               "failures": bad}
+    print(f"fuzz: {len(specs)} cases ({traced_cases} under strace), {len(rows)} runs in {summary['seconds']} s: {counts}")
+    outcomes = ["clean", "content_accepted", *FAILURES]
+    print(f"  {'class':<10}{'cases':>6}{'runs':>6}" + "".join(f"{o:>{max(7, len(o) + 1)}}" for o in outcomes))
+    for cls in [*SHARED, "swap", "race"]:
+        c = by_class.get(cls, {})
+        n = len({r["case"] for r in rows if r["class"] == cls})
+        print(f"  {cls:<10}{n:>6}{sum(c.values()):>6}" + "".join(f"{c.get(o, 0):>{max(7, len(o) + 1)}}"
+                                                               for o in outcomes))
     for r in rows:
         if r["outcome"] in bad:
             print(f"  case {r['case']} {r['command']}: {r['outcome']} {r['mutation']} {r['detail']}")
