@@ -136,3 +136,19 @@ def test_a_warning_is_one_note_line(monkeypatch, tiny_dipca_bundle):
     assert "UserWarning" not in res.stderr and "warnings.warn" not in res.stderr
     with warnings.catch_warnings():  # the CLI put Python's own display back
         assert warnings.showwarning.__module__ == "warnings"
+
+
+def test_run_and_chat_close_their_engine(monkeypatch, tiny_dipca_bundle, chat_bundle):
+    """A caller that lives on (a library user, CliRunner) keeps no descriptor of the bundle after `run`."""
+    from dipdeploy.runtime import engine as engine_module
+
+    closed = []
+    real = engine_module.Engine.close
+    monkeypatch.setattr(engine_module.Engine, "close", lambda self: (closed.append(self.path), real(self)))
+    res = runner.invoke(app, ["run", str(tiny_dipca_bundle()), "-p", "hi", "-n", "2"])
+    assert res.exit_code == 0, res.output
+    assert closed == [tiny_dipca_bundle()]
+    res = runner.invoke(app, ["chat", str(tiny_dipca_bundle()), "-n", "2"], input="/exit\n")
+    assert res.exit_code == 2 and closed[1:] == [tiny_dipca_bundle()], res.output  # no template: refused
+    res = runner.invoke(app, ["chat", str(chat_bundle), "-n", "2"], input="hello\n/exit\n")
+    assert res.exit_code == 0 and closed[2:] == [chat_bundle], res.output

@@ -102,7 +102,13 @@ def chat_cmd(
             utf8(value, flag)
         sampler = _sampler(options)
         engine, drafter = _engine(bundle, options)
-        chat = Chat(engine, sampler, system, draft=drafter)
+        try:
+            chat = Chat(engine, sampler, system, draft=drafter)
+        except BaseException:
+            engine.close()
+            if drafter is not None:
+                drafter.close()
+            raise
     except _ERRORS as err:
         fail(err)
     density = (engine.manifest.plan or {}).get("density", 1.0)
@@ -131,3 +137,7 @@ def chat_cmd(
                  max_new_tokens, interrupt, answering, on_prefill=lambda: _Prefill().on_prefill)
     except _ERRORS as err:
         fail(err)
+    finally:  # the bundle's descriptors, for a caller that lives on (CliRunner, a library user)
+        engine.close()
+        if drafter is not None:
+            drafter.close()

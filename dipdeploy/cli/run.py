@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -332,63 +333,68 @@ def run_cmd(
     from dipdeploy.runtime.chat import length_mark
     from dipdeploy.runtime.template import ChatTemplate, messages
 
-    try:
-        bundle = options["bundle"] = named_bundle(bundle, model, "run")
-        check_bundle(bundle, "run")
-        if system is not None and not chat:
-            raise ValueError("--system needs --chat (the system prompt goes through the chat template)")
-        if max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-        check_count(max_new_tokens, "--max-new-tokens", 1, MAX_TOKENS, "tokens")
-        check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
-        prompt = options["prompt"] = read_prompt(prompt, file)
-        for flag, value in (("--system", system), *(("--stop", s) for s in stop or ())):
-            utf8(value, flag)
-        sampler = _sampler(options)
-        if trace is not None:  # a trace is the per-layer path's selections (dipdeploy.runtime.backends.whole)
-            if single_session:
-                raise ValueError("--trace records the per-layer graphs' selections: drop --single-session")
-            if fused:
-                raise ValueError("--trace records the per-layer graphs' selections: drop --fused")
-            if speculate:
-                raise ValueError("--trace records the per-layer graphs' selections, which --speculate does not run: "
-                                 "drop --speculate")
-            options.update(single_session=False, fused=False)
-        engine, drafter = _engine(bundle, options)
-        text = prompt
-        if chat:
-            rendered = ChatTemplate.from_bundle(engine.files, engine.manifest.files).render(messages(prompt, system))
-            text = engine.encode(rendered, special_tokens=False)  # the template writes its special tokens
-        recorder = engine.trace_recorder() if trace is not None else None
-        screen = _Prefill(quiet)
-        shown_prompt = prompt + ("\n" if chat else "")
-        g = engine.generate(text, max_new_tokens, sampler=sampler, trace=recorder, on_prefill=screen.on_prefill,
-                            draft=drafter,
-                            on_text=lambda piece: (screen.prompt(shown_prompt),
-                                                   console.print(shown(piece, lines=True, markup=False), end="",
-                                                                 markup=False, highlight=False)))
-        screen.prompt(shown_prompt)
-        console.print()
-    except _ERRORS as err:
-        fail(err)
-    if not quiet:
-        if g.finish == "length":
-            err_console.print(f"[dim]{shown(length_mark(max_new_tokens))}[/]")
-        table = make_table("stat", "value", title=f"dipdeploy run {shown(bundle.name)}", wrap=("stat", "value"))
-        for k, v in g.stats.table():
-            table.add_row(shown(k), shown(v))
-        if sampling_note(sampler):
-            table.add_row("seed", str(sampler.seed))
-        err_console.print(table)
-    traced = True
-    if recorder is not None:
-        recorder.meta.update({"prompt": prompt, "bundle": str(bundle)})
-        recorded = recorder.finish()
-        traced = write_output(lambda p, f: recorded.save(p, force=f), trace, force, "--trace", said=False)
-    kept(traced, write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, "finish": g.finish,
-                             "seed": sampler.seed, **g.stats.as_dict()}, json_out, force=force, said=False,
-                            schema="run"))
-    if not quiet:
-        for path in (trace, json_out):
-            if path is not None:
-                err_console.print(f"wrote {shown(path)}")
+    opened = contextlib.ExitStack()  # the engine and its draft, closed however the run ends
+    with opened:
+        try:
+            bundle = options["bundle"] = named_bundle(bundle, model, "run")
+            check_bundle(bundle, "run")
+            if system is not None and not chat:
+                raise ValueError("--system needs --chat (the system prompt goes through the chat template)")
+            if max_new_tokens < 1:
+                raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+            check_count(max_new_tokens, "--max-new-tokens", 1, MAX_TOKENS, "tokens")
+            check_inputs(files={"--pin-from": pin_from}, outputs={"--trace": trace, "--json": json_out}, force=force)
+            prompt = options["prompt"] = read_prompt(prompt, file)
+            for flag, value in (("--system", system), *(("--stop", s) for s in stop or ())):
+                utf8(value, flag)
+            sampler = _sampler(options)
+            if trace is not None:  # a trace is the per-layer path's selections (dipdeploy.runtime.backends.whole)
+                if single_session:
+                    raise ValueError("--trace records the per-layer graphs' selections: drop --single-session")
+                if fused:
+                    raise ValueError("--trace records the per-layer graphs' selections: drop --fused")
+                if speculate:
+                    raise ValueError("--trace records the per-layer graphs' selections, which --speculate does not run: "
+                                     "drop --speculate")
+                options.update(single_session=False, fused=False)
+            engine, drafter = _engine(bundle, options)
+            opened.callback(engine.close)
+            if drafter is not None:
+                opened.callback(drafter.close)
+            text = prompt
+            if chat:
+                rendered = ChatTemplate.from_bundle(engine.files, engine.manifest.files).render(messages(prompt, system))
+                text = engine.encode(rendered, special_tokens=False)  # the template writes its special tokens
+            recorder = engine.trace_recorder() if trace is not None else None
+            screen = _Prefill(quiet)
+            shown_prompt = prompt + ("\n" if chat else "")
+            g = engine.generate(text, max_new_tokens, sampler=sampler, trace=recorder, on_prefill=screen.on_prefill,
+                                draft=drafter,
+                                on_text=lambda piece: (screen.prompt(shown_prompt),
+                                                       console.print(shown(piece, lines=True, markup=False), end="",
+                                                                     markup=False, highlight=False)))
+            screen.prompt(shown_prompt)
+            console.print()
+        except _ERRORS as err:
+            fail(err)
+        if not quiet:
+            if g.finish == "length":
+                err_console.print(f"[dim]{shown(length_mark(max_new_tokens))}[/]")
+            table = make_table("stat", "value", title=f"dipdeploy run {shown(bundle.name)}", wrap=("stat", "value"))
+            for k, v in g.stats.table():
+                table.add_row(shown(k), shown(v))
+            if sampling_note(sampler):
+                table.add_row("seed", str(sampler.seed))
+            err_console.print(table)
+        traced = True
+        if recorder is not None:
+            recorder.meta.update({"prompt": prompt, "bundle": str(bundle)})
+            recorded = recorder.finish()
+            traced = write_output(lambda p, f: recorded.save(p, force=f), trace, force, "--trace", said=False)
+        kept(traced, write_json({"prompt": prompt, "text": g.text, "tokens": g.tokens, "finish": g.finish,
+                                 "seed": sampler.seed, **g.stats.as_dict()}, json_out, force=force, said=False,
+                                schema="run"))
+        if not quiet:
+            for path in (trace, json_out):
+                if path is not None:
+                    err_console.print(f"wrote {shown(path)}")
