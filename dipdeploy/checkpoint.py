@@ -40,6 +40,34 @@ def return_freed_heap() -> None:
         libc.malloc_trim(0)
 
 
+class WeightError(ValueError):
+    """A checkpoint tensor the model its config.json describes cannot use: another shape (a table of
+    another vocabulary, another width), or values that are not finite."""
+
+
+def check_weight(where, name: str, value: torch.Tensor, shape=None) -> None:
+    """Refuse (one line naming the tensor) a ``value`` of another shape than ``shape`` (the config's, from
+    the model built on ``meta``) or holding NaN or Inf, before it reaches the quantiser or the bundle: a
+    short table would be padded by nothing and read past by token ids, a NaN row would be written as is
+    (fp32) and show only as wrong tokens."""
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise WeightError(f"{where}: tensor {name} has shape {list(value.shape)} but config.json's model needs "
+                          f"{list(shape)}; the weights do not belong to this config.json: fix or download the "
+                          f"checkpoint again")
+    finite = torch.isfinite(value)
+    if not bool(finite.all()):
+        bad = int(finite.numel() - finite.sum())
+        raise WeightError(f"{where}: tensor {name} holds {bad} NaN or Inf value{'s' if bad > 1 else ''}; fix the "
+                          f"checkpoint (or the LoRA adapter merged into it) and export again")
+
+
+def check_weights(model: torch.nn.Module, where) -> None:
+    """:func:`check_weight` on every parameter of a model loaded whole (its shapes transformers checked)."""
+    for name, param in model.named_parameters():
+        if param.device.type != "meta":
+            check_weight(where, name, param.detach())
+
+
 class StreamedCheckpoint:
     """A safetensors checkpoint read one module at a time, for models larger than memory.
 
@@ -73,6 +101,23 @@ class StreamedCheckpoint:
     def has(self, name: str) -> bool:
         return name in self.files
 
+    def shape_error(self, model: torch.nn.Module) -> WeightError | None:
+        """The first parameter of ``model`` (built on ``meta`` from config.json) whose stored tensor has
+        another shape, as :func:`check_weight` words it, read from the files' headers alone."""
+        from safetensors import safe_open
+
+        for name, param in model.named_parameters():
+            if name not in self.files:
+                continue
+            with safe_open(str(self.directory / self.files[name]), framework="pt") as f:
+                shape = f.get_slice(name).get_shape()
+            if tuple(shape) != tuple(param.shape):
+                try:
+                    check_weight(self.directory, name, torch.empty(shape, device="meta"), param.shape)
+                except WeightError as err:
+                    return err
+        return None
+
     def _tensor(self, name: str) -> torch.Tensor:
         """One tensor as stored (any dtype), read from its shard alone."""
         from safetensors import safe_open
@@ -96,10 +141,13 @@ class StreamedCheckpoint:
         setattr(sub, leaf, torch.nn.Parameter(value, requires_grad=False))
 
     def materialise(self, module: torch.nn.Module, prefix: str) -> None:
-        """Give every parameter of ``module`` (named ``prefix`` + its path) its checkpoint values."""
+        """Give every parameter of ``module`` (named ``prefix`` + its path) its checkpoint values, each
+        checked against the parameter's shape (the config's) and for NaN or Inf (:func:`check_weight`)."""
         for path, param in list(module.named_parameters()):
             if param.device.type == "meta":
-                self._replace(module, path, self._read(prefix + path))
+                value = self._read(prefix + path)
+                check_weight(self.directory, prefix + path, value, param.shape)
+                self._replace(module, path, value)
 
     @classmethod
     def release(cls, *modules: torch.nn.Module) -> None:

@@ -408,19 +408,37 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, stream: bo
     if stream:
         checkpoint = StreamedCheckpoint(local)
         return _load_streamed(lambda model: checkpoint, config, name, arch, _tokenizer(where), local)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=False)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=False)
+    except RuntimeError as err:  # transformers' own line points at a report it logged elsewhere
+        if "ignore_mismatched_sizes" in str(err) and local.is_dir():
+            raise _shape_error(config, local) or err from None
+        raise
     model.eval()
     tokenizer = _tokenizer(where)
     return LoadedModel(model, tokenizer, name, arch, local)
 
 
-def _load_streamed(make_checkpoint, config, name: str, arch: Arch, tokenizer, local: Path) -> LoadedModel:
+def _meta_model(config):
+    """The model ``config`` describes, its parameters on ``meta`` (shapes, no storage)."""
     from accelerate import init_empty_weights
 
     # Parameters on meta (no storage); buffers are computed, not stored (RoPE's inv_freq, Gemma's
     # embedding scale), so they are built on the CPU as an eager load builds them.
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
+
+
+def _shape_error(config, local: Path) -> Exception | None:
+    """Which tensor of a safetensors checkpoint has another shape than its config.json's model."""
+    try:
+        return StreamedCheckpoint(local).shape_error(_meta_model(config))
+    except (OSError, ValueError):
+        return None
+
+
+def _load_streamed(make_checkpoint, config, name: str, arch: Arch, tokenizer, local: Path) -> LoadedModel:
+    model = _meta_model(config)
     model.eval()
     checkpoint = make_checkpoint(model)
     # The embedding stays resident (the lm_head may share it); a tied head points at the loaded table.

@@ -60,7 +60,7 @@ def test_no_cgroup_files(tmp_path):
 def test_check_fits_names_the_three_figures():
     check_fits(100, 50, 150, "100B")
     check_fits(100, 50, None, "100B")
-    with pytest.raises(MemoryLimitError, match=r"100B .* \+ fixed overhead .* exceeds the cgroup memory limit of 0\.0 MB"):
+    with pytest.raises(MemoryLimitError, match=r"100B .* \+ overhead .* exceeds the cgroup memory limit of 0\.0 MB"):
         check_fits(100, 51, 150, "100B")
 
 
@@ -94,7 +94,7 @@ def test_engine_refuses_before_opening_sessions(bundle, tmp_path, monkeypatch, b
 
     _limit(monkeypatch, tmp_path, _rss() // 2)  # below what this process already holds
     monkeypatch.setattr(EngineCls, "_open_sessions", lambda *a: pytest.fail("opened sessions"))
-    with pytest.raises(MemoryLimitError, match=f"DRAM budget {budget} .*fixed overhead .*cgroup memory limit"):
+    with pytest.raises(MemoryLimitError, match=f"DRAM budget {budget} .*overhead .*cgroup memory limit"):
         Engine(bundle, dram_budget=budget)
 
 
@@ -111,3 +111,18 @@ def test_run_cli_one_line(bundle, tmp_path, monkeypatch):
     _limit(monkeypatch, tmp_path, _rss() // 2)
     res = CliRunner().invoke(app, ["run", str(bundle), "--prompt", "hi", "-n", "2"])
     assert res.exit_code == 2 and "exceeds the cgroup memory limit" in res.output and "Traceback" not in res.output
+
+
+def test_the_estimate_counts_what_the_sessions_add(bundle):
+    """The overhead is not only what the process holds now and the graph files: what the sessions add is
+    modelled (``runtime_overhead``: a fixed part and the dense file again), so a limit just above the old
+    lower bound is refused instead of ending in an OOM kill."""
+    from dipdeploy.bundle.manifest import read_manifest
+
+    m = read_manifest(bundle)
+    est = cgroup.estimate(m, "50%", 0)
+    assert est.runtime == cgroup.runtime_overhead(m) >= m.sizes["bytes_dense"] > 0
+    assert est.total == est.budget + est.process + est.graphs + est.runtime
+    with pytest.raises(MemoryLimitError, match=r"onnxruntime and caches [0-9.]+\) = [0-9.]+ MB exceeds"):
+        check_fits(est, limit=est.budget + est.process + est.graphs + est.runtime // 2, budget_text="50%")
+

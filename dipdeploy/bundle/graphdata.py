@@ -22,6 +22,10 @@ FUNCTION_NODE, FUNCTION_ATTRIBUTE = 7, 11
 ATTR_TENSORS, ATTR_GRAPHS, ATTR_SPARSE = (5, 10), (6, 11), (22, 23)
 SPARSE_TENSORS = (1, 2)  # SparseTensorProto.values, .indices
 TENSOR_NAME, TENSOR_EXTERNAL, TENSOR_LOCATION = 8, 13, 14
+GRAPH_INPUT = 11  # GraphProto.input: ValueInfoProto
+VALUE_NAME, VALUE_TYPE = 1, 2  # ValueInfoProto.name, .type
+TYPE_TENSOR, TENSOR_TYPE_SHAPE = 1, 2  # TypeProto.tensor_type, TypeProto.Tensor.shape
+SHAPE_DIM, DIM_VALUE, DIM_PARAM = 1, 1, 2  # TensorShapeProto.dim, Dimension.dim_value, .dim_param
 EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 # Subgraphs (If, Loop, Scan bodies) nest; export writes none, and a deeper graph is refused, not recursed into.
 MAX_DEPTH = 32
@@ -166,3 +170,42 @@ def external_data(model: bytes) -> list[dict]:
         elif number == MODEL_FUNCTIONS:
             found += _function(value, 0)
     return found
+
+
+def _dims(type_proto: memoryview) -> list[int | str] | None:
+    """A tensor type's dims (an int, or the symbolic name), None when it declares no shape."""
+    for number, wire, value in _fields(type_proto):
+        if number == TYPE_TENSOR and wire == 2:
+            for n, w, shape in _fields(value):
+                if n == TENSOR_TYPE_SHAPE and w == 2:
+                    dims: list[int | str] = []
+                    for d, dw, dim in _fields(shape):
+                        if d == SHAPE_DIM and dw == 2:
+                            found: int | str = ""
+                            for k, kw, v in _fields(dim):
+                                found = v if (k, kw) == (DIM_VALUE, 0) else _text(v) if (k, kw) == (DIM_PARAM, 2) else found
+                            dims.append(found)
+                    return dims
+    return None
+
+
+def graph_inputs(model: bytes) -> dict[str, list[int | str] | None]:
+    """The main graph's inputs of a serialized ModelProto: name → dims (an int where the graph fixes the
+    size, the symbolic name or "" where it does not; None without a declared shape). What onnxruntime
+    will require of every array fed, so ``verify`` can hold it to the manifest before a run meets it.
+    Raises :class:`GraphDataError` for bytes that are not a readable ModelProto."""
+    out: dict[str, list[int | str] | None] = {}
+    for number, wire, graph in _fields(memoryview(model)):
+        if number != MODEL_GRAPH or wire != 2:
+            continue
+        for n, w, value in _fields(graph):
+            if n != GRAPH_INPUT or w != 2:
+                continue
+            name, dims = "", None
+            for k, kw, v in _fields(value):
+                if (k, kw) == (VALUE_NAME, 2):
+                    name = _text(v)
+                elif (k, kw) == (VALUE_TYPE, 2):
+                    dims = _dims(v)
+            out[name] = dims
+    return out

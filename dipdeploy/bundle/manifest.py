@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dipdeploy.bundle.bundledir import REGENERATE, BundleDir, BundleError, FileProblem, kind_problem, name_problem
 from dipdeploy.bundle.graphdata import GraphDataError, external_data
+from dipdeploy.bundle.runnable import runnable_problems
 from dipdeploy.bundle.names import EDGE_GRAPHS, EMBEDDING, GENAI_CONFIG, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
 from dipdeploy.flash import BLOCK
 
@@ -255,7 +256,9 @@ def verify(bundle: str | Path | BundleDir, manifest: Manifest | None = None, che
     ``.bin`` file and lies inside it (:func:`_graph_problems`); every tensor lies inside its file with
     the length its dtype and shape give; the plan has the model's layer count and the per-layer graphs
     match it; ``genai_config.json`` names no op library but ``ops.native_library``
-    (:func:`_genai_problems`). ``checksums`` (see ``CHECKSUMS``): which files' sha256 are compared too;
+    (:func:`_genai_problems`); the parts describe one model that can run: the graphs' input sizes, the
+    plan, genai_config.json's decoder, the config and the RoPE tables agree
+    (``dipdeploy.bundle.runnable``). ``checksums`` (see ``CHECKSUMS``): which files' sha256 are compared too;
     "small" skips the tensor data files, whose full read is what a streaming runtime avoids at start
     (docs/bundle.md).
 
@@ -296,7 +299,7 @@ def _verify(bundle: BundleDir, manifest: Manifest, checksums: str, libraries: Co
     for name, t in manifest.tensors.items():
         problems += _tensor_problems(manifest, name, t)
     return (problems + _overlap_problems(manifest) + _plan_problems(manifest) + _shape_problems(manifest)
-            + _sizes_problems(manifest))
+            + _sizes_problems(manifest) + runnable_problems(bundle, manifest, graphs))
 
 
 _name_problem, _kind_problem = name_problem, kind_problem

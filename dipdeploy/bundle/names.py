@@ -18,6 +18,7 @@ EDGE_GRAPHS = ("embed.onnx", "positions.onnx", "head.onnx")
 JOINED = {"step": "decoder.step.onnx", "overlap": "decoder.overlap.onnx", "prefetch": "decoder.prefetch.onnx"}
 #: the joined decoder's input naming the first position whose logits it outputs (default: the last only)
 JOINED_LOGITS_FROM = "logits_from"
+ATTENTION_LAYOUTS = ("standard", "gqa")  # export_config.attention: the attention op and KV layout of the graphs
 MLP_GROUPS = ("up_gate", "down")  # a layer's row groups, in the order every stage lists them
 # Files the readers open by their fixed names (the runtime's decoder settings, the tokenizer).
 GENAI_CONFIG = "genai_config.json"  # onnxruntime-genai's settings, which the runtime reads too

@@ -412,6 +412,7 @@ def _export_model(cfg: ExportConfig, out: Path, force: bool, progress: Progress,
                   swap_hook: Hook | None) -> ExportResult:
     """The result's seconds and steps cover the whole stage, loading and calibration included (they are
     most of it), not only the graphs."""
+    from dipdeploy.checkpoint import check_weights
     from dipdeploy.export.prepare import make_plan, merge_lora, stream_lora
     from dipdeploy.loading import load_model
 
@@ -426,6 +427,8 @@ def _export_model(cfg: ExportConfig, out: Path, force: bool, progress: Progress,
     if cfg.lora is not None:
         steps("merge LoRA" if not stream else "LoRA (merged as each layer is read)")
         extra["lora"] = (stream_lora if stream else merge_lora)(lm, cfg.lora)
+    if not stream:  # a streamed export checks each tensor as it is read (StreamedCheckpoint.materialise)
+        check_weights(lm.model, cfg.model)
     counter = steps("plan" if cfg.plan or cfg.rho_in is not None or cfg.method == "dense" else "calibrate")
     plan = make_plan(lm, cfg, counter)
     steps()

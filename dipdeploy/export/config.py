@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from dipdeploy import defaults
+from dipdeploy.bundle.names import ATTENTION_LAYOUTS
 from dipdeploy.flash import BLOCK
 from dipdeploy.limits import MAX_THREADS, MAX_TOKENS, MAX_WINDOWS, check_caps
 from dipdeploy.ops.formats import format_of_config
@@ -29,7 +30,7 @@ ACCURACY_LEVELS = BUNDLE_ACCURACY_LEVELS
 #: Where every tensor of a bundle's weight files starts: a multiple of the Flash block, or of 16 blocks.
 ALIGNMENTS = (BLOCK, 16 * BLOCK)
 #: ``standard``: attention in opset-21 ops (runs on any ORT); ``gqa``: com.microsoft::GroupQueryAttention.
-ATTENTION_OPS = ("standard", "gqa")
+ATTENTION_OPS = ATTENTION_LAYOUTS
 #: Where each MLP row lies in ``mlp.bin`` (docs/method.md, "Flash layout"): ``calibrated`` orders each
 #: group's rows from a miss trace of the calibration text so rows read together share blocks; ``natural``
 #: keeps the logical order; ``auto`` is calibrated where the export can trace (a sparse plan, per-layer

@@ -11,11 +11,18 @@ visible under the mount (cgroup namespace), and then the mount's root files are 
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
+
 
 from dipdeploy.runtime.budget import DramBudget
 from dipdeploy.runtime.embedding import embedding_table_bytes
 from dipdeploy.runtime.stats import memory_now
+
+# What opening the sessions adds beyond the planned bytes (:func:`runtime_overhead`), fitted with a margin to
+# the peaks benchmarks/memory_check.py measures (benchmarks/results/memory-check.md).
+RUNTIME_BASE = 40 << 20  # bytes, once per run: onnxruntime's sessions, arenas and kernels
+RUNTIME_DENSE_SHARE = 1.0  # of the dense file's bytes: the initializers onnxruntime holds beside the plan's
 
 #: v1's "no limit" is PAGE_COUNTER_MAX pages (about 2⁶³ bytes); no machine has 2⁶⁰ bytes.
 V1_UNLIMITED = 2**60
@@ -79,29 +86,60 @@ def memory_limit(root: str | Path = "/") -> int | None:
 
 
 class MemoryLimitError(ValueError):
-    """The DRAM budget plus the process's fixed overhead exceeds the cgroup memory limit."""
+    """The DRAM budget plus the overhead (:class:`MemoryEstimate`) exceeds the cgroup memory limit."""
 
 
-def check_fits(budget_bytes: int, overhead_bytes: int, limit: int | None, budget_text: str) -> None:
-    """Refuse (one line, the three figures) when budget + overhead does not fit under ``limit``."""
-    if limit is None or budget_bytes + overhead_bytes <= limit:
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What a run will hold, in bytes: ``budget`` (the DRAM budget's resident part), ``process`` (what
+    this process holds now: interpreter, libraries), ``graphs`` (the graph files the sessions parse) and
+    ``runtime`` (what onnxruntime and the native cache add on top: :func:`runtime_overhead`)."""
+
+    budget: int
+    process: int
+    graphs: int
+    runtime: int
+
+    @property
+    def overhead(self) -> int:
+        return self.process + self.graphs + self.runtime
+
+    @property
+    def total(self) -> int:
+        return self.budget + self.overhead
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "overhead": self.overhead, "total": self.total}
+
+
+def runtime_overhead(manifest) -> int:
+    """What the sessions hold beyond the bytes the budget plans and the graph files: onnxruntime's state
+    (arenas, kernel registries, thread pools) and the dense file's initializers as the sessions hold
+    them (mapped or copied, prepacked for MatMulNBits), the embedding table among them, which the plan
+    counts row by row. Measured peaks exceeded the plan by about one dense file and a fixed part; the
+    coefficients above hold both with a margin (the figures: benchmarks/results/memory-check.md)."""
+    return RUNTIME_BASE + int(RUNTIME_DENSE_SHARE * manifest.sizes.get("bytes_dense", 0))
+
+
+def check_fits(need: MemoryEstimate | int, overhead_bytes: int | None = None, limit: int | None = None,
+               budget_text: str = "") -> None:
+    """Refuse (one line, the figures) when the estimate does not fit under ``limit``."""
+    if isinstance(need, int):
+        need = MemoryEstimate(need, overhead_bytes or 0, 0, 0)
+    if limit is None or need.total <= limit:
         return
     raise MemoryLimitError(
-        f"DRAM budget {budget_text} ({budget_bytes / 1e6:.1f} MB resident) + fixed overhead "
-        f"{overhead_bytes / 1e6:.1f} MB (this process and its graphs) = {(budget_bytes + overhead_bytes) / 1e6:.1f} MB "
-        f"exceeds the cgroup memory limit of {limit / 1e6:.1f} MB; give a smaller --dram-budget, a smaller "
-        f"--context, or raise the limit")
+        f"DRAM budget {budget_text} ({need.budget / 1e6:.1f} MB resident) + overhead "
+        f"{need.overhead / 1e6:.1f} MB (this process {need.process / 1e6:.1f}, its graphs {need.graphs / 1e6:.1f}, "
+        f"onnxruntime and caches {need.runtime / 1e6:.1f}) = {need.total / 1e6:.1f} MB exceeds the cgroup memory "
+        f"limit of {limit / 1e6:.1f} MB; give a smaller --dram-budget, a smaller --context, or raise the limit")
 
 
-def check_budget(manifest, dram_budget: str | float, kv_bytes: int, limit: int | None) -> None:
-    """Refuse, before any session is opened, a budget that cannot fit under the cgroup memory ``limit``.
-
-    Both figures are lower bounds from the manifest, so only what certainly cannot fit is refused:
-    the budget is the total given, or the dense bytes (the embedding table excluded: it is read
-    row by row) + the KV cache + the cached share of the MLP bytes (staging excluded); the overhead is what this process holds now (interpreter and
-    libraries) plus the graph files the sessions will parse."""
-    if limit is None:
-        return
+def estimate(manifest, dram_budget: str | float, kv_bytes: int) -> MemoryEstimate:
+    """What a run of ``manifest``'s bundle under ``dram_budget`` will hold (:class:`MemoryEstimate`): the
+    budget is the total given, or the dense bytes (the embedding table excluded: it is read row by row)
+    + the KV cache + the cached share of the MLP bytes (staging excluded); the overhead is what this
+    process holds now, the graph files the sessions will parse and :func:`runtime_overhead`."""
     m = manifest
     budget = DramBudget.parse(dram_budget)
     if budget.total_bytes is not None:
@@ -110,4 +148,12 @@ def check_budget(manifest, dram_budget: str | float, kv_bytes: int, limit: int |
         dense = m.sizes.get("bytes_dense", 0) - embedding_table_bytes(m)
         need = int(dense + kv_bytes + budget.cache_frac * m.sizes.get("bytes_mlp", 0))
     graphs = sum(m.files[name]["size"] for name in m.graphs["layers"] if name in m.files)
-    check_fits(need, memory_now().get("VmRSS", 0) + graphs, limit, str(dram_budget))
+    return MemoryEstimate(need, memory_now().get("VmRSS", 0), graphs, runtime_overhead(m))
+
+
+def check_budget(manifest, dram_budget: str | float, kv_bytes: int, limit: int | None) -> None:
+    """Refuse, before any session is opened, a budget whose run would not fit under the cgroup memory
+    ``limit`` (:func:`estimate`)."""
+    if limit is None:
+        return
+    check_fits(estimate(manifest, dram_budget, kv_bytes), limit=limit, budget_text=str(dram_budget))

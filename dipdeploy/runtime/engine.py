@@ -2,7 +2,7 @@
 
 ``Engine`` opens the bundle (``bundle_open``: its checks; every file read through one held folder,
 ``dipdeploy.bundle.bundledir``, under the folder's reading lock so an export's swap waits), resolves what ``EngineConfig`` leaves open
-(context, io, native kernels), refuses a budget the cgroup limit cannot hold, chooses one decoder (``dipdeploy.runtime.
+(context, io, native kernels), refuses a budget the cgroup limit or ``ulimit -v`` cannot hold, chooses one decoder (``dipdeploy.runtime.
 backends``: ``model.onnx`` in one session where the budget holds every row, else the joined graph, else
 the per-layer sessions with the host cache step) and generates: prefill, sampling, stop strings, stats.
 The KV cache is allocated once for the context and written in place (``kv.py``); the cache rule, the
@@ -36,6 +36,7 @@ from dipdeploy.runtime.embedding import check_token_ids, embedding_rows, embeddi
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.native_cache import choose_cache_library
+from dipdeploy.runtime.rlimit import check_address_space, run_threads
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 
@@ -123,6 +124,7 @@ class Engine:
         self.kv = KvCache(KvShape(self.num_layers, dec["num_key_value_heads"], dec["head_size"], self.cfg.context),
                           (m.export_config or {}).get("attention", "standard"))
         check_budget(m, self.cfg.dram_budget, self.kv.nbytes, memory_limit())  # before any session opens
+        check_address_space(m, self.cfg.dram_budget, self.kv.nbytes, run_threads(self.cfg.threads, self.cfg.io_threads))
         self._state = None
         self.backend: Decoder = open_backend(self, session_options, native)  # chosen once (sets cfg.io)
         self.flash = FlashStore(self.path / MLP_FILE, fd=self._open_file(MLP_FILE), io=self.cfg.io, cold=self.cfg.cold,

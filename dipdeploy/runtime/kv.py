@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dipdeploy.bundle.names import ATTENTION_LAYOUTS  # one list: export writes it, verify checks it
 from dipdeploy.runtime.sessions import Buffer
-
-ATTENTION_LAYOUTS = ("standard", "gqa")
 
 
 @dataclass(frozen=True)
