@@ -48,7 +48,11 @@ def test_inspect_is_a_short_summary_and_files_lists_every_file(narrow, bundle):
     res = runner.invoke(app, ["inspect", str(bundle)])
     assert res.exit_code == 0, res.output
     _fits(res.stdout)
-    assert "passed" in res.output and "mlp.bin" in res.output and "sha256" not in res.output
+    assert "mlp.bin" in res.output and "sha256" not in res.output
+    flat = " ".join(res.stdout.split())
+    # validation is a check against the torch reference, and says so; quality is eval's to measure
+    assert "matches its torch reference" in flat and "passed" not in flat
+    assert "quality" in flat and "dipdeploy eval --model tiny-llama --method dip" in flat
     assert len(res.output.splitlines()) <= 24  # one screen
     full = runner.invoke(app, ["inspect", str(bundle), "--files"])
     assert full.exit_code == 0, full.output
