@@ -71,3 +71,14 @@ def test_run_stats_and_eval_rows_fit_80_columns(narrow, bundle):
     with core.console.capture() as cap:
         core.print_rows([row, {**row, "method": "dense"}], "smollm2-135m · WikiText-2 · seqlen 2048 · 16 windows")
     _fits(cap.get())
+
+
+def test_the_validation_verdict_counts_near_ties_and_says_which_way_the_bound_went():
+    from dipdeploy.cli.export import _verdict
+
+    rec = {"agrees_stock": True, "agrees_native": True, "near_ties_stock": [3, 5], "near_ties_native": [5],
+           "max_abs_diff": 0.002, "tolerance": 0.01, "ok": True}
+    assert _verdict(rec) == ("matches its torch reference (stock ORT agrees, native agrees, 3 near-ties; "
+                             "max |Δlogit| 0.002 ≤ tolerance 0.01)")
+    bad = _verdict({**rec, "agrees_stock": False, "max_abs_diff": 0.5, "ok": False})
+    assert bad.startswith("DIFFERS from its torch reference (stock ORT DIFFERS") and "0.5 > tolerance 0.01" in bad
