@@ -190,7 +190,9 @@ def main() -> None:
         "# Export's default density on SmolLM2-135M-Instruct (benchmarks/default_density.py)\n\n"
         f"`python benchmarks/default_density.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}` · commit "
         f"{commit} · {time.strftime('%Y-%m-%d')} · {lscpu()} · {m}\n\n"
-        "Conditions: bundles exported as the README's quickstart (`--method dip-ca --quant bq4`, split ρ_in "
+        + ("With `--reuse` the bundles, answers and perplexities that `--work` held were kept: measured by an "
+           "earlier run of this script with the same flags, on this machine.\n\n" if args.reuse else "")
+        + "Conditions: bundles exported as the README's quickstart (`--method dip-ca --quant bq4`, split ρ_in "
         "calibrated, γ and cache the defaults; ρ 1 is `--method dip --density 1 --rho-in 1`: every row, the "
         "dense model through the same runtime); each question asked with `dipdeploy run BUNDLE --chat -p "
         f"QUESTION -n {MAX_NEW_TOKENS} --repetition-penalty P` (greedy, the default DRAM budget and policy). "
