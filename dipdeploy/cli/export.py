@@ -161,7 +161,8 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
 
 
-#: The validation record's keys, shown as the lines of :func:`validation_lines`, not one by one.
+#: The validation record's keys: export's summary shows them as its validation, free-running and quality
+#: lines (:func:`_verdict`, :func:`_drift`, :func:`_quality`), not one by one; ``--json`` keeps each.
 VALIDATION_KEYS = ("agrees_stock", "agrees_native", "near_ties_stock", "near_ties_native", "max_abs_diff",
                    "max_abs_diff_native", "max_abs_diff_free_stock", "tolerance", "level4", "validation_skipped")
 
