@@ -1,9 +1,11 @@
 """The few defaults that several stages' configs share, each written once here (docs/design.md §1).
 
 Every other default lives in the dataclass of the stage that owns the concept (``SparsityConfig``:
-density, γ, policy, cache fraction; ``EngineConfig``: DRAM budget, context; ``LoraConfig``: rank; …) and
+γ, policy, cache fraction; ``EngineConfig``: DRAM budget, context; ``LoraConfig``: rank; …) and
 is read from there by the CLI and by other configs. Only what no single stage owns is here: the model
-every command loads when none is named, and the calibration text a plan is fitted on, which ``eval``,
+every command loads when none is named, the MLP density a plan is made for when none is asked (every
+stage's ``SparsityConfig``, so ``export`` ships the density ``eval`` measures), and the calibration text
+a plan is fitted on, which ``eval``,
 ``calibrate``, ``trace``, ``finetune`` and ``export`` all use, so that ``calibrate`` then ``eval --plan``
 gives the plan ``eval`` calibrates itself; and how a quantised model's token embedding is stored, which
 ``export`` ships and ``eval --quant`` must measure alike. Floor 1: no imports.
@@ -11,6 +13,13 @@ gives the plan ``eval`` calibrates itself; and how a quantised model's token emb
 
 #: The embedded default model (a registry name; README, "Quickstart").
 MODEL = "smollm2-135m"
+#: The MLP density ρ of a plan when none is asked (``SparsityConfig.density``: ``export``, ``eval``,
+#: ``calibrate``, ``trace``, ``finetune``, the demo). A product default, chosen on the default model by
+#: what a user sees: the smallest density whose greedy answers to everyday questions end without looping
+#: and are right wherever the dense model's are, at a small perplexity cost against dense
+#: (docs/decisions/0009-default-density.md; benchmarks/results/default-density-smollm2-135m.md). A bundle
+#: below it passes validation and still answers badly; research comparisons name their densities.
+DENSITY = 0.7
 #: Calibration text: this many windows of this many tokens of the WikiText-2 validation split.
 CALIB_WINDOWS = 4
 CALIB_SEQLEN = 512

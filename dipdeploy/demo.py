@@ -31,9 +31,9 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class DemoConfig:
     model: str = defaults.MODEL
-    #: MLP densities of the DIP-CA bundles: one whose answers stay sane on SmolLM2-135M-Instruct (ρ = 0.7
-    #: answers "Paris." like dense; 0.6 starts repeating itself) and the paper's ρ = 0.5.
-    densities: tuple[float, ...] = (0.7, 0.5)
+    #: MLP densities of the DIP-CA bundles: the default one, whose answers stay sane on SmolLM2-135M-Instruct
+    #: (``defaults.DENSITY``: benchmarks/results/default-density-smollm2-135m.md), and the paper's ρ = 0.5.
+    densities: tuple[float, ...] = (defaults.DENSITY, 0.5)
     quant: str = "bq4"
     input_share: float = 1.1
     windows: int = 2

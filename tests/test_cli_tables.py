@@ -48,7 +48,11 @@ def test_inspect_is_a_short_summary_and_files_lists_every_file(narrow, bundle):
     res = runner.invoke(app, ["inspect", str(bundle)])
     assert res.exit_code == 0, res.output
     _fits(res.stdout)
-    assert "passed" in res.output and "mlp.bin" in res.output and "sha256" not in res.output
+    assert "mlp.bin" in res.output and "sha256" not in res.output
+    flat = " ".join(res.stdout.split())
+    # validation is a check against the torch reference, and says so; quality is eval's to measure
+    assert "matches its torch reference" in flat and "passed" not in flat
+    assert "quality" in flat and "dipdeploy eval --model tiny-llama --method dip" in flat
     assert len(res.output.splitlines()) <= 24  # one screen
     full = runner.invoke(app, ["inspect", str(bundle), "--files"])
     assert full.exit_code == 0, full.output
@@ -77,3 +81,14 @@ def test_eval_says_the_time_in_all_and_per_part():
                                            "and the rest 9.0 s)")
     assert core.time_line([{"calib_s": 0.0, "eval_s": 13.6}], 15.0) == ("time: 15.0 s in all (evaluate 13.6 s, "
                                                                          "load and the rest 1.4 s)")
+
+
+def test_the_validation_verdict_counts_near_ties_and_says_which_way_the_bound_went():
+    from dipdeploy.cli.export import _verdict
+
+    rec = {"agrees_stock": True, "agrees_native": True, "near_ties_stock": [3, 5], "near_ties_native": [5],
+           "max_abs_diff": 0.002, "tolerance": 0.01, "ok": True}
+    assert _verdict(rec) == ("matches its torch reference (stock ORT agrees, native agrees, 3 near-ties; "
+                             "max |Δlogit| 0.002 ≤ tolerance 0.01)")
+    bad = _verdict({**rec, "agrees_stock": False, "max_abs_diff": 0.5, "ok": False})
+    assert bad.startswith("DIFFERS from its torch reference (stock ORT DIFFERS") and "0.5 > tolerance 0.01" in bad

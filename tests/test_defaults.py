@@ -146,3 +146,16 @@ def test_a_plan_defaults_to_the_sparsity_configs_cache_and_scores():
     config = {f.name: f.default for f in dataclasses.fields(SparsityConfig)}
     for name in ("score", "policy", "cache_frac", "cache_split", "fixed_top_n", "gamma_warmup", "allocation"):
         assert plan[name] == config[name], name
+
+
+def test_the_default_density_is_defaults_and_export_help_says_it():
+    """Export's default density is the product's choice (dipdeploy.defaults.DENSITY, docs/decisions/0007):
+    every stage's SparsityConfig reads it, and `export --help` shows that figure, not one of its own."""
+    from typer.testing import CliRunner
+
+    assert SparsityConfig.density == ExportConfig.density == defaults.DENSITY
+    assert EvalConfig().density == (defaults.DENSITY,)
+    res = CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.replace("│", " ").split())
+    assert f"MLP density ρ when no --plan (default {defaults.DENSITY:g})" in flat

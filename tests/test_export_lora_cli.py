@@ -59,6 +59,12 @@ def test_cli_export_json_and_inspect_verify(tmp_path):
             "--validate-tokens", "8", "--out", str(out), "--json", str(js)]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
+    flat = " ".join(res.stdout.split())
+    # the summary's validation figures are one verdict against the reference and its tolerance; the
+    # free-running difference has a line of its own that says it is informative, not a failure
+    assert "matches its torch reference" in flat and "≤ tolerance" in flat
+    assert "max_abs_diff_free_stock" not in flat and "free-running" in flat and "informative" in flat
+    assert "dipdeploy eval --model tiny-qwen2 --method dip-ca" in flat
     rec = json.loads(js.read_text())
     for key in ("agrees_stock", "agrees_native", "near_ties_stock", "max_abs_diff", "tolerance", "bytes_mlp",
                 "bits_per_weight_mlp"):

@@ -23,6 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dipdeploy import defaults
 from dipdeploy.cache import POLICY_RECORDS
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, spend
 from dipdeploy.paths import write_atomic
@@ -46,7 +47,7 @@ class SparsityConfig:
     """
 
     method: str = "dip"
-    density: float = 0.5
+    density: float = defaults.DENSITY
     rho_in: float | None = None
     allocation: str = "uniform"
     score: str = "abs"
