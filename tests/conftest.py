@@ -82,7 +82,7 @@ TINY_CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content']
 
 @pytest.fixture(scope="session")
 def tiny_dipca_bundle(tmp_path_factory):
-    """``get(attention="standard")``: the tiny-llama DIP-CA BQ4 bundle (ρ_in 0.6, γ 0.3) the runtime tests
+    """``get(attention="standard")``: the tiny-llama DIP-CA BQ4 bundle (ρ 0.5, ρ_in 0.6, γ 0.3) the runtime tests
     share, one per attention variant (their KV layouts differ), exported once per session with its
     validation against torch run."""
     from dipdeploy.export.bundle import export
@@ -95,8 +95,8 @@ def tiny_dipca_bundle(tmp_path_factory):
     def get(attention: str = "standard"):
         if attention not in made:
             lm = load_model("tiny-llama")
-            cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4",
-                               validate_tokens=4, attention=attention)
+            cfg = ExportConfig(model="tiny-llama", method="dip-ca", density=0.5, rho_in=0.6, gamma=0.3,
+                               quant="bq4", validate_tokens=4, attention=attention)  # ρ pinned: not the users' default
             made[attention] = tmp_path_factory.mktemp(f"dipca-{attention}") / "bundle"
             export(lm, cfg, made[attention], make_plan(lm, cfg))
         return made[attention]
@@ -119,7 +119,7 @@ def chat_bundle(tmp_path_factory):
     tokenizer = copy.deepcopy(lm.tokenizer)
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
     lm = dataclasses.replace(lm, tokenizer=tokenizer)
-    cfg = ExportConfig(model="tiny-llama", method="dip-ca", rho_in=0.6, gamma=0.3, quant="bq4", validate_tokens=0)
+    cfg = ExportConfig(model="tiny-llama", method="dip-ca", density=0.5, rho_in=0.6, gamma=0.3, quant="bq4", validate_tokens=0)
     out = tmp_path_factory.mktemp("chat") / "bundle"
     export(lm, cfg, out, make_plan(lm, cfg))
     return out

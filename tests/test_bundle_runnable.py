@@ -69,7 +69,7 @@ def _both(*edits):
 EDITS = {
     "plan k_in below the graph's": (_layer("k_in", 10), "input in_indices takes 38 at dim 1 but plan.layers[0].k_in gives 10"),
     "plan k_in above the graph's": (_layer("k_in", 64), "plan.layers[0].k_in gives 64"),
-    "plan k_glu below the graph's": (_layer("k_glu", 5), "input glu_indices takes 38 at dim 1 but plan.layers[0].k_glu"),
+    "plan k_glu below the graph's": (_layer("k_glu", 5), "at dim 1 but plan.layers[0].k_glu gives 5"),
     "genai KV heads": (_decoder("num_key_value_heads", 1), "decoder.num_key_value_heads 1 but source.config"),
     "genai head size": (_decoder("head_size", 8), "decoder.head_size 8 but source.config.head_dim 16"),
     "genai layer count": (_decoder("num_hidden_layers", 3), "decoder.num_hidden_layers 3"),

@@ -152,3 +152,12 @@ def test_run_and_chat_close_their_engine(monkeypatch, tiny_dipca_bundle, chat_bu
     assert res.exit_code == 2 and closed[1:] == [tiny_dipca_bundle()], res.output  # no template: refused
     res = runner.invoke(app, ["chat", str(chat_bundle), "-n", "2"], input="hello\n/exit\n")
     assert res.exit_code == 0 and closed[2:] == [chat_bundle], res.output
+
+
+def test_the_docs_state_no_bundle_version_of_their_own():
+    """The bundle version is defined once, in the code; a page that wrote a number went stale before.
+    (A decision record may name the version a change came with: that is its history, not the current one.)"""
+    pages = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "decisions" not in p.parts)]
+    stated = [(page.name, m.group(0)) for page in pages
+              for m in re.finditer(r"(?i)bundle[^.\n]{0,40}\bversion \d+", page.read_text())]
+    assert not stated, stated

@@ -99,7 +99,7 @@ def test_eval_quant_equals_quantize_then_eval_weights(tmp_path, data_dir, vq):
     assert res.exit_code == 0, res.output
     res = _cli(*rows, "--quant", "vq3", *vq, "--json", tmp_path / "b.json")
     assert res.exit_code == 0, res.output
-    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    a, b = (json.loads((tmp_path / f).read_text())["rows"] for f in ("a.json", "b.json"))
     assert [r["ppl"] for r in a] == [r["ppl"] for r in b] and len(a) == 2
     fit = b[0]["quant_fit"]
     assert fit["calibration_tokens"] == CALIB_TOKENS

@@ -127,11 +127,13 @@ def bundle_perplexity_cmd(opts: dict, *, bundle: Path, dram_budget: Optional[str
         text = load_text(dataset, "test", str(text_file) if text_file else None, opts["data_dir"])
         from transformers import AutoTokenizer
 
-        test = windows(AutoTokenizer.from_pretrained(str(bundle)), text, seqlen, max_windows)
         progress, start = Progress(), time.perf_counter()
-        with progress.stage(f"open {bundle.name}"):
+        with progress.stage(f"open {bundle.name}"):  # the bundle's checks first (its tokenizer files' sha256 too)
             engine, _ = _engine(bundle, {"context": seqlen, **({"dram_budget": dram_budget} if dram_budget else {})})
         try:
+            # the windows of eval's torch rows: the same tokenizer class and settings, so the same tokens
+            test = windows(AutoTokenizer.from_pretrained(str(bundle), trust_remote_code=False), text, seqlen,
+                           max_windows)
             n, nlls = int(test.shape[0]), []
             begun = time.perf_counter()
             with progress.stage(f"perplexity of {bundle.name} (host runtime), tokens",
