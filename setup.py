@@ -53,7 +53,7 @@ class BuildPyWithLibrary(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        lib = ROOT / "build" / "custom_ops" / _arch() / LIB_NAME  # PlatformWheel built it if it could
+        lib = ROOT / "build" / "custom_ops" / _arch() / LIB_NAME  # LibraryDistribution built it if it could
         if lib.is_file():
             target = Path(self.build_lib) / "dipdeploy" / "ops" / "lib" / _arch() / LIB_NAME
             target.parent.mkdir(parents=True, exist_ok=True)

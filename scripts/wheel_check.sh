@@ -22,7 +22,9 @@ case "$(basename "$wheel")" in
   *-py3-none-linux_*) ;;
   *) fail "$(basename "$wheel") is not a platform wheel: it holds no op library (did custom_ops/build.sh fail?)" ;;
 esac
-unzip -l "$wheel" | grep -q "dipdeploy/ops/lib/$(uname -m)/libdipdeploy_ops.so" || fail "the wheel holds no op library"
+# (not `unzip -l | grep -q`: under pipefail, grep's early exit fails the pipeline by SIGPIPE)
+"$py" -c 'import sys, zipfile; sys.exit(sys.argv[2] not in zipfile.ZipFile(sys.argv[1]).namelist())' \
+  "$wheel" "dipdeploy/ops/lib/$(uname -m)/libdipdeploy_ops.so" || fail "the wheel holds no op library"
 
 step "installing $(basename "$wheel") into a fresh venv (runtime only)"
 python3 -m venv "$work/venv"
