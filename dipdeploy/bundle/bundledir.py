@@ -53,6 +53,15 @@ def kind_problem(name: str, st: os.stat_result) -> str | None:
     return None
 
 
+def stream_sha256(f) -> str:
+    """The sha256 of an open binary file from where it stands, read a block at a time (a data file is
+    never held whole): the one hash of a bundle file, for the manifest's records and their checks."""
+    h = hashlib.sha256()
+    while block := f.read(_HASH_BLOCK):
+        h.update(block)
+    return h.hexdigest()
+
+
 class FileProblem(OSError):
     """One file failed its open-time checks; ``problem`` is the line ``verify`` lists."""
 
@@ -169,11 +178,8 @@ class BundleDir:
 
     def sha256(self, name: str) -> str:
         """The sha256 of ``name``, read through one checked descriptor (a data file: never held whole)."""
-        h = hashlib.sha256()
         with os.fdopen(self.open(name), "rb") as f:
-            while block := f.read(_HASH_BLOCK):
-                h.update(block)
-        return h.hexdigest()
+            return stream_sha256(f)
 
     def stat_problem(self, name: str) -> str | None:
         """The :meth:`open` checks of ``name`` (None: it passes them), its descriptor closed again."""

@@ -10,7 +10,6 @@ one line names the problem and the fix.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -19,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from dipdeploy.bundle.bundledir import REGENERATE, BundleDir, BundleError, FileProblem, kind_problem, name_problem
+from dipdeploy.bundle.bundledir import REGENERATE, BundleDir, BundleError, FileProblem, name_problem, stream_sha256
 from dipdeploy.bundle.graphdata import GraphDataError, external_data
 from dipdeploy.bundle.runnable import runnable_problems
 from dipdeploy.bundle.names import EDGE_GRAPHS, EMBEDDING, GENAI_CONFIG, MANIFEST, READ_BY_NAME, ROW_POSITION, layer_graph_names
@@ -241,11 +240,8 @@ def row_positions(bundle: str | Path | BundleDir, manifest: Manifest, layer: int
 
 
 def file_record(path: Path) -> dict:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+        return {"size": os.fstat(f.fileno()).st_size, "sha256": stream_sha256(f)}
 
 
 def verify(bundle: str | Path | BundleDir, manifest: Manifest | None = None, checksums: str = "all",
@@ -253,7 +249,7 @@ def verify(bundle: str | Path | BundleDir, manifest: Manifest | None = None, che
     """Problems found (empty = intact). Structure, always: every path the manifest names is a plain file
     name of a regular file in the bundle (no separator, no '..', no symbolic link, no second hard link)
     listed in ``files`` with its size; every initializer a graph stores outside itself names a listed
-    ``.bin`` file and lies inside it (:func:`_graph_problems`); every tensor lies inside its file with
+    ``.bin`` file and lies inside it (:func:`graph_data_problems`); every tensor lies inside its file with
     the length its dtype and shape give; the plan has the model's layer count and the per-layer graphs
     match it; ``genai_config.json`` names no op library but ``ops.native_library``
     (:func:`_genai_problems`); the parts describe one model that can run: the graphs' input sizes, the
@@ -289,20 +285,25 @@ def _verify(bundle: BundleDir, manifest: Manifest, checksums: str, libraries: Co
             problems.append(problem)
         elif name.endswith(GRAPH_SUFFIX):
             graphs.append(name)
+    genai = None  # genai_config.json parsed, for the library rule and the runnable checks
     if GENAI_CONFIG in manifest.files and not any(p.startswith(GENAI_CONFIG + ":") for p in problems):
-        problems += _genai_problems(bundle, lib)
-    if libraries is not None and isinstance(lib, str) and lib in manifest.files and not _name_problem(lib):
+        found, genai = _genai_problems(bundle, lib)
+        problems += found
+    if libraries is not None and isinstance(lib, str) and lib in manifest.files and not name_problem(lib):
         problems += _library_problems(bundle, lib, libraries)
     problems += _path_problems(manifest)
+    graph_data = {}  # each graph's bytes, read once through a checked descriptor (the files check hashed them)
     for name in graphs:
-        problems += _graph_problems(bundle, name, manifest.files)
+        try:
+            graph_data[name] = bundle.read_bytes(name, hash_it=False)
+        except FileProblem as exc:
+            problems.append(exc.problem)
+            continue
+        problems += graph_data_problems(name, graph_data[name], manifest.files)
     for name, t in manifest.tensors.items():
         problems += _tensor_problems(manifest, name, t)
     return (problems + _overlap_problems(manifest) + _plan_problems(manifest) + _shape_problems(manifest)
-            + _sizes_problems(manifest) + runnable_problems(bundle, manifest, graphs))
-
-
-_name_problem, _kind_problem = name_problem, kind_problem
+            + _sizes_problems(manifest) + runnable_problems(manifest, genai, graph_data))
 
 
 def _is_count(v) -> bool:
@@ -317,25 +318,9 @@ def _file_problem(bundle: BundleDir, name: str, rec, hash_it: bool, optional: bo
     with os.fdopen(fd, "rb") as f:
         if not isinstance(rec, dict) or not _is_count(rec.get("size")) or not isinstance(rec.get("sha256"), str):
             return f"{name}: no size and sha256 in the manifest"
-        if hash_it and _sha256(f) != rec["sha256"]:
+        if hash_it and stream_sha256(f) != rec["sha256"]:
             return f"{name}: sha256 mismatch"
     return None
-
-
-def _sha256(f) -> str:
-    h = hashlib.sha256()
-    while block := f.read(1 << 22):
-        h.update(block)
-    return h.hexdigest()
-
-
-def _graph_problems(bundle: BundleDir, name: str, files: dict) -> list[str]:
-    """:func:`graph_data_problems` of the graph's bytes, read through one checked descriptor."""
-    try:
-        data = bundle.read_bytes(name, hash_it=False)  # the files check compared its sha256
-    except FileProblem as exc:
-        return [exc.problem]
-    return graph_data_problems(name, data, files)
 
 
 def graph_data_problems(name: str, data: bytes, files: dict) -> list[str]:
@@ -350,7 +335,7 @@ def graph_data_problems(name: str, data: bytes, files: dict) -> list[str]:
     problems = []
     for e in entries:
         where = f"{name}: initializer {e['name']!r} stores its data in {e['location']!r}"
-        bad = _name_problem(e["location"])
+        bad = name_problem(e["location"])
         if e["location"] is None:
             problems.append(f"{name}: initializer {e['name']!r} is external but names no file")
         elif bad:
@@ -369,10 +354,11 @@ def graph_data_problems(name: str, data: bytes, files: dict) -> list[str]:
     return problems
 
 
-def _genai_problems(bundle: BundleDir, lib) -> list[str]:
+def _genai_problems(bundle: BundleDir, lib) -> tuple[list[str], object]:
     """onnxruntime-genai loads whatever library ``custom_ops_library`` names (in any ``session_options``
     of ``genai_config.json``) when it opens the bundle: every such entry must be exactly the manifest's
-    ``ops.native_library``, the plain file name whose bytes ``verify`` checks, never a path elsewhere."""
+    ``ops.native_library``, the plain file name whose bytes ``verify`` checks, never a path elsewhere.
+    (The problems, and the file as parsed: None where it could not be read.)"""
     named = []
 
     def walk(node) -> None:
@@ -385,18 +371,19 @@ def _genai_problems(bundle: BundleDir, lib) -> list[str]:
 
     size = (bundle.files.get(GENAI_CONFIG) or {}).get("size")
     if type(size) is int and size > GENAI_CONFIG_MAX:
-        return [f"{GENAI_CONFIG}: larger than {GENAI_CONFIG_MAX} bytes"]
+        return [f"{GENAI_CONFIG}: larger than {GENAI_CONFIG_MAX} bytes"], None
     try:
-        walk(json.loads(bundle.read_bytes(GENAI_CONFIG, hash_it=False)))
+        genai = json.loads(bundle.read_bytes(GENAI_CONFIG, hash_it=False))
+        walk(genai)
     except FileProblem as exc:
-        return [exc.problem]
+        return [exc.problem], None
     except (OSError, ValueError, RecursionError) as exc:
-        return [f"{GENAI_CONFIG}: not readable JSON ({type(exc).__name__})"]
+        return [f"{GENAI_CONFIG}: not readable JSON ({type(exc).__name__})"], None
     if lib is None:
         return [f"{GENAI_CONFIG}: {GENAI_LIBRARY_KEY} {v!r} names a library but the manifest lists none "
-                f"(ops.native_library); onnxruntime-genai would load it" for v in named]
+                f"(ops.native_library); onnxruntime-genai would load it" for v in named], genai
     return [f"{GENAI_CONFIG}: {GENAI_LIBRARY_KEY} {v!r} is not the bundle's ops.native_library {lib!r}; "
-            f"onnxruntime-genai would load it" for v in named if v != lib]
+            f"onnxruntime-genai would load it" for v in named if v != lib], genai
 
 
 def _library_problems(bundle: BundleDir, lib: str, libraries: Collection[str]) -> list[str]:
@@ -420,7 +407,7 @@ def _path_problems(manifest: Manifest) -> list[str]:
     named += [(name, name) for name in READ_BY_NAME]
     problems = []
     for where, name in named:
-        bad = _name_problem(name)
+        bad = name_problem(name)
         if bad:
             problems.append(f"{where}: {bad}")
         elif name not in manifest.files:
@@ -432,7 +419,7 @@ def _tensor_problems(manifest: Manifest, name: str, t) -> list[str]:
     keys = ("file", "offset", "length", "dtype", "shape")
     if not isinstance(t, dict) or any(k not in t for k in keys):
         return [f"tensor {name}: lacks one of {', '.join(keys)}"]
-    bad = _name_problem(t["file"])
+    bad = name_problem(t["file"])
     if bad:
         return [f"tensor {name}: file {bad}"]
     shape = t["shape"]

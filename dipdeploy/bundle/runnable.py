@@ -13,10 +13,8 @@ it. Torch-free, standard library only.
 
 from __future__ import annotations
 
-import json
 import re
 
-from dipdeploy.bundle.bundledir import BundleDir, FileProblem
 from dipdeploy.bundle.graphdata import GraphDataError, graph_inputs
 from dipdeploy.bundle.names import ATTENTION_LAYOUTS, EMBEDDING, GENAI_CONFIG, MLP_GROUPS
 
@@ -34,22 +32,18 @@ def _int(v) -> int | None:
     return v if type(v) is int else None
 
 
-def runnable_problems(bundle: BundleDir, manifest, graphs: list[str]) -> list[str]:
+def runnable_problems(manifest, genai, graphs: dict[str, bytes]) -> list[str]:
     """Problems that would stop a run of an intact bundle, one phrase each (empty: it can run).
-    ``graphs``: the listed graph files the file checks passed."""
+    ``genai``: ``genai_config.json`` as ``verify`` parsed it (None where absent or unreadable: the file
+    checks report that); ``graphs``: the bytes of each listed graph the file checks passed."""
     cfg = manifest.source.get("config") if isinstance(manifest.source.get("config"), dict) else {}
     plan = manifest.plan if isinstance(manifest.plan, dict) else {}
     layers = plan.get("layers") if isinstance(plan.get("layers"), list) else []
-    decoder, genai, problems = {}, {}, []
-    if GENAI_CONFIG in manifest.files:
-        try:
-            genai = json.loads(bundle.read_bytes(GENAI_CONFIG, hash_it=False))
-        except (FileProblem, OSError, ValueError, RecursionError):
-            genai = {}  # the files check reports it
-        model = genai.get("model") if isinstance(genai, dict) else None
-        decoder = model.get("decoder") if isinstance(model, dict) else None
-        decoder = decoder if isinstance(decoder, dict) else {}
-        genai = model if isinstance(model, dict) else {}
+    model = genai.get("model") if isinstance(genai, dict) else None
+    decoder = model.get("decoder") if isinstance(model, dict) else None
+    decoder = decoder if isinstance(decoder, dict) else {}
+    genai = model if isinstance(model, dict) else {}
+    problems = []
     for key, cfg_key in DECODER_KEYS.items():
         a, b = _int(decoder.get(key)), _int(cfg.get(cfg_key))
         if a is not None and b is not None and a != b:
@@ -64,11 +58,11 @@ def runnable_problems(bundle: BundleDir, manifest, graphs: list[str]) -> list[st
     dims = {"hidden": _int(plan.get("hidden_size")) or _int(cfg.get("hidden_size")),
             "F": _int(plan.get("intermediate_size")) or _int(cfg.get("intermediate_size")),
             "kv_heads": _int(decoder.get("num_key_value_heads")), "head_size": _int(decoder.get("head_size"))}
-    for name in graphs:
+    for name, data in graphs.items():
         try:
-            inputs = graph_inputs(bundle.read_bytes(name, hash_it=False))
-        except (FileProblem, GraphDataError):
-            continue  # the files and graph-data checks report it
+            inputs = graph_inputs(data)
+        except GraphDataError:
+            continue  # the graph-data check reports it
         problems += _input_problems(name, inputs, manifest, layers, dims)
     return problems
 
