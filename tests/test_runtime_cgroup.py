@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dipdeploy.runtime import cgroup
-from dipdeploy.runtime.cgroup import MemoryLimitError, check_fits, memory_limit
+from dipdeploy.runtime.cgroup import MemoryEstimate, MemoryLimitError, check_fits, memory_limit
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -58,10 +58,10 @@ def test_no_cgroup_files(tmp_path):
 
 
 def test_check_fits_names_the_three_figures():
-    check_fits(100, 50, 150, "100B")
-    check_fits(100, 50, None, "100B")
+    check_fits(MemoryEstimate(100, 50, 0, 0), 150, "100B")
+    check_fits(MemoryEstimate(100, 50, 0, 0), None, "100B")
     with pytest.raises(MemoryLimitError, match=r"100B .* \+ overhead .* exceeds the cgroup memory limit of 0\.0 MB"):
-        check_fits(100, 51, 150, "100B")
+        check_fits(MemoryEstimate(100, 51, 0, 0), 150, "100B")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
-
 from dipdeploy.runtime.budget import DramBudget
 from dipdeploy.runtime.embedding import embedding_table_bytes
 from dipdeploy.runtime.stats import memory_now
@@ -121,11 +120,8 @@ def runtime_overhead(manifest) -> int:
     return RUNTIME_BASE + int(RUNTIME_DENSE_SHARE * manifest.sizes.get("bytes_dense", 0))
 
 
-def check_fits(need: MemoryEstimate | int, overhead_bytes: int | None = None, limit: int | None = None,
-               budget_text: str = "") -> None:
+def check_fits(need: MemoryEstimate, limit: int | None, budget_text: str) -> None:
     """Refuse (one line, the figures) when the estimate does not fit under ``limit``."""
-    if isinstance(need, int):
-        need = MemoryEstimate(need, overhead_bytes or 0, 0, 0)
     if limit is None or need.total <= limit:
         return
     raise MemoryLimitError(
@@ -156,4 +152,4 @@ def check_budget(manifest, dram_budget: str | float, kv_bytes: int, limit: int |
     ``limit`` (:func:`estimate`)."""
     if limit is None:
         return
-    check_fits(estimate(manifest, dram_budget, kv_bytes), limit=limit, budget_text=str(dram_budget))
+    check_fits(estimate(manifest, dram_budget, kv_bytes), limit, str(dram_budget))
