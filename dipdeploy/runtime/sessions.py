@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -141,10 +140,9 @@ def open_session(files: BundleDir | Path, options, gamma: float | None = None, a
             data = model.SerializeToString()
         locations = sorted({e["location"] for e in external_data(data)})
         for location in locations:  # checked on a descriptor: what ORT must find under that name
-            try:
-                os.close(folder.open(location))
-            except FileProblem as exc:
-                raise folder.error(exc.problem) from None
+            problem = folder.stat_problem(location)
+            if problem:
+                raise folder.error(problem)
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder.folder)
         try:
             session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
