@@ -15,6 +15,7 @@ import resource
 from dataclasses import asdict, dataclass
 
 from dipdeploy.runtime.cgroup import estimate
+from dipdeploy.runtime.stats import proc_fields
 
 # What a run maps beyond VmSize now and the files (benchmarks/memory_check.py measures it; the figures are
 # in benchmarks/results/memory-check.md), rounded up.
@@ -53,23 +54,13 @@ class AddressSpace:
         return {**asdict(self), "total": self.total}
 
 
-def _vm_size() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def address_space_estimate(manifest, dram_budget, kv_bytes: int, threads: int = 1) -> AddressSpace:
     """What the run of ``manifest``'s bundle will map (:class:`AddressSpace`), ``threads`` the threads it
     will start (onnxruntime's and the reader's)."""
     need = estimate(manifest, dram_budget, kv_bytes)
     files = sum(rec["size"] for name, rec in manifest.files.items() if name.endswith(".bin") and isinstance(rec, dict))
-    return AddressSpace(_vm_size(), need.budget + need.graphs + need.runtime, files, threads * AS_PER_THREAD, AS_BASE)
+    vm_size = proc_fields("/proc/self/status", ("VmSize",)).get("VmSize", 0)
+    return AddressSpace(vm_size, need.budget + need.graphs + need.runtime, files, threads * AS_PER_THREAD, AS_BASE)
 
 
 class AddressSpaceError(ValueError):

@@ -49,17 +49,21 @@ def memory_now() -> dict:
     """This process's resident memory from /proc in bytes ({} elsewhere): VmRSS, VmHWM, RssAnon, RssFile,
     RssShmem, and Pss, which counts a page mapped several times once (the shared staging,
     ``dipdeploy.runtime.staging``, is mapped by every slab; VmRSS counts it once per mapping)."""
+    return {**proc_fields("/proc/self/status", ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM")),
+            **proc_fields("/proc/self/smaps_rollup", ("Pss",))}
+
+
+def proc_fields(path: str, keys: tuple[str, ...]) -> dict:
+    """The ``keys`` of a /proc file of ``Key: N kB`` lines, in bytes ({} where it cannot be read)."""
     out = {}
-    for path, keys in (("/proc/self/status", ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM")),
-                       ("/proc/self/smaps_rollup", ("Pss",))):
-        try:
-            with open(path) as f:
-                for line in f:
-                    key, _, rest = line.partition(":")
-                    if key in keys:
-                        out[key] = int(rest.split()[0]) * 1024
-        except OSError:
-            pass
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in keys:
+                    out[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
     return out
 
 
