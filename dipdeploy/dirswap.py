@@ -95,11 +95,17 @@ def hold(final: Path, wait: bool = True, what: str = "another process"):
         yield
     finally:
         del _held[key]
-        try:
-            os.unlink(key)  # still holding the lock: a waiter sees a new inode and retries
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+        _release_exclusive(key, fd)
+
+
+def _release_exclusive(path: str, fd: int) -> None:
+    """Drop an exclusive hold: the file goes first, while still held, so a waiter on the old inode
+    sees a new one and retries (:func:`_lock`)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    os.close(fd)
 
 
 @contextmanager
@@ -145,11 +151,7 @@ def _swapping(final: Path):
     try:
         yield
     finally:
-        try:
-            os.unlink(key)
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+        _release_exclusive(key, fd)
 
 
 def _lock(path: str, wait: bool, busy: str, shared: bool = False) -> int:
