@@ -18,7 +18,7 @@ import errno
 import hashlib
 import os
 import stat
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -202,6 +202,15 @@ class BundleDir:
             if not same:
                 changed.append(name)
         return changed
+
+    @contextmanager
+    def refusing(self):
+        """A reader's block: a :class:`FileProblem` raised in it (:meth:`open`, :meth:`read_bytes`) ends
+        as the one line of :meth:`error`."""
+        try:
+            yield
+        except FileProblem as exc:
+            raise self.error(exc.problem) from None
 
     def error(self, problem: str) -> BundleError:
         """The one line for a file that failed its checks while the bundle was read."""

@@ -212,10 +212,8 @@ def open_tensor(bundle: str | Path | BundleDir, manifest: Manifest, name: str):
     if t["length"] == 0:  # np.memmap cannot map zero bytes
         return np.zeros(tuple(t["shape"]), dtype=np.dtype(t["dtype"]))
     with held(bundle, manifest.files) as folder:
-        try:
+        with folder.refusing():
             fd = folder.open(t["file"])
-        except FileProblem as exc:
-            raise folder.error(exc.problem) from None
         with os.fdopen(fd, "rb") as f:  # the map keeps its own reference to the file
             return np.memmap(f, dtype=np.dtype(t["dtype"]), mode="r", offset=t["offset"], shape=tuple(t["shape"]))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dipdeploy.bundle.bundledir import BundleDir, FileProblem
+from dipdeploy.bundle.bundledir import BundleDir
 from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, held, read_manifest
 from dipdeploy.bundle.names import GENAI_CONFIG
 
@@ -71,10 +71,8 @@ def bundle_positions(path: str | Path, manifest: Manifest | None = None, genai: 
 def read_json(bundle: str | Path | BundleDir, manifest: Manifest, name: str):
     """A small JSON file of the bundle, read through ``BundleDir.read_bytes`` (its sha256 compared)."""
     with held(bundle, manifest.files) as folder:
-        try:
+        with folder.refusing():
             data = folder.read_bytes(name)
-        except FileProblem as exc:
-            raise folder.error(exc.problem) from None
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:

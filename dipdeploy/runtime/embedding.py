@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.bundle.bundledir import BundleDir, FileProblem
+from dipdeploy.bundle.bundledir import BundleDir
 from dipdeploy.bundle.manifest import REGENERATE, BundleError, Manifest, held
 from dipdeploy.bundle.names import EMBEDDING
 
@@ -89,10 +89,8 @@ class EmbeddingRows:
         self.multiplier = np.float32(multiplier)
         with held(bundle, manifest.files) as folder:  # the rows are read through a checked descriptor
             self.path = folder.path / ts[0]["file"]
-            try:
+            with folder.refusing():
                 self.fd = folder.open(ts[0]["file"])
-            except FileProblem as exc:
-                raise folder.error(exc.problem) from None
 
     @property
     def nbytes(self) -> int:

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from dipdeploy.bundle.bundledir import BundleDir, FileProblem
+from dipdeploy.bundle.bundledir import BundleDir
 from dipdeploy.bundle.manifest import REGENERATE, BundleError, held, restore_interrupted
 from dipdeploy.bundle.names import GENAI_CONFIG, MLP_FILE, TOKENIZER
 from dipdeploy.cache import policy_of
@@ -157,19 +157,16 @@ class Engine:
 
     def _open_file(self, name: str) -> int:
         """A checked descriptor of the bundle file ``name`` (``BundleDir.open``), the caller's to close."""
-        try:
+        with self.files.refusing():
             return self.files.open(name)
-        except FileProblem as exc:
-            raise self.files.error(exc.problem) from None
 
     def _read_tokenizer(self):
         """``tokenizer.json`` built from the bytes whose sha256 was checked, not reopened by name."""
         from tokenizers import Tokenizer
 
         try:
-            text = self.files.read_bytes(TOKENIZER).decode("utf-8")
-        except FileProblem as exc:
-            raise self.files.error(exc.problem) from None
+            with self.files.refusing():
+                text = self.files.read_bytes(TOKENIZER).decode("utf-8")
         except UnicodeDecodeError:
             raise self.files.error(f"{TOKENIZER}: not UTF-8 text") from None
         return Tokenizer.from_str(text)

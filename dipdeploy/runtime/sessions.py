@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dipdeploy.bundle.bundledir import BundleDir, FileProblem
+from dipdeploy.bundle.bundledir import BundleDir
 
 
 @functools.cache
@@ -99,10 +99,8 @@ def graph_bytes(files: BundleDir, name: str) -> bytes:
     manifest's files (``graph_data_problems``, on these very bytes)."""
     from dipdeploy.bundle.manifest import graph_data_problems
 
-    try:
+    with files.refusing():
         data = files.read_bytes(name)
-    except FileProblem as exc:
-        raise files.error(exc.problem) from None
     problems = graph_data_problems(name, data, files.files)
     if problems:
         raise files.error(problems[0])

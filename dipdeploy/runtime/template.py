@@ -19,7 +19,7 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
-from dipdeploy.bundle.bundledir import BundleDir, FileProblem
+from dipdeploy.bundle.bundledir import BundleDir
 from dipdeploy.bundle.manifest import held
 
 TEMPLATE_FILE = "chat_template.jinja"
@@ -99,10 +99,8 @@ def _read(bundle: BundleDir, name: str) -> str:
     size = (bundle.files.get(name) or {}).get("size")
     data = None
     if not (type(size) is int and size > MAX_SOURCE_BYTES):
-        try:
+        with bundle.refusing():
             data = bundle.read_bytes(name, cap=MAX_SOURCE_BYTES)
-        except FileProblem as exc:
-            raise bundle.error(exc.problem) from None
     if data is None:
         raise ValueError(f"{path} is over the cap of {MAX_SOURCE_BYTES} bytes for a tokenizer config or chat "
                          "template; re-export the bundle with the model's own tokenizer files")
