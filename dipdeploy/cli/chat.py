@@ -18,7 +18,7 @@ from dipdeploy.cli.helpview import BASIC, PanelCommand
 from dipdeploy.cli.run import (_ERRORS, BUDGET, BUNDLE_OPTION, CACHE_SPLIT, CONTEXT, DRAFT, FLASH, FLASH_DEVICE,
                                FUSED, GAMMA, IO, IO_ENGINE, IO_GAP, IO_THREADS, LEVEL, NATIVE, POLICY, PREFETCH,
                                PREFILL, PREFILL_CHUNK, REP, SEED, SINGLE, SPECULATE, STOP, SYSTEM, TEMPERATURE,
-                               THREAD_POOL, THREADS, TOP_K, TOP_P, _engine, _Prefill, _sampler, check_bundle,
+                               THREAD_POOL, THREADS, TOP_K, TOP_P, _close, _engine, _Prefill, _sampler, check_bundle,
                                named_bundle, read_prompt, sampling_note)
 from dipdeploy.limits import MAX_TOKENS, check_count
 from dipdeploy.terminal import shown
@@ -105,9 +105,7 @@ def chat_cmd(
         try:
             chat = Chat(engine, sampler, system, draft=drafter)
         except BaseException:
-            engine.close()
-            if drafter is not None:
-                drafter.close()
+            _close(engine, drafter)
             raise
     except _ERRORS as err:
         fail(err)
@@ -137,7 +135,5 @@ def chat_cmd(
                  max_new_tokens, interrupt, answering, on_prefill=lambda: _Prefill().on_prefill)
     except _ERRORS as err:
         fail(err)
-    finally:  # the bundle's descriptors, for a caller that lives on (CliRunner, a library user)
-        engine.close()
-        if drafter is not None:
-            drafter.close()
+    finally:
+        _close(engine, drafter)

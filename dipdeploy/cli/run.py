@@ -191,6 +191,14 @@ def _engine(bundle: Path, options: dict):
     return engine, draft
 
 
+def _close(engine, drafter) -> None:
+    """What :func:`_engine` opened, closed: the bundle's descriptors go with it, for a caller that lives on
+    (a library user, CliRunner)."""
+    engine.close()
+    if drafter is not None:
+        drafter.close()
+
+
 class _Prefill:
     """A long prompt's prefill as a progress stage (``dipdeploy.progress``), and the prompt printed once,
     when its prefill is done, so the stage's line or bar never lands inside the streamed text. Both go to
@@ -358,9 +366,7 @@ def run_cmd(
                                      "drop --speculate")
                 options.update(single_session=False, fused=False)
             engine, drafter = _engine(bundle, options)
-            opened.callback(engine.close)
-            if drafter is not None:
-                opened.callback(drafter.close)
+            opened.callback(_close, engine, drafter)
             text = prompt
             if chat:
                 rendered = ChatTemplate.from_bundle(engine.files, engine.manifest.files).render(messages(prompt, system))

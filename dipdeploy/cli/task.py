@@ -44,7 +44,7 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
         if bundle is not None:
             from dipdeploy.eval.humaneval import PROMPT_TOKENS
             from dipdeploy.runtime.bundle_open import bundle_positions
-            from dipdeploy.cli.run import _engine
+            from dipdeploy.cli.run import _close, _engine
             from dipdeploy.runtime.template import ChatTemplate
 
             if any(opts[k] is not None for k in ("method", "density", "plan")):
@@ -59,9 +59,7 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
                 template = ChatTemplate.from_bundle(engine.files, engine.manifest.files)
                 rows = [evaluate_bundle(engine, template, bundle, task, log, Progress(), drafter)]
             finally:
-                engine.close()
-                if drafter is not None:
-                    drafter.close()
+                _close(engine, drafter)
         else:
             if dram_budget is not None or speculate or draft is not None:
                 raise ValueError("--dram-budget, --speculate and --draft are the bundle engine's; add --bundle or drop "
