@@ -13,10 +13,9 @@ it the wheel stays pure and the runtime says, in one line, how to get the librar
 Everything else is in pyproject.toml.
 """
 
+import importlib.util
 import os
-import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,23 +24,22 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-LIB_NAME = "libdipdeploy_ops.so"
-
-
-def _arch() -> str:
-    machine = platform.machine().lower()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+# Where the library is built and kept is defined once, in dipdeploy/ops/native.py (standard library only),
+# loaded here from its file: the package itself cannot be imported before its dependencies are installed.
+_spec = importlib.util.spec_from_file_location("_dipdeploy_native", ROOT / "dipdeploy" / "ops" / "native.py")
+native = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(native)
 
 
 def _built_library() -> Path | None:
     """The library ``make ops`` built for this machine, building it first if the checkout can."""
-    lib = ROOT / "build" / "custom_ops" / _arch() / LIB_NAME
-    script = ROOT / "custom_ops" / "build.sh"
-    if not lib.is_file() and script.is_file() and os.environ.get("DIPDEPLOY_BUILD_OPS", "1") != "0":
-        done = subprocess.run(["bash", str(script), "--arch", _arch()], cwd=ROOT)
-        if done.returncode != 0:
-            print(f"dipdeploy: the op library did not build (custom_ops/build.sh exit {done.returncode}); "
-                  "the wheel is pure, and bundles run on the ONNX fallback functions", file=sys.stderr)
+    lib = native.built_library()
+    if not lib.is_file() and native.BUILD_SCRIPT.is_file() and os.environ.get("DIPDEPLOY_BUILD_OPS", "1") != "0":
+        try:
+            native.build_ops()
+        except RuntimeError as err:
+            print(f"dipdeploy: the op library did not build ({err}); the wheel is pure, and bundles run on the "
+                  "ONNX fallback functions", file=sys.stderr)
     return lib if lib.is_file() else None
 
 
@@ -53,9 +51,10 @@ class BuildPyWithLibrary(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        lib = ROOT / "build" / "custom_ops" / _arch() / LIB_NAME  # LibraryDistribution built it if it could
+        lib = native.built_library()  # LibraryDistribution built it if it could
         if lib.is_file():
-            target = Path(self.build_lib) / "dipdeploy" / "ops" / "lib" / _arch() / LIB_NAME
+            packaged = native.packaged_library().relative_to(ROOT)  # dipdeploy/ops/lib/<arch>/<name>
+            target = Path(self.build_lib) / packaged
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(lib, target)
 
