@@ -42,6 +42,17 @@ def test_every_external_tensor_is_found():
                    ("c_else", "/abs.bin", "0", "16"), ("sv", "sparse.bin", "0", "16")}
 
 
+def test_each_external_tensor_keeps_its_type_and_shape():
+    """What a session needs to view the tensor's bytes in place (``sessions.mapped_weights``)."""
+    t = _external("q", "dense.bin")
+    t.data_type = TensorProto.UINT8
+    del t.dims[:]
+    t.dims.extend([3, 1, 5])
+    graph = helper.make_graph([], "g", [], [], [t])
+    (found,) = external_data(helper.make_model(graph).SerializeToString())
+    assert (found["dims"], found["data_type"]) == ([3, 1, 5], TensorProto.UINT8)
+
+
 def test_a_graph_without_external_data_has_none():
     assert external_data(b"") == []
     graph = helper.make_graph([], "g", [], [], [helper.make_tensor("x", TensorProto.FLOAT, [1], [1.0])])

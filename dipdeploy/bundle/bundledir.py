@@ -6,16 +6,17 @@ between (a symbolic link swapped in, a swap of the whole folder by ``export --fo
 opened once, relative to the held folder (``openat(dirfd, name, O_NOFOLLOW)``: no link followed, no
 lookup of the folder's own path again), and the open descriptor is checked (``fstat``: a regular file,
 one hard link, the manifest's size); :meth:`BundleDir.read_bytes` hashes exactly the bytes it returns,
-so what a parser gets is what the manifest's sha256 vouches for. A reader that cannot be handed a
-descriptor (onnxruntime opens a graph's external data by name) gets the held folder's own path
-(:attr:`BundleDir.folder`), and :meth:`BundleDir.unchanged` compares afterwards what the names hold
-with what was checked. Floor 1, standard library only (``dirswap`` for the readers' lock).
+so what a parser gets is what the manifest's sha256 vouches for. A weight file a reader takes in place
+(onnxruntime's external data) is mapped from its checked descriptor (:meth:`BundleDir.map`): the mapping
+holds the inode that was checked, so a name changed afterwards cannot change what is read. Floor 1,
+standard library only (``dirswap`` for the readers' lock).
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import mmap
 import os
 import stat
 from contextlib import ExitStack, contextmanager
@@ -86,6 +87,7 @@ class BundleDir:
         self.path = Path(path)
         self.files = files if files is not None else {}
         self.checked: dict[str, tuple[int, int]] = {}  # name → (st_dev, st_ino) of what was checked
+        self._maps: dict[str, mmap.mmap] = {}
         self._stack = ExitStack()
         if lock:
             self._stack.enter_context(dirswap.reading(self.path.absolute()))
@@ -110,15 +112,17 @@ class BundleDir:
 
     def close(self) -> None:
         self.release()
+        self._maps.clear()  # never closed here: views of a map (a session's weights) keep it alive
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
     @property
     def folder(self) -> str:
-        """A path of the held folder itself, for a reader that opens names in it (onnxruntime's external
-        data): ``/proc/self/fd/N`` resolves to the directory this descriptor holds even after the
-        bundle's path names another; the bundle's path where there is no ``/proc``."""
+        """A path of the held folder itself, for onnxruntime's check that a graph's external data names
+        exist (it reads none of them: ``sessions.open_session`` hands it views of :meth:`map`):
+        ``/proc/self/fd/N`` resolves to the directory this descriptor holds even after the bundle's path
+        names another; the bundle's path where there is no ``/proc``."""
         held = f"/proc/self/fd/{self.fd}"
         return held if os.path.isdir(held) else str(self.path)
 
@@ -155,6 +159,20 @@ class BundleDir:
         if BundleDir.after_check is not None:
             BundleDir.after_check(name)
         return fd
+
+    def map(self, name: str) -> mmap.mmap:
+        """``name`` mapped read-only, whole, from the descriptor :meth:`open` checked; one map per name for
+        this folder, so every session's views of a file share its pages. A map stays valid while anything
+        views it, after :meth:`close` and whatever the name holds later. Raises :class:`FileProblem`."""
+        if name not in self._maps:
+            fd = self.open(name)
+            try:
+                self._maps[name] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
+                raise FileProblem(f"{name}: cannot be mapped ({exc})") from None
+            finally:
+                os.close(fd)
+        return self._maps[name]
 
     def read_bytes(self, name: str, cap: int | None = None, hash_it: bool = True) -> bytes:
         """The bytes of ``name``, read through the descriptor :meth:`open` checked, and, where the manifest

@@ -21,7 +21,7 @@ NODE_ATTRIBUTE = 5
 FUNCTION_NODE, FUNCTION_ATTRIBUTE = 7, 11
 ATTR_TENSORS, ATTR_GRAPHS, ATTR_SPARSE = (5, 10), (6, 11), (22, 23)
 SPARSE_TENSORS = (1, 2)  # SparseTensorProto.values, .indices
-TENSOR_NAME, TENSOR_EXTERNAL, TENSOR_LOCATION = 8, 13, 14
+TENSOR_DIMS, TENSOR_TYPE, TENSOR_NAME, TENSOR_EXTERNAL, TENSOR_LOCATION = 1, 2, 8, 13, 14
 GRAPH_INPUT = 11  # GraphProto.input: ValueInfoProto
 VALUE_NAME, VALUE_TYPE = 1, 2  # ValueInfoProto.name, .type
 TYPE_TENSOR, TENSOR_TYPE_SHAPE = 1, 2  # TypeProto.tensor_type, TypeProto.Tensor.shape
@@ -77,12 +77,25 @@ def _text(data: memoryview) -> str:
     return bytes(data).decode("utf-8", errors="replace")
 
 
+def _packed(data: memoryview) -> list[int]:
+    """The varints of a packed repeated field."""
+    out, i = [], 0
+    while i < len(data):
+        value, i = _varint(data, i)
+        out.append(value - (1 << 64) if value >= 1 << 63 else value)  # int64: a negative dim reads as huge
+    return out
+
+
 def _tensor(data: memoryview) -> dict | None:
-    """{name, location, offset, length} of a tensor stored outside its graph (``location`` None when
-    the tensor says EXTERNAL but names no file), else None."""
-    name, entries, external = "", {}, False
+    """{name, location, offset, length, dims, data_type} of a tensor stored outside its graph
+    (``location`` None when the tensor says EXTERNAL but names no file), else None."""
+    name, entries, external, dims, data_type = "", {}, False, [], 0
     for number, wire, value in _fields(data):
-        if number == TENSOR_NAME and wire == 2:
+        if number == TENSOR_DIMS:
+            dims += _packed(value) if wire == 2 else [value - (1 << 64) if value >= 1 << 63 else value]
+        elif number == TENSOR_TYPE and wire == 0:
+            data_type = value
+        elif number == TENSOR_NAME and wire == 2:
             name = _text(value)
         elif number == TENSOR_LOCATION and wire == 0:
             external = value == EXTERNAL
@@ -98,7 +111,7 @@ def _tensor(data: memoryview) -> dict | None:
     if not (external or entries):
         return None
     return {"name": name, "location": entries.get("location"), "offset": entries.get("offset", "0"),
-            "length": entries.get("length")}
+            "length": entries.get("length"), "dims": dims, "data_type": data_type}
 
 
 def _graph(data: memoryview, depth: int) -> Iterator[dict]:
@@ -154,8 +167,9 @@ def _function(data: memoryview, depth: int) -> Iterator[dict]:
 
 def external_data(model: bytes) -> list[dict]:
     """Every tensor of a serialized ModelProto (its graph, subgraphs, node attributes, functions and
-    training graphs) that onnxruntime would read from another file: {name, location, offset, length},
-    the last three as the graph writes them (strings; ``location`` None if missing). Raises
+    training graphs) that onnxruntime would read from another file: {name, location, offset, length,
+    dims, data_type}, location, offset and length as the graph writes them (strings; ``location`` None
+    if missing), ``data_type`` onnx.proto's number (0 where the graph gives none). Raises
     :class:`GraphDataError` for bytes that are not a readable ModelProto."""
     found: list[dict] = []
     for number, wire, value in _fields(memoryview(model)):

@@ -7,11 +7,16 @@ so the graph is loaded without its weights, the attributes rewritten, and the se
 bytes.
 
 Every graph is handed to ORT as the bytes ``BundleDir.read_bytes`` checked (its sha256 where the
-manifest lists one), never by path. ORT opens the graph's external data itself, by name, in the held
-bundle folder (``BundleDir.folder``); the names are checked on open descriptors first (a regular file
-of one link, the manifest's size), ORT refuses a name that resolves outside that folder, and after the
-session is built each name must still be the file that was checked (``BundleDir.unchanged``), or the
-session is refused (docs/decisions/0008-bundle-reads.md).
+manifest lists one), never by path, and so are its weights: each tensor the graph keeps in another file
+(``dense.bin``, ``mlp.bin``) is given with ``SessionOptions.add_initializer`` as a read-only numpy view of
+that file mapped from its checked descriptor (``BundleDir.map``, one map per file shared by every session).
+The mapping holds the inode that was checked, so a name swapped while ORT builds the session cannot change
+what it reads. ``add_initializer`` uses the view in place, where ``add_external_initializers`` and
+``add_external_initializers_from_files_in_memory`` copy every weight
+(benchmarks/results/external-data-reads.md). ORT is still given the held folder (``BundleDir.folder``):
+it checks there that each name exists and reads none of them. After the build the session's pages are
+dropped from the maps (``MADV_DONTNEED``): what ORT prepacked into its own buffers is not read from
+them again, and what a run reads comes back from the page cache (docs/decisions/0008-bundle-reads.md).
 
 ``Bound`` keeps one IOBinding per session. Every fixed-shape tensor of the decode loop (hidden
 states, indices, slots, residency, slab arrays, RoPE rows, logits) is a numpy buffer bound once at
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -107,11 +113,44 @@ def graph_bytes(files: BundleDir, name: str) -> bytes:
     return data
 
 
+#: onnx.proto's TensorProto.DataType numbers of the types a bundle's weight files hold, as numpy dtypes
+ONNX_DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
+               9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
+
+
+def mapped_weights(folder: BundleDir, entries: list[dict], given=()) -> dict:
+    """name → OrtValue over a read-only view of the mapped file, for every tensor of ``entries`` (a graph's
+    ``graphdata.external_data``) bar the names in ``given`` (initializers the options already hold). A
+    tensor whose type, shape or length disagree with the bytes it names is refused in one line."""
+    from onnxruntime import OrtValue
+
+    values = {}
+    for e in entries:
+        if e["name"] in given:
+            continue
+        dtype = ONNX_DTYPES.get(e["data_type"])
+        dims = tuple(e["dims"])
+        if dtype is None or any(d < 0 for d in dims):
+            raise folder.error(f"{e['name']}: type {e['data_type']} or shape {list(dims)} is not one a bundle's "
+                               "weights have")
+        count, offset = math.prod(dims), int(e["offset"])
+        nbytes = count * np.dtype(dtype).itemsize
+        with folder.refusing():
+            buf = folder.map(e["location"])
+        if (e["length"] is not None and int(e["length"]) != nbytes) or offset + nbytes > len(buf):
+            raise folder.error(f"{e['name']}: {nbytes} bytes at {offset} of {e['location']} do not match the "
+                               f"graph's length {e['length']} or the file's {len(buf)} bytes")
+        view = np.frombuffer(buf, dtype, count, offset).reshape(dims)
+        values[e["name"]] = OrtValue.ortvalue_from_numpy(view)
+    return values
+
+
 def open_session(files: BundleDir | Path, options, gamma: float | None = None, accuracy_level: int | None = None,
-                 name: str | None = None):
+                 name: str | None = None, given=()):
     """An ORT CPU session for the graph ``name`` of the bundle ``files`` (a path: its folder and name);
     with ``gamma`` every TopKColumnMask gets that γ, with ``accuracy_level`` every MatMulNBits and
-    SparseGatherMatMul that level (``with_accuracy_level``). See the module docstring for what is read how."""
+    SparseGatherMatMul that level (``with_accuracy_level``); ``given``: names ``options`` already has an
+    initializer for (``SharedInitializers``). See the module docstring for what is read how."""
     import onnxruntime as ort
 
     from dipdeploy.bundle.graphdata import external_data
@@ -136,25 +175,35 @@ def open_session(files: BundleDir | Path, options, gamma: float | None = None, a
             if accuracy_level is not None:
                 model = with_accuracy_level(model, accuracy_level)
             data = model.SerializeToString()
-        locations = sorted({e["location"] for e in external_data(data)})
-        for location in locations:  # checked on a descriptor: what ORT must find under that name
-            problem = folder.stat_problem(location)
-            if problem:
-                raise folder.error(problem)
+        entries = external_data(data)
+        weights = mapped_weights(folder, entries, given)
+        for weight, value in weights.items():
+            options.add_initializer(weight, value)
+        locations = sorted({e["location"] for e in entries})
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder.folder)
         try:
             session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
         except Exception:
-            _refuse_changed(folder, name, locations)
+            _refuse_changed(folder, name, locations)  # ORT's own check of a name that no longer is a plain file
             raise
-        _refuse_changed(folder, name, locations)
+        session.dipdeploy_weights = weights  # ORT reads the views in place: they live as long as the session
+        _drop_pages(folder, locations)
         return session
+
+
+def _drop_pages(folder: BundleDir, locations: list[str]) -> None:
+    """Drop the maps' resident pages: the build read every weight ORT prepacks into its own buffers, and
+    those pages would otherwise stay counted in this process's memory; a run's reads fault back in from the
+    page cache."""
+    if hasattr(mmap, "MADV_DONTNEED"):
+        for location in locations:
+            folder.map(location).madvise(mmap.MADV_DONTNEED)
 
 
 def _refuse_changed(folder: BundleDir, graph: str, locations: list[str]) -> None:
     changed = folder.unchanged(locations)
     if changed:
-        raise folder.error(f"{changed[0]}: not the file that was checked when onnxruntime opened it for {graph} "
+        raise folder.error(f"{changed[0]}: not the file that was checked when onnxruntime looked it up for {graph} "
                            "(replaced, or a link put in its place)")
 
 

@@ -71,7 +71,7 @@ class JoinedDecoder(SlabDecoder):
                                       self.d, self.decoder["vocab_size"], self.num_layers, gamma,
                                       self.cfg.accuracy_level, chunk,
                                       overlap=self.cfg.io == "direct" and self.cfg.overlap_reads,
-                                      prefetch=self.cfg.prefetch is not False)
+                                      prefetch=self.cfg.prefetch is not False, given=self.shared.values)
         if self.cfg.prefetch is None and self.fused.reads_ahead:
             self.read_ahead = ReadAheadProbe()
 
@@ -257,7 +257,7 @@ class JoinedModel:
 
     def __init__(self, files: BundleDir, manifest, options, kv, context: int, d: int, vocab: int, layers: int,
                  gamma: float | None, accuracy_level: int | None, chunk: int = 1, overlap: bool = False,
-                 prefetch: bool = False):
+                 prefetch: bool = False, given=()):
         graphs = set(manifest.graphs.get("decoder") or [])
         form = "prefetch" if overlap and prefetch and JOINED["prefetch"] in graphs else "overlap" if overlap else "step"
         if JOINED[form] not in graphs:
@@ -270,7 +270,7 @@ class JoinedModel:
         # position per token: without them the arena does not keep a plan per length
         # (benchmarks/results/memory.md)
         options.enable_mem_pattern = False
-        self.session = open_session(files, options, gamma, accuracy_level, name=JOINED[form])
+        self.session = open_session(files, options, gamma, accuracy_level, name=JOINED[form], given=given)
         self.bound = Bound(self.session)
         self.kv, self.context, self.layers, self.chunk = kv, context, layers, chunk
         self.hidden = np.zeros((1, 1, d), np.float32)

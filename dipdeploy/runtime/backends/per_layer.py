@@ -171,7 +171,8 @@ class PerLayerDecoder(SlabDecoder):
                 raise BundleError(f"{self.path}: graph {name} is missing from the manifest; {REGENERATE}")
             options = pool_options(session_options(self.cfg.threads, native), self.cfg.threads, self.cfg.thread_pool)
             options = self.shared.apply(shared_arena(options))
-            return Bound(open_session(self.files, options, g, self.cfg.accuracy_level, name=name))
+            return Bound(open_session(self.files, options, g, self.cfg.accuracy_level, name=name,
+                                      given=self.shared.values))
 
         self.head = sess("head.onnx")
         self.positions = sess("positions.onnx")

@@ -24,9 +24,9 @@ What this mode does not have is the per-layer path's selections: a trace for ``s
 ``record`` callback, ``teacher_forced`` selections are refused with one line naming
 ``single_session=False`` (``WholeDecoder.per_layer_only``). ``--stats`` reports every lookup as a hit (all
 rows are resident) and no Flash traffic; ``chat`` state, batched prefill (chunks of ``prefill_chunk``
-tokens), token-by-token prefill and streaming text work as in the per-layer path. ORT maps the external
-data of ``model.onnx`` (``dense.bin``, ``mlp.bin``) and prepacks MatMulNBits' weights, so the plan counts
-both files whole (``whole_residency``).
+tokens), token-by-token prefill and streaming text work as in the per-layer path. The session reads the
+weights of ``model.onnx`` in place from maps of ``dense.bin`` and ``mlp.bin`` (``sessions.open_session``) and
+ORT prepacks MatMulNBits' weights, so the plan counts both files whole (``whole_residency``).
 
 Torch-free (floor 5).
 """
