@@ -8,7 +8,7 @@ most tensors) and a second one of the same shapes (tiny-llama3: other weights, o
 each case copies the first, applies one mutation of one class (scripts/fuzz_mutations.py: the manifest,
 the data files, a graph, the tokenizer, the configs with their sha256 recomputed, hard links, FIFOs, a
 link swapped in during ``run``, ``export --force`` racing ``run``; the classes share the cases evenly,
-the swaps and races get a few) and runs the three commands in a worker process (scripts/fuzz_watch.py:
+the swaps and races get a few) and runs the three commands in a worker process (dipdeploy/devtools/fuzzwatch.py:
 in-process CLI calls, so a case costs milliseconds; a worker that dies by a signal or outlives
 ``--timeout`` is recorded and replaced). A share of the cases runs in a second worker under ``strace``.
 
@@ -18,7 +18,7 @@ Each run is classified:
 - ``crash``: the worker died by a signal; ``hang``: it outlived the timeout;
 - ``outside``: a file outside the bundle was opened (the canary beside it, which mutations point at,
   ``/etc/passwd``, another folder): seen by an audit hook, by scanning the worker's ``/proc`` fds and
-  maps, or in the strace log (fuzz_watch's docstring);
+  maps, or in the strace log (fuzzwatch's docstring);
 - ``accepted``: exit 0 by a command the mutation's spec says must refuse it (``refuse``);
 - ``mixed``: ``run`` exited 0 with tokens that neither whole bundle gives alone (a swap or a race);
 - ``content_accepted``: exit 0 where no check can tell (a data file's bits for ``inspect`` and ``run``,
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from fuzz_mutations import MAKERS, SHARED, apply, swap_in
-from fuzz_watch import STRACE, Judge, Worker, strace_outside
+from dipdeploy.devtools.fuzzwatch import STRACE, Judge, Worker, strace_outside
 
 PROMPT = "The capital of France is"  # where the two tiny models' greedy tokens part within 12
 COMMANDS = {"inspect": ["inspect", "{b}"], "verify": ["inspect", "{b}", "--verify"],

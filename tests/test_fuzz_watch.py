@@ -1,17 +1,14 @@
-"""The fuzzer's outside-read detectors (scripts/fuzz_watch.py) see what a Python audit hook cannot: a
+"""The fuzzer's outside-read detectors (``dipdeploy.devtools.fuzzwatch``) see what a Python audit hook cannot: a
 file opened by native code (libc's ``open``, as onnxruntime or tokenizers would), in the strace log
 and in a scan of the process's ``/proc`` descriptors; and they leave the bundle's own files and locks alone."""
 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import fuzz_watch  # noqa: E402
+from dipdeploy.devtools import fuzzwatch
 
 NATIVE_OPEN = ("import ctypes, os, sys, time\n"
                "libc = ctypes.CDLL(None)\n"
@@ -30,7 +27,7 @@ def work(tmp_path):
 
 
 def test_judge(work):
-    judge = fuzz_watch.Judge(str(work), str(work / "canary.bin"))
+    judge = fuzzwatch.Judge(str(work), str(work / "canary.bin"))
     bundle = str(work / "case0")
     assert judge.outside(str(work / "canary.bin"), bundle)
     assert judge.outside("/etc/passwd", bundle)
@@ -42,18 +39,18 @@ def test_judge(work):
     assert not judge.outside("/usr/lib/libc.so.6", bundle)
 
 
-@pytest.mark.skipif(not os.access(fuzz_watch.STRACE, os.X_OK), reason="strace is not installed")
+@pytest.mark.skipif(not os.access(fuzzwatch.STRACE, os.X_OK), reason="strace is not installed")
 def test_strace_sees_a_native_open(work):
     log = work.parent / f"{work.name}-strace.log"
     canary = work / "canary.bin"
-    subprocess.run([fuzz_watch.STRACE, "-f", "-qq", "-y", "-s", "512", "-e", "trace=open,openat,openat2", "-o",
+    subprocess.run([fuzzwatch.STRACE, "-f", "-qq", "-y", "-s", "512", "-e", "trace=open,openat,openat2", "-o",
                     str(log), sys.executable, "-c", NATIVE_OPEN, str(canary), "0"], check=True, capture_output=True)
-    judge = fuzz_watch.Judge(str(work), str(canary))
+    judge = fuzzwatch.Judge(str(work), str(canary))
     jobs = {7: {"bundle": str(work / "case0")}}
-    assert fuzz_watch.strace_outside([log], judge, jobs) == {7: str(canary)}
+    assert fuzzwatch.strace_outside([log], judge, jobs) == {7: str(canary)}
     # the same open, by a job whose bundle folder holds that file, is none
     jobs = {7: {"bundle": str(work)}}
-    assert fuzz_watch.strace_outside([log], fuzz_watch.Judge(str(work.parent), str(work / "elsewhere")), jobs) == {}
+    assert fuzzwatch.strace_outside([log], fuzzwatch.Judge(str(work.parent), str(work / "elsewhere")), jobs) == {}
 
 
 def test_proc_scan_sees_a_native_open(work):
@@ -61,7 +58,7 @@ def test_proc_scan_sees_a_native_open(work):
     child = subprocess.Popen([sys.executable, "-c", NATIVE_OPEN, str(canary), "30"], stdout=subprocess.PIPE, text=True)
     try:
         assert int(child.stdout.readline()) >= 0
-        w = fuzz_watch.Worker(work, canary)
+        w = fuzzwatch.Worker(work, canary)
         w.pid = child.pid
         bundle = str(work / "case0")
         assert w.scan(bundle, False, None, False, set()) == str(canary)

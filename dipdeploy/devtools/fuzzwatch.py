@@ -1,4 +1,4 @@
-"""The fuzzer's worker process and its outside-read detectors (scripts/fuzz_bundles.py).
+"""The bundle fuzzer's worker process and its outside-read detectors (``scripts/fuzz_bundles.py`` runs them).
 
 A worker runs CLI calls in-process (a case costs milliseconds, not an interpreter start), one job at a
 time over a socket; a worker that dies by a signal or outlives the timeout is recorded and replaced.
@@ -110,7 +110,7 @@ class Worker:
         import dipdeploy
 
         ours, theirs = socket.socketpair()
-        cmd = [sys.executable, __file__, str(theirs.fileno()), str(self.root), str(self.canary)]
+        cmd = [sys.executable, "-m", __name__, str(theirs.fileno()), str(self.root), str(self.canary)]
         if self.log is not None:
             log = self.log.with_name(f"{self.log.stem}-{len(self.logs)}.log")
             self.logs.append(log)
