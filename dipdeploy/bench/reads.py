@@ -298,6 +298,31 @@ def aggregate(c: ReadCase, passes: list[Pass], tokens: int) -> ReadRow:
                    ms_per_token=s / tokens * 1e3 if tokens else None, reader=p0.reader)
 
 
+def side_by_side(rows: list[ReadRow], dense: set[str]) -> list[str]:
+    """Notes: for each bundle row read as a ``dense`` source's row was (same io, reader, gap, depth, cache and
+    budget), dense-static's milliseconds of reads per token over the other's: where both methods' tokens
+    wait on the device, the most the sparse method can gain on dense-static."""
+    def same(r: ReadRow) -> tuple:
+        return (r.io, r.engine, r.gap, r.depth, r.cache, r.budget)
+
+    base = {same(r): r for r in rows if r.source in dense and r.ms_per_token}
+    out = []
+    for r in rows:
+        d = base.get(same(r))
+        if d is not None and r.source not in dense and r.ms_per_token:
+            out.append(f"{r.io} {r.engine or ''} gap {r.gap}, budget {r.budget}: dense-static's reads "
+                       f"{d.ms_per_token:.2f} ms a token against {r.source}'s {r.ms_per_token:.2f} ms: "
+                       f"{d.ms_per_token / r.ms_per_token:.2f}× ({d.source} / {r.source})".replace("  ", " "))
+    return out
+
+
+def _dense(sources: list[str]) -> set[str]:
+    """The names of the bundles run as dense-static (a ρ = 1 bundle: ``bench.bundles.bundle_spec``)."""
+    from dipdeploy.bench.bundles import bundle_spec
+
+    return {Path(s).name for s in sources if s != SCRATCH and bundle_spec(Path(s)).method == "dense"}
+
+
 def run_reads(grid: ReadGrid, notice: Notice = lambda line: None) -> ReadResult:
     """Make every source, then every case × repetition round-robin; one row per case."""
     from dipdeploy.bench.read_sources import dram_pass
@@ -329,4 +354,5 @@ def run_reads(grid: ReadGrid, notice: Notice = lambda line: None) -> ReadResult:
         notice("interrupted: the rows hold the repetitions measured so far")
     rows = [aggregate(c, passes[i], 0 if c.io == "dram" else sources.batches(c)[2])
             for i, c in enumerate(cases) if i in passes]
+    notes += side_by_side(rows, _dense(grid.bundles))
     return ReadResult(rows, time.perf_counter() - t0, notes, interrupted)
