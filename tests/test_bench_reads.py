@@ -132,3 +132,15 @@ def test_a_scenario_flag_of_the_wrong_type_is_refused(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('suite = "reads"\n[flags]\ntokens = "many"\n')
     _one_line_refusal(runner.invoke(app, ["bench", "--scenario", str(bad)]), "tokens", "whole number")
+
+
+def test_a_bundle_replays_its_own_decode_misses(tiny_dipca_bundle, tmp_path):
+    bundle = tiny_dipca_bundle()
+    res = _reads("-m", str(bundle), "--io", "pread,direct", "--budget", "10%", "--tokens", "3", "-r", "1",
+                 "--dir", str(tmp_path), "-o", "json")
+    assert res.exit_code == 0, res.output
+    rows = [ReadRow(**r) for r in json.loads(res.stdout)["rows"]]
+    assert [r.io for r in rows] == ["pread", "direct"]
+    assert all(r.source == Path(bundle).name and r.budget == "10%" and r.ms_per_token for r in rows)
+    assert rows[0].mb_wanted == rows[1].mb_wanted  # the same misses, whichever reader
+    assert len(list((tmp_path / "traces").iterdir())) == 1  # one decode's trace, reused by both
