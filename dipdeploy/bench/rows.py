@@ -162,9 +162,10 @@ def markdown(rows: list, header: dict, kind: type = Row) -> str:
             if c not in optional or any(row_cells[k] != optional[c] for row_cells in cells)]
     columns = [kind.MD_COLUMNS[k] for k in keep]
     end = header.get("load_1min_end")
+    numeric = getattr(kind, "MD_NUMERIC", ())
     lines += [f"machine: {m['line']}" + ("" if end is None else f"; load at the end {end:g}"), "",
               "| " + " | ".join(columns) + " |",
-              "|" + "|".join("---:" if _numeric(c) else "---" for c in columns) + "|"]
+              "|" + "|".join("---:" if _numeric(c) or c in numeric else "---" for c in columns) + "|"]
     for row_cells in cells:
         lines.append("| " + " | ".join(row_cells[k].replace("|", "\\|") for k in keep) + " |")
     notes = header.get("notes") or []

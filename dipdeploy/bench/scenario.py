@@ -23,8 +23,14 @@ _GRID = ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n
 #: the peer flags: paths, one each (``dipdeploy.bench.peers``)
 _PATHS = ("gguf", "genai_model", "llama_python", "genai_python")
 FLAGS = {"decode": _GRID + ("limit", "cold", "gamma", "accuracy_level", "peer") + _PATHS, "memory": _GRID + ("limit",)}
-#: flags whose value is one scalar, not a list
-_SCALARS = ("repetitions", "quant") + _PATHS
+FLAGS["reads"] = ("model", "io", "row_bytes", "density", "order", "prefetch", "io_engine", "gap", "depth", "cache",
+                  "budget", "tokens", "size", "dir", "repetitions")
+FLAGS["kernels"] = ("model", "shape", "quant", "density", "threads", "impl", "accuracy_level", "cache", "kernel_set",
+                    "calls", "repetitions")
+#: flags whose value is one scalar, not a list (``quant`` is a list in the kernels suite)
+_SCALARS = ("repetitions", "quant", "tokens", "size", "dir", "calls") + _PATHS
+_COUNTS = ("repetitions", "tokens", "calls")  # whole numbers
+_STRINGS = ("quant", "size", "dir") + _PATHS
 _KEYS = ("suite", "title", "published", "flags")
 
 
@@ -46,25 +52,26 @@ class Scenario:
         raw = self.flags.get(name)
         if raw is None:
             return given
-        if name in _SCALARS:
+        if name in _SCALARS and not (name == "quant" and self.suite == "kernels"):
             return raw
         return [str(v) for v in raw] if isinstance(raw, list) else [str(raw)]
 
 
-def _flag_value(path: Path, name: str, value) -> None:
+def _flag_value(path: Path, name: str, value, suite: str = "decode") -> None:
     scalar = (str, int, float)
-    if name == "repetitions":
+    strings = tuple(s for s in _STRINGS if not (s == "quant" and suite == "kernels"))
+    if name in _COUNTS:
         ok = type(value) is int
     elif name == "cold":
         ok = type(value) is bool
-    elif name in ("quant",) + _PATHS:
+    elif name in strings:
         ok = isinstance(value, str) and bool(value)
     else:
         ok = (isinstance(value, scalar) and type(value) is not bool) or (
             isinstance(value, list) and value and all(isinstance(v, scalar) and type(v) is not bool for v in value))
     if not ok:
-        want = {"repetitions": "whole number", "cold": "boolean (true or false)"}.get(
-            name, "string" if name in ("quant",) + _PATHS else "value or a list of values")
+        want = "whole number" if name in _COUNTS else {"cold": "boolean (true or false)"}.get(
+            name, "string" if name in strings else "value or a list of values")
         raise ValueError(f"--scenario {path}: flags.{name} = {value!r} is not a {want}")
 
 
@@ -98,7 +105,7 @@ def load(path: Path | str, suite: str | None = None) -> Scenario:
         raise ValueError(f"--scenario {path}: flags {', '.join(bad)} are not options of `bench {suite}`; it "
                          f"takes {', '.join(FLAGS[suite])}")
     for name, value in flags.items():
-        _flag_value(path, name, value)
+        _flag_value(path, name, value, suite)
     for key in ("title", "published"):
         if key in raw and not isinstance(raw[key], str):
             raise ValueError(f"--scenario {path}: {key} must be a string")

@@ -24,8 +24,12 @@ from dipdeploy.terminal import shown
 SUITES = {"decode": "prefill (ppN) and decode (tgN) tokens/s of the host runtime over a grid of models, "
                     "methods, densities, DRAM budgets, io modes and threads",
           "memory": "planned residency, peak RSS and cgroup peak of each configuration in a process of its own, "
-                    "under cgroup memory limits (--limit)"}
-PLANNED = ("reads", "kernels", "accuracy", "recovery", "quant", "export", "simulate", "profile")
+                    "under cgroup memory limits (--limit)",
+          "reads": "rows read from this disk through the runtime's reader (mmap, pread, direct) or from DRAM: "
+                   "MB/s, IOPS, bytes read against wanted, over row sizes, gaps, queue depths and readers",
+          "kernels": "the SparseGatherMatMul kernel against the dense MatMul, interleaved: µs per call, GFLOP/s "
+                     "and × dense over formats, densities, shapes, threads and kernel sets"}
+PLANNED = ("accuracy", "recovery", "quant", "export", "simulate", "profile")
 OUTPUT = "Output"
 _ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
 
@@ -341,3 +345,6 @@ def plot_cmd(
     except (ValueError, FileExistsError, OSError) as err:
         fail(err)
     typer.echo(f"wrote {written}", err=True)
+
+
+from dipdeploy.cli import bench_hw  # noqa: E402,F401  (registers the reads and kernels suites)
