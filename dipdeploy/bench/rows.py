@@ -164,7 +164,8 @@ def markdown(rows: list, header: dict, kind: type = Row) -> str:
     end = header.get("load_1min_end")
     lines += [f"machine: {m['line']}" + ("" if end is None else f"; load at the end {end:g}"), "",
               "| " + " | ".join(columns) + " |",
-              "|" + "|".join("---:" if _numeric(c) else "---" for c in columns) + "|"]
+              "|" + "|".join("---:" if _numeric(c) or c in getattr(kind, "NUMERIC", ()) else "---"
+                             for c in columns) + "|"]
     for row_cells in cells:
         lines.append("| " + " | ".join(row_cells[k].replace("|", "\\|") for k in keep) + " |")
     notes = header.get("notes") or []

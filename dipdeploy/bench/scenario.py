@@ -22,9 +22,15 @@ MAX_BYTES = 64 << 10
 _GRID = ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n_gen", "repetitions", "quant")
 #: the peer flags: paths, one each (``dipdeploy.bench.peers``)
 _PATHS = ("gguf", "genai_model", "llama_python", "genai_python")
-FLAGS = {"decode": _GRID + ("limit", "cold", "gamma", "accuracy_level", "peer") + _PATHS, "memory": _GRID + ("limit",)}
-#: flags whose value is one scalar, not a list
-_SCALARS = ("repetitions", "quant") + _PATHS
+_ACCURACY = ("seqlen", "windows", "limit", "threads", "data_dir", "device")
+_SIMULATE = ("steps", "tokens", "proj_tokens", "warmup", "source", "data_dir")
+FLAGS = {"decode": _GRID + ("limit", "cold", "gamma", "accuracy_level", "peer") + _PATHS, "memory": _GRID + ("limit",),
+         "accuracy": ("model", "method", "density", "allocation", "quant", "task") + _ACCURACY,
+         "simulate": ("trace", "density", "model", "device", "method", "policy", "gamma", "precision") + _SIMULATE}
+#: each suite's flags whose value is one scalar, not a list (a whole number where ``_INTS`` names it, else a string)
+SCALARS = {"decode": ("repetitions", "quant") + _PATHS, "memory": ("repetitions", "quant"), "accuracy": _ACCURACY,
+           "simulate": _SIMULATE}
+_INTS = ("repetitions", "seqlen", "windows", "limit", "threads", "steps", "tokens", "proj_tokens", "warmup")
 _KEYS = ("suite", "title", "published", "flags")
 
 
@@ -46,25 +52,26 @@ class Scenario:
         raw = self.flags.get(name)
         if raw is None:
             return given
-        if name in _SCALARS:
+        if name in SCALARS[self.suite]:
             return raw
         return [str(v) for v in raw] if isinstance(raw, list) else [str(raw)]
 
 
-def _flag_value(path: Path, name: str, value) -> None:
+def _flag_value(path: Path, suite: str, name: str, value) -> None:
     scalar = (str, int, float)
-    if name == "repetitions":
+    one = name in SCALARS[suite]
+    if one and name in _INTS:
         ok = type(value) is int
     elif name == "cold":
         ok = type(value) is bool
-    elif name in ("quant",) + _PATHS:
+    elif one:
         ok = isinstance(value, str) and bool(value)
     else:
         ok = (isinstance(value, scalar) and type(value) is not bool) or (
             isinstance(value, list) and value and all(isinstance(v, scalar) and type(v) is not bool for v in value))
     if not ok:
-        want = {"repetitions": "whole number", "cold": "boolean (true or false)"}.get(
-            name, "string" if name in ("quant",) + _PATHS else "value or a list of values")
+        want = ("whole number" if one and name in _INTS else "boolean (true or false)" if name == "cold"
+                else "string" if one else "value or a list of values")
         raise ValueError(f"--scenario {path}: flags.{name} = {value!r} is not a {want}")
 
 
@@ -98,7 +105,7 @@ def load(path: Path | str, suite: str | None = None) -> Scenario:
         raise ValueError(f"--scenario {path}: flags {', '.join(bad)} are not options of `bench {suite}`; it "
                          f"takes {', '.join(FLAGS[suite])}")
     for name, value in flags.items():
-        _flag_value(path, name, value)
+        _flag_value(path, suite, name, value)
     for key in ("title", "published"):
         if key in raw and not isinstance(raw[key], str):
             raise ValueError(f"--scenario {path}: {key} must be a string")

@@ -24,8 +24,12 @@ from dipdeploy.terminal import shown
 SUITES = {"decode": "prefill (ppN) and decode (tgN) tokens/s of the host runtime over a grid of models, "
                     "methods, densities, DRAM budgets, io modes and threads",
           "memory": "planned residency, peak RSS and cgroup peak of each configuration in a process of its own, "
-                    "under cgroup memory limits (--limit)"}
-PLANNED = ("reads", "kernels", "accuracy", "recovery", "quant", "export", "simulate", "profile")
+                    "under cgroup memory limits (--limit)",
+          "accuracy": "WikiText-2 perplexity (and HumanEval pass@1) of the sparse methods over models, densities "
+                      "and weight formats, × dense, and the iso-accuracy view",
+          "simulate": "a trace projected onto phone profiles by the HW simulator: tokens/s over a DRAM sweep "
+                      "against dense-static"}
+PLANNED = ("reads", "kernels", "recovery", "quant", "export", "profile")
 OUTPUT = "Output"
 _ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
 
@@ -341,3 +345,6 @@ def plot_cmd(
     except (ValueError, FileExistsError, OSError) as err:
         fail(err)
     typer.echo(f"wrote {written}", err=True)
+
+
+from dipdeploy.cli import bench_accuracy, bench_simulate  # noqa: E402,F401  (register the suites of their own modules)
