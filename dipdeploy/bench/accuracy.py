@@ -70,6 +70,12 @@ class AccuracyGrid:
         n = len(self.configs()) * len(self.tasks)
         if n > MAX_EVALUATIONS:
             raise ValueError(f"the grid runs {n} evaluations, over the cap of {MAX_EVALUATIONS}; give fewer values")
+        from dipdeploy.data import find_wikitext
+
+        # the texts before any model: a missing WikiText-2 is one line now, not after minutes of loading
+        for split in (["test"] if "wikitext2" in self.tasks else []) + (["validation"] if len(self.methods_of()) > 1
+                                                                        else []):
+            find_wikitext(split, self.data_dir)
 
     def eval_config(self, model: str, quant: str):
         from dipdeploy.eval import EvalConfig

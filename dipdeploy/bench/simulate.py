@@ -204,7 +204,9 @@ def _traces(grid: SimulateGrid, notice: Notice) -> list[tuple[str, object]]:
 def label(r, trace_method: str) -> str:
     if r.method == "dense":
         return f"dense-{r.policy}"
-    name = trace_method if r.method == "traced" else r.method
+    # the trace's own selections: DIP's (the traces this suite records) or those of the method it recorded
+    name = r.method if not r.method.startswith("traced") else trace_method if trace_method == "dip" else (
+        f"traced {trace_method}")
     return f"{name} {r.policy}" + (f" γ{r.gamma:g}" if r.method == "dip-ca" else "")
 
 

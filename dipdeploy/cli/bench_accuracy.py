@@ -29,8 +29,11 @@ def _grid(o: dict):
     windows = one("windows", "--windows", 1, MAX_WINDOWS, "windows")
     data_dir = _path(o["data_dir"])
     check_inputs(data_dir=data_dir)
-    grid = a.AccuracyGrid(
-        models=g.split(o["model"], "-m/--model"),
+    models = g.split(o["model"], "-m/--model")
+    for model in models:
+        check_inputs(model=model)
+    return a.AccuracyGrid(
+        models=models,
         methods=g.choices(o["method"], "--method", a.METHODS) or ["dense", "dip"],
         densities=g.densities(o["density"]) or [0.5],
         allocations=g.choices(o["allocation"], "--allocation", ALLOCATIONS) or ["uniform"],
@@ -40,9 +43,6 @@ def _grid(o: dict):
         limit=one("limit", "--limit", 1, 10**6, "problems"), data_dir=data_dir,
         device=None if o["device"] in (None, "") else str(o["device"]),
         threads=one("threads", "-t/--threads", 1, MAX_THREADS, "threads"))
-    for model in grid.models:
-        check_inputs(model=model)
-    return grid
 
 
 def command_line(grid) -> str:
