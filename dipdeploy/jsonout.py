@@ -20,7 +20,8 @@ PREFIX = "dipdeploy."
 #: the document of each command (a subcommand after a dot) → its schema version: the one definition
 VERSIONS: dict[str, int] = {
     "eval": 1, "eval.bundle": 1, "eval.humaneval": 1, "demo": 1, "simulate": 1, "devices": 1, "export": 1, "inspect": 1, "run": 1,
-    "bench.decode": 1, "bench.memory": 1, "bench.reads": 1, "bench.kernels": 1,
+    "bench.decode": 1, "bench.memory": 1, "bench.reads": 1, "bench.kernels": 1, "bench.accuracy": 1,
+    "bench.simulate": 1,
 }
 #: the keys every document starts with
 HEAD = ("schema", "schema_version")

@@ -22,15 +22,21 @@ MAX_BYTES = 64 << 10
 _GRID = ("model", "method", "density", "budget", "io", "threads", "n_prompt", "n_gen", "repetitions", "quant")
 #: the peer flags: paths, one each (``dipdeploy.bench.peers``)
 _PATHS = ("gguf", "genai_model", "llama_python", "genai_python")
-FLAGS = {"decode": _GRID + ("limit", "cold", "gamma", "accuracy_level", "peer") + _PATHS, "memory": _GRID + ("limit",)}
-FLAGS["reads"] = ("model", "io", "row_bytes", "density", "order", "prefetch", "io_engine", "gap", "depth", "cache",
-                  "budget", "tokens", "size", "dir", "repetitions")
-FLAGS["kernels"] = ("model", "shape", "quant", "density", "threads", "impl", "accuracy_level", "cache", "kernel_set",
-                    "calls", "repetitions")
-#: flags whose value is one scalar, not a list (``quant`` is a list in the kernels suite)
-_SCALARS = ("repetitions", "quant", "tokens", "size", "dir", "calls") + _PATHS
-_COUNTS = ("repetitions", "tokens", "calls")  # whole numbers
-_STRINGS = ("quant", "size", "dir") + _PATHS
+_ACCURACY = ("seqlen", "windows", "limit", "threads", "data_dir", "device")
+_SIMULATE = ("steps", "tokens", "proj_tokens", "warmup", "source", "data_dir")
+_READS = ("tokens", "size", "dir")
+FLAGS = {"decode": _GRID + ("limit", "cold", "gamma", "accuracy_level", "peer") + _PATHS, "memory": _GRID + ("limit",),
+         "accuracy": ("model", "method", "density", "allocation", "quant", "task") + _ACCURACY,
+         "simulate": ("trace", "density", "model", "device", "method", "policy", "gamma", "precision") + _SIMULATE,
+         "reads": ("model", "io", "row_bytes", "density", "order", "prefetch", "io_engine", "gap", "depth", "cache",
+                   "budget", "repetitions") + _READS,
+         "kernels": ("model", "shape", "quant", "density", "threads", "impl", "accuracy_level", "cache", "kernel_set",
+                     "calls", "repetitions")}
+#: each suite's flags whose value is one scalar, not a list (a whole number where ``_INTS`` names it, else a
+#: string); ``quant`` is a list in the kernels suite
+SCALARS = {"decode": ("repetitions", "quant") + _PATHS, "memory": ("repetitions", "quant"), "accuracy": _ACCURACY,
+           "simulate": _SIMULATE, "reads": ("repetitions",) + _READS, "kernels": ("repetitions", "calls")}
+_INTS = ("repetitions", "seqlen", "windows", "limit", "threads", "steps", "tokens", "proj_tokens", "warmup", "calls")
 _KEYS = ("suite", "title", "published", "flags")
 
 
@@ -52,26 +58,26 @@ class Scenario:
         raw = self.flags.get(name)
         if raw is None:
             return given
-        if name in _SCALARS and not (name == "quant" and self.suite == "kernels"):
+        if name in SCALARS[self.suite]:
             return raw
         return [str(v) for v in raw] if isinstance(raw, list) else [str(raw)]
 
 
-def _flag_value(path: Path, name: str, value, suite: str = "decode") -> None:
+def _flag_value(path: Path, suite: str, name: str, value) -> None:
     scalar = (str, int, float)
-    strings = tuple(s for s in _STRINGS if not (s == "quant" and suite == "kernels"))
-    if name in _COUNTS:
+    one = name in SCALARS[suite]
+    if one and name in _INTS:
         ok = type(value) is int
     elif name == "cold":
         ok = type(value) is bool
-    elif name in strings:
+    elif one:
         ok = isinstance(value, str) and bool(value)
     else:
         ok = (isinstance(value, scalar) and type(value) is not bool) or (
             isinstance(value, list) and value and all(isinstance(v, scalar) and type(v) is not bool for v in value))
     if not ok:
-        want = "whole number" if name in _COUNTS else {"cold": "boolean (true or false)"}.get(
-            name, "string" if name in strings else "value or a list of values")
+        want = ("whole number" if one and name in _INTS else "boolean (true or false)" if name == "cold"
+                else "string" if one else "value or a list of values")
         raise ValueError(f"--scenario {path}: flags.{name} = {value!r} is not a {want}")
 
 
@@ -105,7 +111,7 @@ def load(path: Path | str, suite: str | None = None) -> Scenario:
         raise ValueError(f"--scenario {path}: flags {', '.join(bad)} are not options of `bench {suite}`; it "
                          f"takes {', '.join(FLAGS[suite])}")
     for name, value in flags.items():
-        _flag_value(path, name, value, suite)
+        _flag_value(path, suite, name, value)
     for key in ("title", "published"):
         if key in raw and not isinstance(raw[key], str):
             raise ValueError(f"--scenario {path}: {key} must be a string")

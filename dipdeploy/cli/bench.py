@@ -28,8 +28,12 @@ SUITES = {"decode": "prefill (ppN) and decode (tgN) tokens/s of the host runtime
           "reads": "rows read from this disk through the runtime's reader (mmap, pread, direct) or from DRAM: "
                    "MB/s, IOPS, bytes read against wanted, over row sizes, gaps, queue depths and readers",
           "kernels": "the SparseGatherMatMul kernel against the dense MatMul, interleaved: µs per call, GFLOP/s "
-                     "and × dense over formats, densities, shapes, threads and kernel sets"}
-PLANNED = ("accuracy", "recovery", "quant", "export", "simulate", "profile")
+                     "and × dense over formats, densities, shapes, threads and kernel sets",
+          "accuracy": "WikiText-2 perplexity (and HumanEval pass@1) of the sparse methods over models, densities "
+                      "and weight formats, × dense, and the iso-accuracy view",
+          "simulate": "a trace projected onto phone profiles by the HW simulator: tokens/s over a DRAM sweep "
+                      "against dense-static"}
+PLANNED = ("recovery", "quant", "export", "profile")
 OUTPUT = "Output"
 _ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
 
@@ -347,4 +351,4 @@ def plot_cmd(
     typer.echo(f"wrote {written}", err=True)
 
 
-from dipdeploy.cli import bench_hw  # noqa: E402,F401  (registers the reads and kernels suites)
+from dipdeploy.cli import bench_accuracy, bench_hw, bench_simulate  # noqa: E402,F401  (register their suites)

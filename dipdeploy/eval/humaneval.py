@@ -278,31 +278,36 @@ def _row(engine: str, model: str, method: str, density: float, rows: list[Proble
 def evaluate_torch(cfg, task: TaskConfig, log: ResumeLog, batch: int = 8, progress=None) -> list[dict]:
     """pass@1 of every (method, density) of ``cfg`` (an ``EvalConfig``) on the torch reference."""
     from dipdeploy.eval import Evaluator, combinations
-    from dipdeploy.sparsity.methods import sparsify_, unsparsify_
 
     items = problems(task.limit)
     ev = Evaluator(cfg, progress)
+    return [evaluate_method(ev, method, density, items, task, log, batch) for method, density in combinations(cfg)]
+
+
+def evaluate_method(ev, method: str, density: float, items: list[dict], task: TaskConfig, log: ResumeLog,
+                    batch: int = 8, **overrides) -> dict:
+    """pass@1 of one (method, density) on the torch reference of ``ev`` (an ``Evaluator``: its model,
+    quantisation and adapter, the plan calibrated as its perplexity rows' are, ``overrides`` as theirs)."""
+    from dipdeploy.sparsity.methods import sparsify_, unsparsify_
+
     if not getattr(ev.lm.tokenizer, "chat_template", None):
         raise ValueError(f"{ev.lm.name} has no chat template, and HumanEval asks through it; give an instruct "
                          f"model (e.g. qwen2.5-coder-1.5b)")
-    out = []
-    for method, density in combinations(cfg):
-        plan = ev.plan(method, density)
-        # what decides a row's tokens: a resumed run reuses a problem only under the same plan and options
-        ident = json.dumps([plan.to_json() if plan else None, ev.qinfo, ev.lora, task.max_new_tokens], sort_keys=True)
-        key = f"torch|{ev.lm.name}|{method}|{density:g}|{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
-        size = 1 if method == "dip-ca" else batch
-        if plan is not None:
-            sparsify_(ev.lm.model, plan)
-        try:
-            with ev.progress.stage(f"humaneval {method} ρ={density:g}, problems", total=len(items)) as stage:
-                rows = run_rows(key, items, torch_generator(ev.lm, task.max_new_tokens, size), task, log, size, stage)
-        finally:
-            unsparsify_(ev.lm.model)
-        out.append(_row("torch", ev.lm.name, method, round(plan.density, 4) if plan else 1.0, rows,
-                        {"rho_in": round(plan.rho_in, 4) if plan and plan.rho_in else 1.0, "batch": size,
-                         "quant": ev.qinfo["quant"], "lora": ev.lora}))
-    return out
+    plan = ev.plan(method, density, **overrides)
+    # what decides a row's tokens: a resumed run reuses a problem only under the same plan and options
+    ident = json.dumps([plan.to_json() if plan else None, ev.qinfo, ev.lora, task.max_new_tokens], sort_keys=True)
+    key = f"torch|{ev.lm.name}|{method}|{density:g}|{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+    size = 1 if method == "dip-ca" else batch
+    if plan is not None:
+        sparsify_(ev.lm.model, plan)
+    try:
+        with ev.progress.stage(f"humaneval {method} ρ={density:g}, problems", total=len(items)) as stage:
+            rows = run_rows(key, items, torch_generator(ev.lm, task.max_new_tokens, size), task, log, size, stage)
+    finally:
+        unsparsify_(ev.lm.model)
+    return _row("torch", ev.lm.name, method, round(plan.density, 4) if plan else 1.0, rows,
+                {"rho_in": round(plan.rho_in, 4) if plan and plan.rho_in else 1.0, "batch": size,
+                 "quant": ev.qinfo["quant"], "lora": ev.lora})
 
 
 def evaluate_bundle(engine, template, bundle: Path, task: TaskConfig, log: ResumeLog, progress=None,
