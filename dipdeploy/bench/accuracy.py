@@ -155,7 +155,7 @@ class IsoRow:
     quant: str
     method: str
     allocation: str
-    tolerance: str  # "+1%"
+    tolerance: str  # as eval.iso labels it
     ppl_limit: float
     lowest_density: float | None  # None: even the densest row measured fails
     ppl: float | None

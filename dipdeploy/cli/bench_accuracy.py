@@ -99,7 +99,7 @@ def accuracy_cmd(
 ) -> None:
     """WikiText-2 perplexity (and HumanEval pass@1 with --task humaneval) of each method at each density, as
     `dipdeploy eval` measures them, × dense against the dense row of the same run, and the iso-accuracy
-    view: each method's lowest density within +1 % and +3 % of dense perplexity. The table goes to stdout
+    view: each method's lowest density within eval's iso-accuracy tolerances of dense perplexity. The table goes to stdout
     (or --output), progress to stderr."""
     given = dict(locals())
     from dataclasses import asdict
