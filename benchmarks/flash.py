@@ -56,6 +56,7 @@ from _common import lscpu, machine, md_table, memory_group, positive_int, write_
 
 from peers import LLAMA_PEERS, PEERS, build_genai, build_gguf, child_argv, peer_row, peer_spec, read_bytes
 
+from dipdeploy.bench.child import last_line
 from dipdeploy.cache.split import CACHE_SPLIT
 from dipdeploy.paths import write_atomic
 from dipdeploy.runtime.blockio import IO_ENGINE, IO_GAP, IO_RING_DEPTH, IO_THREADS
@@ -215,7 +216,7 @@ def run_in_group(spec: dict, timeout: float, cmd: list[str] | None = None) -> di
         if done.returncode != 0:
             oom = int((group / "memory.failcnt").read_text())
             why = "killed at the memory limit" if done.returncode == -9 and oom else f"exit {done.returncode}"
-            tail = " ".join(done.stderr.split())[-300:]
+            tail = last_line(done.stderr) if done.stderr.strip() else ""
             return {"error": f"{why} (memory.failcnt {oom})" + (f": {tail}" if tail else "")}
         return json.loads(done.stdout.strip().splitlines()[-1])
 

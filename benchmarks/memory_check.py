@@ -8,7 +8,8 @@ the smallest ``RLIMIT_AS`` (``ulimit -v``) it completes under are found by bisec
 when the estimate lies at or above the smallest limit that fits (an accepted run fits), by a small
 margin (a refused run would not have fitted), for both limits.
 
-    python benchmarks/memory_check.py BUNDLE [BUNDLE ...] [--budget 50% --budget 100%] [--no-bisect]
+    python benchmarks/memory_check.py BUNDLE [BUNDLE ...] [--budget 50% --budget 100%] [--io direct --io mmap]
+        [--no-bisect]
 
 The smallest limits are bisected for the first bundle only (a large bundle's runs near their limit
 thrash the page cache for minutes each); the others are held to their VmHWM and VmPeak.
@@ -44,19 +45,21 @@ def _child(spec: dict) -> None:
 
     def spy(m, budget, kv, limit):
         seen["estimate"] = cgroup.estimate(m, budget, kv).as_dict()
-        seen["as_estimate"] = rlimit.address_space_estimate(m, budget, kv).as_dict()
+
+    def spy_as(m, budget, kv, threads=1, limit=None, maps=None):  # the engine's own arguments: its threads, its maps
+        seen["as_estimate"] = rlimit.address_space_estimate(m, budget, kv, threads, maps).as_dict()
 
     engine_mod.check_budget = spy
-    if hasattr(engine_mod, "check_address_space"):
-        engine_mod.check_address_space = lambda *a, **k: None
-    e = engine_mod.Engine(spec["bundle"], dram_budget=spec["budget"], context=spec["context"])
+    engine_mod.check_address_space = spy_as
+    e = engine_mod.Engine(spec["bundle"], dram_budget=spec["budget"], context=spec["context"], io=spec["io"])
     e.generate(list(range(1, spec["prompt"] + 1)), spec["tokens"])
     status = {}
     for line in Path("/proc/self/status").read_text().splitlines():
         k, _, v = line.partition(":")
         if k in ("VmPeak", "VmSize", "VmHWM", "Threads"):
             status[k] = int(v.split()[0]) * (1024 if k != "Threads" else 1)
-    print(json.dumps({**seen, **status, "backend": type(e.backend).__name__, "rss_end": memory_now()["VmRSS"]}))
+    print(json.dumps({**seen, **status, "backend": type(e.backend).__name__, "io": e.cfg.io,
+                      "rss_end": memory_now()["VmRSS"]}))
 
 
 def _run(spec: dict, cgroup_limit: int | None = None, as_limit: int | None = None) -> dict | None:
@@ -88,8 +91,8 @@ def _smallest(fits, lo: int, hi: int) -> int:
     return hi
 
 
-def measure(bundle: Path, budget: str, context: int, prompt: int, tokens: int, bisect: bool) -> dict:
-    spec = {"bundle": str(bundle), "budget": budget, "context": context, "prompt": prompt, "tokens": tokens}
+def measure(bundle: Path, budget: str, context: int, prompt: int, tokens: int, bisect: bool, io: str = "auto") -> dict:
+    spec = {"bundle": str(bundle), "budget": budget, "context": context, "prompt": prompt, "tokens": tokens, "io": io}
     free = _run(spec)
     if free is None:
         raise RuntimeError(f"{bundle} at {budget} does not run without a limit")
@@ -99,7 +102,8 @@ def measure(bundle: Path, budget: str, context: int, prompt: int, tokens: int, b
         hi = max(2 * free["cgroup_peak"], est["total"] + 64 * MB)
         cg = _smallest(lambda lim: _run(spec, cgroup_limit=lim) is not None, 0, hi)
         as_fit = _smallest(lambda lim: _run(spec, as_limit=lim) is not None, free["VmSize"] // 2, 2 * free["VmPeak"])
-    return {"bundle": bundle.name, "budget": budget, "backend": free["backend"], "threads": free["Threads"],
+    return {"bundle": bundle.name, "budget": budget, "backend": free["backend"], "io": free["io"],
+            "threads": free["Threads"], "AS maps MB": as_est["files"] / MB,
             "planned MB": est["budget"] / MB, "process MB": est["process"] / MB, "graphs MB": est["graphs"] / MB,
             "modelled MB": est["runtime"] / MB, "estimate MB": est["total"] / MB,
             "VmHWM MB": free["VmHWM"] / MB, "cgroup peak MB": free["cgroup_peak"] / MB,
@@ -111,10 +115,10 @@ def measure(bundle: Path, budget: str, context: int, prompt: int, tokens: int, b
             "AS estimate - smallest MB": as_fit and (as_est["total"] - as_fit) / MB}
 
 
-COLS = ["bundle", "budget", "backend", "planned MB", "process MB", "graphs MB", "modelled MB", "estimate MB",
+COLS = ["bundle", "budget", "backend", "io", "planned MB", "process MB", "graphs MB", "modelled MB", "estimate MB",
         "VmHWM MB", "estimate - VmHWM MB", "cgroup peak MB", "smallest cgroup limit MB", "estimate - smallest MB"]
-AS_COLS = ["bundle", "budget", "threads", "VmPeak MB", "AS estimate MB", "AS estimate - VmPeak MB", "smallest ulimit -v MB",
-           "AS estimate - smallest MB"]
+AS_COLS = ["bundle", "budget", "backend", "io", "threads", "VmPeak MB", "AS maps MB", "AS estimate MB",
+           "AS estimate - VmPeak MB", "smallest ulimit -v MB", "AS estimate - smallest MB"]
 
 
 def main() -> None:
@@ -127,22 +131,33 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--io", action="append", choices=["auto", "mmap", "direct", "pread"],
+                    help="the engine's --io, one row each (default: auto)")
     ap.add_argument("--no-bisect", dest="bisect", action="store_false",
                     help="one unlimited run per row: the estimate against VmHWM and VmPeak only")
     ap.add_argument("--out", type=Path, default=RESULTS / "memory-check.md")
     args = ap.parse_args()
-    rows = [measure(b, budget, args.context, args.prompt, args.tokens, args.bisect and i == 0)
-            for i, b in enumerate(args.bundles) for budget in args.budget or ["50%", "100%"]]
+    rows = [measure(b, budget, args.context, args.prompt, args.tokens, args.bisect and i == 0, io)
+            for i, b in enumerate(args.bundles) for budget in args.budget or ["50%", "100%"]
+            for io in args.io or ["auto"]]
     m = machine()
+    root = Path(__file__).resolve().parents[1]
+    rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "dipdeploy"],
+                           capture_output=True, text=True).stdout.strip()
+    revision = (rev.stdout.strip() or "unknown") + (" with changes to dipdeploy/" if dirty else "")
     text = (f"# The runtime's memory check against what a run holds\n\n"
-            f"Written by `benchmarks/memory_check.py` on {m['cpu']} ({m['cores']} cores; lscpu: {lscpu()}), "
-            f"Python {m['python']}, load {m['load_1min']}; context {args.context}, a {args.prompt}-token prompt, "
+            f"Written by `benchmarks/memory_check.py` at revision {revision} on {m['cpu']} ({m['cores']} cores; "
+            f"lscpu: {lscpu()}), Python {m['python']}, load {m['load_1min']}; context {args.context}, a {args.prompt}-token prompt, "
             f"{args.tokens} new tokens, native kernels where built, the engine's default backend. The smallest "
             f"limits are bisected to {STEP // MB} MB, each run a fresh process, the bundle dropped from the page "
             f"cache first (cgroup v1 charges its reads to the group). The cgroup peak counts the page cache of "
             f"`mlp.bin`'s reads, which the kernel reclaims under a limit, and not the library pages other groups "
             f"faulted in first: the smallest limit a run completes under is the figure the check must cover, "
-            f"VmHWM its bound where every page is the run's own. Only the first bundle is bisected.\n\n"
+            f"VmHWM its bound where every page is the run's own (below 100 % it counts the shared staging pages once "
+            f"per slab that maps them, `RssShmem`). Only the first bundle is bisected. The address-space estimate "
+            f"counts each map of a weight file the run makes (`AS maps`: `dense.bin`; `mlp.bin` for `model.onnx`'s "
+            f"session and again under `--io mmap`).\n\n"
             f"## Resident memory: the check's estimate against the smallest cgroup limit a run completes under\n\n"
             f"{md_table(rows, COLS)}\n\n"
             f"## Address space: the RLIMIT_AS estimate against the smallest `ulimit -v` a run completes under\n\n"

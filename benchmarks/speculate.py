@@ -155,13 +155,15 @@ def verify_cost(bundle: Path, budget: str, threads: int, sizes=(1, 2, 3, 5, 9), 
 
 
 def run_in_group(spec: dict, timeout: float) -> dict:
+    from dipdeploy.bench.child import last_line
+
     with memory_group("dipdeploy-speculate") as (group, enter):
         spec = {**spec, "group": str(group)}
         done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
                               timeout=timeout, preexec_fn=enter, cwd=ROOT / "benchmarks")
         if done.returncode != 0:
             oom = int((group / "memory.failcnt").read_text())
-            tail = " ".join(done.stderr.split())[-240:]
+            tail = last_line(done.stderr)
             return {"error": f"{'killed at the memory limit' if done.returncode == -9 else f'exit {done.returncode}'}"
                              f" (memory.failcnt {oom}): {tail}"}
         return json.loads(done.stdout.strip().splitlines()[-1])  # {prompt kind: row}

@@ -113,6 +113,16 @@ def test_run_cli_one_line(bundle, tmp_path, monkeypatch):
     assert res.exit_code == 2 and "exceeds the cgroup memory limit" in res.output and "Traceback" not in res.output
 
 
+def test_run_cli_budget_below_the_resident_minimum(bundle):
+    """A DRAM budget below what the run must hold is bad input: one line giving the minimum, exit 2."""
+    from dipdeploy.cli import app
+
+    res = CliRunner().invoke(app, ["run", str(bundle), "--dram-budget", "1KB", "--prompt", "hi", "-n", "2"])
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert len(errors) == 1 and "below the resident minimum" in errors[0] and "give at least" in errors[0]
+
+
 def test_the_estimate_counts_what_the_sessions_add(bundle):
     """The overhead is not only what the process holds now and the graph files: what the sessions add is
     modelled (``runtime_overhead``: a fixed part and the dense file again), so a limit just above the old

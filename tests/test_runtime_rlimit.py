@@ -38,11 +38,46 @@ def test_the_estimate_is_now_plus_what_the_run_maps(bundle):
 
     m = read_manifest(bundle)
     one, four = (rlimit.address_space_estimate(m, "50%", 0, threads) for threads in (1, 4))
-    assert one.now > 0 and one.files == m.files["dense.bin"]["size"] + m.files["mlp.bin"]["size"]
+    dense, mlp = m.files["dense.bin"]["size"], m.files["mlp.bin"]["size"]
+    assert one.now > 0 and one.files == dense + 2 * mlp  # unknown mode: every map any mode makes
     assert four.total - one.total == 3 * rlimit.AS_PER_THREAD > 0
     check_address_space(m, "50%", 0, 1, limit=one.total)
     with pytest.raises(AddressSpaceError, match=r"`ulimit -v` allows"):
         check_address_space(m, "50%", 0, 1, limit=one.total - 1)
+
+
+def test_the_maps_follow_the_backend_and_the_io_mode(bundle):
+    """``mlp.bin`` is counted once per map the run makes of it: by ``model.onnx``'s session (one session
+    per token) and by the Flash store under ``--io mmap``; ``direct`` and ``pread`` read it, unmapped."""
+    from dipdeploy.bundle.manifest import read_manifest
+
+    m = read_manifest(bundle)
+    assert rlimit.mapped_files(m, False, "direct") == rlimit.mapped_files(m, False, "pread") == ["dense.bin"]
+    assert rlimit.mapped_files(m, False, "mmap") == rlimit.mapped_files(m, True, "direct") == ["dense.bin", "mlp.bin"]
+    assert rlimit.mapped_files(m, True, "mmap") == ["dense.bin", "mlp.bin", "mlp.bin"]
+    direct = rlimit.address_space_estimate(m, "50%", 0, 1, rlimit.mapped_files(m, False, "direct"))
+    mapped = rlimit.address_space_estimate(m, "50%", 0, 1, rlimit.mapped_files(m, False, "mmap"))
+    assert direct.files == m.files["dense.bin"]["size"] and mapped.total - direct.total == m.files["mlp.bin"]["size"]
+
+
+@pytest.mark.parametrize("io, budget", [("direct", "50%"), ("mmap", "50%"), ("mmap", "100%")])
+def test_the_engine_checks_the_maps_it_makes(bundle, monkeypatch, io, budget):
+    """The engine resolves its backend and ``--io`` before the check and hands it those maps, and what it
+    then maps of ``mlp.bin`` is what was counted (its VmPeak is not measurable here: figures in
+    benchmarks/results/memory-check.md)."""
+    from dipdeploy.runtime import Engine, engine
+
+    seen = {}
+    real = engine.check_address_space
+    monkeypatch.setattr(engine, "check_address_space",
+                        lambda *a, **k: seen.update(k) or real(*a, **k))
+    e = Engine(bundle, dram_budget=budget, io=io)
+    try:
+        maps = [line for line in open("/proc/self/maps") if line.rstrip().endswith(str(bundle / "mlp.bin"))]
+        assert e.cfg.io == io and seen["maps"].count("mlp.bin") == (e.single_session + (io == "mmap"))
+        assert len(maps) == seen["maps"].count("mlp.bin")
+    finally:
+        e.close()
 
 
 def test_engine_refuses_before_opening_sessions(bundle, monkeypatch):

@@ -76,6 +76,12 @@ def spawn(spec: dict, limit: int | None, use_group: bool) -> ChildResult:
     return run_child([sys.executable, "-m", "dipdeploy.bench.child"], spec, limit, use_group, _env())
 
 
+def last_line(stderr: str) -> str:
+    """A failed child's last line of stderr, whole: its exception's message (the figures and the fix the
+    engine's one-line refusals give), never a slice that starts inside it."""
+    return (stderr.strip().splitlines() or ["no output"])[-1].strip()
+
+
 def run_child(argv: list[str], spec: dict, limit: int | None, use_group: bool, env: dict | None = None,
               timeout: int = CHILD_TIMEOUT) -> ChildResult:
     """``argv`` and ``spec`` as its last argument (JSON), in a fresh cgroup memory group limited to ``limit``
@@ -100,7 +106,7 @@ def run_child(argv: list[str], spec: dict, limit: int | None, use_group: bool, e
         return ChildResult("failed", f"did not end within {timeout} s", None, peak, hits)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        last = last_line(done.stderr)
         status = "killed" if done.returncode < 0 or kills else "failed"
         return ChildResult(status, f"exit {done.returncode}: {last}", None, peak, hits)
     try:

@@ -27,7 +27,7 @@ from dipdeploy.bundle.manifest import REGENERATE, BundleError, held, restore_int
 from dipdeploy.bundle.names import GENAI_CONFIG, MLP_FILE, TOKENIZER
 from dipdeploy.cache import policy_of
 from dipdeploy.runtime import record as recording
-from dipdeploy.runtime.backends import Decoder, open_backend
+from dipdeploy.runtime.backends import Decoder, choose_backend, open_backend
 from dipdeploy.runtime.bundle_open import bundle_positions, check_vocabulary, open_bundle, read_json
 from dipdeploy.runtime.budget import DEFAULT_CONTEXT
 from dipdeploy.runtime.cgroup import check_budget, memory_limit
@@ -36,7 +36,7 @@ from dipdeploy.runtime.embedding import check_token_ids, embedding_rows, embeddi
 from dipdeploy.runtime.flash import FlashStore
 from dipdeploy.runtime.kv import KvCache, KvShape
 from dipdeploy.runtime.native_cache import choose_cache_library
-from dipdeploy.runtime.rlimit import check_address_space, run_threads
+from dipdeploy.runtime.rlimit import check_address_space, mapped_files, run_threads
 from dipdeploy.runtime.sampler import Sampler
 from dipdeploy.runtime.stats import RunStats, Timer, memory_now
 
@@ -123,10 +123,12 @@ class Engine:
         dec = self.decoder["decoder"]
         self.kv = KvCache(KvShape(self.num_layers, dec["num_key_value_heads"], dec["head_size"], self.cfg.context),
                           (m.export_config or {}).get("attention", "standard"))
-        check_budget(m, self.cfg.dram_budget, self.kv.nbytes, memory_limit())  # before any session opens
-        check_address_space(m, self.cfg.dram_budget, self.kv.nbytes, run_threads(self.cfg.threads, self.cfg.io_threads))
+        whole = choose_backend(self)  # chosen once, before any session opens (sets cfg.io)
+        check_budget(m, self.cfg.dram_budget, self.kv.nbytes, memory_limit())
+        check_address_space(m, self.cfg.dram_budget, self.kv.nbytes, run_threads(self.cfg.threads, self.cfg.io_threads),
+                            maps=mapped_files(m, whole is not None, self.cfg.io))
         self._state = None
-        self.backend: Decoder = open_backend(self, session_options, native)  # chosen once (sets cfg.io)
+        self.backend: Decoder = open_backend(self, session_options, native, whole)
         self.flash = FlashStore(self.path / MLP_FILE, fd=self._open_file(MLP_FILE), io=self.cfg.io, cold=self.cfg.cold,
                                 emulate=self.cfg.emulate,
                                 io_threads=self.cfg.io_threads,

@@ -60,30 +60,37 @@ class Decoder(Protocol):
     def close(self) -> None: ...
 
 
-def open_backend(host, session_options, native: bool) -> Decoder:
-    """The engine's one decoder, chosen once: ``model.onnx`` in one session where the budget holds every
-    row (``EngineConfig.single_session``), else the joined graph where it can run (``EngineConfig.fused``),
-    else the per-layer sessions. ``--io auto`` is resolved on the way (``flash.choose_io``: whether rows
-    stay on Flash), into ``host.cfg`` and ``host.io_why``."""
+def choose_backend(host) -> Residency | None:
+    """The plan of ``model.onnx`` in one session where the budget holds every row
+    (``EngineConfig.single_session``), else None (the joined or the per-layer graphs), chosen before any
+    session opens; ``--io auto`` is resolved on the way (``flash.choose_io``: whether rows stay on Flash),
+    into ``host.cfg`` and ``host.io_why``."""
     from dipdeploy.bundle.names import MLP_FILE
+    from dipdeploy.runtime.backends.whole import whole_plan
+    from dipdeploy.runtime.flash import IO_AUTO, choose_io
+
+    plan = None if host.cfg.fused else whole_plan(host)
+    host.io_why = "given"  # why the engine reads with cfg.io: given, or what --io auto saw
+    if host.cfg.io == IO_AUTO:
+        io, host.io_why = choose_io(host.path / MLP_FILE, rows_on_flash=plan is None, fd=host._open_file(MLP_FILE))
+        host.cfg = dataclasses.replace(host.cfg, io=io)
+    return plan
+
+
+def open_backend(host, session_options, native: bool, whole: Residency | None) -> Decoder:
+    """The engine's one decoder: ``model.onnx`` in one session where ``whole`` (``choose_backend``) is its
+    plan, else the joined graph where it can run (``EngineConfig.fused``), else the per-layer sessions."""
     from dipdeploy.runtime.backends import joined
     from dipdeploy.runtime.backends.per_layer import PerLayerDecoder
     from dipdeploy.runtime.backends.whole import open_whole
-    from dipdeploy.runtime.flash import IO_AUTO, choose_io
 
-    backend = None if host.cfg.fused else open_whole(host, session_options, native)
-    host.io_why = "given"  # why the engine reads with cfg.io: given, or what --io auto saw
-    if host.cfg.io == IO_AUTO:
-        io, host.io_why = choose_io(host.path / MLP_FILE, rows_on_flash=backend is None,
-                                    fd=host._open_file(MLP_FILE))
-        host.cfg = dataclasses.replace(host.cfg, io=io)
-    if backend is None:
-        reason = None if host.cfg.fused is False else joined.why_not(host, native)
-        if host.cfg.fused and reason is not None:
-            raise ValueError(f"--fused: {reason}; or run the per-layer graphs (drop --fused)")
-        joins = host.cfg.fused is not False and reason is None
-        backend = (joined.JoinedDecoder if joins else PerLayerDecoder)(host, session_options, native)
-    return backend
+    if whole is not None:
+        return open_whole(host, session_options, native, whole)
+    reason = None if host.cfg.fused is False else joined.why_not(host, native)
+    if host.cfg.fused and reason is not None:
+        raise ValueError(f"--fused: {reason}; or run the per-layer graphs (drop --fused)")
+    joins = host.cfg.fused is not False and reason is None
+    return (joined.JoinedDecoder if joins else PerLayerDecoder)(host, session_options, native)
 
 
 class HostBound:

@@ -144,22 +144,30 @@ def mlp_row_bytes(manifest, layer: int) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def open_whole(host, session_options, native: bool) -> WholeDecoder | None:
-    """The one-session mode's decoder with its plan, or None for the per-layer graphs
-    (``EngineConfig.single_session``; the rule is ``whole.why_not``)."""
+def whole_plan(host) -> Residency | None:
+    """The one-session mode's plan where it applies, else None for the per-layer graphs
+    (``EngineConfig.single_session``; the rule is ``whole.why_not``). Decided before anything opens: the
+    memory checks count what the chosen mode maps."""
     cfg, m = host.cfg, host.manifest
     if cfg.single_session is False:
         return None
     chunk = min(cfg.prefill_chunk, cfg.context) if cfg.prefill == "batch" else 1
-    vocab = host.decoder["vocab_size"]
-    plan = whole_residency(m, host.kv.nbytes, vocab, chunk, [(host.d, host.f)] * host.num_layers)
+    plan = whole_residency(m, host.kv.nbytes, host.decoder["vocab_size"], chunk, [(host.d, host.f)] * host.num_layers)
     reason = why_not(m, DramBudget.parse(cfg.dram_budget), cfg.policy, plan)
     if reason is not None:
         if cfg.single_session:
             raise ValueError(f"one session per token: {reason}; or run the per-layer graphs (--per-layer)")
         return None
+    return plan
+
+
+def open_whole(host, session_options, native: bool, plan: Residency) -> WholeDecoder:
+    """The one-session mode's decoder with its plan (``whole_plan``)."""
+    cfg = host.cfg
+    chunk = min(cfg.prefill_chunk, cfg.context) if cfg.prefill == "batch" else 1
     options = pool_options(session_options(cfg.threads, native), cfg.threads, cfg.thread_pool)
-    whole = WholeModel(host.files, shared_arena(options), host.kv, cfg.context, chunk, vocab, cfg.accuracy_level)
+    whole = WholeModel(host.files, shared_arena(options), host.kv, cfg.context, chunk, host.decoder["vocab_size"],
+                       cfg.accuracy_level)
     return WholeDecoder(host, whole, plan)
 
 
