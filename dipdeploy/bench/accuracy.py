@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar
 
+from dipdeploy.bench.rows import SuiteResult
+
 Notice = Callable[[str], None]
 #: the methods of the suite (``dipdeploy eval`` takes more: the single-group baselines stay there)
 METHODS = ("dense", "dip", "dip-ca", "teal", "cats")
@@ -163,12 +165,8 @@ class IsoRow:
 
 
 @dataclass
-class AccuracyResult:
-    rows: list[AccuracyRow]
-    seconds: float
-    iso: list[IsoRow] = field(default_factory=list)
-    interrupted: bool = False
-    notes: list[str] = field(default_factory=list)
+class AccuracyResult(SuiteResult):
+    iso: list[IsoRow] = field(default_factory=list)  # the iso-accuracy view, written under the table
 
 
 def with_dense(rows: list[AccuracyRow]) -> list[AccuracyRow]:
@@ -273,5 +271,5 @@ def run_accuracy(grid: AccuracyGrid, notice: Notice = lambda line: None) -> Accu
         interrupted = True
         notice("interrupted: the rows hold the evaluations finished before it")
     rows = with_dense(rows)
-    return AccuracyResult(rows, time.perf_counter() - t0, iso_view(rows), interrupted, grid.unreachable())
+    return AccuracyResult(rows, time.perf_counter() - t0, grid.unreachable(), interrupted, iso_view(rows))
 

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from dipdeploy.bench.bundles import BundleSpec, ensure, specs_for
 from dipdeploy.bench.grid import NO_LIMIT, Case, DecodeGrid, method_label, order, parse_limit
-from dipdeploy.bench.rows import Row, Sample, row, with_kept
+from dipdeploy.bench.rows import Sample, SuiteResult, row, with_kept
 
 Notice = Callable[[str], None]
 
@@ -52,14 +51,6 @@ PASSAGE = (
 )
 #: the warm-up generation: a prompt of at most this many tokens, then two generated
 WARMUP_PROMPT = 32
-
-
-@dataclass
-class DecodeResult:
-    rows: list[Row]
-    seconds: float  # the whole run's wall time, exports included
-    interrupted: bool = False  # Ctrl-C: the rows hold the repetitions measured before it
-    notes: list[str] = field(default_factory=list)  # the repetitions under a limit that did not finish, and why
 
 
 def prompt_ids(engine, n: int) -> list[int]:
@@ -195,7 +186,7 @@ def cases_of(grid: DecodeGrid) -> list[Case]:
     return cases
 
 
-def run_decode(grid: DecodeGrid, notice: Notice = lambda line: None) -> DecodeResult:
+def run_decode(grid: DecodeGrid, notice: Notice = lambda line: None) -> SuiteResult:
     """Export what is missing, then every case × repetition round-robin, the peers' among ours; the rows in
     case order, each test's rows after the other (pp before tg, as llama-bench prints them), each limited
     row's ``kept`` against its configuration at limit none."""
@@ -241,4 +232,4 @@ def run_decode(grid: DecodeGrid, notice: Notice = lambda line: None) -> DecodeRe
         notice("interrupted: the rows hold the repetitions measured so far")
     rows = [row(labels(case), test, samples[i][test], failed.get(i, 0)) for i, case in enumerate(cases)
             for test in samples[i]]
-    return DecodeResult(with_kept(rows), time.perf_counter() - t0, interrupted, notes)
+    return SuiteResult(with_kept(rows), time.perf_counter() - t0, notes, interrupted)

@@ -232,10 +232,15 @@ class DecodeGrid:
                        itertools.product(self.threads, self.limits)]
 
     def check_size(self, n_cases: int) -> None:
-        runs = n_cases * self.repetitions
-        if runs > MAX_RUNS:
-            raise ValueError(f"the grid runs {n_cases} configurations × {self.repetitions} repetitions = {runs}, over "
-                             f"the cap of {MAX_RUNS}; give fewer values or repetitions")
+        check_runs(n_cases, self.repetitions)
+
+
+def check_runs(configurations: int, repetitions: int) -> None:
+    """Refuses a grid of more than ``MAX_RUNS`` configurations × repetitions, every suite's the same way."""
+    runs = configurations * repetitions
+    if runs > MAX_RUNS:
+        raise ValueError(f"the grid runs {configurations} configurations × {repetitions} repetitions = {runs}, over "
+                         f"the cap of {MAX_RUNS}; give fewer values or repetitions")
 
 
 def order(n_cases: int, repetitions: int) -> list[tuple[int, int]]:

@@ -32,8 +32,8 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from dipdeploy.bench.grid import MAX_RUNS, MAX_VALUES
-from dipdeploy.bench.rows import mean_std
+from dipdeploy.bench.grid import MAX_VALUES, check_runs
+from dipdeploy.bench.rows import SuiteResult, mean_std
 from dipdeploy.limits import check_count
 
 Notice = Callable[[str], None]
@@ -140,10 +140,7 @@ class KernelGrid:
                     out += [KernelCase(shape, "int4", 1.0, t, "matmulnbits", level, cache)
                             for level in self.levels for t in self.threads]
         cases = list(dict.fromkeys(out))
-        runs = len(cases) * self.repetitions * len(self.kernel_sets)
-        if runs > MAX_RUNS:
-            raise ValueError(f"the grid runs {len(cases) * len(self.kernel_sets)} configurations × {self.repetitions} "
-                             f"repetitions = {runs}, over the cap of {MAX_RUNS}; give fewer values or repetitions")
+        check_runs(len(cases) * len(self.kernel_sets), self.repetitions)
         return cases
 
 
@@ -182,14 +179,6 @@ class KernelRow:
                 self.impl, self.cache, self.kernel_set, f"{self.us:.1f} ± {self.us_std:.1f}",
                 "" if self.cpu_us is None else f"{self.cpu_us:.1f}", f"{self.weight_mb:.3g}", f"{self.gb_s:.2f}",
                 f"{self.gflop_s:.2f}", "" if self.x_dense is None else f"{self.x_dense:.2f}")
-
-
-@dataclass
-class KernelResult:
-    rows: list[KernelRow]
-    seconds: float
-    notes: list[str] = field(default_factory=list)
-    interrupted: bool = False
 
 
 def _build(case: KernelCase, rng: np.random.Generator, x: np.ndarray, idx: dict):
@@ -264,7 +253,7 @@ def _rows(cases: list[KernelCase], timed: dict[int, list[tuple[float, float]]], 
             if (r.shape, r.threads, r.cache) in dense else r for r in rows]
 
 
-def run_here(grid: KernelGrid, notice: Notice = lambda line: None) -> KernelResult:
+def run_here(grid: KernelGrid, notice: Notice = lambda line: None) -> SuiteResult:
     """Every case in this process, with the kernel set the library picks here."""
     from dipdeploy.ops.native import kernel_set, require_library
 
@@ -301,10 +290,10 @@ def run_here(grid: KernelGrid, notice: Notice = lambda line: None) -> KernelResu
     except KeyboardInterrupt:
         interrupted = True
         notice("interrupted: the rows hold the repetitions measured so far")
-    return KernelResult(_rows(cases, timed, meta, grid.calls, kset), time.perf_counter() - t0, [], interrupted)
+    return SuiteResult(_rows(cases, timed, meta, grid.calls, kset), time.perf_counter() - t0, [], interrupted)
 
 
-def run_kernels(grid: KernelGrid, notice: Notice = lambda line: None) -> KernelResult:
+def run_kernels(grid: KernelGrid, notice: Notice = lambda line: None) -> SuiteResult:
     """The grid in this process where it asks for the ``best`` set alone, else one child per kernel set."""
     if grid.kernel_sets == ["best"]:
         return run_here(grid, notice)
@@ -321,13 +310,13 @@ def run_kernels(grid: KernelGrid, notice: Notice = lambda line: None) -> KernelR
         if done.returncode != 0:
             notes.append(f"kernel set {kset}: the child exited {done.returncode}")
             if done.returncode == 130:
-                return KernelResult(rows, time.perf_counter() - t0, notes, True)
+                return SuiteResult(rows, time.perf_counter() - t0, notes, True)
             continue
         got = [KernelRow(**r) for r in json.loads(done.stdout)]
         if kset != "best" and got and got[0].kernel_set != kset:
             notes.append(f"kernel set {kset}: the library ran {got[0].kernel_set} (this CPU or library has no {kset})")
         rows += got
-    return KernelResult(rows, time.perf_counter() - t0, notes)
+    return SuiteResult(rows, time.perf_counter() - t0, notes)
 
 
 def _child(spec: str) -> int:

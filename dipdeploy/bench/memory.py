@@ -21,7 +21,7 @@ from typing import Callable, ClassVar
 
 from dipdeploy.bench.bundles import BundleSpec, ensure
 from dipdeploy.bench.grid import Case, DecodeGrid, order, parse_limit
-from dipdeploy.bench.rows import io_label
+from dipdeploy.bench.rows import SuiteResult, io_label
 
 Notice = Callable[[str], None]
 #: ``-r`` of the memory suite: a peak needs one run, not five
@@ -123,14 +123,6 @@ def aggregate(labels: dict, test: str, runs: list[Run]) -> MemoryRow:
                      io_used=ok[0].io_used if ok else None)
 
 
-@dataclass
-class MemoryResult:
-    rows: list[MemoryRow]
-    seconds: float
-    notes: list[str]
-    interrupted: bool = False  # Ctrl-C: the rows hold the runs that finished before it
-
-
 def check_groups(grid: MemoryGrid) -> bool:
     """Whether the runs go in groups: always where they can; a limit where they cannot is refused."""
     from dipdeploy.bench.cgroup import probe, require
@@ -140,7 +132,7 @@ def check_groups(grid: MemoryGrid) -> bool:
     return probe() is None
 
 
-def run_memory(grid: MemoryGrid, notice: Notice = lambda line: None) -> MemoryResult:
+def run_memory(grid: MemoryGrid, notice: Notice = lambda line: None) -> SuiteResult:
     from dipdeploy.bench.decode import cases_of
 
     t0 = time.perf_counter()
@@ -175,4 +167,4 @@ def run_memory(grid: MemoryGrid, notice: Notice = lambda line: None) -> MemoryRe
 
     rows = [aggregate(labels(case), f"pp{p}+tg{n}", runs[(i, j)])
             for i, case in enumerate(cases) for j, (p, n) in enumerate(tests) if (i, j) in runs]
-    return MemoryResult(rows, time.perf_counter() - t0, notes, interrupted)
+    return SuiteResult(rows, time.perf_counter() - t0, notes, interrupted)

@@ -30,8 +30,8 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from dipdeploy.bench.grid import MAX_RUNS, order
-from dipdeploy.bench.rows import mean_std
+from dipdeploy.bench.grid import check_runs, order
+from dipdeploy.bench.rows import SuiteResult, mean_std
 from dipdeploy.limits import check_count
 
 Notice = Callable[[str], None]
@@ -112,10 +112,7 @@ class ReadGrid:
                     else:
                         out += [ReadCase(source, io, rb, rho, cache=c, budget=budget) for c in self.caches]
         cases = list(dict.fromkeys(out))
-        runs = len(cases) * self.repetitions
-        if runs > MAX_RUNS:
-            raise ValueError(f"the grid runs {len(cases)} configurations × {self.repetitions} repetitions = {runs}, "
-                             f"over the cap of {MAX_RUNS}; give fewer values or repetitions")
+        check_runs(len(cases), self.repetitions)
         return cases
 
 
@@ -182,14 +179,6 @@ class ReadRow:
                 f"{self.read_mb_s:.1f}", opt(self.iops, "{:.0f}"), opt(self.requests, "{:.0f}"),
                 f"{self.mb_read:.4g}", f"{self.mb_wanted:.4g}", f"{self.read_over_wanted:.3f}",
                 opt(self.ms_per_token, "{:.2f}"))
-
-
-@dataclass
-class ReadResult:
-    rows: list[ReadRow]
-    seconds: float
-    notes: list[str] = field(default_factory=list)
-    interrupted: bool = False
 
 
 class Sources:
@@ -323,7 +312,7 @@ def _dense(sources: list[str]) -> set[str]:
     return {Path(s).name for s in sources if s != SCRATCH and bundle_spec(Path(s)).method == "dense"}
 
 
-def run_reads(grid: ReadGrid, notice: Notice = lambda line: None) -> ReadResult:
+def run_reads(grid: ReadGrid, notice: Notice = lambda line: None) -> SuiteResult:
     """Make every source, then every case × repetition round-robin; one row per case."""
     from dipdeploy.bench.read_sources import dram_pass
 
@@ -355,4 +344,4 @@ def run_reads(grid: ReadGrid, notice: Notice = lambda line: None) -> ReadResult:
     rows = [aggregate(c, passes[i], 0 if c.io == "dram" else sources.batches(c)[2])
             for i, c in enumerate(cases) if i in passes]
     notes += side_by_side(rows, _dense(grid.bundles))
-    return ReadResult(rows, time.perf_counter() - t0, notes, interrupted)
+    return SuiteResult(rows, time.perf_counter() - t0, notes, interrupted)

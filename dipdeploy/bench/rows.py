@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar
 
 from dipdeploy.jsonout import dumps
@@ -87,6 +87,18 @@ class Row:
                 _figure(self.flash_mb_per_token, 4), _figure(self.device_mb_per_token, 4),
                 _figure(self.device_requests_per_token, 4), "" if self.hit_rate is None else f"{self.hit_rate:.3f}",
                 "" if self.cgroup_peak_mb is None else f"{self.cgroup_peak_mb:.1f}", str(self.failed))
+
+
+@dataclass
+class SuiteResult:
+    """What a suite's run gives ``dipdeploy bench``: its rows (of one row class), the whole run's wall time,
+    the notes written under the table, and whether Ctrl-C ended it (the rows then hold the repetitions
+    measured before it)."""
+
+    rows: list
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

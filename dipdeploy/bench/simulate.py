@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ClassVar
 
+from dipdeploy.bench.rows import SuiteResult
+
 Notice = Callable[[str], None]
 #: the suite's methods: dense-static, the trace's own selections, DIP-CA re-masked from its magnitudes
 METHODS = ("dense", "dip", "dip-ca")
@@ -144,14 +146,6 @@ class SimRow:
                 "" if self.gain is None else f"{100 * self.gain:+.0f} %", cut)
 
 
-@dataclass
-class SimulateResult:
-    rows: list[SimRow]
-    seconds: float
-    interrupted: bool = False
-    notes: list[str] = field(default_factory=list)
-
-
 def record_trace_of(model: str, density: float, folder: Path, data_dir: Path | None, notice: Notice) -> Path:
     """DIP's selections of ``model`` at ``density`` over ``TRACE_TOKENS`` tokens of the WikiText-2 test split
     (the plan calibrated on validation, as ``dipdeploy trace`` does), kept in ``folder`` and reused."""
@@ -235,7 +229,7 @@ def rows_of(results: list, trace_name: str, trace_method: str) -> list[SimRow]:
     return out
 
 
-def run_simulate(grid: SimulateGrid, notice: Notice = lambda line: None) -> SimulateResult:
+def run_simulate(grid: SimulateGrid, notice: Notice = lambda line: None) -> SuiteResult:
     """Every trace × target shape: one sweep of every device, precision and variant over its budgets."""
     from dipdeploy.sim import SimConfig
     from dipdeploy.sim.sweep import auto_budgets, sweep
@@ -270,4 +264,4 @@ def run_simulate(grid: SimulateGrid, notice: Notice = lambda line: None) -> Simu
 
     if "dip-ca" in grid.methods and all(policy_of(p).needs_future for p in grid.policies):
         notes.append(f"DIP-CA takes no policy that reads the future ({', '.join(grid.policies)}): no DIP-CA rows")
-    return SimulateResult(rows, time.perf_counter() - t0, interrupted, notes)
+    return SuiteResult(rows, time.perf_counter() - t0, notes, interrupted)
