@@ -14,11 +14,10 @@ from typing import List, Optional
 import typer
 
 from dipdeploy.cli._app import app
-from dipdeploy.cli.core import check_inputs, fail, kept, write_output
 from dipdeploy.bench.grid import NO_LIMIT
-from dipdeploy.cli.errors import INTERRUPTED
+from dipdeploy.cli.bench_emit import ERRORS, Plan, path_value, run_suite
+from dipdeploy.cli.core import fail
 from dipdeploy.cli.helpview import ADVANCED, BASIC, IO_PANEL, MEMORY, PanelCommand
-from dipdeploy.terminal import shown
 
 #: the suites built, and those planned (listed in ``bench --help`` so a user knows what is coming)
 SUITES = {"decode": "prefill (ppN) and decode (tgN) tokens/s of the host runtime over a grid of models, "
@@ -35,7 +34,6 @@ SUITES = {"decode": "prefill (ppN) and decode (tgN) tokens/s of the host runtime
                       "against dense-static"}
 PLANNED = ("recovery", "quant", "export", "profile")
 OUTPUT = "Output"
-_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError, PermissionError, RuntimeError, OSError)
 
 bench_app = typer.Typer(
     name="bench",
@@ -69,23 +67,11 @@ def bench_main(ctx: typer.Context,
 
     try:
         suite = load(scenario).suite
-    except _ERRORS as err:
+    except ERRORS as err:
         fail(err)
     command = ctx.command.get_command(ctx, suite)
     with command.make_context(suite, ["--scenario", str(scenario)], parent=ctx) as sub:
         command.invoke(sub)
-
-
-def _format(fmt: Optional[str], output: Optional[Path]) -> str:
-    """``-o`` as given, else the ``--output`` file's suffix (.md, .csv, .json), else markdown."""
-    from dipdeploy.bench.rows import FORMATS
-
-    if fmt is None and output is not None and output.suffix.lstrip(".").lower() in FORMATS:
-        return output.suffix.lstrip(".").lower()
-    fmt = (fmt or "md").lower()
-    if fmt not in FORMATS:
-        raise ValueError(f"-o {fmt!r} is not one of {', '.join(FORMATS)}")
-    return fmt
 
 
 def command_line(suite: str, grid) -> str:
@@ -138,14 +124,9 @@ FORCE = typer.Option(False, "--force", help="overwrite an existing --output file
 PEERS_PANEL = "Peers (rows of other engines, in the same run)"
 
 
-def _path(value) -> Optional[Path]:
-    """A path flag's value, from the command line (a Path) or a scenario file (a string, ~ allowed)."""
-    return None if value in (None, "") else Path(str(value)).expanduser()
-
-
-def _grid(suite: str, o: dict, quick: bool):
+def _grid(suite: str, o: dict):
     """The suite's grid from its parsed options ``o`` (a scenario's flags under those given), every value
-    checked; the second item is the scenario's header entry (None without one)."""
+    checked."""
     from dipdeploy.bench import grid as g
     from dipdeploy.bench.bundles import METHODS, check_model
     from dipdeploy.export.config import EXPORT_QUANTS
@@ -153,13 +134,7 @@ def _grid(suite: str, o: dict, quick: bool):
     from dipdeploy.runtime.threadpool import physical_cores
     from dipdeploy.runtime.flash import IO_CHOICES
 
-    scenario = None
-    if o.get("scenario") is not None:
-        from dipdeploy.bench.scenario import FLAGS, load
-
-        sc = load(o["scenario"], suite)
-        scenario = {"path": str(o["scenario"]), "title": sc.title, "published": sc.published}
-        o = {**o, **{name: sc.value(name, o.get(name)) for name in FLAGS[suite]}}
+    quick = o["quick"]
     quant = o["quant"] or "bq4"
     if quant not in EXPORT_QUANTS:
         raise ValueError(f"--quant {quant!r} is not one of {', '.join(EXPORT_QUANTS)}")
@@ -190,8 +165,9 @@ def _grid(suite: str, o: dict, quick: bool):
 
         kw["gammas"] = g.gammas(o.get("gamma"))
         kw["accuracy_levels"] = g.accuracy_levels(o.get("accuracy_level"))
-        peers = PeerFlags(tuple(g.choices(o.get("peer"), "--peer", PEERS)), _path(o.get("gguf")),
-                          _path(o.get("genai_model")), _path(o.get("llama_python")), _path(o.get("genai_python")))
+        peers = PeerFlags(tuple(g.choices(o.get("peer"), "--peer", PEERS)), path_value(o.get("gguf")),
+                          path_value(o.get("genai_model")), path_value(o.get("llama_python")),
+                          path_value(o.get("genai_python")))
         grid = g.DecodeGrid(**kw)
         check(peers, grid.models)  # every peer flag refused before a model is loaded or an interpreter started
     for target in grid.models:
@@ -200,59 +176,27 @@ def _grid(suite: str, o: dict, quick: bool):
         from dipdeploy.bench.peers import resolve
 
         grid.peers = resolve(peers, grid.models)  # each interpreter asked for its package's version
-    return grid, scenario
+    return grid
 
 
-def _say(line: str) -> None:
-    typer.echo(shown(line, markup=False), err=True)
-
-
-def _run(suite: str, options: dict) -> None:
-    """Check everything, run the suite, write its rows: the one path of every suite."""
+def _plan(suite: str, options: dict) -> Plan:
+    """The decode or memory suite's grid, its size and limits refused before any export."""
     from dipdeploy.bench.decode import cases_of
-    from dipdeploy.bench.machine import load_now, machine
-    from dipdeploy.bench.rows import Row, render
-    from dipdeploy.paths import write_atomic
 
-    output, force = options["output"], options["force"]
-    try:
-        out_format = _format(options["fmt"], output)
-        check_inputs(outputs={"--output": output}, force=force)
-        grid, scenario = _grid(suite, options, options["quick"])
-        cases_of(grid)  # the grid's size is refused before any export
-        if grid.limits != [NO_LIMIT]:
-            from dipdeploy.bench.cgroup import require
+    grid = _grid(suite, options)
+    cases_of(grid)  # the grid's size is refused before any export
+    if grid.limits != [NO_LIMIT]:
+        from dipdeploy.bench.cgroup import require
 
-            require()  # a limit where no group can be made: refused before any export
-        here = machine()
-        _say(f"machine: {here.line()}")
-        if suite == "memory":
-            from dipdeploy.bench.memory import MemoryRow, run_memory
+        require()  # a limit where no group can be made: refused before any export
+    if suite == "memory":
+        from dipdeploy.bench.memory import MemoryRow, run_memory
 
-            result, kind = run_memory(grid, _say), MemoryRow
-        else:
-            from dipdeploy.bench.decode import run_decode
+        return Plan(grid, command_line(suite, grid), run_memory, MemoryRow)
+    from dipdeploy.bench.decode import run_decode
+    from dipdeploy.bench.rows import Row
 
-            result, kind = run_decode(grid, _say), Row
-    except _ERRORS as err:
-        fail(err)
-    if result.interrupted and not result.rows:
-        typer.echo("interrupted", err=True)
-        raise typer.Exit(INTERRUPTED)
-    header = {"suite": suite, "command": command_line(suite, grid), "quick": options["quick"],
-              "scenario": scenario, "seconds": round(result.seconds, 1), "interrupted": result.interrupted,
-              "machine": {**here.as_dict(), "line": here.line()}, "load_1min_end": load_now(),
-              "notes": getattr(result, "notes", [])}
-    text = render(result.rows, header, out_format, kind)
-    _say(f"{'interrupted' if result.interrupted else 'done'} in {result.seconds:.1f} s")
-    if output is None:
-        typer.echo(text, nl=False)
-    else:
-        kept(write_output(lambda p, f: write_atomic(p, text, force=f), output, force, "--output", text=text,
-                          said=False))
-        _say(f"wrote {output}")
-    if result.interrupted:  # the partial rows are out; the exit status still says the run did not finish
-        raise typer.Exit(INTERRUPTED)
+    return Plan(grid, command_line(suite, grid), run_decode, Row)
 
 
 @bench_app.command("decode", cls=PanelCommand, short_help=SUITES["decode"])
@@ -300,7 +244,7 @@ def decode_cmd(
     the comma lists, each repeated round-robin, mean ± standard deviation per row. A registry model is
     exported once per method and density into --bundle-cache; --peer adds llama.cpp and onnxruntime-genai
     rows to the same run. The table goes to stdout (or --output), progress to stderr."""
-    _run("decode", dict(locals()))
+    run_suite("decode", dict(locals()), lambda o: _plan("decode", o))
 
 
 @bench_app.command("memory", cls=PanelCommand, short_help=SUITES["memory"])
@@ -324,7 +268,7 @@ def memory_cmd(
     a cgroup memory group of its own (limited by --limit), the bundle dropped from the page cache first.
     Rows: planned residency, peak RSS, the group's peak (page cache included), the times it hit the limit,
     decode tokens/s, and whether the run finished, was refused by the engine or killed by the limit."""
-    _run("memory", dict(locals()))
+    run_suite("memory", dict(locals()), lambda o: _plan("memory", o))
 
 
 @bench_app.command("plot", cls=PanelCommand,

@@ -9,8 +9,9 @@ from typing import List, Optional
 
 import typer
 
-from dipdeploy.cli.bench import _ERRORS, FORCE, FORMAT, OUT, SCENARIO, SUITES, _path, _say, bench_app
-from dipdeploy.cli.core import check_inputs, fail
+from dipdeploy.cli.bench import FORCE, FORMAT, OUT, SCENARIO, SUITES, bench_app
+from dipdeploy.cli.bench_emit import Plan, path_value, run_suite
+from dipdeploy.cli.core import check_inputs
 from dipdeploy.cli.helpview import ADVANCED, BASIC, PanelCommand
 
 
@@ -27,7 +28,7 @@ def _grid(o: dict):
     quick = o["quick"]
     seqlen = one("seqlen", "--seqlen", 2, MAX_TOKENS, "tokens")
     windows = one("windows", "--windows", 1, MAX_WINDOWS, "windows")
-    data_dir = _path(o["data_dir"])
+    data_dir = path_value(o["data_dir"])
     check_inputs(data_dir=data_dir)
     models = g.split(o["model"], "-m/--model")
     for model in models:
@@ -101,21 +102,15 @@ def accuracy_cmd(
     `dipdeploy eval` measures them, × dense against the dense row of the same run, and the iso-accuracy
     view: each method's lowest density within eval's iso-accuracy tolerances of dense perplexity. The table goes to stdout
     (or --output), progress to stderr."""
-    given = dict(locals())
+    run_suite("accuracy", dict(locals()), _plan)
+
+
+def _plan(o: dict) -> Plan:
     from dataclasses import asdict
 
     from dipdeploy.bench.accuracy import AccuracyRow, iso_markdown, run_accuracy
-    from dipdeploy.bench.machine import machine
-    from dipdeploy.cli.bench_emit import begin, emit, scenario_flags
 
-    try:
-        options, sc = scenario_flags("accuracy", given)
-        out_format = begin(options)
-        grid = _grid(options)
-        here = machine()
-        _say(f"machine: {here.line()}")
-        result = run_accuracy(grid, _say)
-    except _ERRORS as err:
-        fail(err)
-    emit("accuracy", result, AccuracyRow, command_line(grid), options, out_format, sc, here,
-         extra={"iso": [asdict(r) for r in result.iso]}, markdown_tail=lambda: iso_markdown(result.iso))
+    grid = _grid(o)
+    return Plan(grid, command_line(grid), run_accuracy, AccuracyRow,
+                extra=lambda result: {"iso": [asdict(r) for r in result.iso]},
+                markdown_tail=lambda result: iso_markdown(result.iso))

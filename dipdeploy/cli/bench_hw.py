@@ -15,9 +15,8 @@ from typing import List, Optional
 
 import typer
 
-from dipdeploy.cli.bench import (_ERRORS, FORCE, FORMAT, OUT, QUICK, SCENARIO, SUITES, _format, _say, bench_app)
-from dipdeploy.cli.core import check_inputs, fail, kept, write_output
-from dipdeploy.cli.errors import INTERRUPTED
+from dipdeploy.cli.bench import FORCE, FORMAT, OUT, QUICK, SCENARIO, SUITES, bench_app
+from dipdeploy.cli.bench_emit import Plan, run_suite
 from dipdeploy.cli.helpview import ADVANCED, BASIC, IO_PANEL, PanelCommand
 
 REPS = typer.Option(None, "--repetitions", "-r", help="repetitions of each configuration, round-robin "
@@ -26,30 +25,20 @@ DENSITY = typer.Option(None, "--density", help="the share of rows read or select
                        rich_help_panel=BASIC)
 
 
-def _scenario(suite: str, o: dict) -> tuple[dict, dict | None]:
-    if o.get("scenario") is None:
-        return o, None
-    from dipdeploy.bench.scenario import FLAGS, load
-
-    sc = load(o["scenario"], suite)
-    return ({**o, **{name: sc.value(name, o.get(name)) for name in FLAGS[suite]}},
-            {"path": str(o["scenario"]), "title": sc.title, "published": sc.published})
-
-
 def _count(value, flag: str, low: int, high: int, unit: str) -> int:
     from dipdeploy.limits import check_count
 
     return check_count(int(value) if isinstance(value, str) and value.isdigit() else value, flag, low, high, unit)
 
 
-def reads_grid(o: dict):
+def reads_plan(o: dict) -> Plan:
+    """The reads suite's grid from its options (a scenario's merged in), every value checked."""
     from dipdeploy.bench import grid as g
     from dipdeploy.bench import reads as r
     from dipdeploy.bench.bundles import is_bundle
     from dipdeploy.runtime.budget import parse_bytes
     from dipdeploy.runtime.config import MAX_IO_GAP, MAX_IO_THREADS
 
-    o, scenario = _scenario("reads", o)
     quick = o["quick"]
     bundles = g.split(o["model"], "-m/--model")
     for b in bundles:
@@ -83,15 +72,18 @@ def reads_grid(o: dict):
     words += ["--depth", ",".join(map(str, grid.depths))] if grid.depths else []
     words += ["--cache", ",".join(grid.caches), "--size", str(grid.size), "-r", str(grid.repetitions)]
     words += ["--budget", ",".join(grid.budgets), "--tokens", str(grid.tokens)] if grid.bundles else []
-    return grid, scenario, shlex.join(words + ["--dir", str(grid.folder)])
+    grid.cases()  # the grid's size, refused before any file is written
+    return Plan(grid, shlex.join(words + ["--dir", str(grid.folder)]), r.run_reads, r.ReadRow)
 
 
-def kernels_grid(o: dict):
+def kernels_plan(o: dict) -> Plan:
+    """The kernels suite's grid from its options (a scenario's merged in), every value checked, and the op
+    library found, before any session is built."""
     from dipdeploy.bench import grid as g
     from dipdeploy.bench import kernels as k
     from dipdeploy.limits import MAX_THREADS
+    from dipdeploy.ops.native import require_library
 
-    o, scenario = _scenario("kernels", o)
     quick = o["quick"]
     shapes = []
     for name in g.split(o["model"], "-m/--model"):
@@ -123,51 +115,9 @@ def kernels_grid(o: dict):
               "-t", ",".join(map(str, grid.threads)), "--impl", ",".join(grid.impls),
               "--accuracy-level", ",".join(map(str, grid.levels)), "--cache", ",".join(grid.caches),
               "--kernel-set", ",".join(grid.kernel_sets), "--calls", str(grid.calls), "-r", str(grid.repetitions)]
-    return grid, scenario, shlex.join(words)
-
-
-def _run(suite: str, options: dict) -> None:
-    """Check everything, run the suite, write its rows (``bench decode``'s path, for these suites)."""
-    from dipdeploy.bench.machine import load_now, machine
-    from dipdeploy.bench.rows import render
-    from dipdeploy.paths import write_atomic
-
-    output, force = options["output"], options["force"]
-    try:
-        out_format = _format(options["fmt"], output)
-        check_inputs(outputs={"--output": output}, force=force)
-        if suite == "reads":
-            from dipdeploy.bench.reads import ReadRow as kind, run_reads as run
-
-            grid, scenario, command = reads_grid(options)
-        else:
-            from dipdeploy.bench.kernels import KernelRow as kind, run_kernels as run
-            from dipdeploy.ops.native import require_library
-
-            grid, scenario, command = kernels_grid(options)
-            require_library()
-        grid.cases()  # the grid's size, refused before any file is written or session built
-        here = machine()
-        _say(f"machine: {here.line()}")
-        result = run(grid, _say)
-    except _ERRORS as err:
-        fail(err)
-    if result.interrupted and not result.rows:
-        typer.echo("interrupted", err=True)
-        raise typer.Exit(INTERRUPTED)
-    header = {"suite": suite, "command": command, "quick": options["quick"], "scenario": scenario,
-              "seconds": round(result.seconds, 1), "interrupted": result.interrupted,
-              "machine": {**here.as_dict(), "line": here.line()}, "load_1min_end": load_now(), "notes": result.notes}
-    text = render(result.rows, header, out_format, kind)
-    _say(f"{'interrupted' if result.interrupted else 'done'} in {result.seconds:.1f} s")
-    if output is None:
-        typer.echo(text, nl=False)
-    else:
-        kept(write_output(lambda p, f: write_atomic(p, text, force=f), output, force, "--output", text=text,
-                          said=False))
-        _say(f"wrote {output}")
-    if result.interrupted:
-        raise typer.Exit(INTERRUPTED)
+    require_library()
+    grid.cases()  # the grid's size, refused before any session is built
+    return Plan(grid, shlex.join(words), k.run_kernels, k.KernelRow)
 
 
 @bench_app.command("reads", cls=PanelCommand, short_help=SUITES["reads"])
@@ -210,7 +160,7 @@ def reads_cmd(
     """Rows read from this disk through the runtime's reader (--io mmap, pread, direct) or from DRAM: MB/s of
     the rows wanted and of the bytes read, IOPS, requests, bytes read against bytes wanted, over a grid of
     row sizes, densities, gaps, queue depths and readers; or, with -m, a bundle's own decode misses."""
-    _run("reads", dict(locals()))
+    run_suite("reads", dict(locals()), reads_plan)
 
 
 @bench_app.command("kernels", cls=PanelCommand, short_help=SUITES["kernels"])
@@ -243,4 +193,4 @@ def kernels_cmd(
     """The SparseGatherMatMul kernel at N = 1 token against the dense fp32 MatMul of the same shape, timed
     interleaved: µs per call, GB/s of the weights read, GFLOP/s and the ratio to dense, over a grid of
     formats, densities, threads, implementations and kernel sets."""
-    _run("kernels", dict(locals()))
+    run_suite("kernels", dict(locals()), kernels_plan)

@@ -9,8 +9,9 @@ from typing import List, Optional
 
 import typer
 
-from dipdeploy.cli.bench import _ERRORS, FORCE, FORMAT, OUT, SCENARIO, SUITES, _path, _say, bench_app
-from dipdeploy.cli.core import check_inputs, fail
+from dipdeploy.cli.bench import FORCE, FORMAT, OUT, SCENARIO, SUITES, bench_app
+from dipdeploy.cli.bench_emit import Plan, path_value, run_suite
+from dipdeploy.cli.core import check_inputs
 from dipdeploy.cli.helpview import ADVANCED, BASIC, PanelCommand
 
 
@@ -29,7 +30,7 @@ def _grid(o: dict):
     for t in traces:
         if t != s.SYNTHETIC:
             check_inputs(files={"--trace": Path(t).expanduser()})
-    data_dir = _path(o["data_dir"])
+    data_dir = path_value(o["data_dir"])
     check_inputs(data_dir=data_dir)
     if traces and o["density"]:
         raise ValueError("--density picks the traces recorded of --source; a --trace has its own density: give "
@@ -46,7 +47,7 @@ def _grid(o: dict):
         proj_tokens=one("proj_tokens", "--proj-tokens", 1, MAX_TOKENS, "tokens", s.DEFAULT_PROJ_TOKENS,
                         s.QUICK_PROJ_TOKENS),
         warmup=one("warmup", "--warmup", 0, MAX_TOKENS, "tokens", s.DEFAULT_WARMUP, s.QUICK_WARMUP),
-        trace_cache=_path(o["trace_cache"]), data_dir=data_dir)
+        trace_cache=path_value(o["trace_cache"]), data_dir=data_dir)
 
 
 def command_line(grid) -> str:
@@ -110,18 +111,11 @@ def simulate_cmd(
     """Simulated tokens/s of dense-static, DIP and DIP-CA over a DRAM sweep on phone profiles (the HW simulator
     replaying a trace, `dipdeploy simulate`), each row's gain and DRAM cut against dense-static at its budget.
     Simulated, not measured on a device. The table goes to stdout (or --output), progress to stderr."""
-    given = dict(locals())
-    from dipdeploy.bench.machine import machine
-    from dipdeploy.bench.simulate import SimRow, run_simulate
-    from dipdeploy.cli.bench_emit import begin, emit, scenario_flags
+    run_suite("simulate", dict(locals()), _plan)
 
-    try:
-        options, sc = scenario_flags("simulate", given)
-        out_format = begin(options)
-        grid = _grid(options)
-        here = machine()
-        _say(f"machine: {here.line()}")
-        result = run_simulate(grid, _say)
-    except _ERRORS as err:
-        fail(err)
-    emit("simulate", result, SimRow, command_line(grid), options, out_format, sc, here)
+
+def _plan(o: dict) -> Plan:
+    from dipdeploy.bench.simulate import SimRow, run_simulate
+
+    grid = _grid(o)
+    return Plan(grid, command_line(grid), run_simulate, SimRow)
