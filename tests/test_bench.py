@@ -8,30 +8,19 @@ import csv
 import dataclasses
 import io
 import json
+from functools import partial
 
 import pytest
-from typer.testing import CliRunner
 
 from dipdeploy.bench import grid as g
 from dipdeploy.bench.bundles import BundleSpec, cache_folder, ensure, plan_density, specs_for
 from dipdeploy.bench.machine import flags_summary, machine
 from dipdeploy.bench.rows import FORMATS, Row, Sample, mean_std, render, row
 from dipdeploy.cli import app
+from bench_helpers import bench, one_line_refusal, runner
 
-runner = CliRunner()
 TINY = ["-p", "8", "-n", "4", "-r", "1"]
-
-
-def _bench(*args, **kwargs):
-    return runner.invoke(app, ["bench", "decode", *args], **kwargs)
-
-
-def _one_line_refusal(res, *words):
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in res.output, res.output
-    for w in words:
-        assert w in res.output, res.output
+_bench = partial(bench, "decode")
 
 
 # --- the grid ---------------------------------------------------------------------------------------
@@ -103,14 +92,14 @@ def test_plan_density_counts_up_and_gate_twice():
     (["-m", "tiny-llama", "-r", "x"], ["-r"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
-    _one_line_refusal(_bench(*args, "--bundle-cache", str(tmp_path / "cache")), *words)
+    one_line_refusal(_bench(*args, "--bundle-cache", str(tmp_path / "cache")), *words)
     assert not (tmp_path / "cache").exists()  # refused before any export
 
 
 def test_an_existing_output_is_refused_without_force_before_the_work(tmp_path):
     out = tmp_path / "rows.md"
     out.write_text("earlier results")
-    _one_line_refusal(_bench("-m", "tiny-llama", "--output", str(out), "--bundle-cache", str(tmp_path / "c")),
+    one_line_refusal(_bench("-m", "tiny-llama", "--output", str(out), "--bundle-cache", str(tmp_path / "c")),
                       "exists", "--force")
     assert out.read_text() == "earlier results" and not (tmp_path / "c").exists()
 
@@ -220,7 +209,7 @@ def test_output_is_written_atomically_and_replaced_only_with_force(tmp_path, tin
     assert res.stdout == "" and json.loads(out.read_text())["rows"]  # the suffix chose JSON
     assert [p.name for p in tmp_path.iterdir()] == ["rows.json"]  # no temporary file left
     first = out.read_text()
-    _one_line_refusal(_bench(*base), "exists", "--force")
+    one_line_refusal(_bench(*base), "exists", "--force")
     assert out.read_text() == first
     res = _bench(*base, "--force", "-o", "md")
     assert res.exit_code == 0, res.output
@@ -270,7 +259,7 @@ def test_the_published_scenario_holds_the_showcase_flags():
 def test_a_bad_scenario_is_refused_in_one_line(tmp_path, text, words):
     path = _scenario(tmp_path, text)
     for args in (["bench", "decode", "--scenario", str(path)], ["bench", "--scenario", str(path)]):
-        _one_line_refusal(runner.invoke(app, args), *words)
+        one_line_refusal(runner.invoke(app, args), *words)
 
 
 def test_a_scenario_runs_alone_or_under_its_suite_and_the_command_line_wins(tmp_path, tiny_dipca_bundle):
@@ -283,7 +272,7 @@ def test_a_scenario_runs_alone_or_under_its_suite_and_the_command_line_wins(tmp_
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert {r["budget"] for r in out["rows"]} == {"100%"} and out["header"]["scenario"]["title"] == "a tiny table"
-    _one_line_refusal(runner.invoke(app, ["bench", "--scenario", str(path), "decode"]), "give --scenario after")
+    one_line_refusal(runner.invoke(app, ["bench", "--scenario", str(path), "decode"]), "give --scenario after")
 
 
 # --- the memory suite -------------------------------------------------------------------------------
@@ -292,9 +281,9 @@ def test_limits_parse_and_a_bad_one_is_refused_in_one_line(tmp_path):
     from dipdeploy.bench.memory import parse_limit
 
     assert parse_limit("none") is None and parse_limit("300MB") == 300 * 10**6 and parse_limit("1GiB") == 2**30
-    _one_line_refusal(runner.invoke(app, ["bench", "memory", "-m", "tiny-llama", "--limit", "lots",
+    one_line_refusal(runner.invoke(app, ["bench", "memory", "-m", "tiny-llama", "--limit", "lots",
                                           "--bundle-cache", str(tmp_path / "c")]), "--limit lots")
-    _one_line_refusal(runner.invoke(app, ["bench", "memory", "-m", "tiny-llama", "--limit", "0MB",
+    one_line_refusal(runner.invoke(app, ["bench", "memory", "-m", "tiny-llama", "--limit", "0MB",
                                           "--bundle-cache", str(tmp_path / "c")]), "above 0")
     assert not (tmp_path / "c").exists()
 
@@ -358,7 +347,7 @@ def test_cold_is_a_switch_of_the_command_line_or_the_scenario(tmp_path, tiny_dip
     sc = load(_scenario(tmp_path, 'suite = "decode"\n[flags]\ncold = true\n'))
     assert sc.value("cold", False) is True
     assert load(_scenario(tmp_path, 'suite = "decode"\n')).value("cold", True) is True
-    _one_line_refusal(runner.invoke(app, ["bench", "decode", "--scenario",
+    one_line_refusal(runner.invoke(app, ["bench", "decode", "--scenario",
                                           str(_scenario(tmp_path, 'suite = "decode"\n[flags]\ncold = 1\n'))]),
                       "flags.cold", "boolean")
     res = _bench("-m", str(tiny_dipca_bundle()), *TINY, "--io", "mmap", "--cold", "-o", "json")
@@ -371,7 +360,7 @@ def test_decode_under_a_limit_runs_each_repetition_in_a_limited_group_and_counts
 
     args = ["-m", str(tiny_dipca_bundle()), "-p", "8", "-n", "4", "-r", "2", "--io", "mmap"]
     if probe() is not None:  # no rights to make a group: a limit is refused before any work
-        _one_line_refusal(_bench(*args, "--limit", "500MB"), "--limit needs a cgroup")
+        one_line_refusal(_bench(*args, "--limit", "500MB"), "--limit needs a cgroup")
         return
     res = _bench(*args, "--limit", "500MB,10MB", "-o", "json")
     assert res.exit_code == 0, res.output
@@ -395,7 +384,7 @@ def test_without_cgroup_rights_a_limit_is_refused_and_none_still_runs(tmp_path, 
     for suite in ("decode", "memory"):
         res = runner.invoke(app, ["bench", suite, "-m", "tiny-llama", "--limit", "none,300MB",
                                   "--bundle-cache", str(tmp_path / "c")])
-        _one_line_refusal(res, "--limit needs a cgroup memory group", "no rights", "--limit none")
+        one_line_refusal(res, "--limit needs a cgroup memory group", "no rights", "--limit none")
     assert not (tmp_path / "c").exists()
     res = runner.invoke(app, ["bench", "memory", "-m", str(tiny_dipca_bundle()), "-p", "8", "-n", "4", "--io", "mmap",
                               "-o", "json"])

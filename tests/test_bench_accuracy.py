@@ -4,26 +4,14 @@ read off the rows, unreachable densities left out and said, bad input refused in
 any model loads, every count bounded, the rows in the one bench schema. Behaviour only: no timings."""
 
 import json
+from functools import partial
 
 import pytest
-from typer.testing import CliRunner
 
 from dipdeploy.bench.accuracy import MAX_EVALUATIONS, AccuracyRow, iso_view, with_dense
-from dipdeploy.cli import app
+from bench_helpers import bench, one_line_refusal
 
-runner = CliRunner()
-
-
-def _acc(*args):
-    return runner.invoke(app, ["bench", "accuracy", *args])
-
-
-def _one_line_refusal(res, *words):
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in res.output, res.output
-    for w in words:
-        assert w in res.output, res.output
+_acc = partial(bench, "accuracy")
 
 
 @pytest.mark.parametrize("args, words", [
@@ -44,24 +32,24 @@ def _one_line_refusal(res, *words):
       "--allocation", "uniform,greedy,joint,greedy-split"], ["the grid runs", f"cap of {MAX_EVALUATIONS}"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, data_dir):
-    _one_line_refusal(_acc("-m", "tiny-llama", "--data-dir", str(data_dir), *args), *words)
+    one_line_refusal(_acc("-m", "tiny-llama", "--data-dir", str(data_dir), *args), *words)
 
 
 def test_a_missing_wikitext_is_refused_before_the_model_loads(tmp_path, monkeypatch):
     monkeypatch.delenv("DIPDEPLOY_DATA", raising=False)
-    _one_line_refusal(_acc("-m", "tiny-llama", "--data-dir", str(tmp_path)), "wiki.test.raw", "--data-dir")
+    one_line_refusal(_acc("-m", "tiny-llama", "--data-dir", str(tmp_path)), "wiki.test.raw", "--data-dir")
 
 
 def test_a_model_is_required_and_checked():
-    _one_line_refusal(_acc("--data-dir", "/no/such/folder"), "--data-dir")
-    _one_line_refusal(_acc(), "give a model")
-    _one_line_refusal(_acc("-m", "no-such-model"), "no-such-model")
+    one_line_refusal(_acc("--data-dir", "/no/such/folder"), "--data-dir")
+    one_line_refusal(_acc(), "give a model")
+    one_line_refusal(_acc("-m", "no-such-model"), "no-such-model")
 
 
 def test_an_existing_output_is_refused_without_force(tmp_path):
     out = tmp_path / "rows.md"
     out.write_text("earlier")
-    _one_line_refusal(_acc("-m", "tiny-llama", "--output", str(out)), "exists", "--force")
+    one_line_refusal(_acc("-m", "tiny-llama", "--output", str(out)), "exists", "--force")
     assert out.read_text() == "earlier"
 
 

@@ -3,31 +3,17 @@ configuration, accuracy level 4 only where it means something), bounded counts, 
 tiny interleaved run whose rows carry the ratio to the dense kernel. No timing is read."""
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from dipdeploy.bench.kernels import KernelGrid, KernelRow, Shape, groups, model_shapes, parse_shape
-from dipdeploy.bench.scenario import load
-from dipdeploy.cli import app
 from dipdeploy.ops.native import library_path
+from bench_helpers import assert_published_scenarios, bench, one_line_refusal
 
-runner = CliRunner()
 needs_library = pytest.mark.skipif(library_path() is None, reason="the op library is not built (`make ops`)")
-SCENARIOS = Path(__file__).resolve().parents[1] / "benchmarks" / "scenarios"
-
-
-def _kernels(*args):
-    return runner.invoke(app, ["bench", "kernels", *args])
-
-
-def _one_line_refusal(res, *words):
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in res.output, res.output
-    for w in words:
-        assert w in res.output, res.output
+_kernels = partial(bench, "kernels")
 
 
 def test_shapes_from_the_registry_and_from_rxo():
@@ -80,7 +66,7 @@ def test_counts_are_bounded():
     (["-m", "no-such-model"], ["no-such-model", "registry"]),
 ])
 def test_bad_input_is_refused_in_one_line(args, words):
-    _one_line_refusal(_kernels(*args), *words)
+    one_line_refusal(_kernels(*args), *words)
 
 
 @needs_library
@@ -107,6 +93,4 @@ def test_a_capped_kernel_set_runs_in_a_process_of_its_own():
 
 
 def test_the_scenarios_of_the_published_kernel_tables_load():
-    for name in ("kernels", "kernels-smollm2"):
-        sc = load(SCENARIOS / f"{name}.toml")
-        assert sc.suite == "kernels" and (SCENARIOS.parents[0] / "results" / Path(sc.published).name).is_file()
+    assert_published_scenarios("kernels", ("kernels", "kernels-smollm2"))

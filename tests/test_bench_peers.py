@@ -13,7 +13,8 @@ from dipdeploy.bench import grid as g
 from dipdeploy.bench.bundles import BundleSpec
 from dipdeploy.bench.rows import Sample, render, row
 from dipdeploy.cli import app
-from test_bench import TINY, _bench, _header, _one_line_refusal, _rows, _scenario, runner
+from bench_helpers import one_line_refusal, runner
+from test_bench import TINY, _bench, _header, _rows, _scenario
 def _fake_peer_files(tmp_path):
     """An interpreter path and models the peer flags accept (nothing is started from them here)."""
     import sys
@@ -50,7 +51,7 @@ def test_gamma_and_peer_flags_are_refused_in_one_line_before_any_work(args, word
     started = []
     monkeypatch.setattr(peers, "version", lambda *a: started.append(a) or "0")
     args = [a.format(tmp=tmp_path, python=python, gguf=gguf, genai=genai) for a in args]
-    _one_line_refusal(_bench("-m", "tiny-llama", *args, "--bundle-cache", str(tmp_path / "cache")), *words)
+    one_line_refusal(_bench("-m", "tiny-llama", *args, "--bundle-cache", str(tmp_path / "cache")), *words)
     assert not (tmp_path / "cache").exists() and not started  # no export, no interpreter started
 
 
@@ -260,7 +261,7 @@ def test_the_issue_54_scenario_holds_the_peers_and_the_gamma_sweep(tmp_path):
     assert sc.value("gamma", None) == ["0.3", "0.5", "0.7", "1"] and sc.value("limit", None) == ["559MB"]
     assert sc.value("budget", None) == ["340MB"] and sc.published == "benchmarks/results/runtime-qwen2.5-coder-1.5b.md"
     assert isinstance(sc.value("llama_python", None), str) and sc.value("llama_python", Path("x")) == Path("x")
-    _one_line_refusal(runner.invoke(app, ["bench", "decode", "--scenario", str(_scenario(
+    one_line_refusal(runner.invoke(app, ["bench", "decode", "--scenario", str(_scenario(
         tmp_path, 'suite = "decode"\n[flags]\ngguf = ["a", "b"]\n'))]), "flags.gguf", "string")
 
 

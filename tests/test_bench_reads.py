@@ -4,31 +4,17 @@ run through the runtime's reader gives one row per configuration in the one row 
 
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from dipdeploy.bench import read_sources as rs
 from dipdeploy.bench.reads import SCRATCH, ReadGrid, ReadRow, side_by_side
-from dipdeploy.bench.scenario import load
-from dipdeploy.cli import app
+from bench_helpers import assert_published_scenarios, bench, one_line_refusal
 
-runner = CliRunner()
-SCENARIOS = Path(__file__).resolve().parents[1] / "benchmarks" / "scenarios"
-
-
-def _reads(*args):
-    return runner.invoke(app, ["bench", "reads", *args])
-
-
-def _one_line_refusal(res, *words):
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in res.output, res.output
-    for w in words:
-        assert w in res.output, res.output
+_reads = partial(bench, "reads")
 
 
 def test_flags_that_do_not_apply_to_an_io_mode_leave_no_duplicate_cases():
@@ -81,7 +67,7 @@ def test_scratch_batches_are_one_call_per_group_of_ascending_rows():
 ])
 def test_bad_input_is_refused_in_one_line(args, words, tmp_path):
     res = _reads(*args, "--dir", str(tmp_path))
-    _one_line_refusal(res, *words)
+    one_line_refusal(res, *words)
     assert not any(tmp_path.iterdir())  # refused before the scratch file is written
 
 
@@ -123,15 +109,13 @@ def test_dense_static_beside_a_sparse_bundle_gives_their_ratio_per_reader_and_ga
 
 
 def test_the_scenarios_of_the_published_read_tables_load():
-    for name in ("reads-dram", "reads-gaps-llama-1b"):
-        sc = load(SCENARIOS / f"{name}.toml")
-        assert sc.suite == "reads" and sc.published and (SCENARIOS.parents[0] / "results" / Path(sc.published).name).is_file()
+    assert_published_scenarios("reads", ("reads-dram", "reads-gaps-llama-1b"))
 
 
 def test_a_scenario_flag_of_the_wrong_type_is_refused(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('suite = "reads"\n[flags]\ntokens = "many"\n')
-    _one_line_refusal(runner.invoke(app, ["bench", "--scenario", str(bad)]), "tokens", "whole number")
+    one_line_refusal(_reads("--scenario", str(bad)), "tokens", "whole number")
 
 
 def test_a_bundle_replays_its_own_decode_misses(tiny_dipca_bundle, tmp_path):

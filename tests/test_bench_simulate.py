@@ -4,27 +4,15 @@ registry model recorded once into the trace cache and reused; bad input refused 
 before any trace is recorded; every count bounded. Behaviour only: no timings."""
 
 import json
+from functools import partial
 
 import pytest
-from typer.testing import CliRunner
 
 from dipdeploy.bench.simulate import MAX_SIMULATIONS, MAX_STEPS
-from dipdeploy.cli import app
+from bench_helpers import bench, one_line_refusal
 
-runner = CliRunner()
 SYNTH = ["--trace", "synthetic", "--source", "tiny-llama", "--quick"]
-
-
-def _sim(*args):
-    return runner.invoke(app, ["bench", "simulate", *args])
-
-
-def _one_line_refusal(res, *words):
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in res.output, res.output
-    for w in words:
-        assert w in res.output, res.output
+_sim = partial(bench, "simulate")
 
 
 @pytest.mark.parametrize("args, words", [
@@ -45,12 +33,12 @@ def _one_line_refusal(res, *words):
      ["the grid runs", f"cap of {MAX_SIMULATIONS}"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words):
-    _one_line_refusal(_sim(*SYNTH, *args), *words)
+    one_line_refusal(_sim(*SYNTH, *args), *words)
 
 
 def test_a_missing_trace_file_and_source_are_refused_before_any_recording(tmp_path):
-    _one_line_refusal(_sim("--trace", str(tmp_path / "none.npz")), "--trace")
-    _one_line_refusal(_sim("--source", "no-such-model", "--trace-cache", str(tmp_path / "t")), "no-such-model")
+    one_line_refusal(_sim("--trace", str(tmp_path / "none.npz")), "--trace")
+    one_line_refusal(_sim("--source", "no-such-model", "--trace-cache", str(tmp_path / "t")), "no-such-model")
     assert not (tmp_path / "t").exists()
 
 
