@@ -4,7 +4,6 @@ tiny interleaved run whose rows carry the ratio to the dense kernel. No timing i
 
 import json
 from functools import partial
-from pathlib import Path
 
 import pytest
 
