@@ -37,7 +37,7 @@ CHAT_MAX_NEW_TOKENS = 128
 EMBEDDINGS = ("int4", "fp32")
 EMBEDDING = "int4"
 #: The bits of a quantised model's dense weights (attention, lm_head; ``export --dense-bits``, ``eval
-#: --dense-bits``): ``auto`` keeps the source GGUF's precision (8 bits where it stored more than 4,
-#: ``quant.dense``), ``4`` or ``8`` for every one.
+#: --dense-bits``): ``auto`` keeps the source GGUF's precision (8 bits where it stored more than 4.5
+#: bits per weight, ``quant.dense``), ``4`` or ``8`` for every one.
 DENSE_BITS_CHOICES = ("auto", "4", "8")
 DENSE_BITS = "auto"

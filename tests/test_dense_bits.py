@@ -15,15 +15,24 @@ from dipdeploy.export.config import ExportConfig
 from dipdeploy.quant.api import dequantize_rows, quantize_dense
 from dipdeploy.quant.bits import pack_bits, unpack_bits
 from dipdeploy.quant.config import Block4QuantConfig, Block8QuantConfig, config_from_dict, config_to_dict
-from dipdeploy.quant.dense import DenseBits, code_bits, source_bits
+from dipdeploy.quant.dense import GGUF_BLOCKS, DenseBits, gguf_bits_per_weight, source_bits
 
 
-@pytest.mark.parametrize("kind,code,bits", [
-    ("Q4_0", 4, 4), ("Q4_1", 4, 4), ("Q4_K", 4, 4), ("IQ4_XS", 4, 4), ("Q3_K", 3, 4), ("Q2_K", 2, 4),
-    ("TQ2_0", 2, 4), ("MXFP4", 4, 4), ("Q5_0", 5, 8), ("Q5_K", 5, 8), ("Q6_K", 6, 8), ("Q8_0", 8, 8),
-    ("F16", 16, 8), ("BF16", 16, 8), ("F32", 32, 8), ("NEW_TYPE", None, 8)])
-def test_the_rule_keeps_a_quantised_source_s_precision(kind, code, bits):
-    assert code_bits(kind) == code and source_bits(kind) == bits
+@pytest.mark.parametrize("kind,bits", [
+    ("Q4_0", 4), ("Q4_K", 4), ("IQ4_XS", 4), ("IQ4_NL", 4), ("Q3_K", 4), ("Q2_K", 4), ("TQ2_0", 4), ("MXFP4", 4),
+    ("Q4_1", 8), ("Q5_0", 8), ("Q5_K", 8), ("Q6_K", 8), ("Q8_0", 8), ("F16", 8), ("BF16", 8), ("F32", 8),
+    ("NEW_TYPE", 8)])
+def test_the_rule_keeps_a_quantised_source_s_precision(kind, bits):
+    assert source_bits(kind) == bits
+
+
+def test_the_rule_s_block_sizes_are_gguf_s():
+    import gguf
+
+    known = {t.name: size for t, size in gguf.GGML_QUANT_SIZES.items()}
+    assert {name: known.get(name) for name in GGUF_BLOCKS} == GGUF_BLOCKS  # a type gguf adds later: 8 bits
+    assert gguf_bits_per_weight("Q4_1") == 5.0 and gguf_bits_per_weight("Q6_K") == 6.5625
+    assert gguf_bits_per_weight("NEW_TYPE") is None
 
 
 def test_dense_bits_asked_and_auto_over_a_stacked_matrix():

@@ -76,7 +76,7 @@ def export_cmd(
                                             f"default {_X.embedding})"),
     dense_bits: Optional[str] = typer.Option(None, "--dense-bits", help="auto | 4 | 8: bits of the attention and "
                                              "lm_head weights of a quantised bundle (auto: 8 where the source GGUF "
-                                             "stores a tensor with more than 4 bits, never fewer than the file you "
+                                             "stores a tensor with more than 4.5 bits/weight, never fewer than the file you "
                                              "brought; 4 for a source that is not a quantised GGUF; default "
                                              f"{_X.dense_bits})"),
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream",

@@ -57,8 +57,8 @@ class ExportConfig:
     the model's max_position_embeddings; a longrope model (Phi-3.5, Phi-4-mini) is refused beyond its
     original_max_position_embeddings (``spec.ArchSpec.context_length``).
     ``dense_bits``: the bits of the attention and lm_head weights when quantising (``quant.dense``):
-    ``auto`` keeps a GGUF source's precision (8 bits where the file stores a tensor with codes wider than
-    4 bits, 4 elsewhere and for a source that is not a quantised GGUF), ``4`` or ``8`` for every one.
+    ``auto`` keeps a GGUF source's precision (8 bits where the file stores a tensor with more than 4.5
+    bits per weight, 4 elsewhere and for a source that is not a quantised GGUF), ``4`` or ``8`` for every one.
     An 8-bit lm_head is stored apart from an int4 embedding it was tied to.
     ``embedding``: ``int4`` stores the token embedding in the BQ4 blocks of the dense weights (read
     through com.microsoft::GatherBlockQuantized; a tied lm_head shares the same blocks) whenever

@@ -102,9 +102,10 @@ class Block4QuantConfig(_BlockIntConfig):
 @_register_config
 @dataclass(frozen=True)
 class Block8QuantConfig(_BlockIntConfig):
-    """8-bit symmetric blocks: the dense weights (attention, lm_head) of a source stored with more than
-    4 bits per weight (``dense.dense_bits``), read by ``com.microsoft::MatMulNBits`` with ``bits=8``. Not an
-    MLP format: no SparseGatherMatMul reads it. Blocks of 32 by default, as GGUF's Q8_0."""
+    """8-bit symmetric blocks: the dense weights (attention, lm_head) that a source stored with more bits
+    than BQ4 keeps (``dense.DenseBits``), or every one with ``--dense-bits 8``, read by
+    ``com.microsoft::MatMulNBits`` with ``bits=8``. Not an MLP format: no SparseGatherMatMul reads it.
+    Blocks of 32 by default, as GGUF's Q8_0."""
 
     block_size: int = 32
     bits: ClassVar[int] = 8

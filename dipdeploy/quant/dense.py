@@ -2,12 +2,14 @@
 
 ``4``: BQ4 blocks; ``8``: 8-bit blocks (``config.Block8QuantConfig``); ``auto``: per weight, never fewer
 bits than the file the user brought stored it with, where that file is itself quantised (a GGUF): 8 bits
-where the source tensor's codes are wider than 4 bits (Q5_*, Q6_K, Q8_*, F16, BF16, F32 …), else 4. A
-source in floating point that is not a GGUF (safetensors in fp16/bf16/fp32) gets 4 under ``auto``, as
-before this rule: it has no quantised precision to keep, and 4 bits is the size the bundle is made for.
+where the source tensor takes more than :data:`THRESHOLD` bits per weight (Q4_1, Q5_*, Q6_K, Q8_*, F16,
+BF16, F32 …), else 4 (Q4_0, Q4_K, IQ4_*, Q3_K, Q2_K …: no more than BQ4 with its scales stores). A source
+in floating point that is not a GGUF (safetensors in fp16/bf16/fp32) gets 4 under ``auto``, as before
+this rule: it has no quantised precision to keep, and 4 bits is the size the bundle is made for.
 
-The width counted is that of a weight's own code, not the block's storage per weight: Q4_1's extra is a
-per-block minimum, its weights still take one of 16 levels, as BQ4's do; Q4_K and IQ4_* likewise.
+The bits counted are the file's storage per weight, scales and minimums included (a GGUF type's bytes
+per block over its weights per block, as ``gguf.GGML_QUANT_SIZES`` gives them): Q4_1's per-block
+minimum makes it 5 bits per weight, more than BQ4 keeps, so its tensors get 8 bits.
 
 Weights that the bundle stores as one matrix (q, k and v stacked into one MatMulNBits) get the widest of
 their sources' bits, so a layer whose v alone is Q6_K stores all three at 8 bits; ``eval --quant-scope
@@ -17,7 +19,6 @@ not ruled here (``--embedding``). Floor 2: no numpy, no torch.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -25,28 +26,38 @@ from dipdeploy import defaults
 
 #: Bits a dense weight can have (MatMulNBits ``bits``).
 BITS = (4, 8)
+#: Bits per weight of a source tensor above which ``auto`` gives it 8 bits: Q4_0's and Q4_K's 4.5.
+THRESHOLD = 4.5
 
-_FLOAT_BITS = {"F16": 16, "BF16": 16, "F32": 32, "F64": 64, "I8": 8, "I16": 16, "I32": 32, "I64": 64, "MXFP4": 4}
-_QUANT = re.compile(r"^(?:I?Q|TQ)(\d)_")
+#: GGUF tensor type name → (weights, bytes) of one block, as ``gguf.GGML_QUANT_SIZES`` (tests hold the two equal)
+GGUF_BLOCKS: dict[str, tuple[int, int]] = {
+    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "F64": (1, 8),
+    "I8": (1, 1), "I16": (1, 2), "I32": (1, 4), "I64": (1, 8),
+    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q8_1": (32, 40),
+    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+    "Q8_K": (256, 292), "IQ1_S": (256, 50), "IQ1_M": (256, 56), "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74),
+    "IQ2_S": (256, 82), "IQ3_XXS": (256, 98), "IQ3_S": (256, 110), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136),
+    "TQ1_0": (256, 54), "TQ2_0": (256, 66), "MXFP4": (32, 17), "NVFP4": (64, 36), "Q1_0": (128, 18),
+}
 
 
-def code_bits(source_type: str) -> int | None:
-    """Bits of one weight's code in a GGUF tensor type named as ``gguf.GGMLQuantizationType`` names it
-    (``Q4_K`` → 4, ``Q6_K`` → 6, ``IQ4_XS`` → 4, ``F16`` → 16); None for a name this rule does not know."""
-    if source_type in _FLOAT_BITS:
-        return _FLOAT_BITS[source_type]
-    found = _QUANT.match(source_type)
-    return int(found.group(1)) if found else None
+def gguf_bits_per_weight(source_type: str) -> float | None:
+    """Bits per weight a GGUF tensor of type ``source_type`` (``gguf.GGMLQuantizationType``'s name) is
+    stored with, scales included (``Q4_K`` → 4.5, ``Q6_K`` → 6.5625, ``F16`` → 16); None for a type this
+    rule does not know."""
+    block = GGUF_BLOCKS.get(source_type)
+    return None if block is None else 8 * block[1] / block[0]
 
 
 def source_bits(source_type: str | None) -> int:
     """The bits ``auto`` gives a dense weight whose source tensor has type ``source_type`` (None: the
-    source is not a GGUF, or the weight is not in it): 8 where its codes are wider than 4 bits, and for
-    a type this rule does not know (never fewer bits than the source), else 4."""
+    source is not a GGUF, or the weight is not in it): 8 where it is stored with more than
+    :data:`THRESHOLD` bits per weight, and for a type this rule does not know (never fewer bits than the
+    source), else 4."""
     if source_type is None:
         return 4
-    bits = code_bits(source_type)
-    return 4 if bits is not None and bits <= 4 else 8
+    bits = gguf_bits_per_weight(source_type)
+    return 4 if bits is not None and bits <= THRESHOLD else 8
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class DenseBits:
         """For a manifest or an eval row: what was asked, and the rule ``auto`` applied."""
         out: dict = {"asked": self.asked}
         if self.asked == "auto":
-            out["rule"] = ("8 bits where the source GGUF tensor's codes are wider than 4 bits, else 4"
+            out["rule"] = (f"8 bits where the source GGUF stores a tensor with more than {THRESHOLD} bits per "
+                           "weight, else 4"
                            if self.sources else "4 bits: the source is not a quantised GGUF")
         return out
