@@ -218,6 +218,14 @@ class GGUFCheckpoint(StreamedCheckpoint):
                       for t in reader.tensors if t.name in self.mapping}
         self.files = {name: gguf.name for name in self.by_hf}
 
+    @property
+    def types(self) -> dict[str, str]:
+        """Each tensor's GGUF type by HF name (``model.layers.0.self_attn.v_proj.weight`` → ``Q6_K``): the
+        precision the file stores it with (``quant.dense``)."""
+        from gguf import GGMLQuantizationType
+
+        return {name: GGMLQuantizationType(t.kind).name for name, t in self.by_hf.items()}
+
     def _tensor(self, name: str) -> torch.Tensor:
         t = self.by_hf[name]
         with open(self.directory, "rb", buffering=0) as f:

@@ -36,3 +36,8 @@ CHAT_MAX_NEW_TOKENS = 128
 #: The token embedding of a quantised model: int4 blocks (``export --embedding``, ``eval --embedding``), or fp32.
 EMBEDDINGS = ("int4", "fp32")
 EMBEDDING = "int4"
+#: The bits of a quantised model's dense weights (attention, lm_head; ``export --dense-bits``, ``eval
+#: --dense-bits``): ``auto`` keeps the source GGUF's precision (8 bits where it stored more than 4.5
+#: bits per weight, ``quant.dense``), ``4`` or ``8`` for every one.
+DENSE_BITS_CHOICES = ("auto", "4", "8")
+DENSE_BITS = "auto"

@@ -159,8 +159,51 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / "dipdeploy-source.json").write_text(json.dumps({"gguf": str(gguf)}))
+        (tmp / SOURCE_RECORD).write_text(json.dumps({"gguf": str(gguf)}))
     return out
+
+
+#: The file in a GGUF's cached fp32 copy that names the GGUF it was converted from.
+SOURCE_RECORD = "dipdeploy-source.json"
+
+
+def source_types(lm: LoadedModel) -> dict[str, str]:
+    """The GGUF type of each of ``lm``'s tensors by HF name, as the file the user brought stores it (empty
+    when that is not a GGUF): ``quant.dense`` keeps their precision. A streamed GGUF's checkpoint has them;
+    an eager load of a GGUF went through its cached fp32 copy, whose :data:`SOURCE_RECORD` names the GGUF.
+    A tied lm_head that the GGUF does not store apart has the embedding's type."""
+    if isinstance(lm.checkpoint, GGUFCheckpoint):
+        types = lm.checkpoint.types
+    else:
+        record = lm.path / SOURCE_RECORD if lm.path is not None and lm.path.is_dir() else None
+        if record is None or not record.is_file():
+            return {}
+        data = json.loads(read_capped(record, 1 << 24) or b"{}")
+        types = data.get("types")
+        if not isinstance(types, dict):
+            types = _record_types(record, data, lm.model)
+    head, emb = "lm_head.weight", "model.embed_tokens.weight"
+    if head not in types and emb in types and getattr(lm.model.config, "tie_word_embeddings", False):
+        types[head] = types[emb]
+    return types
+
+
+def _record_types(record: Path, data: dict, model) -> dict[str, str]:
+    """The GGUF's tensor types, read from the file (its metadata and name map take seconds) and kept in
+    the copy's record for the next load, written atomically."""
+    gguf = Path(data.get("gguf", ""))
+    if not gguf.is_file():
+        raise FileNotFoundError(
+            f"{record.parent} was converted from {gguf}, which is gone: the precision of its tensors is "
+            "unknown; pass --dense-bits 4 or 8, or load the GGUF again")
+    types = GGUFCheckpoint(gguf, model).types
+    tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps({**data, "types": types}))
+        os.replace(tmp, record)
+    except OSError:  # a read-only cache: the types are read again next time
+        tmp.unlink(missing_ok=True)
+    return dict(types)
 
 
 def _gguf_copy(gguf: Path) -> Path:

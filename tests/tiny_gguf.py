@@ -1,7 +1,8 @@
 """A tiny Llama-family model written as a GGUF file, as llama.cpp's converter lays it out: llama metadata,
 the byte-level vocabulary as a ``gpt2`` tokenizer, q/k rows permuted to llama.cpp's RoPE order (which
 transformers' GGUF loading undoes), the matrices in Q8_0 blocks (so reading it dequantises, as a real
-GGUF's does) and the norms and the embedding in F32. Tests read it through ``load_model``."""
+GGUF's does; ``types`` gives some another type, as a Q4_K_M file mixes them) and the norms and the
+embedding in F32. Tests read it through ``load_model``."""
 
 from pathlib import Path
 
@@ -21,8 +22,9 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_gguf(lm, path: Path) -> Path:
-    """``lm`` (a loaded LlamaForCausalLM with the tiny models' byte tokenizer) as a GGUF at ``path``."""
+def write_llama_gguf(lm, path: Path, types: dict[str, str] | None = None, matrices: str = "Q8_0") -> Path:
+    """``lm`` (a loaded LlamaForCausalLM with the tiny models' byte tokenizer) as a GGUF at ``path``: its
+    matrices in ``matrices`` blocks, those named in ``types`` (GGUF name → type name) in theirs."""
     c = lm.model.config
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(lm.name)
@@ -59,8 +61,8 @@ def write_llama_gguf(lm, path: Path) -> Path:
             elif module == "self_attn.k_proj":
                 a = _permute(a, c.num_key_value_heads)
         if a.ndim == 2 and out != "token_embd.weight":
-            w.add_tensor(out, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            kind = gguf.GGMLQuantizationType[(types or {}).get(out, matrices)]
+            w.add_tensor(out, gguf.quants.quantize(a, kind), raw_dtype=kind)
         else:
             w.add_tensor(out, a)
     w.write_header_to_file()

@@ -173,8 +173,8 @@ _S, _EV, _TASK = SparsityConfig, EvalConfig, TaskConfig
 TASKS = ("wikitext2", "humaneval")
 #: eval's options that build the model and its plans (``model_eval_config``), for both tasks
 _MODEL_ARGS = ("model", "method", "density", "plan", "data_dir", "rho_in", "allocation", "score", "gamma", "policy",
-               "cache_frac", "fixed_top_n", "gamma_warmup", "cache_split", "quant", "quant_scope", "embedding", "weights",
-               "vq_hessian", "vq_feedback", "vq_density", "calib_windows", "calib_seqlen", "stats_windows", "lora",
+               "cache_frac", "fixed_top_n", "gamma_warmup", "cache_split", "quant", "quant_scope", "embedding",
+               "dense_bits", "weights", "vq_hessian", "vq_feedback", "vq_density", "calib_windows", "calib_seqlen", "stats_windows", "lora",
                "lora_merge", "device")
 #: eval's options of `--bundle` perplexity beyond those (``task.bundle_perplexity_cmd``)
 _BUNDLE_PPL_ARGS = ("bundle", "dram_budget", "speculate", "draft", "seqlen", "max_windows", "dataset", "text_file",
@@ -251,6 +251,7 @@ def model_eval_config(opts: dict, **task_fields) -> EvalConfig:
     cfg = EvalConfig(model=o["model"], method=o["method"], density=o["density"],
                      plan=str(o["plan"]) if o["plan"] else None, data_dir=str(o["data_dir"]) if o["data_dir"] else None,
                      sparsity=sp, quant=o["quant"], quant_scope=o["quant_scope"], embedding=o["embedding"],
+                     dense_bits=o["dense_bits"] or _EV.dense_bits,
                      weights=str(o["weights"]) if o["weights"] else None, vq_hessian=o["vq_hessian"],
                      vq_feedback=o["vq_feedback"], vq_density=o["vq_density"], calib_windows=o["calib_windows"],
                      calib_seqlen=o["calib_seqlen"], stats_windows=o["stats_windows"],
@@ -299,10 +300,13 @@ def eval_cmd(
     cache_split: str = SPLIT,
     quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3 (and their "
                                         "-gptq variants)"),
-    quant_scope: str = typer.Option(_EV.quant_scope, help="all: attention and lm_head in BQ4 blocks too, as "
-                                    "`export --quant` ships them | mlp: the MLP only"),
+    quant_scope: str = typer.Option(_EV.quant_scope, help="all: attention and lm_head in MatMulNBits blocks "
+                                    "too, as `export --quant` ships them | mlp: the MLP only"),
     embedding: str = typer.Option(_EV.embedding, help="int4 | fp32: the token embedding with --quant-scope all, "
                                   "as `export --embedding` stores it"),
+    dense_bits: Optional[str] = typer.Option(None, "--dense-bits", help="auto | 4 | 8: bits of attention and "
+                                             "lm_head with --quant-scope all, as `export --dense-bits` stores them "
+                                             f"(default {_EV.dense_bits})"),
     weights: Optional[Path] = typer.Option(None, help="MLP weights from `dipdeploy quantize` (.npz) instead of "
                                            "quantising here; --quant-scope all adds attention and lm_head"),
     vq_hessian: Optional[str] = VQ_HESSIAN, vq_feedback: Optional[bool] = VQ_FEEDBACK,

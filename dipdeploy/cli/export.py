@@ -74,6 +74,11 @@ def export_cmd(
     embedding: Optional[str] = typer.Option(None, help="int4 | fp32: the token embedding of a quantised bundle "
                                             "(int4: GatherBlockQuantized rows, shared with a tied lm_head; "
                                             f"default {_X.embedding})"),
+    dense_bits: Optional[str] = typer.Option(None, "--dense-bits", help="auto | 4 | 8: bits of the attention and "
+                                             "lm_head weights of a quantised bundle (auto: 8 where the source GGUF "
+                                             "stores a tensor with more than 4.5 bits/weight, never fewer than the file you "
+                                             "brought; 4 for a source that is not a quantised GGUF; default "
+                                             f"{_X.dense_bits})"),
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream",
                                           help="read the weights one layer at a time (models larger than "
                                                "memory; calibration and --lora too, the same bundle; no torch "
@@ -105,7 +110,7 @@ def export_cmd(
         cfg = _config(model=model, method=method, density=density, rho_in=rho_in, gamma=gamma,
                       plan=str(plan) if plan else None, quant=quant, lora=str(lora) if lora else None,
                       accuracy_level=accuracy_level, attention=attention, max_length=max_length, per_layer=per_layer,
-                      fuse_norms=fuse_norms, embedding=embedding, stream=stream, device=device,
+                      fuse_norms=fuse_norms, embedding=embedding, dense_bits=dense_bits, stream=stream, device=device,
                       validate_tokens=validate_tokens, prompt=prompt, data_dir=str(data_dir) if data_dir else None,
                       row_order=row_order, vq_hessian=vq_hessian, vq_feedback=vq_feedback, vq_density=vq_density,
                       calib_windows=calib_windows, calib_seqlen=calib_seqlen, stats_windows=stats_windows)

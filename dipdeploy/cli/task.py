@@ -86,7 +86,7 @@ def humaneval_cmd(opts: dict, *, batch_size: Optional[int], json_out: Optional[P
 #: eval's options that build or change a torch model: a bundle brings its own (its method, density, plan and
 #: quantisation were fixed by `export`), so they are refused beside --bundle rather than ignored
 _TORCH_ONLY = ("method", "density", "plan", "rho_in", "quant", "weights", "lora", "vq_hessian", "vq_feedback",
-               "vq_density")
+               "vq_density", "dense_bits")
 
 
 def bundle_perplexity_cmd(opts: dict, *, bundle: Path, dram_budget: Optional[str], speculate: int,

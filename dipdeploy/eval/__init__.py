@@ -61,6 +61,7 @@ class EvalConfig:
     quant: str | None = None
     quant_scope: str = "all"
     embedding: str = defaults.EMBEDDING  # with quant_scope all: the token embedding as export stores it
+    dense_bits: str = defaults.DENSE_BITS  # with quant_scope all: attention and lm_head bits (quant.dense), as export
     weights: str | None = None  # a `dipdeploy quantize` file: its MLP weights instead of quantising here
     # vq3's fit (quant.config.calibrated_config; None: its default), on stats_windows windows of calib_seqlen
     vq_hessian: str | None = None
@@ -104,6 +105,14 @@ class EvalConfig:
             raise ValueError(f"quant_scope {self.quant_scope!r} unknown; choose one of {', '.join(SCOPES)}")
         if self.embedding not in defaults.EMBEDDINGS:
             raise ValueError(f"embedding {self.embedding!r} unknown; choose one of {', '.join(defaults.EMBEDDINGS)}")
+        self.dense_bits = str(self.dense_bits)
+        if self.dense_bits not in defaults.DENSE_BITS_CHOICES:
+            raise ValueError(f"--dense-bits {self.dense_bits!r} unknown; choose one of "
+                             f"{', '.join(defaults.DENSE_BITS_CHOICES)}")
+        if self.dense_bits != defaults.DENSE_BITS and (self.quant_scope != "all"
+                                                       or (self.quant is None and self.weights is None)):
+            raise ValueError(f"--dense-bits {self.dense_bits} sets the bits of quantised attention and lm_head "
+                             "weights; add --quant (with --quant-scope all) or drop --dense-bits")
         if self.quant is not None and self.weights is not None:
             raise ValueError("--weights brings its own quantised MLP; drop --quant (or drop --weights)")
         vq = (self.vq_hessian, self.vq_feedback, self.vq_density)
@@ -124,19 +133,24 @@ class EvalConfig:
 
 def _quantize(lm, cfg: EvalConfig, calib: Callable[[], object] | None = None) -> dict:
     """Fake-quantise ``lm`` in place. The default scope ``all`` is what ``export --quant`` ships (MLP in the
-    format, attention and lm_head in the MatMulNBits blocks of ``quant.config.dense_config``, the
-    embedding in the same int4 blocks unless ``embedding`` is fp32). A calibrated format (vq3) takes its
+    format, attention and lm_head in the MatMulNBits blocks of ``quant.config.dense_config`` at the bits
+    ``dense_bits`` rules for each (``quant.dense``: ``auto`` reads the source GGUF's tensor types), the
+    embedding in int4 blocks unless ``embedding`` is fp32). A calibrated format (vq3) takes its
     statistics from ``calib()`` (``stats_windows`` windows of the calibration text), as ``dipdeploy
     quantize`` does, so ``eval --quant`` equals ``quantize`` then ``eval --weights`` with the same options."""
     if cfg.quant is None and cfg.weights is None:
         return {"quant": "none", "bits_per_weight": 32.0}
+    from dipdeploy.loading import source_types
+    from dipdeploy.quant.dense import DenseBits
     from dipdeploy.quant.fake import fit_record, load_mlp_weights_, quantize_model_  # imports torch lazily
     from dipdeploy.sparsity.methods import uniform_dip
 
     fit = {}
+    dense = cfg.quant_scope == "all"
+    rule = DenseBits(cfg.dense_bits, source_types(lm) if dense and cfg.dense_bits == "auto" else {})
     if cfg.weights is not None:
         report = load_mlp_weights_(lm.model, cfg.weights, scope=cfg.quant_scope, model_name=lm.name,
-                                   embedding=cfg.embedding)
+                                   embedding=cfg.embedding, dense_bits=rule)
         name = f"{report.format} ({cfg.weights})"
     else:
         qcfg = cfg.quant_config()
@@ -147,10 +161,11 @@ def _quantize(lm, cfg: EvalConfig, calib: Callable[[], object] | None = None) ->
                                  "were given; pass --vq-hessian none for plain k-means")
             ids = calib()
         report = quantize_model_(lm.model, qcfg, scope=cfg.quant_scope, calib_ids=ids, progress=False,
-                                 embedding=cfg.embedding, under_dip=uniform_dip)
+                                 embedding=cfg.embedding, under_dip=uniform_dip, dense_bits=rule)
         name, fit = cfg.quant, {"quant_fit": fit_record(qcfg, ids)}
     return {"quant": name, "quant_scope": cfg.quant_scope,
-            "embedding": cfg.embedding if cfg.quant_scope == "all" else "fp32",
+            "embedding": cfg.embedding if dense else "fp32",
+            **({"dense_bits": rule.record()["asked"]} if dense else {}),
             "bits_per_weight": float(report.bits_per_weight), "quant_seconds": float(report.seconds), **fit}
 
 

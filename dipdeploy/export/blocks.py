@@ -1,8 +1,8 @@
 """The dense pieces of a decoder as ONNX nodes: RMSNorm, linear layers, RoPE, the mask, GQA attention.
 
 Weights arrive as numpy (:class:`Linear`), are written once to the bundle's dense file and referenced
-as external initializers. Standard ops only (opset 21), except ``com.microsoft::MatMulNBits`` for
-quantised linear layers (ORT prepacks it; docs/onnxruntime.md). Torch-free.
+as external initializers. Standard ops only (opset 21), except ``com.microsoft::MatMulNBits`` (4 or 8
+bits) for quantised linear layers (ORT prepacks it; docs/onnxruntime.md). Torch-free.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ class Linear:
     """y = x·Wᵀ + b for an ``nn.Linear`` weight W [out, in], in one of three stored forms.
 
     - ``fp32``: ``arrays["weight"]`` is Wᵀ [in, out] (a MatMul B);
-    - ``nbits``: MatMulNBits int4 blocks along ``in``: ``qweight`` uint8 [out, in/B, B/2] (low nibble =
-      even element), ``scales`` float32 [out·in/B], optional ``zeros`` uint8 [out, ⌈(in/B)/2⌉];
+    - ``nbits``: MatMulNBits blocks of ``bits`` (4 or 8) along ``in``: ``qweight`` uint8 [out, in/B, B·bits/8]
+      (4 bits: low nibble = even element; 8 bits: one byte each, zero point 128), ``scales`` float32
+      [out·in/B], optional ``zeros`` uint8 [out, ⌈(in/B)/2⌉] (4 bits only);
     - ``tied``: the lm_head shares the embedding table [vocab, in] named ``tied_to`` (Gemm transB=1).
 
     An ``nbits`` lm_head with ``tied_to`` (an int4 embedding, :class:`Embedding`) writes nothing: its
@@ -42,6 +43,7 @@ class Linear:
     bias: np.ndarray | None = None
     block_size: int = 0
     tied_to: str = ""
+    bits: int = 4  # of an ``nbits`` weight's codes (``quant.dense``)
 
 
 def rms_norm(g: Graph, store: WeightStore, prefix: str, x: str, weight: np.ndarray, eps: float, tensor: str) -> str:
@@ -84,7 +86,7 @@ def residual_then_norm(g: Graph, store: WeightStore, eps: float, prefix: str, ad
 
 
 def linear(g: Graph, store: WeightStore, prefix: str, x: str, lin: Linear, tensor: str) -> str:
-    """x [.., in] → [.., out]: MatMul (fp32), MatMulNBits (int4) or Gemm on a tied table; then + bias."""
+    """x [.., in] → [.., out]: MatMul (fp32), MatMulNBits (4 or 8 bits) or Gemm on a tied table; then + bias."""
     if lin.kind == "fp32":
         w = g.weight(store.add(f"{tensor}.weight", lin.arrays["weight"], DENSE_FILE, "matmul_b[in,out]"))
         y = g.op(f"{prefix}/MatMul", "MatMul", [x, w])
@@ -96,7 +98,7 @@ def linear(g: Graph, store: WeightStore, prefix: str, x: str, lin: Linear, tenso
             names = [g.weight(store.add(f"{tensor}.{k}", lin.arrays[k], DENSE_FILE, f"matmulnbits.{k}"))
                      for k in ("qweight", "scales", "zeros") if k in lin.arrays]
         y = g.op(f"{prefix}/MatMulNBits", "MatMulNBits", [x, *names], domain=MS_DOMAIN, K=lin.in_features,
-                 N=lin.out_features, bits=4, block_size=lin.block_size, accuracy_level=g.accuracy_level)
+                 N=lin.out_features, bits=lin.bits, block_size=lin.block_size, accuracy_level=g.accuracy_level)
     elif lin.kind == "tied":
         flat = g.op(f"{prefix}/Reshape", "Reshape", [x, g.const([-1, lin.in_features])])
         y2 = g.op(f"{prefix}/Gemm", "Gemm", [flat, g.weight(store.proto(lin.tied_to))], transB=1)

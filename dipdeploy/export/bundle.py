@@ -168,7 +168,8 @@ def _build(lm, cfg: ExportConfig, tmp: Path, plan, steps: _Steps, extra: dict) -
     mlp_cfg, calib, fit = _quant_statistics(lm, cfg, steps)
     steps("quantise + build graphs")
     source = ModelSource(lm, mlp_cfg, wina=plan is not None and plan.score == "wina", max_length=cfg.max_length,
-                         embedding=cfg.embedding, calib=calib, fold=FOLDED.get(plan.score) if plan is not None else None)
+                         embedding=cfg.embedding, calib=calib, fold=FOLDED.get(plan.score) if plan is not None else None,
+                         dense_bits=_dense_bits(lm, cfg))
     store = WeightStore(tmp, cfg.alignment)
     graphs, orders = _write_graphs(source, store, plan, cfg, tmp, steps, missed)
     if orders:
@@ -222,6 +223,21 @@ def _quant_statistics(lm, cfg: ExportConfig, steps: _Steps) -> tuple:
     from dipdeploy.sparsity.methods import uniform_dip
 
     return mlp_cfg, calibration_statistics(lm.model, mlp_cfg, ids, under_dip=uniform_dip), fit_record(mlp_cfg, ids)
+
+
+def _dense_bits(lm, cfg: ExportConfig):
+    """``--dense-bits`` with, for ``auto`` on a quantised export, the source GGUF's tensor types."""
+    from dipdeploy.loading import source_types
+    from dipdeploy.quant.dense import DenseBits
+
+    auto = cfg.dense_bits == "auto" and cfg.quantised
+    return DenseBits(cfg.dense_bits, source_types(lm) if auto else {})
+
+
+def dense_format(by_bits: dict) -> str:
+    """The manifest's words for the attention and lm_head weights, from their bits (``quant.dense``)."""
+    bits = sorted(int(b) for b, n in by_bits.items() if n) or [4]
+    return "com.microsoft::MatMulNBits " + " and ".join(f"int{b}" for b in bits)
 
 
 def _row_order(lm, cfg: ExportConfig, plan, steps: _Steps) -> tuple[list | None, dict]:
@@ -347,7 +363,7 @@ def _manifest(lm, cfg, plan, source, store, graphs, validation, tmp: Path, extra
                  "bits_per_weight_mlp": st.mlp_bits / st.mlp_params,
                  "bits_per_weight_dense": st.dense_bits / max(1, st.dense_params),
                  "bits_per_weight": (st.mlp_bits + st.dense_bits) / (st.mlp_params + st.dense_params),
-                 "attention_and_lm_head": "com.microsoft::MatMulNBits int4",
+                 "attention_and_lm_head": dense_format(st.dense_by_bits),
                  "embedding": "com.microsoft::GatherBlockQuantized int4" if source.int4_embedding else "fp32"}
     sizes = {"bytes_total": sum(f["size"] for f in files.values()),
              **{f"bytes_{Path(n).stem}": f["size"] for n, f in files.items() if n.endswith(".bin")}}

@@ -56,6 +56,10 @@ class ExportConfig:
     ``max_length``: the positions the graphs cover (RoPE tables, genai_config's context_length), capped at
     the model's max_position_embeddings; a longrope model (Phi-3.5, Phi-4-mini) is refused beyond its
     original_max_position_embeddings (``spec.ArchSpec.context_length``).
+    ``dense_bits``: the bits of the attention and lm_head weights when quantising (``quant.dense``):
+    ``auto`` keeps a GGUF source's precision (8 bits where the file stores a tensor with more than 4.5
+    bits per weight, 4 elsewhere and for a source that is not a quantised GGUF), ``4`` or ``8`` for every one.
+    An 8-bit lm_head is stored apart from an int4 embedding it was tied to.
     ``embedding``: ``int4`` stores the token embedding in the BQ4 blocks of the dense weights (read
     through com.microsoft::GatherBlockQuantized; a tied lm_head shares the same blocks) whenever
     ``quant`` quantises; ``fp32`` keeps the table as the checkpoint has it. Without ``quant`` it is fp32.
@@ -97,6 +101,7 @@ class ExportConfig:
     per_layer: bool = True
     fuse_norms: bool = True
     embedding: str = defaults.EMBEDDING
+    dense_bits: str = defaults.DENSE_BITS
     stream: bool | None = None
     device: str = DEFAULT_DEVICE
     threads: int = 1
@@ -107,8 +112,10 @@ class ExportConfig:
     vq_density: float | None = None
 
     def __post_init__(self) -> None:
+        self.dense_bits = str(self.dense_bits)  # 4 and "4" alike
         choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
                    "alignment": ALIGNMENTS, "attention": ATTENTION_OPS, "embedding": defaults.EMBEDDINGS,
+                   "dense_bits": defaults.DENSE_BITS_CHOICES,
                    "row_order": ROW_ORDERS, "device": DEVICES}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -126,6 +133,9 @@ class ExportConfig:
         if self.quant == "none" and any(v is not None for v in vq):
             raise ValueError("--vq-hessian / --vq-feedback / --vq-density fit the VQ3 of --quant vq3; add "
                              "--quant vq3 or drop them")
+        if self.quant == "none" and self.dense_bits != defaults.DENSE_BITS:
+            raise ValueError(f"--dense-bits {self.dense_bits} sets the bits of quantised attention and lm_head "
+                             "weights; add --quant (e.g. --quant bq4) or drop --dense-bits")
         self.mlp_config()  # a bad vq option fails here, before any work
         for name, lo in (("max_length", 16), ("validate_tokens", 0), ("calib_windows", 1), ("calib_seqlen", 16),
                          ("stats_windows", 1),

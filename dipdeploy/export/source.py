@@ -9,7 +9,7 @@ exactly the numbers the bundle decodes (the fake-quant of ``dipdeploy.quant.fake
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from dipdeploy.export.spec import ArchSpec
 from dipdeploy.ops.formats import OpWeights
 from dipdeploy.quant.api import dequantize_rows, quantize_dense
 from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, dense_config
+from dipdeploy.quant.dense import DenseBits
 from dipdeploy.quant.fake import mlp_weights, quantize_group, set_mlp_weights
 from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
 from dipdeploy.sparsity.scores import Fold, fold_layer
@@ -62,14 +63,17 @@ class QuantState:
     mlp_params: int = 0
     dense_bits: int = 0
     dense_params: int = 0
+    #: attention and lm_head weights by the bits of their codes (``quant.dense``): {4: params, 8: params}
+    dense_by_bits: dict[int, int] = field(default_factory=dict)
 
 
 class ModelSource:
     """Numpy views of one HF decoder, layer by layer, optionally quantised (MLP in ``quant``,
-    attention and lm_head in BQ4 → MatMulNBits)."""
+    attention and lm_head in 4- or 8-bit blocks, as ``dense_bits`` rules each, → MatMulNBits)."""
 
     def __init__(self, lm, mlp_cfg: QuantConfig | None = None, wina: bool = False, max_length: int = 2048,
-                 embedding: str = "int4", calib: list[dict] | None = None, fold: Fold | None = None):
+                 embedding: str = "int4", calib: list[dict] | None = None, fold: Fold | None = None,
+                 dense_bits: DenseBits | None = None):
         self.lm = lm
         self.model = lm.model
         self.checkpoint = lm.checkpoint  # streamed weights: read per module, released after use
@@ -80,9 +84,11 @@ class ModelSource:
         self.mlp_cfg = mlp_cfg
         # per layer and row group, the statistics a calibrated format quantises with (fake.calibration_statistics)
         self.calib = calib
-        self.dense_cfg: Block4QuantConfig | None = None
+        self.dense_cfg: Block4QuantConfig | None = None  # the 4-bit dense blocks (and the int4 embedding's)
         if self.mlp_cfg is not None:
             self.dense_cfg = dense_config(self.mlp_cfg)
+        self.dense_bits = dense_bits or DenseBits()
+        self._names = {id(m): name for name, m in self.model.named_modules()}
         self.wina = wina
         self.fold = fold  # a folded score (sparsity.scores.FOLDED): applied to each layer as it is read
         self._folded: set[int] = set()
@@ -91,6 +97,9 @@ class ModelSource:
         self._head: Linear | None = None
         # int4 embedding rows (GatherBlockQuantized) whenever the dense weights are quantised and asked for
         self.int4_embedding = self.dense_cfg is not None and embedding == "int4"
+        # the lm_head's bits (None unquantised): a tied head shares an int4 table's blocks only at 4 bits
+        self.head_bits = (None if self.dense_cfg is None
+                          else self.dense_bits.bits([self._weight_name(self.model.get_output_embeddings())]))
         self._embedding: Embedding | None = None
         self._untie_if_quantised()
         # decided once: a streamed export releases the embedding (and a tied head with it) once it is quantised
@@ -99,13 +108,25 @@ class ModelSource:
     def quant_dict(self) -> dict | None:
         if self.mlp_cfg is None:
             return None
-        return {"mlp": config_to_dict(self.mlp_cfg), "dense": config_to_dict(self.dense_cfg)}
+        by_bits = self.stats.dense_by_bits
+        out = {"mlp": config_to_dict(self.mlp_cfg), "dense": config_to_dict(self.dense_cfg),
+               "dense_bits": {**self.dense_bits.record(), "lm_head": self.head_bits,
+                              "params": {str(b): n for b, n in sorted(by_bits.items())}}}
+        if 8 in by_bits:
+            out["dense_8bit"] = config_to_dict(dense_config(self.mlp_cfg, 8))
+        return out
+
+    def _weight_name(self, module: torch.nn.Module) -> str:
+        """The HF name of ``module``'s weight (``model.layers.0.self_attn.q_proj.weight``)."""
+        return f"{self._names[id(module)]}.weight"
 
     def _untie_if_quantised(self) -> None:
         """A quantised lm_head must not change an fp32 embedding table: untie them.
-        An int4 embedding stays tied: head and table are the same int4 blocks, stored once."""
+        An int4 embedding stays tied to a 4-bit head: head and table are the same int4 blocks, stored once;
+        an 8-bit head is stored apart from the int4 table."""
         head, emb = self.model.get_output_embeddings(), self.model.get_input_embeddings()
-        if self.dense_cfg is not None and not self.int4_embedding and head.weight is emb.weight:
+        apart = not self.int4_embedding or self.head_bits != 4
+        if self.dense_cfg is not None and apart and head.weight is emb.weight:
             head.weight = torch.nn.Parameter(head.weight.detach().clone())
             self.model.config.tie_word_embeddings = False
 
@@ -168,19 +189,21 @@ class ModelSource:
         out_f, in_f = w.shape
         if self.dense_cfg is None:
             return Linear("fp32", in_f, out_f, {"weight": np.ascontiguousarray(w.T)}, bias)
+        bits = self.dense_bits.bits([self._weight_name(m) for m in weights])
         self._drop(weights)
-        packed = quantize_dense(w, self.mlp_cfg)
+        packed = quantize_dense(w, self.mlp_cfg, bits)
         del w  # a streamed module's storage, kept until now by this view of it
         if self.write_back:
             self._assign(weights, packed)
         self.stats.dense_bits += 8 * packed.nbytes
         self.stats.dense_params += out_f * in_f
-        B, nb = self.dense_cfg.block_size, packed.n_blocks
-        arrays = {"qweight": packed.qweight.reshape(out_f, nb, B // 2),
+        self.stats.dense_by_bits[bits] = self.stats.dense_by_bits.get(bits, 0) + out_f * in_f
+        B, nb = packed.config.block_size, packed.n_blocks
+        arrays = {"qweight": packed.qweight.reshape(out_f, nb, B * bits // 8),
                   "scales": packed.scales.astype(np.float32).reshape(-1)}
         if packed.zeros is not None:
             arrays["zeros"] = packed.zeros.reshape(-1)
-        return Linear("nbits", in_f, out_f, arrays, bias, block_size=B)
+        return Linear("nbits", in_f, out_f, arrays, bias, block_size=B, bits=bits)
 
     def _drop(self, modules: list[torch.nn.Module]) -> None:
         """A streamed module's torch weights, released once their numpy copy is taken (nothing reads them
@@ -278,8 +301,9 @@ class ModelSource:
     def lm_head(self) -> Linear:
         """The lm_head, quantised once however often it is asked for (model.onnx and head.onnx)."""
         if self._head is None:
-            if self.tied and self.int4_embedding:
+            if self.tied and self.int4_embedding:  # a 4-bit head (an 8-bit one was untied)
                 emb = self.embedding()
+                self.stats.dense_by_bits[4] = self.stats.dense_by_bits.get(4, 0) + emb.vocab * emb.dim
                 B = emb.block_size
                 self._head = Linear("nbits", emb.dim, emb.vocab, {
                     "qweight": emb.arrays["qweight"].reshape(emb.vocab, -1, B // 2),

@@ -1,10 +1,11 @@
 """Free disk space, checked before an export starts: a full disk should be refused in a second with
 the figures, not minutes later with a traceback.
 
-The estimate is an upper bound from the model's config (no weights are read): every weight at the
-larger of the MLP's and the dense layers' bits per weight; the embedding at the same bits with
-``--embedding int4`` (a tied lm_head shares its blocks), else in fp32 with, when the checkpoint ties
-them, a quantised lm_head of its own (unquantised, the two stay one tensor); one alignment gap per
+The estimate is an upper bound from the model's config (no weights are read): the MLP at its format's
+bits per weight, every other weight at the dense layers' (8-bit blocks unless ``--dense-bits 4``: ``auto``
+may choose them for any); the embedding in BQ4 blocks with ``--embedding int4`` (a tied 4-bit lm_head
+shares its blocks), else in fp32, with, when the checkpoint ties them and the head may not share the
+table, a quantised lm_head of its own (unquantised, the two stay one tensor); one alignment gap per
 tensor, and a margin for
 the tokenizer, the graphs and the native library. The old bundle stays on disk until the new one is in place, so the whole estimate is needed
 even when replacing.
@@ -35,6 +36,7 @@ class ModelShape:
     embedding: int  # vocab × hidden
     tied: bool
     layers: int
+    mlp: int = 0  # the MLPs' weights
 
 
 def model_shape(model: str) -> ModelShape:
@@ -46,29 +48,35 @@ def model_shape(model: str) -> ModelShape:
 
     config, _ = config_of(model)  # a GGUF's own metadata: no fp32 copy is written to decide
     with torch.device("meta"):
-        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config, trust_remote_code=False).parameters())
+        named = list(AutoModelForCausalLM.from_config(config, trust_remote_code=False).named_parameters())
+    params = sum(p.numel() for _, p in named)
+    mlp = sum(p.numel() for n, p in named if ".mlp." in n)
     return ModelShape(params, config.vocab_size * config.hidden_size,
-                      bool(getattr(config, "tie_word_embeddings", False)), config.num_hidden_layers)
+                      bool(getattr(config, "tie_word_embeddings", False)), config.num_hidden_layers, mlp)
 
 
-def bits_per_weight(quant: str) -> float:
-    """The bits of the widest quantised weight of the bundle (32 unquantised)."""
+def bits_per_weight(quant: str, dense_bits: str = "4") -> tuple[float, float]:
+    """(MLP, dense) bits per weight of a bundle's quantised weights (32 unquantised); the dense figure
+    is an upper bound under ``--dense-bits auto`` (8-bit blocks)."""
     if quant == "none":
-        return 32.0
-    from dipdeploy.quant.config import Block4QuantConfig, quant_config_from_name
+        return 32.0, 32.0
+    from dipdeploy.quant.config import dense_config, quant_config_from_name
 
     mlp = quant_config_from_name(quant)
-    dense = mlp if isinstance(mlp, Block4QuantConfig) else Block4QuantConfig()
-    return max(mlp.bits_per_weight(), dense.bits_per_weight())
+    return mlp.bits_per_weight(), dense_config(mlp, 4 if dense_bits == "4" else 8).bits_per_weight()
 
 
 def expected_bytes(shape: ModelShape, cfg: ExportConfig) -> int:
-    bpw = bits_per_weight(cfg.quant)
-    if cfg.quant != "none" and cfg.embedding == "int4":
-        weights = shape.params * bpw / 8
+    if cfg.quant == "none":
+        weights = 4 * shape.params
     else:
-        lm_head = shape.embedding if shape.tied and cfg.quant != "none" else 0  # quantised apart from the embedding
-        weights = 4 * shape.embedding + (shape.params - shape.embedding + lm_head) * bpw / 8
+        mlp_bpw, dense_bpw = bits_per_weight(cfg.quant, cfg.dense_bits)
+        int4 = cfg.embedding == "int4"
+        table = bits_per_weight(cfg.quant)[1] / 8 if int4 else 4
+        # a tied lm_head stored apart: beside an fp32 table, or in 8-bit blocks beside an int4 one
+        head = shape.embedding if shape.tied and (not int4 or cfg.dense_bits != "4") else 0
+        other = shape.params - shape.mlp - shape.embedding  # attention, norms and an untied lm_head
+        weights = shape.mlp * mlp_bpw / 8 + (other + head) * dense_bpw / 8 + shape.embedding * table
     gaps = cfg.alignment * (TENSORS_PER_LAYER * shape.layers + 4)
     return int(weights * (1 + MARGIN) + gaps + FIXED_BYTES)
 

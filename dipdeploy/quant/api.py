@@ -138,8 +138,8 @@ def fake_quantize(rows: np.ndarray, cfg, *, row_weight: np.ndarray | None = None
     return dequantize_rows(packed), packed
 
 
-def quantize_dense(weight: np.ndarray, mlp_cfg) -> PackedTensor:
-    """An attention or lm_head weight [out, in] in the BQ4 blocks of :func:`dense_config` (rows = output
-    features, blocks along the input): the one quantiser of these weights, for export's MatMulNBits and
-    for the torch fake-quant alike, so both hold the same numbers."""
-    return quantize(weight, dense_config(mlp_cfg))
+def quantize_dense(weight: np.ndarray, mlp_cfg, bits: int = 4) -> PackedTensor:
+    """An attention or lm_head weight [out, in] in the ``bits``-bit blocks of :func:`dense_config` (rows =
+    output features, blocks along the input): the one quantiser of these weights, for export's MatMulNBits
+    and for the torch fake-quant alike, so both hold the same numbers."""
+    return quantize(weight, dense_config(mlp_cfg, bits))

@@ -6,6 +6,7 @@ bit position b % 8 (LSB = position 0). Each row starts on a byte boundary; the t
 is zero. Consequences that the native kernels rely on:
 
 - n = 4: byte k holds value 2k in its low nibble and value 2k+1 in its high nibble.
+- n = 8: byte k is value k.
 - n = 3: 8 values → 3 bytes; n = 6: 4 values → 3 bytes (b0 = v0 | v1<<6, b1 = v1>>2 | v2<<4,
   b2 = v2>>4 | v3<<2, all & 0xFF).
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SUPPORTED_BITS = (3, 4, 6)
+SUPPORTED_BITS = (3, 4, 6, 8)
 _CHUNK_VALUES = 1 << 22  # rows are packed in chunks of about this many values (bounded memory)
 
 
@@ -46,6 +47,8 @@ def pack_bits(values: np.ndarray, bits: int) -> np.ndarray:
     if values.size and (values.min() < 0 or values.max() >= (1 << bits)):
         raise ValueError(f"values out of range for {bits}-bit packing: [{values.min()}, {values.max()}]")
     rows, n = values.shape
+    if bits == 8:
+        return values.astype(np.uint8)
     nbytes = packed_row_bytes(n, bits)
     out = np.empty((rows, nbytes), dtype=np.uint8)
     if bits == 4:
@@ -74,6 +77,8 @@ def unpack_bits(packed: np.ndarray, bits: int, n_values: int) -> np.ndarray:
             f"packed rows have {nbytes} bytes but {n_values} values of {bits} bits need "
             f"{packed_row_bytes(n_values, bits)}"
         )
+    if bits == 8:
+        return packed.copy()
     if bits == 4:
         out = np.empty((rows, 2 * nbytes), dtype=np.uint8)
         out[:, 0::2] = packed & 0x0F

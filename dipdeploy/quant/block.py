@@ -1,6 +1,7 @@
-"""BQ4 and RTN3: scalar block-wise integer weights along each row of the sparse layout.
+"""BQ4, RTN3 and the 8-bit dense blocks: scalar block-wise integer weights along each row of the sparse layout.
 
-Packed layout of a row matrix of R rows × C cols (``BlockQuantTensor``), bits n = 4 (BQ4) or 3 (RTN3),
+Packed layout of a row matrix of R rows × C cols (``BlockQuantTensor``), bits n = 4 (BQ4), 3 (RTN3) or 8
+(``Block8QuantConfig``, attention and lm_head only),
 block size B, nb = ceil(C / B) blocks per row, Cp = nb·B:
 
 | array     | dtype   | shape                                  | meaning                                   |
@@ -28,13 +29,13 @@ import numpy as np
 
 from dipdeploy.quant.api import register_quantizer, register_tensor
 from dipdeploy.quant.bits import pack_bits, unpack_bits
-from dipdeploy.quant.config import Block4QuantConfig, RTN3QuantConfig, _BlockIntConfig
+from dipdeploy.quant.config import Block4QuantConfig, Block8QuantConfig, RTN3QuantConfig, _BlockIntConfig
 
 
 @register_tensor
 @dataclass
 class BlockQuantTensor:
-    """A row matrix in a scalar block format (BQ4 or RTN3); the layout is in the module docstring."""
+    """A row matrix in a scalar block format (BQ4, RTN3 or 8-bit); the layout is in the module docstring."""
 
     config: _BlockIntConfig
     rows: int
@@ -186,3 +187,4 @@ def _quantize_rows(rows: np.ndarray, cfg: _BlockIntConfig):
 
 register_quantizer(Block4QuantConfig)(quantize_block)
 register_quantizer(RTN3QuantConfig)(quantize_block)
+register_quantizer(Block8QuantConfig)(quantize_block)

@@ -10,6 +10,7 @@ Bits per weight (exact formulas; the packed tensors report the same numbers from
 |---|---|---|
 | ``Block4QuantConfig(B, symmetric=True)``  | C/2 bytes int4 + C/B fp16 scales | 4 + 16/B (4.5 / 4.25 / 4.125) |
 | ``Block4QuantConfig(B, symmetric=False)`` | + C/B uint4 zero points | 4 + 20/B (4.625 / 4.3125 / 4.15625) |
+| ``Block8QuantConfig(B=32)``               | C bytes int8 + C/B fp16 scales | 8 + 16/32 = 8.5 |
 | ``RTN3QuantConfig(B=128)``                | 3C/8 bytes int3 + C/B fp16 scales | 3 + 16/128 = 3.125 |
 | ``VQ3QuantConfig()``                      | 3C/8 bytes of 6-bit codes + per group 64×2 int8 + fp16 scale | 3 + 1040/8192 ≈ 3.127 |
 
@@ -95,6 +96,19 @@ class Block4QuantConfig(_BlockIntConfig):
     """BQ4: 4-bit block-wise integer weights along the sparse row (docs/method.md, Quantisation)."""
 
     bits: ClassVar[int] = 4
+    allowed_block_sizes: ClassVar[tuple[int, ...]] = (32, 64, 128)
+
+
+@_register_config
+@dataclass(frozen=True)
+class Block8QuantConfig(_BlockIntConfig):
+    """8-bit symmetric blocks: the dense weights (attention, lm_head) that a source stored with more bits
+    than BQ4 keeps (``dense.DenseBits``), or every one with ``--dense-bits 8``, read by
+    ``com.microsoft::MatMulNBits`` with ``bits=8``. Not an MLP format: no SparseGatherMatMul reads it.
+    Blocks of 32 by default, as GGUF's Q8_0."""
+
+    block_size: int = 32
+    bits: ClassVar[int] = 8
     allowed_block_sizes: ClassVar[tuple[int, ...]] = (32, 64, 128)
 
 
@@ -195,6 +209,8 @@ class VQ3QuantConfig:
 
 
 QuantConfig = Block4QuantConfig | RTN3QuantConfig | VQ3QuantConfig
+#: The formats of the dense weights (attention, lm_head): :func:`dense_config`.
+DenseConfig = Block4QuantConfig | Block8QuantConfig
 
 
 def config_to_dict(cfg: QuantConfig) -> dict:
@@ -245,12 +261,17 @@ def quant_config_from_name(name: str, **overrides: Any) -> QuantConfig:
     return cls(**{**preset, **overrides})
 
 
-def dense_config(mlp: QuantConfig) -> Block4QuantConfig:
-    """The format of attention and lm_head beside the MLP format ``mlp``: BQ4 blocks along each weight's
-    input dimension, which is what ``com.microsoft::MatMulNBits`` reads. The MLP's own config when it is
-    BQ4 (round-to-nearest: no calibration for these), else the default BQ4. Export and
+def dense_config(mlp: QuantConfig, bits: int = 4) -> DenseConfig:
+    """The format of an attention or lm_head weight beside the MLP format ``mlp``, at ``bits`` (4 or 8,
+    chosen per weight by ``dense.DenseBits``): blocks along each weight's input dimension, which is what
+    ``com.microsoft::MatMulNBits`` reads. At 4 bits, the MLP's own config when it is BQ4 (round-to-nearest:
+    no calibration for these), else the default BQ4; at 8 bits, :class:`Block8QuantConfig`. Export and
     ``eval --quant-scope all`` both quantise through it (``api.quantize_dense``), so eval measures the
     weights a bundle ships (docs/bundle.md)."""
+    if bits == 8:
+        return Block8QuantConfig()
+    if bits != 4:
+        raise ValueError(f"dense weights have 4 or 8 bits, not {bits!r}")
     if isinstance(mlp, Block4QuantConfig):
         return dataclasses.replace(mlp, error_feedback=False)
     return Block4QuantConfig()

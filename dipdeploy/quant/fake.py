@@ -11,10 +11,12 @@ The MLP's modules are found by the model's family record (``dipdeploy.arch``, ``
   (transformers' ``Phi3MLP``: ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``), plus down.
 
 ``scope="all"`` also quantises every ``nn.Linear`` of the attention blocks and the lm_head with
-``api.quantize_dense`` (BQ4 blocks along the input dimension, ``config.dense_config``), the function the
+``api.quantize_dense`` (4- or 8-bit blocks along the input dimension, ``config.dense_config``, the bits of
+each weight by ``dense.DenseBits``, q/k/v of a layer together as export stacks them), the function the
 exporter packs into MatMulNBits, so the values equal a bundle's; and the embedding table, as export's
-default int4 embedding stores it (a tied lm_head shares it, quantised once), unless ``embedding="fp32"``
-(then a tied lm_head is untied first so the table stays as it was). ``load_mlp_weights_`` puts the MLP weights of a ``dipdeploy quantize``
+default int4 embedding stores it (a tied 4-bit lm_head shares it, quantised once), unless
+``embedding="fp32"`` (then a tied lm_head is untied first so the table stays as it was; an 8-bit lm_head
+is untied from an int4 table likewise). ``load_mlp_weights_`` puts the MLP weights of a ``dipdeploy quantize``
 file into a model instead of quantising them again (a ``-gptq`` format is calibrated once).
 """
 
@@ -31,6 +33,7 @@ from dipdeploy.arch import Arch, arch_of_model
 from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize, quantize_dense
 from dipdeploy.quant.calib import UnderDip, decoder_layers, row_statistics
 from dipdeploy.quant.config import QuantConfig, config_to_dict, dense_config, quant_config_from_name
+from dipdeploy.quant.dense import DenseBits
 from dipdeploy.quant.io import load_packed, save_packed
 from dipdeploy.quant.layout import mlp_to_rows, rows_to_mlp
 
@@ -151,30 +154,39 @@ def fit_record(cfg: QuantConfig, calib_ids) -> dict:
     return rec
 
 
-def _dense_linears(model) -> list[tuple[str, Any]]:
+def _dense_groups(model) -> list[list[tuple[str, Any]]]:
+    """The attention and lm_head ``nn.Linear``s as export stores them, by HF module name: per layer the
+    q, k and v projections in one group (one stacked MatMulNBits, one bits for all three), every other
+    projection alone, then the lm_head."""
     import torch
 
+    names = {id(m): n for n, m in model.named_modules()}
+    attn_names = arch_of_model(model).attn
+    stacked = set() if attn_names.qkv else {attn_names.q, attn_names.k, attn_names.v}
     out = []
     for i, layer in enumerate(decoder_layers(model)):
         attn = getattr(layer, "self_attn", None)
         if attn is None:
             raise ValueError(f"layer {i} has no self_attn; scope='all' cannot find the attention projections")
-        out += [(f"layers.{i}.self_attn.{n}", m) for n, m in attn.named_modules() if isinstance(m, torch.nn.Linear)]
+        linears = [(n, m) for n, m in attn.named_modules() if isinstance(m, torch.nn.Linear)]
+        qkv = [(names[id(m)], m) for n, m in linears if n in stacked]
+        out += ([qkv] if qkv else []) + [[(names[id(m)], m)] for n, m in linears if n not in stacked]
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None:
-        out.append(("lm_head", head))
+        out.append([(names[id(head)], head)])
     return out
 
 
 def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=None,
                     progress: bool = True, embedding: str = defaults.EMBEDDING,
-                    under_dip: UnderDip | None = None) -> QuantReport:
+                    under_dip: UnderDip | None = None, dense_bits: DenseBits | None = None) -> QuantReport:
     """Replace weights in place by their fake-quantised values; return what was done.
 
     ``calib_ids`` ([B, T] token ids): calibration text. Required by configs with ``error_feedback``
     (GPTQ-style, full Hessians); otherwise optional, giving the Hessian-diagonal row weights VQ3's
     ``hessian`` names (without it VQ3 fits unweighted k-means; BQ4/RTN3 use none, see
     ``config._BlockIntConfig``). ``under_dip``: as :func:`calibration_statistics` (a ``dip`` config needs it).
+    ``dense_bits``: the bits of attention and lm_head with ``scope="all"`` (default: ``DenseBits()``).
     """
     if scope not in SCOPES:
         raise ValueError(f"scope={scope!r} is not allowed; choose one of {SCOPES}")
@@ -195,10 +207,10 @@ def quantize_model_(model, cfg: QuantConfig, scope: str = "mlp", *, calib_ids=No
         for p in packed.values():
             mlp_bits += 8 * p.nbytes
             mlp_params += p.rows * p.cols
-    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, notes, embedding)
+    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, notes, embedding, dense_bits)
 
 
-def _untie_head(model, notes: list[str]) -> None:
+def _untie_head(model, notes: list[str], why: str) -> None:
     import torch
 
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
@@ -206,32 +218,42 @@ def _untie_head(model, notes: list[str]) -> None:
         head.weight = torch.nn.Parameter(head.weight.detach().clone())
         if hasattr(model.config, "tie_word_embeddings"):
             model.config.tie_word_embeddings = False
-        notes.append("lm_head untied from the embedding table (the embedding stays unquantised)")
+        notes.append(f"lm_head untied from the embedding table ({why})")
 
 
 def _dense_and_report(model, cfg: QuantConfig, scope: str, mlp_bits: int, mlp_params: int, t0: float,
-            notes: list[str], embedding: str = defaults.EMBEDDING) -> QuantReport:
+            notes: list[str], embedding: str = defaults.EMBEDDING,
+            dense_bits: DenseBits | None = None) -> QuantReport:
     """Quantise attention and lm_head too when ``scope`` is ``all``; the report over everything."""
     bits, params = mlp_bits, mlp_params
     if scope == "all":
-        dense = dense_config(cfg)
-        if dense != cfg:
-            notes.append(f"attention and lm_head use {dense} (blocks along the input dimension)")
+        rule = dense_bits or DenseBits()
+        groups = _dense_groups(model)
+        widths = [rule.bits(f"{name}.weight" for name, _ in group) for group in groups]
+        for width in sorted(set(widths)):
+            dense = dense_config(cfg, width)
+            if dense != cfg:
+                notes.append(f"{widths.count(width)} attention/lm_head matrices use {dense} (blocks along the "
+                             "input dimension)")
         emb = model.get_input_embeddings()
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if embedding != "int4":
+            _untie_head(model, notes, "the embedding stays unquantised")
+        elif head is not None and widths and widths[-1] != 4:
+            _untie_head(model, notes, f"a {widths[-1]}-bit lm_head beside the int4 embedding")
         if embedding == "int4":  # as export's int4 table (GatherBlockQuantized)
             packed = quantize_dense(_np(emb.weight), cfg)
             _assign(emb, dequantize_rows(packed))
             bits += 8 * packed.nbytes
             params += packed.rows * packed.cols
-        else:
-            _untie_head(model, notes)
-        for _name, linear in _dense_linears(model):
-            if linear.weight is emb.weight:  # a tied lm_head: the same int4 blocks, quantised once
-                continue
-            packed = quantize_dense(_np(linear.weight), cfg)
-            _assign(linear, dequantize_rows(packed))
-            bits += 8 * packed.nbytes
-            params += packed.rows * packed.cols
+        for group, width in zip(groups, widths):
+            for _name, linear in group:
+                if linear.weight is emb.weight:  # a tied 4-bit lm_head: the same int4 blocks, quantised once
+                    continue
+                packed = quantize_dense(_np(linear.weight), cfg, width)
+                _assign(linear, dequantize_rows(packed))
+                bits += 8 * packed.nbytes
+                params += packed.rows * packed.cols
     return QuantReport(
         format=type(cfg).__name__, config=config_to_dict(cfg), scope=scope,
         bits_per_weight_mlp=mlp_bits / mlp_params, bits_per_weight=bits / params,
@@ -241,7 +263,7 @@ def _dense_and_report(model, cfg: QuantConfig, scope: str, mlp_bits: int, mlp_pa
 
 
 def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "",
-                      embedding: str = defaults.EMBEDDING) -> QuantReport:
+                      embedding: str = defaults.EMBEDDING, dense_bits: DenseBits | None = None) -> QuantReport:
     """Replace every MLP's weights in place by those of a ``dipdeploy quantize`` file (dequantised);
     with ``scope="all"`` quantise attention and lm_head as :func:`quantize_model_` does, in the file's
     format. Refuses a file made for another model or shape, naming both."""
@@ -269,7 +291,8 @@ def load_mlp_weights_(model, path, scope: str = "mlp", *, model_name: str = "",
         for p in packed.values():
             mlp_bits += 8 * p.nbytes
             mlp_params += p.rows * p.cols
-    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, [f"MLP weights from {path}"], embedding)
+    return _dense_and_report(model, cfg, scope, mlp_bits, mlp_params, t0, [f"MLP weights from {path}"], embedding,
+                             dense_bits)
 
 
 def write_packed_mlp(model, cfg: QuantConfig, out, *, model_name: str = "", force: bool = False,
