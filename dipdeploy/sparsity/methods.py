@@ -9,6 +9,9 @@ training, tracing and as the export reference.
 Granite) or tanh-approximated GELU (GeGLU: Gemma). Every method is defined on act(W_g x), so under GeGLU
 CATS thresholds |GELU(W_g x)| and ``gate`` ranks it (docs/method.md).
 
+``predictor`` is the Deja Vu / LLM in a flash baseline: the top-K_glu of a trained low-rank predictor of x
+(:mod:`dipdeploy.sparsity.predictor`, which trains and attaches it) gate the whole MLP by unit.
+
 Masking an input feature is the same as not reading that column of W_u and W_g, so the dense matmul on a
 masked input *is* the sparse computation, numerically. LoRA adapters on the projections act on the full
 weight before this selection, as docs/method.md requires (``W + AB``, then columns chosen).
