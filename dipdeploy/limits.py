@@ -23,6 +23,10 @@ MAX_BATCH = 1024
 #: Compute threads (ORT intra-op, torch): beyond a machine's cores they only contend, and on the runtime's
 #: per-layer path each session starts its own pool, so a mistyped count would exhaust the process's threads.
 MAX_THREADS = 256
+#: The predictor baseline's rank (eval --predictor-rank; also at most the model's width) and its Adam steps per
+#: layer (--predictor-steps): each step is a pass over a batch of calibration tokens for every layer.
+MAX_PREDICTOR_RANK = 4096
+MAX_PREDICTOR_STEPS = 100_000
 
 
 def check_count(value, name: str, low: int, high: int, unit: str = "") -> int:

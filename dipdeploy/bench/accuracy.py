@@ -25,7 +25,7 @@ from dipdeploy.bench.rows import SuiteResult
 
 Notice = Callable[[str], None]
 #: the methods of the suite (``dipdeploy eval`` takes more: the single-group baselines stay there)
-METHODS = ("dense", "dip", "dip-ca", "teal", "cats")
+METHODS = ("dense", "dip", "dip-ca", "teal", "cats", "predictor")
 TASKS = ("wikitext2", "humaneval")
 #: ``--quant``'s value for fp32 weights (``eval`` without ``--quant``)
 NO_QUANT = "none"
@@ -60,6 +60,10 @@ class AccuracyGrid:
     def __post_init__(self) -> None:
         if not self.models:
             raise ValueError("give a model: -m NAME (a registry model, `dipdeploy models`, or a Hugging Face folder)")
+        if "predictor" in self.methods and any(q != NO_QUANT for q in self.quants):
+            from dipdeploy.eval import PREDICTOR_FP32
+
+            raise ValueError(PREDICTOR_FP32)
         if self.limit is not None and "humaneval" not in self.tasks:
             raise ValueError("--limit counts HumanEval problems; add --task humaneval or leave --limit out")
         for model in self.models:
@@ -128,6 +132,7 @@ class AccuracyRow:
     seqlen: int | None = None
     windows: int | None = None
     tokens: int | None = None  # predicted tokens of the perplexity
+    recall: float | None = None  # predictor rows: its recall of the dense GLU's top-K units (eval.meter)
     calib_s: float | None = None
     eval_s: float | None = None
 
@@ -261,7 +266,8 @@ def run_accuracy(grid: AccuracyGrid, notice: Notice = lambda line: None) -> Accu
                               density=got.get("density_test", passed["density"] if passed else rho),
                               ppl=got.get("ppl"), pass_at_1=passed["pass_at_1"] if passed else None,
                               problems=passed["problems"] if passed else None, seqlen=got.get("seqlen"),
-                              windows=got.get("windows"), tokens=got.get("tokens"), calib_s=got.get("calib_s"),
+                              windows=got.get("windows"), tokens=got.get("tokens"), recall=got.get("recall"),
+                              calib_s=got.get("calib_s"),
                               eval_s=got.get("eval_s"))
             rows.append(row)
             said = ", ".join(x for x in ("" if row.ppl is None else f"PPL {row.ppl:.4g}",

@@ -68,9 +68,9 @@ def command_line(grid) -> str:
 def accuracy_cmd(
     model: Optional[List[str]] = typer.Option(None, "--model", "-m", help="registry model (`dipdeploy models`) or "
                                               "Hugging Face folder; a comma list or repeated", rich_help_panel=BASIC),
-    method: Optional[List[str]] = typer.Option(None, "--method", help="dense | dip | dip-ca | teal | cats, as `eval "
-                                               "--method`; dense is measured once per model and format in every "
-                                               "run [default: dense,dip]", rich_help_panel=BASIC),
+    method: Optional[List[str]] = typer.Option(None, "--method", help="dense | dip | dip-ca | teal | cats | "
+                                               "predictor, as `eval --method`; dense is measured once per model and "
+                                               "format in every run [default: dense,dip]", rich_help_panel=BASIC),
     density: Optional[List[str]] = typer.Option(None, "--density", help="target MLP densities ρ in (0, 1]; a "
                                                 "density a method cannot reach is left out [default: 0.5]",
                                                 rich_help_panel=BASIC),

@@ -19,7 +19,7 @@ from dipdeploy.eval.humaneval import TaskConfig
 from dipdeploy.limits import MAX_TOKENS, MAX_WINDOWS, check_caps
 from dipdeploy.quant.config import CALIBRATED_FEEDBACK, VQ3QuantConfig
 from dipdeploy.registry import list_models
-from dipdeploy.sparsity.plan import SparsityConfig, allocation_label
+from dipdeploy.sparsity.plan import PREDICTOR_EVAL_ONLY, SparsityConfig, allocation_label
 from dipdeploy.terminal import shown
 from dipdeploy.torchdevice import DEFAULT_DEVICE
 
@@ -67,10 +67,12 @@ def _source_label(src: dict) -> str:
 
 
 def _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac, fixed_top_n,
-                      gamma_warmup, cache_split=SparsityConfig.cache_split):
+                      gamma_warmup, cache_split=SparsityConfig.cache_split,
+                      predictor_rank=SparsityConfig.predictor_rank, predictor_steps=SparsityConfig.predictor_steps):
     return SparsityConfig(method=method, density=density, rho_in=rho_in, allocation=allocation, score=score,
                           gamma=gamma, policy=policy, cache_frac=cache_frac, fixed_top_n=fixed_top_n,
-                          gamma_warmup=gamma_warmup, cache_split=cache_split)
+                          gamma_warmup=gamma_warmup, cache_split=cache_split, predictor_rank=predictor_rank,
+                          predictor_steps=predictor_steps)
 
 
 #: eval's table: row key → column header (short, so ten columns fit 80)
@@ -174,8 +176,8 @@ TASKS = ("wikitext2", "humaneval")
 #: eval's options that build the model and its plans (``model_eval_config``), for both tasks
 _MODEL_ARGS = ("model", "method", "density", "plan", "data_dir", "rho_in", "allocation", "score", "gamma", "policy",
                "cache_frac", "fixed_top_n", "gamma_warmup", "cache_split", "quant", "quant_scope", "embedding",
-               "dense_bits", "weights", "vq_hessian", "vq_feedback", "vq_density", "calib_windows", "calib_seqlen", "stats_windows", "lora",
-               "lora_merge", "device")
+               "dense_bits", "weights", "vq_hessian", "vq_feedback", "vq_density", "calib_windows", "calib_seqlen",
+               "stats_windows", "lora", "lora_merge", "device", "predictor_rank", "predictor_steps")
 #: eval's options of `--bundle` perplexity beyond those (``task.bundle_perplexity_cmd``)
 _BUNDLE_PPL_ARGS = ("bundle", "dram_budget", "speculate", "draft", "seqlen", "max_windows", "dataset", "text_file",
                     "batch_size", "json_out", "plot", "force")
@@ -247,7 +249,8 @@ def model_eval_config(opts: dict, **task_fields) -> EvalConfig:
         floats(o["density"], "--density")
     # the knobs every row shares; each row sets its own method and density (evaluate)
     sp = _sparsity_options(_S.method, _S.density, o["rho_in"], o["allocation"], o["score"], o["gamma"], o["policy"],
-                           o["cache_frac"], o["fixed_top_n"], o["gamma_warmup"], o["cache_split"])
+                           o["cache_frac"], o["fixed_top_n"], o["gamma_warmup"], o["cache_split"],
+                           o["predictor_rank"], o["predictor_steps"])
     cfg = EvalConfig(model=o["model"], method=o["method"], density=o["density"],
                      plan=str(o["plan"]) if o["plan"] else None, data_dir=str(o["data_dir"]) if o["data_dir"] else None,
                      sparsity=sp, quant=o["quant"], quant_scope=o["quant_scope"], embedding=o["embedding"],
@@ -282,9 +285,11 @@ def floats(text: str, flag: str) -> list[float]:
 @app.command("eval")
 def eval_cmd(
     model: str = MODEL,
-    method: Optional[str] = typer.Option(None, help="comma list of: dense, glu, gate, up, cats, teal, dip, dip-ca "
-                                         "(dense is evaluated once, at ρ = 1; cats: threshold on |act(W_g x)|, act = "
-                                         f"SiLU, or GELU for GeGLU) [default: {_S.method}, or the --plan's]"),
+    method: Optional[str] = typer.Option(None, help="comma list of: dense, glu, gate, up, cats, teal, dip, dip-ca, "
+                                         "predictor (dense is evaluated once, at ρ = 1; cats: threshold on "
+                                         "|act(W_g x)|, act = SiLU, or GELU for GeGLU; predictor: the Deja Vu / LLM "
+                                         "in a flash baseline, a learned low-rank predictor of the GLU's top-K) "
+                                         f"[default: {_S.method}, or the --plan's]"),
     density: Optional[str] = typer.Option(None, help="comma list of MLP densities ρ in (0, 1] [default: "
                                           f"{_S.density:g}, or the --plan's]"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate` (skips calibration; the "
@@ -298,6 +303,12 @@ def eval_cmd(
     rho_in: Optional[float] = RHO_IN, allocation: str = ALLOC, score: str = SCORE, gamma: float = GAMMA,
     policy: str = POLICY, cache_frac: float = CACHE, fixed_top_n: int = TOPN, gamma_warmup: int = WARM,
     cache_split: str = SPLIT,
+    predictor_rank: int = typer.Option(_S.predictor_rank, "--predictor-rank", help="predictor: rank r of each "
+                                       "layer's P(x) = (x A) B + b (its bytes count in ρ; docs/method.md)"),
+    predictor_steps: int = typer.Option(_S.predictor_steps, "--predictor-steps", help="predictor: Adam steps "
+                                        "per layer on the calibration windows"),
+    recall: bool = typer.Option(False, "--recall", help="also measure the recall of the dense GLU's top-K units "
+                                "by glu, dip and dip-ca rows (one more up/gate pass; predictor rows always do)"),
     quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3 (and their "
                                         "-gptq variants)"),
     quant_scope: str = typer.Option(_EV.quant_scope, help="all: attention and lm_head in MatMulNBits blocks "
@@ -362,7 +373,8 @@ def eval_cmd(
         check_inputs(data_dir=data_dir, files={"--plan": plan, "--text-file": text_file},
                      outputs={"--json": json_out, "--plot": plot}, force=force)
         cfg = model_eval_config(opts, seqlen=seqlen, max_windows=max_windows or None, dataset=dataset,
-                                text_file=str(text_file) if text_file else None, batch_size=batch_size)
+                                text_file=str(text_file) if text_file else None, batch_size=batch_size,
+                                recall=recall)
         start = time.perf_counter()
         rows = evaluate(cfg, Progress())
     except (ValueError, OSError, KeyError) as err:
@@ -410,6 +422,8 @@ def calibrate_cmd(
         check_caps(("--windows", windows, MAX_WINDOWS, "windows"), ("--seqlen", seqlen, MAX_TOKENS, "tokens"))
         cfg = _sparsity_options(method, density, rho_in, allocation, score, gamma, policy, cache_frac,
                                 fixed_top_n, gamma_warmup, cache_split)
+        if cfg.method == "predictor":
+            raise ValueError(PREDICTOR_EVAL_ONLY)
         check_inputs(model=model)
         where = resolve_device(device or DEFAULT_DEVICE)
         from dipdeploy.data import calibration_windows

@@ -18,6 +18,11 @@ from dipdeploy.sparsity.plan import METHODS, SparsityConfig, SparsityPlan
 from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES, device_of
 
 
+#: why the predictor baseline runs on unquantised weights only: its bytes are counted in the MLP's own dtype
+PREDICTOR_FP32 = ("method predictor counts its own bytes in the MLP weights' dtype, so it is measured without "
+                  "--quant or --weights; drop them for its rows")
+
+
 def _as_tuple(v, cast):
     if isinstance(v, str):
         return tuple(cast(x.strip()) for x in v.split(",") if x.strip())
@@ -71,6 +76,9 @@ class EvalConfig:
     lora_merge: bool = True  # merge_and_unload (what export does) or keep live adapter layers
     progress: bool = True  # report stages (dipdeploy.progress) when the Evaluator is given no Progress
     device: str = DEFAULT_DEVICE  # where torch computes (dipdeploy.torchdevice); the rows are Python numbers
+    # each top-K row's recall of the dense GLU's top-K units (eval.meter.RecallMeter); the predictor's rows
+    # always measure it (its dense GLU is computed anyway), the others only when asked (one more up/gate pass)
+    recall: bool = False
 
     def __post_init__(self) -> None:
         own = _plan_rows(self.plan, self.method, self.density) if self.plan is not None else None
@@ -113,6 +121,8 @@ class EvalConfig:
                                                        or (self.quant is None and self.weights is None)):
             raise ValueError(f"--dense-bits {self.dense_bits} sets the bits of quantised attention and lm_head "
                              "weights; add --quant (with --quant-scope all) or drop --dense-bits")
+        if "predictor" in self.method and (self.quant is not None or self.weights is not None):
+            raise ValueError(PREDICTOR_FP32)
         if self.quant is not None and self.weights is not None:
             raise ValueError("--weights brings its own quantised MLP; drop --quant (or drop --weights)")
         vq = (self.vq_hessian, self.vq_feedback, self.vq_density)
@@ -204,6 +214,7 @@ class Evaluator:
         self._test = None
         self.splits: dict = {}
         self.curves: dict = {}  # the joint allocation's error curves per score (sparsity.allocate)
+        self.predictors: dict = {}  # the predictor method's trained predictors per plan (sparsity.predictor)
 
     @property
     def test(self):
@@ -256,6 +267,18 @@ class Evaluator:
         with self.progress.stage(f"calibrate {sparsity.method} ρ={sparsity.density:g}, window passes") as stage:
             return calibrate(self.lm, sparsity, self.calib, self.splits, self.curves, progress=stage)
 
+    def train_predictors(self, plan: SparsityPlan, steps: int):
+        """The trained predictors of a ``predictor`` plan (``dipdeploy.sparsity.predictor``), trained once
+        per (density, rank, steps) on the calibration windows."""
+        from dipdeploy.sparsity.predictor import fit_predictors
+
+        key = (round(plan.density, 6), plan.predictor_rank, steps)
+        if key not in self.predictors:
+            with self.progress.stage(f"train predictor r={plan.predictor_rank} ρ={plan.density:.4g}, "
+                                     f"{steps} steps per layer, layers") as stage:
+                self.predictors[key] = fit_predictors(self.lm, plan, self.calib, steps, progress=stage)
+        return self.predictors[key]
+
     def plan(self, method: str, density: float, **overrides):
         """The plan of one row (None for dense): calibrated or given, DIP-CA's ``reads`` split priced in
         this evaluation's row bytes."""
@@ -266,24 +289,43 @@ class Evaluator:
             plan = replace(plan, row_bytes=self.row_bytes())
         return plan
 
+    def sparsify(self, plan: SparsityPlan | None, overrides: dict):
+        """Run the model under ``plan`` (dense for None); a predictor plan's predictors trained (once) and
+        attached, and returned (None for the other methods). Undo with ``methods.unsparsify_``."""
+        from dipdeploy.sparsity.methods import sparsify_
+
+        if plan is None:
+            return None
+        fit = None
+        if plan.method == "predictor":
+            fit = self.train_predictors(plan, overrides.get("predictor_steps", self.cfg.sparsity.predictor_steps))
+        sparsify_(self.lm.model, plan)
+        if fit is not None:
+            from dipdeploy.sparsity.predictor import attach
+
+            attach(self.lm.model, fit)
+        return fit
+
     def row(self, method: str, density: float, **overrides) -> dict:
 
-        from dipdeploy.eval.meter import DensityMeter
+        from dipdeploy.eval.meter import RECALL_METHODS, DensityMeter, RecallMeter
         from dipdeploy.eval.perplexity import perplexity
-        from dipdeploy.sparsity.methods import sparsify_, unsparsify_
+        from dipdeploy.sparsity.methods import unsparsify_
 
         cfg = self.cfg
         t0 = time.time()
         plan = self.plan(method, density, **overrides)
-        if plan is not None:
-            sparsify_(self.lm.model, plan)
+        fit = self.sparsify(plan, overrides)
         t1 = time.time()
         batch = cfg.batch_size or (16 if method == "dip-ca" else 1)
         meter = DensityMeter(self.lm.model, plan) if method in ("teal", "cats") else nullcontext()
+        recall = RecallMeter(self.lm.model) if method in RECALL_METHODS and (cfg.recall or fit is not None) \
+            else None
         try:
             n = int(self.test.shape[0])
             nlls: list[float] = []
-            with meter, self.progress.stage(f"eval {method} ρ={density:g}, windows", total=n) as stage:
+            with meter, recall or nullcontext(), \
+                    self.progress.stage(f"eval {method} ρ={density:g}, windows", total=n) as stage:
                 ppl, tokens = perplexity(self.lm.model, self.test.to(device_of(self.lm.model)), batch,
                                          on_batch=stage.advance, per_window=nlls)
         finally:
@@ -302,6 +344,8 @@ class Evaluator:
             "score": plan.score if plan else "-",
             "gamma": plan.gamma if plan else 1.0, "policy": plan.policy if ca else "-",
             "cache_frac": plan.cache_frac if ca else None, "cache_split": plan.cache_split if ca else None,
+            "recall": None if recall is None or recall.recall() is None else round(recall.recall(), 4),
+            **({"predictor": fit.info()} if fit is not None else {}),
             "lora": self.lora, **self.qinfo, "calib_s": round(t1 - t0, 1), "eval_s": round(time.time() - t1, 1),
         }
 

@@ -288,7 +288,7 @@ def evaluate_method(ev, method: str, density: float, items: list[dict], task: Ta
                     batch: int = 8, **overrides) -> dict:
     """pass@1 of one (method, density) on the torch reference of ``ev`` (an ``Evaluator``: its model,
     quantisation and adapter, the plan calibrated as its perplexity rows' are, ``overrides`` as theirs)."""
-    from dipdeploy.sparsity.methods import sparsify_, unsparsify_
+    from dipdeploy.sparsity.methods import unsparsify_
 
     if not getattr(ev.lm.tokenizer, "chat_template", None):
         raise ValueError(f"{ev.lm.name} has no chat template, and HumanEval asks through it; give an instruct "
@@ -298,8 +298,7 @@ def evaluate_method(ev, method: str, density: float, items: list[dict], task: Ta
     ident = json.dumps([plan.to_json() if plan else None, ev.qinfo, ev.lora, task.max_new_tokens], sort_keys=True)
     key = f"torch|{ev.lm.name}|{method}|{density:g}|{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
     size = 1 if method == "dip-ca" else batch
-    if plan is not None:
-        sparsify_(ev.lm.model, plan)
+    ev.sparsify(plan, overrides)
     try:
         with ev.progress.stage(f"humaneval {method} ρ={density:g}, problems", total=len(items)) as stage:
             rows = run_rows(key, items, torch_generator(ev.lm, task.max_new_tokens, size), task, log, size, stage)

@@ -4,6 +4,9 @@ Thresholds are fitted so each layer keeps its share *in expectation on calibrati
 the share moves, so comparing TEAL or CATS with DIP at equal ρ (docs/method.md, "MLP density": bytes read
 per token) needs the share they realise on the very tokens they are scored on. DIP's top-K reads exactly
 its plan's density on every token.
+
+And how well a top-K method's GLU selection recalls the units the dense computation would rank first
+(:class:`RecallMeter`): the measure of the predictor baseline beside DIP.
 """
 
 from __future__ import annotations
@@ -55,3 +58,41 @@ class DensityMeter:
         glu = "glu" if self.plan.method == "teal" else "gate"
         layers = [LayerPlan(share(i, "in") * d, share(i, glu) * f) for i in range(len(self.plan.layers))]
         return replace(self.plan, layers=layers).mean_density()
+
+
+#: Methods whose GLU selection is a top-K_glu per token, so their recall of the dense GLU's top-K is defined.
+RECALL_METHODS = ("glu", "dip", "dip-ca", "predictor")
+
+
+class RecallMeter:
+    """Per layer, the share of the true top-K_glu GLU units (by |GLU| of the dense computation, K the
+    layer's own) that a top-K method chose, over every token the model runs while installed as the sparse
+    MLPs' ``recall`` (``methods.SparseMLP.note_recall``). The predictor baseline's premise is measured by
+    it (docs/method.md, "The predictor baseline")."""
+
+    def __init__(self, model):
+        self.mlps = sparse_mlps(model)
+        self.hits: dict[int, int] = {}
+        self.wanted: dict[int, int] = {}
+
+    def __enter__(self) -> "RecallMeter":
+        for m in self.mlps:
+            m.recall = self._count
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m in self.mlps:
+            m.recall = None
+
+    def _count(self, i: int, hits: int, wanted: int) -> None:
+        self.hits[i] = self.hits.get(i, 0) + hits
+        self.wanted[i] = self.wanted.get(i, 0) + wanted
+
+    def layers(self) -> list[float]:
+        """Each layer's recall in [0, 1], in layer order."""
+        return [self.hits[i] / self.wanted[i] for i in sorted(self.wanted) if self.wanted[i]]
+
+    def recall(self) -> float | None:
+        """The layers' recalls averaged (None when nothing was counted)."""
+        per = self.layers()
+        return sum(per) / len(per) if per else None

@@ -15,7 +15,7 @@ from dipdeploy.limits import MAX_THREADS, MAX_TOKENS, MAX_WINDOWS, check_caps
 from dipdeploy.ops.formats import format_of_config
 from dipdeploy.ops.schemas import BUNDLE_ACCURACY_LEVELS
 from dipdeploy.quant.config import QUANT_PRESETS
-from dipdeploy.sparsity.plan import SparsityConfig
+from dipdeploy.sparsity.plan import PREDICTOR_EVAL_ONLY, SparsityConfig
 from dipdeploy.torchdevice import DEFAULT_DEVICE, DEVICES
 
 #: Methods the exported graph can run. Other plan methods (glu, gate, up, cats, teal) have no
@@ -113,6 +113,8 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         self.dense_bits = str(self.dense_bits)  # 4 and "4" alike
+        if self.method == "predictor":
+            raise ValueError(PREDICTOR_EVAL_ONLY)
         choices = {"method": EXPORT_METHODS, "quant": EXPORT_QUANTS, "accuracy_level": ACCURACY_LEVELS,
                    "alignment": ALIGNMENTS, "attention": ATTENTION_OPS, "embedding": defaults.EMBEDDINGS,
                    "dense_bits": defaults.DENSE_BITS_CHOICES,

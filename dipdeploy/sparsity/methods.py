@@ -9,6 +9,9 @@ training, tracing and as the export reference.
 Granite) or tanh-approximated GELU (GeGLU: Gemma). Every method is defined on act(W_g x), so under GeGLU
 CATS thresholds |GELU(W_g x)| and ``gate`` ranks it (docs/method.md).
 
+``predictor`` is the Deja Vu / LLM in a flash baseline: the top-K_glu of a trained low-rank predictor of x
+(:mod:`dipdeploy.sparsity.predictor`, which trains and attaches it) gate the whole MLP by unit.
+
 Masking an input feature is the same as not reading that column of W_u and W_g, so the dense matmul on a
 masked input *is* the sparse computation, numerically. LoRA adapters on the projections act on the full
 weight before this selection, as docs/method.md requires (``W + AB``, then columns chosen).
@@ -102,6 +105,8 @@ class SparseMLP(nn.Module):
         self.recorder = None  # callable(index, record dict) while tracing
         self.observer = None  # callable(index, name, tensor) while calibrating
         self.selector = None  # callable(index, group, scores [N, R] numpy, k) -> indices [N, k] (sparsity.twin)
+        self.recall = None  # callable(index, hits, wanted) while a recall meter runs (dipdeploy.eval.meter)
+        self.predictor = None  # the predictor method's trained module (dipdeploy.sparsity.predictor)
         # a score's static weights on |x| and |GLU~| (dipdeploy.sparsity.scores), None for plain |·|
         with torch.no_grad():
             norm_in, norm_glu = score_weights(plan.score, *self.weights_in(), self.down_weight())
@@ -160,6 +165,19 @@ class SparseMLP(nn.Module):
             return None
         return self.selector(self.index, group, scores.reshape(-1, scores.shape[-1]), k)
 
+    def note_recall(self, x: torch.Tensor, chosen: torch.Tensor, glu: torch.Tensor | None = None) -> None:
+        """While a recall meter runs: how many of the true top-K GLU units (by |GLU| of the *dense*
+        computation on ``x``, K the layer's K_glu) ``chosen`` holds. ``glu``: that dense GLU when the
+        method computed it already; else it is computed here (one extra dense up/gate pass)."""
+        if self.recall is None:
+            return
+        with torch.no_grad():
+            if glu is None:
+                gate, up = self.gate_up(x)
+                glu = self.act(gate) * up
+            true = topk_mask(glu.abs(), self.layer.k_glu)
+            self.recall(self.index, int((true & chosen.bool()).sum()), int(true.sum()))
+
     def reset(self) -> None:
         """Forget the DIP-CA cache state (a new sequence, or a new batch of windows)."""
         self.caches = None
@@ -179,7 +197,9 @@ def _glu(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
     """Oracle GLU pruning: the dense GLU, then only the top-K_glu columns of W_d."""
     gate, up = m.gate_up(x)
     g = m.act(gate) * up  # [B, T, F]
-    return m.down(g * topk_mask(m.score_glu(g), m.layer.k_glu))
+    chosen = topk_mask(m.score_glu(g), m.layer.k_glu)
+    m.note_recall(x, chosen, g)
+    return m.down(g * chosen)
 
 
 @method("gate")
@@ -242,6 +262,7 @@ def _dip(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
     if m.recorder is not None:
         m.record(sel_in=topk_indices(s_in, m.layer.k_in), sel_glu=topk_indices(s_glu, m.layer.k_glu),
                  x_abs=s_in, glu_abs=s_glu)
+    m.note_recall(x, m_glu)
     return m.down(g * m_glu)
 
 
@@ -283,7 +304,23 @@ def _dip_ca(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
     s_glu = m.score_glu(g)
     sel_glu = _ca_select(m, "glu", m.caches[1], s_glu.detach().float().cpu().numpy(), m.layer.k_glu)
     m.record(sel_in=sel_in, sel_glu=sel_glu, x_abs=s_in, glu_abs=s_glu)
-    return m.down(g * mask_from_indices(sel_glu, g.shape, g.device))
+    m_glu = mask_from_indices(sel_glu, g.shape, g.device)
+    m.note_recall(x, m_glu)
+    return m.down(g * m_glu)
+
+
+@method("predictor")
+def _predictor(m: SparseMLP, x: torch.Tensor) -> torch.Tensor:
+    """Deja Vu / LLM in a flash: a trained low-rank predictor's top-K_glu units of x gate the whole MLP (the
+    rows of W_u and W_g and the columns of W_d of those units); masking the dense GLU is numerically that."""
+    if m.predictor is None:
+        raise ValueError("method 'predictor' needs its trained predictors, which `dipdeploy eval --method "
+                         "predictor` trains; it cannot be calibrated, traced, fine-tuned or exported")
+    chosen = topk_mask(m.predictor(x), m.layer.k_glu)
+    gate, up = m.gate_up(x)
+    g = m.act(gate) * up
+    m.note_recall(x, chosen, g)
+    return m.down(g * chosen)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

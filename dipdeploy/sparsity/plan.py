@@ -12,6 +12,7 @@ A method's reachable densities follow from which weights it skips:
 | glu    | W_u, W_g, K_glu cols of W_d   | (2 + ρ_glu)/3                 | 2/3      |
 | gate, up, cats | one of W_u/W_g, K_glu rows of the other and of W_d | (1 + 2ρ_glu)/3 | 1/3 |
 | teal, dip, dip-ca | K_in cols of W_u, W_g; K_glu cols of W_d | (2ρ_in + ρ_glu)/3 | 0 |
+| predictor | A, B, b; K_glu rows of W_u, W_g, cols of W_d | ρ_glu + (r(d+F) + F)/(3dF) | its own bytes |
 
 Floor 3 (no torch here, but lives beside the torch methods). Plans round-trip through JSON with a
 version; a reader rejects a version it does not know.
@@ -26,10 +27,14 @@ from pathlib import Path
 from dipdeploy import defaults
 from dipdeploy.cache import POLICY_RECORDS
 from dipdeploy.cache.split import CACHE_SPLIT, CACHE_SPLITS, spend
+from dipdeploy.limits import MAX_PREDICTOR_RANK, MAX_PREDICTOR_STEPS, check_count
 from dipdeploy.paths import write_atomic
 
 PLAN_VERSION = 1
-METHODS = ("dense", "glu", "gate", "up", "cats", "teal", "dip", "dip-ca")
+METHODS = ("dense", "glu", "gate", "up", "cats", "teal", "dip", "dip-ca", "predictor")
+#: the predictor baseline lives in the torch reference only: its trained weights are in no plan and no bundle
+PREDICTOR_EVAL_ONLY = ("method predictor is trained and measured by `dipdeploy eval --method predictor` only (its "
+                       "weights are kept in no plan and no bundle); calibrate or export dip or dip-ca")
 SCORES = ("abs", "wina", "wina-in")  # dipdeploy.sparsity.scores
 ALLOCATIONS = ("uniform", "greedy", "joint", "greedy-split")
 #: policies usable inside the torch reference: those that update from the past alone (Belady needs the future)
@@ -57,6 +62,9 @@ class SparsityConfig:
     cache_split: str = CACHE_SPLIT
     fixed_top_n: int = 0
     gamma_warmup: int = 0
+    # the predictor baseline (``dipdeploy.sparsity.predictor``): rank r of P(x) = (x A) B + b, Adam steps per layer
+    predictor_rank: int = 64
+    predictor_steps: int = 300
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -86,10 +94,18 @@ class SparsityConfig:
             raise ValueError(f"cache_frac must lie in [0, 1], got {self.cache_frac}")
         if self.cache_split not in CACHE_SPLITS:
             raise ValueError(f"cache split {self.cache_split!r} unknown; choose one of {', '.join(CACHE_SPLITS)}")
+        check_count(self.predictor_rank, "--predictor-rank", 1, MAX_PREDICTOR_RANK)
+        check_count(self.predictor_steps, "--predictor-steps", 1, MAX_PREDICTOR_STEPS, "steps")
 
 
 def min_density(method: str) -> float:
     return {"dense": 1.0, "glu": 2 / 3, "gate": 1 / 3, "up": 1 / 3, "cats": 1 / 3}.get(method, 0.0)
+
+
+def predictor_share(rank: int, d: int, f: int) -> float:
+    """The predictor's own bytes per token over the dense MLP's: A [d, r], B [r, F] and b [F], stored in the
+    MLP weights' dtype and read for every token, against the 3·d·F weights of W_u, W_g and W_d."""
+    return (rank * (d + f) + f) / (3 * d * f)
 
 
 def density(k_in: int, k_glu: int, d: int, f: int) -> float:
@@ -133,6 +149,7 @@ class SparsityPlan:
     gamma_warmup: int = SparsityConfig.gamma_warmup
     allocation: str = SparsityConfig.allocation
     rho_in: float | None = None
+    predictor_rank: int = 0  # the predictor method's rank r (its bytes count in ρ); 0 for the other methods
     calibration: dict = field(default_factory=dict)
     version: int = PLAN_VERSION
 
@@ -145,6 +162,8 @@ class SparsityPlan:
             return (2 + lp.k_glu / f) / 3
         if self.method in ("gate", "up", "cats"):
             return (1 + 2 * lp.k_glu / f) / 3
+        if self.method == "predictor":
+            return lp.k_glu / f + predictor_share(self.predictor_rank, d, f)
         return density(lp.k_in, lp.k_glu, d, f)
 
     def cache_capacity(self, miss_cost) -> list[list[int]]:
@@ -233,6 +252,8 @@ def default_rho_in(rho: float) -> float:
 def uniform_plan(cfg: SparsityConfig, model: str, num_layers: int, d: int, f: int,
                  rho_in: float | None = None) -> SparsityPlan:
     """Every layer at the same (K_in, K_glu)."""
+    if cfg.method == "predictor":
+        return _predictor_plan(cfg, model, num_layers, d, f)
     r_in, r_glu = split_for(cfg.method, cfg.density, rho_in if rho_in is not None else cfg.rho_in)
     k_in = max(1, min(d, round(r_in * d)))
     k_glu = max(1, min(f, round(r_glu * f)))
@@ -243,5 +264,23 @@ def uniform_plan(cfg: SparsityConfig, model: str, num_layers: int, d: int, f: in
         cache_split=cfg.cache_split, fixed_top_n=cfg.fixed_top_n, gamma_warmup=cfg.gamma_warmup, allocation="uniform",
         rho_in=r_in,
     )
+    plan.density = plan.mean_density()
+    return plan
+
+
+def _predictor_plan(cfg: SparsityConfig, model: str, num_layers: int, d: int, f: int) -> SparsityPlan:
+    """The predictor's plan: every input feature, and the K = (ρ − its own share)·F units it predicts, so
+    its density, predictor bytes included, is the target within half a unit."""
+    if cfg.predictor_rank > min(d, f):
+        raise ValueError(f"--predictor-rank {cfg.predictor_rank} exceeds the model's width (d={d}, F={f}); give "
+                         f"{min(d, f)} or less")
+    share = predictor_share(cfg.predictor_rank, d, f)
+    k = min(f, round((cfg.density - share) * f))
+    if k < 1:
+        raise ValueError(f"density {cfg.density:g} is below the rank-{cfg.predictor_rank} predictor's own bytes "
+                         f"(ρ {share:.3f} of this MLP); raise --density or lower --predictor-rank")
+    plan = SparsityPlan(model=model, method="predictor", density=cfg.density, hidden_size=d, intermediate_size=f,
+                        layers=[LayerPlan(d, k) for _ in range(num_layers)], allocation="uniform", rho_in=1.0,
+                        predictor_rank=cfg.predictor_rank)
     plan.density = plan.mean_density()
     return plan
