@@ -21,15 +21,16 @@ BLOCK = 32
 
 def random_weights(fmt: str, rows: int, cols: int, rng: np.random.Generator):
     """Random ``OpWeights`` in ``fmt`` (fp32, fp16, bq4, vq3): valid codes, positive scales."""
-    from dipdeploy.ops.formats import OpWeights
+    from dipdeploy.ops.formats import OpWeights, weight_format
     from dipdeploy.quant.block import BlockQuantTensor
     from dipdeploy.quant.config import Block4QuantConfig, VQ3QuantConfig
     from dipdeploy.quant.vq import VQTensor, group_shape
 
-    if fmt in ("fp32", "fp16"):
+    record = weight_format(fmt)
+    if record.config is None:  # unquantised: the matrix in the format's dtype
         w = rng.standard_normal((rows, cols), dtype=np.float32)
-        return OpWeights.from_matrix(w.astype(np.float16) if fmt == "fp16" else w)
-    if fmt == "bq4":
+        return OpWeights.from_matrix(w.astype(record.dtypes[0]))
+    if record.config is Block4QuantConfig:
         q = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
         s = (rng.random((rows, cols // BLOCK), dtype=np.float32) * 0.01 + 1e-3).astype(np.float16)
         return OpWeights.from_packed(BlockQuantTensor(Block4QuantConfig(block_size=BLOCK), rows, cols, q, s))

@@ -123,7 +123,10 @@ class KernelGrid:
 
     def cases(self) -> list[KernelCase]:
         """Per shape and cache: the dense MatMul at each thread count, then every sparse configuration in
-        flag order, then MatMulNBits; level 4 only where it means something (BQ4, MatMulNBits)."""
+        flag order, then MatMulNBits; level 4 only where it means something (a format with int8
+        coefficients in the native kernel, MatMulNBits)."""
+        from dipdeploy.ops.formats import weight_format
+
         out = []
         for shape in self.shapes:
             for cache in self.caches:
@@ -133,7 +136,7 @@ class KernelGrid:
                         for t in self.threads:
                             for impl in (i for i in self.impls if i != "matmulnbits"):
                                 for level in self.levels:
-                                    if level and (fmt != "bq4" or impl != "native"):
+                                    if level and (not weight_format(fmt).int8 or impl != "native"):
                                         continue
                                     out.append(KernelCase(shape, fmt, rho, t, impl, level, cache))
                 if "matmulnbits" in self.impls:

@@ -207,6 +207,7 @@ def label(r, trace_method: str) -> str:
 def rows_of(results: list, trace_name: str, trace_method: str) -> list[SimRow]:
     """The suite's rows of one sweep's ``SimResult``s, each variant's gain and DRAM cut against dense-static
     (the dense rows of ``static`` policy) of the same model, device and precision."""
+    from dipdeploy.cache.policies import policy_of
     from dipdeploy.sim.sweep import compare
 
     out = []
@@ -214,7 +215,7 @@ def rows_of(results: list, trace_name: str, trace_method: str) -> list[SimRow]:
     for r in results:
         groups.setdefault((r.model, r.device, r.precision), []).append(r)
     for rs in groups.values():
-        base = [r for r in rs if r.method == "dense" and r.policy == "static"]
+        base = [r for r in rs if r.method == "dense" and policy_of(r.policy).pinned]
         curves: dict[str, list] = {}
         for r in rs:
             curves.setdefault(label(r, trace_method), []).append(r)
