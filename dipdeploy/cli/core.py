@@ -309,7 +309,7 @@ def eval_cmd(
                                         "per layer on the calibration windows"),
     recall: bool = typer.Option(False, "--recall", help="also measure the recall of the dense GLU's top-K units "
                                 "by glu, dip and dip-ca rows (one more up/gate pass; predictor rows always do)"),
-    quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 | rtn3 (and their "
+    quant: Optional[str] = typer.Option(None, help="bq4 | bq4-b32 | bq4-b64 | bq4-b128 | bq4-a32 | vq3 | rtn3 (and their "
                                         "-gptq variants)"),
     quant_scope: str = typer.Option(_EV.quant_scope, help="all: attention and lm_head in MatMulNBits blocks "
                                     "too, as `export --quant` ships them | mlp: the MLP only"),

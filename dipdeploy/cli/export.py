@@ -51,8 +51,8 @@ def export_cmd(
     rho_in: Optional[float] = typer.Option(None, "--rho-in", help="input share; given = no calibration"),
     gamma: Optional[float] = typer.Option(None, help=f"DIP-CA γ for the host runtime (default {_X.gamma:g})"),
     plan: Optional[Path] = typer.Option(None, help="a plan from `dipdeploy calibrate`"),
-    quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | vq3 (calibrated "
-                                        "on the plan's calibration text unless --vq-hessian none)"),
+    quant: Optional[str] = typer.Option(None, help="none | bq4 | bq4-b32 | bq4-b64 | bq4-b128 | bq4-a32 | vq3 "
+                                        "(calibrated on the plan's calibration text unless --vq-hessian none)"),
     vq_hessian: Optional[str] = VQ_HESSIAN,
     vq_feedback: Optional[bool] = VQ_FEEDBACK,
     vq_density: Optional[float] = VQ_DENSITY,

@@ -243,6 +243,9 @@ QUANT_PRESETS: dict[str, tuple[type, dict]] = {
     "bq4-b32": (Block4QuantConfig, {"block_size": 32}),
     "bq4-b64": (Block4QuantConfig, {"block_size": 64}),
     "bq4-b128": (Block4QuantConfig, {"block_size": 128}),
+    # asymmetric blocks of 32: a re-quantised 4-bit GGUF loses least in the row layout
+    # (benchmarks/results/accuracy-qwen2.5-coder-1.5b.md, "The bundle's weight format")
+    "bq4-a32": (Block4QuantConfig, {"block_size": 32, "symmetric": False}),
     "vq3": (VQ3QuantConfig, {}),
     "rtn3": (RTN3QuantConfig, {}),
     "rtn3-b96": (RTN3QuantConfig, {"block_size": 96}),
