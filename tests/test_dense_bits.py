@@ -14,7 +14,8 @@ from dipdeploy.export.bundle import export_model
 from dipdeploy.export.config import ExportConfig
 from dipdeploy.quant.api import dequantize_rows, quantize_dense
 from dipdeploy.quant.bits import pack_bits, unpack_bits
-from dipdeploy.quant.config import Block4QuantConfig, Block8QuantConfig, config_from_dict, config_to_dict
+from dipdeploy.quant.config import (Block4QuantConfig, Block8QuantConfig, config_from_dict, config_to_dict,
+                                    embedding_config, quant_config_from_name)
 from dipdeploy.quant.dense import GGUF_BLOCKS, DenseBits, gguf_bits_per_weight, source_bits
 
 
@@ -173,3 +174,15 @@ def test_space_estimate_counts_eight_bit_dense_weights():
     shape = ModelShape(params=1_000_000, embedding=200_000, tied=True, layers=2, mlp=600_000)
     size = {b: expected_bytes(shape, ExportConfig(quant="bq4", dense_bits=b)) for b in ("4", "8", "auto")}
     assert size["4"] < size["8"] == size["auto"]
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gemma3"])
+def test_asymmetric_mlp_blocks_keep_the_int4_embedding_symmetric(tmp_path, model):
+    """GatherBlockQuantized and the host's embedding reader take no zero points: with an asymmetric MLP
+    format (bq4-a32) the table (and a 4-bit lm_head tied to it) must still decode as the reference does."""
+    res = _export(tmp_path, "a", model=model, quant="bq4-a32", dense_bits="4")
+    v = res.manifest.validation
+    assert v["ok"] and v["agrees_stock"] and v["max_abs_diff"] <= v["tolerance"]
+    assert not any(name.startswith("model.embed") and name.endswith("zeros") for name in res.manifest.tensors)
+    cfg = embedding_config(quant_config_from_name("bq4-a32"))
+    assert cfg.symmetric and cfg.block_size == 32

@@ -19,7 +19,7 @@ from dipdeploy.export.blocks import AttentionWeights, Embedding, Linear, RopeTab
 from dipdeploy.export.mlp import MlpWeights
 from dipdeploy.export.spec import ArchSpec
 from dipdeploy.ops.formats import OpWeights
-from dipdeploy.quant.api import dequantize_rows, quantize_dense
+from dipdeploy.quant.api import dequantize_rows, quantize_dense, quantize_embedding
 from dipdeploy.quant.config import Block4QuantConfig, QuantConfig, config_to_dict, dense_config
 from dipdeploy.quant.dense import DenseBits
 from dipdeploy.quant.fake import mlp_weights, quantize_group, set_mlp_weights
@@ -165,7 +165,7 @@ class ModelSource:
             if not self.int4_embedding:
                 self._embedding = Embedding("fp32", vocab, dim, {"weight": w})
             else:
-                packed = quantize_dense(w, self.mlp_cfg)
+                packed = quantize_embedding(w, self.mlp_cfg)
                 del w
                 if self.write_back:
                     self._assign([module], packed)

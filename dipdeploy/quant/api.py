@@ -10,7 +10,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from dipdeploy.quant.config import dense_config
+from dipdeploy.quant.config import dense_config, embedding_config
 
 
 class PackedTensor(Protocol):
@@ -143,3 +143,9 @@ def quantize_dense(weight: np.ndarray, mlp_cfg, bits: int = 4) -> PackedTensor:
     output features, blocks along the input): the one quantiser of these weights, for export's MatMulNBits
     and for the torch fake-quant alike, so both hold the same numbers."""
     return quantize(weight, dense_config(mlp_cfg, bits))
+
+
+def quantize_embedding(table: np.ndarray, mlp_cfg) -> PackedTensor:
+    """The token embedding table [vocab, dim] in the int4 blocks of :func:`config.embedding_config`, for
+    export's GatherBlockQuantized table and the torch fake-quant alike."""
+    return quantize(table, embedding_config(mlp_cfg))

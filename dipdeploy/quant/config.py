@@ -280,6 +280,13 @@ def dense_config(mlp: QuantConfig, bits: int = 4) -> DenseConfig:
     return Block4QuantConfig()
 
 
+def embedding_config(mlp: QuantConfig) -> Block4QuantConfig:
+    """The int4 token embedding's format beside the MLP format ``mlp``: :func:`dense_config`'s 4-bit blocks,
+    always symmetric, since ``com.microsoft::GatherBlockQuantized`` rows and the host's embedding reader
+    (``runtime/embedding.py``) take no zero points; a tied lm_head reads the same blocks."""
+    return dataclasses.replace(dense_config(mlp, 4), symmetric=True)
+
+
 #: Error feedback in the VQ3 of the commands that calibrate (``quantize``, ``eval --quant``, ``export
 #: --quant``; ``--vq-feedback/--no-vq-feedback``) over the dataclass's ``hessian``: the measured best under
 #: DIP at equal MLP bytes per token (benchmarks/results/quant-smollm2.md, "Calibrated VQ3").

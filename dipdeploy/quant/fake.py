@@ -30,7 +30,7 @@ import numpy as np
 
 from dipdeploy import defaults
 from dipdeploy.arch import Arch, arch_of_model
-from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize, quantize_dense
+from dipdeploy.quant.api import PackedTensor, dequantize_rows, quantize, quantize_dense, quantize_embedding
 from dipdeploy.quant.calib import UnderDip, decoder_layers, row_statistics
 from dipdeploy.quant.config import QuantConfig, config_to_dict, dense_config, quant_config_from_name
 from dipdeploy.quant.dense import DenseBits
@@ -242,7 +242,7 @@ def _dense_and_report(model, cfg: QuantConfig, scope: str, mlp_bits: int, mlp_pa
         elif head is not None and widths and widths[-1] != 4:
             _untie_head(model, notes, f"a {widths[-1]}-bit lm_head beside the int4 embedding")
         if embedding == "int4":  # as export's int4 table (GatherBlockQuantized)
-            packed = quantize_dense(_np(emb.weight), cfg)
+            packed = quantize_embedding(_np(emb.weight), cfg)
             _assign(emb, dequantize_rows(packed))
             bits += 8 * packed.nbytes
             params += packed.rows * packed.cols
