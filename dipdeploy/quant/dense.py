@@ -4,8 +4,8 @@
 bits than the file the user brought stored it with, where that file is itself quantised (a GGUF): 8 bits
 where the source tensor takes more than :data:`THRESHOLD` bits per weight (Q4_1, Q5_*, Q6_K, Q8_*, F16,
 BF16, F32 …), else 4 (Q4_0, Q4_K, IQ4_*, Q3_K, Q2_K …: no more than BQ4 with its scales stores). A source
-in floating point that is not a GGUF (safetensors in fp16/bf16/fp32) gets 4 under ``auto``, as before
-this rule: it has no quantised precision to keep, and 4 bits is the size the bundle is made for.
+in floating point that is not a GGUF (safetensors in fp16/bf16/fp32) gets 4 under ``auto``: it has no
+quantised precision to keep, and 4 bits is the size the bundle is made for.
 
 The bits counted are the file's storage per weight, scales and minimums included (a GGUF type's bytes
 per block over its weights per block, as ``gguf.GGML_QUANT_SIZES`` gives them): Q4_1's per-block
