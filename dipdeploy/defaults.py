@@ -38,6 +38,8 @@ EMBEDDINGS = ("int4", "fp32")
 EMBEDDING = "int4"
 #: The bits of a quantised model's dense weights (attention, lm_head; ``export --dense-bits``, ``eval
 #: --dense-bits``): ``auto`` keeps the source GGUF's precision (8 bits where it stored more than 4.5
-#: bits per weight, ``quant.dense``), ``4`` or ``8`` for every one.
+#: bits per weight, ``quant.dense``), ``4`` or ``8`` for every one. The default is ``4``: onnxruntime's CPU
+#: MatMulNBits has no fast 8-bit kernel at accuracy level 0, the default level (dense-bits-smollm2.md,
+#: "Speed of an 8-bit MatMulNBits").
 DENSE_BITS_CHOICES = ("auto", "4", "8")
-DENSE_BITS = "auto"
+DENSE_BITS = "4"

@@ -106,13 +106,13 @@ def test_auto_keeps_each_tensor_s_gguf_precision_and_eval_holds_the_same_values(
     monkeypatch.setenv("DIPDEPLOY_CACHE", str(tmp_path / "cache"))
     gguf = write_llama_gguf(load_model("tiny-llama"), tmp_path / "mixed.gguf", matrices="Q4_0",
                             types={"blk.0.attn_v.weight": "Q8_0", "output.weight": "Q5_0"})
-    res = _export(tmp_path, "auto", model=str(gguf), stream=False)
+    res = _export(tmp_path, "auto", model=str(gguf), stream=False, dense_bits="auto")
     assert res.manifest.validation["ok"]
     nodes = _node_bits(res.out)
     assert nodes == {"/model/layers.0/attn/qkv_proj": 8, "/model/layers.0/attn/o_proj": 4,
                      "/model/layers.1/attn/qkv_proj": 4, "/model/layers.1/attn/o_proj": 4, "/lm_head": 8}
     assert res.manifest.quant["attention_and_lm_head"] == "com.microsoft::MatMulNBits int4 and int8"
-    streamed = _export(tmp_path, "streamed", model=str(gguf), stream=True)
+    streamed = _export(tmp_path, "streamed", model=str(gguf), stream=True, dense_bits="auto")
     assert _node_bits(streamed.out) == nodes
     assert (streamed.out / "dense.bin").read_bytes() == (res.out / "dense.bin").read_bytes()
 
